@@ -38,8 +38,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_SPEC_THRESHOLDS_CONTRADICT: _ErrorReason.ValueType  # 3
     """A Spec's thresholds contradict each other: the per-result threshold
-    exceeds the per-batch threshold, or a preview is larger than the text it
-    would replace. Refused at publish, never discovered during a Run.
+    exceeds the per-batch threshold. Refused at publish, never discovered
+    during a Run.
     Status INVALID_ARGUMENT. Metadata: `field`, `detail`.
     Example: {reason: "SPEC_THRESHOLDS_CONTRADICT", metadata:
     {field: "spec.thresholds.per_result_tokens", detail: "9000 > per_batch_tokens 8000"}}.
@@ -137,8 +137,8 @@ detail: "not a token this sidecar issued"}}.
 """
 ERROR_REASON_SPEC_THRESHOLDS_CONTRADICT: ErrorReason.ValueType  # 3
 """A Spec's thresholds contradict each other: the per-result threshold
-exceeds the per-batch threshold, or a preview is larger than the text it
-would replace. Refused at publish, never discovered during a Run.
+exceeds the per-batch threshold. Refused at publish, never discovered
+during a Run.
 Status INVALID_ARGUMENT. Metadata: `field`, `detail`.
 Example: {reason: "SPEC_THRESHOLDS_CONTRADICT", metadata:
 {field: "spec.thresholds.per_result_tokens", detail: "9000 > per_batch_tokens 8000"}}.

@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from psych.sidecar.v1 import content_pb2 as _content_pb2
 from psych.sidecar.v1 import spec_pb2 as _spec_pb2
 import builtins as _builtins
@@ -20,6 +21,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _RecordKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RecordKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecordKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RECORD_KIND_UNSPECIFIED: _RecordKind.ValueType  # 0
+    """Not a kind; refused where a kind is expected."""
+    RECORD_KIND_USER_MESSAGE: _RecordKind.ValueType  # 1
+    """Record.user_message."""
+    RECORD_KIND_ASSISTANT_MESSAGE: _RecordKind.ValueType  # 2
+    """Record.assistant_message."""
+    RECORD_KIND_TOOL_RESULT: _RecordKind.ValueType  # 3
+    """Record.tool_result."""
+
+class RecordKind(_RecordKind, metaclass=_RecordKindEnumTypeWrapper):
+    """RecordKind names the kinds of Record, for filters."""
+
+RECORD_KIND_UNSPECIFIED: RecordKind.ValueType  # 0
+"""Not a kind; refused where a kind is expected."""
+RECORD_KIND_USER_MESSAGE: RecordKind.ValueType  # 1
+"""Record.user_message."""
+RECORD_KIND_ASSISTANT_MESSAGE: RecordKind.ValueType  # 2
+"""Record.assistant_message."""
+RECORD_KIND_TOOL_RESULT: RecordKind.ValueType  # 3
+"""Record.tool_result."""
+Global___RecordKind: _TypeAlias = RecordKind  # noqa: Y015
 
 @_typing.final
 class Run(_message.Message):

@@ -27,7 +27,7 @@ from psych.sidecar.v1 import run_pb2 as psych_dot_sidecar_dot_v1_dot_run__pb2
 from psych.sidecar.v1 import spec_pb2 as psych_dot_sidecar_dot_v1_dot_spec__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"psych/sidecar/v1/run_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1apsych/sidecar/v1/run.proto\x1a\x1bpsych/sidecar/v1/spec.proto\"\x9b\x01\n\x10\x43reateRunRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tspec_name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0cspec_version\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12<\n\x11tool_restrictions\x18\x04 \x03(\x0b\x32\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2\x41\x01\x01\"7\n\x11\x43reateRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.psych.sidecar.v1.Run\"%\n\rGetRunRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"4\n\x0eGetRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.psych.sidecar.v1.Run\"w\n\x14\x41ppendRecordsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12/\n\x07records\x18\x03 \x03(\x0b\x32\x18.psych.sidecar.v1.RecordB\x04\xe2\x41\x01\x02\"J\n\x15\x41ppendRecordsResponse\x12\x31\n\x07records\x18\x01 \x03(\x0b\x32 .psych.sidecar.v1.AppendedRecord\"2\n\x0e\x41ppendedRecord\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0e\n\x06handle\x18\x02 \x01(\t\"]\n\x12ListRecordsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"Y\n\x13ListRecordsResponse\x12)\n\x07records\x18\x01 \x03(\x0b\x32\x18.psych.sidecar.v1.Record\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xed\x02\n\nRunService\x12T\n\tCreateRun\x12\".psych.sidecar.v1.CreateRunRequest\x1a#.psych.sidecar.v1.CreateRunResponse\x12K\n\x06GetRun\x12\x1f.psych.sidecar.v1.GetRunRequest\x1a .psych.sidecar.v1.GetRunResponse\x12`\n\rAppendRecords\x12&.psych.sidecar.v1.AppendRecordsRequest\x1a\'.psych.sidecar.v1.AppendRecordsResponse\x12Z\n\x0bListRecords\x12$.psych.sidecar.v1.ListRecordsRequest\x1a%.psych.sidecar.v1.ListRecordsResponseB\xba\x01\n\x14\x64\x65v.psych.sidecar.v1B\x0fRunServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"psych/sidecar/v1/run_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1apsych/sidecar/v1/run.proto\x1a\x1bpsych/sidecar/v1/spec.proto\"\x9b\x01\n\x10\x43reateRunRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tspec_name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0cspec_version\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12<\n\x11tool_restrictions\x18\x04 \x03(\x0b\x32\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2\x41\x01\x01\"7\n\x11\x43reateRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.psych.sidecar.v1.Run\"%\n\rGetRunRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"4\n\x0eGetRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.psych.sidecar.v1.Run\"w\n\x14\x41ppendRecordsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12/\n\x07records\x18\x03 \x03(\x0b\x32\x18.psych.sidecar.v1.RecordB\x04\xe2\x41\x01\x02\"J\n\x15\x41ppendRecordsResponse\x12\x31\n\x07records\x18\x01 \x03(\x0b\x32 .psych.sidecar.v1.AppendedRecord\"2\n\x0e\x41ppendedRecord\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0e\n\x06handle\x18\x02 \x01(\t\"\x90\x01\n\x12ListRecordsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12\x31\n\x05kinds\x18\x04 \x03(\x0e\x32\x1c.psych.sidecar.v1.RecordKindB\x04\xe2\x41\x01\x01\"Y\n\x13ListRecordsResponse\x12)\n\x07records\x18\x01 \x03(\x0b\x32\x18.psych.sidecar.v1.Record\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xed\x02\n\nRunService\x12T\n\tCreateRun\x12\".psych.sidecar.v1.CreateRunRequest\x1a#.psych.sidecar.v1.CreateRunResponse\x12K\n\x06GetRun\x12\x1f.psych.sidecar.v1.GetRunRequest\x1a .psych.sidecar.v1.GetRunResponse\x12`\n\rAppendRecords\x12&.psych.sidecar.v1.AppendRecordsRequest\x1a\'.psych.sidecar.v1.AppendRecordsResponse\x12Z\n\x0bListRecords\x12$.psych.sidecar.v1.ListRecordsRequest\x1a%.psych.sidecar.v1.ListRecordsResponseB\xba\x01\n\x14\x64\x65v.psych.sidecar.v1B\x0fRunServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -57,6 +57,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTRECORDSREQUEST'].fields_by_name['page_size']._serialized_options = b'\342A\001\001'
   _globals['_LISTRECORDSREQUEST'].fields_by_name['page_token']._loaded_options = None
   _globals['_LISTRECORDSREQUEST'].fields_by_name['page_token']._serialized_options = b'\342A\001\001'
+  _globals['_LISTRECORDSREQUEST'].fields_by_name['kinds']._loaded_options = None
+  _globals['_LISTRECORDSREQUEST'].fields_by_name['kinds']._serialized_options = b'\342A\001\001'
   _globals['_CREATERUNREQUEST']._serialized_start=147
   _globals['_CREATERUNREQUEST']._serialized_end=302
   _globals['_CREATERUNRESPONSE']._serialized_start=304
@@ -71,10 +73,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_APPENDRECORDSRESPONSE']._serialized_end=649
   _globals['_APPENDEDRECORD']._serialized_start=651
   _globals['_APPENDEDRECORD']._serialized_end=701
-  _globals['_LISTRECORDSREQUEST']._serialized_start=703
-  _globals['_LISTRECORDSREQUEST']._serialized_end=796
-  _globals['_LISTRECORDSRESPONSE']._serialized_start=798
-  _globals['_LISTRECORDSRESPONSE']._serialized_end=887
-  _globals['_RUNSERVICE']._serialized_start=890
-  _globals['_RUNSERVICE']._serialized_end=1255
+  _globals['_LISTRECORDSREQUEST']._serialized_start=704
+  _globals['_LISTRECORDSREQUEST']._serialized_end=848
+  _globals['_LISTRECORDSRESPONSE']._serialized_start=850
+  _globals['_LISTRECORDSRESPONSE']._serialized_end=939
+  _globals['_RUNSERVICE']._serialized_start=942
+  _globals['_RUNSERVICE']._serialized_end=1307
 # @@protoc_insertion_point(module_scope)

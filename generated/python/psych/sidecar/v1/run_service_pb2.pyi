@@ -221,6 +221,7 @@ class ListRecordsRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run whose log to read."""
     page_size: _builtins.int
@@ -232,16 +233,24 @@ class ListRecordsRequest(_message.Message):
     """The next_page_token of a previous call with the same run_id; empty for
     the first page.
     """
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[_run_pb2.RecordKind.ValueType]:
+        """Only records of these kinds; empty means every kind. The zero value is
+        refused with FIELD_INVALID. A page token is valid only with the same
+        filter.
+        """
+
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        kinds: _abc.Iterable[_run_pb2.RecordKind.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kinds", b"kinds", "page_size", b"page_size", "page_token", b"page_token", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
