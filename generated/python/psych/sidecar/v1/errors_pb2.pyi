@@ -93,15 +93,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A grep pattern is not a valid RE2 expression or is longer than the
     sidecar accepts. Status INVALID_ARGUMENT. Metadata: `field`, `detail`.
     """
-    ERROR_REASON_SHUTTING_DOWN: _ErrorReason.ValueType  # 15
-    """The sidecar is draining before shutdown and takes no new calls.
-    Status UNAVAILABLE. Retry against another instance or after restart.
-    """
-    ERROR_REASON_NOT_IMPLEMENTED: _ErrorReason.ValueType  # 16
+    ERROR_REASON_NOT_IMPLEMENTED: _ErrorReason.ValueType  # 15
     """The behaviour behind this RPC is not built yet in this release.
     Status UNIMPLEMENTED. Metadata: `method`.
     """
-    ERROR_REASON_INTERNAL: _ErrorReason.ValueType  # 17
+    ERROR_REASON_INTERNAL: _ErrorReason.ValueType  # 16
     """An unexpected failure inside the sidecar. The client sees no stack
     trace; the sidecar's log holds it under the correlation id.
     Status INTERNAL. Metadata: `correlation_id`.
@@ -192,15 +188,11 @@ ERROR_REASON_PATTERN_INVALID: ErrorReason.ValueType  # 14
 """A grep pattern is not a valid RE2 expression or is longer than the
 sidecar accepts. Status INVALID_ARGUMENT. Metadata: `field`, `detail`.
 """
-ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 15
-"""The sidecar is draining before shutdown and takes no new calls.
-Status UNAVAILABLE. Retry against another instance or after restart.
-"""
-ERROR_REASON_NOT_IMPLEMENTED: ErrorReason.ValueType  # 16
+ERROR_REASON_NOT_IMPLEMENTED: ErrorReason.ValueType  # 15
 """The behaviour behind this RPC is not built yet in this release.
 Status UNIMPLEMENTED. Metadata: `method`.
 """
-ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 17
+ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 16
 """An unexpected failure inside the sidecar. The client sees no stack
 trace; the sidecar's log holds it under the correlation id.
 Status INTERNAL. Metadata: `correlation_id`.

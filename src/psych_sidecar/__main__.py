@@ -1,0 +1,3 @@
+from psych_sidecar.cli import main
+
+raise SystemExit(main())

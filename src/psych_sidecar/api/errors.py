@@ -1,0 +1,50 @@
+"""Domain errors to google.rpc.Status with exactly one ErrorInfo."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from psych_sidecar.domain.errors import Reason, SidecarError
+
+ERROR_DOMAIN = "psych.sidecar.v1"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+STATUS_CODES: dict[Reason, grpc.StatusCode] = {
+    Reason.FIELD_REQUIRED: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.FIELD_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.SPEC_THRESHOLDS_CONTRADICT: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.SPEC_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.SPEC_VERSION_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.RUN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.REQUEST_ID_REUSED: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.MESSAGE_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.INVALID_DEFERRED_HANDLE: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.CONNECTION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.COMMAND_NOT_ALLOWED: grpc.StatusCode.PERMISSION_DENIED,
+    Reason.CATALOG_VERSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.CONNECTION_UNREACHABLE: grpc.StatusCode.UNAVAILABLE,
+    Reason.PATTERN_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.NOT_IMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
+    Reason.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_for(error: SidecarError) -> tuple[grpc.StatusCode, str, bytes]:
+    """The status code, message and serialized google.rpc.Status for an error."""
+    code = STATUS_CODES[error.reason]
+    info = error_details_pb2.ErrorInfo(
+        reason=error.reason.value, domain=ERROR_DOMAIN, metadata=error.metadata
+    )
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=code.value[0], message=error.message, details=[detail])
+    return code, error.message, status.SerializeToString()
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], error: SidecarError) -> NoReturn:
+    code, message, details = status_for(error)
+    await context.abort(code, message, trailing_metadata=((STATUS_DETAILS_KEY, details),))

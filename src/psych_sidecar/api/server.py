@@ -1,0 +1,287 @@
+"""The grpc.aio server: service registration, health, reflection, limits and graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor, message_factory
+from google.protobuf.message import DecodeError, Message
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from psych.sidecar.v1 import (
+    connection_service_pb2,
+    connection_service_pb2_grpc,
+    run_service_pb2,
+    run_service_pb2_grpc,
+    spec_service_pb2,
+    spec_service_pb2_grpc,
+    tool_service_pb2,
+    tool_service_pb2_grpc,
+    turn_service_pb2,
+    turn_service_pb2_grpc,
+    usage_service_pb2,
+    usage_service_pb2_grpc,
+)
+from psych_sidecar.api.errors import abort
+from psych_sidecar.api.servicers import (
+    Blocking,
+    ConnectionServicer,
+    RunServicer,
+    SpecServicer,
+    ToolServicer,
+    TurnServicer,
+    UsageServicer,
+)
+from psych_sidecar.config import ListenAddress, Settings
+from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
+from psych_sidecar.domain.services import RunService, SpecService
+from psych_sidecar.storage.db import create_database_engine, migrate
+from psych_sidecar.storage.repository import SqlStore
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+Behaviour = Callable[[Any, Context], Awaitable[Message]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Rejected:
+    """Stands in for a request refused while deserializing, so the handler can answer it
+    with a proper ErrorInfo instead of the transport's bare status."""
+
+    error: SidecarError
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    servicer: object
+    base: type
+    service: descriptor.ServiceDescriptor
+
+
+def _deserializer(message_class: type[Message], limit: int) -> Callable[[bytes], object]:
+    def deserialize(data: bytes) -> object:
+        if len(data) > limit:
+            return _Rejected(
+                SidecarError(
+                    Reason.MESSAGE_TOO_LARGE,
+                    f"request of {len(data)} bytes exceeds the limit of {limit} bytes",
+                    limit_bytes=limit,
+                    size_bytes=len(data),
+                )
+            )
+        try:
+            return message_class.FromString(data)
+        except DecodeError as error:
+            return _Rejected(field_invalid("request", f"not a valid {message_class.__name__}: {error}"))
+
+    return deserialize
+
+
+def _unimplemented(method: str) -> Behaviour:
+    async def behaviour(request: Any, context: Context) -> Message:
+        raise SidecarError(
+            Reason.NOT_IMPLEMENTED, f"{method} is not implemented in this release", method=method
+        )
+
+    return behaviour
+
+
+def _guarded(method: str, behaviour: Behaviour) -> Behaviour:
+    """Every RPC goes through here: one ErrorInfo per error, no stack trace to the client."""
+
+    async def handle(request: Any, context: Context) -> Message:
+        if isinstance(request, _Rejected):
+            await abort(context, request.error)
+        try:
+            return await behaviour(request, context)
+        except SidecarError as error:
+            await abort(context, error)
+        except Exception:
+            correlation_id = uuid.uuid4().hex
+            log.exception("unexpected error in %s, correlation id %s", method, correlation_id)
+            await abort(
+                context,
+                SidecarError(
+                    Reason.INTERNAL,
+                    f"internal error, correlation id {correlation_id}",
+                    correlation_id=correlation_id,
+                ),
+            )
+
+    return handle
+
+
+def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
+    handlers = {}
+    for method in binding.service.methods:
+        assert not method.client_streaming and not method.server_streaming
+        full_name = f"/{binding.service.full_name}/{method.name}"
+        implementation = getattr(type(binding.servicer), method.name)
+        if implementation is getattr(binding.base, method.name):
+            behaviour = _unimplemented(full_name)
+        else:
+            behaviour = getattr(binding.servicer, method.name)
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            _guarded(full_name, behaviour),
+            request_deserializer=_deserializer(request_class, limit),
+            response_serializer=response_class.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(binding.service.full_name, handlers)
+
+
+def _prepare_unix_socket(path: str) -> None:
+    """Create the socket's directory and clear a stale socket left by a crashed sidecar,
+    refusing to take over one that a live process still answers on."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise RuntimeError(f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+    else:
+        raise RuntimeError(f"another process is already serving on {path}")
+    finally:
+        probe.close()
+
+
+class Sidecar:
+    """One running sidecar: storage, domain services and the gRPC server around them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._addresses = settings.listen_addresses()
+        self._engine = create_database_engine(
+            settings.resolved_database_url(), pool_size=settings.worker_threads
+        )
+        self._executor = ThreadPoolExecutor(
+            max_workers=settings.worker_threads, thread_name_prefix="storage"
+        )
+        self._health = health.aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self.bound: list[str] = []
+
+    def _bindings(self) -> list[_Binding]:
+        store = SqlStore(self._engine)
+        blocking = Blocking(self._executor)
+        limit = self.settings.max_message_bytes
+        return [
+            _Binding(
+                SpecServicer(SpecService(store), blocking),
+                spec_service_pb2_grpc.SpecServiceServicer,
+                spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"],
+            ),
+            _Binding(
+                RunServicer(RunService(store, store), blocking, limit),
+                run_service_pb2_grpc.RunServiceServicer,
+                run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
+            ),
+            _Binding(
+                ConnectionServicer(),
+                connection_service_pb2_grpc.ConnectionServiceServicer,
+                connection_service_pb2.DESCRIPTOR.services_by_name["ConnectionService"],
+            ),
+            _Binding(
+                TurnServicer(),
+                turn_service_pb2_grpc.TurnServiceServicer,
+                turn_service_pb2.DESCRIPTOR.services_by_name["TurnService"],
+            ),
+            _Binding(
+                ToolServicer(),
+                tool_service_pb2_grpc.ToolServiceServicer,
+                tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
+            ),
+            _Binding(
+                UsageServicer(),
+                usage_service_pb2_grpc.UsageServiceServicer,
+                usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"],
+            ),
+        ]
+
+    async def start(self) -> None:
+        if self.settings.migrate_on_start:
+            await asyncio.get_running_loop().run_in_executor(self._executor, migrate, self._engine)
+        limit = self.settings.max_message_bytes
+        # The transport admits up to twice the limit so that a request over the limit
+        # reaches the handler and gets MESSAGE_TOO_LARGE with an ErrorInfo; beyond that
+        # the transport itself refuses it with a bare RESOURCE_EXHAUSTED.
+        transport_limit = min(2 * limit, 2**31 - 1)
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", transport_limit),
+                ("grpc.max_send_message_length", transport_limit),
+            ]
+        )
+        bindings = self._bindings()
+        server.add_generic_rpc_handlers([_generic_handler(b, limit) for b in bindings])
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        service_names = [b.service.full_name for b in bindings]
+        reflection.enable_server_reflection(
+            [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME],
+            server,
+        )
+        for address in self._addresses:
+            self.bound.append(self._bind(server, address))
+        await server.start()
+        self._server = server
+        for name in ["", *service_names]:
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("psych-sidecar serving on %s", ", ".join(self.bound))
+
+    @staticmethod
+    def _bind(server: grpc.aio.Server, address: ListenAddress) -> str:
+        if address.unix_path is not None:
+            _prepare_unix_socket(address.unix_path)
+        port = server.add_insecure_port(address.grpc_target)
+        if address.unix_path is not None:
+            return address.grpc_target
+        return ListenAddress(host=address.host, port=port).grpc_target
+
+    async def stop(self) -> None:
+        """NOT_SERVING first, then stop taking calls and let in-flight ones finish."""
+        await self._health.enter_graceful_shutdown()
+        if self.settings.drain_delay_seconds:
+            await asyncio.sleep(self.settings.drain_delay_seconds)
+        if self._server is not None:
+            await self._server.stop(self.settings.shutdown_grace_seconds)
+        self._executor.shutdown(wait=True)
+        self._engine.dispose()
+        for address in self._addresses:
+            if address.unix_path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(address.unix_path)
+
+
+async def serve(settings: Settings) -> None:
+    sidecar = Sidecar(settings)
+    await sidecar.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    await stopping.wait()
+    log.info("signal received: reporting NOT_SERVING and draining in-flight calls")
+    await sidecar.stop()
+    log.info("psych-sidecar stopped")

@@ -1,0 +1,81 @@
+"""psych-sidecar serve | migrate | version."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from pydantic import ValidationError
+
+from psych_sidecar import __version__
+from psych_sidecar.config import Settings, load_settings
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="psych-sidecar",
+        description="Tool disclosure and prompt-budget sidecar for LLM agent hosts.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="TOML settings file (also PSYCH_SIDECAR_CONFIG_FILE)")
+    common.add_argument("--database-url", help="sqlite:///path or postgresql://user@host/db")
+    common.add_argument("--data-dir", help="directory for the default socket and SQLite file")
+    serve = commands.add_parser("serve", parents=[common], help="run the gRPC server")
+    serve.add_argument(
+        "--listen",
+        action="append",
+        metavar="ADDR",
+        help="unix:///path or HOST:PORT; repeat for several (default: DATA_DIR/sidecar.sock)",
+    )
+    serve.add_argument("--max-message-bytes", type=int, help="largest request or response")
+    serve.add_argument(
+        "--allow-non-loopback", action="store_true", default=None, help="allow non-loopback TCP"
+    )
+    commands.add_parser("migrate", parents=[common], help="apply database migrations and exit")
+    commands.add_parser("version", help="print the version")
+    return parser
+
+
+def _settings(arguments: argparse.Namespace) -> Settings:
+    return load_settings(
+        arguments.config,
+        database_url=arguments.database_url,
+        data_dir=arguments.data_dir,
+        listen=getattr(arguments, "listen", None),
+        max_message_bytes=getattr(arguments, "max_message_bytes", None),
+        allow_non_loopback=getattr(arguments, "allow_non_loopback", None),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = _parser().parse_args(argv)
+    if arguments.command == "version":
+        print(__version__)
+        return 0
+    try:
+        settings = _settings(arguments)
+        settings.listen_addresses()
+    except (ValidationError, ValueError) as error:
+        print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # Alembic narrates every plugin it loads at INFO; migrations still log their upgrades.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    if arguments.command == "migrate":
+        from psych_sidecar.storage.db import create_database_engine, current_revision, migrate
+
+        engine = create_database_engine(settings.resolved_database_url(), pool_size=1)
+        migrate(engine)
+        print(f"database at revision {current_revision(engine)}")
+        engine.dispose()
+        return 0
+    from psych_sidecar.api.server import serve
+
+    asyncio.run(serve(settings))
+    return 0

@@ -1,0 +1,144 @@
+"""Configuration: defaults < optional TOML file < environment (PSYCH_SIDECAR_*) < CLI flags."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "PSYCH_SIDECAR_"
+CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG_FILE"
+DEFAULT_DATA_DIR = Path("psych-sidecar-data")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ListenAddress:
+    """A parsed --listen value: a Unix socket path, or a TCP host and port."""
+
+    unix_path: str | None = None
+    host: str = ""
+    port: int = 0
+
+    @property
+    def grpc_target(self) -> str:
+        if self.unix_path is not None:
+            return f"unix:{self.unix_path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.unix_path is not None or self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_listen_address(value: str) -> ListenAddress:
+    """`unix:///absolute/path`, `unix:relative/path` or `HOST:PORT` (`[::1]:PORT` for IPv6)."""
+    if value.startswith("unix://"):
+        path = value.removeprefix("unix://")
+        if not path.startswith("/"):
+            raise ValueError(f"{value!r}: unix:// needs an absolute path (unix:///run/x.sock)")
+        return ListenAddress(unix_path=path)
+    if value.startswith("unix:"):
+        return ListenAddress(unix_path=value.removeprefix("unix:"))
+    host, separator, port = value.rpartition(":")
+    if not separator or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{value!r} is neither unix:///path nor HOST:PORT")
+    return ListenAddress(host=host.strip("[]"), port=int(port))
+
+
+class Settings(BaseSettings):
+    """Every setting can come from the TOML file, the environment or the CLI."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    data_dir: Path = Field(
+        default=DEFAULT_DATA_DIR,
+        description="Where the default socket and SQLite file live, relative to the working directory.",
+    )
+    listen: list[str] = Field(
+        default_factory=list,
+        description="Addresses to serve on; default: the Unix socket DATA_DIR/sidecar.sock.",
+    )
+    database_url: str = Field(
+        default="",
+        description="SQLAlchemy URL; default: the SQLite file DATA_DIR/sidecar.db.",
+    )
+    allow_non_loopback: bool = Field(
+        default=False,
+        description="Allow TCP listeners on non-loopback addresses (a pod-IP health port, say).",
+    )
+    max_message_bytes: int = Field(
+        default=64 * MIB, ge=MIB, le=1024 * MIB, description="Largest request or response."
+    )
+    shutdown_grace_seconds: float = Field(
+        default=20.0, ge=0, description="How long in-flight calls may finish after SIGTERM."
+    )
+    drain_delay_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="NOT_SERVING is reported this long before the listeners close.",
+    )
+    worker_threads: int = Field(
+        default=8, ge=1, le=256, description="Threads (and database connections) for storage."
+    )
+    migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
+    log_level: str = Field(default="INFO", description="Python logging level.")
+
+    @field_validator("listen")
+    @classmethod
+    def _valid_addresses(cls, values: list[str]) -> list[str]:
+        for value in values:
+            parse_listen_address(value)
+        return values
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get(CONFIG_FILE_ENV)
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+    def listen_addresses(self) -> list[ListenAddress]:
+        values = self.listen or [f"unix://{(self.data_dir / 'sidecar.sock').resolve()}"]
+        addresses = [parse_listen_address(value) for value in values]
+        for address in addresses:
+            if not address.is_loopback and not self.allow_non_loopback:
+                raise ValueError(
+                    f"{address.grpc_target} is not a loopback address; set allow_non_loopback "
+                    "to serve beyond this machine"
+                )
+        return addresses
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'sidecar.db').resolve()}"
+
+
+def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
+    """Settings from the file (flag or PSYCH_SIDECAR_CONFIG_FILE), environment and overrides."""
+    if config_file:
+        os.environ[CONFIG_FILE_ENV] = config_file
+    return Settings(**{key: value for key, value in overrides.items() if value is not None})

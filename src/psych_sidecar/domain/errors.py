@@ -1,0 +1,60 @@
+"""Typed domain errors. Each carries one reason from the contract's ErrorReason catalogue."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Mirrors psych.sidecar.v1.ErrorReason, without the ERROR_REASON_ prefix.
+
+    A test checks that the two lists stay identical.
+    """
+
+    FIELD_REQUIRED = "FIELD_REQUIRED"
+    FIELD_INVALID = "FIELD_INVALID"
+    SPEC_THRESHOLDS_CONTRADICT = "SPEC_THRESHOLDS_CONTRADICT"
+    SPEC_NOT_FOUND = "SPEC_NOT_FOUND"
+    SPEC_VERSION_EXISTS = "SPEC_VERSION_EXISTS"
+    RUN_NOT_FOUND = "RUN_NOT_FOUND"
+    REQUEST_ID_REUSED = "REQUEST_ID_REUSED"
+    MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+    INVALID_DEFERRED_HANDLE = "INVALID_DEFERRED_HANDLE"
+    CONNECTION_NOT_FOUND = "CONNECTION_NOT_FOUND"
+    COMMAND_NOT_ALLOWED = "COMMAND_NOT_ALLOWED"
+    CATALOG_VERSION_NOT_FOUND = "CATALOG_VERSION_NOT_FOUND"
+    CONNECTION_UNREACHABLE = "CONNECTION_UNREACHABLE"
+    PATTERN_INVALID = "PATTERN_INVALID"
+    NOT_IMPLEMENTED = "NOT_IMPLEMENTED"
+    INTERNAL = "INTERNAL"
+
+
+class SidecarError(Exception):
+    """An error the caller can act on: a reason, a message, and metadata for ErrorInfo."""
+
+    def __init__(self, reason: Reason, message: str, **metadata: object) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.metadata = {key: str(value) for key, value in metadata.items()}
+
+
+def field_required(field: str) -> SidecarError:
+    return SidecarError(Reason.FIELD_REQUIRED, f"{field} is required", field=field)
+
+
+def field_invalid(field: str, detail: str) -> SidecarError:
+    return SidecarError(Reason.FIELD_INVALID, f"{field}: {detail}", field=field, detail=detail)
+
+
+def spec_not_found(name: str, version: int) -> SidecarError:
+    return SidecarError(
+        Reason.SPEC_NOT_FOUND,
+        f"no spec {name} version {version}",
+        spec_name=name,
+        spec_version=version,
+    )
+
+
+def run_not_found(run_id: str) -> SidecarError:
+    return SidecarError(Reason.RUN_NOT_FOUND, f"no run {run_id}", run_id=run_id)

@@ -1,0 +1,170 @@
+"""Specs: immutable, versioned agent configurations, validated once at publish."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Skill:
+    name: str
+    description: str = ""
+    body: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Subagent:
+    name: str
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Large-result thresholds as the author set them; None takes the default."""
+
+    per_result_tokens: int | None = None
+    per_batch_tokens: int | None = None
+    preview_head_chars: int | None = None
+    preview_tail_chars: int | None = None
+    failure_truncation_chars: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveThresholds:
+    """Thresholds with every default applied."""
+
+    per_result_tokens: int = 4000
+    per_batch_tokens: int = 16000
+    preview_head_chars: int = 1000
+    preview_tail_chars: int = 500
+    failure_truncation_chars: int = 400
+
+
+@dataclass(frozen=True, slots=True)
+class DisclosureSettings:
+    """Catalogue-size thresholds for disclosure tiers; None takes the default."""
+
+    auto_preload_max_tools: int | None = None
+    direct_max_tools: int | None = None
+    facade_max_tools: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolGrant:
+    server_pattern: str
+    tool_pattern: str
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    name: str
+    version: int
+    instructions: str = ""
+    skills: tuple[Skill, ...] = ()
+    subagents: tuple[Subagent, ...] = ()
+    capability_notes: tuple[str, ...] = ()
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    disclosure: DisclosureSettings = field(default_factory=DisclosureSettings)
+    grants: tuple[ToolGrant, ...] = ()
+
+    def effective_thresholds(self) -> EffectiveThresholds:
+        set_values = {k: v for k, v in asdict(self.thresholds).items() if v is not None}
+        return EffectiveThresholds(**set_values)
+
+    def canonical_json(self) -> str:
+        """The Spec's content as canonical JSON: what is stored and compared for immutability."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    @classmethod
+    def from_canonical_json(cls, text: str) -> Spec:
+        data: dict[str, Any] = json.loads(text)
+        return cls(
+            name=data["name"],
+            version=data["version"],
+            instructions=data["instructions"],
+            skills=tuple(Skill(**s) for s in data["skills"]),
+            subagents=tuple(Subagent(**s) for s in data["subagents"]),
+            capability_notes=tuple(data["capability_notes"]),
+            thresholds=Thresholds(**data["thresholds"]),
+            disclosure=DisclosureSettings(**data["disclosure"]),
+            grants=tuple(ToolGrant(**g) for g in data["grants"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedSpec:
+    spec: Spec
+    create_time: datetime
+
+
+def validate_name(value: str, field_path: str) -> None:
+    if not value:
+        raise field_required(field_path)
+    if not NAME_PATTERN.fullmatch(value):
+        raise field_invalid(field_path, "must be 1-128 characters of [A-Za-z0-9._-]")
+
+
+def validate_version(value: int, field_path: str) -> None:
+    if value == 0:
+        raise field_required(field_path)
+    if value < 0:
+        raise field_invalid(field_path, "must be 1 or greater")
+
+
+def validate_grants(grants: tuple[ToolGrant, ...], field_path: str) -> None:
+    for index, grant in enumerate(grants):
+        if not grant.server_pattern:
+            raise field_required(f"{field_path}[{index}].server_pattern")
+        if not grant.tool_pattern:
+            raise field_required(f"{field_path}[{index}].tool_pattern")
+
+
+def _validate_unique_names(names: list[str], field_path: str) -> None:
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        if not name:
+            raise field_required(f"{field_path}[{index}].name")
+        if name in seen:
+            raise field_invalid(f"{field_path}[{index}].name", f"duplicate name {name!r}")
+        seen.add(name)
+
+
+def validate_spec(spec: Spec) -> None:
+    """Refuse a Spec that could only fail later, during a Run."""
+    validate_name(spec.name, "spec.name")
+    validate_version(spec.version, "spec.version")
+    _validate_unique_names([s.name for s in spec.skills], "spec.skills")
+    _validate_unique_names([s.name for s in spec.subagents], "spec.subagents")
+    validate_grants(spec.grants, "spec.grants")
+    for key, value in asdict(spec.thresholds).items():
+        if value is not None and value <= 0 and not key.startswith("preview_"):
+            raise field_invalid(f"spec.thresholds.{key}", "must be greater than 0")
+        if value is not None and value < 0:
+            raise field_invalid(f"spec.thresholds.{key}", "must not be negative")
+    for key, value in asdict(spec.disclosure).items():
+        if value is not None and value < 0:
+            raise field_invalid(f"spec.disclosure.{key}", "must not be negative")
+    effective = spec.effective_thresholds()
+    if effective.per_result_tokens > effective.per_batch_tokens:
+        detail = (
+            f"per_result_tokens {effective.per_result_tokens} exceeds "
+            f"per_batch_tokens {effective.per_batch_tokens}"
+        )
+        raise SidecarError(
+            Reason.SPEC_THRESHOLDS_CONTRADICT,
+            detail,
+            field="spec.thresholds.per_result_tokens",
+            detail=detail,
+        )

@@ -1,0 +1,1 @@
+"""Storage: the only part of psych-sidecar that speaks SQL (SQLAlchemy 2 Core)."""

@@ -1,0 +1,91 @@
+"""Table definitions. The schema itself is created and changed only by Alembic migrations;
+a test checks that the migrated database matches these definitions."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    ForeignKeyConstraint,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+# Times are integer microseconds since the Unix epoch, UTC: exact and identical on
+# SQLite and PostgreSQL.
+
+specs = Table(
+    "specs",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("version", BigInteger, primary_key=True, autoincrement=False),
+    Column("body", Text, nullable=False),
+    Column("fingerprint", String(64), nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("tenant", String(128), nullable=False, index=True),
+    Column("spec_name", String(128), nullable=False),
+    Column("spec_version", BigInteger, nullable=False),
+    Column("tool_restrictions", Text, nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    # The last sequence number handed out. Appends lock this row, which serialises
+    # them per Run and keeps sequences gap-free across sidecars sharing a database.
+    Column("last_sequence", BigInteger, nullable=False, server_default="0"),
+    ForeignKeyConstraint(["spec_name", "spec_version"], ["specs.name", "specs.version"]),
+)
+
+records = Table(
+    "records",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("sequence", BigInteger, primary_key=True, autoincrement=False),
+    Column("kind", String(32), nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    Column("handle", String(40), nullable=True, unique=True),
+    Column("call_id", Text, nullable=False),
+    Column("server", Text, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("is_error", Boolean, nullable=False),
+    # JSON list of [call_id, name, arguments_json] for assistant messages.
+    Column("tool_calls", Text, nullable=False),
+    # Total bytes of content, so a page can stop before it outgrows a gRPC message.
+    Column("content_bytes", BigInteger, nullable=False),
+    ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+)
+
+# Content parts live in their own rows, as bytes (UTF-8 for text and JSON): exact,
+# NUL-safe on PostgreSQL, and readable in slices without loading whole records.
+record_parts = Table(
+    "record_parts",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("sequence", BigInteger, primary_key=True, autoincrement=False),
+    Column("part_index", Integer, primary_key=True, autoincrement=False),
+    Column("kind", String(16), nullable=False),
+    Column("mime_type", Text, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    ForeignKeyConstraint(["run_id", "sequence"], ["records.run_id", "records.sequence"]),
+)
+
+append_requests = Table(
+    "append_requests",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("request_id", String(128), primary_key=True),
+    Column("fingerprint", String(64), nullable=False),
+    # JSON list of [sequence, handle]: the answer a retry gets back.
+    Column("result", Text, nullable=False),
+    ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+)
