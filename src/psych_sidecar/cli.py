@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from psych_sidecar import __version__
 from psych_sidecar.config import Settings, load_settings
+from psych_sidecar.storage.db import normalize_url
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _settings(arguments)
         settings.listen_addresses()
+        normalize_url(settings.resolved_database_url())
     except (ValidationError, ValueError) as error:
         print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
         return 2

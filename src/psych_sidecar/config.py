@@ -69,7 +69,7 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(
         default=DEFAULT_DATA_DIR,
-        description="Where the default socket and SQLite file live, relative to the working directory.",
+        description="Home of the default socket and SQLite file; relative to the cwd.",
     )
     listen: list[str] = Field(
         default_factory=list,
@@ -116,11 +116,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get(CONFIG_FILE_ENV)
-        if config_file:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
-        return tuple(sources)
+        # The TOML source reads model_config["toml_file"], which load_settings sets.
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
 
     def listen_addresses(self) -> list[ListenAddress]:
         values = self.listen or [f"unix://{(self.data_dir / 'sidecar.sock').resolve()}"]
@@ -139,6 +136,15 @@ class Settings(BaseSettings):
 
 def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:
     """Settings from the file (flag or PSYCH_SIDECAR_CONFIG_FILE), environment and overrides."""
-    if config_file:
-        os.environ[CONFIG_FILE_ENV] = config_file
-    return Settings(**{key: value for key, value in overrides.items() if value is not None})
+    path = config_file or os.environ.get(CONFIG_FILE_ENV)
+    settings_class = Settings
+    if path:
+        toml_file = Path(path)
+        if not toml_file.is_file():
+            raise ValueError(f"config file {toml_file} does not exist")
+
+        class FileSettings(Settings):
+            model_config = SettingsConfigDict(**{**Settings.model_config, "toml_file": toml_file})
+
+        settings_class = FileSettings
+    return settings_class(**{key: value for key, value in overrides.items() if value is not None})

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from google.protobuf import timestamp_pb2
-
+from google.protobuf.message import Message
 from psych.sidecar.v1 import content_pb2, run_pb2, spec_pb2
+
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runs import (
     ContentPart,
@@ -54,7 +55,15 @@ def grants_from_proto(grants: list[spec_pb2.ToolGrant]) -> tuple[ToolGrant, ...]
 
 
 def grants_to_proto(grants: tuple[ToolGrant, ...]) -> list[spec_pb2.ToolGrant]:
-    return [spec_pb2.ToolGrant(server_pattern=g.server_pattern, tool_pattern=g.tool_pattern) for g in grants]
+    return [
+        spec_pb2.ToolGrant(server_pattern=g.server_pattern, tool_pattern=g.tool_pattern)
+        for g in grants
+    ]
+
+
+def _present(message: Message, names: tuple[str, ...]) -> dict[str, int]:
+    """The optional fields the sender set; unset ones take the domain's defaults."""
+    return {name: getattr(message, name) for name in names if message.HasField(name)}
 
 
 def spec_from_proto(message: spec_pb2.Spec) -> Spec:
@@ -67,12 +76,8 @@ def spec_from_proto(message: spec_pb2.Spec) -> Spec:
         skills=tuple(Skill(s.name, s.description, s.body) for s in message.skills),
         subagents=tuple(Subagent(s.name, s.description) for s in message.subagents),
         capability_notes=tuple(message.capability_notes),
-        thresholds=Thresholds(
-            **{f: getattr(thresholds, f) for f in _THRESHOLD_FIELDS if thresholds.HasField(f)}
-        ),
-        disclosure=DisclosureSettings(
-            **{f: getattr(disclosure, f) for f in _DISCLOSURE_FIELDS if disclosure.HasField(f)}
-        ),
+        thresholds=Thresholds(**_present(thresholds, _THRESHOLD_FIELDS)),
+        disclosure=DisclosureSettings(**_present(disclosure, _DISCLOSURE_FIELDS)),
         grants=grants_from_proto(list(message.grants)),
     )
 
@@ -93,8 +98,12 @@ def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
         name=spec.name,
         version=spec.version,
         instructions=spec.instructions,
-        skills=[spec_pb2.Skill(name=s.name, description=s.description, body=s.body) for s in spec.skills],
-        subagents=[spec_pb2.Subagent(name=s.name, description=s.description) for s in spec.subagents],
+        skills=[
+            spec_pb2.Skill(name=s.name, description=s.description, body=s.body) for s in spec.skills
+        ],
+        subagents=[
+            spec_pb2.Subagent(name=s.name, description=s.description) for s in spec.subagents
+        ],
         capability_notes=list(spec.capability_notes),
         thresholds=thresholds,
         disclosure=disclosure,
@@ -115,7 +124,9 @@ def run_to_proto(run: Run) -> run_pb2.Run:
     )
 
 
-def content_from_proto(parts: list[content_pb2.ContentPart], field_path: str) -> tuple[ContentPart, ...]:
+def content_from_proto(
+    parts: list[content_pb2.ContentPart], field_path: str
+) -> tuple[ContentPart, ...]:
     result = []
     for index, part in enumerate(parts):
         kind = part.WhichOneof("kind")
@@ -148,13 +159,17 @@ def record_from_proto(message: run_pb2.Record, field_path: str) -> Record:
     if kind == "user_message":
         return Record(
             RecordKind.USER_MESSAGE,
-            content=content_from_proto(list(message.user_message.content), f"{field_path}.user_message.content"),
+            content=content_from_proto(
+                list(message.user_message.content), f"{field_path}.user_message.content"
+            ),
         )
     if kind == "assistant_message":
         assistant = message.assistant_message
         return Record(
             RecordKind.ASSISTANT_MESSAGE,
-            content=content_from_proto(list(assistant.content), f"{field_path}.assistant_message.content"),
+            content=content_from_proto(
+                list(assistant.content), f"{field_path}.assistant_message.content"
+            ),
             tool_calls=tuple(
                 ToolCall(c.call_id, c.name, c.arguments_json) for c in assistant.tool_calls
             ),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+import google.rpc.error_details_pb2 as error_details_pb2
+import google.rpc.status_pb2 as status_pb2
 import grpc
 from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
 
 from psych_sidecar.domain.errors import Reason, SidecarError
 

@@ -20,30 +20,20 @@ from google.protobuf import descriptor, message_factory
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-
 from psych.sidecar.v1 import (
     connection_service_pb2,
-    connection_service_pb2_grpc,
     run_service_pb2,
-    run_service_pb2_grpc,
     spec_service_pb2,
-    spec_service_pb2_grpc,
     tool_service_pb2,
-    tool_service_pb2_grpc,
     turn_service_pb2,
-    turn_service_pb2_grpc,
     usage_service_pb2,
-    usage_service_pb2_grpc,
 )
+
 from psych_sidecar.api.errors import abort
 from psych_sidecar.api.servicers import (
     Blocking,
-    ConnectionServicer,
     RunServicer,
     SpecServicer,
-    ToolServicer,
-    TurnServicer,
-    UsageServicer,
 )
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
@@ -67,8 +57,10 @@ class _Rejected:
 
 @dataclass(frozen=True, slots=True)
 class _Binding:
-    servicer: object
-    base: type
+    """A service of the contract and its servicer; None while the whole service is still
+    to come, in which case every RPC answers UNIMPLEMENTED with NOT_IMPLEMENTED."""
+
+    servicer: object | None
     service: descriptor.ServiceDescriptor
 
 
@@ -86,7 +78,9 @@ def _deserializer(message_class: type[Message], limit: int) -> Callable[[bytes],
         try:
             return message_class.FromString(data)
         except DecodeError as error:
-            return _Rejected(field_invalid("request", f"not a valid {message_class.__name__}: {error}"))
+            return _Rejected(
+                field_invalid("request", f"not a valid {message_class.__name__}: {error}")
+            )
 
     return deserialize
 
@@ -128,10 +122,10 @@ def _guarded(method: str, behaviour: Behaviour) -> Behaviour:
 def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
     handlers = {}
     for method in binding.service.methods:
-        assert not method.client_streaming and not method.server_streaming
+        assert not method.client_streaming, "the contract has only unary RPCs"
+        assert not method.server_streaming, "the contract has only unary RPCs"
         full_name = f"/{binding.service.full_name}/{method.name}"
-        implementation = getattr(type(binding.servicer), method.name)
-        if implementation is getattr(binding.base, method.name):
+        if binding.servicer is None:
             behaviour = _unimplemented(full_name)
         else:
             behaviour = getattr(binding.servicer, method.name)
@@ -189,32 +183,26 @@ class Sidecar:
         return [
             _Binding(
                 SpecServicer(SpecService(store), blocking),
-                spec_service_pb2_grpc.SpecServiceServicer,
                 spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"],
             ),
             _Binding(
                 RunServicer(RunService(store, store), blocking, limit),
-                run_service_pb2_grpc.RunServiceServicer,
                 run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
             ),
             _Binding(
-                ConnectionServicer(),
-                connection_service_pb2_grpc.ConnectionServiceServicer,
+                None,
                 connection_service_pb2.DESCRIPTOR.services_by_name["ConnectionService"],
             ),
             _Binding(
-                TurnServicer(),
-                turn_service_pb2_grpc.TurnServiceServicer,
+                None,
                 turn_service_pb2.DESCRIPTOR.services_by_name["TurnService"],
             ),
             _Binding(
-                ToolServicer(),
-                tool_service_pb2_grpc.ToolServiceServicer,
+                None,
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),
             _Binding(
-                UsageServicer(),
-                usage_service_pb2_grpc.UsageServiceServicer,
+                None,
                 usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"],
             ),
         ]
@@ -238,8 +226,11 @@ class Sidecar:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         service_names = [b.service.full_name for b in bindings]
         reflection.enable_server_reflection(
-            [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME],
+            [
+                *service_names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
             server,
         )
         for address in self._addresses:

@@ -13,17 +13,13 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import grpc
-
 from psych.sidecar.v1 import (
-    connection_service_pb2_grpc,
     run_service_pb2,
     run_service_pb2_grpc,
     spec_service_pb2,
     spec_service_pb2_grpc,
-    tool_service_pb2_grpc,
-    turn_service_pb2_grpc,
-    usage_service_pb2_grpc,
 )
+
 from psych_sidecar.api import convert
 from psych_sidecar.domain.errors import field_required
 from psych_sidecar.domain.services import RunService, SpecService
@@ -122,20 +118,3 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
             records=[convert.record_to_proto(record) for record in records],
             next_page_token=next_token,
         )
-
-
-# Services of the contract whose RPCs are all still to come.
-class ConnectionServicer(connection_service_pb2_grpc.ConnectionServiceServicer):
-    pass
-
-
-class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
-    pass
-
-
-class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
-    pass
-
-
-class UsageServicer(usage_service_pb2_grpc.UsageServiceServicer):
-    pass

@@ -12,7 +12,9 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
 
-def page_size(requested: int, default: int = DEFAULT_PAGE_SIZE, maximum: int = MAX_PAGE_SIZE) -> int:
+def page_size(
+    requested: int, default: int = DEFAULT_PAGE_SIZE, maximum: int = MAX_PAGE_SIZE
+) -> int:
     if requested < 0:
         raise field_invalid("page_size", "must not be negative")
     if requested == 0:

@@ -95,7 +95,9 @@ class RunService:
             raise run_not_found(run_id)
         return run
 
-    def append(self, run_id: str, request_id: str, records: tuple[Record, ...]) -> list[AppendedRecord]:
+    def append(
+        self, run_id: str, request_id: str, records: tuple[Record, ...]
+    ) -> list[AppendedRecord]:
         if not run_id:
             raise field_required("run_id")
         validate_request_id(request_id)

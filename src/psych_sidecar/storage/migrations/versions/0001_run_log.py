@@ -60,9 +60,7 @@ def upgrade() -> None:
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("mime_type", sa.Text, nullable=False),
         sa.Column("data", sa.LargeBinary, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["run_id", "sequence"], ["records.run_id", "records.sequence"]
-        ),
+        sa.ForeignKeyConstraint(["run_id", "sequence"], ["records.run_id", "records.sequence"]),
     )
     op.create_table(
         "append_requests",
