@@ -169,7 +169,14 @@ class ManagedProcess:
                 self.popen.wait()
         if self._log is not None:
             self._log.close()
-        return self.popen.returncode
+        rc = self.popen.returncode
+        if rc != 0:
+            print(
+                f"  warning: {self.name} exited with code {rc} when stopped\n"
+                f"--- last lines of {self.log_path} ---\n{self.log_tail(15)}",
+                file=sys.stderr,
+            )
+        return rc
 
     def __enter__(self) -> ManagedProcess:
         return self.start()
