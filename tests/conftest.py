@@ -19,14 +19,14 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from sqlalchemy import create_engine, text
+
 from psych.sidecar.v1 import (
     run_service_pb2_grpc,
     spec_service_pb2_grpc,
     tool_service_pb2_grpc,
     turn_service_pb2_grpc,
 )
-from sqlalchemy import create_engine, text
-
 from psych_sidecar.api.server import Sidecar
 from psych_sidecar.config import Settings
 

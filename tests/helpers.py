@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2, spec_service_pb2
-
 from tests.conftest import Stubs
 
 

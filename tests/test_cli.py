@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
 
+from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
 from psych_sidecar import __version__
 from psych_sidecar.config import load_settings, parse_listen_address
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from psych.sidecar.v1 import errors_pb2, turn_service_pb2
 
+from psych.sidecar.v1 import errors_pb2, turn_service_pb2
 from psych_sidecar.api.errors import STATUS_CODES
 from psych_sidecar.domain.errors import Reason
 from tests.conftest import Stubs, rpc_failure
@@ -75,3 +77,9 @@ def test_rpcs_of_later_releases_answer_unimplemented_with_error_info(stubs: Stub
     assert failure.code == grpc.StatusCode.UNIMPLEMENTED
     assert failure.info.reason == "NOT_IMPLEMENTED"
     assert failure.info.metadata["method"] == "/psych.sidecar.v1.TurnService/ResolveTurn"
+
+
+def test_the_error_catalogue_documents_every_reason_with_its_status() -> None:
+    document = (Path(__file__).parent.parent / "docs" / "errors.md").read_text()
+    for reason, code in STATUS_CODES.items():
+        assert f"| `{reason.value}` | {code.name} |" in document, reason

@@ -8,9 +8,9 @@ from typing import Any
 
 import grpc
 import pytest
-from psych.sidecar.v1 import content_pb2, run_service_pb2
 from sqlalchemy import create_engine, text
 
+from psych.sidecar.v1 import content_pb2, run_service_pb2
 from tests.conftest import RunningSidecar, Stubs, rpc_failure
 from tests.helpers import all_records, new_run, text_part, tool_result, user
 

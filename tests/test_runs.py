@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable
 
 import grpc
-from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2
 
+from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2
 from tests.conftest import Stubs, rpc_failure
 from tests.helpers import all_records, new_run, publish, text_part, tool_result, user
 
@@ -203,6 +203,12 @@ def test_bad_records_are_refused_and_nothing_is_stored(
             ],
             "FIELD_REQUIRED",
             "records[0].tool_result.content[0].binary.mime_type",
+        ),
+        ([tool_result("c\x00")], "FIELD_INVALID", "records[0].tool_result.call_id"),
+        (
+            [run_pb2.Record(tool_result=run_pb2.ToolResult(call_id="c", server="git\x00"))],
+            "FIELD_INVALID",
+            "records[0].tool_result.server",
         ),
         (
             [tool_result("c", content_pb2.ContentPart(json=b"{nope"))],

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import grpc
-from psych.sidecar.v1 import spec_pb2, spec_service_pb2
 
+from psych.sidecar.v1 import spec_pb2, spec_service_pb2
 from tests.conftest import Stubs, rpc_failure
 from tests.helpers import publish
 

@@ -6,8 +6,8 @@ from datetime import datetime
 
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
-from psych.sidecar.v1 import content_pb2, run_pb2, spec_pb2
 
+from psych.sidecar.v1 import content_pb2, run_pb2, spec_pb2
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runs import (
     ContentPart,

@@ -20,6 +20,7 @@ from google.protobuf import descriptor, message_factory
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from psych.sidecar.v1 import (
     connection_service_pb2,
     run_service_pb2,
@@ -28,7 +29,6 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     usage_service_pb2,
 )
-
 from psych_sidecar.api.errors import abort
 from psych_sidecar.api.servicers import (
     Blocking,

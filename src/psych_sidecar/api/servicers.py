@@ -13,13 +13,13 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import grpc
+
 from psych.sidecar.v1 import (
     run_service_pb2,
     run_service_pb2_grpc,
     spec_service_pb2,
     spec_service_pb2_grpc,
 )
-
 from psych_sidecar.api import convert
 from psych_sidecar.domain.errors import field_required
 from psych_sidecar.domain.services import RunService, SpecService

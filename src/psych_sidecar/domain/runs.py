@@ -13,6 +13,7 @@ from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.specs import ToolGrant
 
 MAX_REQUEST_ID_LENGTH = 128
+MAX_IDENTIFIER_LENGTH = 1024
 
 
 class PartKind(StrEnum):
@@ -93,18 +94,25 @@ def validate_record(record: Record, field_path: str) -> None:
     """Refuse records a later reader could not make sense of; nothing is stored on failure."""
     if record.kind is RecordKind.USER_MESSAGE and not record.content:
         raise field_required(f"{field_path}.user_message.content")
-    if record.kind is RecordKind.TOOL_RESULT and not record.call_id:
-        raise field_required(f"{field_path}.tool_result.call_id")
+    if record.kind is RecordKind.TOOL_RESULT:
+        if not record.call_id:
+            raise field_required(f"{field_path}.tool_result.call_id")
+        for name in ("call_id", "server", "tool"):
+            _validate_identifier(getattr(record, name), f"{field_path}.tool_result.{name}")
     for index, call in enumerate(record.tool_calls):
         call_path = f"{field_path}.assistant_message.tool_calls[{index}]"
         if not call.call_id:
             raise field_required(f"{call_path}.call_id")
         if not call.name:
             raise field_required(f"{call_path}.name")
+        _validate_identifier(call.call_id, f"{call_path}.call_id")
+        _validate_identifier(call.name, f"{call_path}.name")
     for index, part in enumerate(record.content):
         part_path = f"{field_path}.{record.kind.value}.content[{index}]"
-        if part.kind is PartKind.BINARY and not part.mime_type:
-            raise field_required(f"{part_path}.binary.mime_type")
+        if part.kind is PartKind.BINARY:
+            if not part.mime_type:
+                raise field_required(f"{part_path}.binary.mime_type")
+            _validate_identifier(part.mime_type, f"{part_path}.binary.mime_type")
         if part.kind is PartKind.JSON:
             try:
                 json.loads(part.data)
@@ -112,9 +120,19 @@ def validate_record(record: Record, field_path: str) -> None:
                 raise field_invalid(f"{part_path}.json", f"not UTF-8 JSON: {error}") from None
 
 
+def _validate_identifier(value: str, field_path: str) -> None:
+    """Names and ids are short strings without NUL (content, by contrast, may hold anything)."""
+    if "\x00" in value:
+        raise field_invalid(field_path, "must not contain NUL characters")
+    if len(value) > MAX_IDENTIFIER_LENGTH:
+        raise field_invalid(field_path, f"longer than {MAX_IDENTIFIER_LENGTH} characters")
+
+
 def validate_request_id(request_id: str) -> None:
     if len(request_id) > MAX_REQUEST_ID_LENGTH:
         raise field_invalid("request_id", f"longer than {MAX_REQUEST_ID_LENGTH} characters")
+    if "\x00" in request_id:
+        raise field_invalid("request_id", "must not contain NUL characters")
 
 
 def records_fingerprint(records: tuple[Record, ...]) -> str:
