@@ -7,6 +7,11 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 import grpc.aio
+
+from bench._echo_server import ECHO_METHOD
+from bench._load import drive, median
+from bench._proc import channel, cpu_split, echo_server, pin, pinned_self, sidecar
+from bench.registry import BenchContext, case
 from psych.sidecar.v1 import (
     run_service_pb2,
     run_service_pb2_grpc,
@@ -14,11 +19,6 @@ from psych.sidecar.v1 import (
     spec_service_pb2,
     spec_service_pb2_grpc,
 )
-
-from bench._echo_server import ECHO_METHOD
-from bench._load import drive, median
-from bench._proc import channel, cpu_split, echo_server, pin, pinned_self, sidecar
-from bench.registry import BenchContext, case
 
 CONCURRENCY = 16
 

@@ -306,8 +306,8 @@ func TestRoundTripThroughGeneratedStubs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("GetRun: %v", err)
 	}
-	if got.GetRun().GetRecordCount() != 3 || got.GetRun().GetTenant() != "t1" {
-		t.Errorf("GetRun returned %v, want tenant t1 and record_count 3", got.GetRun())
+	if got.GetRun().GetRunId() != runID || got.GetRun().GetTenant() != "t1" {
+		t.Errorf("GetRun returned %v, want run %s of tenant t1", got.GetRun(), runID)
 	}
 
 	s.stop(t)

@@ -120,7 +120,6 @@ def run_to_proto(run: Run) -> run_pb2.Run:
         spec_version=run.spec_version,
         tool_restrictions=grants_to_proto(run.tool_restrictions),
         create_time=timestamp(run.create_time),
-        record_count=run.record_count,
     )
 
 

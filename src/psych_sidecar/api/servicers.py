@@ -83,7 +83,10 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
     async def GetRun(
         self, request: run_service_pb2.GetRunRequest, context: Context
     ) -> run_service_pb2.GetRunResponse:
-        run = await self._blocking(self._runs.get, request.run_id)
+        # A Run never changes, so one this process has read is answered without a thread hop.
+        run = self._runs.cached(request.run_id)
+        if run is None:
+            run = await self._blocking(self._runs.get, request.run_id)
         return run_service_pb2.GetRunResponse(run=convert.run_to_proto(run))
 
     async def AppendRecords(

@@ -55,8 +55,8 @@ class RunRepository(Protocol):
         kinds: tuple[RecordKind, ...],
         limit: int,
         max_bytes: int,
-    ) -> list[StoredRecord]:
+    ) -> tuple[list[StoredRecord], bool]:
         """Records after a sequence, in order, of the given kinds (all when empty): at most
         `limit`, stopping before `max_bytes` of content is exceeded but always returning at
-        least one when any remain."""
+        least one when any remain; and whether more remain after them."""
         ...

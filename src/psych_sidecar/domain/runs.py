@@ -87,7 +87,6 @@ class Run:
     spec_version: int
     tool_restrictions: tuple[ToolGrant, ...]
     create_time: datetime
-    record_count: int
 
 
 def validate_record(record: Record, field_path: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 
+from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.errors import (
     Reason,
     SidecarError,
@@ -66,9 +67,12 @@ class SpecService:
 
 
 class RunService:
-    def __init__(self, specs: SpecRepository, runs: RunRepository) -> None:
+    def __init__(
+        self, specs: SpecRepository, runs: RunRepository, cache_size: int = 10_000
+    ) -> None:
         self._specs = specs
         self._runs = runs
+        self._cache = ImmutableCache[str, Run](cache_size)
 
     def create(
         self,
@@ -83,16 +87,23 @@ class RunService:
         validate_grants(tool_restrictions, "tool_restrictions")
         if self._specs.get_spec(spec_name, spec_version) is None:
             raise spec_not_found(spec_name, spec_version)
-        return self._runs.insert_run(
+        run = self._runs.insert_run(
             new_id("run_"), tenant, spec_name, spec_version, tool_restrictions
         )
+        self._cache.put(run.run_id, run)
+        return run
+
+    def cached(self, run_id: str) -> Run | None:
+        """The Run if this process has already read it; no I/O, safe on the event loop."""
+        return self._cache.get(run_id)
 
     def get(self, run_id: str) -> Run:
         if not run_id:
             raise field_required("run_id")
-        run = self._runs.get_run(run_id)
+        run = self._cache.get(run_id) or self._runs.get_run(run_id)
         if run is None:
             raise run_not_found(run_id)
+        self._cache.put(run_id, run)
         return run
 
     def append(
@@ -125,9 +136,8 @@ class RunService:
         limit = page_size(requested_page_size)
         scope = run_id + "|" + ",".join(sorted(kind.value for kind in set(kinds)))
         after = decode_token(page_token, scope)
-        run = self.get(run_id)
-        records = self._runs.list_records(
+        self.get(run_id)
+        records, more = self._runs.list_records(
             run_id, after if isinstance(after, int) else 0, kinds, limit, max_bytes
         )
-        more = bool(records) and records[-1].sequence < run.record_count
         return records, encode_token(scope, records[-1].sequence) if more else ""

@@ -100,7 +100,7 @@ class SqlStore:
                     last_sequence=0,
                 )
             )
-        return Run(run_id, tenant, spec_name, spec_version, tool_restrictions, _time(now), 0)
+        return Run(run_id, tenant, spec_name, spec_version, tool_restrictions, _time(now))
 
     def get_run(self, run_id: str) -> Run | None:
         runs = tables.runs
@@ -115,7 +115,6 @@ class SqlStore:
             spec_version=row.spec_version,
             tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
             create_time=_time(row.create_time_us),
-            record_count=row.last_sequence,
         )
 
     def append_records(
@@ -214,7 +213,7 @@ class SqlStore:
         kinds: tuple[RecordKind, ...],
         limit: int,
         max_bytes: int,
-    ) -> list[StoredRecord]:
+    ) -> tuple[list[StoredRecord], bool]:
         records, parts = tables.records, tables.record_parts
         query = select(records).where(
             records.c.run_id == run_id, records.c.sequence > after_sequence
@@ -222,15 +221,18 @@ class SqlStore:
         if kinds:
             query = query.where(records.c.kind.in_([kind.value for kind in kinds]))
         with transaction(self._engine, write=False) as conn:
-            rows = conn.execute(query.order_by(records.c.sequence).limit(limit)).all()
-            total = 0
-            for count, row in enumerate(rows):
+            # One row past the page tells whether another page follows.
+            rows = conn.execute(query.order_by(records.c.sequence).limit(limit + 1)).all()
+            kept, total = 0, 0
+            for row in rows[:limit]:
                 total += row.content_bytes
-                if total > max_bytes and count > 0:
-                    rows = rows[:count]
+                if total > max_bytes and kept > 0:
                     break
+                kept += 1
+            more = len(rows) > kept
+            rows = rows[:kept]
             if not rows:
-                return []
+                return [], False
             content: dict[int, list[ContentPart]] = {row.sequence: [] for row in rows}
             for part in conn.execute(
                 select(parts.c.sequence, parts.c.kind, parts.c.mime_type, parts.c.data)
@@ -260,4 +262,4 @@ class SqlStore:
                 ),
             )
             for row in rows
-        ]
+        ], more

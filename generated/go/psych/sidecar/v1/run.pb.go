@@ -81,7 +81,8 @@ func (RecordKind) EnumDescriptor() ([]byte, []int) {
 }
 
 // Run is one agent conversation: a tenant, the Spec version it runs, and an
-// append-only log of Records.
+// append-only log of Records. A Run never changes after it is created (its
+// log grows; ListRecords reads it), so hosts and sidecars may cache it.
 type Run struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The Run's id, issued by the sidecar.
@@ -97,9 +98,7 @@ type Run struct {
 	// tool is reachable only if it also matches one of these.
 	ToolRestrictions []*ToolGrant `protobuf:"bytes,5,rep,name=tool_restrictions,json=toolRestrictions,proto3" json:"tool_restrictions,omitempty"`
 	// When the Run was created.
-	CreateTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	// How many records the log holds.
-	RecordCount   int64 `protobuf:"varint,7,opt,name=record_count,json=recordCount,proto3" json:"record_count,omitempty"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -174,13 +173,6 @@ func (x *Run) GetCreateTime() *timestamppb.Timestamp {
 		return x.CreateTime
 	}
 	return nil
-}
-
-func (x *Run) GetRecordCount() int64 {
-	if x != nil {
-		return x.RecordCount
-	}
-	return 0
 }
 
 // Record is one entry of a Run's append-only log. Records are never updated
@@ -517,7 +509,7 @@ var File_psych_sidecar_v1_run_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x1apsych/sidecar/v1/run.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epsych/sidecar/v1/content.proto\x1a\x1bpsych/sidecar/v1/spec.proto\"\xc8\x02\n" +
+	"\x1apsych/sidecar/v1/run.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epsych/sidecar/v1/content.proto\x1a\x1bpsych/sidecar/v1/spec.proto\"\x9f\x02\n" +
 	"\x03Run\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x03R\x05runId\x12\x1c\n" +
 	"\x06tenant\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12!\n" +
@@ -525,8 +517,7 @@ const file_psych_sidecar_v1_run_proto_rawDesc = "" +
 	"\fspec_version\x18\x04 \x01(\x03B\x04\xe2A\x01\x02R\vspecVersion\x12N\n" +
 	"\x11tool_restrictions\x18\x05 \x03(\v2\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2A\x01\x05R\x10toolRestrictions\x12A\n" +
 	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"createTime\x12'\n" +
-	"\frecord_count\x18\a \x01(\x03B\x04\xe2A\x01\x03R\vrecordCount\"\x88\x03\n" +
+	"createTime\"\x88\x03\n" +
 	"\x06Record\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x03R\x05runId\x12 \n" +
 	"\bsequence\x18\x02 \x01(\x03B\x04\xe2A\x01\x03R\bsequence\x12A\n" +

@@ -53,7 +53,8 @@ Global___RecordKind: _TypeAlias = RecordKind  # noqa: Y015
 @_typing.final
 class Run(_message.Message):
     """Run is one agent conversation: a tenant, the Spec version it runs, and an
-    append-only log of Records.
+    append-only log of Records. A Run never changes after it is created (its
+    log grows; ListRecords reads it), so hosts and sidecars may cache it.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -64,7 +65,6 @@ class Run(_message.Message):
     SPEC_VERSION_FIELD_NUMBER: _builtins.int
     TOOL_RESTRICTIONS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
-    RECORD_COUNT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run's id, issued by the sidecar."""
     tenant: _builtins.str
@@ -75,8 +75,6 @@ class Run(_message.Message):
     """The Spec's name."""
     spec_version: _builtins.int
     """The Spec's version, 1 or greater."""
-    record_count: _builtins.int
-    """How many records the log holds."""
     @_builtins.property
     def tool_restrictions(self) -> _containers.RepeatedCompositeFieldContainer[_spec_pb2.ToolGrant]:
         """A Run-level restriction on top of the Spec's grants: when non-empty, a
@@ -96,11 +94,10 @@ class Run(_message.Message):
         spec_version: _builtins.int = ...,
         tool_restrictions: _abc.Iterable[_spec_pb2.ToolGrant] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
-        record_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "record_count", b"record_count", "run_id", b"run_id", "spec_name", b"spec_name", "spec_version", b"spec_version", "tenant", b"tenant", "tool_restrictions", b"tool_restrictions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "run_id", b"run_id", "spec_name", b"spec_name", "spec_version", b"spec_version", "tenant", b"tenant", "tool_restrictions", b"tool_restrictions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
