@@ -571,21 +571,21 @@ var File_psych_sidecar_v1_connection_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\n" +
-	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\x04\n" +
+	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x04\n" +
 	"\n" +
 	"Connection\x12\x1c\n" +
 	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
-	"\x04name\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04name\x128\n" +
-	"\x05stdio\x18\x03 \x01(\v2 .psych.sidecar.v1.StdioTransportH\x00R\x05stdio\x125\n" +
-	"\x04http\x18\x04 \x01(\v2\x1f.psych.sidecar.v1.HttpTransportH\x00R\x04http\x12\x1d\n" +
-	"\apreload\x18\x05 \x01(\bH\x01R\apreload\x88\x01\x01\x12\x1f\n" +
-	"\veager_tools\x18\x06 \x03(\tR\n" +
-	"eagerTools\x12 \n" +
-	"\vdescription\x18\a \x01(\tR\vdescription\x12\x1f\n" +
-	"\vallow_tools\x18\b \x03(\tR\n" +
-	"allowTools\x12\x1d\n" +
+	"\x04name\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12>\n" +
+	"\x05stdio\x18\x03 \x01(\v2 .psych.sidecar.v1.StdioTransportB\x04\xe2A\x01\x01H\x00R\x05stdio\x12;\n" +
+	"\x04http\x18\x04 \x01(\v2\x1f.psych.sidecar.v1.HttpTransportB\x04\xe2A\x01\x01H\x00R\x04http\x12#\n" +
+	"\apreload\x18\x05 \x01(\bB\x04\xe2A\x01\x01H\x01R\apreload\x88\x01\x01\x12%\n" +
+	"\veager_tools\x18\x06 \x03(\tB\x04\xe2A\x01\x01R\n" +
+	"eagerTools\x12&\n" +
+	"\vdescription\x18\a \x01(\tB\x04\xe2A\x01\x01R\vdescription\x12%\n" +
+	"\vallow_tools\x18\b \x03(\tB\x04\xe2A\x01\x01R\n" +
+	"allowTools\x12#\n" +
 	"\n" +
-	"deny_tools\x18\t \x03(\tR\tdenyTools\x12=\n" +
+	"deny_tools\x18\t \x03(\tB\x04\xe2A\x01\x01R\tdenyTools\x12=\n" +
 	"\x05state\x18\n" +
 	" \x01(\x0e2!.psych.sidecar.v1.ConnectionStateB\x04\xe2A\x01\x03R\x05state\x12#\n" +
 	"\n" +
@@ -595,10 +595,10 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\x0fcatalog_version\x18\r \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersionB\v\n" +
 	"\ttransportB\n" +
 	"\n" +
-	"\b_preload\"\xbf\x01\n" +
+	"\b_preload\"\xc5\x01\n" +
 	"\x0eStdioTransport\x12\x1e\n" +
-	"\acommand\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\acommand\x12\x12\n" +
-	"\x04args\x18\x02 \x03(\tR\x04args\x12A\n" +
+	"\acommand\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\acommand\x12\x18\n" +
+	"\x04args\x18\x02 \x03(\tB\x04\xe2A\x01\x01R\x04args\x12A\n" +
 	"\x03env\x18\x03 \x03(\v2).psych.sidecar.v1.StdioTransport.EnvEntryB\x04\xe2A\x01\x04R\x03env\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

@@ -7,6 +7,7 @@
 package sidecarv1
 
 import (
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -252,19 +253,19 @@ var File_psych_sidecar_v1_content_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_content_proto_rawDesc = "" +
 	"\n" +
-	"\x1epsych/sidecar/v1/content.proto\x12\x10psych.sidecar.v1\"|\n" +
-	"\vContentPart\x12\x14\n" +
-	"\x04text\x18\x01 \x01(\tH\x00R\x04text\x12\x14\n" +
-	"\x04json\x18\x02 \x01(\fH\x00R\x04json\x129\n" +
-	"\x06binary\x18\x03 \x01(\v2\x1f.psych.sidecar.v1.BinaryContentH\x00R\x06binaryB\x06\n" +
-	"\x04kind\"@\n" +
-	"\rBinaryContent\x12\x1b\n" +
-	"\tmime_type\x18\x01 \x01(\tR\bmimeType\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"^\n" +
-	"\bToolCall\x12\x17\n" +
-	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\x12%\n" +
-	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJsonB\xb7\x01\n" +
+	"\x1epsych/sidecar/v1/content.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"\x8e\x01\n" +
+	"\vContentPart\x12\x1a\n" +
+	"\x04text\x18\x01 \x01(\tB\x04\xe2A\x01\x01H\x00R\x04text\x12\x1a\n" +
+	"\x04json\x18\x02 \x01(\fB\x04\xe2A\x01\x01H\x00R\x04json\x12?\n" +
+	"\x06binary\x18\x03 \x01(\v2\x1f.psych.sidecar.v1.BinaryContentB\x04\xe2A\x01\x01H\x00R\x06binaryB\x06\n" +
+	"\x04kind\"L\n" +
+	"\rBinaryContent\x12!\n" +
+	"\tmime_type\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bmimeType\x12\x18\n" +
+	"\x04data\x18\x02 \x01(\fB\x04\xe2A\x01\x01R\x04data\"p\n" +
+	"\bToolCall\x12\x1d\n" +
+	"\acall_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x12\x18\n" +
+	"\x04name\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12+\n" +
+	"\x0earguments_json\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\rargumentsJsonB\xb7\x01\n" +
 	"\x14dev.psych.sidecar.v1B\fContentProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (

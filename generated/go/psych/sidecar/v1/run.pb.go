@@ -517,32 +517,32 @@ const file_psych_sidecar_v1_run_proto_rawDesc = "" +
 	"\fspec_version\x18\x04 \x01(\x03B\x04\xe2A\x01\x02R\vspecVersion\x12N\n" +
 	"\x11tool_restrictions\x18\x05 \x03(\v2\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2A\x01\x05R\x10toolRestrictions\x12A\n" +
 	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"createTime\"\x88\x03\n" +
+	"createTime\"\x9a\x03\n" +
 	"\x06Record\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x03R\x05runId\x12 \n" +
 	"\bsequence\x18\x02 \x01(\x03B\x04\xe2A\x01\x03R\bsequence\x12A\n" +
 	"\vcreate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"createTime\x12\x1c\n" +
-	"\x06handle\x18\x04 \x01(\tB\x04\xe2A\x01\x03R\x06handle\x12B\n" +
+	"\x06handle\x18\x04 \x01(\tB\x04\xe2A\x01\x03R\x06handle\x12H\n" +
 	"\fuser_message\x18\n" +
-	" \x01(\v2\x1d.psych.sidecar.v1.UserMessageH\x00R\vuserMessage\x12Q\n" +
-	"\x11assistant_message\x18\v \x01(\v2\".psych.sidecar.v1.AssistantMessageH\x00R\x10assistantMessage\x12?\n" +
-	"\vtool_result\x18\f \x01(\v2\x1c.psych.sidecar.v1.ToolResultH\x00R\n" +
+	" \x01(\v2\x1d.psych.sidecar.v1.UserMessageB\x04\xe2A\x01\x01H\x00R\vuserMessage\x12W\n" +
+	"\x11assistant_message\x18\v \x01(\v2\".psych.sidecar.v1.AssistantMessageB\x04\xe2A\x01\x01H\x00R\x10assistantMessage\x12E\n" +
+	"\vtool_result\x18\f \x01(\v2\x1c.psych.sidecar.v1.ToolResultB\x04\xe2A\x01\x01H\x00R\n" +
 	"toolResultB\x06\n" +
 	"\x04kind\"L\n" +
 	"\vUserMessage\x12=\n" +
-	"\acontent\x18\x01 \x03(\v2\x1d.psych.sidecar.v1.ContentPartB\x04\xe2A\x01\x02R\acontent\"\x86\x01\n" +
-	"\x10AssistantMessage\x127\n" +
-	"\acontent\x18\x01 \x03(\v2\x1d.psych.sidecar.v1.ContentPartR\acontent\x129\n" +
+	"\acontent\x18\x01 \x03(\v2\x1d.psych.sidecar.v1.ContentPartB\x04\xe2A\x01\x02R\acontent\"\x92\x01\n" +
+	"\x10AssistantMessage\x12=\n" +
+	"\acontent\x18\x01 \x03(\v2\x1d.psych.sidecar.v1.ContentPartB\x04\xe2A\x01\x01R\acontent\x12?\n" +
 	"\n" +
-	"tool_calls\x18\x02 \x03(\v2\x1a.psych.sidecar.v1.ToolCallR\ttoolCalls\"\xab\x01\n" +
+	"tool_calls\x18\x02 \x03(\v2\x1a.psych.sidecar.v1.ToolCallB\x04\xe2A\x01\x01R\ttoolCalls\"\xc3\x01\n" +
 	"\n" +
 	"ToolResult\x12\x1d\n" +
-	"\acall_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x12\x16\n" +
-	"\x06server\x18\x02 \x01(\tR\x06server\x12\x12\n" +
-	"\x04tool\x18\x03 \x01(\tR\x04tool\x12\x19\n" +
-	"\bis_error\x18\x04 \x01(\bR\aisError\x127\n" +
-	"\acontent\x18\x05 \x03(\v2\x1d.psych.sidecar.v1.ContentPartR\acontent*\x87\x01\n" +
+	"\acall_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x12\x1c\n" +
+	"\x06server\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\x06server\x12\x18\n" +
+	"\x04tool\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\x04tool\x12\x1f\n" +
+	"\bis_error\x18\x04 \x01(\bB\x04\xe2A\x01\x01R\aisError\x12=\n" +
+	"\acontent\x18\x05 \x03(\v2\x1d.psych.sidecar.v1.ContentPartB\x04\xe2A\x01\x01R\acontent*\x87\x01\n" +
 	"\n" +
 	"RecordKind\x12\x1b\n" +
 	"\x17RECORD_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +

@@ -494,47 +494,47 @@ var File_psych_sidecar_v1_spec_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf6\x03\n" +
+	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\x04\n" +
 	"\x04Spec\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12\x1e\n" +
-	"\aversion\x18\x02 \x01(\x03B\x04\xe2A\x01\x02R\aversion\x12\"\n" +
-	"\finstructions\x18\x03 \x01(\tR\finstructions\x12/\n" +
-	"\x06skills\x18\x04 \x03(\v2\x17.psych.sidecar.v1.SkillR\x06skills\x128\n" +
-	"\tsubagents\x18\x05 \x03(\v2\x1a.psych.sidecar.v1.SubagentR\tsubagents\x12)\n" +
-	"\x10capability_notes\x18\x06 \x03(\tR\x0fcapabilityNotes\x12<\n" +
+	"\aversion\x18\x02 \x01(\x03B\x04\xe2A\x01\x02R\aversion\x12(\n" +
+	"\finstructions\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\finstructions\x125\n" +
+	"\x06skills\x18\x04 \x03(\v2\x17.psych.sidecar.v1.SkillB\x04\xe2A\x01\x01R\x06skills\x12>\n" +
+	"\tsubagents\x18\x05 \x03(\v2\x1a.psych.sidecar.v1.SubagentB\x04\xe2A\x01\x01R\tsubagents\x12/\n" +
+	"\x10capability_notes\x18\x06 \x03(\tB\x04\xe2A\x01\x01R\x0fcapabilityNotes\x12B\n" +
 	"\n" +
-	"thresholds\x18\a \x01(\v2\x1c.psych.sidecar.v1.ThresholdsR\n" +
-	"thresholds\x12D\n" +
+	"thresholds\x18\a \x01(\v2\x1c.psych.sidecar.v1.ThresholdsB\x04\xe2A\x01\x01R\n" +
+	"thresholds\x12J\n" +
 	"\n" +
-	"disclosure\x18\b \x01(\v2$.psych.sidecar.v1.DisclosureSettingsR\n" +
-	"disclosure\x123\n" +
-	"\x06grants\x18\t \x03(\v2\x1b.psych.sidecar.v1.ToolGrantR\x06grants\x12A\n" +
+	"disclosure\x18\b \x01(\v2$.psych.sidecar.v1.DisclosureSettingsB\x04\xe2A\x01\x01R\n" +
+	"disclosure\x129\n" +
+	"\x06grants\x18\t \x03(\v2\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2A\x01\x01R\x06grants\x12A\n" +
 	"\vcreate_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"createTime\"W\n" +
+	"createTime\"c\n" +
 	"\x05Skill\x12\x18\n" +
-	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
-	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x12\n" +
-	"\x04body\x18\x03 \x01(\tR\x04body\"F\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12&\n" +
+	"\vdescription\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdescription\x12\x18\n" +
+	"\x04body\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\x04body\"L\n" +
 	"\bSubagent\x12\x18\n" +
-	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
-	"\vdescription\x18\x02 \x01(\tR\vdescription\"\x87\x03\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12&\n" +
+	"\vdescription\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdescription\"\xa5\x03\n" +
 	"\n" +
-	"Thresholds\x12/\n" +
-	"\x11per_result_tokens\x18\x01 \x01(\x03H\x00R\x0fperResultTokens\x88\x01\x01\x12-\n" +
-	"\x10per_batch_tokens\x18\x02 \x01(\x03H\x01R\x0eperBatchTokens\x88\x01\x01\x121\n" +
-	"\x12preview_head_chars\x18\x03 \x01(\x05H\x02R\x10previewHeadChars\x88\x01\x01\x121\n" +
-	"\x12preview_tail_chars\x18\x04 \x01(\x05H\x03R\x10previewTailChars\x88\x01\x01\x12=\n" +
-	"\x18failure_truncation_chars\x18\x05 \x01(\x05H\x04R\x16failureTruncationChars\x88\x01\x01B\x14\n" +
+	"Thresholds\x125\n" +
+	"\x11per_result_tokens\x18\x01 \x01(\x03B\x04\xe2A\x01\x01H\x00R\x0fperResultTokens\x88\x01\x01\x123\n" +
+	"\x10per_batch_tokens\x18\x02 \x01(\x03B\x04\xe2A\x01\x01H\x01R\x0eperBatchTokens\x88\x01\x01\x127\n" +
+	"\x12preview_head_chars\x18\x03 \x01(\x05B\x04\xe2A\x01\x01H\x02R\x10previewHeadChars\x88\x01\x01\x127\n" +
+	"\x12preview_tail_chars\x18\x04 \x01(\x05B\x04\xe2A\x01\x01H\x03R\x10previewTailChars\x88\x01\x01\x12C\n" +
+	"\x18failure_truncation_chars\x18\x05 \x01(\x05B\x04\xe2A\x01\x01H\x04R\x16failureTruncationChars\x88\x01\x01B\x14\n" +
 	"\x12_per_result_tokensB\x13\n" +
 	"\x11_per_batch_tokensB\x15\n" +
 	"\x13_preview_head_charsB\x15\n" +
 	"\x13_preview_tail_charsB\x1b\n" +
-	"\x19_failure_truncation_chars\"\xf1\x01\n" +
-	"\x12DisclosureSettings\x128\n" +
-	"\x16auto_preload_max_tools\x18\x01 \x01(\x05H\x00R\x13autoPreloadMaxTools\x88\x01\x01\x12-\n" +
-	"\x10direct_max_tools\x18\x02 \x01(\x05H\x01R\x0edirectMaxTools\x88\x01\x01\x12-\n" +
-	"\x10facade_max_tools\x18\x03 \x01(\x05H\x02R\x0efacadeMaxTools\x88\x01\x01B\x19\n" +
+	"\x19_failure_truncation_chars\"\x83\x02\n" +
+	"\x12DisclosureSettings\x12>\n" +
+	"\x16auto_preload_max_tools\x18\x01 \x01(\x05B\x04\xe2A\x01\x01H\x00R\x13autoPreloadMaxTools\x88\x01\x01\x123\n" +
+	"\x10direct_max_tools\x18\x02 \x01(\x05B\x04\xe2A\x01\x01H\x01R\x0edirectMaxTools\x88\x01\x01\x123\n" +
+	"\x10facade_max_tools\x18\x03 \x01(\x05B\x04\xe2A\x01\x01H\x02R\x0efacadeMaxTools\x88\x01\x01B\x19\n" +
 	"\x17_auto_preload_max_toolsB\x13\n" +
 	"\x11_direct_max_toolsB\x13\n" +
 	"\x11_facade_max_tools\"a\n" +

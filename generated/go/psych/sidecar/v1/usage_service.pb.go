@@ -356,16 +356,16 @@ var File_psych_sidecar_v1_usage_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_usage_service_proto_rawDesc = "" +
 	"\n" +
-	"$psych/sidecar/v1/usage_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"\x94\x02\n" +
+	"$psych/sidecar/v1/usage_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xac\x02\n" +
 	"\x12RecordUsageRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12#\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\trequestId\x12\x1a\n" +
-	"\x05model\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\x05model\x12!\n" +
-	"\finput_tokens\x18\x04 \x01(\x03R\vinputTokens\x12#\n" +
-	"\routput_tokens\x18\x05 \x01(\x03R\foutputTokens\x12*\n" +
-	"\x11cache_read_tokens\x18\x06 \x01(\x03R\x0fcacheReadTokens\x12,\n" +
-	"\x12cache_write_tokens\x18\a \x01(\x03R\x10cacheWriteTokens\"L\n" +
+	"\x05model\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\x05model\x12'\n" +
+	"\finput_tokens\x18\x04 \x01(\x03B\x04\xe2A\x01\x01R\vinputTokens\x12)\n" +
+	"\routput_tokens\x18\x05 \x01(\x03B\x04\xe2A\x01\x01R\foutputTokens\x120\n" +
+	"\x11cache_read_tokens\x18\x06 \x01(\x03B\x04\xe2A\x01\x01R\x0fcacheReadTokens\x122\n" +
+	"\x12cache_write_tokens\x18\a \x01(\x03B\x04\xe2A\x01\x01R\x10cacheWriteTokens\"L\n" +
 	"\x13RecordUsageResponse\x125\n" +
 	"\x06totals\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.UsageTotalsR\x06totals\"1\n" +
 	"\x12GetRunUsageRequest\x12\x1b\n" +

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epsych/sidecar/v1/content.proto\x12\x10psych.sidecar.v1\"h\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0e\n\x04json\x18\x02 \x01(\x0cH\x00\x12\x31\n\x06\x62inary\x18\x03 \x01(\x0b\x32\x1f.psych.sidecar.v1.BinaryContentH\x00\x42\x06\n\x04kind\"0\n\rBinaryContent\x12\x11\n\tmime_type\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"A\n\x08ToolCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\tB\xb7\x01\n\x14\x64\x65v.psych.sidecar.v1B\x0c\x43ontentProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epsych/sidecar/v1/content.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"z\n\x0b\x43ontentPart\x12\x14\n\x04text\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01H\x00\x12\x14\n\x04json\x18\x02 \x01(\x0c\x42\x04\xe2\x41\x01\x01H\x00\x12\x37\n\x06\x62inary\x18\x03 \x01(\x0b\x32\x1f.psych.sidecar.v1.BinaryContentB\x04\xe2\x41\x01\x01H\x00\x42\x06\n\x04kind\"<\n\rBinaryContent\x12\x17\n\tmime_type\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x42\x04\xe2\x41\x01\x01\"S\n\x08ToolCall\x12\x15\n\x07\x63\x61ll_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1c\n\x0e\x61rguments_json\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x42\xb7\x01\n\x14\x64\x65v.psych.sidecar.v1B\x0c\x43ontentProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,10 +33,26 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'psych.sidecar.v1.content_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\024dev.psych.sidecar.v1B\014ContentProtoP\001ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\242\002\003PSV\252\002\020Psych.Sidecar.V1\312\002\020Psych\\Sidecar\\V1\352\002\022Psych::Sidecar::V1'
-  _globals['_CONTENTPART']._serialized_start=52
-  _globals['_CONTENTPART']._serialized_end=156
-  _globals['_BINARYCONTENT']._serialized_start=158
-  _globals['_BINARYCONTENT']._serialized_end=206
-  _globals['_TOOLCALL']._serialized_start=208
-  _globals['_TOOLCALL']._serialized_end=273
+  _globals['_CONTENTPART'].fields_by_name['text']._loaded_options = None
+  _globals['_CONTENTPART'].fields_by_name['text']._serialized_options = b'\342A\001\001'
+  _globals['_CONTENTPART'].fields_by_name['json']._loaded_options = None
+  _globals['_CONTENTPART'].fields_by_name['json']._serialized_options = b'\342A\001\001'
+  _globals['_CONTENTPART'].fields_by_name['binary']._loaded_options = None
+  _globals['_CONTENTPART'].fields_by_name['binary']._serialized_options = b'\342A\001\001'
+  _globals['_BINARYCONTENT'].fields_by_name['mime_type']._loaded_options = None
+  _globals['_BINARYCONTENT'].fields_by_name['mime_type']._serialized_options = b'\342A\001\002'
+  _globals['_BINARYCONTENT'].fields_by_name['data']._loaded_options = None
+  _globals['_BINARYCONTENT'].fields_by_name['data']._serialized_options = b'\342A\001\001'
+  _globals['_TOOLCALL'].fields_by_name['call_id']._loaded_options = None
+  _globals['_TOOLCALL'].fields_by_name['call_id']._serialized_options = b'\342A\001\002'
+  _globals['_TOOLCALL'].fields_by_name['name']._loaded_options = None
+  _globals['_TOOLCALL'].fields_by_name['name']._serialized_options = b'\342A\001\002'
+  _globals['_TOOLCALL'].fields_by_name['arguments_json']._loaded_options = None
+  _globals['_TOOLCALL'].fields_by_name['arguments_json']._serialized_options = b'\342A\001\001'
+  _globals['_CONTENTPART']._serialized_start=85
+  _globals['_CONTENTPART']._serialized_end=207
+  _globals['_BINARYCONTENT']._serialized_start=209
+  _globals['_BINARYCONTENT']._serialized_end=269
+  _globals['_TOOLCALL']._serialized_start=271
+  _globals['_TOOLCALL']._serialized_end=354
 # @@protoc_insertion_point(module_scope)

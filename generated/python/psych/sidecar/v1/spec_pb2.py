@@ -26,7 +26,7 @@ from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior_
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x03\n\x04Spec\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x14\n\x0cinstructions\x18\x03 \x01(\t\x12\'\n\x06skills\x18\x04 \x03(\x0b\x32\x17.psych.sidecar.v1.Skill\x12-\n\tsubagents\x18\x05 \x03(\x0b\x32\x1a.psych.sidecar.v1.Subagent\x12\x18\n\x10\x63\x61pability_notes\x18\x06 \x03(\t\x12\x30\n\nthresholds\x18\x07 \x01(\x0b\x32\x1c.psych.sidecar.v1.Thresholds\x12\x38\n\ndisclosure\x18\x08 \x01(\x0b\x32$.psych.sidecar.v1.DisclosureSettings\x12+\n\x06grants\x18\t \x03(\x0b\x32\x1b.psych.sidecar.v1.ToolGrant\x12\x35\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\">\n\x05Skill\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\t\"3\n\x08Subagent\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"\xaa\x02\n\nThresholds\x12\x1e\n\x11per_result_tokens\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x10per_batch_tokens\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x1f\n\x12preview_head_chars\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1f\n\x12preview_tail_chars\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12%\n\x18\x66\x61ilure_truncation_chars\x18\x05 \x01(\x05H\x04\x88\x01\x01\x42\x14\n\x12_per_result_tokensB\x13\n\x11_per_batch_tokensB\x15\n\x13_preview_head_charsB\x15\n\x13_preview_tail_charsB\x1b\n\x19_failure_truncation_chars\"\xbc\x01\n\x12\x44isclosureSettings\x12#\n\x16\x61uto_preload_max_tools\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1d\n\x10\x64irect_max_tools\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x1d\n\x10\x66\x61\x63\x61\x64\x65_max_tools\x18\x03 \x01(\x05H\x02\x88\x01\x01\x42\x19\n\x17_auto_preload_max_toolsB\x13\n\x11_direct_max_toolsB\x13\n\x11_facade_max_tools\"E\n\tToolGrant\x12\x1c\n\x0eserver_pattern\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0ctool_pattern\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x42\xb4\x01\n\x14\x64\x65v.psych.sidecar.v1B\tSpecProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x03\n\x04Spec\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x1a\n\x0cinstructions\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12-\n\x06skills\x18\x04 \x03(\x0b\x32\x17.psych.sidecar.v1.SkillB\x04\xe2\x41\x01\x01\x12\x33\n\tsubagents\x18\x05 \x03(\x0b\x32\x1a.psych.sidecar.v1.SubagentB\x04\xe2\x41\x01\x01\x12\x1e\n\x10\x63\x61pability_notes\x18\x06 \x03(\tB\x04\xe2\x41\x01\x01\x12\x36\n\nthresholds\x18\x07 \x01(\x0b\x32\x1c.psych.sidecar.v1.ThresholdsB\x04\xe2\x41\x01\x01\x12>\n\ndisclosure\x18\x08 \x01(\x0b\x32$.psych.sidecar.v1.DisclosureSettingsB\x04\xe2\x41\x01\x01\x12\x31\n\x06grants\x18\t \x03(\x0b\x32\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2\x41\x01\x01\x12\x35\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\"J\n\x05Skill\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x64\x65scription\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x12\n\x04\x62ody\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"9\n\x08Subagent\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x64\x65scription\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"\xc8\x02\n\nThresholds\x12$\n\x11per_result_tokens\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12#\n\x10per_batch_tokens\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12%\n\x12preview_head_chars\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x12%\n\x12preview_tail_chars\x18\x04 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x03\x88\x01\x01\x12+\n\x18\x66\x61ilure_truncation_chars\x18\x05 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x04\x88\x01\x01\x42\x14\n\x12_per_result_tokensB\x13\n\x11_per_batch_tokensB\x15\n\x13_preview_head_charsB\x15\n\x13_preview_tail_charsB\x1b\n\x19_failure_truncation_chars\"\xce\x01\n\x12\x44isclosureSettings\x12)\n\x16\x61uto_preload_max_tools\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12#\n\x10\x64irect_max_tools\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12#\n\x10\x66\x61\x63\x61\x64\x65_max_tools\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x42\x19\n\x17_auto_preload_max_toolsB\x13\n\x11_direct_max_toolsB\x13\n\x11_facade_max_tools\"E\n\tToolGrant\x12\x1c\n\x0eserver_pattern\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0ctool_pattern\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x42\xb4\x01\n\x14\x64\x65v.psych.sidecar.v1B\tSpecProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,26 +38,62 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SPEC'].fields_by_name['name']._serialized_options = b'\342A\001\002'
   _globals['_SPEC'].fields_by_name['version']._loaded_options = None
   _globals['_SPEC'].fields_by_name['version']._serialized_options = b'\342A\001\002'
+  _globals['_SPEC'].fields_by_name['instructions']._loaded_options = None
+  _globals['_SPEC'].fields_by_name['instructions']._serialized_options = b'\342A\001\001'
+  _globals['_SPEC'].fields_by_name['skills']._loaded_options = None
+  _globals['_SPEC'].fields_by_name['skills']._serialized_options = b'\342A\001\001'
+  _globals['_SPEC'].fields_by_name['subagents']._loaded_options = None
+  _globals['_SPEC'].fields_by_name['subagents']._serialized_options = b'\342A\001\001'
+  _globals['_SPEC'].fields_by_name['capability_notes']._loaded_options = None
+  _globals['_SPEC'].fields_by_name['capability_notes']._serialized_options = b'\342A\001\001'
+  _globals['_SPEC'].fields_by_name['thresholds']._loaded_options = None
+  _globals['_SPEC'].fields_by_name['thresholds']._serialized_options = b'\342A\001\001'
+  _globals['_SPEC'].fields_by_name['disclosure']._loaded_options = None
+  _globals['_SPEC'].fields_by_name['disclosure']._serialized_options = b'\342A\001\001'
+  _globals['_SPEC'].fields_by_name['grants']._loaded_options = None
+  _globals['_SPEC'].fields_by_name['grants']._serialized_options = b'\342A\001\001'
   _globals['_SPEC'].fields_by_name['create_time']._loaded_options = None
   _globals['_SPEC'].fields_by_name['create_time']._serialized_options = b'\342A\001\003'
   _globals['_SKILL'].fields_by_name['name']._loaded_options = None
   _globals['_SKILL'].fields_by_name['name']._serialized_options = b'\342A\001\002'
+  _globals['_SKILL'].fields_by_name['description']._loaded_options = None
+  _globals['_SKILL'].fields_by_name['description']._serialized_options = b'\342A\001\001'
+  _globals['_SKILL'].fields_by_name['body']._loaded_options = None
+  _globals['_SKILL'].fields_by_name['body']._serialized_options = b'\342A\001\001'
   _globals['_SUBAGENT'].fields_by_name['name']._loaded_options = None
   _globals['_SUBAGENT'].fields_by_name['name']._serialized_options = b'\342A\001\002'
+  _globals['_SUBAGENT'].fields_by_name['description']._loaded_options = None
+  _globals['_SUBAGENT'].fields_by_name['description']._serialized_options = b'\342A\001\001'
+  _globals['_THRESHOLDS'].fields_by_name['per_result_tokens']._loaded_options = None
+  _globals['_THRESHOLDS'].fields_by_name['per_result_tokens']._serialized_options = b'\342A\001\001'
+  _globals['_THRESHOLDS'].fields_by_name['per_batch_tokens']._loaded_options = None
+  _globals['_THRESHOLDS'].fields_by_name['per_batch_tokens']._serialized_options = b'\342A\001\001'
+  _globals['_THRESHOLDS'].fields_by_name['preview_head_chars']._loaded_options = None
+  _globals['_THRESHOLDS'].fields_by_name['preview_head_chars']._serialized_options = b'\342A\001\001'
+  _globals['_THRESHOLDS'].fields_by_name['preview_tail_chars']._loaded_options = None
+  _globals['_THRESHOLDS'].fields_by_name['preview_tail_chars']._serialized_options = b'\342A\001\001'
+  _globals['_THRESHOLDS'].fields_by_name['failure_truncation_chars']._loaded_options = None
+  _globals['_THRESHOLDS'].fields_by_name['failure_truncation_chars']._serialized_options = b'\342A\001\001'
+  _globals['_DISCLOSURESETTINGS'].fields_by_name['auto_preload_max_tools']._loaded_options = None
+  _globals['_DISCLOSURESETTINGS'].fields_by_name['auto_preload_max_tools']._serialized_options = b'\342A\001\001'
+  _globals['_DISCLOSURESETTINGS'].fields_by_name['direct_max_tools']._loaded_options = None
+  _globals['_DISCLOSURESETTINGS'].fields_by_name['direct_max_tools']._serialized_options = b'\342A\001\001'
+  _globals['_DISCLOSURESETTINGS'].fields_by_name['facade_max_tools']._loaded_options = None
+  _globals['_DISCLOSURESETTINGS'].fields_by_name['facade_max_tools']._serialized_options = b'\342A\001\001'
   _globals['_TOOLGRANT'].fields_by_name['server_pattern']._loaded_options = None
   _globals['_TOOLGRANT'].fields_by_name['server_pattern']._serialized_options = b'\342A\001\002'
   _globals['_TOOLGRANT'].fields_by_name['tool_pattern']._loaded_options = None
   _globals['_TOOLGRANT'].fields_by_name['tool_pattern']._serialized_options = b'\342A\001\002'
   _globals['_SPEC']._serialized_start=116
-  _globals['_SPEC']._serialized_end=509
-  _globals['_SKILL']._serialized_start=511
-  _globals['_SKILL']._serialized_end=573
-  _globals['_SUBAGENT']._serialized_start=575
-  _globals['_SUBAGENT']._serialized_end=626
-  _globals['_THRESHOLDS']._serialized_start=629
-  _globals['_THRESHOLDS']._serialized_end=927
-  _globals['_DISCLOSURESETTINGS']._serialized_start=930
-  _globals['_DISCLOSURESETTINGS']._serialized_end=1118
-  _globals['_TOOLGRANT']._serialized_start=1120
-  _globals['_TOOLGRANT']._serialized_end=1189
+  _globals['_SPEC']._serialized_end=551
+  _globals['_SKILL']._serialized_start=553
+  _globals['_SKILL']._serialized_end=627
+  _globals['_SUBAGENT']._serialized_start=629
+  _globals['_SUBAGENT']._serialized_end=686
+  _globals['_THRESHOLDS']._serialized_start=689
+  _globals['_THRESHOLDS']._serialized_end=1017
+  _globals['_DISCLOSURESETTINGS']._serialized_start=1020
+  _globals['_DISCLOSURESETTINGS']._serialized_end=1226
+  _globals['_TOOLGRANT']._serialized_start=1228
+  _globals['_TOOLGRANT']._serialized_end=1297
 # @@protoc_insertion_point(module_scope)

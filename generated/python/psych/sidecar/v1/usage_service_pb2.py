@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$psych/sidecar/v1/usage_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xbd\x01\n\x12RecordUsageRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05model\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x0cinput_tokens\x18\x04 \x01(\x03\x12\x15\n\routput_tokens\x18\x05 \x01(\x03\x12\x19\n\x11\x63\x61\x63he_read_tokens\x18\x06 \x01(\x03\x12\x1a\n\x12\x63\x61\x63he_write_tokens\x18\x07 \x01(\x03\"D\n\x13RecordUsageResponse\x12-\n\x06totals\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.UsageTotals\"*\n\x12GetRunUsageRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"D\n\x13GetRunUsageResponse\x12-\n\x06totals\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.UsageTotals\"\x9f\x01\n\x0bUsageTotals\x12\x13\n\x0bmodel_calls\x18\x01 \x01(\x03\x12\x14\n\x0cinput_tokens\x18\x02 \x01(\x03\x12\x15\n\routput_tokens\x18\x03 \x01(\x03\x12\x19\n\x11\x63\x61\x63he_read_tokens\x18\x04 \x01(\x03\x12\x1a\n\x12\x63\x61\x63he_write_tokens\x18\x05 \x01(\x03\x12\x17\n\x0f\x63\x61\x63he_hit_ratio\x18\x06 \x01(\x01\x32\xc6\x01\n\x0cUsageService\x12Z\n\x0bRecordUsage\x12$.psych.sidecar.v1.RecordUsageRequest\x1a%.psych.sidecar.v1.RecordUsageResponse\x12Z\n\x0bGetRunUsage\x12$.psych.sidecar.v1.GetRunUsageRequest\x1a%.psych.sidecar.v1.GetRunUsageResponseB\xbc\x01\n\x14\x64\x65v.psych.sidecar.v1B\x11UsageServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$psych/sidecar/v1/usage_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xd5\x01\n\x12RecordUsageRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05model\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0cinput_tokens\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x1b\n\routput_tokens\x18\x05 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x1f\n\x11\x63\x61\x63he_read_tokens\x18\x06 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12 \n\x12\x63\x61\x63he_write_tokens\x18\x07 \x01(\x03\x42\x04\xe2\x41\x01\x01\"D\n\x13RecordUsageResponse\x12-\n\x06totals\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.UsageTotals\"*\n\x12GetRunUsageRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"D\n\x13GetRunUsageResponse\x12-\n\x06totals\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.UsageTotals\"\x9f\x01\n\x0bUsageTotals\x12\x13\n\x0bmodel_calls\x18\x01 \x01(\x03\x12\x14\n\x0cinput_tokens\x18\x02 \x01(\x03\x12\x15\n\routput_tokens\x18\x03 \x01(\x03\x12\x19\n\x11\x63\x61\x63he_read_tokens\x18\x04 \x01(\x03\x12\x1a\n\x12\x63\x61\x63he_write_tokens\x18\x05 \x01(\x03\x12\x17\n\x0f\x63\x61\x63he_hit_ratio\x18\x06 \x01(\x01\x32\xc6\x01\n\x0cUsageService\x12Z\n\x0bRecordUsage\x12$.psych.sidecar.v1.RecordUsageRequest\x1a%.psych.sidecar.v1.RecordUsageResponse\x12Z\n\x0bGetRunUsage\x12$.psych.sidecar.v1.GetRunUsageRequest\x1a%.psych.sidecar.v1.GetRunUsageResponseB\xbc\x01\n\x14\x64\x65v.psych.sidecar.v1B\x11UsageServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,18 +39,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECORDUSAGEREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\001'
   _globals['_RECORDUSAGEREQUEST'].fields_by_name['model']._loaded_options = None
   _globals['_RECORDUSAGEREQUEST'].fields_by_name['model']._serialized_options = b'\342A\001\002'
+  _globals['_RECORDUSAGEREQUEST'].fields_by_name['input_tokens']._loaded_options = None
+  _globals['_RECORDUSAGEREQUEST'].fields_by_name['input_tokens']._serialized_options = b'\342A\001\001'
+  _globals['_RECORDUSAGEREQUEST'].fields_by_name['output_tokens']._loaded_options = None
+  _globals['_RECORDUSAGEREQUEST'].fields_by_name['output_tokens']._serialized_options = b'\342A\001\001'
+  _globals['_RECORDUSAGEREQUEST'].fields_by_name['cache_read_tokens']._loaded_options = None
+  _globals['_RECORDUSAGEREQUEST'].fields_by_name['cache_read_tokens']._serialized_options = b'\342A\001\001'
+  _globals['_RECORDUSAGEREQUEST'].fields_by_name['cache_write_tokens']._loaded_options = None
+  _globals['_RECORDUSAGEREQUEST'].fields_by_name['cache_write_tokens']._serialized_options = b'\342A\001\001'
   _globals['_GETRUNUSAGEREQUEST'].fields_by_name['run_id']._loaded_options = None
   _globals['_GETRUNUSAGEREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
   _globals['_RECORDUSAGEREQUEST']._serialized_start=92
-  _globals['_RECORDUSAGEREQUEST']._serialized_end=281
-  _globals['_RECORDUSAGERESPONSE']._serialized_start=283
-  _globals['_RECORDUSAGERESPONSE']._serialized_end=351
-  _globals['_GETRUNUSAGEREQUEST']._serialized_start=353
-  _globals['_GETRUNUSAGEREQUEST']._serialized_end=395
-  _globals['_GETRUNUSAGERESPONSE']._serialized_start=397
-  _globals['_GETRUNUSAGERESPONSE']._serialized_end=465
-  _globals['_USAGETOTALS']._serialized_start=468
-  _globals['_USAGETOTALS']._serialized_end=627
-  _globals['_USAGESERVICE']._serialized_start=630
-  _globals['_USAGESERVICE']._serialized_end=828
+  _globals['_RECORDUSAGEREQUEST']._serialized_end=305
+  _globals['_RECORDUSAGERESPONSE']._serialized_start=307
+  _globals['_RECORDUSAGERESPONSE']._serialized_end=375
+  _globals['_GETRUNUSAGEREQUEST']._serialized_start=377
+  _globals['_GETRUNUSAGEREQUEST']._serialized_end=419
+  _globals['_GETRUNUSAGERESPONSE']._serialized_start=421
+  _globals['_GETRUNUSAGERESPONSE']._serialized_end=489
+  _globals['_USAGETOTALS']._serialized_start=492
+  _globals['_USAGETOTALS']._serialized_end=651
+  _globals['_USAGESERVICE']._serialized_start=654
+  _globals['_USAGESERVICE']._serialized_end=852
 # @@protoc_insertion_point(module_scope)
