@@ -101,8 +101,8 @@ def test_migrate_applies_the_schema(tmp_path: Path) -> None:
     again = subprocess.run(
         [*COMMAND, "migrate", "--database-url", url], capture_output=True, text=True, check=True
     )
-    assert "revision 0001" in first.stdout
-    assert "revision 0001" in again.stdout
+    assert "revision 0002" in first.stdout
+    assert "revision 0002" in again.stdout
 
 
 @pytest.mark.parametrize(

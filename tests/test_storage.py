@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import threading
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
 
-from psych_sidecar.storage.db import create_database_engine, current_revision, migrate
+from psych_sidecar.storage.db import (
+    alembic_config,
+    create_database_engine,
+    current_revision,
+    migrate,
+)
 from psych_sidecar.storage.tables import metadata
+
+HEAD_REVISION = "0002"
 
 
 def test_migrations_build_exactly_the_declared_schema(database_url: str) -> None:
@@ -18,7 +27,7 @@ def test_migrations_build_exactly_the_declared_schema(database_url: str) -> None
         with engine.connect() as connection:
             differences = compare_metadata(MigrationContext.configure(connection), metadata)
         assert differences == []
-        assert current_revision(engine) == "0001"
+        assert current_revision(engine) == HEAD_REVISION
     finally:
         engine.dispose()
 
@@ -40,7 +49,56 @@ def test_migrations_from_several_sidecars_at_once_run_once(database_url: str) ->
         thread.join()
     try:
         assert errors == []
-        assert {current_revision(engine) for engine in engines} == {"0001"}
+        assert {current_revision(engine) for engine in engines} == {HEAD_REVISION}
     finally:
         for engine in engines:
             engine.dispose()
+
+
+def test_0002_counts_characters_of_parts_stored_before_it(database_url: str) -> None:
+    engine = create_database_engine(database_url, pool_size=1)
+    try:
+        with engine.connect() as connection:
+            command.downgrade(alembic_config(connection), "0001")
+            connection.commit()
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO specs (name, version, body, fingerprint, create_time_us) "
+                    "VALUES ('s', 1, '{}', 'f', 0)"
+                )
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO runs (run_id, tenant, spec_name, spec_version, "
+                    "tool_restrictions, create_time_us, last_sequence) "
+                    "VALUES ('run_old', 't', 's', 1, '[]', 0, 1)"
+                )
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO records (run_id, sequence, kind, create_time_us, handle, call_id, "
+                    "server, tool, is_error, tool_calls, content_bytes) "
+                    "VALUES ('run_old', 1, 'tool_result', 0, 'h_old', 'c', '', '', false, '[]', 9)"
+                )
+            )
+            for index, kind, data in [
+                (0, "text", "héllo🙂".encode()),
+                (1, "binary", b"\xff\x00"),
+                (2, "json", b'{"a":"\xc3\xa9"}'),
+            ]:
+                connection.execute(
+                    text(
+                        "INSERT INTO record_parts (run_id, sequence, part_index, kind, mime_type, "
+                        "data) VALUES ('run_old', 1, :i, :k, '', :d)"
+                    ),
+                    {"i": index, "k": kind, "d": data},
+                )
+        migrate(engine)
+        with engine.connect() as connection:
+            counts = connection.execute(
+                text("SELECT char_count FROM record_parts ORDER BY part_index")
+            ).scalars()
+            assert list(counts) == [6, None, 9]
+    finally:
+        engine.dispose()

@@ -76,7 +76,7 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
             yield connection
 
 
-def _alembic_config(connection: Connection) -> Config:
+def alembic_config(connection: Connection) -> Config:
     config = Config()
     config.set_main_option("script_location", "psych_sidecar.storage:migrations")
     config.attributes["connection"] = connection
@@ -91,7 +91,7 @@ def migrate(engine: Engine) -> None:
             connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
             connection.commit()
             try:
-                command.upgrade(_alembic_config(connection), "head")
+                command.upgrade(alembic_config(connection), "head")
                 connection.commit()
             finally:
                 connection.execute(
@@ -105,7 +105,7 @@ def migrate(engine: Engine) -> None:
         fcntl.flock(lock_file, fcntl.LOCK_EX)
         try:
             with engine.connect() as connection:
-                command.upgrade(_alembic_config(connection), "head")
+                command.upgrade(alembic_config(connection), "head")
                 connection.commit()
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)

@@ -184,6 +184,7 @@ class SqlStore:
                     "kind": part.kind.value,
                     "mime_type": part.mime_type,
                     "data": part.data,
+                    "char_count": None if part.kind is PartKind.BINARY else len(part.data.decode()),
                 }
                 for record, entry in zip(records, appended, strict=True)
                 for index, part in enumerate(record.content)

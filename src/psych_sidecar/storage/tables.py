@@ -76,6 +76,8 @@ record_parts = Table(
     Column("kind", String(16), nullable=False),
     Column("mime_type", Text, nullable=False),
     Column("data", LargeBinary, nullable=False),
+    # Characters in a text or JSON part (NULL for binary), counted once at append.
+    Column("char_count", BigInteger, nullable=True),
     ForeignKeyConstraint(["run_id", "sequence"], ["records.run_id", "records.sequence"]),
 )
 
@@ -87,5 +89,22 @@ append_requests = Table(
     Column("fingerprint", String(64), nullable=False),
     # JSON list of [sequence, handle]: the answer a retry gets back.
     Column("result", Text, nullable=False),
+    ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+)
+
+# One row per model call's provider-reported usage. Metering reads only this table.
+usage_events = Table(
+    "usage_events",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    # The host's request id, or a generated one when it sent none.
+    Column("event_id", String(128), primary_key=True),
+    Column("fingerprint", String(64), nullable=False),
+    Column("model", Text, nullable=False),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("cache_read_tokens", BigInteger, nullable=False),
+    Column("cache_write_tokens", BigInteger, nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
     ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
 )
