@@ -143,3 +143,59 @@ def test_listen_addresses_parse() -> None:
     assert parse_listen_address("[::1]:7").grpc_target == "[::1]:7"
     assert parse_listen_address("[::1]:7").is_loopback
     assert not parse_listen_address("0.0.0.0:7").is_loopback
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_health_only_listener_serves_health_and_nothing_else(tmp_path: Path) -> None:
+    socket_path = tmp_path / "s.sock"
+    health_address = f"127.0.0.1:{_free_port()}"
+    env = {**os.environ, "PSYCH_SIDECAR_DRAIN_DELAY_SECONDS": "3"}
+    process = subprocess.Popen(
+        [
+            *COMMAND,
+            "serve",
+            "--listen",
+            f"unix://{socket_path}",
+            "--health-listen",
+            health_address,
+            "--database-url",
+            f"sqlite:///{tmp_path / 'db'}",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(health_address, health_pb2.HealthCheckResponse.SERVING, within=10)
+        probe = subprocess.run(
+            [*COMMAND, "health", "--address", health_address], capture_output=True, text=True
+        )
+        assert probe.returncode == 0, probe.stderr
+        assert "SERVING" in probe.stdout
+        with grpc.insecure_channel(health_address) as channel:
+            with pytest.raises(grpc.RpcError) as caught:
+                run_service_pb2_grpc.RunServiceStub(channel).GetRun(
+                    run_service_pb2.GetRunRequest(run_id="run_x"), timeout=2
+                )
+            assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        process.send_signal(signal.SIGTERM)
+        _wait_for(health_address, health_pb2.HealthCheckResponse.NOT_SERVING, within=3)
+        draining = subprocess.run(
+            [*COMMAND, "health", "--address", health_address], capture_output=True, text=True
+        )
+        assert draining.returncode == 1
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+    nobody = subprocess.run(
+        [*COMMAND, "health", "--address", f"unix://{socket_path}"], capture_output=True, text=True
+    )
+    assert nobody.returncode == 1

@@ -10,7 +10,7 @@ import sys
 from pydantic import ValidationError
 
 from psych_sidecar import __version__
-from psych_sidecar.config import Settings, load_settings
+from psych_sidecar.config import Settings, load_settings, parse_listen_address
 from psych_sidecar.storage.db import normalize_url
 
 
@@ -31,11 +31,26 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="unix:///path or HOST:PORT; repeat for several (default: DATA_DIR/sidecar.sock)",
     )
+    serve.add_argument(
+        "--health-listen",
+        action="append",
+        metavar="ADDR",
+        help="serve only grpc.health.v1 here too (a probe port on the pod IP, say)",
+    )
     serve.add_argument("--max-message-bytes", type=int, help="largest request or response")
     serve.add_argument(
         "--allow-non-loopback", action="store_true", default=None, help="allow non-loopback TCP"
     )
     commands.add_parser("migrate", parents=[common], help="apply database migrations and exit")
+    check = commands.add_parser(
+        "health", help="exit 0 if the sidecar at ADDR reports SERVING, 1 otherwise (for probes)"
+    )
+    check.add_argument(
+        "--address",
+        default=None,
+        help="unix:///path or HOST:PORT (default: the first listen address of the settings)",
+    )
+    check.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
     commands.add_parser("version", help="print the version")
     return parser
 
@@ -47,8 +62,33 @@ def _settings(arguments: argparse.Namespace) -> Settings:
         data_dir=arguments.data_dir,
         listen=getattr(arguments, "listen", None),
         max_message_bytes=getattr(arguments, "max_message_bytes", None),
+        health_listen=getattr(arguments, "health_listen", None),
         allow_non_loopback=getattr(arguments, "allow_non_loopback", None),
     )
+
+
+def _health(address: str | None, timeout: float) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        target = parse_listen_address(address).grpc_target if address else None
+        if target is None:
+            target = load_settings().listen_addresses()[0].grpc_target
+    except (ValidationError, ValueError) as error:
+        print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
+        return 2
+    with grpc.insecure_channel(target) as channel:
+        try:
+            response = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout
+            )
+        except grpc.RpcError as error:
+            print(f"{target}: {error.code().name}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    print(f"{target}: {status}")
+    return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.command == "version":
         print(__version__)
         return 0
+    if arguments.command == "health":
+        return _health(arguments.address, arguments.timeout)
     try:
         settings = _settings(arguments)
         settings.listen_addresses()

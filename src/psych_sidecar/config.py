@@ -79,6 +79,13 @@ class Settings(BaseSettings):
         default="",
         description="SQLAlchemy URL; default: the SQLite file DATA_DIR/sidecar.db.",
     )
+    health_listen: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Addresses serving only grpc.health.v1, for probes that cannot reach the API "
+            "listeners (a kubelet on the pod IP); any interface is allowed here."
+        ),
+    )
     allow_non_loopback: bool = Field(
         default=False,
         description="Allow TCP listeners on non-loopback addresses (a pod-IP health port, say).",
@@ -100,7 +107,7 @@ class Settings(BaseSettings):
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
 
-    @field_validator("listen")
+    @field_validator("listen", "health_listen")
     @classmethod
     def _valid_addresses(cls, values: list[str]) -> list[str]:
         for value in values:
@@ -129,6 +136,9 @@ class Settings(BaseSettings):
                     "to serve beyond this machine"
                 )
         return addresses
+
+    def health_listen_addresses(self) -> list[ListenAddress]:
+        return [parse_listen_address(value) for value in self.health_listen]
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'sidecar.db').resolve()}"

@@ -174,7 +174,9 @@ class Sidecar:
         )
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
         self.bound: list[str] = []
+        self.health_bound: list[str] = []
 
     def _bindings(self) -> list[_Binding]:
         store = SqlStore(self._engine)
@@ -237,9 +239,20 @@ class Sidecar:
             self.bound.append(self._bind(server, address))
         await server.start()
         self._server = server
+        if self.settings.health_listen:
+            # Health only, so a probe port on the pod IP exposes nothing else; it shares the
+            # servicer, so it turns NOT_SERVING with the API on shutdown.
+            health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
+            for address in self.settings.health_listen_addresses():
+                self.health_bound.append(self._bind(health_server, address))
+            await health_server.start()
+            self._health_server = health_server
         for name in ["", *service_names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("psych-sidecar serving on %s", ", ".join(self.bound))
+        if self.health_bound:
+            log.info("health only on %s", ", ".join(self.health_bound))
 
     @staticmethod
     def _bind(server: grpc.aio.Server, address: ListenAddress) -> str:
@@ -257,9 +270,11 @@ class Sidecar:
             await asyncio.sleep(self.settings.drain_delay_seconds)
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_seconds)
+        if self._health_server is not None:
+            await self._health_server.stop(None)
         self._executor.shutdown(wait=True)
         self._engine.dispose()
-        for address in self._addresses:
+        for address in [*self._addresses, *self.settings.health_listen_addresses()]:
             if address.unix_path is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(address.unix_path)
