@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -52,6 +53,7 @@ def test_serve_with_defaults_is_serving_on_a_unix_socket_and_sqlite_file(tmp_pat
         socket_path = tmp_path / "psych-sidecar-data" / "sidecar.sock"
         _wait_for(f"unix:{socket_path}", health_pb2.HealthCheckResponse.SERVING, within=10)
         assert (tmp_path / "psych-sidecar-data" / "sidecar.db").exists()
+        assert stat.S_IMODE(socket_path.stat().st_mode) == 0o660
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)

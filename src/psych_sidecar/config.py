@@ -86,6 +86,15 @@ class Settings(BaseSettings):
             "listeners (a kubelet on the pod IP); any interface is allowed here."
         ),
     )
+    unix_socket_mode: int = Field(
+        default=0o660,
+        ge=0,
+        le=0o777,
+        description=(
+            "Permissions of the Unix sockets: owner and group may connect (a host container "
+            "sharing the pod's fsGroup), others may not."
+        ),
+    )
     allow_non_loopback: bool = Field(
         default=False,
         description="Allow TCP listeners on non-loopback addresses (a pod-IP health port, say).",

@@ -239,6 +239,7 @@ class Sidecar:
             self.bound.append(self._bind(server, address))
         await server.start()
         self._server = server
+        self._restrict_sockets(self._addresses)
         if self.settings.health_listen:
             # Health only, so a probe port on the pod IP exposes nothing else; it shares the
             # servicer, so it turns NOT_SERVING with the API on shutdown.
@@ -248,11 +249,17 @@ class Sidecar:
                 self.health_bound.append(self._bind(health_server, address))
             await health_server.start()
             self._health_server = health_server
+            self._restrict_sockets(self.settings.health_listen_addresses())
         for name in ["", *service_names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("psych-sidecar serving on %s", ", ".join(self.bound))
         if self.health_bound:
             log.info("health only on %s", ", ".join(self.health_bound))
+
+    def _restrict_sockets(self, addresses: list[ListenAddress]) -> None:
+        for address in addresses:
+            if address.unix_path is not None:
+                os.chmod(address.unix_path, self.settings.unix_socket_mode)
 
     @staticmethod
     def _bind(server: grpc.aio.Server, address: ListenAddress) -> str:

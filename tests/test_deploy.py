@@ -1,0 +1,61 @@
+"""deploy/ agrees with the sidecar it deploys: its settings load, its probes and volumes match."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from psych_sidecar.config import load_settings
+
+DEPLOY = Path(__file__).parent.parent / "deploy"
+OVERLAYS = sorted(path.name for path in (DEPLOY / "overlays").iterdir())
+
+
+def _render(overlay: str) -> list[dict[str, Any]]:
+    output = subprocess.run(
+        ["kubectl", "kustomize", str(DEPLOY / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [document for document in yaml.safe_load_all(output) if document]
+
+
+def _sidecar(documents: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    sidecar = next(c for c in pod["initContainers"] if c["name"] == "psych-sidecar")
+    return pod, sidecar
+
+
+def test_the_config_file_is_valid_sidecar_settings() -> None:
+    settings = load_settings(str(DEPLOY / "base" / "sidecar.toml"))
+    assert settings.listen_addresses()[0].unix_path == "/run/psych/sidecar.sock"
+    assert settings.unix_socket_mode == 0o660
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_pod_matches_the_sidecar_settings(overlay: str) -> None:
+    settings = load_settings(str(DEPLOY / "base" / "sidecar.toml"))
+    pod, sidecar = _sidecar(_render(overlay))
+    assert sidecar["restartPolicy"] == "Always"  # a native sidecar
+    health_port = settings.health_listen_addresses()[0].port
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["grpc"]["port"] == health_port
+    drain = settings.drain_delay_seconds + settings.shutdown_grace_seconds
+    assert pod["terminationGracePeriodSeconds"] > drain
+    socket_dir = str(Path(settings.listen_addresses()[0].unix_path or "").parent)
+    for container in [sidecar, *pod["containers"]]:
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["psych-socket"] == socket_dir
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["capabilities"]["drop"] == ["ALL"]
+        assert security["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    env = {e["name"]: e for e in sidecar["env"]}
+    assert "PSYCH_SIDECAR_DATABASE_URL" in env
