@@ -8,6 +8,7 @@ grpc.server with our servicers, which would not be the server we ship).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import uuid
@@ -55,16 +56,25 @@ def database_url(
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'sidecar.db'}"
         return
+    with postgres_database() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def postgres_database() -> Iterator[str]:
+    """A new, empty database on the test PostgreSQL server, dropped afterwards."""
     admin_url = postgres_admin_url()
     name = "t_" + uuid.uuid4().hex[:12]
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     base, _, _ = admin_url.rpartition("/")
-    yield f"{base}/{name}"
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,186 @@
+"""Many sidecar processes, one PostgreSQL: Runs stay correct across all of them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy import text
+
+from psych.sidecar.v1 import (
+    run_pb2,
+    run_service_pb2,
+    run_service_pb2_grpc,
+    spec_pb2,
+    spec_service_pb2,
+    spec_service_pb2_grpc,
+)
+from psych_sidecar.storage.db import create_database_engine
+from tests.conftest import UNLIMITED_CHANNEL, postgres_database
+from tests.helpers import text_part, tool_result, user
+from tests.test_storage import HEAD_REVISION
+
+SIDECARS = 3
+
+
+class SidecarProcess:
+    def __init__(self, socket_path: Path, database_url: str) -> None:
+        self.target = f"unix:{socket_path}"
+        self.database_url = database_url
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "psych_sidecar",
+                "serve",
+                "--listen",
+                f"unix://{socket_path}",
+                "--database-url",
+                database_url,
+            ],
+            env={k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")},
+            stderr=subprocess.PIPE,
+        )
+        self.channel = grpc.insecure_channel(self.target, options=UNLIMITED_CHANNEL)
+        self.runs = run_service_pb2_grpc.RunServiceStub(self.channel)
+        self.specs = spec_service_pb2_grpc.SpecServiceStub(self.channel)
+
+    def wait_serving(self, within: float) -> None:
+        health = health_pb2_grpc.HealthStub(self.channel)
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.communicate()[1].decode()
+            try:
+                status = health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+            except grpc.RpcError:
+                status = None
+            if status == health_pb2.HealthCheckResponse.SERVING:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{self.target} not SERVING within {within}s")
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.process.terminate()
+        _, stderr = self.process.communicate(timeout=30)
+        assert self.process.returncode == 0, stderr.decode()
+
+
+@pytest.fixture(scope="module")
+def sidecars(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SidecarProcess]]:
+    """Several sidecar processes started at once on one new PostgreSQL database, so their
+    migrations race each other as they would in a rolling deployment."""
+    with postgres_database() as url:
+        directory = tmp_path_factory.mktemp("scale")
+        started = [SidecarProcess(directory / f"s{i}.sock", url) for i in range(SIDECARS)]
+        try:
+            for sidecar in started:
+                sidecar.wait_serving(within=60)
+            yield started
+        finally:
+            for sidecar in started:
+                sidecar.stop()
+
+
+def _new_run(sidecar: SidecarProcess, name: str) -> str:
+    sidecar.specs.PublishSpec(
+        spec_service_pb2.PublishSpecRequest(spec=spec_pb2.Spec(name=name, version=1))
+    )
+    request = run_service_pb2.CreateRunRequest(tenant="t", spec_name=name, spec_version=1)
+    return sidecar.runs.CreateRun(request).run.run_id
+
+
+def _list(sidecar: SidecarProcess, run_id: str) -> list[run_pb2.Record]:
+    records: list[run_pb2.Record] = []
+    token = ""
+    while True:
+        page = sidecar.runs.ListRecords(
+            run_service_pb2.ListRecordsRequest(run_id=run_id, page_size=97, page_token=token)
+        )
+        records.extend(page.records)
+        token = page.next_page_token
+        if not token:
+            return records
+
+
+def test_sidecars_started_together_on_an_empty_database_all_migrate_and_serve(
+    sidecars: list[SidecarProcess],
+) -> None:
+    # The fixture started every sidecar at once on a new database and waited for SERVING,
+    # which each reports only after its migrations: all of them got there, on one schema.
+    engine = create_database_engine(sidecars[0].database_url, pool_size=1)
+    try:
+        with engine.connect() as connection:
+            versions = connection.execute(text("SELECT version_num FROM alembic_version")).all()
+        assert [row.version_num for row in versions] == [HEAD_REVISION]
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_appends_across_sidecars_store_each_record_exactly_once(
+    sidecars: list[SidecarProcess],
+) -> None:
+    run_id = _new_run(sidecars[0], "appends")
+    requests = [
+        run_service_pb2.AppendRecordsRequest(
+            run_id=run_id,
+            request_id=f"req-{index}",
+            records=[user(f"q{index}"), tool_result(f"c{index}", text_part(f"r{index}"))],
+        )
+        for index in range(120)
+    ]
+    answers: dict[str, list[tuple[int, str]]] = {}
+    lock = threading.Lock()
+
+    def send(index: int) -> None:
+        request = requests[index]
+        # Every request goes to one sidecar, and its retry (as after a lost response) to
+        # another, concurrently with everything else.
+        first = sidecars[index % SIDECARS].runs.AppendRecords(request)
+        retry = sidecars[(index + 1) % SIDECARS].runs.AppendRecords(request)
+        assert retry == first
+        with lock:
+            answers[request.request_id] = [(r.sequence, r.handle) for r in first.records]
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        list(pool.map(send, range(len(requests))))
+
+    stored = _list(sidecars[1], run_id)
+    assert [r.sequence for r in stored] == list(range(1, 2 * len(requests) + 1))
+    by_sequence = {r.sequence: r for r in stored}
+    for index, request in enumerate(requests):
+        (question_seq, _), (result_seq, handle) = answers[request.request_id]
+        assert result_seq == question_seq + 1  # an append's records are adjacent
+        assert by_sequence[question_seq].user_message.content[0].text == f"q{index}"
+        assert by_sequence[result_seq].tool_result.content[0].text == f"r{index}"
+        assert by_sequence[result_seq].handle == handle
+
+
+def test_a_run_created_on_one_sidecar_continues_on_another_with_identical_bytes(
+    sidecars: list[SidecarProcess],
+) -> None:
+    run_id = _new_run(sidecars[0], "handover")
+    sidecars[1].runs.AppendRecords(
+        run_service_pb2.AppendRecordsRequest(
+            run_id=run_id,
+            records=[user("hello"), tool_result("c1", text_part("x" * 100_000 + "\x00é"))],
+        )
+    )
+    sidecars[2].runs.AppendRecords(
+        run_service_pb2.AppendRecordsRequest(run_id=run_id, records=[user("again")])
+    )
+    views = [_list(sidecar, run_id) for sidecar in sidecars]
+    serialized = [[r.SerializeToString(deterministic=True) for r in view] for view in views]
+    assert serialized[0] == serialized[1] == serialized[2]
+    assert len(views[0]) == 3
+    got = sidecars[2].runs.GetRun(run_service_pb2.GetRunRequest(run_id=run_id)).run
+    assert got.run_id == run_id
