@@ -22,6 +22,7 @@ from grpc_status import rpc_status
 from sqlalchemy import create_engine, text
 
 from psych.sidecar.v1 import (
+    connection_service_pb2_grpc,
     run_service_pb2_grpc,
     spec_service_pb2_grpc,
     tool_service_pb2_grpc,
@@ -138,6 +139,7 @@ class Stubs:
     runs: run_service_pb2_grpc.RunServiceStub
     turns: turn_service_pb2_grpc.TurnServiceStub
     tools: tool_service_pb2_grpc.ToolServiceStub
+    connections: connection_service_pb2_grpc.ConnectionServiceStub
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +150,7 @@ def stubs(grpc_channel: grpc.Channel) -> Stubs:
         runs=run_service_pb2_grpc.RunServiceStub(grpc_channel),
         turns=turn_service_pb2_grpc.TurnServiceStub(grpc_channel),
         tools=tool_service_pb2_grpc.ToolServiceStub(grpc_channel),
+        connections=connection_service_pb2_grpc.ConnectionServiceStub(grpc_channel),
     )
 
 

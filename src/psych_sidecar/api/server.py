@@ -29,6 +29,7 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     usage_service_pb2,
 )
+from psych_sidecar.api.connections import ConnectionServicer
 from psych_sidecar.api.errors import abort
 from psych_sidecar.api.servicers import (
     Blocking,
@@ -38,6 +39,9 @@ from psych_sidecar.api.servicers import (
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
 from psych_sidecar.domain.services import RunService, SpecService
+from psych_sidecar.mcp.manager import McpManager
+from psych_sidecar.mcp.service import ConnectionService
+from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
 from psych_sidecar.storage.repository import SqlStore
 
@@ -173,6 +177,12 @@ class Sidecar:
             max_workers=settings.worker_threads, thread_name_prefix="storage"
         )
         self._health = health.aio.HealthServicer()
+        self._connection_store = SqlConnectionStore(self._engine)
+        # The MCP layer: one session per connection. It is the CatalogView and the
+        # ToolRunner of domain/connections.py.
+        self.mcp = McpManager(self._connection_store, Blocking(self._executor), settings)
+        self.catalog = self.mcp
+        self.tool_runner = self.mcp
         self._server: grpc.aio.Server | None = None
         self.bound: list[str] = []
 
@@ -190,7 +200,9 @@ class Sidecar:
                 run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
             ),
             _Binding(
-                None,
+                ConnectionServicer(
+                    ConnectionService(self.mcp, self._connection_store, blocking), limit
+                ),
                 connection_service_pb2.DESCRIPTOR.services_by_name["ConnectionService"],
             ),
             _Binding(
@@ -210,6 +222,7 @@ class Sidecar:
     async def start(self) -> None:
         if self.settings.migrate_on_start:
             await asyncio.get_running_loop().run_in_executor(self._executor, migrate, self._engine)
+        await self.mcp.start()
         limit = self.settings.max_message_bytes
         # The transport admits up to twice the limit so that a request over the limit
         # reaches the handler and gets MESSAGE_TOO_LARGE with an ErrorInfo; beyond that
@@ -257,6 +270,7 @@ class Sidecar:
             await asyncio.sleep(self.settings.drain_delay_seconds)
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_seconds)
+        await self.mcp.stop()
         self._executor.shutdown(wait=True)
         self._engine.dispose()
         for address in self._addresses:
