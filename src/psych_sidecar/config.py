@@ -121,6 +121,9 @@ class Settings(BaseSettings):
     catalog_ttl_seconds: float = Field(
         default=300.0, gt=0, description="Every catalogue is re-listed at least this often."
     )
+    tool_call_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="How long a tool call may take unless the request says."
+    )
     mcp_connect_timeout_seconds: float = Field(
         default=30.0, gt=0, description="How long connecting and the first listing may take."
     )

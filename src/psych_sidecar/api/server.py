@@ -36,9 +36,13 @@ from psych_sidecar.api.servicers import (
     RunServicer,
     SpecServicer,
 )
+from psych_sidecar.api.tools import ToolServicer
+from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
+from psych_sidecar.domain.resolution import TurnResolver
 from psych_sidecar.domain.services import RunService, SpecService
+from psych_sidecar.domain.tool_calls import ToolExecutor
 from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.mcp.service import ConnectionService
 from psych_sidecar.storage.connections import SqlConnectionStore
@@ -129,10 +133,8 @@ def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
         assert not method.client_streaming, "the contract has only unary RPCs"
         assert not method.server_streaming, "the contract has only unary RPCs"
         full_name = f"/{binding.service.full_name}/{method.name}"
-        if binding.servicer is None:
-            behaviour = _unimplemented(full_name)
-        else:
-            behaviour = getattr(binding.servicer, method.name)
+        # A servicer may define only some of its service's RPCs; the rest are UNIMPLEMENTED.
+        behaviour = getattr(binding.servicer, method.name, None) or _unimplemented(full_name)
         request_class = message_factory.GetMessageClass(method.input_type)
         response_class = message_factory.GetMessageClass(method.output_type)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
@@ -190,13 +192,18 @@ class Sidecar:
         store = SqlStore(self._engine)
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
+        runs = RunService(store, store)
+        resolver = TurnResolver(runs, store, self.catalog)
+        executor = ToolExecutor(
+            resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
+        )
         return [
             _Binding(
                 SpecServicer(SpecService(store), blocking),
                 spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"],
             ),
             _Binding(
-                RunServicer(RunService(store, store), blocking, limit),
+                RunServicer(runs, blocking, limit),
                 run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
             ),
             _Binding(
@@ -206,11 +213,11 @@ class Sidecar:
                 connection_service_pb2.DESCRIPTOR.services_by_name["ConnectionService"],
             ),
             _Binding(
-                None,
+                TurnServicer(resolver, blocking),
                 turn_service_pb2.DESCRIPTOR.services_by_name["TurnService"],
             ),
             _Binding(
-                None,
+                ToolServicer(resolver, executor, blocking),
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),
             _Binding(
