@@ -24,6 +24,18 @@ from psych_sidecar.domain.tool_calls import ToolExecutor, ToolOutcome
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
+def _integral_floats_as_ints(value: Any) -> Any:
+    """google.protobuf.Struct holds every number as a double; a whole number is read back as
+    an integer, as the JSON the host meant (5, not 5.0) and as "integer" schemas expect."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _integral_floats_as_ints(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(item) for item in value]
+    return value
+
+
 def outcome_to_proto(outcome: ToolOutcome) -> tool_service_pb2.ToolOutcome:
     return tool_service_pb2.ToolOutcome(
         is_error=outcome.is_error,
@@ -55,7 +67,7 @@ class ToolServicer:
             request.run_id,
             request.server,
             request.tool,
-            json_format.MessageToDict(request.arguments),
+            _integral_floats_as_ints(json_format.MessageToDict(request.arguments)),
             request.call_id,
             timeout,
         )
