@@ -83,6 +83,11 @@ class RunningSidecar:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the sidecar serves on, for running coroutines against its objects."""
+        return self._loop
+
     def __enter__(self) -> RunningSidecar:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self.sidecar.start(), self._loop).result(60)

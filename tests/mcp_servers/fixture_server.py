@@ -1,19 +1,20 @@
 """The project's own MCP test server, written with the MCP SDK's lowlevel Server.
 
-    python tests/mcp_servers/fixture_server.py stdio [--tools N] [--page-size K]
-    python tests/mcp_servers/fixture_server.py http --port P [--tools N] [--page-size K]
+    python tests/mcp_servers/fixture_server.py stdio [--tools N] [--page-size K] [--era E]
+    python tests/mcp_servers/fixture_server.py http --port P [--tools N] [--page-size K] [--era E]
 
-It serves both protocol eras (2025-11-25 handshake, 2026-07-28 discover) and has what the
-sidecar's tests need that third-party servers lack:
+It serves both protocol eras (2026-07-28 via server/discover, 2025-11-25 via the initialize
+handshake); `--era legacy` refuses server/discover, so a client in auto mode falls back to
+2025-11-25. It has what the sidecar's tests need that third-party servers lack:
 
 - a paginated tools/list (`--tools` generated tools `bulk_000`…, `--page-size` per page);
 - `add_tool` / `remove_tool`, which change the listing at runtime and announce it with
-  notifications/tools/list_changed in either era;
+  notifications/tools/list_changed in either era (unless `notify` is false);
 - results of every content kind: `huge_text` (any size), `image`, `audio`, `blob`,
   `resource_text`, `resource_link`, `structured`;
 - failures: `fail` (a plain exception: is_error with the message withheld), `tool_error`
   (is_error with a message), `hang` (never answers), `exit` (the process dies mid-call);
-- `pid` and `echo` for bookkeeping.
+- `pid`, `protocol_version` and `echo` for bookkeeping.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import anyio
 import mcp_types as types
 import uvicorn
 from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.runner import serve_loop
+from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 
 # A 1x1 transparent PNG.
@@ -52,9 +55,28 @@ FIXED_TOOLS = [
     ),
     types.Tool(name="pid", description="Returns the server's process id.", input_schema=_OBJECT),
     types.Tool(
-        name="add_tool",
-        description="Adds a tool named `name` and announces tools/list_changed.",
+        name="getenv",
+        description="Returns the value of the environment variable `name`.",
         input_schema=_schema(name={"type": "string"}),
+    ),
+    types.Tool(
+        name="protocol_version",
+        description="Returns the protocol version of the calling session.",
+        input_schema=_OBJECT,
+    ),
+    types.Tool(
+        name="add_tool",
+        description="Adds (or replaces) a tool named `name`; announces tools/list_changed "
+        "unless `notify` is false.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "description": {"type": "string"},
+                "notify": {"type": "boolean"},
+            },
+            "required": ["name"],
+        },
     ),
     types.Tool(
         name="remove_tool",
@@ -130,12 +152,17 @@ def build_server(tool_count: int, page_size: int) -> Server[Any]:
                 return types.CallToolResult(content=[text(type="text", text=arguments["text"])])
             case "pid":
                 return types.CallToolResult(content=[text(type="text", text=str(os.getpid()))])
+            case "getenv":
+                value = os.environ.get(arguments["name"], "")
+                return types.CallToolResult(content=[text(type="text", text=value)])
+            case "protocol_version":
+                return types.CallToolResult(content=[text(type="text", text=ctx.protocol_version)])
             case "add_tool":
                 name = arguments["name"]
-                added[name] = types.Tool(
-                    name=name, description=f"Added at runtime: {name}.", input_schema=_OBJECT
-                )
-                await announce(ctx)
+                description = arguments.get("description", f"Added at runtime: {name}.")
+                added[name] = types.Tool(name=name, description=description, input_schema=_OBJECT)
+                if arguments.get("notify", True):
+                    await announce(ctx)
                 return types.CallToolResult(content=[text(type="text", text=f"added {name}")])
             case "remove_tool":
                 added.pop(arguments["name"], None)
@@ -207,12 +234,17 @@ def build_server(tool_count: int, page_size: int) -> Server[Any]:
     )
 
 
-async def serve_stdio(server: Server[Any]) -> None:
-    from mcp.server.stdio import stdio_server
-
+async def serve_stdio(server: Server[Any], era: str) -> None:
     options = server.create_initialization_options(NotificationOptions(tools_changed=True))
     async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, options)
+        if era == "auto":
+            await server.run(read_stream, write_stream, options)
+            return
+        # Handshake only, like the TypeScript SDK's servers: server/discover is refused.
+        async with server.lifespan(server) as state:
+            await serve_loop(
+                server, read_stream, write_stream, lifespan_state=state, init_options=options
+            )
 
 
 def main() -> None:
@@ -221,11 +253,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--tools", type=int, default=250)
     parser.add_argument("--page-size", type=int, default=50)
+    parser.add_argument("--era", choices=["auto", "legacy"], default="auto")
     options = parser.parse_args()
     server = build_server(options.tools, options.page_size)
     if options.transport == "stdio":
-        anyio.run(serve_stdio, server)
+        anyio.run(serve_stdio, server, options.era)
         return
+    if options.era != "auto":
+        parser.error("--era legacy is for stdio")
     app = server.streamable_http_app()
     config = uvicorn.Config(app, host="127.0.0.1", port=options.port, log_level="warning")
     print(f"listening on {options.port}", file=sys.stderr, flush=True)

@@ -356,6 +356,9 @@ class ConnectionSession:
         ):
             return f"MCP server {server!r} did not answer {tool!r} within {timeout:g} seconds."
         if mcp_error is not None and mcp_error.code == types.CONNECTION_CLOSED:
+            # Visible at once, not only when the owner has wound the session down.
+            if self._status.state is ConnectionState.CONNECTED:
+                self._set_status(ConnectionState.UNREACHABLE, "the connection closed")
             self._broken.set()
             return (
                 f"The connection to MCP server {server!r} closed during the call to {tool!r}; "
