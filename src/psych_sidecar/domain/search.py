@@ -210,10 +210,6 @@ class SearchHit:
     score: float
 
 
-# A tool's score adds this share of its server's score (the server's tools read as one
-# document), normalised per query: a step that talks about a server's subject lifts its tools.
-_SERVER_SHARE = 0.0
-
 
 class _Bm25F:
     """BM25F over documents given as {field: terms}."""
@@ -255,34 +251,12 @@ class _Bm25F:
         return scores
 
 
-_SERVER_FIELDS: dict[str, tuple[float, float]] = {
-    "server": (1.0, 0.3),
-    "server_description": (1.0, 0.75),
-    "tools": (1.0, 0.75),
-}
-
-
 class SearchIndex:
     """An immutable index over documents; build it once per catalogue and reuse it."""
 
     def __init__(self, documents: Sequence[SearchDocument]) -> None:
         self._documents = list(documents)
-        tool_fields = [self._fields(document) for document in self._documents]
-        self._tools = _Bm25F(tool_fields, _FIELDS)
-        servers: dict[str, dict[str, list[str]]] = {}
-        self._server_of: list[int] = []
-        server_numbers: dict[str, int] = {}
-        for document, fields in zip(self._documents, tool_fields, strict=True):
-            if document.server not in servers:
-                server_numbers[document.server] = len(servers)
-                servers[document.server] = {
-                    "server": fields["server"],
-                    "server_description": fields["server_description"],
-                    "tools": [],
-                }
-            servers[document.server]["tools"].extend(fields["name"] + fields["description"])
-            self._server_of.append(server_numbers[document.server])
-        self._servers = _Bm25F(list(servers.values()), _SERVER_FIELDS)
+        self._tools = _Bm25F([self._fields(document) for document in self._documents], _FIELDS)
         self._exact: dict[str, list[int]] = {}
         for index, document in enumerate(self._documents):
             for key in (
@@ -307,15 +281,6 @@ class SearchIndex:
         Documents matching no query term are left out."""
         terms = set(tokenize(query)) | {query.strip().lower()}
         scores = self._tools.scores(terms)
-        if scores and _SERVER_SHARE:
-            server_scores = self._servers.scores(terms)
-            top_tool = max(scores.values())
-            top_server = max(server_scores.values(), default=0.0) or 1.0
-            scores = {
-                index: score / top_tool
-                + _SERVER_SHARE * server_scores.get(self._server_of[index], 0.0) / top_server
-                for index, score in scores.items()
-            }
         exact = self._exact.get(query.strip().lower(), [])
         if exact:
             top = max(scores.values(), default=0.0) + 1.0
