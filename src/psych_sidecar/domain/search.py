@@ -210,7 +210,6 @@ class SearchHit:
     score: float
 
 
-
 class _Bm25F:
     """BM25F over documents given as {field: terms}."""
 
