@@ -309,6 +309,7 @@ def test_what_a_model_gets_wrong_is_a_tool_error_in_the_log(host: Host, stubs: S
         "missing argument": host.dispatch(run_id, "fx__echo", {}).outcome,
         "not JSON": host.dispatch(run_id, "fx__echo", raw="{text: ").outcome,
         "not an object": host.dispatch(run_id, "fx__echo", raw="[1]").outcome,
+        "meta without server": host.dispatch(run_id, "mcp_call_tool", {"tool": "echo"}).outcome,
     }
     for what, outcome in cases.items():
         assert outcome.is_error, what
@@ -321,6 +322,8 @@ def test_what_a_model_gets_wrong_is_a_tool_error_in_the_log(host: Host, stubs: S
     assert result_text(host.call(run_id, "fx", "huge_text", size=3)) == "xxx"
     assert "'text' is a required property" in result_text(cases["missing argument"])
     assert "not valid JSON" in result_text(cases["not JSON"])
+    meta = tool_result_record(stubs, run_id, cases["meta without server"].sequence)
+    assert meta.tool_result.tool == "mcp_call_tool"
 
 
 def test_every_result_kind_is_logged_in_full_with_its_handle(host: Host, stubs: Stubs) -> None:
@@ -449,12 +452,16 @@ def test_a_run_sees_only_its_own_tenants_connections(
 
 
 def test_names_that_are_not_the_sidecars_go_to_the_host(host: Host, stubs: Stubs) -> None:
-    run_id = host.run(host.tenant)
+    host.connect("fx", "--tools", "0", preload=True)
+    # The tenant has fx, but this Run's Spec grants nothing on it: fx is not the Run's.
+    run_id = host.run(host.tenant, [spec_pb2.ToolGrant(server_pattern="other", tool_pattern="*")])
     before = len(all_records(stubs, run_id))
-    response = host.dispatch(run_id, "bash", {"command": "ls"})
-    assert response.disposition == tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
-    assert not response.HasField("outcome")
+    for name in ("bash", "fx__echo", "fx"):
+        response = host.dispatch(run_id, name, {"command": "ls"})
+        assert response.disposition == tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL, name
+        assert not response.HasField("outcome")
     assert len(all_records(stubs, run_id)) == before
+    assert list(host.resolve(run_id).servers) == []
 
 
 def test_host_mistakes_are_rpc_errors(host: Host) -> None:

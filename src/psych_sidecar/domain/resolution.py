@@ -93,9 +93,10 @@ class ResolvedTurn:
     _entries: list[tuple[str, CatalogTool]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @property
-    def routes(self) -> dict[str, ExposedTool]:
-        return {tool.name: tool for tool in self.surface.tools}
+    routes: dict[str, ExposedTool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.routes = {tool.name: tool for tool in self.surface.tools}
 
     def search(self, query: str, limit: int) -> list[SearchResult]:
         with self._lock:

@@ -195,6 +195,11 @@ class ToolExecutor:
             result = await self.handlers[route.kind](
                 context, resolved, route, arguments, self._default_timeout
             )
+        if not result.server and not result.tool:
+            # A result not tied to one MCP tool is recorded under the tool the model called.
+            result = _Result(
+                result.is_error, result.result_json, result.content, route.server, route.name
+            )
         return await self._record(context, call_id, result)
 
     def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:
@@ -204,10 +209,12 @@ class ToolExecutor:
         route = resolved.routes.get(name)
         if route is not None:
             return route
-        stale = self._stale_routes.get(resolved.snapshot.key)
+        key = (resolved.snapshot.key, tuple(resolved.permitted))
+        stale = self._stale_routes.get(key)
         if stale is None:
             stale = {}
-            for known_server, known in resolved.snapshot.servers.items():
+            for known_server in resolved.permitted:
+                known = resolved.snapshot.servers[known_server]
                 facade = naming.facade_name(known_server)
                 stale[facade] = ExposedTool(
                     facade, "", b"", ExposedKind.FACADE, server=known_server
@@ -217,17 +224,13 @@ class ToolExecutor:
                     stale[exposed] = ExposedTool(
                         exposed, "", b"", ExposedKind.MCP_TOOL, known_server, known_tool.name
                     )
-            self._stale_routes.put(resolved.snapshot.key, stale)
+            self._stale_routes.put(key, stale)
         route = stale.get(name)
         if route is not None:
             return route
         # A removed tool's clean name still says which server and tool it meant.
         server, separator, tool = name.partition("__")
-        if (
-            separator
-            and server in resolved.snapshot.servers
-            and naming.tool_name(server, tool) == name
-        ):
+        if separator and server in resolved.permitted and naming.tool_name(server, tool) == name:
             return ExposedTool(name, "", b"", ExposedKind.MCP_TOOL, server, tool)
         return None
 
