@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -188,16 +189,22 @@ class McpManager:
 
     def status(self, stored: StoredConnection) -> ConnectionStatus:
         connection = stored.connection
-        running = self._running.get((connection.tenant, connection.name))
-        if running is None or running.session.stored.revision != stored.revision:
-            # Not running here yet: another sidecar stored it, or it was replaced just now.
-            return ConnectionStatus(
-                ConnectionState.CONNECTING, "", stored.update_time, stored.catalog_version
-            )
-        status = running.session.status
-        return ConnectionStatus(
-            status.state, status.last_error, status.state_time, stored.catalog_version
+        return self._status_of(
+            (connection.tenant, connection.name),
+            stored.revision,
+            stored.catalog_version,
+            stored.update_time,
         )
+
+    def _status_of(
+        self, key: Key, revision: int, catalog_version: int, update_time: datetime
+    ) -> ConnectionStatus:
+        running = self._running.get(key)
+        if running is None or running.session.stored.revision != revision:
+            # Not running here yet: another sidecar stored it, or it was replaced just now.
+            return ConnectionStatus(ConnectionState.CONNECTING, "", update_time, catalog_version)
+        status = running.session.status
+        return ConnectionStatus(status.state, status.last_error, status.state_time, catalog_version)
 
     async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
         """Re-list now. An unreachable server is retried at once; a failure removes nothing."""
@@ -289,13 +296,16 @@ class McpManager:
                 cached = dataclasses.replace(stored, connection=without_secrets(stored.connection))
                 self._public[key] = cached
             self._seen_versions[key] = catalog_version
-            status = self.status(dataclasses.replace(cached, catalog_version=catalog_version))
-            running = self._running.get(key)
-            if running is None or running.session.stored.revision != revision:
+            status = self._status_of(key, revision, catalog_version, cached.update_time)
+            if status.state is ConnectionState.CONNECTING and self._session_lags(key, revision):
                 # Stored or replaced by another sidecar: have this one catch up.
                 self._reconcile_soon(key)
             listed.append((cached.connection, status))
         return listed
+
+    def _session_lags(self, key: Key, revision: int) -> bool:
+        running = self._running.get(key)
+        return running is None or running.session.stored.revision != revision
 
     def _reconcile_soon(self, key: Key) -> None:
         loop = self._loop

@@ -161,10 +161,17 @@ class ConnectionSession:
         return self._status
 
     def _set_status(self, state: ConnectionState, error: str = "") -> None:
+        """The time changes only with the state, so a turn resolved during an outage reads
+        the same state, time and (usually) error until the server is back."""
+        previous = self._status
         if state is ConnectionState.CONNECTED:
             error = ""
         elif not error:
-            error = self._status.last_error
+            error = previous.last_error
+        if state is previous.state:
+            if error != previous.last_error:
+                self._status = SessionStatus(state, error, previous.state_time)
+            return
         self._status = SessionStatus(state, error, datetime.now(UTC))
 
     def stop(self) -> None:
@@ -192,7 +199,10 @@ class ConnectionSession:
         delay = self._timings.reconnect_min
         name = self.stored.connection.name
         while not self._stopping.is_set():
-            self._set_status(ConnectionState.CONNECTING)
+            # A server that was lost stays UNREACHABLE while it is retried: CONNECTING is
+            # only the first attempt, so the state does not flap with every retry.
+            if self._status.state is not ConnectionState.UNREACHABLE:
+                self._set_status(ConnectionState.CONNECTING)
             try:
                 await self._connect_and_serve()
             except Exception as error:
