@@ -293,6 +293,13 @@ def test_meta_tools_list_only_permitted_names_and_refuse_the_rest(host: Host) ->
         )
     )
     assert failure.code == grpc.StatusCode.INVALID_ARGUMENT
+    failure = rpc_failure(
+        lambda: host.stubs.tools.ListServerTools(
+            tool_service_pb2.ListServerToolsRequest(run_id=run_id, server="elsewhere")
+        )
+    )
+    assert failure.code == grpc.StatusCode.NOT_FOUND
+    assert failure.info.reason == "CONNECTION_NOT_FOUND"
     called = host.dispatch(
         run_id, "mcp_call_tool", {"server": "fx", "tool": "echo", "input": {"text": "via meta"}}
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from psych_sidecar.domain import naming
 from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.catalog import connection_not_found
 from psych_sidecar.domain.connections import (
     CatalogTool,
     CatalogView,
@@ -70,6 +71,7 @@ class TenantServer:
 class CatalogSnapshot:
     """A tenant's connections and their tools, as read now."""
 
+    tenant: str
     key: Hashable
     servers: dict[str, TenantServer]  # by connection name
 
@@ -193,7 +195,7 @@ class TurnResolver:
                 tools = tuple(self._catalog.current_tools(tenant, connection.name))
                 self._tools_cache.put(tools_key, tools)
             servers[connection.name] = TenantServer(connection, status, tools)
-        snapshot = CatalogSnapshot(key, servers)
+        snapshot = CatalogSnapshot(tenant, key, servers)
         self._snapshot_cache.put(key, snapshot)
         return snapshot
 
@@ -278,9 +280,11 @@ class TurnResolver:
 
     @staticmethod
     def _permitted_on(resolved: ResolvedTurn, server: str) -> dict[str, CatalogTool]:
+        """The Run's permitted tools on a server it can see; CONNECTION_NOT_FOUND for one it
+        cannot (another tenant's, or one no grant names: the same answer, revealing nothing)."""
         tools = resolved.permitted.get(server)
         if tools is None:
-            raise field_invalid("server", f"the run's tenant has no connection {server!r}")
+            raise connection_not_found(resolved.snapshot.tenant, server)
         return tools
 
 
