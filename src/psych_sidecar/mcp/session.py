@@ -206,8 +206,20 @@ class ConnectionSession:
             try:
                 await self._connect_and_serve()
             except Exception as error:
-                log.warning("MCP connection %s/%s: %s", self.key[0], name, describe_error(error))
-                self._set_status(ConnectionState.UNREACHABLE, describe_error(error))
+                detail = describe_error(error)
+                # Each new failure is a warning; the same one again, retry after retry, is not.
+                repeated = (
+                    self._status.state is ConnectionState.UNREACHABLE
+                    and self._status.last_error == detail
+                )
+                log.log(
+                    logging.DEBUG if repeated else logging.WARNING,
+                    "MCP connection %s/%s: %s",
+                    self.key[0],
+                    name,
+                    detail,
+                )
+                self._set_status(ConnectionState.UNREACHABLE, detail)
                 self._finish_attempt()
             else:
                 if self._stopping.is_set():
