@@ -614,6 +614,30 @@ def test_secrets_are_used_but_never_returned_or_logged(
         ),
         (
             connection_pb2.Connection(
+                tenant="t",
+                name="n",
+                http=connection_pb2.HttpTransport(
+                    url="http://h/mcp",
+                    protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+                    headers={"X-Key": "secret\r\nInjected: 1"},
+                ),
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "FIELD_INVALID",
+            "connection.http.headers['X-Key']",
+        ),
+        (
+            connection_pb2.Connection(
+                tenant="t",
+                name="n",
+                stdio=connection_pb2.StdioTransport(command="fixture", env={"A=B": "secret"}),
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "FIELD_INVALID",
+            "connection.stdio.env['A=B']",
+        ),
+        (
+            connection_pb2.Connection(
                 tenant="t", name="n", stdio=connection_pb2.StdioTransport(command="")
             ),
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -684,6 +708,7 @@ def test_put_connection_refuses_what_could_never_work(
         reason,
         field,
     )
+    assert "secret" not in failure.message
 
 
 def test_a_command_the_operator_did_not_allow_is_refused_and_changes_nothing(

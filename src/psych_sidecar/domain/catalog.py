@@ -20,6 +20,7 @@ from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, fie
 from psych_sidecar.domain.specs import validate_name
 
 CONNECTION_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
+HEADER_NAME_PATTERN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 MAX_ARGUMENT_LENGTH = 4096
 MAX_DESCRIPTION_LENGTH = 8192
 MAX_TOOL_PATTERN_LENGTH = 1024
@@ -96,7 +97,7 @@ def validate_connection(
         _validate_stdio(connection, allowed_commands)
     else:
         _validate_url(connection.url, "connection.http.url")
-        _validate_strings(connection.headers, "connection.http.headers")
+        _validate_headers(connection.headers)
     if len(connection.description) > MAX_DESCRIPTION_LENGTH:
         raise field_invalid(
             "connection.description", f"longer than {MAX_DESCRIPTION_LENGTH} characters"
@@ -147,8 +148,21 @@ def _validate_url(url: str, field_path: str) -> None:
 def _validate_strings(values: Mapping[str, str], field_path: str) -> None:
     # Keys are named in errors, values never: they are secrets.
     for key, value in values.items():
-        if not key or "\x00" in key or "\x00" in value or "\n" in key:
-            raise field_invalid(f"{field_path}[{key!r}]", "keys and values must not hold NUL")
+        if not key or "=" in key or "\x00" in key or "\x00" in value:
+            raise field_invalid(
+                f"{field_path}[{key!r}]",
+                "names must be non-empty without '=' or NUL; values without NUL",
+            )
+
+
+def _validate_headers(headers: Mapping[str, str]) -> None:
+    # Refused here rather than by the HTTP client later, whose error would quote the value.
+    for name, value in headers.items():
+        if not HEADER_NAME_PATTERN.fullmatch(name) or any(c in value for c in "\r\n\x00"):
+            raise field_invalid(
+                f"connection.http.headers[{name!r}]",
+                "names must be HTTP tokens; values must not hold CR, LF or NUL",
+            )
 
 
 def listing_fingerprint(tools: Sequence[CatalogTool]) -> str:

@@ -15,7 +15,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -35,9 +35,6 @@ from psych_sidecar.mcp.results import tool_result
 from psych_sidecar.mcp.transport import open_transport
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-RunBlocking = Callable[..., Awaitable[Any]]
 
 # A tools/list walk stops here: a server whose cursors never end cannot hang a refresh.
 MAX_LIST_PAGES = 10_000
