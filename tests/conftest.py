@@ -23,6 +23,7 @@ from grpc_status import rpc_status
 from sqlalchemy import create_engine, text
 
 from psych.sidecar.v1 import (
+    connection_service_pb2_grpc,
     run_service_pb2_grpc,
     spec_service_pb2_grpc,
     tool_service_pb2_grpc,
@@ -92,6 +93,11 @@ class RunningSidecar:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the sidecar serves on, for running coroutines against its objects."""
+        return self._loop
+
     def __enter__(self) -> RunningSidecar:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self.sidecar.start(), self._loop).result(60)
@@ -148,6 +154,7 @@ class Stubs:
     runs: run_service_pb2_grpc.RunServiceStub
     turns: turn_service_pb2_grpc.TurnServiceStub
     tools: tool_service_pb2_grpc.ToolServiceStub
+    connections: connection_service_pb2_grpc.ConnectionServiceStub
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +165,7 @@ def stubs(grpc_channel: grpc.Channel) -> Stubs:
         runs=run_service_pb2_grpc.RunServiceStub(grpc_channel),
         turns=turn_service_pb2_grpc.TurnServiceStub(grpc_channel),
         tools=tool_service_pb2_grpc.ToolServiceStub(grpc_channel),
+        connections=connection_service_pb2_grpc.ConnectionServiceStub(grpc_channel),
     )
 
 

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
 from psych_sidecar import __version__
 from psych_sidecar.config import load_settings, parse_listen_address
+from tests.test_storage import HEAD_REVISION
 
 COMMAND = [sys.executable, "-m", "psych_sidecar"]
 
@@ -103,8 +104,8 @@ def test_migrate_applies_the_schema(tmp_path: Path) -> None:
     again = subprocess.run(
         [*COMMAND, "migrate", "--database-url", url], capture_output=True, text=True, check=True
     )
-    assert "revision 0002" in first.stdout
-    assert "revision 0002" in again.stdout
+    assert f"revision {HEAD_REVISION}" in first.stdout
+    assert f"revision {HEAD_REVISION}" in again.stdout
 
 
 @pytest.mark.parametrize(

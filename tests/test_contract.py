@@ -72,11 +72,11 @@ def test_the_domain_reasons_are_exactly_the_contract_catalogue() -> None:
 
 def test_rpcs_of_later_releases_answer_unimplemented_with_error_info(stubs: Stubs) -> None:
     failure = rpc_failure(
-        lambda: stubs.turns.ResolveTurn(turn_service_pb2.ResolveTurnRequest(run_id="r"))
+        lambda: stubs.turns.AssemblePrompt(turn_service_pb2.AssemblePromptRequest(run_id="r"))
     )
     assert failure.code == grpc.StatusCode.UNIMPLEMENTED
     assert failure.info.reason == "NOT_IMPLEMENTED"
-    assert failure.info.metadata["method"] == "/psych.sidecar.v1.TurnService/ResolveTurn"
+    assert failure.info.metadata["method"] == "/psych.sidecar.v1.TurnService/AssemblePrompt"
 
 
 def test_the_error_catalogue_documents_every_reason_with_its_status() -> None:

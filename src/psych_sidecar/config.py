@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -60,6 +60,21 @@ def parse_listen_address(value: str) -> ListenAddress:
     if not separator or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"{value!r} is neither unix:///path nor HOST:PORT")
     return ListenAddress(host=host.strip("[]"), port=int(port))
+
+
+class StdioCommand(BaseModel):
+    """A command the operator allows stdio connections to start. The API can only name it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    argv: list[str] = Field(min_length=1, description="The program and its fixed arguments.")
+    allow_extra_args: bool = Field(
+        default=False, description="Whether a connection may append its own arguments."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment set for the process; a connection's env is merged over it.",
+    )
 
 
 class Settings(BaseSettings):
@@ -115,6 +130,30 @@ class Settings(BaseSettings):
     )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
+    mcp_commands: dict[str, StdioCommand] = Field(
+        default_factory=dict,
+        description="The stdio commands connections may name, by name; nothing else runs.",
+    )
+    catalog_ttl_seconds: float = Field(
+        default=300.0, gt=0, description="Every catalogue is re-listed at least this often."
+    )
+    tool_call_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="How long a tool call may take unless the request says."
+    )
+    mcp_connect_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="How long connecting and the first listing may take."
+    )
+    mcp_reconnect_min_seconds: float = Field(
+        default=0.5, gt=0, description="First delay before reconnecting a lost session."
+    )
+    mcp_reconnect_max_seconds: float = Field(
+        default=30.0, gt=0, description="Longest delay between reconnection attempts."
+    )
+    mcp_list_changed_debounce_seconds: float = Field(
+        default=0.25,
+        ge=0,
+        description="tools/list_changed notifications within this window cause one refresh.",
+    )
 
     @field_validator("listen", "health_listen")
     @classmethod

@@ -29,15 +29,23 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     usage_service_pb2,
 )
+from psych_sidecar.api.connections import ConnectionServicer
 from psych_sidecar.api.errors import abort
 from psych_sidecar.api.servicers import (
     Blocking,
     RunServicer,
     SpecServicer,
 )
+from psych_sidecar.api.tools import ToolServicer
+from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
+from psych_sidecar.domain.resolution import TurnResolver
 from psych_sidecar.domain.services import RunService, SpecService
+from psych_sidecar.domain.tool_calls import ToolExecutor
+from psych_sidecar.mcp.manager import McpManager
+from psych_sidecar.mcp.service import ConnectionService
+from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
 from psych_sidecar.storage.repository import SqlStore
 
@@ -125,10 +133,8 @@ def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
         assert not method.client_streaming, "the contract has only unary RPCs"
         assert not method.server_streaming, "the contract has only unary RPCs"
         full_name = f"/{binding.service.full_name}/{method.name}"
-        if binding.servicer is None:
-            behaviour = _unimplemented(full_name)
-        else:
-            behaviour = getattr(binding.servicer, method.name)
+        # A servicer may define only some of its service's RPCs; the rest are UNIMPLEMENTED.
+        behaviour = getattr(binding.servicer, method.name, None) or _unimplemented(full_name)
         request_class = message_factory.GetMessageClass(method.input_type)
         response_class = message_factory.GetMessageClass(method.output_type)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
@@ -173,6 +179,12 @@ class Sidecar:
             max_workers=settings.worker_threads, thread_name_prefix="storage"
         )
         self._health = health.aio.HealthServicer()
+        self._connection_store = SqlConnectionStore(self._engine)
+        # The MCP layer: one session per connection. It is the CatalogView and the
+        # ToolRunner of domain/connections.py.
+        self.mcp = McpManager(self._connection_store, Blocking(self._executor), settings)
+        self.catalog = self.mcp
+        self.tool_runner = self.mcp
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
         self.bound: list[str] = []
@@ -182,25 +194,32 @@ class Sidecar:
         store = SqlStore(self._engine)
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
+        runs = RunService(store, store)
+        resolver = TurnResolver(runs, store, self.catalog)
+        executor = ToolExecutor(
+            resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
+        )
         return [
             _Binding(
                 SpecServicer(SpecService(store), blocking),
                 spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"],
             ),
             _Binding(
-                RunServicer(RunService(store, store), blocking, limit),
+                RunServicer(runs, blocking, limit),
                 run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
             ),
             _Binding(
-                None,
+                ConnectionServicer(
+                    ConnectionService(self.mcp, self._connection_store, blocking), limit
+                ),
                 connection_service_pb2.DESCRIPTOR.services_by_name["ConnectionService"],
             ),
             _Binding(
-                None,
+                TurnServicer(resolver, blocking),
                 turn_service_pb2.DESCRIPTOR.services_by_name["TurnService"],
             ),
             _Binding(
-                None,
+                ToolServicer(resolver, executor, blocking),
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),
             _Binding(
@@ -212,6 +231,7 @@ class Sidecar:
     async def start(self) -> None:
         if self.settings.migrate_on_start:
             await asyncio.get_running_loop().run_in_executor(self._executor, migrate, self._engine)
+        await self.mcp.start()
         limit = self.settings.max_message_bytes
         # The transport admits up to twice the limit so that a request over the limit
         # reaches the handler and gets MESSAGE_TOO_LARGE with an ErrorInfo; beyond that
@@ -279,6 +299,7 @@ class Sidecar:
             await self._server.stop(self.settings.shutdown_grace_seconds)
         if self._health_server is not None:
             await self._health_server.stop(None)
+        await self.mcp.stop()
         self._executor.shutdown(wait=True)
         self._engine.dispose()
         for address in [*self._addresses, *self.settings.health_listen_addresses()]:

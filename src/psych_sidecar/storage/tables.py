@@ -8,6 +8,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     ForeignKeyConstraint,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -107,4 +108,74 @@ usage_events = Table(
     Column("cache_write_tokens", BigInteger, nullable=False),
     Column("create_time_us", BigInteger, nullable=False),
     ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+)
+
+# A tenant's MCP connections. A deleted connection keeps its row (secrets wiped, delete time
+# set) so that its catalogue versions stay readable and a new connection of the same name
+# continues its version numbering.
+connections = Table(
+    "connections",
+    metadata,
+    Column("tenant", String(128), primary_key=True),
+    Column("name", String(64), primary_key=True),
+    # Bumped on every put: sessions compare it to know whether they run the current config.
+    Column("revision", BigInteger, nullable=False),
+    Column("transport", String(16), nullable=False),
+    Column("command", Text, nullable=False),
+    Column("args", Text, nullable=False),
+    # Secrets (JSON objects): needed to reconnect after a restart, never returned or logged.
+    Column("env", Text, nullable=False),
+    Column("url", Text, nullable=False),
+    Column("headers", Text, nullable=False),
+    Column("preload", Boolean, nullable=True),
+    Column("eager_tools", Text, nullable=False),
+    Column("description", Text, nullable=False),
+    Column("allow_tools", Text, nullable=False),
+    Column("deny_tools", Text, nullable=False),
+    # The newest catalogue version; 0 before the first successful listing.
+    Column("catalog_version", BigInteger, nullable=False, server_default="0"),
+    Column("create_time_us", BigInteger, nullable=False),
+    Column("update_time_us", BigInteger, nullable=False),
+    Column("delete_time_us", BigInteger, nullable=True),
+)
+
+# One row per catalogue version of a connection: a version with no tools still exists.
+catalog_versions = Table(
+    "catalog_versions",
+    metadata,
+    Column("tenant", String(128), primary_key=True),
+    Column("server", String(64), primary_key=True),
+    Column("catalog_version", BigInteger, primary_key=True, autoincrement=False),
+    Column("tool_count", Integer, nullable=False),
+    # SHA-256 of the listing, so a refresh that saw nothing new writes no version.
+    Column("fingerprint", String(64), nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    ForeignKeyConstraint(["tenant", "server"], ["connections.tenant", "connections.name"]),
+)
+
+# Every tool of every version, never deleted. A refresh inserts the whole listing at a new
+# version, then stamps every older current row with that version as its removal marker.
+catalog_tools = Table(
+    "catalog_tools",
+    metadata,
+    Column("tenant", String(128), primary_key=True),
+    Column("server", String(64), primary_key=True),
+    Column("catalog_version", BigInteger, primary_key=True, autoincrement=False),
+    Column("name", Text, primary_key=True),
+    Column("description", Text, nullable=False),
+    # The server's JSON, byte for byte (empty when the server sent none).
+    Column("input_schema", LargeBinary, nullable=False),
+    Column("output_schema", LargeBinary, nullable=False),
+    Column("annotations", LargeBinary, nullable=False),
+    # The version that first no longer had the tool; 0 while it is current.
+    Column("removed_in_version", BigInteger, nullable=False, server_default="0"),
+    ForeignKeyConstraint(
+        ["tenant", "server", "catalog_version"],
+        [
+            "catalog_versions.tenant",
+            "catalog_versions.server",
+            "catalog_versions.catalog_version",
+        ],
+    ),
+    Index("ix_catalog_tools_current", "tenant", "server", "removed_in_version"),
 )

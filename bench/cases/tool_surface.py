@@ -1,0 +1,332 @@
+"""The tool surface: prompt bytes saved by deferral, ResolveTurn's cost, and search quality."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+
+from bench._echo_server import ECHO_METHOD
+from bench._load import drive, median
+from bench._proc import REPO_ROOT, channel, cpu_split, echo_server, pin, pinned_self, sidecar
+from bench.registry import BenchContext, case
+from psych.sidecar.v1 import (
+    connection_pb2,
+    connection_service_pb2,
+    connection_service_pb2_grpc,
+    run_service_pb2,
+    run_service_pb2_grpc,
+    spec_pb2,
+    spec_service_pb2,
+    spec_service_pb2_grpc,
+    turn_pb2,
+    turn_service_pb2,
+    turn_service_pb2_grpc,
+)
+from psych_sidecar.domain.search import SearchDocument, SearchIndex
+
+FIXTURE_SERVER = REPO_ROOT / "tests" / "mcp_servers" / "fixture_server.py"
+TWILIO = REPO_ROOT / "tools" / "mcp-peers" / "node_modules" / "@twilio-alpha" / "mcp"
+LIVEMCPBENCH = REPO_ROOT.parent / "shared" / "data" / "livemcpbench"
+# Dummy credentials: the server lists its tools without reaching Twilio.
+TWILIO_CREDENTIALS = f"AC{'0' * 32}/SK{'0' * 32}:secret"
+TWILIO_TOOLS = 1409
+ALL = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
+CONCURRENCY = 16
+
+Call = Callable[[], Awaitable[object]]
+
+
+def _commands_env(commands: dict[str, list[str]]) -> dict[str, str]:
+    """The sidecar's allowed stdio commands, through the environment."""
+    allowed = {name: {"argv": argv} for name, argv in commands.items()}
+    return {"PSYCH_SIDECAR_MCP_COMMANDS": json.dumps(allowed)}
+
+
+class _Host:
+    def __init__(self, ch: grpc.aio.Channel) -> None:
+        self.specs = spec_service_pb2_grpc.SpecServiceStub(ch)
+        self.runs = run_service_pb2_grpc.RunServiceStub(ch)
+        self.connections = connection_service_pb2_grpc.ConnectionServiceStub(ch)
+        self.turns = turn_service_pb2_grpc.TurnServiceStub(ch)
+
+    async def run(self, tenant: str, spec: spec_pb2.Spec) -> str:
+        await self.specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec), timeout=30)
+        created = await self.runs.CreateRun(
+            run_service_pb2.CreateRunRequest(
+                tenant=tenant, spec_name=spec.name, spec_version=spec.version
+            ),
+            timeout=30,
+        )
+        return created.run.run_id
+
+    async def connect(self, connection: connection_pb2.Connection) -> None:
+        put = await self.connections.PutConnection(
+            connection_service_pb2.PutConnectionRequest(connection=connection), timeout=180
+        )
+        if put.connection.state != connection_pb2.CONNECTION_STATE_CONNECTED:
+            raise AssertionError(f"{connection.name} did not connect: {put.connection.last_error}")
+
+    async def surface(self, run_id: str) -> turn_pb2.ToolSurface:
+        request = turn_service_pb2.ResolveTurnRequest(run_id=run_id)
+        return (await self.turns.ResolveTurn(request, timeout=60)).surface
+
+
+@case("eager_vs_deferred_bytes_ratio", unit="ratio", target=">= 100")
+async def eager_vs_deferred_bytes_ratio(ctx: BenchContext) -> float:
+    """Tool-surface bytes of the real 1,409-tool Twilio catalogue with every schema injected,
+    divided by the same server deferred.
+
+    One sidecar process, @twilio-alpha/mcp 0.7.0 over stdio with all its services (dummy
+    credentials: it lists without reaching Twilio), connected twice under two tenants: once
+    preloaded under a Spec whose direct_max_tools admits every tool (one real tool per remote
+    tool, schema copied), once deferred (one server line and the meta tools). The bytes are
+    ResolveTurn's serialized ToolSurface; the details also give the provider-facing JSON
+    (name, description, input schema of each tool).
+    """
+    node = shutil.which("node")
+    entry = TWILIO / "build" / "index.js"
+    if node is None or not entry.exists():
+        raise RuntimeError(f"needs node and {entry}: run scripts/install-mcp-peers first")
+    services = sorted(p.stem for p in (TWILIO / "twilio-oai" / "spec" / "json").glob("*.json"))
+    argv = [node, str(entry), TWILIO_CREDENTIALS, "--services", ",".join(services)]
+    async with (
+        sidecar(ctx.tmp_dir, env=_commands_env({"twilio": argv})) as server,
+        channel(server.target) as ch,
+    ):
+        host = _Host(ch)
+        surfaces = {}
+        for mode, preload in (("eager", True), ("deferred", False)):
+            spec = spec_pb2.Spec(name=mode, version=1, grants=ALL)
+            spec.disclosure.direct_max_tools = 100_000
+            run_id = await host.run(mode, spec)
+            await host.connect(
+                connection_pb2.Connection(
+                    tenant=mode,
+                    name="twilio",
+                    stdio=connection_pb2.StdioTransport(command="twilio"),
+                    preload=preload,
+                )
+            )
+            surfaces[mode] = await host.surface(run_id)
+            ctx.log(f"{mode}: {len(surfaces[mode].tools)} exposed tools")
+    eager, deferred = surfaces["eager"], surfaces["deferred"]
+    (line,) = eager.servers
+    if line.permitted_tool_count != TWILIO_TOOLS or len(eager.tools) != TWILIO_TOOLS + 3:
+        raise AssertionError(f"expected {TWILIO_TOOLS} Twilio tools, got {line}")
+    if deferred.servers[0].tier != turn_pb2.DISCLOSURE_TIER_DEFERRED:
+        raise AssertionError(f"not deferred: {deferred.servers[0]}")
+    eager_bytes, deferred_bytes = len(eager.SerializeToString()), len(deferred.SerializeToString())
+    ctx.details.update(
+        {
+            "tools": line.permitted_tool_count,
+            "eager_surface_bytes": eager_bytes,
+            "deferred_surface_bytes": deferred_bytes,
+            "eager_provider_json_bytes": _provider_json_bytes(eager),
+            "deferred_provider_json_bytes": _provider_json_bytes(deferred),
+            "deferred_server_line": deferred.servers[0].text,
+        }
+    )
+    return eager_bytes / deferred_bytes
+
+
+def _provider_json_bytes(surface: turn_pb2.ToolSurface) -> int:
+    tools = [
+        {
+            "name": tool.name,
+            "description": tool.description,
+            "input_schema": json.loads(tool.input_schema_json),
+        }
+        for tool in surface.tools
+    ]
+    lines = [line.text for line in surface.servers]
+    return len(json.dumps([tools, lines], separators=(",", ":"), ensure_ascii=False).encode())
+
+
+@case("resolve_turn_overhead_ratio", unit="ratio", target=">= 0.5")
+async def resolve_turn_overhead_ratio(ctx: BenchContext) -> float:
+    """ResolveTurn calls/s for a Run seeing 10 connections divided by a bare grpc.aio echo
+    server's calls/s, measured in the same run.
+
+    The Run's tenant has 10 connections to the project's fixture MCP server (stdio): two small
+    ones preloaded (5 permitted tools each: direct), six of 200 tools deferred, one of 200
+    preloaded (facade) and one of 250 preloaded (search pair) — 1,660 tools in all. Same
+    client, concurrency and CPU pinning as rpc_overhead_ratio; the echo call carries the
+    ResolveTurn request's bytes. Rounds alternate the two servers; medians are compared.
+    """
+    calls = ctx.pick(full=6000, quick=1500)
+    warmup = ctx.pick(full=1500, quick=500)
+    rounds = ctx.pick(full=7, quick=3)
+    fixture = [sys.executable, str(FIXTURE_SERVER), "stdio"]
+    env = _commands_env({"fixture": fixture})
+    allowed = json.loads(env["PSYCH_SIDECAR_MCP_COMMANDS"])
+    allowed["fixture"]["allow_extra_args"] = True
+    env["PSYCH_SIDECAR_MCP_COMMANDS"] = json.dumps(allowed)
+    async with (
+        echo_server(ctx.tmp_dir) as echo_srv,
+        sidecar(ctx.tmp_dir, env=env) as side_srv,
+        channel(echo_srv.target) as echo_ch,
+        channel(side_srv.target) as side_ch,
+    ):
+        host = _Host(side_ch)
+        run_id = await host.run("bench", spec_pb2.Spec(name="bench", version=1, grants=ALL))
+        # The fixture server has 17 fixed tools plus --tools generated ones.
+        layout: list[tuple[str, int, bool | None, list[str]]] = [
+            ("small-a", 0, True, ["echo", "pid", "image", "blob", "structured"]),
+            ("small-b", 0, True, ["echo", "pid", "image", "blob", "structured"]),
+            *((f"deferred-{i}", 183, None, []) for i in range(6)),
+            ("facade", 183, True, []),
+            ("search", 233, True, []),
+        ]
+        for name, generated, preload, allow in layout:
+            connection = connection_pb2.Connection(
+                tenant="bench",
+                name=name,
+                stdio=connection_pb2.StdioTransport(
+                    command="fixture", args=["--tools", str(generated)]
+                ),
+                allow_tools=allow,
+            )
+            if preload is not None:
+                connection.preload = preload
+            await host.connect(connection)
+        surface = await host.surface(run_id)
+        tiers = sorted(turn_pb2.DisclosureTier.Name(line.tier) for line in surface.servers)
+        total = sum(line.permitted_tool_count for line in surface.servers)
+        ctx.log(f"{total} permitted tools; tiers {tiers}; {len(surface.tools)} exposed tools")
+        if total != 1660 or len(surface.servers) != 10:
+            raise AssertionError(f"unexpected surface: {total} tools, {len(surface.servers)} lines")
+
+        request = turn_service_pb2.ResolveTurnRequest(run_id=run_id)
+        payload = request.SerializeToString()
+        echo_call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = echo_ch.unary_unary(ECHO_METHOD)
+
+        async def call_echo() -> object:
+            return await echo_call(payload, timeout=30)
+
+        async def call_sidecar() -> object:
+            return await host.turns.ResolveTurn(request, timeout=30)
+
+        rates = await _alternate(
+            ctx,
+            {"echo": call_echo, "sidecar": call_sidecar},
+            [echo_srv, side_srv],
+            calls=calls,
+            warmup=warmup,
+            rounds=rounds,
+        )
+        ctx.details["surface_bytes"] = len(surface.SerializeToString())
+        ctx.details["permitted_tools"] = total
+    echo_rate, side_rate = median(rates["echo"]), median(rates["sidecar"])
+    ctx.details.update(
+        {
+            "baseline_calls_per_s": round(echo_rate, 1),
+            "sidecar_calls_per_s": round(side_rate, 1),
+            "baseline_rounds": [round(r, 1) for r in rates["echo"]],
+            "sidecar_rounds": [round(r, 1) for r in rates["sidecar"]],
+            "calls_per_round": calls,
+            "concurrency": CONCURRENCY,
+        }
+    )
+    return side_rate / echo_rate
+
+
+async def _alternate(
+    ctx: BenchContext,
+    targets: dict[str, Call],
+    servers: list[Any],
+    *,
+    calls: int,
+    warmup: int,
+    rounds: int,
+) -> dict[str, list[float]]:
+    """Warm each target up, then run rounds alternating their order; calls/s per round."""
+    rates: dict[str, list[float]] = {name: [] for name in targets}
+    names = list(targets)
+    with contextlib.ExitStack() as stack:
+        split = cpu_split()
+        ctx.details["pinned"] = split is not None
+        if split is not None:
+            client_cpus, server_cpus = split
+            for server in servers:
+                pin(server.process.pid, server_cpus)
+            stack.enter_context(pinned_self(client_cpus))
+        for fn in targets.values():
+            await drive(fn, calls=warmup, concurrency=CONCURRENCY)
+        for i in range(rounds):
+            order = names if i % 2 == 0 else list(reversed(names))
+            for name in order:
+                result = await drive(targets[name], calls=calls, concurrency=CONCURRENCY)
+                rates[name].append(result.per_second)
+            ctx.log(
+                f"round {i + 1}/{rounds}: "
+                + ", ".join(f"{name} {rates[name][-1]:.0f}/s" for name in names)
+            )
+    return rates
+
+
+def livemcpbench_documents(data: Path) -> list[SearchDocument]:
+    """One document per tool of the LiveMCPBench catalogue, as a connection would list it: the
+    server's key as the connection name, its description as the connection's description."""
+    documents = []
+    for entry in json.loads((data / "tools.json").read_text()):
+        for server, listing in entry["tools"].items():
+            for tool in listing["tools"]:
+                properties = (tool.get("inputSchema") or {}).get("properties") or {}
+                documents.append(
+                    SearchDocument(
+                        server,
+                        tool["name"],
+                        tool.get("description") or "",
+                        tuple(sorted(properties)),
+                        entry.get("description") or "",
+                    )
+                )
+    return documents
+
+
+def _numbered_lines(text: str) -> list[str]:
+    lines = (re.sub(r"^\d+\.\s*", "", line.strip()) for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+def livemcpbench_recall(data: Path, ks: tuple[int, ...]) -> dict[int, float]:
+    """Recall@k per task, averaged over tasks: the share of the task's annotated tools that are
+    in the top k of at least one of its steps' queries (a tool is matched by name)."""
+    documents = livemcpbench_documents(data)
+    index = SearchIndex(documents)
+    tasks = json.loads((data / "annotations.json").read_text())
+    totals = dict.fromkeys(ks, 0.0)
+    for task in tasks:
+        metadata = task["Annotator Metadata"]
+        steps, tools = _numbered_lines(metadata["Steps"]), _numbered_lines(metadata["Tools"])
+        rankings = [[documents[h.index].name for h in index.search(s, max(ks))] for s in steps]
+        for k in ks:
+            found = {name for ranking in rankings for name in ranking[:k]}
+            totals[k] += sum(tool in found for tool in tools) / len(tools)
+    return {k: total / len(tasks) for k, total in totals.items()}
+
+
+@case("search_recall_at_5_livemcpbench", unit="recall", target=">= 0.8")
+def search_recall_at_5_livemcpbench(ctx: BenchContext) -> float:
+    """Recall@5 of the search tool's ranking on LiveMCPBench (527 tools of 70 servers, 95
+    annotated tasks), one query per annotated step.
+
+    For each task, the share of its annotated tools found in the top 5 of at least one of its
+    steps' queries, averaged over tasks (@1 and @10 in the details). Ground truth is the
+    annotator's solution path, not every relevant tool, and five annotated tools are not in
+    the catalogue at all, so 1.0 is out of reach. The data README's plain BM25 baseline
+    (name + description + server name + parameter names) measured 0.715.
+    """
+    if not (LIVEMCPBENCH / "tools.json").exists():
+        raise RuntimeError(f"{LIVEMCPBENCH} is missing: the shared data sits beside the repo")
+    recall = livemcpbench_recall(LIVEMCPBENCH, (1, 5, 10))
+    ctx.details.update({f"recall_at_{k}": round(v, 4) for k, v in recall.items()})
+    return recall[5]

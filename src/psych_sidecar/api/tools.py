@@ -1,0 +1,137 @@
+"""ToolService for MCP tools: CallDeferredTool, ListServerTools, DescribeTool, SearchTools and
+DispatchToolCall, protobuf in and out.
+
+ReadToolOutput belongs to another module; this servicer does not define it, and the server
+answers the RPCs a servicer does not define with UNIMPLEMENTED. DispatchToolCall routes by
+ToolExecutor.handlers (by kind of exposed tool); a name that is not the sidecar's is returned
+as DISPATCH_DISPOSITION_HOST_TOOL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from psych.sidecar.v1 import tool_service_pb2
+from psych_sidecar.api.connections import catalog_tool_to_proto
+from psych_sidecar.api.servicers import Blocking
+from psych_sidecar.domain.errors import field_invalid, field_required
+from psych_sidecar.domain.resolution import TurnResolver
+from psych_sidecar.domain.tool_calls import ToolExecutor, ToolOutcome
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    """google.protobuf.Struct holds every number as a double; a whole number is read back as
+    an integer, as the JSON the host meant (5, not 5.0) and as "integer" schemas expect."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _integral_floats_as_ints(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(item) for item in value]
+    return value
+
+
+def outcome_to_proto(outcome: ToolOutcome) -> tool_service_pb2.ToolOutcome:
+    return tool_service_pb2.ToolOutcome(
+        is_error=outcome.is_error,
+        result_json=outcome.result_json,
+        sequence=outcome.sequence,
+        handle=outcome.handle,
+    )
+
+
+class ToolServicer:
+    """The MCP-owned RPCs of ToolService (see the module docstring)."""
+
+    def __init__(self, resolver: TurnResolver, executor: ToolExecutor, blocking: Blocking) -> None:
+        self._resolver = resolver
+        self._executor = executor
+        self._blocking = blocking
+
+    async def CallDeferredTool(
+        self, request: tool_service_pb2.CallDeferredToolRequest, context: Context
+    ) -> tool_service_pb2.CallDeferredToolResponse:
+        if not request.run_id:
+            raise field_required("run_id")
+        timeout = None
+        if request.HasField("timeout"):
+            timeout = request.timeout.ToTimedelta().total_seconds()
+            if timeout <= 0:
+                raise field_invalid("timeout", "must be positive")
+        outcome = await self._executor.call_tool(
+            request.run_id,
+            request.server,
+            request.tool,
+            _integral_floats_as_ints(json_format.MessageToDict(request.arguments)),
+            request.call_id,
+            timeout,
+        )
+        return tool_service_pb2.CallDeferredToolResponse(outcome=outcome_to_proto(outcome))
+
+    async def ListServerTools(
+        self, request: tool_service_pb2.ListServerToolsRequest, context: Context
+    ) -> tool_service_pb2.ListServerToolsResponse:
+        names, token = await self._blocking(
+            self._resolver.list_server_tools,
+            request.run_id,
+            request.server,
+            request.page_size,
+            request.page_token,
+        )
+        return tool_service_pb2.ListServerToolsResponse(tool_names=names, next_page_token=token)
+
+    async def DescribeTool(
+        self, request: tool_service_pb2.DescribeToolRequest, context: Context
+    ) -> tool_service_pb2.DescribeToolResponse:
+        tool = await self._blocking(
+            self._resolver.describe_tool, request.run_id, request.server, request.tool
+        )
+        return tool_service_pb2.DescribeToolResponse(tool=catalog_tool_to_proto(tool))
+
+    async def SearchTools(
+        self, request: tool_service_pb2.SearchToolsRequest, context: Context
+    ) -> tool_service_pb2.SearchToolsResponse:
+        hits, token = await self._blocking(
+            self._resolver.search_tools,
+            request.run_id,
+            request.query,
+            request.page_size,
+            request.page_token,
+        )
+        return tool_service_pb2.SearchToolsResponse(
+            hits=[
+                tool_service_pb2.SearchHit(
+                    server=hit.server,
+                    tool=hit.tool.name,
+                    description=hit.tool.description,
+                    score=hit.score,
+                )
+                for hit in hits
+            ],
+            next_page_token=token,
+        )
+
+    async def DispatchToolCall(
+        self, request: tool_service_pb2.DispatchToolCallRequest, context: Context
+    ) -> tool_service_pb2.DispatchToolCallResponse:
+        if not request.run_id:
+            raise field_required("run_id")
+        if not request.HasField("call"):
+            raise field_required("call")
+        call = request.call
+        outcome = await self._executor.dispatch(
+            request.run_id, call.call_id, call.name, call.arguments_json
+        )
+        if outcome is None:
+            return tool_service_pb2.DispatchToolCallResponse(
+                disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
+            )
+        return tool_service_pb2.DispatchToolCallResponse(
+            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED,
+            outcome=outcome_to_proto(outcome),
+        )

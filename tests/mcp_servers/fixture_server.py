@@ -1,0 +1,271 @@
+"""The project's own MCP test server, written with the MCP SDK's lowlevel Server.
+
+    python tests/mcp_servers/fixture_server.py stdio [--tools N] [--page-size K] [--era E]
+    python tests/mcp_servers/fixture_server.py http --port P [--tools N] [--page-size K] [--era E]
+
+It serves both protocol eras (2026-07-28 via server/discover, 2025-11-25 via the initialize
+handshake); `--era legacy` refuses server/discover, so a client in auto mode falls back to
+2025-11-25. It has what the sidecar's tests need that third-party servers lack:
+
+- a paginated tools/list (`--tools` generated tools `bulk_000`…, `--page-size` per page);
+- `add_tool` / `remove_tool`, which change the listing at runtime and announce it with
+  notifications/tools/list_changed in either era (unless `notify` is false);
+- results of every content kind: `huge_text` (any size), `image`, `audio`, `blob`,
+  `resource_text`, `resource_link`, `structured`;
+- failures: `fail` (a plain exception: is_error with the message withheld), `tool_error`
+  (is_error with a message), `hang` (never answers), `exit` (the process dies mid-call);
+- `pid`, `protocol_version` and `echo` for bookkeeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sys
+from typing import Any
+
+import anyio
+import mcp_types as types
+import uvicorn
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.runner import serve_loop
+from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+
+# A 1x1 transparent PNG.
+PNG_BYTES = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+BLOB_BYTES = bytes(range(256))
+WAV_BYTES = b"RIFF\x24\x00\x00\x00WAVEfmt "
+
+_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def _schema(**properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": sorted(properties)}
+
+
+FIXED_TOOLS = [
+    types.Tool(
+        name="echo",
+        description="Returns its text argument.",
+        input_schema=_schema(text={"type": "string"}),
+    ),
+    types.Tool(name="pid", description="Returns the server's process id.", input_schema=_OBJECT),
+    types.Tool(
+        name="getenv",
+        description="Returns the value of the environment variable `name`.",
+        input_schema=_schema(name={"type": "string"}),
+    ),
+    types.Tool(
+        name="protocol_version",
+        description="Returns the protocol version of the calling session.",
+        input_schema=_OBJECT,
+    ),
+    types.Tool(
+        name="add_tool",
+        description="Adds (or replaces) a tool named `name`; announces tools/list_changed "
+        "unless `notify` is false.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "description": {"type": "string"},
+                "notify": {"type": "boolean"},
+            },
+            "required": ["name"],
+        },
+    ),
+    types.Tool(
+        name="remove_tool",
+        description="Removes a tool added by add_tool and announces tools/list_changed.",
+        input_schema=_schema(name={"type": "string"}),
+    ),
+    types.Tool(
+        name="huge_text",
+        description="Returns `size` characters of text.",
+        input_schema=_schema(size={"type": "integer", "minimum": 0}),
+    ),
+    types.Tool(name="image", description="Returns a PNG image.", input_schema=_OBJECT),
+    types.Tool(name="audio", description="Returns WAV audio.", input_schema=_OBJECT),
+    types.Tool(
+        name="blob", description="Returns an embedded binary resource.", input_schema=_OBJECT
+    ),
+    types.Tool(
+        name="resource_text", description="Returns an embedded text resource.", input_schema=_OBJECT
+    ),
+    types.Tool(name="resource_link", description="Returns a resource link.", input_schema=_OBJECT),
+    types.Tool(
+        name="structured",
+        description="Returns structured content with a text rendering.",
+        input_schema=_OBJECT,
+        output_schema=_schema(answer={"type": "integer"}),
+    ),
+    types.Tool(name="fail", description="Raises a plain exception.", input_schema=_OBJECT),
+    types.Tool(
+        name="tool_error", description="Returns is_error with a message.", input_schema=_OBJECT
+    ),
+    types.Tool(name="hang", description="Never answers.", input_schema=_OBJECT),
+    types.Tool(name="exit", description="Ends the server process mid-call.", input_schema=_OBJECT),
+]
+
+
+def build_server(tool_count: int, page_size: int) -> Server[Any]:
+    bus = InMemorySubscriptionBus()
+    added: dict[str, types.Tool] = {}
+
+    def listing() -> list[types.Tool]:
+        bulk = [
+            types.Tool(
+                name=f"bulk_{index:03d}",
+                description=f"Generated tool number {index}.",
+                input_schema=_schema(value={"type": "string"}),
+            )
+            for index in range(tool_count)
+        ]
+        return [*FIXED_TOOLS, *bulk, *added.values()]
+
+    async def list_tools(
+        ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        tools = listing()
+        start = int(params.cursor) if params is not None and params.cursor else 0
+        end = start + page_size
+        return types.ListToolsResult(
+            tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None
+        )
+
+    async def announce(ctx: Any) -> None:
+        # Handshake-era clients get the notification on the session; 2026-era clients
+        # only through their subscriptions/listen stream, which the bus feeds.
+        if ctx.protocol_version == "2025-11-25":
+            await ctx.session.send_tool_list_changed()
+        await bus.publish(ToolsListChanged())
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        arguments = params.arguments or {}
+        text = types.TextContent
+        match params.name:
+            case "echo":
+                return types.CallToolResult(content=[text(type="text", text=arguments["text"])])
+            case "pid":
+                return types.CallToolResult(content=[text(type="text", text=str(os.getpid()))])
+            case "getenv":
+                value = os.environ.get(arguments["name"], "")
+                return types.CallToolResult(content=[text(type="text", text=value)])
+            case "protocol_version":
+                return types.CallToolResult(content=[text(type="text", text=ctx.protocol_version)])
+            case "add_tool":
+                name = arguments["name"]
+                description = arguments.get("description", f"Added at runtime: {name}.")
+                added[name] = types.Tool(name=name, description=description, input_schema=_OBJECT)
+                if arguments.get("notify", True):
+                    await announce(ctx)
+                return types.CallToolResult(content=[text(type="text", text=f"added {name}")])
+            case "remove_tool":
+                added.pop(arguments["name"], None)
+                await announce(ctx)
+                return types.CallToolResult(content=[text(type="text", text="removed")])
+            case "huge_text":
+                size = int(arguments["size"])
+                return types.CallToolResult(content=[text(type="text", text="x" * size)])
+            case "image":
+                data = base64.b64encode(PNG_BYTES).decode()
+                return types.CallToolResult(
+                    content=[types.ImageContent(type="image", data=data, mime_type="image/png")]
+                )
+            case "audio":
+                data = base64.b64encode(WAV_BYTES).decode()
+                return types.CallToolResult(
+                    content=[types.AudioContent(type="audio", data=data, mime_type="audio/wav")]
+                )
+            case "blob":
+                resource = types.BlobResourceContents(
+                    uri="file:///blob.bin",
+                    mime_type="application/octet-stream",
+                    blob=base64.b64encode(BLOB_BYTES).decode(),
+                )
+                return types.CallToolResult(
+                    content=[types.EmbeddedResource(type="resource", resource=resource)]
+                )
+            case "resource_text":
+                resource_text = types.TextResourceContents(
+                    uri="file:///notes.txt", mime_type="text/plain", text="embedded notes"
+                )
+                return types.CallToolResult(
+                    content=[types.EmbeddedResource(type="resource", resource=resource_text)]
+                )
+            case "resource_link":
+                link = types.ResourceLink(
+                    type="resource_link", uri="file:///report.pdf", name="report"
+                )
+                return types.CallToolResult(content=[link])
+            case "structured":
+                return types.CallToolResult(
+                    content=[text(type="text", text='{"answer": 42}')],
+                    structured_content={"answer": 42},
+                )
+            case "fail":
+                raise RuntimeError("the fixture tool failed on purpose")
+            case "tool_error":
+                return types.CallToolResult(
+                    content=[text(type="text", text="bad input: value must be positive")],
+                    is_error=True,
+                )
+            case "hang":
+                await anyio.sleep_forever()
+                raise AssertionError("unreachable")
+            case "exit":
+                os._exit(3)
+            case name if name in added or name.startswith("bulk_"):
+                return types.CallToolResult(content=[text(type="text", text=f"{name} ran")])
+        return types.CallToolResult(
+            content=[text(type="text", text=f"unknown tool {params.name}")], is_error=True
+        )
+
+    return Server(
+        "psych-fixture",
+        version="1.0.0",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_subscriptions_listen=ListenHandler(bus),
+    )
+
+
+async def serve_stdio(server: Server[Any], era: str) -> None:
+    options = server.create_initialization_options(NotificationOptions(tools_changed=True))
+    async with stdio_server() as (read_stream, write_stream):
+        if era == "auto":
+            await server.run(read_stream, write_stream, options)
+            return
+        # Handshake only, like the TypeScript SDK's servers: server/discover is refused.
+        async with server.lifespan(server) as state:
+            await serve_loop(
+                server, read_stream, write_stream, lifespan_state=state, init_options=options
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("transport", choices=["stdio", "http"])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tools", type=int, default=250)
+    parser.add_argument("--page-size", type=int, default=50)
+    parser.add_argument("--era", choices=["auto", "legacy"], default="auto")
+    options = parser.parse_args()
+    server = build_server(options.tools, options.page_size)
+    if options.transport == "stdio":
+        anyio.run(serve_stdio, server, options.era)
+        return
+    if options.era != "auto":
+        parser.error("--era legacy is for stdio")
+    app = server.streamable_http_app()
+    config = uvicorn.Config(app, host="127.0.0.1", port=options.port, log_level="warning")
+    print(f"listening on {options.port}", file=sys.stderr, flush=True)
+    uvicorn.Server(config).run()
+
+
+if __name__ == "__main__":
+    main()
