@@ -35,11 +35,20 @@ from psych_sidecar.api.servicers import (
     RunServicer,
     SpecServicer,
 )
+from psych_sidecar.api.tools import ToolOutputServicer
+from psych_sidecar.api.turns import PromptServicer
+from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.config import ListenAddress, Settings
+from psych_sidecar.domain.assembly import PromptAssembler, SpecLookup
+from psych_sidecar.domain.dispatch import DispatchService
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
 from psych_sidecar.domain.services import RunService, SpecService
+from psych_sidecar.domain.tool_output import ToolOutputReader
+from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.storage.db import create_database_engine, migrate
+from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
+from psych_sidecar.storage.usage import SqlUsageStore
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +67,8 @@ class _Rejected:
 @dataclass(frozen=True, slots=True)
 class _Binding:
     """A service of the contract and its servicer; None while the whole service is still
-    to come, in which case every RPC answers UNIMPLEMENTED with NOT_IMPLEMENTED."""
+    to come, in which case every RPC answers UNIMPLEMENTED with NOT_IMPLEMENTED. So does
+    every RPC the servicer has no method for (a service built in parts)."""
 
     servicer: object | None
     service: descriptor.ServiceDescriptor
@@ -125,7 +135,7 @@ def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
         assert not method.client_streaming, "the contract has only unary RPCs"
         assert not method.server_streaming, "the contract has only unary RPCs"
         full_name = f"/{binding.service.full_name}/{method.name}"
-        if binding.servicer is None:
+        if binding.servicer is None or not hasattr(binding.servicer, method.name):
             behaviour = _unimplemented(full_name)
         else:
             behaviour = getattr(binding.servicer, method.name)
@@ -178,15 +188,19 @@ class Sidecar:
 
     def _bindings(self) -> list[_Binding]:
         store = SqlStore(self._engine)
+        log = SqlLogReader(self._engine)
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
+        runs = RunService(store, store)
+        specs = SpecLookup(store)
+        reader = ToolOutputReader(runs, log)
         return [
             _Binding(
                 SpecServicer(SpecService(store), blocking),
                 spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"],
             ),
             _Binding(
-                RunServicer(RunService(store, store), blocking, limit),
+                RunServicer(runs, blocking, limit),
                 run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
             ),
             _Binding(
@@ -194,15 +208,17 @@ class Sidecar:
                 connection_service_pb2.DESCRIPTOR.services_by_name["ConnectionService"],
             ),
             _Binding(
-                None,
+                PromptServicer(PromptAssembler(runs, specs, log), blocking, limit),
                 turn_service_pb2.DESCRIPTOR.services_by_name["TurnService"],
             ),
             _Binding(
-                None,
+                ToolOutputServicer(
+                    reader, DispatchService(runs, specs, log, reader), blocking, limit
+                ),
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),
             _Binding(
-                None,
+                UsageServicer(UsageService(runs, SqlUsageStore(self._engine)), blocking),
                 usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"],
             ),
         ]
