@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.content import LogReader, Piece, RecordSkeleton, TextLayout, fetch_text
+from psych_sidecar.domain.content import LogReader, RecordSkeleton, TextLayout, fetch_text
 from psych_sidecar.domain.elision import (
     BatchResult,
+    ViewPlan,
     first_step_candidates,
     plan_batch,
-    previews_success,
-    success_preview,
-    truncates_failure,
+    plan_view,
 )
 from psych_sidecar.domain.errors import field_invalid, spec_not_found
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
@@ -111,31 +110,26 @@ class _ElidedViews:
         if not wanted:
             return
         metas = self._log.part_metas(self._run_id, wanted)
-        t = self._thresholds
-        plans: list[tuple[int, list[Piece], list[Piece]]] = []
+        plans: list[tuple[RecordSkeleton, ViewPlan]] = []
         for sequence in wanted:
             skeleton = self._skeletons[sequence]
             layout = TextLayout(metas.get(sequence, []))
-            total = layout.total_chars
-            if skeleton.is_error and truncates_failure(total, t):
-                plans.append((sequence, layout.pieces(0, t.failure_truncation_chars), []))
-            elif not skeleton.is_error and previews_success(total, skeleton.handle, t):
-                head = layout.pieces(0, t.preview_head_chars)
-                tail = layout.pieces(total - t.preview_tail_chars, total)
-                plans.append((sequence, head, tail))
+            plan = plan_view(
+                layout, skeleton.content_bytes, skeleton.is_error, skeleton.handle, self._thresholds
+            )
+            if plan is None:
+                self.views[sequence] = None  # small enough to go through unchanged
             else:
-                self.views[sequence] = None  # short enough to go through unchanged
-        requests = [(s, pieces) for s, head, tail in plans for pieces in (head, tail)]
+                plans.append((skeleton, plan))
+        requests = [
+            (skeleton.sequence, pieces)
+            for skeleton, plan in plans
+            for pieces in (plan.head, plan.tail)
+        ]
         texts = iter(fetch_text(self._log, self._run_id, requests))
-        for sequence, _, _ in plans:
-            head_text, tail_text = next(texts), next(texts)
-            skeleton = self._skeletons[sequence]
-            if skeleton.is_error:
-                shown = head_text
-            else:
-                total = TextLayout(metas[sequence]).total_chars
-                shown = success_preview(head_text, tail_text, total, skeleton.handle, t)
-            self.views[sequence] = ToolResultView(
+        for skeleton, plan in plans:
+            shown = plan.render(next(texts), next(texts))
+            self.views[skeleton.sequence] = ToolResultView(
                 skeleton.call_id,
                 skeleton.is_error,
                 (ContentPart.text(shown),),

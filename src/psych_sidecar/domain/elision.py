@@ -11,14 +11,16 @@ writes. The algorithm runs over one batch (all tool results of one turn):
    left.
 
 A result whose view would not be shorter than its content goes through unchanged and does
-not count as elided.
+not count as elided (see `plan_view`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
+from psych_sidecar.domain.content import Piece, TextLayout
 from psych_sidecar.domain.specs import EffectiveThresholds
 
 
@@ -82,6 +84,13 @@ def _guidance(total_chars: int, head_chars: int, handle: str) -> str:
     )
 
 
+def _binary_guidance(handle: str) -> str:
+    return (
+        "\n[Binary content is not repeated in this prompt; read_tool_output"
+        f'(handle="{handle}") returns it.]'
+    )
+
+
 def preview_chars(total_chars: int, handle: str, thresholds: EffectiveThresholds) -> int:
     """The length of the head-and-tail preview of a success, known before any content is
     read (the frame around head and tail is ASCII and depends only on sizes)."""
@@ -90,23 +99,65 @@ def preview_chars(total_chars: int, handle: str, thresholds: EffectiveThresholds
     return head + tail + len(_omission_line(omitted)) + len(_guidance(total_chars, head, handle))
 
 
-def previews_success(total_chars: int, handle: str, thresholds: EffectiveThresholds) -> bool:
-    """Whether a success is shown as a preview: only when head and tail do not overlap and
-    the preview is shorter than the content, so a preview never truncates something small."""
-    head, tail = thresholds.preview_head_chars, thresholds.preview_tail_chars
-    return total_chars > head + tail and preview_chars(total_chars, handle, thresholds) < (
-        total_chars
-    )
+class ViewKind(Enum):
+    PREVIEW = "preview"  # head, omission line, tail, guidance
+    MARKERS = "markers"  # a short rendering whose binary parts are left out, and guidance
+    TRUNCATED = "truncated"  # a failure's first characters, nothing else
 
 
-def truncates_failure(total_chars: int, thresholds: EffectiveThresholds) -> bool:
-    return total_chars > thresholds.failure_truncation_chars
+@dataclass(frozen=True, slots=True)
+class ViewPlan:
+    """What an elided result will show, planned from its shape: the characters of its text
+    rendering to fetch (`head`, and `tail` for a preview) and how to frame them."""
+
+    kind: ViewKind
+    head: tuple[Piece, ...]
+    tail: tuple[Piece, ...]
+    total_chars: int
+    handle: str
+
+    def render(self, head: str, tail: str) -> str:
+        if self.kind is ViewKind.TRUNCATED:
+            return head
+        if self.kind is ViewKind.MARKERS:
+            return head + _binary_guidance(self.handle)
+        omitted = self.total_chars - len(head) - len(tail)
+        return (
+            head
+            + _omission_line(omitted)
+            + tail
+            + _guidance(self.total_chars, len(head), self.handle)
+        )
 
 
-def success_preview(
-    head: str, tail: str, total_chars: int, handle: str, thresholds: EffectiveThresholds
-) -> str:
-    """Head, an ellipsis line saying how much is left out, tail, then guidance with the
-    handle."""
-    omitted = total_chars - len(head) - len(tail)
-    return head + _omission_line(omitted) + tail + _guidance(total_chars, len(head), handle)
+def plan_view(
+    layout: TextLayout,
+    content_bytes: int,
+    is_error: bool,
+    handle: str,
+    thresholds: EffectiveThresholds,
+) -> ViewPlan | None:
+    """How a result chosen for elision is shown, or None when it goes through unchanged.
+
+    A view is always shorter than what it replaces. A success gets the head-and-tail preview
+    when head and tail do not overlap and the preview is shorter than the content; failing
+    that, a result with binary parts shows its rendering (markers in place of the bytes) when
+    that is smaller than the bytes. A failure shows the first characters of its rendering
+    when it is longer than that, or when its binary parts make it bigger than its rendering.
+    """
+    total = layout.total_chars
+    binary_shrinks = layout.has_binary and layout.rendered_bytes < content_bytes
+    t = thresholds
+    if is_error:
+        if total > t.failure_truncation_chars or binary_shrinks:
+            head = layout.pieces(0, t.failure_truncation_chars)
+            return ViewPlan(ViewKind.TRUNCATED, tuple(head), (), total, handle)
+        return None
+    head_chars, tail_chars = t.preview_head_chars, t.preview_tail_chars
+    if total > head_chars + tail_chars and preview_chars(total, handle, t) < total:
+        head = layout.pieces(0, head_chars)
+        tail = layout.pieces(total - tail_chars, total)
+        return ViewPlan(ViewKind.PREVIEW, tuple(head), tuple(tail), total, handle)
+    if layout.has_binary and layout.rendered_bytes + len(_binary_guidance(handle)) < content_bytes:
+        return ViewPlan(ViewKind.MARKERS, tuple(layout.pieces(0, total)), (), total, handle)
+    return None
