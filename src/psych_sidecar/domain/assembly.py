@@ -88,25 +88,41 @@ def prior_batches(skeletons: Sequence[RecordSkeleton]) -> list[list[RecordSkelet
     return [batch for batch in batches if batch]
 
 
+# A view is a function of a record (immutable) and its Run's Spec (immutable): cached per
+# record as a 1-tuple, so that "goes through unchanged" (None) is cached too.
+ViewCache = ImmutableCache[tuple[str, int], tuple[ToolResultView | None]]
+
+
 class _ElidedViews:
     """Elided views of prior-turn results, built on demand and in bulk: part shapes, then
-    only the characters each view shows."""
+    only the characters each view shows. Views built once are kept in the shared cache, so
+    the steps of a turn do not fetch the same previews again."""
 
     def __init__(
         self,
         log: LogReader,
+        cache: ViewCache,
         run_id: str,
         thresholds: EffectiveThresholds,
         skeletons: dict[int, RecordSkeleton],
     ) -> None:
         self._log = log
+        self._cache = cache
         self._run_id = run_id
         self._thresholds = thresholds
         self._skeletons = skeletons
         self.views: dict[int, ToolResultView | None] = {}
 
     def prepare(self, sequences: Sequence[int]) -> None:
-        wanted = [s for s in sequences if s not in self.views]
+        wanted = []
+        for sequence in sequences:
+            if sequence in self.views:
+                continue
+            cached = self._cache.get((self._run_id, sequence))
+            if cached is None:
+                wanted.append(sequence)
+            else:
+                self.views[sequence] = cached[0]
         if not wanted:
             return
         metas = self._log.part_metas(self._run_id, wanted)
@@ -129,13 +145,19 @@ class _ElidedViews:
         texts = iter(fetch_text(self._log, self._run_id, requests))
         for skeleton, plan in plans:
             shown = plan.render(next(texts), next(texts))
-            self.views[skeleton.sequence] = ToolResultView(
-                skeleton.call_id,
-                skeleton.is_error,
-                (ContentPart.text(shown),),
-                True,
-                skeleton.handle,
+            self.views[skeleton.sequence] = (
+                None
+                if shown is None
+                else ToolResultView(
+                    skeleton.call_id,
+                    skeleton.is_error,
+                    (ContentPart.text(shown),),
+                    True,
+                    skeleton.handle,
+                )
             )
+        for sequence in wanted:
+            self._cache.put((self._run_id, sequence), (self.views[sequence],))
 
     def tokens(self, sequence: int) -> int | None:
         self.prepare([sequence])
@@ -144,10 +166,17 @@ class _ElidedViews:
 
 
 class PromptAssembler:
-    def __init__(self, runs: RunService, specs: SpecLookup, log: LogReader) -> None:
+    def __init__(
+        self,
+        runs: RunService,
+        specs: SpecLookup,
+        log: LogReader,
+        view_cache_size: int = 20_000,
+    ) -> None:
         self._runs = runs
         self._specs = specs
         self._log = log
+        self._views = ViewCache(view_cache_size)
 
     def assemble(
         self,
@@ -203,6 +232,7 @@ class PromptAssembler:
         ]
         views = _ElidedViews(
             log=self._log,
+            cache=self._views,
             run_id=run_id,
             thresholds=thresholds,
             skeletons={s.sequence: s for s in skeletons},

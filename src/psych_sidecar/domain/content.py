@@ -174,14 +174,6 @@ class TextLayout:
     def has_binary(self) -> bool:
         return any(p.kind is PartKind.BINARY for p in self.parts)
 
-    @property
-    def rendered_bytes(self) -> int:
-        """UTF-8 bytes of the rendering (markers are ASCII), from sizes alone."""
-        separators = len(SEPARATOR) * max(len(self.parts) - 1, 0)
-        return separators + sum(
-            p.rendered_chars if p.kind is PartKind.BINARY else p.byte_length for p in self.parts
-        )
-
     def pieces(self, start: int, end: int) -> list[Piece]:
         """Characters [start, end) of the rendering as literal text and part slices."""
         start, end = max(start, 0), min(end, self.total_chars)

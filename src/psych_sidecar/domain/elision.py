@@ -114,20 +114,25 @@ class ViewPlan:
     head: tuple[Piece, ...]
     tail: tuple[Piece, ...]
     total_chars: int
+    content_bytes: int
     handle: str
 
-    def render(self, head: str, tail: str) -> str:
+    def render(self, head: str, tail: str) -> str | None:
+        """The view, or None when it would not be smaller than the stored content (tiny
+        binary parts can make a rendering longer than their bytes)."""
         if self.kind is ViewKind.TRUNCATED:
-            return head
-        if self.kind is ViewKind.MARKERS:
-            return head + _binary_guidance(self.handle)
-        omitted = self.total_chars - len(head) - len(tail)
-        return (
-            head
-            + _omission_line(omitted)
-            + tail
-            + _guidance(self.total_chars, len(head), self.handle)
-        )
+            view = head
+        elif self.kind is ViewKind.MARKERS:
+            view = head + _binary_guidance(self.handle)
+        else:
+            omitted = self.total_chars - len(head) - len(tail)
+            view = (
+                head
+                + _omission_line(omitted)
+                + tail
+                + _guidance(self.total_chars, len(head), self.handle)
+            )
+        return view if len(view.encode()) < self.content_bytes else None
 
 
 def plan_view(
@@ -139,25 +144,26 @@ def plan_view(
 ) -> ViewPlan | None:
     """How a result chosen for elision is shown, or None when it goes through unchanged.
 
-    A view is always shorter than what it replaces. A success gets the head-and-tail preview
-    when head and tail do not overlap and the preview is shorter than the content; failing
-    that, a result with binary parts shows its rendering (markers in place of the bytes) when
-    that is smaller than the bytes. A failure shows the first characters of its rendering
-    when it is longer than that, or when its binary parts make it bigger than its rendering.
+    A view is always smaller than what it replaces: fewer UTF-8 bytes than the stored
+    content, and for text fewer characters too. A success gets the head-and-tail preview
+    when head and tail do not overlap and the preview has fewer characters than the
+    content; failing that, a result with binary parts shows its rendering (markers in place
+    of the bytes). A failure shows the first characters of its rendering when that has more,
+    or when binary parts stand in it.
     """
     total = layout.total_chars
-    binary_shrinks = layout.has_binary and layout.rendered_bytes < content_bytes
     t = thresholds
     if is_error:
-        if total > t.failure_truncation_chars or binary_shrinks:
+        if total > t.failure_truncation_chars or layout.has_binary:
             head = layout.pieces(0, t.failure_truncation_chars)
-            return ViewPlan(ViewKind.TRUNCATED, tuple(head), (), total, handle)
+            return ViewPlan(ViewKind.TRUNCATED, tuple(head), (), total, content_bytes, handle)
         return None
     head_chars, tail_chars = t.preview_head_chars, t.preview_tail_chars
     if total > head_chars + tail_chars and preview_chars(total, handle, t) < total:
         head = layout.pieces(0, head_chars)
         tail = layout.pieces(total - tail_chars, total)
-        return ViewPlan(ViewKind.PREVIEW, tuple(head), tuple(tail), total, handle)
-    if layout.has_binary and layout.rendered_bytes + len(_binary_guidance(handle)) < content_bytes:
-        return ViewPlan(ViewKind.MARKERS, tuple(layout.pieces(0, total)), (), total, handle)
+        return ViewPlan(ViewKind.PREVIEW, tuple(head), tuple(tail), total, content_bytes, handle)
+    if layout.has_binary:
+        pieces = tuple(layout.pieces(0, total))
+        return ViewPlan(ViewKind.MARKERS, pieces, (), total, content_bytes, handle)
     return None
