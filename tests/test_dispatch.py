@@ -197,6 +197,7 @@ def test_bad_dispatch_requests_are_refused(stubs: Stubs, unique: Callable[[str],
         (lambda: dispatch(stubs, "run_missing", "c", "read_tool_output", {}), "RUN_NOT_FOUND"),
         (lambda: dispatch(stubs, run_id, "", "read_tool_output", {}), "FIELD_REQUIRED"),
         (lambda: dispatch(stubs, run_id, "c", "", {}), "FIELD_REQUIRED"),
+        (lambda: dispatch(stubs, run_id, "c\x00", "read_tool_output", {}), "FIELD_INVALID"),
         (
             lambda: stubs.tools.DispatchToolCall(
                 tool_service_pb2.DispatchToolCallRequest(run_id=run_id)

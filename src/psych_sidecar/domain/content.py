@@ -59,7 +59,6 @@ class RecordSkeleton:
     kind: RecordKind
     handle: str
     call_id: str
-    tool: str
     is_error: bool
     tool_calls: tuple[ToolCall, ...]
     content_bytes: int

@@ -20,8 +20,16 @@ from typing import Any
 
 from psych_sidecar.domain.assembly import SpecLookup
 from psych_sidecar.domain.content import LogReader, binary_marker
-from psych_sidecar.domain.errors import Reason, SidecarError, field_required
-from psych_sidecar.domain.runs import ContentPart, PartKind, Record, RecordKind, Run, ToolCall
+from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
+from psych_sidecar.domain.runs import (
+    MAX_IDENTIFIER_LENGTH,
+    ContentPart,
+    PartKind,
+    Record,
+    RecordKind,
+    Run,
+    ToolCall,
+)
 from psych_sidecar.domain.services import RunService
 from psych_sidecar.domain.sidecar_tools import (
     LOAD_SKILL,
@@ -136,6 +144,10 @@ class DispatchService:
             raise field_required("call.call_id")
         if not call.name:
             raise field_required("call.name")
+        if "\x00" in call.call_id or len(call.call_id) > MAX_IDENTIFIER_LENGTH:
+            raise field_invalid(
+                "call.call_id", f"at most {MAX_IDENTIFIER_LENGTH} characters, no NUL"
+            )
         run = self._runs.get(run_id)
         handler = self.routes(run, self._specs.get(run.spec_name, run.spec_version)).get(call.name)
         if handler is None:

@@ -127,8 +127,8 @@ class ToolOutputReader:
             raise field_invalid("offset", "must not be negative")
         if limit < 0:
             raise field_invalid("limit", "must not be negative")
-        pattern = compile_pattern(grep, "grep") if grep else None
         sequence = self.resolve(run, handle)
+        pattern = compile_pattern(grep, "grep") if grep else None
         layout = TextLayout(self._log.part_metas(run.run_id, [sequence]).get(sequence, []))
         if layout.is_binary:
             return self._read_binary(

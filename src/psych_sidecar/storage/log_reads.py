@@ -12,7 +12,19 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, literal_column, select, tuple_
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    Integer,
+    and_,
+    column,
+    func,
+    literal_column,
+    select,
+    tuple_,
+    values,
+)
 
 from psych_sidecar.domain.content import ByteRange, PartMeta, RecordSkeleton
 from psych_sidecar.domain.runs import ContentPart, PartKind, RecordKind, ToolCall
@@ -43,7 +55,6 @@ class SqlLogReader:
                 r.c.kind,
                 r.c.handle,
                 r.c.call_id,
-                r.c.tool,
                 r.c.is_error,
                 r.c.tool_calls,
                 r.c.content_bytes,
@@ -59,7 +70,6 @@ class SqlLogReader:
                 kind=RecordKind(row.kind),
                 handle=row.handle or "",
                 call_id=row.call_id,
-                tool=row.tool,
                 is_error=row.is_error,
                 tool_calls=tuple(ToolCall(*call) for call in json.loads(row.tool_calls)),
                 content_bytes=row.content_bytes,
@@ -133,17 +143,30 @@ class SqlLogReader:
         self, conn: Connection, run_id: str, ranges: Sequence[ByteRange]
     ) -> list[bytes]:
         p = tables.record_parts
-        out = []
-        for wanted in ranges:
-            if wanted.length <= 0:
-                out.append(b"")
-                continue
-            query = select(func.substr(p.c.data, wanted.start + 1, wanted.length)).where(
-                p.c.run_id == run_id,
-                p.c.sequence == wanted.sequence,
-                p.c.part_index == wanted.part_index,
+        out = [b""] * len(ranges)
+        wanted = [(i, r) for i, r in enumerate(ranges) if r.length > 0]
+        for chunk in _chunks(wanted):
+            # One statement per chunk: the ranges as a VALUES list joined to their parts.
+            asked = values(
+                column("position", Integer),
+                column("sequence", BigInteger),
+                column("part_index", Integer),
+                column("start", Integer),
+                column("length", Integer),
+                name="asked",
+            ).data([(i, r.sequence, r.part_index, r.start + 1, r.length) for i, r in chunk])
+            query = select(
+                asked.c.position, func.substr(p.c.data, asked.c.start, asked.c.length)
+            ).join(
+                p,
+                and_(
+                    p.c.run_id == run_id,
+                    p.c.sequence == asked.c.sequence,
+                    p.c.part_index == asked.c.part_index,
+                ),
             )
-            out.append(bytes(conn.execute(query).scalar_one()))
+            for position, data in conn.execute(query):
+                out[position] = bytes(data)
         return out
 
     def record_contents(
