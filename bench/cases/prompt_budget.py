@@ -138,11 +138,11 @@ async def assemble_scaling_ratio(ctx: BenchContext) -> float:
     result is a prior-turn result: the large Run's (1 MiB each) are elided to previews, the
     small Run's (1 KiB each) go in full. One sidecar on SQLite holds both. After a warm-up
     call each, rounds alternate the two Runs; the medians are compared. The first call of
-    each (after the writes, OS cache warm) is reported as `cold_*`. --quick stores 32 MiB
-    against 32 KiB.
+    each (after the writes, OS cache warm) is reported as `cold_*`. --quick stores 64 MiB
+    against 1 MiB.
     """
-    big_total = ctx.pick(full=1024 * MIB, quick=32 * MIB)
-    small_total = ctx.pick(full=MIB, quick=32 * 1024)
+    big_total = ctx.pick(full=1024 * MIB, quick=64 * MIB)
+    small_total = MIB
     rounds = ctx.pick(full=7, quick=3)
     calls = ctx.pick(full=5, quick=3)
     async with sidecar(ctx.tmp_dir) as server, channel(server.target) as ch:

@@ -171,7 +171,7 @@ class PromptAssembler:
         runs: RunService,
         specs: SpecLookup,
         log: LogReader,
-        view_cache_size: int = 20_000,
+        view_cache_size: int = 10_000,
     ) -> None:
         self._runs = runs
         self._specs = specs
