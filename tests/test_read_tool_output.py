@@ -242,3 +242,11 @@ def test_a_prompt_larger_than_a_message_is_refused_with_error_info(
     assert failure.info.reason == "MESSAGE_TOO_LARGE"
     assert failure.info.metadata["limit_bytes"] == str(MIB)
     assert int(failure.info.metadata["size_bytes"]) > MIB
+
+
+def test_json_parts_must_be_utf8_to_be_stored(stubs: Stubs, unique: Callable[[str], str]) -> None:
+    run_id = run_with(stubs, unique("agent"))
+    utf16 = '{"a": "ü"}'.encode("utf-16")
+    failure = rpc_failure(lambda: stored(stubs, run_id, content_pb2.ContentPart(json=utf16)))
+    assert failure.info.reason == "FIELD_INVALID"
+    assert failure.info.metadata["field"] == "records[0].tool_result.content[0].json"
