@@ -9,10 +9,9 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from psych.sidecar.v1 import errors_pb2, turn_service_pb2
+from psych.sidecar.v1 import errors_pb2
 from psych_sidecar.api.errors import STATUS_CODES
 from psych_sidecar.domain.errors import Reason
-from tests.conftest import Stubs, rpc_failure
 
 SERVICES = {
     "psych.sidecar.v1.SpecService",
@@ -68,15 +67,6 @@ def test_the_domain_reasons_are_exactly_the_contract_catalogue() -> None:
     }
     assert {reason.value for reason in Reason} == contract
     assert set(STATUS_CODES) == set(Reason)
-
-
-def test_rpcs_of_later_releases_answer_unimplemented_with_error_info(stubs: Stubs) -> None:
-    failure = rpc_failure(
-        lambda: stubs.turns.AssemblePrompt(turn_service_pb2.AssemblePromptRequest(run_id="r"))
-    )
-    assert failure.code == grpc.StatusCode.UNIMPLEMENTED
-    assert failure.info.reason == "NOT_IMPLEMENTED"
-    assert failure.info.metadata["method"] == "/psych.sidecar.v1.TurnService/AssemblePrompt"
 
 
 def test_the_error_catalogue_documents_every_reason_with_its_status() -> None:

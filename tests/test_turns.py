@@ -146,7 +146,8 @@ def test_a_server_connected_between_two_turns_is_usable_on_the_second(
 ) -> None:
     run_id = host.run(host.tenant)
     first = host.resolve(run_id)
-    assert list(first.tools) == []
+    # Only the sidecar's own tool, before any server is connected.
+    assert [tool.name for tool in first.tools] == ["read_tool_output"]
     assert list(first.servers) == []
 
     host.connect("fx", "--tools", "0", preload=True, description="The project's fixture server.")
@@ -250,6 +251,7 @@ def test_meta_tools_list_only_permitted_names_and_refuse_the_rest(host: Host) ->
         "mcp_call_tool",
         "mcp_describe_tool",
         "mcp_list_tools",
+        "read_tool_output",
     ]
     (line,) = surface.servers
     assert line.tier == turn_pb2.DISCLOSURE_TIER_DEFERRED

@@ -119,7 +119,8 @@ async def eager_vs_deferred_bytes_ratio(ctx: BenchContext) -> float:
             ctx.log(f"{mode}: {len(surfaces[mode].tools)} exposed tools")
     eager, deferred = surfaces["eager"], surfaces["deferred"]
     (line,) = eager.servers
-    if line.permitted_tool_count != TWILIO_TOOLS or len(eager.tools) != TWILIO_TOOLS + 3:
+    # Every Twilio tool, the three meta tools and the sidecar's read_tool_output.
+    if line.permitted_tool_count != TWILIO_TOOLS or len(eager.tools) != TWILIO_TOOLS + 4:
         raise AssertionError(f"expected {TWILIO_TOOLS} Twilio tools, got {line}")
     if deferred.servers[0].tier != turn_pb2.DISCLOSURE_TIER_DEFERRED:
         raise AssertionError(f"not deferred: {deferred.servers[0]}")

@@ -38,16 +38,23 @@ from psych_sidecar.api.servicers import (
 )
 from psych_sidecar.api.tools import ToolServicer
 from psych_sidecar.api.turns import TurnServicer
+from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.config import ListenAddress, Settings
+from psych_sidecar.domain.assembly import PromptAssembler, SpecLookup
+from psych_sidecar.domain.dispatch import DispatchService
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
 from psych_sidecar.domain.resolution import TurnResolver
 from psych_sidecar.domain.services import RunService, SpecService
 from psych_sidecar.domain.tool_calls import ToolExecutor
+from psych_sidecar.domain.tool_output import ToolOutputReader
+from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.mcp.service import ConnectionService
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
+from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
+from psych_sidecar.storage.usage import SqlUsageStore
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +73,8 @@ class _Rejected:
 @dataclass(frozen=True, slots=True)
 class _Binding:
     """A service of the contract and its servicer; None while the whole service is still
-    to come, in which case every RPC answers UNIMPLEMENTED with NOT_IMPLEMENTED."""
+    to come, in which case every RPC answers UNIMPLEMENTED with NOT_IMPLEMENTED. So does
+    every RPC the servicer has no method for (a service built in parts)."""
 
     servicer: object | None
     service: descriptor.ServiceDescriptor
@@ -192,6 +200,7 @@ class Sidecar:
 
     def _bindings(self) -> list[_Binding]:
         store = SqlStore(self._engine)
+        log = SqlLogReader(self._engine)
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
@@ -199,6 +208,8 @@ class Sidecar:
         executor = ToolExecutor(
             resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
         )
+        specs = SpecLookup(store)
+        reader = ToolOutputReader(runs, log)
         return [
             _Binding(
                 SpecServicer(SpecService(store), blocking),
@@ -215,15 +226,27 @@ class Sidecar:
                 connection_service_pb2.DESCRIPTOR.services_by_name["ConnectionService"],
             ),
             _Binding(
-                TurnServicer(resolver, blocking),
+                TurnServicer(
+                    resolver,
+                    PromptAssembler(runs, specs, log, resolver.resolve_turn),
+                    blocking,
+                    limit,
+                ),
                 turn_service_pb2.DESCRIPTOR.services_by_name["TurnService"],
             ),
             _Binding(
-                ToolServicer(resolver, executor, blocking),
+                ToolServicer(
+                    resolver,
+                    executor,
+                    reader,
+                    DispatchService(runs, specs, log, reader),
+                    blocking,
+                    limit,
+                ),
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),
             _Binding(
-                None,
+                UsageServicer(UsageService(runs, SqlUsageStore(self._engine)), blocking),
                 usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"],
             ),
         ]

@@ -1,27 +1,27 @@
-"""ToolService for MCP tools: CallDeferredTool, ListServerTools, DescribeTool, SearchTools and
-DispatchToolCall, protobuf in and out.
-
-ReadToolOutput belongs to another module; this servicer does not define it, and the server
-answers the RPCs a servicer does not define with UNIMPLEMENTED. DispatchToolCall routes by
-ToolExecutor.handlers (by kind of exposed tool); a name that is not the sidecar's is returned
-as DISPATCH_DISPOSITION_HOST_TOOL.
+"""ToolService: MCP tool calls, discovery and search (CallDeferredTool, ListServerTools,
+DescribeTool, SearchTools), reads of stored results (ReadToolOutput), and DispatchToolCall,
+which routes a model's call to the sidecar's own tools (read_tool_output, load_skill), then to
+the Run's MCP surface, and otherwise answers DISPATCH_DISPOSITION_HOST_TOOL.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import grpc
 from google.protobuf import json_format
 
 from psych.sidecar.v1 import tool_service_pb2
 from psych_sidecar.api.connections import catalog_tool_to_proto
-from psych_sidecar.api.servicers import Blocking
+from psych_sidecar.api.servicers import Blocking, Context
+from psych_sidecar.domain.dispatch import DispatchService
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.resolution import TurnResolver
+from psych_sidecar.domain.runs import ToolCall
 from psych_sidecar.domain.tool_calls import ToolExecutor, ToolOutcome
+from psych_sidecar.domain.tool_output import ToolOutputReader
 
-Context = grpc.aio.ServicerContext[Any, Any]
+# What a read leaves of the message limit for the response's framing and its other fields.
+_READ_HEADROOM_BYTES = 64 * 1024
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -46,12 +46,21 @@ def outcome_to_proto(outcome: ToolOutcome) -> tool_service_pb2.ToolOutcome:
 
 
 class ToolServicer:
-    """The MCP-owned RPCs of ToolService (see the module docstring)."""
-
-    def __init__(self, resolver: TurnResolver, executor: ToolExecutor, blocking: Blocking) -> None:
+    def __init__(
+        self,
+        resolver: TurnResolver,
+        executor: ToolExecutor,
+        reader: ToolOutputReader,
+        dispatcher: DispatchService,
+        blocking: Blocking,
+        max_message_bytes: int,
+    ) -> None:
         self._resolver = resolver
         self._executor = executor
+        self._reader = reader
+        self._dispatcher = dispatcher
         self._blocking = blocking
+        self._page_bytes = max(max_message_bytes - _READ_HEADROOM_BYTES, 1)
 
     async def CallDeferredTool(
         self, request: tool_service_pb2.CallDeferredToolRequest, context: Context
@@ -116,6 +125,30 @@ class ToolServicer:
             next_page_token=token,
         )
 
+    async def ReadToolOutput(
+        self, request: tool_service_pb2.ReadToolOutputRequest, context: Context
+    ) -> tool_service_pb2.ReadToolOutputResponse:
+        result = await self._blocking(
+            self._reader.read,
+            request.run_id,
+            request.handle,
+            request.offset,
+            request.limit,
+            request.grep,
+            self._page_bytes,
+        )
+        return tool_service_pb2.ReadToolOutputResponse(
+            text=result.text,
+            data=result.data,
+            mime_type=result.mime_type,
+            total_length=result.total_length,
+            next_offset=result.next_offset,
+            matches=[
+                tool_service_pb2.GrepMatch(line_number=m.line_number, offset=m.offset, line=m.line)
+                for m in result.matches
+            ],
+        )
+
     async def DispatchToolCall(
         self, request: tool_service_pb2.DispatchToolCallRequest, context: Context
     ) -> tool_service_pb2.DispatchToolCallResponse:
@@ -123,15 +156,24 @@ class ToolServicer:
             raise field_required("run_id")
         if not request.HasField("call"):
             raise field_required("call")
-        call = request.call
-        outcome = await self._executor.dispatch(
-            request.run_id, call.call_id, call.name, call.arguments_json
-        )
-        if outcome is None:
-            return tool_service_pb2.DispatchToolCallResponse(
-                disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
+        call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
+        own = await self._blocking(self._dispatcher.dispatch, request.run_id, call)
+        if own.execution is not None:
+            outcome = tool_service_pb2.ToolOutcome(
+                is_error=own.execution.is_error,
+                result_json=own.execution.result_json,
+                sequence=own.sequence,
+                handle=own.handle,
             )
+        else:
+            mcp = await self._executor.dispatch(
+                request.run_id, call.call_id, call.name, call.arguments_json
+            )
+            if mcp is None:
+                return tool_service_pb2.DispatchToolCallResponse(
+                    disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
+                )
+            outcome = outcome_to_proto(mcp)
         return tool_service_pb2.DispatchToolCallResponse(
-            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED,
-            outcome=outcome_to_proto(outcome),
+            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED, outcome=outcome
         )

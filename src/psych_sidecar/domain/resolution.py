@@ -31,6 +31,7 @@ from psych_sidecar.domain.ports import SpecRepository
 from psych_sidecar.domain.runs import Run
 from psych_sidecar.domain.search import SearchDocument, SearchIndex
 from psych_sidecar.domain.services import RunService
+from psych_sidecar.domain.sidecar_tools import sidecar_tools
 from psych_sidecar.domain.specs import Spec
 from psych_sidecar.domain.surface import (
     DisclosureLimits,
@@ -223,7 +224,11 @@ class TurnResolver:
             allowed = tuple(grants.permitted(server.connection, server.tools))
             visible.append(VisibleServer(server.connection, server.status, allowed))
             permitted[name] = {tool.name: tool for tool in allowed}
-        surface = resolve_surface(visible, DisclosureLimits.of(spec.disclosure))
+        mcp_surface = resolve_surface(visible, DisclosureLimits.of(spec.disclosure))
+        # The sidecar's own tools are on every surface; their names are reserved, so they
+        # never collide with an MCP tool's.
+        tools = sorted((*mcp_surface.tools, *sidecar_tools(spec)), key=lambda tool: tool.name)
+        surface = ToolSurface(tuple(tools), mcp_surface.servers)
         resolved = ResolvedTurn(surface, permitted, snapshot)
         self._turn_cache.put(key, resolved)
         return resolved

@@ -114,7 +114,8 @@ def validate_record(record: Record, field_path: str) -> None:
             _validate_identifier(part.mime_type, f"{part_path}.binary.mime_type")
         if part.kind is PartKind.JSON:
             try:
-                json.loads(part.data)
+                # Decode first: json.loads would also accept UTF-16 and UTF-32 bytes.
+                json.loads(part.data.decode())
             except ValueError as error:
                 raise field_invalid(f"{part_path}.json", f"not UTF-8 JSON: {error}") from None
 

@@ -42,6 +42,9 @@ class ExposedKind(StrEnum):
     LIST_DEFERRED_TOOLS = "list_deferred_tools"
     DESCRIBE_DEFERRED_TOOL = "describe_deferred_tool"
     CALL_DEFERRED_TOOL = "call_deferred_tool"
+    # The sidecar's own tools (domain/sidecar_tools.py), on every surface.
+    READ_TOOL_OUTPUT = "read_tool_output"
+    LOAD_SKILL = "load_skill"
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,7 +186,8 @@ class ToolExecutor:
             raise field_required("call.name")
         context, resolved = await self._blocking(self._resolver.resolved, run_id)
         route = self.route(resolved, name)
-        if route is None:
+        if route is None or route.kind not in self.handlers:
+            # Not an MCP route: the sidecar's own tools are dispatched by DispatchService.
             return None
         arguments, problem = _parse_arguments(arguments_json)
         if arguments is None:

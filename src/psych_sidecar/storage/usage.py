@@ -1,0 +1,84 @@
+"""Provider-reported usage events (the `usage_events` table) and a Run's totals."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.usage import ModelCallUsage, UsageTotals
+from psych_sidecar.storage import tables
+from psych_sidecar.storage.db import transaction
+
+
+class SqlUsageStore:
+    """Implements the domain's UsageRepository. Events are only ever inserted."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def record_usage(
+        self, run_id: str, event_id: str, usage: ModelCallUsage, fingerprint: str
+    ) -> UsageTotals:
+        events = tables.usage_events
+        try:
+            with transaction(self._engine, write=True) as conn:
+                if not self._already_recorded(conn, run_id, event_id, fingerprint):
+                    conn.execute(
+                        insert(events).values(
+                            run_id=run_id,
+                            event_id=event_id,
+                            fingerprint=fingerprint,
+                            model=usage.model,
+                            input_tokens=usage.input_tokens,
+                            output_tokens=usage.output_tokens,
+                            cache_read_tokens=usage.cache_read_tokens,
+                            cache_write_tokens=usage.cache_write_tokens,
+                            create_time_us=time.time_ns() // 1000,
+                        )
+                    )
+                return self._totals(conn, run_id)
+        except IntegrityError:
+            # A concurrent retry of the same event won the insert; compare with what it stored.
+            with transaction(self._engine, write=False) as conn:
+                self._already_recorded(conn, run_id, event_id, fingerprint)
+                return self._totals(conn, run_id)
+
+    @staticmethod
+    def _already_recorded(conn: Connection, run_id: str, event_id: str, fingerprint: str) -> bool:
+        events = tables.usage_events
+        stored = conn.execute(
+            select(events.c.fingerprint).where(
+                events.c.run_id == run_id, events.c.event_id == event_id
+            )
+        ).scalar()
+        if stored is None:
+            return False
+        if stored != fingerprint:
+            raise SidecarError(
+                Reason.REQUEST_ID_REUSED,
+                f"request id {event_id!r} was already used in this run for different usage",
+                run_id=run_id,
+                request_id=event_id,
+            )
+        return True
+
+    def usage_totals(self, run_id: str) -> UsageTotals:
+        with transaction(self._engine, write=False) as conn:
+            return self._totals(conn, run_id)
+
+    @staticmethod
+    def _totals(conn: Connection, run_id: str) -> UsageTotals:
+        events = tables.usage_events
+        row = conn.execute(
+            select(
+                func.count(),
+                func.coalesce(func.sum(events.c.input_tokens), 0),
+                func.coalesce(func.sum(events.c.output_tokens), 0),
+                func.coalesce(func.sum(events.c.cache_read_tokens), 0),
+                func.coalesce(func.sum(events.c.cache_write_tokens), 0),
+            ).where(events.c.run_id == run_id)
+        ).one()
+        return UsageTotals(*(int(value) for value in row))
