@@ -13,20 +13,30 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.struct_pb2 import Struct
+from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import text
 
 from psych.sidecar.v1 import (
+    connection_pb2,
+    connection_service_pb2,
+    connection_service_pb2_grpc,
     run_pb2,
     run_service_pb2,
     run_service_pb2_grpc,
     spec_pb2,
     spec_service_pb2,
     spec_service_pb2_grpc,
+    tool_service_pb2,
+    tool_service_pb2_grpc,
+    turn_service_pb2,
+    turn_service_pb2_grpc,
 )
 from psych_sidecar.storage.db import create_database_engine
 from tests.conftest import UNLIMITED_CHANNEL, postgres_database
 from tests.helpers import text_part, tool_result, user
+from tests.mcp_helpers import fixture_http, free_port, running
 from tests.test_storage import HEAD_REVISION
 
 SIDECARS = 3
@@ -53,6 +63,9 @@ class SidecarProcess:
         self.channel = grpc.insecure_channel(self.target, options=UNLIMITED_CHANNEL)
         self.runs = run_service_pb2_grpc.RunServiceStub(self.channel)
         self.specs = spec_service_pb2_grpc.SpecServiceStub(self.channel)
+        self.connections = connection_service_pb2_grpc.ConnectionServiceStub(self.channel)
+        self.tools = tool_service_pb2_grpc.ToolServiceStub(self.channel)
+        self.turns = turn_service_pb2_grpc.TurnServiceStub(self.channel)
 
     def wait_serving(self, within: float) -> None:
         health = health_pb2_grpc.HealthStub(self.channel)
@@ -91,11 +104,12 @@ def sidecars(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SidecarP
                 sidecar.stop()
 
 
-def _new_run(sidecar: SidecarProcess, name: str) -> str:
+def _new_run(sidecar: SidecarProcess, name: str, tenant: str = "t") -> str:
+    grants = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
     sidecar.specs.PublishSpec(
-        spec_service_pb2.PublishSpecRequest(spec=spec_pb2.Spec(name=name, version=1))
+        spec_service_pb2.PublishSpecRequest(spec=spec_pb2.Spec(name=name, version=1, grants=grants))
     )
-    request = run_service_pb2.CreateRunRequest(tenant="t", spec_name=name, spec_version=1)
+    request = run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=name, spec_version=1)
     return sidecar.runs.CreateRun(request).run.run_id
 
 
@@ -182,5 +196,127 @@ def test_a_run_created_on_one_sidecar_continues_on_another_with_identical_bytes(
     serialized = [[r.SerializeToString(deterministic=True) for r in view] for view in views]
     assert serialized[0] == serialized[1] == serialized[2]
     assert len(views[0]) == 3
+    handle = views[0][1].handle
+
+    # The prompt and the reads are the same bytes whichever sidecar assembles them.
+    now = Timestamp(seconds=1_800_000_000)
+    prompts = [
+        sidecar.turns.AssemblePrompt(
+            turn_service_pb2.AssemblePromptRequest(run_id=run_id, now=now, model="m")
+        )
+        for sidecar in sidecars
+    ]
+    assert prompts[0].anthropic_request_json
+    assert len({p.SerializeToString(deterministic=True) for p in prompts}) == 1
+    reads = [
+        sidecar.tools.ReadToolOutput(
+            tool_service_pb2.ReadToolOutputRequest(
+                run_id=run_id, handle=handle, offset=99_990, limit=100
+            )
+        )
+        for sidecar in sidecars
+    ]
+    assert reads[0].text == "x" * 10 + "\x00é"
+    assert len({r.SerializeToString(deterministic=True) for r in reads}) == 1
     got = sidecars[2].runs.GetRun(run_service_pb2.GetRunRequest(run_id=run_id)).run
     assert got.run_id == run_id
+
+
+def _catalog(
+    sidecar: SidecarProcess, tenant: str, version: int = 0
+) -> list[connection_pb2.CatalogTool]:
+    return list(
+        sidecar.connections.ListCatalogTools(
+            connection_service_pb2.ListCatalogToolsRequest(
+                tenant=tenant, name="fx", catalog_version=version, page_size=1000
+            )
+        ).tools
+    )
+
+
+def test_concurrent_catalogue_refreshes_across_sidecars_stay_consistent(
+    sidecars: list[SidecarProcess],
+) -> None:
+    tenant = "catalog"
+    port = free_port()
+    with running(fixture_http(port, "--tools", "40", "--page-size", "7")):
+        connection = connection_pb2.Connection(
+            tenant=tenant,
+            name="fx",
+            http=connection_pb2.HttpTransport(
+                url=f"http://127.0.0.1:{port}/mcp",
+                protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+            ),
+        )
+        sidecars[0].connections.PutConnection(
+            connection_service_pb2.PutConnectionRequest(connection=connection)
+        )
+        run_id = _new_run(sidecars[0], "catalog", tenant)
+        added = [f"added_{index}" for index in range(12)]
+        stop = threading.Event()
+        torn_reads: list[str] = []
+
+        def read_current() -> None:
+            # A reader must only ever see one whole version: every current row carries the
+            # version that wrote it, and that version reads back as exactly the same set.
+            while not stop.is_set():
+                current = _catalog(sidecars[2], tenant)
+                versions = {tool.catalog_version for tool in current}
+                if len(versions) != 1:
+                    torn_reads.append(f"current rows of versions {sorted(versions)}")
+                    continue
+                (version,) = versions
+                names = sorted(tool.name for tool in current)
+                if sorted(t.name for t in _catalog(sidecars[2], tenant, version)) != names:
+                    torn_reads.append(f"current differs from version {version}")
+
+        def refresh(index: int) -> None:
+            for _ in range(15):
+                sidecars[index % 2].connections.RefreshCatalog(
+                    connection_service_pb2.RefreshCatalogRequest(tenant=tenant, name="fx")
+                )
+
+        def add_tools() -> None:
+            # Changes the server's listing under the refreshes (silently: no list_changed).
+            for name in added:
+                arguments = Struct()
+                arguments.update({"name": name, "notify": False})
+                outcome = (
+                    sidecars[0]
+                    .tools.CallDeferredTool(
+                        tool_service_pb2.CallDeferredToolRequest(
+                            run_id=run_id,
+                            server="fx",
+                            tool="add_tool",
+                            arguments=arguments,
+                            call_id=f"call-{name}",
+                        )
+                    )
+                    .outcome
+                )
+                assert not outcome.is_error, outcome.result_json
+
+        reader = threading.Thread(target=read_current)
+        reader.start()
+        with ThreadPoolExecutor(max_workers=5) as pool:
+            futures = [pool.submit(refresh, index) for index in range(4)]
+            futures.append(pool.submit(add_tools))
+            for future in futures:
+                future.result()
+        sidecars[1].connections.RefreshCatalog(
+            connection_service_pb2.RefreshCatalogRequest(tenant=tenant, name="fx")
+        )
+        stop.set()
+        reader.join()
+
+    assert torn_reads == []
+    newest = max(tool.catalog_version for tool in _catalog(sidecars[0], tenant))
+    # Versions are 1..newest with none missing, each written once (strictly increasing).
+    for version in range(1, newest + 1):
+        assert _catalog(sidecars[1], tenant, version), f"version {version} is missing"
+    # Marking older rows removed never removed a tool the newest version saw: the current
+    # catalogue is exactly the newest version, and it has every tool the server now lists.
+    current = sorted(tool.name for tool in _catalog(sidecars[0], tenant))
+    assert current == sorted(tool.name for tool in _catalog(sidecars[0], tenant, newest))
+    assert set(added) <= set(current)
+    assert {tool.removed_in_version for tool in _catalog(sidecars[0], tenant)} == {0}
