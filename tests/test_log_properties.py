@@ -25,7 +25,9 @@ _parts = st.one_of(
         max_leaves=5,
     ).map(lambda value: content_pb2.ContentPart(json=json.dumps(value).encode())),
 )
-_identifiers = st.text(alphabet=st.characters(exclude_characters="\x00"), min_size=1, max_size=10)
+_identifiers = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=10
+)
 _records = st.one_of(
     st.lists(st.text(max_size=50), min_size=1, max_size=3).map(
         lambda texts: run_pb2.Record(
