@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import hypothesis
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -33,6 +34,12 @@ from psych_sidecar.api.server import Sidecar
 from psych_sidecar.config import Settings
 
 POSTGRES_URL_ENV = "PSYCH_TEST_POSTGRES_URL"
+
+# CI explores the same examples on every run, so a red build is always reproducible; developers'
+# runs keep exploring new ones.
+hypothesis.settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    hypothesis.settings.load_profile("ci")
 UNLIMITED_CHANNEL = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
