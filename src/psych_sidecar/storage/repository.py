@@ -7,7 +7,8 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Connection, Engine, Insert, Table, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from psych_sidecar.domain.errors import Reason, SidecarError, run_not_found
@@ -32,6 +33,16 @@ def _now_us() -> int:
 
 def _time(us: int) -> datetime:
     return datetime.fromtimestamp(us / 1_000_000, tz=UTC)
+
+
+class _AlreadyAppended(Exception):
+    """A request id already used in the Run: unwinds the transaction (and the sequences it
+    reserved) and carries the first append's fingerprint and answer."""
+
+    def __init__(self, fingerprint: str, result: str) -> None:
+        super().__init__(fingerprint)
+        self.fingerprint = fingerprint
+        self.result = result
 
 
 class SqlStore:
@@ -126,86 +137,104 @@ class SqlStore:
         fingerprint: str,
     ) -> list[AppendedRecord]:
         runs, requests = tables.runs, tables.append_requests
-        with transaction(self._engine, write=True) as conn:
-            # Locking the Run's row serialises appends to it, across sidecars too.
-            last = conn.execute(
-                select(runs.c.last_sequence).where(runs.c.run_id == run_id).with_for_update()
-            ).scalar()
-            if last is None:
-                raise run_not_found(run_id)
-            if request_id:
-                prior = conn.execute(
-                    select(requests.c.fingerprint, requests.c.result).where(
-                        requests.c.run_id == run_id, requests.c.request_id == request_id
-                    )
-                ).first()
-                if prior is not None:
-                    if prior.fingerprint != fingerprint:
-                        raise SidecarError(
-                            Reason.REQUEST_ID_REUSED,
-                            f"request id {request_id!r} was already used in this run for "
-                            "different records",
+        try:
+            with transaction(self._engine, write=True) as conn:
+                # One statement locks the Run's row, which serialises appends to it (across
+                # sidecars too), and reserves the sequence numbers; a rollback returns them.
+                last = conn.execute(
+                    update(runs)
+                    .where(runs.c.run_id == run_id)
+                    .values(last_sequence=runs.c.last_sequence + len(records))
+                    .returning(runs.c.last_sequence)
+                ).scalar()
+                if last is None:
+                    raise run_not_found(run_id)
+                last -= len(records)
+                appended = [
+                    AppendedRecord(last + offset, handle)
+                    for offset, handle in enumerate(handles, start=1)
+                ]
+                if request_id:
+                    claimed = conn.execute(
+                        self._insert_ignoring_conflicts(requests)
+                        .values(
                             run_id=run_id,
                             request_id=request_id,
+                            fingerprint=fingerprint,
+                            result=json.dumps([[e.sequence, e.handle] for e in appended]),
                         )
-                    return [AppendedRecord(s, h) for s, h in json.loads(prior.result)]
-            now = _now_us()
-            appended = [
-                AppendedRecord(last + offset, handle)
-                for offset, handle in enumerate(handles, start=1)
-            ]
-            conn.execute(
-                insert(tables.records),
-                [
-                    {
-                        "run_id": run_id,
-                        "sequence": entry.sequence,
-                        "kind": record.kind.value,
-                        "create_time_us": now,
-                        "handle": entry.handle or None,
-                        "call_id": record.call_id,
-                        "server": record.server,
-                        "tool": record.tool,
-                        "is_error": record.is_error,
-                        "tool_calls": json.dumps(
-                            [[c.call_id, c.name, c.arguments_json] for c in record.tool_calls],
-                            ensure_ascii=False,
-                        ),
-                        "content_bytes": sum(len(part.data) for part in record.content),
-                    }
-                    for record, entry in zip(records, appended, strict=True)
-                ],
-            )
-            part_rows = [
+                        .returning(requests.c.request_id)
+                    ).first()
+                    if claimed is None:
+                        prior = conn.execute(
+                            select(requests.c.fingerprint, requests.c.result).where(
+                                requests.c.run_id == run_id, requests.c.request_id == request_id
+                            )
+                        ).one()
+                        raise _AlreadyAppended(prior.fingerprint, prior.result)
+                self._insert_records(conn, run_id, records, appended)
+        except _AlreadyAppended as retry:
+            if retry.fingerprint != fingerprint:
+                raise SidecarError(
+                    Reason.REQUEST_ID_REUSED,
+                    f"request id {request_id!r} was already used in this run for different records",
+                    run_id=run_id,
+                    request_id=request_id,
+                ) from None
+            return [AppendedRecord(s, h) for s, h in json.loads(retry.result)]
+        return appended
+
+    def _insert_ignoring_conflicts(self, table: Table) -> Insert:
+        """INSERT … ON CONFLICT DO NOTHING, in the engine's dialect."""
+        if self._engine.dialect.name == "postgresql":
+            return postgresql.insert(table).on_conflict_do_nothing()
+        return sqlite.insert(table).on_conflict_do_nothing()
+
+    @staticmethod
+    def _insert_records(
+        conn: Connection,
+        run_id: str,
+        records: Sequence[Record],
+        appended: list[AppendedRecord],
+    ) -> None:
+        now = _now_us()
+        conn.execute(
+            insert(tables.records),
+            [
                 {
                     "run_id": run_id,
                     "sequence": entry.sequence,
-                    "part_index": index,
-                    "kind": part.kind.value,
-                    "mime_type": part.mime_type,
-                    "data": part.data,
-                    "char_count": None if part.kind is PartKind.BINARY else len(part.data.decode()),
+                    "kind": record.kind.value,
+                    "create_time_us": now,
+                    "handle": entry.handle or None,
+                    "call_id": record.call_id,
+                    "server": record.server,
+                    "tool": record.tool,
+                    "is_error": record.is_error,
+                    "tool_calls": json.dumps(
+                        [[c.call_id, c.name, c.arguments_json] for c in record.tool_calls],
+                        ensure_ascii=False,
+                    ),
+                    "content_bytes": sum(len(part.data) for part in record.content),
                 }
                 for record, entry in zip(records, appended, strict=True)
-                for index, part in enumerate(record.content)
-            ]
-            if part_rows:
-                conn.execute(insert(tables.record_parts), part_rows)
-            conn.execute(
-                update(runs)
-                .where(runs.c.run_id == run_id)
-                .values(last_sequence=last + len(appended))
-            )
-            if request_id:
-                conn.execute(
-                    insert(requests).values(
-                        run_id=run_id,
-                        request_id=request_id,
-                        fingerprint=fingerprint,
-                        result=json.dumps([[e.sequence, e.handle] for e in appended]),
-                    )
-                )
-        return appended
+            ],
+        )
+        part_rows = [
+            {
+                "run_id": run_id,
+                "sequence": entry.sequence,
+                "part_index": index,
+                "kind": part.kind.value,
+                "mime_type": part.mime_type,
+                "data": part.data,
+                "char_count": None if part.kind is PartKind.BINARY else len(part.data.decode()),
+            }
+            for record, entry in zip(records, appended, strict=True)
+            for index, part in enumerate(record.content)
+        ]
+        if part_rows:
+            conn.execute(insert(tables.record_parts), part_rows)
 
     def list_records(
         self,
