@@ -236,7 +236,11 @@ func startSidecar(t *testing.T, transport string) *sidecar {
 	s.cmd = exec.Command(path, "serve", "--listen", listen,
 		"--database-url", "sqlite:///"+filepath.Join(dir, "db.sqlite3"),
 		"--data-dir", dir, "--max-message-bytes", fmt.Sprint(maxMessageBytes))
-	s.cmd.Env = sidecarEnvironment()
+	commands, err := mcpCommands(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cmd.Env = append(sidecarEnvironment(), "PSYCH_SIDECAR_MCP_COMMANDS="+commands)
 	s.cmd.Stdout, s.cmd.Stderr = s.output, s.output
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", path, err)
@@ -265,8 +269,27 @@ func startSidecar(t *testing.T, transport string) *sidecar {
 	return s
 }
 
+// mcpCommands is PSYCH_SIDECAR_MCP_COMMANDS for the sidecar (README.md, "MCP
+// servers"): the project's fixture server over stdio as command `fixture`,
+// run by the python beside the sidecar's program, which has `mcp` (the
+// sidecar is an MCP client).
+func mcpCommands(sidecarPath string) (string, error) {
+	python := filepath.Join(filepath.Dir(sidecarPath), "python")
+	if _, err := os.Stat(python); err != nil {
+		return "", fmt.Errorf("no python beside %s to run the MCP fixture server: %v", sidecarPath, err)
+	}
+	fixture, err := filepath.Abs(filepath.Join(contractDir, "..", "mcp_servers", "fixture_server.py"))
+	if err != nil {
+		return "", err
+	}
+	commands, err := json.Marshal(map[string]any{
+		"fixture": map[string]any{"argv": []string{python, fixture, "stdio"}, "allow_extra_args": true},
+	})
+	return string(commands), err
+}
+
 // sidecarEnvironment keeps PSYCH_SIDECAR_* settings of the caller's
-// environment away from the sidecar, so only the flags configure it.
+// environment away from the sidecar, so only the runner configures it.
 func sidecarEnvironment() []string {
 	var env []string
 	for _, entry := range os.Environ() {

@@ -10,6 +10,7 @@ would start it.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -26,12 +27,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.contract.python.engine import scenario_files
+from tests.contract.python.engine import CONTRACT_DIR, scenario_files
 
 MAX_MESSAGE_BYTES = 1_048_576
 READY_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 30.0
 COUNTS_ENV = "PSYCH_CONTRACT_COUNTS"
+FIXTURE_SERVER = CONTRACT_DIR.parent / "mcp_servers" / "fixture_server.py"
 
 # Scenarios that passed, per transport; reported by pytest_terminal_summary.
 PASSED: collections.Counter[str] = collections.Counter()
@@ -42,12 +44,26 @@ def sidecar_command() -> list[str]:
     console script beside this Python, else `python -m psych_sidecar`."""
     configured = os.environ.get("PSYCH_SIDECAR_BIN")
     if configured:
-        return [configured]
+        found = shutil.which(configured)
+        if found is None:
+            pytest.exit(f"PSYCH_SIDECAR_BIN={configured} is not a program", returncode=1)
+        return [found]
     beside = Path(sys.executable).parent / "psych-sidecar"
     if beside.exists():
         return [str(beside)]
     found = shutil.which("psych-sidecar")
     return [found] if found else [sys.executable, "-m", "psych_sidecar"]
+
+
+def mcp_commands(command: list[str]) -> str:
+    """PSYCH_SIDECAR_MCP_COMMANDS for the sidecar (README.md, "MCP servers"): the project's
+    fixture server over stdio as command `fixture`, run by the Python beside the sidecar's
+    program, which has `mcp` (the sidecar is an MCP client)."""
+    python = sys.executable if command[0] == sys.executable else Path(command[0]).parent / "python"
+    if not Path(python).exists():
+        pytest.exit(f"no python beside {command[0]} to run the MCP fixture server", returncode=1)
+    argv = [str(python), str(FIXTURE_SERVER), "stdio"]
+    return json.dumps({"fixture": {"argv": argv, "allow_extra_args": True}})
 
 
 def free_loopback_port() -> int:
@@ -93,10 +109,11 @@ def grpc_server(
         f"unix://{grpc_addr.removeprefix('unix:')}" if grpc_addr.startswith("unix:") else grpc_addr
     )
     log = directory / "sidecar.log"
+    command = sidecar_command()
     with log.open("wb") as output:
         process = subprocess.Popen(
             [
-                *sidecar_command(),
+                *command,
                 "serve",
                 "--listen",
                 listen,
@@ -107,7 +124,10 @@ def grpc_server(
                 "--max-message-bytes",
                 str(MAX_MESSAGE_BYTES),
             ],
-            env={k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")},
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")},
+                "PSYCH_SIDECAR_MCP_COMMANDS": mcp_commands(command),
+            },
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,

@@ -4,10 +4,10 @@
 // TCP. The sidecar binary is $PSYCH_SIDECAR_BIN, or psych-sidecar on PATH.
 
 import { type ChildProcess, spawn } from "node:child_process";
-import { appendFileSync, mkdtempSync, rmSync } from "node:fs";
+import { appendFileSync, existsSync, mkdtempSync, rmSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
-import { basename, join } from "node:path";
+import { basename, delimiter, dirname, join, resolve } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -25,6 +25,7 @@ import { UsageService } from "@psych-sidecar/proto/psych/sidecar/v1/usage_servic
 
 import {
   CALL_TIMEOUT_MS,
+  CONTRACT_DIR,
   type ErrorDetail,
   type Invoke,
   type JsonObject,
@@ -108,6 +109,23 @@ async function freeLoopbackPort(): Promise<number> {
   return port;
 }
 
+/**
+ * PSYCH_SIDECAR_MCP_COMMANDS for the sidecar (README.md, "MCP servers"): the project's fixture
+ * server over stdio as command `fixture`, run by the python beside the sidecar's program, which
+ * has `mcp` (the sidecar is an MCP client).
+ */
+function mcpCommands(bin: string): string {
+  const program = bin.includes("/")
+    ? bin
+    : (process.env.PATH ?? "").split(delimiter).map((dir) => join(dir, bin)).find((path) => existsSync(path));
+  const python = program === undefined ? undefined : join(dirname(program), "python");
+  if (python === undefined || !existsSync(python)) {
+    throw new Error(`no python beside the sidecar program ${program ?? bin} to run the MCP fixture server`);
+  }
+  const fixture = resolve(CONTRACT_DIR, "..", "mcp_servers", "fixture_server.py");
+  return JSON.stringify({ fixture: { argv: [python, fixture, "stdio"], allow_extra_args: true } });
+}
+
 /** psych-sidecar serve on one transport, SQLite in a temporary directory, waited for (bounded). */
 async function startSidecar(transportName: string): Promise<Sidecar> {
   const bin = process.env.PSYCH_SIDECAR_BIN || "psych-sidecar";
@@ -115,7 +133,10 @@ async function startSidecar(transportName: string): Promise<Sidecar> {
   const socket = join(dir, "s.sock");
   const port = transportName === "tcp" ? await freeLoopbackPort() : 0;
   const listen = transportName === "tcp" ? `127.0.0.1:${port}` : `unix://${socket}`;
-  const env = Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith("PSYCH_SIDECAR_")));
+  const env = {
+    ...Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith("PSYCH_SIDECAR_"))),
+    PSYCH_SIDECAR_MCP_COMMANDS: mcpCommands(bin),
+  };
   const proc: ChildProcess = spawn(
     bin,
     ["serve", "--listen", listen, "--database-url", `sqlite:///${join(dir, "db.sqlite3")}`,

@@ -1,0 +1,282 @@
+// Command example is a complete agent host in Go: the loop a host runs
+// against psych-sidecar, with a scripted model standing in for the LLM, so it
+// needs no network and no API key (model.go).
+//
+//	PSYCH_SIDECAR_ADDRESS=unix:///path/to/sidecar.sock go run .
+//
+// The sidecar must allow the project's MCP fixture server as the stdio command
+// "fixture" (examples/sidecar.toml; examples/README.md shows how to start one).
+// The host publishes a Spec, connects the fixture server deferred (its tools
+// stay out of the prompt, behind the meta tools), creates a Run and plays three
+// user turns. Per turn: AppendRecords (the user message), ResolveTurn, then per
+// model call AssemblePrompt → the model decides → RecordUsage → AppendRecords
+// (the assistant message) → DispatchToolCall for each tool call, until the
+// model answers without tools.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"os"
+	"strings"
+	"time"
+
+	sidecarclient "github.com/psych-sidecar/psych-sidecar/clients/go"
+	sidecarv1 "github.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+const (
+	tenant     = "example-go"
+	specName   = "example-go-host"
+	server     = "fixture"
+	modelName  = "scripted-model"
+	memoryTail = "Memory: the user likes short answers."
+)
+
+// userTurns are what the user says, one turn each.
+var userTurns = []string{
+	"Fetch the fixture server's 20000-character report and tell me how long it is.",
+	"What comes right after the part of the report you can still see?",
+	"Thanks, that is all.",
+}
+
+func main() {
+	log.SetFlags(0)
+	address := os.Getenv("PSYCH_SIDECAR_ADDRESS")
+	if address == "" {
+		log.Fatal("set PSYCH_SIDECAR_ADDRESS to the sidecar's address, e.g. unix:///tmp/sidecar.sock")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	client, err := sidecarclient.Dial(ctx, address, sidecarclient.Options{ReadyTimeout: 30 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	h := &host{client: client, shownElided: map[string]bool{}}
+	if err := h.setUp(ctx); err != nil {
+		log.Fatal(err)
+	}
+	for number, text := range userTurns {
+		if err := h.turn(ctx, number+1, text); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if err := h.report(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+type host struct {
+	client      *sidecarclient.Client
+	runID       string
+	calls       int
+	shownElided map[string]bool
+}
+
+// setUp publishes the Spec, connects the MCP server and creates the Run.
+func (h *host) setUp(ctx context.Context) error {
+	// Thresholds this small elide the 20000-character result (5000 estimated
+	// tokens) from every turn after the one that asked for it. Publishing the
+	// same content again succeeds, so the example can run twice.
+	spec := &sidecarv1.Spec{
+		Name:         specName,
+		Version:      1,
+		Instructions: "You answer questions using the tools of the fixture server.",
+		Thresholds: &sidecarv1.Thresholds{
+			PerResultTokens:  proto.Int64(1000),
+			PerBatchTokens:   proto.Int64(4000),
+			PreviewHeadChars: proto.Int32(200),
+			PreviewTailChars: proto.Int32(100),
+		},
+		Grants: []*sidecarv1.ToolGrant{{ServerPattern: server, ToolPattern: "*"}},
+	}
+	if _, err := h.client.Specs.PublishSpec(ctx, &sidecarv1.PublishSpecRequest{Spec: spec}); err != nil {
+		if sidecarclient.ReasonOf(err) == sidecarv1.ErrorReason_ERROR_REASON_SPEC_VERSION_EXISTS {
+			return fmt.Errorf("%s v1 was published with other content: bump the version (%w)", specName, err)
+		}
+		return err
+	}
+	fmt.Printf("published spec %s v1: results of 1000 estimated tokens or more are elided on later turns\n", specName)
+
+	put, err := h.client.Connections.PutConnection(ctx, &sidecarv1.PutConnectionRequest{
+		Connection: &sidecarv1.Connection{
+			Tenant: tenant,
+			Name:   server,
+			Transport: &sidecarv1.Connection_Stdio{Stdio: &sidecarv1.StdioTransport{
+				Command: "fixture", Args: []string{"--tools", "0"},
+			}},
+			Preload:     proto.Bool(false),
+			Description: "The project's MCP test server.",
+		},
+	})
+	if err != nil {
+		return err
+	}
+	connection := put.GetConnection()
+	if connection.GetState() != sidecarv1.ConnectionState_CONNECTION_STATE_CONNECTED {
+		return fmt.Errorf("the fixture server did not connect: %s %s", connection.GetState(), connection.GetLastError())
+	}
+	fmt.Printf("connected MCP server %s over stdio: %s, catalogue version %d, deferred\n",
+		server, strings.TrimPrefix(connection.GetState().String(), "CONNECTION_STATE_"), connection.GetCatalogVersion())
+
+	created, err := h.client.Runs.CreateRun(ctx, &sidecarv1.CreateRunRequest{
+		Tenant: tenant, SpecName: specName, SpecVersion: 1,
+	})
+	if err != nil {
+		return err
+	}
+	h.runID = created.GetRun().GetRunId()
+	fmt.Printf("created run %s\n", h.runID)
+	return nil
+}
+
+// turn plays one user turn to the model's final answer.
+func (h *host) turn(ctx context.Context, number int, text string) error {
+	fmt.Printf("\n== turn %d\nuser: %s\n", number, text)
+	if _, err := h.client.AppendRecords(ctx, &sidecarv1.AppendRecordsRequest{
+		RunId: h.runID, RequestId: fmt.Sprintf("turn-%d-user", number),
+		Records: []*sidecarv1.Record{{Kind: &sidecarv1.Record_UserMessage{UserMessage: &sidecarv1.UserMessage{
+			Content: []*sidecarv1.ContentPart{{Kind: &sidecarv1.ContentPart_Text{Text: text}}},
+		}}}},
+	}); err != nil {
+		return err
+	}
+	resolved, err := h.client.Turns.ResolveTurn(ctx, &sidecarv1.ResolveTurnRequest{RunId: h.runID})
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, tool := range resolved.GetSurface().GetTools() {
+		names = append(names, tool.GetName())
+	}
+	fmt.Printf("tools this turn: %s\n", strings.Join(names, ", "))
+	for _, line := range resolved.GetSurface().GetServers() {
+		fmt.Printf("server line: %s\n", line.GetText())
+	}
+
+	for step := 1; ; step++ {
+		assembled, err := h.client.Turns.AssemblePrompt(ctx, &sidecarv1.AssemblePromptRequest{
+			RunId: h.runID, DynamicTail: memoryTail, Model: modelName, MaxTokens: 1024,
+		})
+		if err != nil {
+			return err
+		}
+		h.show(fmt.Sprintf("%d.%d", number, step), assembled)
+
+		decision, err := decide(assembled)
+		if err != nil {
+			return err
+		}
+		// The provider reports usage with its answer; the host records it as reported.
+		if _, err := h.client.Usage.RecordUsage(ctx, &sidecarv1.RecordUsageRequest{
+			RunId: h.runID, RequestId: fmt.Sprintf("turn-%d-step-%d", number, step), Model: modelName,
+			InputTokens: decision.inputTokens, OutputTokens: decision.outputTokens,
+		}); err != nil {
+			return err
+		}
+		assistant := &sidecarv1.AssistantMessage{}
+		if decision.text != "" {
+			assistant.Content = []*sidecarv1.ContentPart{{Kind: &sidecarv1.ContentPart_Text{Text: decision.text}}}
+		}
+		for _, call := range decision.calls {
+			h.calls++
+			call.CallId = fmt.Sprintf("call_%d", h.calls)
+			assistant.ToolCalls = append(assistant.ToolCalls, call)
+		}
+		if _, err := h.client.AppendRecords(ctx, &sidecarv1.AppendRecordsRequest{
+			RunId: h.runID, RequestId: fmt.Sprintf("turn-%d-step-%d", number, step),
+			Records: []*sidecarv1.Record{{Kind: &sidecarv1.Record_AssistantMessage{AssistantMessage: assistant}}},
+		}); err != nil {
+			return err
+		}
+		if len(assistant.ToolCalls) == 0 {
+			fmt.Printf("assistant: %s\n", decision.text)
+			return nil
+		}
+		for _, call := range assistant.ToolCalls {
+			if err := h.dispatch(ctx, call); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// show prints the prompt's per-zone sizes, and each elided result the first
+// time the prompt shows it.
+func (h *host) show(label string, assembled *sidecarv1.AssemblePromptResponse) {
+	var parts []string
+	var total int64
+	for _, zone := range assembled.GetZones() {
+		name := strings.ToLower(strings.TrimPrefix(zone.GetZone().String(), "PROMPT_ZONE_"))
+		parts = append(parts, fmt.Sprintf("%s %d", name, zone.GetByteLength()))
+		total += zone.GetByteLength()
+	}
+	fmt.Printf("prompt %s zone bytes: %s (total %d)\n", label, strings.Join(parts, " | "), total)
+	for _, message := range assembled.GetPrompt().GetHistory() {
+		for _, part := range message.GetParts() {
+			result := part.GetToolResult()
+			if result == nil || !result.GetElided() || h.shownElided[result.GetHandle()] {
+				continue
+			}
+			h.shownElided[result.GetHandle()] = true
+			fmt.Printf("elided result: %s is shown as a %d-character preview with handle %s\n",
+				result.GetCallId(), len([]rune(contentText(result.GetContent()))), result.GetHandle())
+		}
+	}
+}
+
+// dispatch hands one tool call to the sidecar, which runs it (a meta tool, an
+// MCP tool, read_tool_output) and appends its result to the Run's log.
+func (h *host) dispatch(ctx context.Context, call *sidecarv1.ToolCall) error {
+	dispatched, err := h.client.Tools.DispatchToolCall(ctx, &sidecarv1.DispatchToolCallRequest{RunId: h.runID, Call: call})
+	if err != nil {
+		return err
+	}
+	if dispatched.GetDisposition() != sidecarv1.DispatchDisposition_DISPATCH_DISPOSITION_EXECUTED {
+		// A host-local tool: this host has none.
+		return fmt.Errorf("%s is not the sidecar's, and this host has no tool of that name", call.GetName())
+	}
+	outcome := dispatched.GetOutcome()
+	var result struct {
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
+	}
+	if err := json.Unmarshal(outcome.GetResultJson(), &result); err != nil {
+		return fmt.Errorf("the result of %s is not MCP CallToolResult JSON: %w", call.GetName(), err)
+	}
+	var text strings.Builder
+	for _, block := range result.Content {
+		text.WriteString(block.Text)
+	}
+	characters := len([]rune(text.String()))
+	switch call.GetName() {
+	case "mcp_call_tool":
+		fmt.Printf("deferred call: %s %s -> %d characters, is_error %t, stored as sequence %d with handle %s\n",
+			call.GetName(), call.GetArgumentsJson(), characters, outcome.GetIsError(), outcome.GetSequence(), outcome.GetHandle())
+	case "read_tool_output":
+		fmt.Printf("read-back: %s %s -> %q\n", call.GetName(), call.GetArgumentsJson(), text.String())
+	default:
+		fmt.Printf("tool call: %s %s -> %d characters\n", call.GetName(), call.GetArgumentsJson(), characters)
+	}
+	if outcome.GetIsError() {
+		return fmt.Errorf("%s failed: %s", call.GetName(), text.String())
+	}
+	return nil
+}
+
+// report prints the Run's usage, as the provider reported it.
+func (h *host) report(ctx context.Context) error {
+	usage, err := h.client.Usage.GetRunUsage(ctx, &sidecarv1.GetRunUsageRequest{RunId: h.runID})
+	if err != nil {
+		return err
+	}
+	totals := usage.GetTotals()
+	fmt.Printf("\nusage: %d model calls, %d input and %d output tokens\n",
+		totals.GetModelCalls(), totals.GetInputTokens(), totals.GetOutputTokens())
+	return nil
+}
