@@ -72,11 +72,11 @@ class _Rejected:
 
 @dataclass(frozen=True, slots=True)
 class _Binding:
-    """A service of the contract and its servicer; None while the whole service is still
-    to come, in which case every RPC answers UNIMPLEMENTED with NOT_IMPLEMENTED. So does
-    every RPC the servicer has no method for (a service built in parts)."""
+    """A service of the contract and its servicer. An RPC the servicer has no method for
+    (one added to the contract before its behaviour) answers UNIMPLEMENTED with
+    NOT_IMPLEMENTED rather than failing the server's start."""
 
-    servicer: object | None
+    servicer: object
     service: descriptor.ServiceDescriptor
 
 
