@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
 from psych_sidecar import __version__
 from psych_sidecar.config import load_settings, parse_listen_address
+from tests.mcp_helpers import free_port
 from tests.test_storage import HEAD_REVISION
 
 COMMAND = [sys.executable, "-m", "psych_sidecar"]
@@ -148,17 +149,9 @@ def test_listen_addresses_parse() -> None:
     assert not parse_listen_address("0.0.0.0:7").is_loopback
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_a_health_only_listener_serves_health_and_nothing_else(tmp_path: Path) -> None:
     socket_path = tmp_path / "s.sock"
-    health_address = f"127.0.0.1:{_free_port()}"
+    health_address = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "PSYCH_SIDECAR_DRAIN_DELAY_SECONDS": "3"}
     process = subprocess.Popen(
         [

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Row, insert, select, update
@@ -18,14 +16,6 @@ from psych_sidecar.storage.db import transaction
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
 _INSERT_BATCH = 500
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def _time(us: int) -> datetime:
-    return datetime.fromtimestamp(us / 1_000_000, tz=UTC)
 
 
 def _dump(value: Any) -> str:
@@ -67,7 +57,7 @@ def _stored(row: Row[Any]) -> StoredConnection:
         ),
         revision=row.revision,
         catalog_version=row.catalog_version,
-        update_time=_time(row.update_time_us),
+        update_time=tables.from_us(row.update_time_us),
     )
 
 
@@ -104,7 +94,7 @@ class SqlConnectionStore:
     def put_connection(self, connection: Connection) -> StoredConnection:
         table = tables.connections
         key = (table.c.tenant == connection.tenant, table.c.name == connection.name)
-        now = _now_us()
+        now = tables.now_us()
         values = _connection_values(connection)
         with transaction(self._engine, write=True) as conn:
             row = conn.execute(select(table.c.revision).where(*key).with_for_update()).first()
@@ -146,7 +136,7 @@ class SqlConnectionStore:
             ).first()
             if row is None:
                 return False
-            now = _now_us()
+            now = tables.now_us()
             conn.execute(
                 update(table)
                 .where(*key)
@@ -246,7 +236,7 @@ class SqlConnectionStore:
                 ).scalar()
                 if previous == fingerprint:
                     return CatalogWrite(current, len(tools), changed=False)
-            version = self._append_version(conn, tenant, server, current, tools, _now_us())
+            version = self._append_version(conn, tenant, server, current, tools, tables.now_us())
         return CatalogWrite(version, len(tools), changed=True)
 
     @staticmethod

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Engine, Insert, Table, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -25,14 +23,6 @@ from psych_sidecar.domain.runs import (
 from psych_sidecar.domain.specs import PublishedSpec, Spec, ToolGrant
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import transaction
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def _time(us: int) -> datetime:
-    return datetime.fromtimestamp(us / 1_000_000, tz=UTC)
 
 
 class _AlreadyAppended(Exception):
@@ -57,7 +47,7 @@ class SqlStore:
         existing = self.get_spec(spec.name, spec.version)
         if existing is not None:
             return existing
-        now = _now_us()
+        now = tables.now_us()
         try:
             with transaction(self._engine, write=True) as conn:
                 conn.execute(
@@ -74,7 +64,7 @@ class SqlStore:
             stored = self.get_spec(spec.name, spec.version)
             assert stored is not None
             return stored
-        return PublishedSpec(spec, _time(now))
+        return PublishedSpec(spec, tables.from_us(now))
 
     def get_spec(self, name: str, version: int) -> PublishedSpec | None:
         with transaction(self._engine, write=False) as conn:
@@ -85,7 +75,7 @@ class SqlStore:
             ).first()
         if row is None:
             return None
-        return PublishedSpec(Spec.from_canonical_json(row.body), _time(row.create_time_us))
+        return PublishedSpec(Spec.from_canonical_json(row.body), tables.from_us(row.create_time_us))
 
     # Runs
 
@@ -97,7 +87,7 @@ class SqlStore:
         spec_version: int,
         tool_restrictions: tuple[ToolGrant, ...],
     ) -> Run:
-        now = _now_us()
+        now = tables.now_us()
         restrictions = json.dumps([[g.server_pattern, g.tool_pattern] for g in tool_restrictions])
         with transaction(self._engine, write=True) as conn:
             conn.execute(
@@ -111,7 +101,7 @@ class SqlStore:
                     last_sequence=0,
                 )
             )
-        return Run(run_id, tenant, spec_name, spec_version, tool_restrictions, _time(now))
+        return Run(run_id, tenant, spec_name, spec_version, tool_restrictions, tables.from_us(now))
 
     def get_run(self, run_id: str) -> Run | None:
         runs = tables.runs
@@ -125,7 +115,7 @@ class SqlStore:
             spec_name=row.spec_name,
             spec_version=row.spec_version,
             tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
-            create_time=_time(row.create_time_us),
+            create_time=tables.from_us(row.create_time_us),
         )
 
     def append_records(
@@ -197,7 +187,7 @@ class SqlStore:
         records: Sequence[Record],
         appended: list[AppendedRecord],
     ) -> None:
-        now = _now_us()
+        now = tables.now_us()
         conn.execute(
             insert(tables.records),
             [
@@ -279,7 +269,7 @@ class SqlStore:
             StoredRecord(
                 run_id=run_id,
                 sequence=row.sequence,
-                create_time=_time(row.create_time_us),
+                create_time=tables.from_us(row.create_time_us),
                 handle=row.handle or "",
                 record=Record(
                     kind=RecordKind(row.kind),

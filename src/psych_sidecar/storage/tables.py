@@ -3,6 +3,9 @@ a test checks that the migrated database matches these definitions."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -21,6 +24,15 @@ metadata = MetaData()
 
 # Times are integer microseconds since the Unix epoch, UTC: exact and identical on
 # SQLite and PostgreSQL.
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def from_us(us: int) -> datetime:
+    return datetime.fromtimestamp(us / 1_000_000, tz=UTC)
+
 
 specs = Table(
     "specs",

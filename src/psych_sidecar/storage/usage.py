@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
@@ -36,7 +34,7 @@ class SqlUsageStore:
                             output_tokens=usage.output_tokens,
                             cache_read_tokens=usage.cache_read_tokens,
                             cache_write_tokens=usage.cache_write_tokens,
-                            create_time_us=time.time_ns() // 1000,
+                            create_time_us=tables.now_us(),
                         )
                     )
                 return self._totals(conn, run_id)
