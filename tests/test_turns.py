@@ -435,8 +435,9 @@ def test_facade_and_search_tiers_reach_exactly_the_permitted_tools(host: Host) -
     hits = host.stubs.tools.SearchTools(
         tool_service_pb2.SearchToolsRequest(run_id=run_id, query="echo", page_size=5)
     )
-    assert [(hit.server, hit.tool) for hit in hits.hits] == [("big", "echo"), ("mid", "echo")]
-    assert hits.next_page_token == ""
+    # The exact name first on both servers; semantic neighbours may follow.
+    ranked = [(hit.server, hit.tool) for hit in hits.hits]
+    assert ranked[:2] == [("big", "echo"), ("mid", "echo")]
     request = tool_service_pb2.SearchToolsRequest(run_id=run_id, query="generated", page_size=100)
     seen: list[tuple[str, str]] = []
     while True:
@@ -445,7 +446,15 @@ def test_facade_and_search_tiers_reach_exactly_the_permitted_tools(host: Host) -
         if not page.next_page_token:
             break
         request.page_token = page.next_page_token
-    assert len(seen) == len(set(seen)) == 30 + 250
+    # Pages neither repeat nor skip: every generated tool (the word is in each description)
+    # is there once.
+    generated = {
+        (server, f"bulk_{i:03d}")
+        for server, count in (("mid", 30), ("big", 250))
+        for i in range(count)
+    }
+    assert len(seen) == len(set(seen))
+    assert generated <= set(seen)
 
 
 def test_a_run_sees_only_its_own_tenants_connections(

@@ -48,6 +48,7 @@ from psych_sidecar.domain.services import RunService, SpecService
 from psych_sidecar.domain.tool_calls import ToolExecutor
 from psych_sidecar.domain.tool_output import ToolOutputReader
 from psych_sidecar.domain.usage import UsageService
+from psych_sidecar.embedding import tool_embeddings
 from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.mcp.service import ConnectionService
 from psych_sidecar.storage.connections import SqlConnectionStore
@@ -204,7 +205,9 @@ class Sidecar:
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
-        resolver = TurnResolver(runs, store, self.catalog)
+        resolver = TurnResolver(
+            runs, store, self.catalog, embeddings=tool_embeddings(self.settings.semantic_search)
+        )
         executor = ToolExecutor(
             resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
         )
