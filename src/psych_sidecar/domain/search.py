@@ -443,6 +443,6 @@ class SearchIndex:
 
 
 def identifier_words(name: str) -> str:
-    """A tool name read as words: `get_current_time` and `getCurrentTime` give
-    `get current time`."""
+    """A tool name read as words for the encoder (which lowercases): `get_current_time` gives
+    `get current time`, `getCurrentTime` gives `get Current Time`."""
     return " ".join(_WORDS.findall(_CAMEL_BOUNDARY.sub(" ", name)))
