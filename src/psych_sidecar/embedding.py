@@ -242,4 +242,5 @@ def tool_embeddings(mode: str) -> ToolEmbeddings | None:
             "tool search uses keywords only"
         )
         return None
+    log.info("semantic search on: %s loads on the first tool search", MODEL_ID)
     return ToolEmbeddings(load_packaged_encoder)
