@@ -9,6 +9,7 @@ import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -389,23 +390,44 @@ def _numbered_lines(text: str) -> list[str]:
     return [line for line in lines if line]
 
 
+@dataclass(frozen=True)
+class Recall:
+    """Recall@k two ways: over the annotated tools the catalogue has (`catalogued`: the
+    textbook definition, where the relevant set is made of documents that exist; a task none
+    of whose tools exist is left out) and over every annotated tool (`annotated`)."""
+
+    catalogued: dict[int, float]
+    annotated: dict[int, float]
+    catalogued_tasks: int
+
+
 def livemcpbench_recall(
     data: Path, ks: tuple[int, ...], embeddings: ToolEmbeddings | None = None
-) -> dict[int, float]:
+) -> Recall:
     """Recall@k per task, averaged over tasks: the share of the task's annotated tools that are
     in the top k of at least one of its steps' queries (a tool is matched by name)."""
     documents = livemcpbench_documents(data)
+    names = {document.name for document in documents}
     index = SearchIndex(documents, embeddings)
     tasks = json.loads((data / "annotations.json").read_text())
-    totals = dict.fromkeys(ks, 0.0)
+    annotated, catalogued = dict.fromkeys(ks, 0.0), dict.fromkeys(ks, 0.0)
+    catalogued_tasks = 0
     for task in tasks:
         metadata = task["Annotator Metadata"]
         steps, tools = _numbered_lines(metadata["Steps"]), _numbered_lines(metadata["Tools"])
+        present = [tool for tool in tools if tool in names]
+        catalogued_tasks += bool(present)
         rankings = [[documents[h.index].name for h in index.search(s, max(ks))] for s in steps]
         for k in ks:
             found = {name for ranking in rankings for name in ranking[:k]}
-            totals[k] += sum(tool in found for tool in tools) / len(tools)
-    return {k: total / len(tasks) for k, total in totals.items()}
+            annotated[k] += sum(tool in found for tool in tools) / len(tools)
+            if present:
+                catalogued[k] += sum(tool in found for tool in present) / len(present)
+    return Recall(
+        {k: total / catalogued_tasks for k, total in catalogued.items()},
+        {k: total / len(tasks) for k, total in annotated.items()},
+        catalogued_tasks,
+    )
 
 
 @case("search_recall_at_5_livemcpbench", unit="recall", target=">= 0.8")
@@ -415,10 +437,14 @@ def search_recall_at_5_livemcpbench(ctx: BenchContext) -> float:
     query per annotated step.
 
     For each task, the share of its annotated tools found in the top 5 of at least one of its
-    steps' queries, averaged over tasks; @1, @10 and the keyword-only figures in the details.
-    Ground truth is the annotator's solution path, not every relevant tool, and five annotated
-    tools are not in the catalogue at all, so 1.0 is out of reach. The data README's plain
-    BM25 baseline (name + description + server name + parameter names) measured 0.715.
+    steps' queries, averaged over tasks. The value counts the annotated tools the catalogue
+    has: five annotated names (`trial_references`, `ddg-search`, `execute_command`,
+    `get_maven_latest_version`, `open_document`) are in no server's listing, so no ranker can
+    return them, and one task has no other tool. The details give the same figures over every
+    annotated tool (`annotated_recall_at_k`), @1 and @10, and keyword-only ranking
+    (`lexical_…`). Ground truth is the annotator's solution path, not every relevant tool.
+    The data README's plain BM25 baseline (name + description + server name + parameter
+    names) measured 0.715; bench/README.md says how that compares.
     """
     if not (LIVEMCPBENCH / "tools.json").exists():
         raise RuntimeError(f"{LIVEMCPBENCH} is missing: the shared data sits beside the repo")
@@ -430,6 +456,9 @@ def search_recall_at_5_livemcpbench(ctx: BenchContext) -> float:
     started = time.perf_counter()
     hybrid = livemcpbench_recall(LIVEMCPBENCH, ks, embeddings)
     ctx.log(f"hybrid: {time.perf_counter() - started:.1f} s (encoding every tool and step)")
-    ctx.details.update({f"recall_at_{k}": round(v, 4) for k, v in hybrid.items()})
-    ctx.details.update({f"lexical_recall_at_{k}": round(v, 4) for k, v in lexical.items()})
-    return hybrid[5]
+    ctx.details["catalogued_tasks"] = hybrid.catalogued_tasks
+    for prefix, recall in (("", hybrid), ("lexical_", lexical)):
+        for k in ks:
+            ctx.details[f"{prefix}recall_at_{k}"] = round(recall.catalogued[k], 4)
+            ctx.details[f"{prefix}annotated_recall_at_{k}"] = round(recall.annotated[k], 4)
+    return hybrid.catalogued[5]
