@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from psych_sidecar.domain.search import ToolEmbeddings
+from psych_sidecar.domain.search import SearchDocument, SearchIndex, ToolEmbeddings
 from psych_sidecar.embedding import (
     MAX_TOKENS,
     MiniLmEncoder,
@@ -129,6 +129,44 @@ def test_the_cache_keeps_the_most_recently_used(encoder: MiniLmEncoder) -> None:
     embeddings.vectors(["a", "c"])  # "b" is the least recently used: evicted
     embeddings.vectors(["a", "c", "b"])
     assert counting.encoded == ["a", "b", "c", "b"]
+
+
+TOOLS = [
+    ("get_current_time", "Current time in a timezone."),
+    ("get-weibo-trending", "获取微博热搜榜"),
+    ("write_file", "Write or append to file contents."),
+]
+
+
+def test_a_warmed_listing_is_not_encoded_again_by_search(encoder: MiniLmEncoder) -> None:
+    counting = CountingEncoder(encoder)
+    embeddings = ToolEmbeddings(lambda: counting)
+    warming = embeddings.warm_in_background(TOOLS)
+    assert warming is not None
+    warming.result(timeout=120)
+    # Each tool's name words and description (the Chinese one as name words and gloss).
+    assert len(counting.encoded) == 6
+    assert "get weibo trending" in counting.encoded
+    index = SearchIndex(
+        [SearchDocument("s", name, description) for name, description in TOOLS], embeddings
+    )
+    assert len(counting.encoded) == 6
+    assert [h.index for h in index.search("what time is it", 1)] == [0]
+    embeddings.close()
+
+
+def test_closing_stops_a_warm_up_and_refuses_more(encoder: MiniLmEncoder) -> None:
+    counting = CountingEncoder(encoder)
+    embeddings = ToolEmbeddings(lambda: counting)
+    assert embeddings.available()
+    many = [(f"tool_{i}", f"Does thing number {i}.") for i in range(2000)]
+    warming = embeddings.warm_in_background(many)
+    embeddings.close()
+    assert warming is not None
+    warming.cancel() or warming.result(timeout=120)
+    # At most the chunk under way when it closed, never the 4,000 texts.
+    assert len(counting.encoded) <= 64
+    assert embeddings.warm_in_background(TOOLS) is None
 
 
 def test_an_encoder_that_fails_to_load_leaves_search_lexical(

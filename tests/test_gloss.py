@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from psych_sidecar.domain.gloss import english_gloss
-from psych_sidecar.domain.search import SearchDocument, description_text, first_sentence
+from psych_sidecar.domain.search import first_sentence, tool_texts
 
 
 def test_text_without_han_characters_has_no_gloss() -> None:
@@ -36,13 +36,12 @@ def test_mixed_text_glosses_only_its_chinese() -> None:
 
 
 def test_the_encoder_reads_a_chinese_description_as_name_words_and_gloss() -> None:
-    document = SearchDocument("cook", "whatToEat", "根据人数推荐菜品")
-    text = description_text(document, "what To Eat")
+    words, text = tool_texts("whatToEat", "根据人数推荐菜品")
+    assert words == "what To Eat"
     assert text.startswith("what To Eat. ")
     assert "recommend" in text
-    english = SearchDocument("time", "now", "Current time.")
-    assert description_text(english, "now") == "Current time."
-    assert description_text(SearchDocument("x", "y", "  "), "y") == "y"
+    assert tool_texts("now", " Current time. ") == ("now", "Current time.")
+    assert tool_texts("get_it", "  ") == ("get it", "get it")
 
 
 def test_first_sentence_is_what_the_tool_is_for() -> None:

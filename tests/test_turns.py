@@ -4,6 +4,7 @@ server over stdio (tests/mcp_servers/fixture_server.py), driven through the gRPC
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -455,6 +456,33 @@ def test_facade_and_search_tiers_reach_exactly_the_permitted_tools(host: Host) -
     }
     assert len(seen) == len(set(seen))
     assert generated <= set(seen)
+
+
+def test_a_tool_listed_at_runtime_is_encoded_for_search_before_any_search(
+    host: Host, unique: Callable[[str], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # What the first search of a Run would otherwise pay: the tool's texts go through the
+    # encoder in the background as soon as the listing with the tool is stored.
+    host.connect("warm", "--tools", "0", preload=False)
+    run_id = host.run(host.tenant)
+    name = unique("sundial")
+    with caplog.at_level(logging.INFO, logger="psych_sidecar.domain.search"):
+        added = host.call(
+            run_id, "warm", "add_tool", name=name, description="Tells the hour from a shadow."
+        )
+        assert not added.is_error
+
+        def warmed() -> bool:
+            return any(r.message.startswith("search warm-up: 2 new texts") for r in caplog.records)
+
+        deadline = time.monotonic() + 60
+        while not warmed():
+            assert time.monotonic() < deadline, "the new tool was never encoded"
+            time.sleep(0.1)
+    hits = host.stubs.tools.SearchTools(
+        tool_service_pb2.SearchToolsRequest(run_id=run_id, query="what hour is it", page_size=3)
+    )
+    assert (hits.hits[0].server, hits.hits[0].tool) == ("warm", name)
 
 
 def test_a_run_sees_only_its_own_tenants_connections(

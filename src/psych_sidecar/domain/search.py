@@ -32,9 +32,9 @@ sentence-transformers: it would pull in torch). Vectors are kept by content hash
 a query costs one short encoding plus a matrix-vector product.
 
 Fusion: reciprocal rank fusion (Cormack, Clarke & Büttcher 2009) — rank-based, so the two
-scores' different scales need no calibration (the constant is below, with why it is 10). A tool below a
-minimum cosine is not a semantic match at all and can only come from the keywords. An exact
-tool name (``tool``, ``server/tool`` or ``server__tool``) ranks first either way.
+scores' different scales need no calibration (the constant is below, with why it is 10). A
+tool below a minimum cosine is not a semantic match at all and can only come from the
+keywords. An exact tool name (``tool``, ``server/tool`` or ``server__tool``) ranks first either way.
 
 Without an encoder (the model package is not installed, or ``semantic_search = "off"``) the
 ranking is BM25F alone.
@@ -47,8 +47,10 @@ import logging
 import math
 import re
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -81,6 +83,8 @@ _RRF_K = 10
 # Below this cosine a tool is no semantic match (unrelated sentences score about 0.0-0.15 with
 # this model): it is left out of the semantic ranking, so a query matching nothing finds nothing.
 _MIN_SIMILARITY = 0.2
+# Texts per warm-up encoding: small enough that closing stops a warm-up within a second.
+_WARM_CHUNK = 64
 
 Vectors = npt.NDArray[np.float32]
 
@@ -318,6 +322,9 @@ class ToolEmbeddings:
         # a second index over the same tools waits and then finds them all encoded. Queries
         # do not take it, so a search never waits for another catalogue's encoding.
         self._catalogue_lock = threading.Lock()
+        # Warm-up runs on its own thread, one listing after another, never on a request's.
+        self._warmer: ThreadPoolExecutor | None = None
+        self._closed = threading.Event()
 
     def available(self) -> bool:
         """Whether an encoder is there (loading it on first call)."""
@@ -344,6 +351,47 @@ class ToolEmbeddings:
         if not keys:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack([rows[key] for key in keys])
+
+    def warm_in_background(self, tools: Sequence[tuple[str, str]]) -> Future[None] | None:
+        """Encode the texts of (name, description) pairs not encoded yet, on a background
+        thread: called when a connection's listing is stored, so the first search of a
+        surface over those tools finds them encoded (or waits for the encoding under way
+        rather than starting its own). Loads the model on first use. None once closed."""
+        if self._closed.is_set():
+            return None
+        if self._warmer is None:
+            self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-warmup")
+        return self._warmer.submit(self._warm, list(tools))
+
+    def close(self) -> None:
+        """Stop warming: queued listings are dropped, the one under way stops at its next
+        chunk, so shutting down never waits for a catalogue's encoding."""
+        self._closed.set()
+        if self._warmer is not None:
+            self._warmer.shutdown(wait=False, cancel_futures=True)
+
+    def _warm(self, tools: list[tuple[str, str]]) -> None:
+        try:
+            if not self.available():
+                return
+            started = time.monotonic()
+            texts = [text for name, description in tools for text in tool_texts(name, description)]
+            encoded = 0
+            for start in range(0, len(texts), _WARM_CHUNK):
+                if self._closed.is_set():
+                    return
+                chunk = {_content_key(text): text for text in texts[start : start + _WARM_CHUNK]}
+                encoded += len(chunk) - len(self._cached(chunk))
+                self.vectors(list(chunk.values()))
+            if encoded:
+                log.info(
+                    "search warm-up: %d new texts of %d tools encoded in %.1f s",
+                    encoded,
+                    len(tools),
+                    time.monotonic() - started,
+                )
+        except Exception:
+            log.exception("search warm-up failed; the first search will encode instead")
 
     def query_vector(self, query: str) -> Vectors:
         """The query's row (cached too: paging through results asks again)."""
@@ -401,14 +449,9 @@ class SearchIndex:
         self._embeddings = embeddings if embeddings is not None and embeddings.available() else None
         self._name_vectors = self._description_vectors = np.zeros((0, 0), dtype=np.float32)
         if self._embeddings is not None and self._documents:
-            names = [identifier_words(document.name) for document in self._documents]
-            self._name_vectors = self._embeddings.vectors(names)
-            self._description_vectors = self._embeddings.vectors(
-                [
-                    description_text(document, words)
-                    for document, words in zip(self._documents, names, strict=True)
-                ]
-            )
+            texts = [tool_texts(d.name, d.description) for d in self._documents]
+            self._name_vectors = self._embeddings.vectors([name for name, _ in texts])
+            self._description_vectors = self._embeddings.vectors([desc for _, desc in texts])
 
     @property
     def semantic(self) -> bool:
@@ -461,13 +504,15 @@ class SearchIndex:
         return fused
 
 
-def description_text(document: SearchDocument, name_words: str) -> str:
-    """What the encoder reads for a tool's description. The model knows English only, so a
-    description with Chinese in it is read as the tool's name words and the English gloss."""
-    description = document.description.strip()
+def tool_texts(name: str, description: str) -> tuple[str, str]:
+    """What the encoder reads for a tool: its name as words, and its description. The model
+    knows English only, so a description with Chinese in it is read as the name words and the
+    English gloss."""
+    words = identifier_words(name)
+    description = description.strip()
     if HAN_RUN.search(description):
-        return f"{name_words}. {english_gloss(description)}"
-    return description or name_words
+        return words, f"{words}. {english_gloss(description)}"
+    return words, description or words
 
 
 def first_sentence(text: str) -> str:
