@@ -78,7 +78,7 @@ _FIELDS: dict[str, tuple[float, float]] = {
 # Reciprocal rank fusion's constant: a document's fused score is the sum of 1 / (10 + rank).
 # Cormack et al. used 60 for long web rankings; a tool search is read in its first five to
 # ten results, and a smaller constant lets a strong first place in either ranking count
-# (measured on LiveMCPBench: recall@5 +0.01 to +0.02 over 60, see bench/README.md).
+# (measured on LiveMCPBench: recall@5 +0.01 to +0.02 over 60, see docs/tool-surface.md).
 _RRF_K = 10
 # Below this cosine a tool is no semantic match (unrelated sentences score about 0.0-0.15 with
 # this model): it is left out of the semantic ranking, so a query matching nothing finds nothing.
@@ -304,8 +304,9 @@ class ToolEmbeddings:
     """Sentence vectors of tool texts and queries, each text encoded once and kept by content
     hash (least recently used out first). Shared by every search index of the process.
 
-    The encoder is loaded on first use: a sidecar that never searches never loads the model.
-    If loading fails, search stays lexical (logged once) rather than failing.
+    The encoder is loaded on first use (the first warm-up or search): a sidecar with no
+    catalogue never loads the model. If loading fails, search stays lexical (logged once)
+    rather than failing.
     """
 
     def __init__(
@@ -375,7 +376,11 @@ class ToolEmbeddings:
             if not self.available():
                 return
             started = time.monotonic()
-            texts = [text for name, description in tools for text in tool_texts(name, description)]
+            # Similar lengths together, so the encoder's batches carry little padding.
+            texts = sorted(
+                {text for name, description in tools for text in tool_texts(name, description)},
+                key=len,
+            )
             encoded = 0
             for start in range(0, len(texts), _WARM_CHUNK):
                 if self._closed.is_set():
