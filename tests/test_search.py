@@ -1,8 +1,18 @@
-"""The search ranking on small, made-up catalogues."""
+"""The search ranking on small, made-up catalogues: keywords alone, and fused with sentence
+embeddings (the real all-MiniLM-L6-v2, installed by scripts/test)."""
 
 from __future__ import annotations
 
-from psych_sidecar.domain.search import SearchDocument, SearchIndex, tokenize
+import pytest
+
+from psych_sidecar.domain.search import (
+    SearchDocument,
+    SearchIndex,
+    ToolEmbeddings,
+    identifier_words,
+    tokenize,
+)
+from psych_sidecar.embedding import tool_embeddings
 
 
 def test_identifiers_split_in_every_spelling() -> None:
@@ -20,6 +30,13 @@ def test_cjk_runs_become_characters_and_bigrams() -> None:
     assert tokenize("微博 trending") == ["微", "博", "微博", "trend"]
 
 
+def test_names_read_as_words_for_the_encoder() -> None:
+    assert identifier_words("get_current_time") == "get current time"
+    assert identifier_words("getCurrentTime") == "get Current Time"
+    assert identifier_words("mcp_howtocook_whatToEat") == "mcp howtocook what To Eat"
+    assert identifier_words("get-36kr-trending") == "get 36kr trending"
+
+
 DOCUMENTS = [
     SearchDocument("files", "write_file", "Write or append to file contents.", ("path", "content")),
     SearchDocument("files", "read_file", "Read a file's contents.", ("path",)),
@@ -27,38 +44,101 @@ DOCUMENTS = [
     SearchDocument("trends", "get-weibo-trending", "获取微博热搜榜 包含实时热门话题"),
     SearchDocument("time", "get_current_time", "Current time in a timezone.", ("timezone",)),
     SearchDocument("other", "read_file", "Reads files from another server."),
+    SearchDocument("http", "fetch", "Retrieve the contents of a URL as markdown.", ("url",)),
 ]
 
 
-def names(query: str, limit: int = 10) -> list[str]:
-    index = SearchIndex(DOCUMENTS)
+@pytest.fixture(scope="module")
+def embeddings() -> ToolEmbeddings:
+    found = tool_embeddings("auto")
+    assert found is not None, "run scripts/install-search-model"
+    return found
+
+
+@pytest.fixture(scope="module", params=["lexical", "hybrid"])
+def index(request: pytest.FixtureRequest) -> SearchIndex:
+    if request.param == "lexical":
+        return SearchIndex(DOCUMENTS)
+    built = SearchIndex(DOCUMENTS, request.getfixturevalue("embeddings"))
+    assert built.semantic
+    return built
+
+
+def ranked(index: SearchIndex, query: str, limit: int = 10) -> list[str]:
     return [
         f"{DOCUMENTS[h.index].server}/{DOCUMENTS[h.index].name}" for h in index.search(query, limit)
     ]
+
+
+def names(query: str, limit: int = 10) -> list[str]:
+    return ranked(SearchIndex(DOCUMENTS), query, limit)
 
 
 def test_a_word_in_the_name_outranks_the_same_word_in_a_description() -> None:
     assert names("write file")[0] == "files/write_file"
 
 
-def test_exact_names_rank_first_in_every_form() -> None:
+def test_exact_names_rank_first_in_every_form(index: SearchIndex) -> None:
     for query in ("read_file", "READ_FILE", "other/read_file", "other__read_file"):
-        assert names(query)[0] in {"files/read_file", "other/read_file"}, query
-    assert names("other/read_file")[0] == "other/read_file"
-    assert names("get_current_time")[0] == "time/get_current_time"
+        assert ranked(index, query)[0] in {"files/read_file", "other/read_file"}, query
+    assert ranked(index, "other/read_file")[0] == "other/read_file"
+    assert ranked(index, "get_current_time")[0] == "time/get_current_time"
+    # Tied, they keep catalogue order.
+    assert ranked(index, "read_file", 2) == ["files/read_file", "other/read_file"]
 
 
-def test_chinese_queries_match_chinese_descriptions() -> None:
-    assert names("微博热搜")[0] == "trends/get-weibo-trending"
+def test_chinese_queries_match_chinese_descriptions(index: SearchIndex) -> None:
+    assert ranked(index, "微博热搜")[0] == "trends/get-weibo-trending"
 
 
-def test_no_match_no_hits_and_ties_keep_catalogue_order() -> None:
-    assert names("kubernetes") == []
-    assert names("read_file", 2) == ["files/read_file", "other/read_file"]
+def test_english_queries_find_chinese_descriptions_through_their_gloss(
+    index: SearchIndex,
+) -> None:
+    # 获取微博热搜榜 包含实时热门话题: "to get … microblog … hot search … list … real time
+    # popular … topic"; no English word of the query is in the tool's name or description.
+    assert ranked(index, "popular topics on microblogs")[0] == "trends/get-weibo-trending"
+    assert ranked(index, "real-time hot search list")[0] == "trends/get-weibo-trending"
 
 
-def test_limit_and_scores_are_ordered() -> None:
-    index = SearchIndex(DOCUMENTS)
+def test_chinese_queries_find_english_descriptions_through_their_gloss(
+    index: SearchIndex,
+) -> None:
+    # 当前时间: "current; present time"; 时区: "time zone".
+    assert ranked(index, "当前时区时间")[0] == "time/get_current_time"
+
+
+def test_a_query_meaning_nothing_in_the_catalogue_finds_nothing(index: SearchIndex) -> None:
+    assert ranked(index, "kubernetes") == []
+
+
+def test_limit_and_scores_are_ordered(index: SearchIndex) -> None:
     hits = index.search("file", 3)
     assert len(hits) == 3
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("download a web page", "http/fetch"),
+        ("what hour is it in Tokyo", "time/get_current_time"),
+    ],
+)
+def test_meaning_finds_what_keywords_miss(
+    embeddings: ToolEmbeddings, query: str, expected: str
+) -> None:
+    assert names(query) == []
+    assert ranked(SearchIndex(DOCUMENTS, embeddings), query)[0] == expected
+
+
+def test_a_tool_matching_both_ways_outranks_one_matching_either(
+    embeddings: ToolEmbeddings,
+) -> None:
+    # save_note matches "write" and "file" in its description and means much the same; the
+    # name says it plainly only for write_file.
+    assert ranked(SearchIndex(DOCUMENTS, embeddings), "write file")[0] == "files/write_file"
+
+
+def test_without_an_encoder_the_index_is_lexical() -> None:
+    assert not SearchIndex(DOCUMENTS).semantic
+    assert not SearchIndex(DOCUMENTS, ToolEmbeddings(lambda: None)).semantic

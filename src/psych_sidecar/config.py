@@ -6,7 +6,7 @@ import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
@@ -148,6 +148,11 @@ class Settings(BaseSettings):
     )
     mcp_reconnect_max_seconds: float = Field(
         default=30.0, gt=0, description="Longest delay between reconnection attempts."
+    )
+    semantic_search: Literal["auto", "off"] = Field(
+        default="auto",
+        description="Tool search fuses sentence embeddings with keywords when the model "
+        "package is installed (auto), or uses keywords alone (off).",
     )
     mcp_list_changed_debounce_seconds: float = Field(
         default=0.25,

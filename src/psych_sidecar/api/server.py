@@ -10,7 +10,7 @@ import signal
 import socket
 import stat
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +41,7 @@ from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.domain.assembly import PromptAssembler, SpecLookup
+from psych_sidecar.domain.connections import CatalogTool
 from psych_sidecar.domain.dispatch import DispatchService
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
 from psych_sidecar.domain.resolution import TurnResolver
@@ -48,6 +49,7 @@ from psych_sidecar.domain.services import RunService, SpecService
 from psych_sidecar.domain.tool_calls import ToolExecutor
 from psych_sidecar.domain.tool_output import ToolOutputReader
 from psych_sidecar.domain.usage import UsageService
+from psych_sidecar.embedding import tool_embeddings
 from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.mcp.service import ConnectionService
 from psych_sidecar.storage.connections import SqlConnectionStore
@@ -188,9 +190,17 @@ class Sidecar:
         )
         self._health = health.aio.HealthServicer()
         self._connection_store = SqlConnectionStore(self._engine)
+        # Sentence vectors for tool search (None: keywords only), shared by every Run.
+        self._embeddings = tool_embeddings(settings.semantic_search)
         # The MCP layer: one session per connection. It is the CatalogView and the
-        # ToolRunner of domain/connections.py.
-        self.mcp = McpManager(self._connection_store, Blocking(self._executor), settings)
+        # ToolRunner of domain/connections.py. Each listing it stores is encoded for search
+        # in the background, so the first search does not pay for it.
+        self.mcp = McpManager(
+            self._connection_store,
+            Blocking(self._executor),
+            settings,
+            on_listed=self._warm_search if self._embeddings is not None else None,
+        )
         self.catalog = self.mcp
         self.tool_runner = self.mcp
         self._server: grpc.aio.Server | None = None
@@ -204,7 +214,7 @@ class Sidecar:
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
-        resolver = TurnResolver(runs, store, self.catalog)
+        resolver = TurnResolver(runs, store, self.catalog, embeddings=self._embeddings)
         executor = ToolExecutor(
             resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
         )
@@ -313,6 +323,10 @@ class Sidecar:
             return address.grpc_target
         return ListenAddress(host=address.host, port=port).grpc_target
 
+    def _warm_search(self, tools: Sequence[CatalogTool]) -> None:
+        if self._embeddings is not None:
+            self._embeddings.warm_in_background([(t.name, t.description) for t in tools])
+
     async def stop(self) -> None:
         """NOT_SERVING first, then stop taking calls and let in-flight ones finish."""
         await self._health.enter_graceful_shutdown()
@@ -323,6 +337,8 @@ class Sidecar:
         if self._health_server is not None:
             await self._health_server.stop(None)
         await self.mcp.stop()
+        if self._embeddings is not None:
+            self._embeddings.close()
         self._executor.shutdown(wait=True)
         self._engine.dispose()
         for address in [*self._addresses, *self.settings.health_listen_addresses()]:

