@@ -5,14 +5,18 @@ fail rather than skip without it, so a missing install step cannot pass unnotice
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import sys
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 import pytest
+from threadpoolctl import threadpool_info
 
 from psych_sidecar.domain.search import SearchDocument, SearchIndex, ToolEmbeddings
 from psych_sidecar.embedding import (
@@ -153,6 +157,28 @@ def test_a_warmed_listing_is_not_encoded_again_by_search(encoder: MiniLmEncoder)
     assert len(counting.encoded) == 6
     assert [h.index for h in index.search("what time is it", 1)] == [0]
     embeddings.close()
+
+
+def test_warm_up_runs_at_the_lowest_priority_and_blas_on_one_thread(
+    encoder: MiniLmEncoder,
+) -> None:
+    embeddings = ToolEmbeddings(lambda: encoder)
+    warming = embeddings.warm_in_background(TOOLS)
+    assert warming is not None
+    warming.result(timeout=120)
+    # This index's warm-up thread, and any other still winding down after its close.
+    warmers = [t.native_id for t in threading.enumerate() if t.name.startswith("search-warmup")]
+    assert warmers
+    for native_id in warmers:
+        assert native_id is not None
+        with contextlib.suppress(ProcessLookupError):  # a closed one may have ended meanwhile
+            assert os.getpriority(os.PRIO_PROCESS, native_id) == 19
+    # Requests' own threads keep theirs.
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) != 19
+    embeddings.close()
+    blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
+    assert blas
+    assert all(pool["num_threads"] == 1 for pool in blas)
 
 
 def test_closing_stops_a_warm_up_and_refuses_more(encoder: MiniLmEncoder) -> None:

