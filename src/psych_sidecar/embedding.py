@@ -237,7 +237,7 @@ def load_packaged_encoder() -> MiniLmEncoder:
 
 def tool_embeddings(mode: str) -> ToolEmbeddings | None:
     """The embeddings behind tool search for the `semantic_search` setting, or None for
-    keywords only. The model itself loads on the first search."""
+    keywords only. The model itself loads with the first catalogue warm-up or search."""
     if mode == "off":
         log.info("semantic search off (semantic_search = off): tool search uses keywords only")
         return None
@@ -247,5 +247,5 @@ def tool_embeddings(mode: str) -> ToolEmbeddings | None:
             "tool search uses keywords only"
         )
         return None
-    log.info("semantic search on: %s loads on the first tool search", MODEL_ID)
+    log.info("semantic search on: %s loads with the first catalogue listing", MODEL_ID)
     return ToolEmbeddings(load_packaged_encoder)
