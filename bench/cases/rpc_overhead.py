@@ -3,14 +3,11 @@ grpc.aio echo server, both measured from the same client in the same run."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Awaitable, Callable
-
 import grpc.aio
 
+from bench._baseline import alternate, ratio_to_echo
 from bench._echo_server import ECHO_METHOD
-from bench._load import drive, median
-from bench._proc import channel, cpu_split, echo_server, pin, pinned_self, sidecar
+from bench._proc import channel, echo_server, sidecar
 from bench.registry import BenchContext, case
 from psych.sidecar.v1 import (
     run_service_pb2,
@@ -19,10 +16,6 @@ from psych.sidecar.v1 import (
     spec_service_pb2,
     spec_service_pb2_grpc,
 )
-
-CONCURRENCY = 16
-
-Call = Callable[[], Awaitable[object]]
 
 
 @case("rpc_overhead_ratio", unit="ratio", target=">= 0.6")
@@ -62,43 +55,15 @@ async def rpc_overhead_ratio(ctx: BenchContext) -> float:
         async def call_sidecar() -> object:
             return await runs.GetRun(request, timeout=30)
 
-        targets: dict[str, Call] = {"echo": call_echo, "sidecar": call_sidecar}
-        rates: dict[str, list[float]] = {"echo": [], "sidecar": []}
-
-        with contextlib.ExitStack() as stack:
-            split = cpu_split()
-            ctx.details["pinned"] = split is not None
-            if split is not None:
-                client_cpus, server_cpus = split
-                pin(echo_srv.process.pid, server_cpus)
-                pin(side_srv.process.pid, server_cpus)
-                stack.enter_context(pinned_self(client_cpus))
-                ctx.log(f"client on CPUs {sorted(client_cpus)}, servers on {sorted(server_cpus)}")
-
-            for fn in targets.values():
-                await drive(fn, calls=warmup, concurrency=CONCURRENCY)
-            for i in range(rounds):
-                order = ["echo", "sidecar"] if i % 2 == 0 else ["sidecar", "echo"]
-                for which in order:
-                    result = await drive(targets[which], calls=calls, concurrency=CONCURRENCY)
-                    rates[which].append(result.per_second)
-                ctx.log(
-                    f"round {i + 1}/{rounds}: echo {rates['echo'][-1]:.0f}/s, "
-                    f"sidecar {rates['sidecar'][-1]:.0f}/s"
-                )
-
-    echo_rate, side_rate = median(rates["echo"]), median(rates["sidecar"])
-    ctx.details.update(
-        {
-            "baseline_calls_per_s": round(echo_rate, 1),
-            "sidecar_calls_per_s": round(side_rate, 1),
-            "baseline_rounds": [round(r, 1) for r in rates["echo"]],
-            "sidecar_rounds": [round(r, 1) for r in rates["sidecar"]],
-            "calls_per_round": calls,
-            "concurrency": CONCURRENCY,
-        }
-    )
-    return side_rate / echo_rate
+        rates = await alternate(
+            ctx,
+            {"echo": call_echo, "sidecar": call_sidecar},
+            [echo_srv, side_srv],
+            calls=calls,
+            warmup=warmup,
+            rounds=rounds,
+        )
+    return ratio_to_echo(ctx, rates, calls)
 
 
 async def _setup_run(

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc.aio
 
+from bench._baseline import alternate, ratio_to_echo
 from bench._echo_server import ECHO_METHOD
-from bench._load import drive, median
-from bench._proc import REPO_ROOT, channel, cpu_split, echo_server, pin, pinned_self, sidecar
+from bench._load import median
+from bench._proc import REPO_ROOT, channel, echo_server, sidecar
 from bench.registry import BenchContext, case
 from psych.sidecar.v1 import (
     connection_pb2,
@@ -45,9 +43,6 @@ LIVEMCPBENCH = REPO_ROOT.parent / "shared" / "data" / "livemcpbench"
 TWILIO_CREDENTIALS = f"AC{'0' * 32}/SK{'0' * 32}:secret"
 TWILIO_TOOLS = 1409
 ALL = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
-CONCURRENCY = 16
-
-Call = Callable[[], Awaitable[object]]
 
 
 def _commands_env(commands: dict[str, list[str]]) -> dict[str, str]:
@@ -329,7 +324,7 @@ async def resolve_turn_overhead_ratio(ctx: BenchContext) -> float:
         async def call_sidecar() -> object:
             return await host.turns.ResolveTurn(request, timeout=30)
 
-        rates = await _alternate(
+        rates = await alternate(
             ctx,
             {"echo": call_echo, "sidecar": call_sidecar},
             [echo_srv, side_srv],
@@ -339,52 +334,7 @@ async def resolve_turn_overhead_ratio(ctx: BenchContext) -> float:
         )
         ctx.details["surface_bytes"] = len(surface.SerializeToString())
         ctx.details["permitted_tools"] = total
-    echo_rate, side_rate = median(rates["echo"]), median(rates["sidecar"])
-    ctx.details.update(
-        {
-            "baseline_calls_per_s": round(echo_rate, 1),
-            "sidecar_calls_per_s": round(side_rate, 1),
-            "baseline_rounds": [round(r, 1) for r in rates["echo"]],
-            "sidecar_rounds": [round(r, 1) for r in rates["sidecar"]],
-            "calls_per_round": calls,
-            "concurrency": CONCURRENCY,
-        }
-    )
-    return side_rate / echo_rate
-
-
-async def _alternate(
-    ctx: BenchContext,
-    targets: dict[str, Call],
-    servers: list[Any],
-    *,
-    calls: int,
-    warmup: int,
-    rounds: int,
-) -> dict[str, list[float]]:
-    """Warm each target up, then run rounds alternating their order; calls/s per round."""
-    rates: dict[str, list[float]] = {name: [] for name in targets}
-    names = list(targets)
-    with contextlib.ExitStack() as stack:
-        split = cpu_split()
-        ctx.details["pinned"] = split is not None
-        if split is not None:
-            client_cpus, server_cpus = split
-            for server in servers:
-                pin(server.process.pid, server_cpus)
-            stack.enter_context(pinned_self(client_cpus))
-        for fn in targets.values():
-            await drive(fn, calls=warmup, concurrency=CONCURRENCY)
-        for i in range(rounds):
-            order = names if i % 2 == 0 else list(reversed(names))
-            for name in order:
-                result = await drive(targets[name], calls=calls, concurrency=CONCURRENCY)
-                rates[name].append(result.per_second)
-            ctx.log(
-                f"round {i + 1}/{rounds}: "
-                + ", ".join(f"{name} {rates[name][-1]:.0f}/s" for name in names)
-            )
-    return rates
+    return ratio_to_echo(ctx, rates, calls)
 
 
 def livemcpbench_documents(data: Path) -> list[SearchDocument]:

@@ -1,0 +1,71 @@
+"""A server's throughput against the bare echo baseline, measured side by side in one run.
+
+Shared by the `*_overhead_ratio` cases: the same client drives each target with the same
+concurrency; with two or more CPUs the client is pinned to one half and the servers to the
+other; after a warm-up of each, rounds alternate their order (ABAB then BABA) and the medians
+are compared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+
+from bench._load import drive, median
+from bench._proc import Server, cpu_split, pin, pinned_self
+from bench.registry import BenchContext
+
+CONCURRENCY = 16
+
+Call = Callable[[], Awaitable[object]]
+
+
+async def alternate(
+    ctx: BenchContext,
+    targets: dict[str, Call],
+    servers: Sequence[Server],
+    *,
+    calls: int,
+    warmup: int,
+    rounds: int,
+) -> dict[str, list[float]]:
+    """Warm each target up, then run rounds alternating their order; calls/s per round."""
+    rates: dict[str, list[float]] = {name: [] for name in targets}
+    names = list(targets)
+    with contextlib.ExitStack() as stack:
+        split = cpu_split()
+        ctx.details["pinned"] = split is not None
+        if split is not None:
+            client_cpus, server_cpus = split
+            for server in servers:
+                pin(server.process.pid, server_cpus)
+            stack.enter_context(pinned_self(client_cpus))
+            ctx.log(f"client on CPUs {sorted(client_cpus)}, servers on {sorted(server_cpus)}")
+        for fn in targets.values():
+            await drive(fn, calls=warmup, concurrency=CONCURRENCY)
+        for i in range(rounds):
+            order = names if i % 2 == 0 else list(reversed(names))
+            for name in order:
+                result = await drive(targets[name], calls=calls, concurrency=CONCURRENCY)
+                rates[name].append(result.per_second)
+            ctx.log(
+                f"round {i + 1}/{rounds}: "
+                + ", ".join(f"{name} {rates[name][-1]:.0f}/s" for name in names)
+            )
+    return rates
+
+
+def ratio_to_echo(ctx: BenchContext, rates: dict[str, list[float]], calls: int) -> float:
+    """The sidecar's median calls/s over the echo baseline's, with both recorded in details."""
+    echo_rate, side_rate = median(rates["echo"]), median(rates["sidecar"])
+    ctx.details.update(
+        {
+            "baseline_calls_per_s": round(echo_rate, 1),
+            "sidecar_calls_per_s": round(side_rate, 1),
+            "baseline_rounds": [round(r, 1) for r in rates["echo"]],
+            "sidecar_rounds": [round(r, 1) for r in rates["sidecar"]],
+            "calls_per_round": calls,
+            "concurrency": CONCURRENCY,
+        }
+    )
+    return side_rate / echo_rate
