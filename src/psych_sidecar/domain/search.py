@@ -322,9 +322,9 @@ class ToolEmbeddings:
         self._capacity = capacity
         self._vectors: OrderedDict[bytes, Vectors] = OrderedDict()
         self._cache_lock = threading.Lock()
-        # One catalogue encoding at a time: the matrix products already use every core, and
-        # a second index over the same tools waits and then finds them all encoded. Queries
-        # do not take it, so a search never waits for another catalogue's encoding.
+        # One catalogue encoding at a time: encoding is CPU-bound, and a second index over the
+        # same tools waits and then finds them all encoded. Queries do not take it, so a
+        # search never waits for another catalogue's encoding.
         self._catalogue_lock = threading.Lock()
         # Warm-up runs on its own thread, one listing after another, never on a request's.
         self._warmer: ThreadPoolExecutor | None = None
@@ -344,7 +344,13 @@ class ToolEmbeddings:
     def vectors(self, texts: Sequence[str]) -> Vectors:
         """One row per tool text, encoding those not seen before in one batch."""
         keys = [_content_key(text) for text in texts]
-        text_of = dict(zip(keys, texts, strict=True))
+        rows, _ = self._encoded(dict(zip(keys, texts, strict=True)))
+        if not keys:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([rows[key] for key in keys])
+
+    def _encoded(self, text_of: dict[bytes, str]) -> tuple[dict[bytes, Vectors], int]:
+        """The rows of these texts (by content key), and how many had to be encoded now."""
         with self._catalogue_lock:
             rows = self._cached(text_of)
             missing = [key for key in text_of if key not in rows]
@@ -352,9 +358,7 @@ class ToolEmbeddings:
                 encoded = self._encoder_or_fail().encode([text_of[key] for key in missing])
                 rows.update(zip(missing, encoded, strict=True))
                 self._remember(zip(missing, encoded, strict=True))
-        if not keys:
-            return np.zeros((0, 0), dtype=np.float32)
-        return np.stack([rows[key] for key in keys])
+        return rows, len(missing)
 
     def warm_in_background(self, tools: Sequence[tuple[str, str]]) -> Future[None] | None:
         """Encode the texts of (name, description) pairs not encoded yet, on a background
@@ -391,8 +395,7 @@ class ToolEmbeddings:
                 if self._closed.is_set():
                     return
                 chunk = {_content_key(text): text for text in texts[start : start + _WARM_CHUNK]}
-                encoded += len(chunk) - len(self._cached(chunk))
-                self.vectors(list(chunk.values()))
+                encoded += self._encoded(chunk)[1]
             if encoded:
                 log.info(
                     "search warm-up: %d new texts of %d tools encoded in %.1f s",
