@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
 ROOT = Path(__file__).parent.parent
-PEERS_DIR = ROOT / "tools" / "mcp-peers" / "node_modules"
+PEERS_DIR = ROOT / "tests" / "mcp-peers" / "node_modules"
 
 # How long a test waits for something the sidecar does in the background (a reconnect, a
 # refresh) before it fails. A correct sidecar gets there in well under a second.

@@ -15,8 +15,8 @@ import pytest
 
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
 from psych_sidecar.config import Settings
-from psych_sidecar.domain.connections import ConnectionState, McpToolResult, ToolCallFailed
-from psych_sidecar.domain.runs import PartKind
+from psych_sidecar.domain.catalog import ConnectionState, McpToolResult, ToolCallFailed
+from psych_sidecar.domain.runlog import PartKind
 from tests.conftest import RunningSidecar, Stubs, rpc_failure
 from tests.mcp_helpers import (
     catalog_names,

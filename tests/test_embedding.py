@@ -18,8 +18,8 @@ import numpy.typing as npt
 import pytest
 from threadpoolctl import threadpool_info
 
-from psych_sidecar.domain.search import SearchDocument, SearchIndex, ToolEmbeddings
-from psych_sidecar.embedding import (
+from psych_sidecar.search import SearchDocument, SearchIndex, ToolEmbeddings
+from psych_sidecar.search.encoder import (
     MAX_TOKENS,
     MiniLmEncoder,
     _gelu,
@@ -211,7 +211,7 @@ def test_an_encoder_that_fails_to_load_leaves_search_lexical(
 def test_the_setting_and_a_missing_package_turn_semantic_search_off(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="psych_sidecar.embedding"):
+    with caplog.at_level(logging.INFO, logger="psych_sidecar.search.encoder"):
         assert isinstance(tool_embeddings("auto"), ToolEmbeddings)
         assert tool_embeddings("off") is None
         # How Python spells "not installed": find_spec answers None for a None module entry.

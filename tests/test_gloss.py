@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from psych_sidecar.domain.gloss import english_gloss
-from psych_sidecar.domain.search import first_sentence, tool_texts
+from psych_sidecar.search import english_gloss, first_sentence, tool_texts
 
 
 def test_text_without_han_characters_has_no_gloss() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
-from psych_sidecar.domain.connections import McpToolResult
-from psych_sidecar.domain.runs import PartKind
+from psych_sidecar.domain.catalog import McpToolResult
+from psych_sidecar.domain.runlog import PartKind
 from tests.conftest import RunningSidecar, Stubs
 from tests.mcp_helpers import (
     PEERS_DIR,

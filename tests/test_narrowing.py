@@ -8,10 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psych_sidecar.domain import naming
-from psych_sidecar.domain.connections import CatalogTool, Connection, TransportKind
-from psych_sidecar.domain.narrowing import Grants, glob_match
-from psych_sidecar.domain.specs import ToolGrant
+from psych_sidecar.domain.catalog import CatalogTool, Connection, Grants, TransportKind, glob_match
+from psych_sidecar.domain.runlog import ToolGrant
+from psych_sidecar.domain.surface import naming
 
 PROVIDER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from psych_sidecar.domain.search import (
+from psych_sidecar.search import (
     SearchDocument,
     SearchIndex,
     ToolEmbeddings,
     identifier_words,
     tokenize,
 )
-from psych_sidecar.embedding import tool_embeddings
+from psych_sidecar.search.encoder import tool_embeddings
 
 
 def test_identifiers_split_in_every_spelling() -> None:

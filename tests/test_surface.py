@@ -7,20 +7,20 @@ from datetime import UTC, datetime
 
 import pytest
 
-from psych_sidecar.domain import naming
-from psych_sidecar.domain.connections import (
+from psych_sidecar.domain.catalog import (
     CatalogTool,
     Connection,
     ConnectionState,
     ConnectionStatus,
     TransportKind,
 )
-from psych_sidecar.domain.specs import DisclosureSettings
+from psych_sidecar.domain.runlog import DisclosureSettings
 from psych_sidecar.domain.surface import (
     DisclosureLimits,
     DisclosureTier,
     ExposedKind,
     VisibleServer,
+    naming,
     resolve_surface,
     tier_for,
 )

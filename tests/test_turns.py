@@ -466,7 +466,7 @@ def test_a_tool_listed_at_runtime_is_encoded_for_search_before_any_search(
     host.connect("warm", "--tools", "0", preload=False)
     run_id = host.run(host.tenant)
     name = unique("sundial")
-    with caplog.at_level(logging.INFO, logger="psych_sidecar.domain.search"):
+    with caplog.at_level(logging.INFO, logger="psych_sidecar.search.embeddings"):
         added = host.call(
             run_id, "warm", "add_tool", name=name, description="Tells the hour from a shadow."
         )

@@ -33,11 +33,11 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     turn_service_pb2_grpc,
 )
-from psych_sidecar.domain.search import SearchDocument, SearchIndex, ToolEmbeddings
-from psych_sidecar.embedding import tool_embeddings
+from psych_sidecar.search import SearchDocument, SearchIndex, ToolEmbeddings
+from psych_sidecar.search.encoder import tool_embeddings
 
 FIXTURE_SERVER = REPO_ROOT / "tests" / "mcp_servers" / "fixture_server.py"
-TWILIO = REPO_ROOT / "tools" / "mcp-peers" / "node_modules" / "@twilio-alpha" / "mcp"
+TWILIO = REPO_ROOT / "tests" / "mcp-peers" / "node_modules" / "@twilio-alpha" / "mcp"
 LIVEMCPBENCH = REPO_ROOT.parent / "shared" / "data" / "livemcpbench"
 # Dummy credentials: the server lists its tools without reaching Twilio.
 TWILIO_CREDENTIALS = f"AC{'0' * 32}/SK{'0' * 32}:secret"

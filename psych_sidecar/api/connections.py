@@ -1,0 +1,182 @@
+"""ConnectionService: protobuf in, use case, protobuf out. Secrets are read, never written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from psych.sidecar.v1 import (
+    connection_pb2,
+    connection_service_pb2,
+    connection_service_pb2_grpc,
+)
+from psych_sidecar.api.convert import timestamp
+from psych_sidecar.domain.catalog import (
+    CatalogTool,
+    Connection,
+    ConnectionState,
+    ConnectionStatus,
+    TransportKind,
+)
+from psych_sidecar.domain.errors import field_invalid, field_required
+from psych_sidecar.mcp.service import ConnectionService
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+# A response page leaves this much of the message limit for framing and metadata.
+_PAGE_HEADROOM_BYTES = 64 * 1024
+
+_HTTP_PROTOCOLS = {
+    connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP: TransportKind.STREAMABLE_HTTP,
+    connection_pb2.HTTP_PROTOCOL_SSE: TransportKind.SSE,
+}
+_STATES = {
+    ConnectionState.CONNECTING: connection_pb2.CONNECTION_STATE_CONNECTING,
+    ConnectionState.CONNECTED: connection_pb2.CONNECTION_STATE_CONNECTED,
+    ConnectionState.UNREACHABLE: connection_pb2.CONNECTION_STATE_UNREACHABLE,
+}
+
+
+def connection_from_proto(message: connection_pb2.Connection) -> Connection:
+    common: dict[str, Any] = {
+        "tenant": message.tenant,
+        "name": message.name,
+        "preload": message.preload if message.HasField("preload") else None,
+        "eager_tools": tuple(message.eager_tools),
+        "description": message.description,
+        "allow_tools": tuple(message.allow_tools),
+        "deny_tools": tuple(message.deny_tools),
+    }
+    transport = message.WhichOneof("transport")
+    if transport == "stdio":
+        return Connection(
+            transport=TransportKind.STDIO,
+            command=message.stdio.command,
+            args=tuple(message.stdio.args),
+            env=dict(message.stdio.env),
+            **common,
+        )
+    if transport == "http":
+        protocol = _HTTP_PROTOCOLS.get(message.http.protocol)
+        if protocol is None:
+            raise field_invalid("connection.http.protocol", "say which: STREAMABLE_HTTP or SSE")
+        return Connection(
+            transport=protocol,
+            url=message.http.url,
+            headers=dict(message.http.headers),
+            **common,
+        )
+    raise field_required("connection.transport")
+
+
+def connection_to_proto(
+    connection: Connection, status: ConnectionStatus
+) -> connection_pb2.Connection:
+    """Secrets (env, headers) are never written, whatever the domain object holds."""
+    message = connection_pb2.Connection(
+        tenant=connection.tenant,
+        name=connection.name,
+        eager_tools=connection.eager_tools,
+        description=connection.description,
+        allow_tools=connection.allow_tools,
+        deny_tools=connection.deny_tools,
+        state=_STATES[status.state],
+        last_error=status.last_error,
+        state_time=timestamp(status.state_time),
+        catalog_version=status.catalog_version,
+    )
+    if connection.preload is not None:
+        message.preload = connection.preload
+    if connection.transport is TransportKind.STDIO:
+        message.stdio.command = connection.command
+        message.stdio.args.extend(connection.args)
+    else:
+        message.http.url = connection.url
+        message.http.protocol = (
+            connection_pb2.HTTP_PROTOCOL_SSE
+            if connection.transport is TransportKind.SSE
+            else connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP
+        )
+    return message
+
+
+def catalog_tool_to_proto(tool: CatalogTool) -> connection_pb2.CatalogTool:
+    return connection_pb2.CatalogTool(
+        server=tool.server,
+        name=tool.name,
+        description=tool.description,
+        input_schema_json=tool.input_schema_json,
+        output_schema_json=tool.output_schema_json,
+        annotations_json=tool.annotations_json,
+        catalog_version=tool.catalog_version,
+        removed_in_version=tool.removed_in_version,
+    )
+
+
+class ConnectionServicer(connection_service_pb2_grpc.ConnectionServiceServicer):
+    def __init__(self, connections: ConnectionService, max_message_bytes: int) -> None:
+        self._connections = connections
+        self._page_bytes = max(max_message_bytes - _PAGE_HEADROOM_BYTES, 1)
+
+    async def PutConnection(
+        self, request: connection_service_pb2.PutConnectionRequest, context: Context
+    ) -> connection_service_pb2.PutConnectionResponse:
+        if not request.HasField("connection"):
+            raise field_required("connection")
+        connection, status = await self._connections.put(connection_from_proto(request.connection))
+        return connection_service_pb2.PutConnectionResponse(
+            connection=connection_to_proto(connection, status)
+        )
+
+    async def DeleteConnection(
+        self, request: connection_service_pb2.DeleteConnectionRequest, context: Context
+    ) -> connection_service_pb2.DeleteConnectionResponse:
+        await self._connections.delete(request.tenant, request.name)
+        return connection_service_pb2.DeleteConnectionResponse()
+
+    async def ListConnections(
+        self, request: connection_service_pb2.ListConnectionsRequest, context: Context
+    ) -> connection_service_pb2.ListConnectionsResponse:
+        listed, next_token = await self._connections.list_connections(
+            request.tenant, request.page_size, request.page_token
+        )
+        return connection_service_pb2.ListConnectionsResponse(
+            connections=[connection_to_proto(c, s) for c, s in listed],
+            next_page_token=next_token,
+        )
+
+    async def RefreshCatalog(
+        self, request: connection_service_pb2.RefreshCatalogRequest, context: Context
+    ) -> connection_service_pb2.RefreshCatalogResponse:
+        write = await self._connections.refresh(request.tenant, request.name)
+        return connection_service_pb2.RefreshCatalogResponse(
+            catalog_version=write.catalog_version, tool_count=write.tool_count
+        )
+
+    async def ListCatalogTools(
+        self, request: connection_service_pb2.ListCatalogToolsRequest, context: Context
+    ) -> connection_service_pb2.ListCatalogToolsResponse:
+        tools, next_token = await self._connections.list_tools(
+            request.tenant,
+            request.name,
+            request.catalog_version,
+            request.page_size,
+            request.page_token,
+            self._page_bytes,
+        )
+        return connection_service_pb2.ListCatalogToolsResponse(
+            tools=[catalog_tool_to_proto(tool) for tool in tools], next_page_token=next_token
+        )
+
+    async def DiffCatalog(
+        self, request: connection_service_pb2.DiffCatalogRequest, context: Context
+    ) -> connection_service_pb2.DiffCatalogResponse:
+        diff = await self._connections.diff(
+            request.tenant, request.name, request.from_version, request.to_version
+        )
+        return connection_service_pb2.DiffCatalogResponse(
+            added=[catalog_tool_to_proto(tool) for tool in diff.added],
+            changed=[catalog_tool_to_proto(tool) for tool in diff.changed],
+            removed=[catalog_tool_to_proto(tool) for tool in diff.removed],
+        )

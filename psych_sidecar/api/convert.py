@@ -1,0 +1,221 @@
+"""Protobuf messages to domain objects and back. No logic beyond the translation itself."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
+
+from psych.sidecar.v1 import content_pb2, run_pb2, spec_pb2
+from psych_sidecar.domain.errors import field_invalid, field_required
+from psych_sidecar.domain.runlog import (
+    ContentPart,
+    DisclosureSettings,
+    PartKind,
+    PublishedSpec,
+    Record,
+    RecordKind,
+    Run,
+    Skill,
+    Spec,
+    StoredRecord,
+    Subagent,
+    Thresholds,
+    ToolCall,
+    ToolGrant,
+)
+
+_THRESHOLD_FIELDS = (
+    "per_result_tokens",
+    "per_batch_tokens",
+    "preview_head_chars",
+    "preview_tail_chars",
+    "failure_truncation_chars",
+)
+_DISCLOSURE_FIELDS = ("auto_preload_max_tools", "direct_max_tools", "facade_max_tools")
+
+RECORD_KINDS: dict[int, RecordKind] = {
+    run_pb2.RECORD_KIND_USER_MESSAGE: RecordKind.USER_MESSAGE,
+    run_pb2.RECORD_KIND_ASSISTANT_MESSAGE: RecordKind.ASSISTANT_MESSAGE,
+    run_pb2.RECORD_KIND_TOOL_RESULT: RecordKind.TOOL_RESULT,
+}
+
+
+def timestamp(value: datetime) -> timestamp_pb2.Timestamp:
+    message = timestamp_pb2.Timestamp()
+    message.FromDatetime(value)
+    return message
+
+
+def grants_from_proto(grants: list[spec_pb2.ToolGrant]) -> tuple[ToolGrant, ...]:
+    return tuple(ToolGrant(g.server_pattern, g.tool_pattern) for g in grants)
+
+
+def grants_to_proto(grants: tuple[ToolGrant, ...]) -> list[spec_pb2.ToolGrant]:
+    return [
+        spec_pb2.ToolGrant(server_pattern=g.server_pattern, tool_pattern=g.tool_pattern)
+        for g in grants
+    ]
+
+
+def _present(message: Message, names: tuple[str, ...]) -> dict[str, int]:
+    """The optional fields the sender set; unset ones take the domain's defaults."""
+    return {name: getattr(message, name) for name in names if message.HasField(name)}
+
+
+def spec_from_proto(message: spec_pb2.Spec) -> Spec:
+    thresholds = message.thresholds
+    disclosure = message.disclosure
+    return Spec(
+        name=message.name,
+        version=message.version,
+        instructions=message.instructions,
+        skills=tuple(Skill(s.name, s.description, s.body) for s in message.skills),
+        subagents=tuple(Subagent(s.name, s.description) for s in message.subagents),
+        capability_notes=tuple(message.capability_notes),
+        thresholds=Thresholds(**_present(thresholds, _THRESHOLD_FIELDS)),
+        disclosure=DisclosureSettings(**_present(disclosure, _DISCLOSURE_FIELDS)),
+        grants=grants_from_proto(list(message.grants)),
+    )
+
+
+def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
+    spec = published.spec
+    thresholds = spec_pb2.Thresholds()
+    for name in _THRESHOLD_FIELDS:
+        value = getattr(spec.thresholds, name)
+        if value is not None:
+            setattr(thresholds, name, value)
+    disclosure = spec_pb2.DisclosureSettings()
+    for name in _DISCLOSURE_FIELDS:
+        value = getattr(spec.disclosure, name)
+        if value is not None:
+            setattr(disclosure, name, value)
+    return spec_pb2.Spec(
+        name=spec.name,
+        version=spec.version,
+        instructions=spec.instructions,
+        skills=[
+            spec_pb2.Skill(name=s.name, description=s.description, body=s.body) for s in spec.skills
+        ],
+        subagents=[
+            spec_pb2.Subagent(name=s.name, description=s.description) for s in spec.subagents
+        ],
+        capability_notes=list(spec.capability_notes),
+        thresholds=thresholds,
+        disclosure=disclosure,
+        grants=grants_to_proto(spec.grants),
+        create_time=timestamp(published.create_time),
+    )
+
+
+def run_to_proto(run: Run) -> run_pb2.Run:
+    return run_pb2.Run(
+        run_id=run.run_id,
+        tenant=run.tenant,
+        spec_name=run.spec_name,
+        spec_version=run.spec_version,
+        tool_restrictions=grants_to_proto(run.tool_restrictions),
+        create_time=timestamp(run.create_time),
+    )
+
+
+def content_from_proto(
+    parts: list[content_pb2.ContentPart], field_path: str
+) -> tuple[ContentPart, ...]:
+    result = []
+    for index, part in enumerate(parts):
+        kind = part.WhichOneof("kind")
+        if kind == "text":
+            result.append(ContentPart(PartKind.TEXT, part.text.encode()))
+        elif kind == "json":
+            result.append(ContentPart(PartKind.JSON, part.json))
+        elif kind == "binary":
+            result.append(ContentPart(PartKind.BINARY, part.binary.data, part.binary.mime_type))
+        else:
+            raise field_required(f"{field_path}[{index}].kind")
+    return tuple(result)
+
+
+def content_to_proto(parts: tuple[ContentPart, ...]) -> list[content_pb2.ContentPart]:
+    result = []
+    for part in parts:
+        if part.kind is PartKind.TEXT:
+            result.append(content_pb2.ContentPart(text=part.as_text()))
+        elif part.kind is PartKind.JSON:
+            result.append(content_pb2.ContentPart(json=part.data))
+        else:
+            binary = content_pb2.BinaryContent(mime_type=part.mime_type, data=part.data)
+            result.append(content_pb2.ContentPart(binary=binary))
+    return result
+
+
+def record_from_proto(message: run_pb2.Record, field_path: str) -> Record:
+    kind = message.WhichOneof("kind")
+    if kind == "user_message":
+        return Record(
+            RecordKind.USER_MESSAGE,
+            content=content_from_proto(
+                list(message.user_message.content), f"{field_path}.user_message.content"
+            ),
+        )
+    if kind == "assistant_message":
+        assistant = message.assistant_message
+        return Record(
+            RecordKind.ASSISTANT_MESSAGE,
+            content=content_from_proto(
+                list(assistant.content), f"{field_path}.assistant_message.content"
+            ),
+            tool_calls=tuple(
+                ToolCall(c.call_id, c.name, c.arguments_json) for c in assistant.tool_calls
+            ),
+        )
+    if kind == "tool_result":
+        result = message.tool_result
+        return Record(
+            RecordKind.TOOL_RESULT,
+            content=content_from_proto(list(result.content), f"{field_path}.tool_result.content"),
+            call_id=result.call_id,
+            server=result.server,
+            tool=result.tool,
+            is_error=result.is_error,
+        )
+    raise field_required(f"{field_path}.kind")
+
+
+def record_to_proto(stored: StoredRecord) -> run_pb2.Record:
+    record = stored.record
+    message = run_pb2.Record(
+        run_id=stored.run_id,
+        sequence=stored.sequence,
+        create_time=timestamp(stored.create_time),
+        handle=stored.handle,
+    )
+    content = content_to_proto(record.content)
+    if record.kind is RecordKind.USER_MESSAGE:
+        message.user_message.content.extend(content)
+    elif record.kind is RecordKind.ASSISTANT_MESSAGE:
+        message.assistant_message.content.extend(content)
+        message.assistant_message.tool_calls.extend(
+            content_pb2.ToolCall(call_id=c.call_id, name=c.name, arguments_json=c.arguments_json)
+            for c in record.tool_calls
+        )
+    else:
+        result = message.tool_result
+        result.call_id = record.call_id
+        result.server = record.server
+        result.tool = record.tool
+        result.is_error = record.is_error
+        result.content.extend(content)
+    return message
+
+
+def record_kinds_from_proto(values: list[int]) -> tuple[RecordKind, ...]:
+    kinds = []
+    for index, value in enumerate(values):
+        kind = RECORD_KINDS.get(value)
+        if kind is None:
+            raise field_invalid(f"kinds[{index}]", f"{value} is not a record kind")
+        kinds.append(kind)
+    return tuple(kinds)

@@ -1,0 +1,123 @@
+"""Servicers: protobuf in, domain call (off the event loop), protobuf out.
+
+RPCs whose behaviour belongs to a later release are simply not overridden here; the
+server registers those as UNIMPLEMENTED with a NOT_IMPLEMENTED ErrorInfo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+import grpc
+
+from psych.sidecar.v1 import (
+    run_service_pb2,
+    run_service_pb2_grpc,
+    spec_service_pb2,
+    spec_service_pb2_grpc,
+)
+from psych_sidecar.api import convert
+from psych_sidecar.domain.errors import field_required
+from psych_sidecar.domain.runlog import RunService, SpecService
+
+T = TypeVar("T")
+Context = grpc.aio.ServicerContext[Any, Any]
+
+# A response page leaves this much of the message limit for framing and metadata.
+_PAGE_HEADROOM_BYTES = 64 * 1024
+
+
+class Blocking:
+    """Runs synchronous domain calls on the storage thread pool."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+
+    async def __call__(self, function: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(function, *args))
+
+
+class SpecServicer(spec_service_pb2_grpc.SpecServiceServicer):
+    def __init__(self, specs: SpecService, blocking: Blocking) -> None:
+        self._specs = specs
+        self._blocking = blocking
+
+    async def PublishSpec(
+        self, request: spec_service_pb2.PublishSpecRequest, context: Context
+    ) -> spec_service_pb2.PublishSpecResponse:
+        if not request.HasField("spec"):
+            raise field_required("spec")
+        published = await self._blocking(self._specs.publish, convert.spec_from_proto(request.spec))
+        return spec_service_pb2.PublishSpecResponse(spec=convert.spec_to_proto(published))
+
+    async def GetSpec(
+        self, request: spec_service_pb2.GetSpecRequest, context: Context
+    ) -> spec_service_pb2.GetSpecResponse:
+        published = await self._blocking(self._specs.get, request.name, request.version)
+        return spec_service_pb2.GetSpecResponse(spec=convert.spec_to_proto(published))
+
+
+class RunServicer(run_service_pb2_grpc.RunServiceServicer):
+    def __init__(self, runs: RunService, blocking: Blocking, max_message_bytes: int) -> None:
+        self._runs = runs
+        self._blocking = blocking
+        self._page_bytes = max(max_message_bytes - _PAGE_HEADROOM_BYTES, 1)
+
+    async def CreateRun(
+        self, request: run_service_pb2.CreateRunRequest, context: Context
+    ) -> run_service_pb2.CreateRunResponse:
+        run = await self._blocking(
+            self._runs.create,
+            request.tenant,
+            request.spec_name,
+            request.spec_version,
+            convert.grants_from_proto(list(request.tool_restrictions)),
+        )
+        return run_service_pb2.CreateRunResponse(run=convert.run_to_proto(run))
+
+    async def GetRun(
+        self, request: run_service_pb2.GetRunRequest, context: Context
+    ) -> run_service_pb2.GetRunResponse:
+        # A Run never changes, so one this process has read is answered without a thread hop.
+        run = self._runs.cached(request.run_id)
+        if run is None:
+            run = await self._blocking(self._runs.get, request.run_id)
+        return run_service_pb2.GetRunResponse(run=convert.run_to_proto(run))
+
+    async def AppendRecords(
+        self, request: run_service_pb2.AppendRecordsRequest, context: Context
+    ) -> run_service_pb2.AppendRecordsResponse:
+        records = tuple(
+            convert.record_from_proto(record, f"records[{index}]")
+            for index, record in enumerate(request.records)
+        )
+        appended = await self._blocking(
+            self._runs.append, request.run_id, request.request_id, records
+        )
+        return run_service_pb2.AppendRecordsResponse(
+            records=[
+                run_service_pb2.AppendedRecord(sequence=entry.sequence, handle=entry.handle)
+                for entry in appended
+            ]
+        )
+
+    async def ListRecords(
+        self, request: run_service_pb2.ListRecordsRequest, context: Context
+    ) -> run_service_pb2.ListRecordsResponse:
+        records, next_token = await self._blocking(
+            self._runs.list_records,
+            request.run_id,
+            convert.record_kinds_from_proto(list(request.kinds)),
+            request.page_size,
+            request.page_token,
+            self._page_bytes,
+        )
+        return run_service_pb2.ListRecordsResponse(
+            records=[convert.record_to_proto(record) for record in records],
+            next_page_token=next_token,
+        )

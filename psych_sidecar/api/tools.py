@@ -1,0 +1,177 @@
+"""ToolService: MCP tool calls, discovery and search (CallDeferredTool, ListServerTools,
+DescribeTool, SearchTools), reads of stored results (ReadToolOutput), and DispatchToolCall,
+which routes a model's call to the sidecar's own tools (read_tool_output, load_skill), then to
+the Run's MCP surface, and otherwise answers DISPATCH_DISPOSITION_HOST_TOOL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format
+
+from psych.sidecar.v1 import tool_service_pb2
+from psych_sidecar.api.connections import catalog_tool_to_proto
+from psych_sidecar.api.servicers import Blocking, Context
+from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcome, ToolOutputReader
+from psych_sidecar.domain.errors import field_invalid, field_required
+from psych_sidecar.domain.runlog import ToolCall
+from psych_sidecar.domain.surface import TurnResolver
+
+# What a read leaves of the message limit for the response's framing and its other fields.
+_READ_HEADROOM_BYTES = 64 * 1024
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    """google.protobuf.Struct holds every number as a double; a whole number is read back as
+    an integer, as the JSON the host meant (5, not 5.0) and as "integer" schemas expect."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _integral_floats_as_ints(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(item) for item in value]
+    return value
+
+
+def outcome_to_proto(outcome: ToolOutcome) -> tool_service_pb2.ToolOutcome:
+    return tool_service_pb2.ToolOutcome(
+        is_error=outcome.is_error,
+        result_json=outcome.result_json,
+        sequence=outcome.sequence,
+        handle=outcome.handle,
+    )
+
+
+class ToolServicer:
+    def __init__(
+        self,
+        resolver: TurnResolver,
+        executor: ToolExecutor,
+        reader: ToolOutputReader,
+        dispatcher: DispatchService,
+        blocking: Blocking,
+        max_message_bytes: int,
+    ) -> None:
+        self._resolver = resolver
+        self._executor = executor
+        self._reader = reader
+        self._dispatcher = dispatcher
+        self._blocking = blocking
+        self._page_bytes = max(max_message_bytes - _READ_HEADROOM_BYTES, 1)
+
+    async def CallDeferredTool(
+        self, request: tool_service_pb2.CallDeferredToolRequest, context: Context
+    ) -> tool_service_pb2.CallDeferredToolResponse:
+        if not request.run_id:
+            raise field_required("run_id")
+        timeout = None
+        if request.HasField("timeout"):
+            timeout = request.timeout.ToTimedelta().total_seconds()
+            if timeout <= 0:
+                raise field_invalid("timeout", "must be positive")
+        outcome = await self._executor.call_tool(
+            request.run_id,
+            request.server,
+            request.tool,
+            _integral_floats_as_ints(json_format.MessageToDict(request.arguments)),
+            request.call_id,
+            timeout,
+        )
+        return tool_service_pb2.CallDeferredToolResponse(outcome=outcome_to_proto(outcome))
+
+    async def ListServerTools(
+        self, request: tool_service_pb2.ListServerToolsRequest, context: Context
+    ) -> tool_service_pb2.ListServerToolsResponse:
+        names, token = await self._blocking(
+            self._resolver.list_server_tools,
+            request.run_id,
+            request.server,
+            request.page_size,
+            request.page_token,
+        )
+        return tool_service_pb2.ListServerToolsResponse(tool_names=names, next_page_token=token)
+
+    async def DescribeTool(
+        self, request: tool_service_pb2.DescribeToolRequest, context: Context
+    ) -> tool_service_pb2.DescribeToolResponse:
+        tool = await self._blocking(
+            self._resolver.describe_tool, request.run_id, request.server, request.tool
+        )
+        return tool_service_pb2.DescribeToolResponse(tool=catalog_tool_to_proto(tool))
+
+    async def SearchTools(
+        self, request: tool_service_pb2.SearchToolsRequest, context: Context
+    ) -> tool_service_pb2.SearchToolsResponse:
+        hits, token = await self._blocking(
+            self._resolver.search_tools,
+            request.run_id,
+            request.query,
+            request.page_size,
+            request.page_token,
+        )
+        return tool_service_pb2.SearchToolsResponse(
+            hits=[
+                tool_service_pb2.SearchHit(
+                    server=hit.server,
+                    tool=hit.tool.name,
+                    description=hit.tool.description,
+                    score=hit.score,
+                )
+                for hit in hits
+            ],
+            next_page_token=token,
+        )
+
+    async def ReadToolOutput(
+        self, request: tool_service_pb2.ReadToolOutputRequest, context: Context
+    ) -> tool_service_pb2.ReadToolOutputResponse:
+        result = await self._blocking(
+            self._reader.read,
+            request.run_id,
+            request.handle,
+            request.offset,
+            request.limit,
+            request.grep,
+            self._page_bytes,
+        )
+        return tool_service_pb2.ReadToolOutputResponse(
+            text=result.text,
+            data=result.data,
+            mime_type=result.mime_type,
+            total_length=result.total_length,
+            next_offset=result.next_offset,
+            matches=[
+                tool_service_pb2.GrepMatch(line_number=m.line_number, offset=m.offset, line=m.line)
+                for m in result.matches
+            ],
+        )
+
+    async def DispatchToolCall(
+        self, request: tool_service_pb2.DispatchToolCallRequest, context: Context
+    ) -> tool_service_pb2.DispatchToolCallResponse:
+        if not request.run_id:
+            raise field_required("run_id")
+        if not request.HasField("call"):
+            raise field_required("call")
+        call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
+        own = await self._blocking(self._dispatcher.dispatch, request.run_id, call)
+        if own.execution is not None:
+            outcome = tool_service_pb2.ToolOutcome(
+                is_error=own.execution.is_error,
+                result_json=own.execution.result_json,
+                sequence=own.sequence,
+                handle=own.handle,
+            )
+        else:
+            mcp = await self._executor.dispatch(
+                request.run_id, call.call_id, call.name, call.arguments_json
+            )
+            if mcp is None:
+                return tool_service_pb2.DispatchToolCallResponse(
+                    disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
+                )
+            outcome = outcome_to_proto(mcp)
+        return tool_service_pb2.DispatchToolCallResponse(
+            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED, outcome=outcome
+        )

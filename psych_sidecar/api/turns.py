@@ -1,0 +1,187 @@
+"""TurnService: ResolveTurn (the Run's tool surface for this turn) and AssemblePrompt (the
+exact prompt for one model call), protobuf in and out, domain work off the event loop."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from psych.sidecar.v1 import connection_pb2, content_pb2, turn_pb2, turn_service_pb2
+from psych_sidecar.api import convert
+from psych_sidecar.api.servicers import Blocking, Context
+from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.catalog import ConnectionState
+from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.prompt import (
+    AssembledPrompt,
+    Prompt,
+    PromptAssembler,
+    PromptMessage,
+    Role,
+    ToolResultView,
+    Zone,
+)
+from psych_sidecar.domain.runlog import ContentPart, ToolCall
+from psych_sidecar.domain.surface import DisclosureTier, ExposedKind, ToolSurface, TurnResolver
+
+_ROLES = {Role.USER: turn_pb2.PROMPT_ROLE_USER, Role.ASSISTANT: turn_pb2.PROMPT_ROLE_ASSISTANT}
+_ZONES = {
+    Zone.STATIC_SYSTEM: turn_pb2.PROMPT_ZONE_STATIC_SYSTEM,
+    Zone.DYNAMIC_TAIL: turn_pb2.PROMPT_ZONE_DYNAMIC_TAIL,
+    Zone.HISTORY: turn_pb2.PROMPT_ZONE_HISTORY,
+    Zone.TRANSIENT: turn_pb2.PROMPT_ZONE_TRANSIENT,
+}
+TIERS = {
+    DisclosureTier.DEFERRED: turn_pb2.DISCLOSURE_TIER_DEFERRED,
+    DisclosureTier.DIRECT: turn_pb2.DISCLOSURE_TIER_DIRECT,
+    DisclosureTier.FACADE: turn_pb2.DISCLOSURE_TIER_FACADE,
+    DisclosureTier.SEARCH: turn_pb2.DISCLOSURE_TIER_SEARCH,
+}
+KINDS = {
+    ExposedKind.MCP_TOOL: turn_pb2.EXPOSED_TOOL_KIND_MCP_TOOL,
+    ExposedKind.FACADE: turn_pb2.EXPOSED_TOOL_KIND_FACADE,
+    ExposedKind.SEARCH: turn_pb2.EXPOSED_TOOL_KIND_SEARCH,
+    ExposedKind.CALL_BY_NAME: turn_pb2.EXPOSED_TOOL_KIND_CALL_BY_NAME,
+    ExposedKind.LIST_DEFERRED_TOOLS: turn_pb2.EXPOSED_TOOL_KIND_LIST_DEFERRED_TOOLS,
+    ExposedKind.DESCRIBE_DEFERRED_TOOL: turn_pb2.EXPOSED_TOOL_KIND_DESCRIBE_DEFERRED_TOOL,
+    ExposedKind.CALL_DEFERRED_TOOL: turn_pb2.EXPOSED_TOOL_KIND_CALL_DEFERRED_TOOL,
+    ExposedKind.READ_TOOL_OUTPUT: turn_pb2.EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT,
+    ExposedKind.LOAD_SKILL: turn_pb2.EXPOSED_TOOL_KIND_LOAD_SKILL,
+}
+STATES = {
+    ConnectionState.CONNECTING: connection_pb2.CONNECTION_STATE_CONNECTING,
+    ConnectionState.CONNECTED: connection_pb2.CONNECTION_STATE_CONNECTED,
+    ConnectionState.UNREACHABLE: connection_pb2.CONNECTION_STATE_UNREACHABLE,
+}
+
+
+def surface_to_proto(surface: ToolSurface) -> turn_pb2.ToolSurface:
+    return turn_pb2.ToolSurface(
+        tools=[
+            turn_pb2.ExposedTool(
+                name=tool.name,
+                description=tool.description,
+                input_schema_json=tool.input_schema_json,
+                kind=KINDS[tool.kind],
+                server=tool.server,
+                tool=tool.tool,
+            )
+            for tool in surface.tools
+        ],
+        servers=[
+            turn_pb2.ServerLine(
+                server=line.server,
+                tier=TIERS[line.tier],
+                state=STATES[line.state],
+                permitted_tool_count=line.permitted_tool_count,
+                text=line.text,
+            )
+            for line in surface.servers
+        ],
+    )
+
+
+def _message_to_proto(message: PromptMessage) -> turn_pb2.PromptMessage:
+    parts = []
+    for part in message.parts:
+        if isinstance(part, ContentPart):
+            parts.append(turn_pb2.PromptPart(content=convert.content_to_proto((part,))[0]))
+        elif isinstance(part, ToolCall):
+            call = content_pb2.ToolCall(
+                call_id=part.call_id, name=part.name, arguments_json=part.arguments_json
+            )
+            parts.append(turn_pb2.PromptPart(tool_call=call))
+        else:
+            parts.append(turn_pb2.PromptPart(tool_result=_result_to_proto(part)))
+    return turn_pb2.PromptMessage(role=_ROLES[message.role], parts=parts)
+
+
+def _result_to_proto(result: ToolResultView) -> turn_pb2.PromptToolResult:
+    return turn_pb2.PromptToolResult(
+        call_id=result.call_id,
+        is_error=result.is_error,
+        content=convert.content_to_proto(result.content),
+        elided=result.elided,
+        handle=result.handle,
+    )
+
+
+def prompt_to_proto(prompt: Prompt) -> turn_pb2.Prompt:
+    return turn_pb2.Prompt(
+        static_sections=[
+            turn_pb2.SystemSection(title=s.title, text=s.text) for s in prompt.static_sections
+        ],
+        dynamic_tail=prompt.dynamic_tail,
+        history=[_message_to_proto(m) for m in prompt.history],
+        transient=_message_to_proto(prompt.transient),
+        tools=surface_to_proto(prompt.surface),
+    )
+
+
+def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssemblePromptResponse:
+    return turn_service_pb2.AssemblePromptResponse(
+        prompt=prompt_to_proto(assembled.prompt),
+        zones=[
+            turn_pb2.ZoneDigest(zone=_ZONES[d.zone], byte_length=d.byte_length, sha256=d.sha256)
+            for d in assembled.zones
+        ],
+        anthropic_request_json=assembled.anthropic_json,
+        openai_request_json=assembled.openai_json,
+    )
+
+
+class TurnServicer:
+    def __init__(
+        self,
+        resolver: TurnResolver,
+        assembler: PromptAssembler,
+        blocking: Blocking,
+        max_message_bytes: int,
+        cache_size: int = 1024,
+    ) -> None:
+        self._resolver = resolver
+        self._assembler = assembler
+        self._blocking = blocking
+        self._max_message_bytes = max_message_bytes
+        # A resolution returns the same surface object while nothing changed, so its response
+        # is built once per surface. Entries hold their surface, so an id cannot be reused
+        # while its entry lives; responses are never mutated after they are built.
+        self._responses = ImmutableCache[
+            int, tuple[ToolSurface, turn_service_pb2.ResolveTurnResponse]
+        ](cache_size)
+
+    async def ResolveTurn(
+        self, request: turn_service_pb2.ResolveTurnRequest, context: Context
+    ) -> turn_service_pb2.ResolveTurnResponse:
+        surface = await self._blocking(self._resolver.resolve_turn, request.run_id)
+        cached = self._responses.get(id(surface))
+        if cached is not None and cached[0] is surface:
+            return cached[1]
+        response = turn_service_pb2.ResolveTurnResponse(surface=surface_to_proto(surface))
+        self._responses.put(id(surface), (surface, response))
+        return response
+
+    async def AssemblePrompt(
+        self, request: turn_service_pb2.AssemblePromptRequest, context: Context
+    ) -> turn_service_pb2.AssemblePromptResponse:
+        now = request.now.ToDatetime(tzinfo=UTC) if request.HasField("now") else datetime.now(UTC)
+        assembled = await self._blocking(
+            self._assembler.assemble,
+            request.run_id,
+            request.dynamic_tail,
+            request.transient_note,
+            now,
+            request.model,
+            request.max_tokens,
+        )
+        response = await self._blocking(assembled_to_proto, assembled)
+        size = response.ByteSize()
+        if size > self._max_message_bytes:
+            # The current turn's results go in full; a prompt this large cannot be answered.
+            raise SidecarError(
+                Reason.MESSAGE_TOO_LARGE,
+                f"the assembled prompt is {size} bytes, over the limit of "
+                f"{self._max_message_bytes} bytes",
+                limit_bytes=self._max_message_bytes,
+                size_bytes=size,
+            )
+        return response

@@ -1,0 +1,463 @@
+"""Executing the tools the sidecar owns, and recording every result in the Run's log.
+
+A call is checked against the Run's permitted set as of *now* (the current catalogue, the
+connection's allow/deny, the Spec's grants, the Run's restrictions) whatever surface the model
+saw, so a permission change or a removed tool takes effect on the next call. What a model can
+get wrong — an unknown server, an unknown or unpermitted tool, malformed arguments, an
+unreachable or timed-out server — comes back as a tool result with is_error set. Every
+result, errors included, is appended to the log in full before the call returns.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
+
+from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.catalog import CatalogTool, ToolCallFailed, ToolRunner
+from psych_sidecar.domain.errors import field_required
+from psych_sidecar.domain.runlog import ContentPart, PartKind, Record, RecordKind, RunService
+from psych_sidecar.domain.surface import (
+    ExposedKind,
+    ExposedTool,
+    ResolvedTurn,
+    RunContext,
+    TurnResolver,
+    canonical_json,
+    naming,
+    one_line,
+    qualified_names,
+)
+
+T = TypeVar("T")
+
+# How many schema violations a validation error lists.
+MAX_VALIDATION_ERRORS = 5
+SEARCH_RESULT_LIMIT = 10
+SEARCH_DESCRIPTION_CHARS = 300
+
+
+class RunBlocking(Protocol):
+    """Runs a synchronous call off the event loop (the API layer's thread pool)."""
+
+    def __call__(self, function: Callable[..., T], *args: Any) -> Awaitable[T]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    is_error: bool
+    result_json: bytes
+    sequence: int
+    handle: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """A result before it is recorded: what the log and the host get."""
+
+    is_error: bool
+    result_json: bytes
+    content: tuple[ContentPart, ...]
+    server: str
+    tool: str
+
+
+def _error(message: str, server: str = "", tool: str = "") -> _Result:
+    result = {"content": [{"type": "text", "text": message}], "isError": True}
+    return _Result(True, canonical_json(result), (ContentPart.text(message),), server, tool)
+
+
+def _structured(value: Any, tool: str) -> _Result:
+    """A result the sidecar produced itself: canonical JSON, as text and structured content."""
+    text = canonical_json(value).decode()
+    result = {
+        "content": [{"type": "text", "text": text}],
+        "isError": False,
+        "structuredContent": value,
+    }
+    return _Result(
+        False, canonical_json(result), (ContentPart(PartKind.JSON, text.encode()),), "", tool
+    )
+
+
+class _Validators:
+    """JSON Schema validators per schema, built once: checking a schema costs more than using it."""
+
+    def __init__(self) -> None:
+        # (validator,) or (None,) for a schema that cannot be used.
+        self._cache = ImmutableCache[bytes, tuple[Any]](4096)
+
+    def errors(self, schema_json: bytes, arguments: Mapping[str, Any]) -> list[str] | None:
+        """The violations, or None when the server's schema itself is unusable (then the
+        server judges the arguments)."""
+        cached = self._cache.get(schema_json)
+        if cached is None:
+            try:
+                schema = json.loads(schema_json) if schema_json else {}
+                cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+                cls.check_schema(schema)
+                cached = (cls(schema),)
+            except (ValueError, jsonschema.exceptions.SchemaError, TypeError):
+                cached = (None,)
+            self._cache.put(schema_json, cached)
+        validator = cached[0]
+        if validator is None:
+            return None
+        try:
+            found = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+        except (jsonschema.exceptions.SchemaError, jsonschema.exceptions.RefResolutionError):
+            return None
+        return [
+            f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+            for error in found
+        ]
+
+
+Handler = Callable[
+    [RunContext, ResolvedTurn, ExposedTool, Mapping[str, Any], float], Awaitable[_Result]
+]
+
+
+class ToolExecutor:
+    """Runs calls on MCP tools and the sidecar's own tools, and records their results."""
+
+    def __init__(
+        self,
+        resolver: TurnResolver,
+        runs: RunService,
+        runner: ToolRunner,
+        blocking: RunBlocking,
+        default_timeout_seconds: float,
+    ) -> None:
+        self._resolver = resolver
+        self._runs = runs
+        self._runner = runner
+        self._blocking = blocking
+        self._default_timeout = default_timeout_seconds
+        self._validators = _Validators()
+        self._stale_routes = ImmutableCache[Hashable, dict[str, ExposedTool]](256)
+        # The dispatch table: how each kind of exposed tool is executed. Names map to kinds
+        # through the resolved surface (ResolvedTurn.routes).
+        self.handlers: dict[ExposedKind, Handler] = {
+            ExposedKind.MCP_TOOL: self._direct,
+            ExposedKind.FACADE: self._facade,
+            ExposedKind.CALL_DEFERRED_TOOL: self._call_deferred,
+            ExposedKind.CALL_BY_NAME: self._call_by_name,
+            ExposedKind.LIST_DEFERRED_TOOLS: self._list,
+            ExposedKind.DESCRIBE_DEFERRED_TOOL: self._describe,
+            ExposedKind.SEARCH: self._search,
+        }
+
+    # Entry points
+
+    async def call_tool(
+        self,
+        run_id: str,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        call_id: str,
+        timeout_seconds: float | None,
+    ) -> ToolOutcome:
+        """CallDeferredTool: one MCP tool by (server, tool), narrowed like any other call."""
+        if not call_id:
+            raise field_required("call_id")
+        if not server:
+            raise field_required("server")
+        if not tool:
+            raise field_required("tool")
+        context, resolved = await self._blocking(self._resolver.resolved, run_id)
+        timeout = timeout_seconds or self._default_timeout
+        result = await self._call_mcp(resolved, server, tool, arguments, timeout)
+        return await self._record(context, call_id, result)
+
+    async def dispatch(
+        self, run_id: str, call_id: str, name: str, arguments_json: str
+    ) -> ToolOutcome | None:
+        """A model's tool call as emitted, routed through the Run's current surface; None when
+        the name is not the sidecar's (the host runs it)."""
+        if not call_id:
+            raise field_required("call.call_id")
+        if not name:
+            raise field_required("call.name")
+        context, resolved = await self._blocking(self._resolver.resolved, run_id)
+        route = self.route(resolved, name)
+        if route is None or route.kind not in self.handlers:
+            # Not an MCP route: the sidecar's own tools are dispatched by DispatchService.
+            return None
+        arguments, problem = _parse_arguments(arguments_json)
+        if arguments is None:
+            result = _error(problem, route.server, route.tool or route.name)
+        else:
+            result = await self.handlers[route.kind](
+                context, resolved, route, arguments, self._default_timeout
+            )
+        if not result.server and not result.tool:
+            # A result not tied to one MCP tool is recorded under the tool the model called.
+            result = _Result(
+                result.is_error, result.result_json, result.content, route.server, route.name
+            )
+        return await self._record(context, call_id, result)
+
+    def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:
+        """The exposed tool a name stands for: on the current surface, or — for a name the
+        model kept from an older surface — any tool or facade of the tenant's connections, so
+        the call is refused through narrowing instead of being handed to the host."""
+        route = resolved.routes.get(name)
+        if route is not None:
+            return route
+        key = (resolved.snapshot.key, tuple(resolved.permitted))
+        stale = self._stale_routes.get(key)
+        if stale is None:
+            stale = {}
+            for known_server in resolved.permitted:
+                known = resolved.snapshot.servers[known_server]
+                facade = naming.facade_name(known_server)
+                stale[facade] = ExposedTool(
+                    facade, "", b"", ExposedKind.FACADE, server=known_server
+                )
+                for known_tool in known.tools:
+                    exposed = naming.tool_name(known_server, known_tool.name)
+                    stale[exposed] = ExposedTool(
+                        exposed, "", b"", ExposedKind.MCP_TOOL, known_server, known_tool.name
+                    )
+            self._stale_routes.put(key, stale)
+        route = stale.get(name)
+        if route is not None:
+            return route
+        # A removed tool's clean name still says which server and tool it meant.
+        server, separator, tool = name.partition("__")
+        if separator and server in resolved.permitted and naming.tool_name(server, tool) == name:
+            return ExposedTool(name, "", b"", ExposedKind.MCP_TOOL, server, tool)
+        return None
+
+    # Handlers, one per kind of exposed tool
+
+    async def _direct(
+        self,
+        context: RunContext,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> _Result:
+        return await self._call_mcp(resolved, route.server, route.tool, arguments, timeout_seconds)
+
+    async def _facade(
+        self,
+        context: RunContext,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> _Result:
+        tool = arguments.get("tool")
+        if not isinstance(tool, str) or not tool:
+            return _error("Pass the tool's name as `tool` (a string) and its arguments as `input`.")
+        return await self._call_mcp(
+            resolved, route.server, tool, arguments.get("input", {}), timeout_seconds
+        )
+
+    async def _call_deferred(
+        self,
+        context: RunContext,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> _Result:
+        server, tool = arguments.get("server"), arguments.get("tool")
+        if not isinstance(server, str) or not isinstance(tool, str) or not server or not tool:
+            return _error("Pass `server` and `tool` as strings, and the arguments as `input`.")
+        return await self._call_mcp(
+            resolved, server, tool, arguments.get("input", {}), timeout_seconds
+        )
+
+    async def _call_by_name(
+        self,
+        context: RunContext,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> _Result:
+        name = arguments.get("name")
+        if not isinstance(name, str) or not name:
+            return _error(f"Pass a tool's name from {naming.SEARCH_TOOLS} as `name`.")
+        target = qualified_names(resolved).get(name)
+        if target is None and "/" in name:
+            server, _, tool = name.partition("/")
+            target = (server, tool)
+        if target is None:
+            return _error(
+                f"There is no tool named {name!r} you may use; find one with {naming.SEARCH_TOOLS}."
+            )
+        return await self._call_mcp(resolved, *target, arguments.get("input", {}), timeout_seconds)
+
+    async def _list(
+        self,
+        context: RunContext,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> _Result:
+        server = arguments.get("server")
+        tools = resolved.permitted.get(server) if isinstance(server, str) else None
+        if tools is None:
+            return _unknown_server(resolved, server)
+        return _structured({"server": server, "tools": sorted(tools)}, route.name)
+
+    async def _describe(
+        self,
+        context: RunContext,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> _Result:
+        server, name = arguments.get("server"), arguments.get("tool")
+        tools = resolved.permitted.get(server) if isinstance(server, str) else None
+        if tools is None:
+            return _unknown_server(resolved, server)
+        tool = tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            return _refused(str(server), name)
+        return _structured(_description(str(server), tool), route.name)
+
+    async def _search(
+        self,
+        context: RunContext,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> _Result:
+        query, limit = arguments.get("query"), arguments.get("limit", SEARCH_RESULT_LIMIT)
+        if not isinstance(query, str) or not query.strip():
+            return _error("Pass the keywords, or a tool's exact name, as `query`.")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
+            return _error("`limit` must be an integer from 1 to 50.")
+        hits = await self._blocking(resolved.search, query, limit)
+        return _structured(
+            {
+                "query": query,
+                "results": [
+                    {
+                        "name": naming.tool_name(hit.server, hit.tool.name),
+                        "server": hit.server,
+                        "tool": hit.tool.name,
+                        "description": one_line(hit.tool.description, SEARCH_DESCRIPTION_CHARS),
+                    }
+                    for hit in hits
+                ],
+            },
+            route.name,
+        )
+
+    # The one path to an MCP tool
+
+    async def _call_mcp(
+        self,
+        resolved: ResolvedTurn,
+        server: str,
+        tool: str,
+        arguments: Any,
+        timeout_seconds: float,
+    ) -> _Result:
+        tools = resolved.permitted.get(server)
+        if tools is None:
+            return _unknown_server(resolved, server)
+        found = tools.get(tool)
+        if found is None:
+            return _refused(server, tool)
+        if not isinstance(arguments, dict):
+            return _error(f"The arguments of {server}/{tool} must be a JSON object.", server, tool)
+        problems = await self._blocking(self._validators.errors, found.input_schema_json, arguments)
+        if problems:
+            shown = problems[:MAX_VALIDATION_ERRORS]
+            more = len(problems) - len(shown)
+            message = (
+                f"Invalid arguments for {server}/{tool}; nothing was run. "
+                + "; ".join(shown)
+                + (f"; and {more} more" if more else "")
+                + f". Read its input schema with {naming.DESCRIBE_TOOL}."
+            )
+            return _error(message, server, tool)
+        try:
+            result = await self._runner.call_tool(
+                resolved.snapshot.servers[server].connection.tenant,
+                server,
+                tool,
+                arguments,
+                timeout_seconds,
+            )
+        except ToolCallFailed as failure:
+            return _error(f"{server}/{tool} did not answer: {failure}", server, tool)
+        return _Result(result.is_error, result.result_json, result.content, server, tool)
+
+    async def _record(self, context: RunContext, call_id: str, result: _Result) -> ToolOutcome:
+        record = Record(
+            RecordKind.TOOL_RESULT,
+            content=result.content,
+            call_id=call_id,
+            server=result.server,
+            tool=result.tool,
+            is_error=result.is_error,
+        )
+        (appended,) = await self._blocking(self._runs.append, context.run.run_id, "", (record,))
+        return ToolOutcome(result.is_error, result.result_json, appended.sequence, appended.handle)
+
+
+def _parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
+    """The model's arguments as an object, or None and what is wrong with them."""
+    if not arguments_json.strip():
+        return {}, ""
+    try:
+        arguments = json.loads(arguments_json)
+    except ValueError as error:
+        return None, f"The arguments are not valid JSON ({error}); send a JSON object."
+    if not isinstance(arguments, dict):
+        return None, "The arguments must be a JSON object."
+    return arguments, ""
+
+
+def _unknown_server(resolved: ResolvedTurn, server: object) -> _Result:
+    known = ", ".join(sorted(resolved.permitted)) or "none"
+    return _error(f"There is no MCP server {server!r}. Servers: {known}.")
+
+
+def _refused(server: str, tool: object) -> _Result:
+    return _error(
+        f"There is no tool {tool!r} on {server} that you may use. List the ones you may use "
+        f"with {naming.LIST_TOOLS}.",
+        server,
+        tool if isinstance(tool, str) else "",
+    )
+
+
+def _description(server: str, tool: CatalogTool) -> dict[str, Any]:
+    described: dict[str, Any] = {
+        "server": server,
+        "tool": tool.name,
+        "description": tool.description,
+        "input_schema": _json_or_empty(tool.input_schema_json),
+    }
+    if tool.output_schema_json:
+        described["output_schema"] = _json_or_empty(tool.output_schema_json)
+    if tool.annotations_json:
+        described["annotations"] = _json_or_empty(tool.annotations_json)
+    return described
+
+
+def _json_or_empty(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {}

@@ -1,0 +1,63 @@
+"""MCP connections and their versioned, soft-delete catalogues, and narrowing.
+
+Owns what a connection is (transport, operator-allowed commands, secrets), the catalogue's
+versions and their diff, and narrowing: which of a connection's tools a Run may reach (the
+not-removed catalogue, the connection's allow/deny lists, the Spec's grant and the Run's
+restrictions). The MCP layer implements :class:`CatalogView` and :class:`ToolRunner`; storage
+implements :class:`ConnectionRepository`.
+"""
+
+from __future__ import annotations
+
+from psych_sidecar.domain.catalog.connections import (
+    DESCRIPTION_PROMPT_CHARS,
+    CatalogTool,
+    CatalogView,
+    Connection,
+    ConnectionState,
+    ConnectionStatus,
+    McpToolResult,
+    ToolCallFailed,
+    ToolRunner,
+    TransportKind,
+)
+from psych_sidecar.domain.catalog.narrowing import Grants, glob_match
+from psych_sidecar.domain.catalog.rules import (
+    AllowedCommand,
+    CatalogDiff,
+    CatalogWrite,
+    ConnectionRepository,
+    StoredConnection,
+    catalog_version_not_found,
+    connection_not_found,
+    diff_catalog,
+    listing_fingerprint,
+    validate_connection,
+    validate_connection_name,
+)
+
+__all__ = [
+    "DESCRIPTION_PROMPT_CHARS",
+    "AllowedCommand",
+    "CatalogDiff",
+    "CatalogTool",
+    "CatalogView",
+    "CatalogWrite",
+    "Connection",
+    "ConnectionRepository",
+    "ConnectionState",
+    "ConnectionStatus",
+    "Grants",
+    "McpToolResult",
+    "StoredConnection",
+    "ToolCallFailed",
+    "ToolRunner",
+    "TransportKind",
+    "catalog_version_not_found",
+    "connection_not_found",
+    "diff_catalog",
+    "glob_match",
+    "listing_fingerprint",
+    "validate_connection",
+    "validate_connection_name",
+]

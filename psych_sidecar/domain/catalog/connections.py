@@ -1,0 +1,125 @@
+"""MCP connections and their versioned catalogues, as the rest of the domain sees them.
+
+This module is the seam between two parts of psych-sidecar:
+
+- the MCP layer (sessions, owner tasks, transports, catalogue refresh, ConnectionService),
+  which implements `CatalogView` and `ToolRunner`;
+- the tool surface (narrowing, ResolveTurn, CallDeferredTool, dispatch, search), which uses
+  them and never touches an MCP session or SQL directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol
+
+from psych_sidecar.domain.runlog import ContentPart
+
+# A connection's description is capped in its prompt line.
+DESCRIPTION_PROMPT_CHARS = 200
+
+
+class TransportKind(StrEnum):
+    STDIO = "stdio"
+    STREAMABLE_HTTP = "streamable_http"
+    SSE = "sse"
+
+
+class ConnectionState(StrEnum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """A tenant's MCP connection as put through the API. `env` and `headers` are secrets:
+    never returned, never logged (their repr is suppressed)."""
+
+    tenant: str
+    name: str
+    transport: TransportKind
+    # stdio: the name of an operator-allowed command, plus extra args if that entry allows.
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # HTTP transports.
+    url: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # None: decided each turn from the permitted catalogue size.
+    preload: bool | None = None
+    eager_tools: tuple[str, ...] = ()
+    description: str = ""
+    allow_tools: tuple[str, ...] = ()
+    deny_tools: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStatus:
+    state: ConnectionState
+    last_error: str
+    state_time: datetime
+    # The newest catalogue version; 0 before the first successful listing.
+    catalog_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogTool:
+    """One tool of a connection's catalogue at one version. Schemas are the server's JSON,
+    byte for byte."""
+
+    server: str
+    name: str
+    description: str
+    input_schema_json: bytes
+    output_schema_json: bytes = b""
+    annotations_json: bytes = b""
+    catalog_version: int = 0
+    # The version that first no longer had the tool; 0 while it is current.
+    removed_in_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class McpToolResult:
+    """A tools/call result: `result_json` is the MCP CallToolResult as JSON, and `content`
+    the same content as log parts (text, JSON, binary with MIME type)."""
+
+    is_error: bool
+    result_json: bytes
+    content: tuple[ContentPart, ...]
+
+
+class ToolCallFailed(Exception):
+    """A call that reached no result: the server is unreachable, timed out or died.
+    The message is written for the model, which gets it as a tool error."""
+
+
+class CatalogView(Protocol):
+    """Reads of connections and current catalogues, for resolving a turn. Synchronous."""
+
+    def tenant_connections(self, tenant: str) -> list[tuple[Connection, ConnectionStatus]]:
+        """Every connection of the tenant (secrets emptied), sorted by name."""
+        ...
+
+    def current_tools(self, tenant: str, server: str) -> list[CatalogTool]:
+        """The tools of the connection's newest catalogue version (removed_in_version == 0),
+        sorted by name; the last known tools when the server is unreachable."""
+        ...
+
+
+class ToolRunner(Protocol):
+    """Executes one tool on a live session. Asynchronous: runs on the server's event loop."""
+
+    async def call_tool(
+        self,
+        tenant: str,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, object],
+        timeout_seconds: float,
+    ) -> McpToolResult:
+        """Raises ToolCallFailed when no result came back (unreachable, timeout, closed)."""
+        ...

@@ -1,0 +1,70 @@
+"""Narrowing: which of a connection's tools a Run may reach.
+
+The permitted set is the not-removed catalogue, narrowed by the connection's own allow/deny,
+then by the Spec's grants (no grant: nothing), then by the Run's restrictions (when it has
+any). Every path to a tool — the surface, the meta tools, search, a call — goes through here,
+and a call re-runs it against the current catalogue, so a stale surface reaches nothing more.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from psych_sidecar.domain.catalog.connections import CatalogTool, Connection
+from psych_sidecar.domain.runlog import ToolGrant
+
+
+@lru_cache(maxsize=4096)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    parts = ("." if c == "?" else ".*" if c == "*" else re.escape(c) for c in pattern)
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def glob_match(pattern: str, name: str) -> bool:
+    """`*` matches any run of characters, `?` exactly one; everything else matches itself."""
+    return _compiled(pattern).fullmatch(name) is not None
+
+
+def _granted(grants: Iterable[ToolGrant], server: str, tool: str) -> bool:
+    return any(
+        glob_match(grant.server_pattern, server) and glob_match(grant.tool_pattern, tool)
+        for grant in grants
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Grants:
+    """What a Run is granted: its Spec's grants and its own restrictions."""
+
+    spec_grants: tuple[ToolGrant, ...]
+    run_restrictions: tuple[ToolGrant, ...]
+
+    def permits(self, connection: Connection, tool: CatalogTool) -> bool:
+        if tool.removed_in_version:
+            return False
+        if connection.allow_tools and not any(
+            glob_match(pattern, tool.name) for pattern in connection.allow_tools
+        ):
+            return False
+        if any(glob_match(pattern, tool.name) for pattern in connection.deny_tools):
+            return False
+        if not _granted(self.spec_grants, connection.name, tool.name):
+            return False
+        return not self.run_restrictions or _granted(
+            self.run_restrictions, connection.name, tool.name
+        )
+
+    def permitted(self, connection: Connection, tools: Sequence[CatalogTool]) -> list[CatalogTool]:
+        """The permitted tools, in the order given (the catalogue's: by name)."""
+        return [tool for tool in tools if self.permits(connection, tool)]
+
+    def may_reach_server(self, server: str) -> bool:
+        """Whether any tool of the server could be granted at all; a cheap pre-check."""
+        if not any(glob_match(g.server_pattern, server) for g in self.spec_grants):
+            return False
+        return not self.run_restrictions or any(
+            glob_match(g.server_pattern, server) for g in self.run_restrictions
+        )

@@ -1,0 +1,267 @@
+"""Provider request bodies a host can send as is: Anthropic Messages, OpenAI Chat Completions.
+
+Both are canonical JSON (see domain/prompt/zones.py): the same prompt always gives the same bytes.
+
+Anthropic: tools, then system blocks (zone 1, then zone 2), then messages, which is the
+order its prompt cache reads them. One `cache_control` breakpoint closes each cached zone:
+on the zone 1 system block (on the last tool when there is none), on the zone 2 block, and
+on the last block of the history: at most three of the four allowed. The transient text
+(zone 4) is the last block of the last user message, after any tool results.
+
+OpenAI: one system message per system zone, the history with assistant `tool_calls` and
+role "tool" results, then the transient note as a final user message. Its prompt cache is
+automatic on the prefix, so the same zone order is all it needs.
+
+Content neither API can take as it is becomes a text marker, never decoded bytes; tool
+results that answer no call of the preceding assistant message (or answer one twice) are
+shown as text, so the request stays valid.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from psych_sidecar.domain.prompt.zones import (
+    Prompt,
+    PromptMessage,
+    Role,
+    ToolResultView,
+    canonical_json,
+)
+from psych_sidecar.domain.runlog import ContentPart, PartKind, ToolCall, binary_marker
+
+CACHE_CONTROL = {"type": "ephemeral"}
+IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+
+
+def content_text(parts: Sequence[ContentPart]) -> str:
+    """Parts as plain text: text and JSON as they are, binary as its marker, one per line."""
+    return "\n".join(
+        binary_marker(p.mime_type, len(p.data)) if p.kind is PartKind.BINARY else p.as_text()
+        for p in parts
+    )
+
+
+def _orphan_text(result: ToolResultView) -> str:
+    label = "Error result" if result.is_error else "Result"
+    return f"[{label} of tool call {result.call_id}]\n{content_text(result.content)}"
+
+
+def _tool_arguments(call: ToolCall) -> dict[str, Any]:
+    """Anthropic needs an object; arguments that are not one are kept verbatim inside one."""
+    if not call.arguments_json.strip():
+        return {}
+    try:
+        value = json.loads(call.arguments_json)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    return {"invalid_arguments_json": call.arguments_json}
+
+
+def _paired(
+    results: Sequence[ToolResultView], calls: set[str]
+) -> tuple[list[ToolResultView], list[ToolResultView]]:
+    """Split results into those answering a call of the preceding assistant message (once
+    each) and the rest."""
+    paired, orphans, seen = [], [], set()
+    for result in results:
+        if result.call_id in calls and result.call_id not in seen:
+            seen.add(result.call_id)
+            paired.append(result)
+        else:
+            orphans.append(result)
+    return paired, orphans
+
+
+# Anthropic Messages
+
+
+def _anthropic_content(part: ContentPart) -> dict[str, Any] | None:
+    if part.kind is not PartKind.BINARY:
+        text = part.as_text()
+        return {"type": "text", "text": text} if text else None
+    data = base64.b64encode(part.data).decode()
+    if part.mime_type in IMAGE_TYPES:
+        source = {"type": "base64", "media_type": part.mime_type, "data": data}
+        return {"type": "image", "source": source}
+    if part.mime_type == "application/pdf":
+        source = {"type": "base64", "media_type": part.mime_type, "data": data}
+        return {"type": "document", "source": source}
+    return {"type": "text", "text": binary_marker(part.mime_type, len(part.data))}
+
+
+def _anthropic_blocks(parts: Sequence[ContentPart]) -> list[dict[str, Any]]:
+    return [block for block in map(_anthropic_content, parts) if block is not None]
+
+
+def _anthropic_tool_result(result: ToolResultView) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": result.call_id}
+    content = _anthropic_blocks(result.content)
+    if content:
+        block["content"] = content
+    if result.is_error:
+        block["is_error"] = True
+    return block
+
+
+def _anthropic_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    calls: set[str] = set()
+    for message in history:
+        blocks: list[dict[str, Any]] = []
+        if message.role is Role.ASSISTANT:
+            content = [p for p in message.parts if isinstance(p, ContentPart)]
+            tool_calls = [p for p in message.parts if isinstance(p, ToolCall)]
+            blocks = _anthropic_blocks(content)
+            blocks.extend(
+                {"type": "tool_use", "id": c.call_id, "name": c.name, "input": _tool_arguments(c)}
+                for c in tool_calls
+            )
+            calls = {c.call_id for c in tool_calls}
+        elif message.is_tool_results:
+            results = [p for p in message.parts if isinstance(p, ToolResultView)]
+            paired, orphans = _paired(results, calls)
+            blocks = [_anthropic_tool_result(r) for r in paired]
+            blocks.extend({"type": "text", "text": _orphan_text(r)} for r in orphans)
+            calls = set()
+        else:
+            blocks = _anthropic_blocks([p for p in message.parts if isinstance(p, ContentPart)])
+            calls = set()
+        if not blocks:
+            continue
+        if messages and messages[-1]["role"] == message.role.value:
+            messages[-1]["content"].extend(blocks)
+        else:
+            messages.append({"role": message.role.value, "content": blocks})
+    return messages
+
+
+def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
+    tools: list[dict[str, Any]] = [
+        {
+            "name": tool.name,
+            "description": tool.description,
+            "input_schema": json.loads(tool.input_schema_json),
+        }
+        for tool in prompt.tools
+    ]
+    system: list[dict[str, Any]] = []
+    if prompt.static_sections:
+        system.append(
+            {"type": "text", "text": prompt.static_text(), "cache_control": CACHE_CONTROL}
+        )
+    elif tools:
+        tools[-1]["cache_control"] = CACHE_CONTROL
+    if prompt.dynamic_tail:
+        system.append({"type": "text", "text": prompt.dynamic_tail, "cache_control": CACHE_CONTROL})
+    messages = _anthropic_messages(prompt.history)
+    if messages:
+        messages[-1]["content"][-1]["cache_control"] = CACHE_CONTROL
+    transient = _anthropic_blocks([p for p in prompt.transient.parts if isinstance(p, ContentPart)])
+    if messages and messages[-1]["role"] == Role.USER.value:
+        messages[-1]["content"].extend(transient)
+    else:
+        messages.append({"role": Role.USER.value, "content": transient})
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
+    if tools:
+        body["tools"] = tools
+    if system:
+        body["system"] = system
+    body["messages"] = messages
+    return canonical_json(body)
+
+
+# OpenAI Chat Completions
+
+
+def _openai_content(part: ContentPart) -> dict[str, Any] | None:
+    if part.kind is not PartKind.BINARY:
+        text = part.as_text()
+        return {"type": "text", "text": text} if text else None
+    if part.mime_type in IMAGE_TYPES:
+        url = f"data:{part.mime_type};base64,{base64.b64encode(part.data).decode()}"
+        return {"type": "image_url", "image_url": {"url": url}}
+    return {"type": "text", "text": binary_marker(part.mime_type, len(part.data))}
+
+
+def _openai_tool_text(result: ToolResultView) -> str:
+    text = content_text(result.content)
+    return f"[error] {text}" if result.is_error else text
+
+
+def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    calls: set[str] = set()
+    for message in history:
+        if message.role is Role.ASSISTANT:
+            texts = [
+                {"type": "text", "text": p.as_text()}
+                for p in message.parts
+                if isinstance(p, ContentPart) and p.kind is not PartKind.BINARY and p.data
+            ]
+            tool_calls = [p for p in message.parts if isinstance(p, ToolCall)]
+            calls = {c.call_id for c in tool_calls}
+            if not texts and not tool_calls:
+                continue
+            entry: dict[str, Any] = {"role": "assistant", "content": texts or None}
+            if tool_calls:
+                entry["tool_calls"] = [
+                    {
+                        "id": c.call_id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments_json or "{}"},
+                    }
+                    for c in tool_calls
+                ]
+            messages.append(entry)
+        elif message.is_tool_results:
+            results = [p for p in message.parts if isinstance(p, ToolResultView)]
+            paired, orphans = _paired(results, calls)
+            messages.extend(
+                {"role": "tool", "tool_call_id": r.call_id, "content": _openai_tool_text(r)}
+                for r in paired
+            )
+            if orphans:
+                content = [{"type": "text", "text": _orphan_text(r)} for r in orphans]
+                messages.append({"role": "user", "content": content})
+            calls = set()
+        else:
+            parts = [p for p in message.parts if isinstance(p, ContentPart)]
+            content = [c for c in map(_openai_content, parts) if c is not None]
+            calls = set()
+            if content:
+                messages.append({"role": "user", "content": content})
+    return messages
+
+
+def openai_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
+    messages: list[dict[str, Any]] = []
+    if prompt.static_sections:
+        messages.append({"role": "system", "content": prompt.static_text()})
+    if prompt.dynamic_tail:
+        messages.append({"role": "system", "content": prompt.dynamic_tail})
+    messages.extend(_openai_messages(prompt.history))
+    transient = [p for p in prompt.transient.parts if isinstance(p, ContentPart)]
+    messages.append(
+        {"role": "user", "content": [c for c in map(_openai_content, transient) if c is not None]}
+    )
+    body: dict[str, Any] = {"model": model, "max_completion_tokens": max_tokens}
+    if prompt.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": json.loads(tool.input_schema_json),
+                },
+            }
+            for tool in prompt.tools
+        ]
+    body["messages"] = messages
+    return canonical_json(body)

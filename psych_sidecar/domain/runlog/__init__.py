@@ -1,0 +1,87 @@
+"""The Run log: Specs, Runs and their append-only Record log.
+
+Owns publishing immutable Spec versions (thresholds checked at publish), creating Runs,
+appending records with gap-free sequences and request-id idempotency, paging through the log
+(opaque page tokens), and a stored tool result's text layout (planned from part sizes, so a
+read or a preview loads only what it shows). Storage implements :class:`SpecRepository` and
+:class:`RunRepository`.
+"""
+
+from __future__ import annotations
+
+from psych_sidecar.domain.runlog.content import (
+    SEPARATOR,
+    ByteRange,
+    LogReader,
+    PartMeta,
+    Piece,
+    RecordSkeleton,
+    TextLayout,
+    binary_marker,
+    fetch_text,
+)
+from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
+from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository
+from psych_sidecar.domain.runlog.runs import (
+    MAX_IDENTIFIER_LENGTH,
+    AppendedRecord,
+    ContentPart,
+    PartKind,
+    Record,
+    RecordKind,
+    Run,
+    StoredRecord,
+    ToolCall,
+    validate_request_id,
+)
+from psych_sidecar.domain.runlog.services import RunService, SpecService, new_id
+from psych_sidecar.domain.runlog.specs import (
+    DisclosureSettings,
+    EffectiveThresholds,
+    PublishedSpec,
+    Skill,
+    Spec,
+    Subagent,
+    Thresholds,
+    ToolGrant,
+    validate_name,
+)
+
+__all__ = [
+    "MAX_IDENTIFIER_LENGTH",
+    "SEPARATOR",
+    "AppendedRecord",
+    "ByteRange",
+    "ContentPart",
+    "DisclosureSettings",
+    "EffectiveThresholds",
+    "LogReader",
+    "PartKind",
+    "PartMeta",
+    "Piece",
+    "PublishedSpec",
+    "Record",
+    "RecordKind",
+    "RecordSkeleton",
+    "Run",
+    "RunRepository",
+    "RunService",
+    "Skill",
+    "Spec",
+    "SpecRepository",
+    "SpecService",
+    "StoredRecord",
+    "Subagent",
+    "TextLayout",
+    "Thresholds",
+    "ToolCall",
+    "ToolGrant",
+    "binary_marker",
+    "decode_token",
+    "encode_token",
+    "fetch_text",
+    "new_id",
+    "page_size",
+    "validate_name",
+    "validate_request_id",
+]

@@ -1,0 +1,62 @@
+"""What Specs and Runs need from storage. Implemented in storage/; the domain never sees SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from psych_sidecar.domain.runlog.runs import AppendedRecord, Record, RecordKind, Run, StoredRecord
+from psych_sidecar.domain.runlog.specs import PublishedSpec, Spec, ToolGrant
+
+
+class SpecRepository(Protocol):
+    def insert_spec(self, spec: Spec) -> PublishedSpec:
+        """Store a new version, or return the stored one when the same version exists.
+
+        The caller compares content; storage only guarantees one row per (name, version).
+        """
+        ...
+
+    def get_spec(self, name: str, version: int) -> PublishedSpec | None: ...
+
+
+class RunRepository(Protocol):
+    def insert_run(
+        self,
+        run_id: str,
+        tenant: str,
+        spec_name: str,
+        spec_version: int,
+        tool_restrictions: tuple[ToolGrant, ...],
+    ) -> Run: ...
+
+    def get_run(self, run_id: str) -> Run | None: ...
+
+    def append_records(
+        self,
+        run_id: str,
+        records: Sequence[Record],
+        handles: Sequence[str],
+        request_id: str,
+        fingerprint: str,
+    ) -> list[AppendedRecord]:
+        """Append atomically with gap-free sequences.
+
+        With a request id already used in the Run, stores nothing and raises
+        REQUEST_ID_REUSED unless the fingerprint matches, in which case it returns the
+        first answer. Raises RUN_NOT_FOUND for an unknown Run.
+        """
+        ...
+
+    def list_records(
+        self,
+        run_id: str,
+        after_sequence: int,
+        kinds: tuple[RecordKind, ...],
+        limit: int,
+        max_bytes: int,
+    ) -> tuple[list[StoredRecord], bool]:
+        """Records after a sequence, in order, of the given kinds (all when empty): at most
+        `limit`, stopping before `max_bytes` of content is exceeded but always returning at
+        least one when any remain; and whether more remain after them."""
+        ...

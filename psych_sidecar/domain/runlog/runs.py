@@ -1,0 +1,159 @@
+"""Runs and their append-only Record log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from psych_sidecar.domain.errors import field_invalid, field_required
+from psych_sidecar.domain.runlog.specs import ToolGrant
+
+MAX_REQUEST_ID_LENGTH = 128
+MAX_IDENTIFIER_LENGTH = 1024
+
+
+class PartKind(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+    BINARY = "binary"
+
+
+@dataclass(frozen=True, slots=True)
+class ContentPart:
+    """One content part. `data` holds the exact bytes: UTF-8 for text and JSON."""
+
+    kind: PartKind
+    data: bytes
+    mime_type: str = ""
+
+    @classmethod
+    def text(cls, value: str) -> ContentPart:
+        return cls(PartKind.TEXT, value.encode())
+
+    def as_text(self) -> str:
+        return self.data.decode()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    call_id: str
+    name: str
+    arguments_json: str
+
+
+class RecordKind(StrEnum):
+    USER_MESSAGE = "user_message"
+    ASSISTANT_MESSAGE = "assistant_message"
+    TOOL_RESULT = "tool_result"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record as appended; the fields that do not apply to its kind stay empty."""
+
+    kind: RecordKind
+    content: tuple[ContentPart, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    call_id: str = ""
+    server: str = ""
+    tool: str = ""
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    run_id: str
+    sequence: int
+    create_time: datetime
+    handle: str
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class AppendedRecord:
+    sequence: int
+    handle: str
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    run_id: str
+    tenant: str
+    spec_name: str
+    spec_version: int
+    tool_restrictions: tuple[ToolGrant, ...]
+    create_time: datetime
+
+
+def validate_record(record: Record, field_path: str) -> None:
+    """Refuse records a later reader could not make sense of; nothing is stored on failure."""
+    if record.kind is RecordKind.USER_MESSAGE and not record.content:
+        raise field_required(f"{field_path}.user_message.content")
+    if record.kind is RecordKind.TOOL_RESULT:
+        if not record.call_id:
+            raise field_required(f"{field_path}.tool_result.call_id")
+        for name in ("call_id", "server", "tool"):
+            _validate_identifier(getattr(record, name), f"{field_path}.tool_result.{name}")
+    for index, call in enumerate(record.tool_calls):
+        call_path = f"{field_path}.assistant_message.tool_calls[{index}]"
+        if not call.call_id:
+            raise field_required(f"{call_path}.call_id")
+        if not call.name:
+            raise field_required(f"{call_path}.name")
+        _validate_identifier(call.call_id, f"{call_path}.call_id")
+        _validate_identifier(call.name, f"{call_path}.name")
+    for index, part in enumerate(record.content):
+        part_path = f"{field_path}.{record.kind.value}.content[{index}]"
+        if part.kind is PartKind.BINARY:
+            if not part.mime_type:
+                raise field_required(f"{part_path}.binary.mime_type")
+            _validate_identifier(part.mime_type, f"{part_path}.binary.mime_type")
+        if part.kind is PartKind.JSON:
+            try:
+                # Decode first: json.loads would also accept UTF-16 and UTF-32 bytes.
+                json.loads(part.data.decode())
+            except ValueError as error:
+                raise field_invalid(f"{part_path}.json", f"not UTF-8 JSON: {error}") from None
+
+
+def _validate_identifier(value: str, field_path: str) -> None:
+    """Names and ids are short strings without NUL (content, by contrast, may hold anything)."""
+    if "\x00" in value:
+        raise field_invalid(field_path, "must not contain NUL characters")
+    if len(value) > MAX_IDENTIFIER_LENGTH:
+        raise field_invalid(field_path, f"longer than {MAX_IDENTIFIER_LENGTH} characters")
+
+
+def validate_request_id(request_id: str) -> None:
+    if len(request_id) > MAX_REQUEST_ID_LENGTH:
+        raise field_invalid("request_id", f"longer than {MAX_REQUEST_ID_LENGTH} characters")
+    if "\x00" in request_id:
+        raise field_invalid("request_id", "must not contain NUL characters")
+
+
+def records_fingerprint(records: tuple[Record, ...]) -> str:
+    """A digest of exactly what was appended, to tell a retry from a reused request id."""
+    digest = hashlib.sha256()
+
+    def put(value: bytes) -> None:
+        digest.update(struct.pack(">Q", len(value)))
+        digest.update(value)
+
+    for record in records:
+        put(record.kind.value.encode())
+        for text in (record.call_id, record.server, record.tool, str(record.is_error)):
+            put(text.encode())
+        put(struct.pack(">Q", len(record.content)))
+        for part in record.content:
+            put(part.kind.value.encode())
+            put(part.mime_type.encode())
+            put(part.data)
+        put(struct.pack(">Q", len(record.tool_calls)))
+        for call in record.tool_calls:
+            for text in (call.call_id, call.name, call.arguments_json):
+                put(text.encode())
+    return digest.hexdigest()

@@ -1,0 +1,143 @@
+"""Use cases over Specs and Runs. Synchronous: the API layer runs them off the event loop."""
+
+from __future__ import annotations
+
+import secrets
+
+from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.errors import (
+    Reason,
+    SidecarError,
+    field_required,
+    run_not_found,
+    spec_not_found,
+)
+from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
+from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository
+from psych_sidecar.domain.runlog.runs import (
+    AppendedRecord,
+    Record,
+    RecordKind,
+    Run,
+    StoredRecord,
+    records_fingerprint,
+    validate_record,
+    validate_request_id,
+)
+from psych_sidecar.domain.runlog.specs import (
+    PublishedSpec,
+    Spec,
+    ToolGrant,
+    validate_grants,
+    validate_name,
+    validate_spec,
+    validate_version,
+)
+
+
+def new_id(prefix: str) -> str:
+    """An opaque, unguessable id: the prefix and 26 lowercase hex characters (104 bits)."""
+    return prefix + secrets.token_bytes(16).hex()[:26]
+
+
+class SpecService:
+    def __init__(self, specs: SpecRepository) -> None:
+        self._specs = specs
+
+    def publish(self, spec: Spec) -> PublishedSpec:
+        validate_spec(spec)
+        stored = self._specs.insert_spec(spec)
+        if stored.spec.fingerprint() != spec.fingerprint():
+            raise SidecarError(
+                Reason.SPEC_VERSION_EXISTS,
+                f"spec {spec.name} version {spec.version} was already published with "
+                "different content; versions are immutable",
+                spec_name=spec.name,
+                spec_version=spec.version,
+            )
+        return stored
+
+    def get(self, name: str, version: int) -> PublishedSpec:
+        validate_name(name, "name")
+        validate_version(version, "version")
+        stored = self._specs.get_spec(name, version)
+        if stored is None:
+            raise spec_not_found(name, version)
+        return stored
+
+
+class RunService:
+    def __init__(
+        self, specs: SpecRepository, runs: RunRepository, cache_size: int = 10_000
+    ) -> None:
+        self._specs = specs
+        self._runs = runs
+        self._cache = ImmutableCache[str, Run](cache_size)
+
+    def create(
+        self,
+        tenant: str,
+        spec_name: str,
+        spec_version: int,
+        tool_restrictions: tuple[ToolGrant, ...],
+    ) -> Run:
+        validate_name(tenant, "tenant")
+        validate_name(spec_name, "spec_name")
+        validate_version(spec_version, "spec_version")
+        validate_grants(tool_restrictions, "tool_restrictions")
+        if self._specs.get_spec(spec_name, spec_version) is None:
+            raise spec_not_found(spec_name, spec_version)
+        run = self._runs.insert_run(
+            new_id("run_"), tenant, spec_name, spec_version, tool_restrictions
+        )
+        self._cache.put(run.run_id, run)
+        return run
+
+    def cached(self, run_id: str) -> Run | None:
+        """The Run if this process has already read it; no I/O, safe on the event loop."""
+        return self._cache.get(run_id)
+
+    def get(self, run_id: str) -> Run:
+        if not run_id:
+            raise field_required("run_id")
+        run = self._cache.get(run_id) or self._runs.get_run(run_id)
+        if run is None:
+            raise run_not_found(run_id)
+        self._cache.put(run_id, run)
+        return run
+
+    def append(
+        self, run_id: str, request_id: str, records: tuple[Record, ...]
+    ) -> list[AppendedRecord]:
+        if not run_id:
+            raise field_required("run_id")
+        validate_request_id(request_id)
+        if not records:
+            raise field_required("records")
+        for index, record in enumerate(records):
+            validate_record(record, f"records[{index}]")
+        handles = [
+            new_id("h_") if record.kind is RecordKind.TOOL_RESULT else "" for record in records
+        ]
+        return self._runs.append_records(
+            run_id, records, handles, request_id, records_fingerprint(records)
+        )
+
+    def list_records(
+        self,
+        run_id: str,
+        kinds: tuple[RecordKind, ...],
+        requested_page_size: int,
+        page_token: str,
+        max_bytes: int,
+    ) -> tuple[list[StoredRecord], str]:
+        if not run_id:
+            raise field_required("run_id")
+        limit = page_size(requested_page_size)
+        scope = run_id + "|" + ",".join(sorted(kind.value for kind in set(kinds)))
+        after = decode_token(page_token, scope)
+        self.get(run_id)
+        records, more = self._runs.list_records(
+            run_id, after if isinstance(after, int) else 0, kinds, limit, max_bytes
+        )
+        return records, encode_token(scope, records[-1].sequence) if more else ""

@@ -1,0 +1,61 @@
+"""The tool surface of a turn: which tools the model sees, and under which names.
+
+Owns per-turn resolution (:class:`TurnResolver`), disclosure tiers by catalogue size (direct,
+facade, search pair), deferral behind the meta tools with one line per deferred server,
+provider-legal exposed names, and the definitions of the sidecar's own tools
+(``read_tool_output``, ``load_skill``).
+"""
+
+from __future__ import annotations
+
+from psych_sidecar.domain.surface.resolution import (
+    ResolvedTurn,
+    RunContext,
+    TurnResolver,
+    qualified_names,
+)
+from psych_sidecar.domain.surface.sidecar_tools import (
+    LOAD_SKILL,
+    MODEL_DEFAULT_LIMIT_CHARS,
+    MODEL_MAX_BINARY_BYTES,
+    MODEL_MAX_LIMIT_CHARS,
+    READ_TOOL_OUTPUT,
+    mcp_result_json,
+)
+from psych_sidecar.domain.surface.tiers import (
+    DisclosureLimits,
+    DisclosureTier,
+    ExposedKind,
+    ExposedTool,
+    ServerLine,
+    ToolSurface,
+    VisibleServer,
+    canonical_json,
+    one_line,
+    resolve_surface,
+    tier_for,
+)
+
+__all__ = [
+    "LOAD_SKILL",
+    "MODEL_DEFAULT_LIMIT_CHARS",
+    "MODEL_MAX_BINARY_BYTES",
+    "MODEL_MAX_LIMIT_CHARS",
+    "READ_TOOL_OUTPUT",
+    "DisclosureLimits",
+    "DisclosureTier",
+    "ExposedKind",
+    "ExposedTool",
+    "ResolvedTurn",
+    "RunContext",
+    "ServerLine",
+    "ToolSurface",
+    "TurnResolver",
+    "VisibleServer",
+    "canonical_json",
+    "mcp_result_json",
+    "one_line",
+    "qualified_names",
+    "resolve_surface",
+    "tier_for",
+]

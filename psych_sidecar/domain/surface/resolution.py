@@ -1,0 +1,309 @@
+"""Resolving a Run's tools from the current state: the surface of a turn, and the reads behind
+the meta tools and search (list a server's permitted names, describe one, search them).
+
+Every resolution starts from one read of the tenant's connections (their config, state and
+newest catalogue version) from the database; everything derived from it is cached under a
+key made of exactly that read plus the Spec and the Run's restrictions. A refresh, a config
+change or a state change in any sidecar sharing the database changes the key, so a cached
+surface is never stale, and nothing in one process's memory decides what another serves.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.catalog import (
+    CatalogTool,
+    CatalogView,
+    Connection,
+    ConnectionStatus,
+    Grants,
+    connection_not_found,
+)
+from psych_sidecar.domain.errors import field_invalid, field_required, spec_not_found
+from psych_sidecar.domain.runlog import (
+    Run,
+    RunService,
+    Spec,
+    SpecRepository,
+    decode_token,
+    encode_token,
+    page_size,
+)
+from psych_sidecar.domain.surface import naming
+from psych_sidecar.domain.surface.sidecar_tools import sidecar_tools
+from psych_sidecar.domain.surface.tiers import (
+    DisclosureLimits,
+    ExposedTool,
+    ToolSurface,
+    VisibleServer,
+    resolve_surface,
+)
+from psych_sidecar.search.ranking import Embeddings, SearchDocument, SearchIndex
+
+SEARCH_PAGE_SIZE = 10
+MAX_SEARCH_PAGE_SIZE = 100
+
+
+def connection_key(connection: Connection, status: ConnectionStatus) -> Hashable:
+    """Everything about a connection that changes what a Run sees of it."""
+    return (
+        connection.name,
+        connection.preload,
+        connection.eager_tools,
+        connection.description,
+        connection.allow_tools,
+        connection.deny_tools,
+        status.state.value,
+        status.catalog_version,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TenantServer:
+    """A connection with every tool of its current (or last known) catalogue, not narrowed."""
+
+    connection: Connection
+    status: ConnectionStatus
+    tools: tuple[CatalogTool, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogSnapshot:
+    """A tenant's connections and their tools, as read now."""
+
+    tenant: str
+    key: Hashable
+    servers: dict[str, TenantServer]  # by connection name
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    server: str
+    tool: CatalogTool
+    score: float
+
+
+@dataclass
+class ResolvedTurn:
+    """What a Run may reach, as of one snapshot. Immutable once built (the search index is
+    built on first use, under a lock)."""
+
+    surface: ToolSurface
+    permitted: dict[str, dict[str, CatalogTool]]  # server -> tool name -> tool, sorted
+    snapshot: CatalogSnapshot
+    embeddings: Embeddings | None = None
+    _index: SearchIndex | None = None
+    _entries: list[tuple[str, CatalogTool]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    routes: dict[str, ExposedTool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.routes = {tool.name: tool for tool in self.surface.tools}
+
+    def search(self, query: str, limit: int) -> list[SearchResult]:
+        with self._lock:
+            if self._index is None:
+                documents = []
+                for server, tools in self.permitted.items():
+                    description = self.snapshot.servers[server].connection.description
+                    for tool in tools.values():
+                        self._entries.append((server, tool))
+                        documents.append(
+                            SearchDocument(
+                                server,
+                                tool.name,
+                                tool.description,
+                                _parameter_names(tool.input_schema_json),
+                                description,
+                            )
+                        )
+                self._index = SearchIndex(documents, self.embeddings)
+            index, entries = self._index, self._entries
+        return [
+            SearchResult(entries[hit.index][0], entries[hit.index][1], hit.score)
+            for hit in index.search(query, limit)
+        ]
+
+
+def _parameter_names(schema_json: bytes) -> tuple[str, ...]:
+    try:
+        schema = json.loads(schema_json) if schema_json else {}
+    except ValueError:
+        return ()
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    return tuple(sorted(properties)) if isinstance(properties, dict) else ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    run: Run
+    spec: Spec
+
+    @property
+    def grants(self) -> Grants:
+        return Grants(self.spec.grants, self.run.tool_restrictions)
+
+
+class TurnResolver:
+    """Resolves Runs' tool surfaces and answers the permitted-catalogue reads. Synchronous
+    (it reads the database): the API layer calls it off the event loop."""
+
+    def __init__(
+        self,
+        runs: RunService,
+        specs: SpecRepository,
+        catalog: CatalogView,
+        cache_size: int = 1024,
+        embeddings: Embeddings | None = None,
+    ) -> None:
+        self._runs = runs
+        self._embeddings = embeddings
+        self._specs = specs
+        self._catalog = catalog
+        self._spec_cache = ImmutableCache[tuple[str, int], Spec](cache_size)
+        # Keyed by content read from the database: an entry never goes stale, it just stops
+        # being asked for.
+        self._tools_cache = ImmutableCache[tuple[str, str, int], tuple[CatalogTool, ...]](
+            cache_size * 16
+        )
+        self._snapshot_cache = ImmutableCache[Hashable, CatalogSnapshot](cache_size)
+        self._turn_cache = ImmutableCache[Hashable, ResolvedTurn](cache_size)
+
+    def context(self, run_id: str) -> RunContext:
+        run = self._runs.get(run_id)
+        key = (run.spec_name, run.spec_version)
+        spec = self._spec_cache.get(key)
+        if spec is None:
+            published = self._specs.get_spec(*key)
+            if published is None:
+                raise spec_not_found(*key)
+            spec = published.spec
+            self._spec_cache.put(key, spec)
+        return RunContext(run, spec)
+
+    def snapshot(self, tenant: str) -> CatalogSnapshot:
+        """The tenant's connections as the database has them now; tools from cache when their
+        catalogue version was seen before."""
+        connections = self._catalog.tenant_connections(tenant)
+        key = (tenant, tuple(connection_key(c, s) for c, s in connections))
+        cached = self._snapshot_cache.get(key)
+        if cached is not None:
+            return cached
+        servers = {}
+        for connection, status in connections:
+            tools_key = (tenant, connection.name, status.catalog_version)
+            tools = self._tools_cache.get(tools_key)
+            if tools is None:
+                tools = tuple(self._catalog.current_tools(tenant, connection.name))
+                self._tools_cache.put(tools_key, tools)
+            servers[connection.name] = TenantServer(connection, status, tools)
+        snapshot = CatalogSnapshot(tenant, key, servers)
+        self._snapshot_cache.put(key, snapshot)
+        return snapshot
+
+    def resolve(self, context: RunContext) -> ResolvedTurn:
+        """The Run's tools as of now."""
+        snapshot = self.snapshot(context.run.tenant)
+        spec = context.spec
+        key = (
+            snapshot.key,
+            spec.name,
+            spec.version,
+            context.run.tool_restrictions,
+        )
+        cached = self._turn_cache.get(key)
+        if cached is not None:
+            return cached
+        grants = context.grants
+        visible = []
+        permitted: dict[str, dict[str, CatalogTool]] = {}
+        for name, server in snapshot.servers.items():
+            # A connection no grant names is not the Run's to see; one that is granted stays
+            # visible even with no tools (never listed yet, or unreachable from the start).
+            if not grants.may_reach_server(name):
+                continue
+            allowed = tuple(grants.permitted(server.connection, server.tools))
+            visible.append(VisibleServer(server.connection, server.status, allowed))
+            permitted[name] = {tool.name: tool for tool in allowed}
+        mcp_surface = resolve_surface(visible, DisclosureLimits.of(spec.disclosure))
+        # The sidecar's own tools are on every surface; their names are reserved, so they
+        # never collide with an MCP tool's.
+        tools = sorted((*mcp_surface.tools, *sidecar_tools(spec)), key=lambda tool: tool.name)
+        surface = ToolSurface(tuple(tools), mcp_surface.servers)
+        resolved = ResolvedTurn(surface, permitted, snapshot, self._embeddings)
+        self._turn_cache.put(key, resolved)
+        return resolved
+
+    def resolve_turn(self, run_id: str) -> ToolSurface:
+        return self.resolve(self.context(run_id)).surface
+
+    def resolved(self, run_id: str) -> tuple[RunContext, ResolvedTurn]:
+        context = self.context(run_id)
+        return context, self.resolve(context)
+
+    # Reads for hosts (typed RPCs); the model-facing versions are tool results instead.
+
+    def list_server_tools(
+        self, run_id: str, server: str, requested_page_size: int, page_token: str
+    ) -> tuple[list[str], str]:
+        if not server:
+            raise field_required("server")
+        limit = page_size(requested_page_size)
+        scope = f"tools|{run_id}|{server}"
+        after = decode_token(page_token, scope)
+        _, resolved = self.resolved(run_id)
+        names = sorted(self._permitted_on(resolved, server))
+        if isinstance(after, str):
+            names = [name for name in names if name > after]
+        page = names[:limit]
+        return page, encode_token(scope, page[-1]) if len(names) > limit else ""
+
+    def describe_tool(self, run_id: str, server: str, tool: str) -> CatalogTool:
+        if not server:
+            raise field_required("server")
+        if not tool:
+            raise field_required("tool")
+        _, resolved = self.resolved(run_id)
+        found = self._permitted_on(resolved, server).get(tool)
+        if found is None:
+            raise field_invalid("tool", f"the run may use no tool {tool!r} on server {server!r}")
+        return found
+
+    def search_tools(
+        self, run_id: str, query: str, requested_page_size: int, page_token: str
+    ) -> tuple[list[SearchResult], str]:
+        if not query.strip():
+            raise field_required("query")
+        limit = page_size(requested_page_size, SEARCH_PAGE_SIZE, MAX_SEARCH_PAGE_SIZE)
+        scope = f"search|{run_id}|{query}"
+        start = decode_token(page_token, scope) or 0
+        if not isinstance(start, int):
+            raise field_invalid("page_token", "not a token of this search")
+        _, resolved = self.resolved(run_id)
+        hits = resolved.search(query, start + limit + 1)
+        page = hits[start : start + limit]
+        return page, encode_token(scope, start + limit) if len(hits) > start + limit else ""
+
+    @staticmethod
+    def _permitted_on(resolved: ResolvedTurn, server: str) -> dict[str, CatalogTool]:
+        """The Run's permitted tools on a server it can see; CONNECTION_NOT_FOUND for one it
+        cannot (another tenant's, or one no grant names: the same answer, revealing nothing)."""
+        tools = resolved.permitted.get(server)
+        if tools is None:
+            raise connection_not_found(resolved.snapshot.tenant, server)
+        return tools
+
+
+def qualified_names(resolved: ResolvedTurn) -> dict[str, tuple[str, str]]:
+    """Search results name a tool as its direct-tool name; this maps those back."""
+    return {
+        naming.tool_name(server, name): (server, name)
+        for server, tools in resolved.permitted.items()
+        for name in tools
+    }

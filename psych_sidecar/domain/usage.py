@@ -1,0 +1,80 @@
+"""Metering: provider-reported token usage per model call, and a Run's totals.
+
+Cost is computed from these numbers only. This module, its storage and its servicer must
+never reach the token estimator (an import-linter contract in pyproject.toml fails the
+build if they do, directly or through any chain of imports).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import astuple, dataclass
+from typing import Protocol
+
+from psych_sidecar.domain.errors import field_invalid, field_required
+from psych_sidecar.domain.runlog import RunService, new_id, validate_request_id
+
+MAX_MODEL_LENGTH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCallUsage:
+    """One model call's usage, exactly as the provider reported it."""
+
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(repr(astuple(self)).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def cache_hit_ratio(self) -> float:
+        """Cache reads over all input tokens (full rate, cache reads and cache writes)."""
+        prompt = self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
+        return self.cache_read_tokens / prompt if prompt else 0.0
+
+
+class UsageRepository(Protocol):
+    def record_usage(
+        self, run_id: str, event_id: str, usage: ModelCallUsage, fingerprint: str
+    ) -> UsageTotals:
+        """Store one event and return the Run's totals. An event id already stored with the
+        same fingerprint stores nothing; with another fingerprint it is REQUEST_ID_REUSED."""
+        ...
+
+    def usage_totals(self, run_id: str) -> UsageTotals: ...
+
+
+class UsageService:
+    def __init__(self, runs: RunService, usage: UsageRepository) -> None:
+        self._runs = runs
+        self._usage = usage
+
+    def record(self, run_id: str, request_id: str, usage: ModelCallUsage) -> UsageTotals:
+        validate_request_id(request_id)
+        if not usage.model:
+            raise field_required("model")
+        if len(usage.model) > MAX_MODEL_LENGTH or "\x00" in usage.model:
+            raise field_invalid("model", f"must be at most {MAX_MODEL_LENGTH} characters, no NUL")
+        for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
+            if getattr(usage, name) < 0:
+                raise field_invalid(name, "must not be negative")
+        self._runs.get(run_id)
+        event_id = request_id or new_id("u_")
+        return self._usage.record_usage(run_id, event_id, usage, usage.fingerprint())
+
+    def totals(self, run_id: str) -> UsageTotals:
+        self._runs.get(run_id)
+        return self._usage.usage_totals(run_id)

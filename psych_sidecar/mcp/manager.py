@@ -1,0 +1,367 @@
+"""McpManager: every connection's session in this sidecar, the catalogue's refresh triggers,
+and the seam's two implementations (CatalogView for reads, ToolRunner for calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import anyio
+
+from psych_sidecar.config import Settings
+from psych_sidecar.domain.catalog import (
+    AllowedCommand,
+    CatalogTool,
+    CatalogWrite,
+    Connection,
+    ConnectionRepository,
+    ConnectionState,
+    ConnectionStatus,
+    McpToolResult,
+    StoredConnection,
+    ToolCallFailed,
+    connection_not_found,
+    validate_connection,
+)
+from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.mcp.session import (
+    CatalogUnavailable,
+    ConnectionSession,
+    SessionTimings,
+    describe_error,
+)
+
+log = logging.getLogger(__name__)
+
+RunBlocking = Callable[..., Awaitable[Any]]
+Key = tuple[str, str]
+
+# Stopping a session waits this long for its owner task (a stdio server gets ~4 s to exit).
+_STOP_TIMEOUT = 10.0
+# The sweep wakes this many times per TTL, so no catalogue is older than about 1.25 TTL.
+_SWEEPS_PER_TTL = 4
+
+
+def without_secrets(connection: Connection) -> Connection:
+    return dataclasses.replace(connection, env={}, headers={})
+
+
+@dataclasses.dataclass(slots=True)
+class _Running:
+    session: ConnectionSession
+    task: asyncio.Task[None]
+
+
+class McpManager:
+    """Owns one session per stored connection; implements CatalogView and ToolRunner.
+
+    Async methods run on the server's event loop. The CatalogView methods are synchronous
+    and run on storage threads: they read the database and this object's caches, and ask the
+    loop (thread-safely) to start sessions for connections another sidecar stored.
+    """
+
+    def __init__(
+        self,
+        store: ConnectionRepository,
+        blocking: RunBlocking,
+        settings: Settings,
+        on_listed: Callable[[Sequence[CatalogTool]], None] | None = None,
+    ):
+        """`on_listed` is told every listing this sidecar stores (on the loop: it must not
+        block); the server uses it to encode new tools for search ahead of the first search."""
+        self._store = store
+        self._on_listed = on_listed
+        self._blocking = blocking
+        self._settings = settings
+        self._commands = settings.mcp_commands
+        self.allowed_commands: Mapping[str, AllowedCommand] = {
+            name: AllowedCommand(command.allow_extra_args)
+            for name, command in settings.mcp_commands.items()
+        }
+        self._timings = SessionTimings(
+            connect_timeout=settings.mcp_connect_timeout_seconds,
+            reconnect_min=settings.mcp_reconnect_min_seconds,
+            reconnect_max=max(
+                settings.mcp_reconnect_min_seconds, settings.mcp_reconnect_max_seconds
+            ),
+            list_changed_debounce=settings.mcp_list_changed_debounce_seconds,
+        )
+        self._running: dict[Key, _Running] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._reconciling: set[Key] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        # Serialises the decisions that start, replace or stop one connection's session.
+        self._key_locks: dict[Key, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        # Caches for CatalogView, filled on storage threads. Entries are replaced whole.
+        self._public: dict[Key, StoredConnection] = {}
+        self._seen_versions: dict[Key, int] = {}
+        self._tools: dict[Key, tuple[int, tuple[CatalogTool, ...]]] = {}
+
+    # Lifecycle
+
+    async def start(self) -> None:
+        """Reconnect every stored connection and start the TTL sweep."""
+        self._loop = asyncio.get_running_loop()
+        for stored in await self._blocking(self._store.all_connections):
+            self._start_session(stored)
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="mcp-catalog-sweep")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        running, self._running = list(self._running.values()), {}
+        for entry in running:
+            entry.session.stop()
+        await self._await_stopped(running)
+
+    async def _await_stopped(self, running: Sequence[_Running]) -> None:
+        tasks = [entry.task for entry in running]
+        if not tasks:
+            return
+        _done, pending = await asyncio.wait(tasks, timeout=_STOP_TIMEOUT)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=_STOP_TIMEOUT)
+
+    def _start_session(self, stored: StoredConnection) -> ConnectionSession:
+        connection = stored.connection
+        key = (connection.tenant, connection.name)
+
+        async def write_catalog(tools: list[CatalogTool]) -> CatalogWrite | None:
+            write: CatalogWrite | None = await self._blocking(
+                self._store.write_catalog,
+                connection.tenant,
+                connection.name,
+                stored.revision,
+                tools,
+            )
+            if write is not None:
+                self._seen_versions[key] = write.catalog_version
+                if self._on_listed is not None:
+                    self._on_listed(tools)
+            return write
+
+        session = ConnectionSession(stored, self._commands, self._timings, write_catalog)
+        task = asyncio.create_task(session.run(), name=f"mcp-session {connection.name}")
+        self._running[key] = _Running(session, task)
+        return session
+
+    async def _replace_session(self, stored: StoredConnection) -> ConnectionSession:
+        connection = stored.connection
+        previous = self._running.pop((connection.tenant, connection.name), None)
+        if previous is not None:
+            previous.session.stop()
+            await self._await_stopped([previous])
+        return self._start_session(stored)
+
+    async def _stop_session(self, key: Key) -> None:
+        previous = self._running.pop(key, None)
+        if previous is not None:
+            previous.session.stop()
+            await self._await_stopped([previous])
+
+    # ConnectionService use cases
+
+    async def put_connection(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:
+        """Store, connect, list right away; return the state after the first attempt."""
+        validate_connection(connection, self.allowed_commands)
+        async with self._key_locks[(connection.tenant, connection.name)]:
+            stored: StoredConnection = await self._blocking(self._store.put_connection, connection)
+            session = await self._replace_session(stored)
+        await session.wait_attempt(0, self._timings.connect_timeout + 1)
+        return await self.describe(connection.tenant, connection.name)
+
+    async def delete_connection(self, tenant: str, name: str) -> None:
+        async with self._key_locks[(tenant, name)]:
+            if not await self._blocking(self._store.delete_connection, tenant, name):
+                raise connection_not_found(tenant, name)
+            await self._stop_session((tenant, name))
+            self._forget((tenant, name))
+
+    async def describe(self, tenant: str, name: str) -> tuple[Connection, ConnectionStatus]:
+        stored: StoredConnection | None = await self._blocking(
+            self._store.get_connection, tenant, name
+        )
+        if stored is None:
+            raise connection_not_found(tenant, name)
+        return without_secrets(stored.connection), self.status(stored)
+
+    def status(self, stored: StoredConnection) -> ConnectionStatus:
+        connection = stored.connection
+        return self._status_of(
+            (connection.tenant, connection.name),
+            stored.revision,
+            stored.catalog_version,
+            stored.update_time,
+        )
+
+    def _status_of(
+        self, key: Key, revision: int, catalog_version: int, update_time: datetime
+    ) -> ConnectionStatus:
+        running = self._running.get(key)
+        if running is None or running.session.stored.revision != revision:
+            # Not running here yet: another sidecar stored it, or it was replaced just now.
+            return ConnectionStatus(ConnectionState.CONNECTING, "", update_time, catalog_version)
+        status = running.session.status
+        return ConnectionStatus(status.state, status.last_error, status.state_time, catalog_version)
+
+    async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
+        """Re-list now. An unreachable server is retried at once; a failure removes nothing."""
+        session = await self._session(tenant, name)
+        if session is None:
+            raise connection_not_found(tenant, name)
+        if session.status.state is not ConnectionState.CONNECTED:
+            finished = session.finished_attempts
+            session.reconnect_now()
+            await session.wait_attempt(finished, self._timings.connect_timeout + 1)
+        try:
+            return await session.refresh()
+        except CatalogUnavailable as error:
+            detail = describe_error(error)
+            raise SidecarError(
+                Reason.CONNECTION_UNREACHABLE,
+                f"could not refresh the catalogue of {name!r}: {detail}; nothing was removed",
+                connection=name,
+                detail=detail,
+            ) from None
+
+    async def _session(self, tenant: str, name: str) -> ConnectionSession | None:
+        """The session for a stored connection, started here if another sidecar stored it."""
+        async with self._key_locks[(tenant, name)]:
+            stored: StoredConnection | None = await self._blocking(
+                self._store.get_connection, tenant, name
+            )
+            running = self._running.get((tenant, name))
+            if stored is None:
+                if running is not None:
+                    await self._stop_session((tenant, name))
+                    self._forget((tenant, name))
+                return None
+            if running is not None and running.session.stored.revision == stored.revision:
+                return running.session
+            return await self._replace_session(stored)
+
+    # The background sweep: TTL refreshes, and catching up with other sidecars' changes.
+
+    async def _sweep_forever(self) -> None:
+        interval = self._settings.catalog_ttl_seconds / _SWEEPS_PER_TTL
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._sweep()
+            except Exception:
+                log.exception("MCP catalogue sweep failed; retrying at the next one")
+
+    async def _sweep(self) -> None:
+        stored_all: list[StoredConnection] = await self._blocking(self._store.all_connections)
+        wanted = {(s.connection.tenant, s.connection.name): s for s in stored_all}
+        for key in [key for key in self._running if key not in wanted]:
+            await self._session(*key)
+        for key, stored in wanted.items():
+            running = self._running.get(key)
+            if running is None or running.session.stored.revision != stored.revision:
+                await self._session(*key)
+        due = anyio.current_time() - self._settings.catalog_ttl_seconds
+        for running in list(self._running.values()):
+            session = running.session
+            if session.status.state is ConnectionState.CONNECTED and session.last_refresh <= due:
+                try:
+                    await session.refresh()
+                except CatalogUnavailable as error:
+                    log.warning(
+                        "MCP connection %s/%s: TTL refresh failed: %s",
+                        *session.key,
+                        describe_error(error),
+                    )
+
+    def _forget(self, key: Key) -> None:
+        self._public.pop(key, None)
+        self._seen_versions.pop(key, None)
+        self._tools.pop(key, None)
+
+    # CatalogView (synchronous; storage threads)
+
+    def tenant_connections(self, tenant: str) -> list[tuple[Connection, ConnectionStatus]]:
+        versions = self._store.connection_versions(tenant)
+        listed: list[tuple[Connection, ConnectionStatus]] = []
+        for name in sorted(versions):
+            revision, catalog_version = versions[name]
+            key = (tenant, name)
+            cached = self._public.get(key)
+            if cached is None or cached.revision != revision:
+                stored = self._store.get_connection(tenant, name)
+                if stored is None:
+                    continue
+                cached = dataclasses.replace(stored, connection=without_secrets(stored.connection))
+                self._public[key] = cached
+            self._seen_versions[key] = catalog_version
+            status = self._status_of(key, revision, catalog_version, cached.update_time)
+            if status.state is ConnectionState.CONNECTING and self._session_lags(key, revision):
+                # Stored or replaced by another sidecar: have this one catch up.
+                self._reconcile_soon(key)
+            listed.append((cached.connection, status))
+        return listed
+
+    def _session_lags(self, key: Key, revision: int) -> bool:
+        running = self._running.get(key)
+        return running is None or running.session.stored.revision != revision
+
+    def _reconcile_soon(self, key: Key) -> None:
+        loop = self._loop
+        if loop is None or key in self._reconciling:
+            return
+        self._reconciling.add(key)
+
+        def reconcile() -> None:
+            async def run() -> None:
+                try:
+                    await self._session(*key)
+                except Exception:
+                    log.exception("starting the session of %s/%s failed", *key)
+                finally:
+                    self._reconciling.discard(key)
+
+            task = asyncio.create_task(run())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+        loop.call_soon_threadsafe(reconcile)
+
+    def current_tools(self, tenant: str, server: str) -> list[CatalogTool]:
+        key = (tenant, server)
+        version = self._seen_versions.get(key)
+        cached = self._tools.get(key)
+        if cached is not None and version is not None and cached[0] == version:
+            return list(cached[1])
+        read = self._store.catalog_tools(tenant, server, 0)
+        if read is None:
+            return []
+        read_version, tools = read
+        self._tools[key] = (read_version, tuple(tools))
+        return tools
+
+    # ToolRunner
+
+    async def call_tool(
+        self,
+        tenant: str,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, object],
+        timeout_seconds: float,
+    ) -> McpToolResult:
+        running = self._running.get((tenant, server))
+        session = running.session if running is not None else await self._session(tenant, server)
+        if session is None:
+            raise ToolCallFailed(f"There is no MCP server named {server!r}.")
+        return await session.call_tool(tool, arguments, timeout_seconds)

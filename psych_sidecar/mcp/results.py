@@ -1,0 +1,61 @@
+"""MCP tools/call results as the sidecar's log parts."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+import mcp_types as types
+from pydantic import BaseModel
+
+from psych_sidecar.domain.catalog import McpToolResult
+from psych_sidecar.domain.runlog import ContentPart, PartKind
+
+DEFAULT_BINARY_MIME_TYPE = "application/octet-stream"
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _dump(model: BaseModel) -> Any:
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _binary(data: str, mime_type: str | None, block: Any) -> ContentPart:
+    try:
+        decoded = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        # Not base64 after all: keep exactly what the server sent, as JSON.
+        return ContentPart(PartKind.JSON, _json_bytes(_dump(block)))
+    return ContentPart(PartKind.BINARY, decoded, mime_type or DEFAULT_BINARY_MIME_TYPE)
+
+
+def content_part(block: Any) -> ContentPart:
+    """One MCP content block as a log part: text as text, images, audio and blobs as bytes
+    with their MIME type, anything else (resource links, kinds this SDK does not know) as
+    the block's JSON."""
+    if isinstance(block, types.TextContent):
+        return ContentPart.text(block.text)
+    if isinstance(block, types.ImageContent | types.AudioContent):
+        return _binary(block.data, block.mime_type, block)
+    if isinstance(block, types.EmbeddedResource):
+        resource = block.resource
+        if isinstance(resource, types.TextResourceContents):
+            return ContentPart.text(resource.text)
+        if isinstance(resource, types.BlobResourceContents):
+            return _binary(resource.blob, resource.mime_type, block)
+    return ContentPart(PartKind.JSON, _json_bytes(_dump(block)))
+
+
+def tool_result(result: types.CallToolResult) -> McpToolResult:
+    parts = [content_part(block) for block in result.content]
+    if result.structured_content is not None:
+        parts.append(ContentPart(PartKind.JSON, _json_bytes(result.structured_content)))
+    return McpToolResult(
+        is_error=bool(result.is_error),
+        result_json=_json_bytes(_dump(result)),
+        content=tuple(parts),
+    )

@@ -1,0 +1,129 @@
+"""ConnectionService's use cases: put, delete, list, refresh, read and diff catalogues."""
+
+from __future__ import annotations
+
+from psych_sidecar.domain.catalog import (
+    CatalogDiff,
+    CatalogTool,
+    CatalogWrite,
+    Connection,
+    ConnectionRepository,
+    ConnectionStatus,
+    StoredConnection,
+    catalog_version_not_found,
+    connection_not_found,
+    diff_catalog,
+    validate_connection_name,
+)
+from psych_sidecar.domain.errors import field_invalid, field_required
+from psych_sidecar.domain.runlog import decode_token, encode_token, page_size, validate_name
+from psych_sidecar.mcp.manager import McpManager, RunBlocking, without_secrets
+
+
+def _tool_bytes(tool: CatalogTool) -> int:
+    return (
+        len(tool.name)
+        + len(tool.description.encode())
+        + len(tool.input_schema_json)
+        + len(tool.output_schema_json)
+        + len(tool.annotations_json)
+    )
+
+
+class ConnectionService:
+    def __init__(
+        self, manager: McpManager, store: ConnectionRepository, blocking: RunBlocking
+    ) -> None:
+        self._manager = manager
+        self._store = store
+        self._blocking = blocking
+
+    async def put(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:
+        return await self._manager.put_connection(connection)
+
+    async def delete(self, tenant: str, name: str) -> None:
+        _validate_key(tenant, name)
+        await self._manager.delete_connection(tenant, name)
+
+    async def list_connections(
+        self, tenant: str, requested_page_size: int, page_token: str
+    ) -> tuple[list[tuple[Connection, ConnectionStatus]], str]:
+        validate_name(tenant, "tenant")
+        size = page_size(requested_page_size)
+        scope = f"connections/{tenant}"
+        after = decode_token(page_token, scope)
+        if after is not None and not isinstance(after, str):
+            raise field_invalid("page_token", "not a token this sidecar issued")
+        rows: list[StoredConnection]
+        rows, more = await self._blocking(self._store.list_connections, tenant, after or "", size)
+        listed = [(without_secrets(row.connection), self._manager.status(row)) for row in rows]
+        next_token = encode_token(scope, rows[-1].connection.name) if more and rows else ""
+        return listed, next_token
+
+    async def refresh(self, tenant: str, name: str) -> CatalogWrite:
+        _validate_key(tenant, name)
+        return await self._manager.refresh_catalog(tenant, name)
+
+    async def list_tools(
+        self,
+        tenant: str,
+        name: str,
+        version: int,
+        requested_page_size: int,
+        page_token: str,
+        max_bytes: int,
+    ) -> tuple[list[CatalogTool], str]:
+        """A page of one version's tools. A version never changes, so a page is an offset;
+        the token also pins the version, so paging "the current one" stays on one version."""
+        _validate_key(tenant, name)
+        _validate_version(version, "catalog_version")
+        size = page_size(requested_page_size)
+        scope = f"catalog/{tenant}/{name}/{version}"
+        position = decode_token(page_token, scope)
+        offset = 0
+        if position is not None:
+            pinned, _, start = str(position).partition(":")
+            if not (pinned.isdigit() and start.isdigit()):
+                raise field_invalid("page_token", "not a token this sidecar issued")
+            version, offset = int(pinned), int(start)
+        resolved, tools = await self._read(tenant, name, version)
+        page: list[CatalogTool] = []
+        total = 0
+        for tool in tools[offset : offset + size]:
+            total += _tool_bytes(tool)
+            if page and total > max_bytes:
+                break
+            page.append(tool)
+        end = offset + len(page)
+        next_token = encode_token(scope, f"{resolved}:{end}") if end < len(tools) else ""
+        return page, next_token
+
+    async def diff(self, tenant: str, name: str, from_version: int, to_version: int) -> CatalogDiff:
+        _validate_key(tenant, name)
+        if from_version == 0:
+            raise field_required("from_version")
+        _validate_version(from_version, "from_version")
+        _validate_version(to_version, "to_version")
+        _, older = await self._read(tenant, name, from_version)
+        _, newer = await self._read(tenant, name, to_version)
+        return diff_catalog(older, newer)
+
+    async def _read(self, tenant: str, name: str, version: int) -> tuple[int, list[CatalogTool]]:
+        read: tuple[int, list[CatalogTool]] | None = await self._blocking(
+            self._store.catalog_tools, tenant, name, version
+        )
+        if read is not None:
+            return read
+        if version == 0 or await self._blocking(self._store.catalog_tools, tenant, name, 0) is None:
+            raise connection_not_found(tenant, name)
+        raise catalog_version_not_found(name, version)
+
+
+def _validate_key(tenant: str, name: str) -> None:
+    validate_name(tenant, "tenant")
+    validate_connection_name(name, "name")
+
+
+def _validate_version(version: int, field_path: str) -> None:
+    if version < 0:
+        raise field_invalid(field_path, "must not be negative")

@@ -1,0 +1,403 @@
+"""One connection's MCP session, owned by one long-lived task.
+
+The owner task enters and exits the SDK client (anyio cancel scopes must be exited by the
+task that entered them); everyone else only calls into the live session, under a deadline.
+The owner reconnects with backoff and keeps a visible state. Catalogue refreshes are
+serialised per connection, whatever triggered them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import mcp_types as types
+from anyio.abc import TaskStatus
+from mcp import Client, MCPError
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+
+from psych_sidecar.config import StdioCommand
+from psych_sidecar.domain.catalog import (
+    CatalogTool,
+    CatalogWrite,
+    ConnectionState,
+    McpToolResult,
+    StoredConnection,
+    ToolCallFailed,
+)
+from psych_sidecar.mcp.results import tool_result
+from psych_sidecar.mcp.transport import open_transport
+
+log = logging.getLogger(__name__)
+
+# A tools/list walk stops here: a server whose cursors never end cannot hang a refresh.
+MAX_LIST_PAGES = 10_000
+MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTimings:
+    connect_timeout: float
+    reconnect_min: float
+    reconnect_max: float
+    list_changed_debounce: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStatus:
+    state: ConnectionState
+    last_error: str
+    state_time: datetime
+
+
+class CatalogUnavailable(Exception):
+    """A refresh could not list the server's tools; nothing was written."""
+
+
+def describe_error(error: BaseException) -> str:
+    """A one-line account of a failure, leaves of exception groups included."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(dict.fromkeys(describe_error(e) for e in error.exceptions))
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    text = str(error) or type(error).__name__
+    if isinstance(error, MCPError):
+        text = f"MCP error {error.code}: {error.message}"
+    return text[:MAX_ERROR_CHARS]
+
+
+def _mcp_error(error: BaseException) -> MCPError | None:
+    if isinstance(error, MCPError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = _mcp_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _json(value: Any) -> bytes:
+    if value is None:
+        return b""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def catalog_tool(server: str, tool: types.Tool) -> CatalogTool:
+    annotations = (
+        None
+        if tool.annotations is None
+        else tool.annotations.model_dump(by_alias=True, exclude_none=True, mode="json")
+    )
+    return CatalogTool(
+        server=server,
+        name=tool.name,
+        description=tool.description or "",
+        input_schema_json=_json(tool.input_schema),
+        output_schema_json=_json(tool.output_schema),
+        annotations_json=_json(annotations),
+    )
+
+
+async def list_all_tools(client: Client, server: str) -> list[CatalogTool]:
+    """Every page of tools/list. A repeated tool name keeps its first listing."""
+    tools: dict[str, CatalogTool] = {}
+    cursor: str | None = None
+    seen_cursors: set[str] = set()
+    for _ in range(MAX_LIST_PAGES):
+        page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+        for tool in page.tools:
+            tools.setdefault(tool.name, catalog_tool(server, tool))
+        cursor = page.next_cursor
+        if cursor is None:
+            return list(tools.values())
+        if cursor in seen_cursors:
+            raise CatalogUnavailable(f"tools/list repeated the cursor {cursor!r}")
+        seen_cursors.add(cursor)
+    raise CatalogUnavailable(f"tools/list did not end within {MAX_LIST_PAGES} pages")
+
+
+class ConnectionSession:
+    """The owner of one connection's session. `run` is the owner task."""
+
+    def __init__(
+        self,
+        stored: StoredConnection,
+        commands: Mapping[str, StdioCommand],
+        timings: SessionTimings,
+        write_catalog: Callable[[list[CatalogTool]], Awaitable[CatalogWrite | None]],
+    ) -> None:
+        self.stored = stored
+        self._commands = commands
+        self._timings = timings
+        self._write_catalog = write_catalog
+        self._client: Client | None = None
+        self._status = SessionStatus(ConnectionState.CONNECTING, "", datetime.now(UTC))
+        self._stopping = anyio.Event()
+        self._wake = anyio.Event()
+        self._changed = anyio.Event()
+        self._broken = anyio.Event()
+        # Attempts that ended (connected or failed), and an event set when the next one does.
+        self.finished_attempts = 0
+        self._attempt_finished = anyio.Event()
+        self._refresh_lock = anyio.Lock()
+        self.last_refresh = -math.inf
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.stored.connection.tenant, self.stored.connection.name
+
+    @property
+    def status(self) -> SessionStatus:
+        return self._status
+
+    def _set_status(self, state: ConnectionState, error: str = "") -> None:
+        """The time changes only with the state, so a turn resolved during an outage reads
+        the same state, time and (usually) error until the server is back."""
+        previous = self._status
+        if state is ConnectionState.CONNECTED:
+            error = ""
+        elif not error:
+            error = previous.last_error
+        if state is previous.state:
+            if error != previous.last_error:
+                self._status = SessionStatus(state, error, previous.state_time)
+            return
+        self._status = SessionStatus(state, error, datetime.now(UTC))
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _finish_attempt(self) -> None:
+        self.finished_attempts += 1
+        finished, self._attempt_finished = self._attempt_finished, anyio.Event()
+        finished.set()
+
+    async def wait_attempt(self, after: int, wait_seconds: float) -> SessionStatus:
+        """Wait until more than `after` attempts have ended, or `wait_seconds` passed."""
+        with anyio.move_on_after(wait_seconds):
+            while self.finished_attempts <= after and not self._stopping.is_set():
+                await self._attempt_finished.wait()
+        return self._status
+
+    def reconnect_now(self) -> None:
+        """Skip the rest of the backoff delay."""
+        self._wake.set()
+
+    # The owner task.
+
+    async def run(self) -> None:
+        delay = self._timings.reconnect_min
+        name = self.stored.connection.name
+        while not self._stopping.is_set():
+            # A server that was lost stays UNREACHABLE while it is retried: CONNECTING is
+            # only the first attempt, so the state does not flap with every retry.
+            if self._status.state is not ConnectionState.UNREACHABLE:
+                self._set_status(ConnectionState.CONNECTING)
+            try:
+                await self._connect_and_serve()
+            except Exception as error:
+                detail = describe_error(error)
+                # Each new failure is a warning; the same one again, retry after retry, is not.
+                repeated = (
+                    self._status.state is ConnectionState.UNREACHABLE
+                    and self._status.last_error == detail
+                )
+                log.log(
+                    logging.DEBUG if repeated else logging.WARNING,
+                    "MCP connection %s/%s: %s",
+                    self.key[0],
+                    name,
+                    detail,
+                )
+                self._set_status(ConnectionState.UNREACHABLE, detail)
+                self._finish_attempt()
+            else:
+                if self._stopping.is_set():
+                    break
+                delay = self._timings.reconnect_min
+                self._set_status(ConnectionState.UNREACHABLE, "the connection closed")
+            # Jitter keeps many sidecars from reconnecting to one server in lockstep.
+            with anyio.move_on_after(delay * random.uniform(0.8, 1.2)):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(_set_when, self._stopping, group.cancel_scope)
+                    group.start_soon(_set_when, self._wake, group.cancel_scope)
+            self._wake = anyio.Event()
+            delay = min(delay * 2, self._timings.reconnect_max)
+        self._attempt_finished.set()
+
+    async def _connect_and_serve(self) -> None:
+        closed = anyio.Event()
+        self._broken = anyio.Event()
+        self._changed = anyio.Event()
+        transport = open_transport(self.stored.connection, self._commands, closed)
+        client = Client(transport, mode="auto", cache=None, message_handler=self._on_message)
+        deadline = anyio.current_time() + self._timings.connect_timeout
+        try:
+            with anyio.CancelScope(deadline=deadline) as connecting:
+                async with client, anyio.create_task_group() as group:
+                    # Subscribe before the first listing, so no change between them is lost.
+                    await group.start(self._listen, client)
+                    self._client = client
+                    # Sync on connect: a notification sent during initialisation can be lost.
+                    await self._refresh(client)
+                    connecting.deadline = math.inf
+                    self._set_status(ConnectionState.CONNECTED)
+                    self._finish_attempt()
+                    group.start_soon(self._refresh_on_change)
+                    await _first_of(self._stopping, closed, self._broken)
+                    # No new call may start on a session that is going away.
+                    self._client = None
+                    group.cancel_scope.cancel()
+        finally:
+            self._client = None
+        if connecting.cancelled_caught:
+            raise TimeoutError
+        if self._broken.is_set() and not closed.is_set() and not self._stopping.is_set():
+            raise CatalogUnavailable(self._status.last_error or "the session broke")
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self._changed.set()
+        elif isinstance(message, Exception):
+            log.info(
+                "MCP connection %s/%s transport error: %s",
+                *self.key,
+                describe_error(message),
+            )
+
+    async def _listen(
+        self, client: Client, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """2026-era servers deliver tools/list_changed only on a subscriptions/listen stream;
+        2025-era ones send it unprompted to the message handler."""
+        started = False
+        while True:
+            try:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    if not started:
+                        started = True
+                        task_status.started()
+                    async for _event in subscription:
+                        self._changed.set()
+            except ListenNotSupportedError:
+                break
+            except (MCPError, SubscriptionLost) as error:
+                log.info("MCP connection %s/%s: listen ended: %s", *self.key, describe_error(error))
+                lost = isinstance(error, SubscriptionLost) or error.code == types.INTERNAL_ERROR
+                if not started or not lost:
+                    break
+            # A stream that ended while the session lives is re-opened; changes meanwhile
+            # are caught by a re-list.
+            self._changed.set()
+            await anyio.sleep(self._timings.reconnect_min)
+        if not started:
+            task_status.started()
+
+    async def _refresh_on_change(self) -> None:
+        while True:
+            await self._changed.wait()
+            # Debounce: a burst of notifications becomes one listing.
+            await anyio.sleep(self._timings.list_changed_debounce)
+            self._changed = anyio.Event()
+            try:
+                await self.refresh()
+            except Exception as error:
+                log.warning(
+                    "MCP connection %s/%s: refresh after tools/list_changed failed: %s",
+                    *self.key,
+                    describe_error(error),
+                )
+
+    # Called from request handlers and the sweep.
+
+    async def refresh(self) -> CatalogWrite:
+        client = self._client
+        if client is None or self._status.state is not ConnectionState.CONNECTED:
+            raise CatalogUnavailable(self._unreachable_text())
+        return await self._refresh(client)
+
+    async def _refresh(self, client: Client) -> CatalogWrite:
+        async with self._refresh_lock:
+            try:
+                with anyio.fail_after(self._timings.connect_timeout):
+                    tools = await list_all_tools(client, self.stored.connection.name)
+            except Exception as error:
+                if (mcp_error := _mcp_error(error)) and mcp_error.code == types.CONNECTION_CLOSED:
+                    self._broken.set()
+                raise CatalogUnavailable(f"listing tools failed: {describe_error(error)}") from None
+            write = await self._write_catalog(tools)
+            if write is None:
+                raise CatalogUnavailable("the connection was deleted")
+            self.last_refresh = anyio.current_time()
+            return write
+
+    async def call_tool(
+        self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
+    ) -> McpToolResult:
+        if self._status.state is ConnectionState.CONNECTING:
+            await self.wait_attempt(
+                self.finished_attempts, min(timeout_seconds, self._timings.connect_timeout)
+            )
+        client = self._client
+        if client is None or self._status.state is not ConnectionState.CONNECTED:
+            raise ToolCallFailed(self._unreachable_text())
+        try:
+            # The SDK's read timeout answers first; the scope is a backstop.
+            with anyio.fail_after(timeout_seconds + 5):
+                result = await client.call_tool(
+                    tool, dict(arguments), read_timeout_seconds=timeout_seconds
+                )
+        except Exception as error:
+            raise ToolCallFailed(self._call_failure_text(tool, timeout_seconds, error)) from None
+        return tool_result(result)
+
+    def _unreachable_text(self) -> str:
+        status = self._status
+        server = self.stored.connection.name
+        if status.state is ConnectionState.CONNECTING:
+            return f"MCP server {server!r} is still connecting; try again shortly."
+        since = status.state_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+        reason = f": {status.last_error}" if status.last_error else ""
+        return f"MCP server {server!r} is unreachable since {since}{reason}."
+
+    def _call_failure_text(self, tool: str, timeout: float, error: BaseException) -> str:
+        server = self.stored.connection.name
+        mcp_error = _mcp_error(error)
+        if isinstance(error, TimeoutError) or (
+            mcp_error is not None and mcp_error.code == types.REQUEST_TIMEOUT
+        ):
+            return f"MCP server {server!r} did not answer {tool!r} within {timeout:g} seconds."
+        if mcp_error is not None and mcp_error.code == types.CONNECTION_CLOSED:
+            # Visible at once, not only when the owner has wound the session down.
+            if self._status.state is ConnectionState.CONNECTED:
+                self._set_status(ConnectionState.UNREACHABLE, "the connection closed")
+            self._broken.set()
+            return (
+                f"The connection to MCP server {server!r} closed during the call to {tool!r}; "
+                "the server is unreachable until it comes back."
+            )
+        if mcp_error is not None:
+            return (
+                f"MCP server {server!r} answered the call to {tool!r} with error "
+                f"{mcp_error.code}: {mcp_error.message}"
+            )
+        return f"The call to {tool!r} on MCP server {server!r} failed: {describe_error(error)}"
+
+
+async def _set_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def _first_of(*events: anyio.Event) -> None:
+    async with anyio.create_task_group() as group:
+        for event in events:
+            group.start_soon(_set_when, event, group.cancel_scope)

@@ -1,0 +1,124 @@
+"""Transports for a connection: stdio (an operator-allowed command only), streamable HTTP, SSE.
+
+Each transport's read stream is watched, so a session's owner learns the moment its server
+goes away (a stdio process exiting, an SSE stream ending) instead of at the next call.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import httpx2
+from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
+
+from psych_sidecar.config import StdioCommand
+from psych_sidecar.domain.catalog import Connection, TransportKind
+
+Item = SessionMessage | Exception
+# The read and write streams a transport yields (the SDK's TransportStreams).
+Streams = tuple[Any, Any]
+# The SDK's defaults for HTTP: a server may hold a response stream open for a long time.
+_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+
+
+class _WatchedReadStream:
+    """A transport's read stream that sets `closed` once the transport stops delivering."""
+
+    def __init__(self, inner: Any, closed: anyio.Event) -> None:
+        self._inner = inner
+        self._closed = closed
+
+    def __getattr__(self, name: str) -> Any:
+        # The SDK reads optional attributes such as `last_context` with getattr.
+        return getattr(self._inner, name)
+
+    async def receive(self) -> Item:
+        try:
+            item: Item = await self._inner.receive()
+            return item
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._closed.set()
+            raise
+
+    async def aclose(self) -> None:
+        self._closed.set()
+        await self._inner.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Item:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def stdio_parameters(
+    connection: Connection, commands: Mapping[str, StdioCommand]
+) -> StdioServerParameters:
+    """The process to start: the operator's argv and env, the connection's extra args and env.
+
+    Validation refused unknown commands at put time; a command removed from the
+    configuration since then is refused here, so the API alone never starts anything.
+    """
+    command = commands.get(connection.command)
+    if command is None:
+        raise PermissionError(
+            f"command {connection.command!r} is no longer allowed by the sidecar's configuration"
+        )
+    if connection.args and not command.allow_extra_args:
+        raise PermissionError(f"command {connection.command!r} no longer takes extra arguments")
+    return StdioServerParameters(
+        command=command.argv[0],
+        args=[*command.argv[1:], *connection.args],
+        env={**command.env, **connection.env},
+    )
+
+
+@asynccontextmanager
+async def _streamable_http(url: str, headers: Mapping[str, str]) -> AsyncIterator[Streams]:
+    async with (
+        httpx2.AsyncClient(headers=dict(headers), timeout=_HTTP_TIMEOUT) as http_client,
+        # Tool results of many megabytes are ordinary here: no cap on one SSE event.
+        streamable_http_client(url, http_client=http_client, max_sse_event_size=None) as streams,
+    ):
+        yield streams
+
+
+def _base_transport(
+    connection: Connection, commands: Mapping[str, StdioCommand]
+) -> AbstractAsyncContextManager[Any]:
+    if connection.transport is TransportKind.STDIO:
+        return stdio_client(stdio_parameters(connection, commands), errlog=sys.stderr)
+    if connection.transport is TransportKind.STREAMABLE_HTTP:
+        return _streamable_http(connection.url, connection.headers)
+    return sse_client(connection.url, headers=dict(connection.headers))
+
+
+@asynccontextmanager
+async def open_transport(
+    connection: Connection, commands: Mapping[str, StdioCommand], closed: anyio.Event
+) -> AsyncIterator[Streams]:
+    """The connection's transport; `closed` is set when it stops delivering messages."""
+    async with _base_transport(connection, commands) as (read_stream, write_stream):
+        yield _WatchedReadStream(read_stream, closed), write_stream

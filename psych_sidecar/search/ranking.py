@@ -1,0 +1,411 @@
+"""Tool search over a permitted catalogue: BM25F keywords fused with sentence embeddings.
+
+Lexical: BM25F, written here on purpose. A tool is a few short *fields* (its name, its server,
+its description, its parameter names) of very different value, and the ranking libraries
+(`bm25s`, `rank-bm25`) score one flat bag of words per document — they have no field weighting
+(BM25F), so the usual workaround is repeating tokens, which also inflates document lengths. A
+per-Run catalogue is hundreds to a few thousand tools; scoring postings in pure Python takes
+well under a millisecond there, and rank-bm25 scores every document on every query and has not
+been released since 2022.
+
+- identifiers are split: ``get_current_time``, ``getCurrentTime`` and ``get-current-time`` all
+  give ``get current time`` (and the whole name is kept as one more term);
+- English words are lowercased, stop words dropped, and stemmed (Snowball, ``snowballstemmer``);
+- runs of CJK characters become overlapping character bigrams (plus each character), the
+  usual dictionary-free way to index Chinese and Japanese;
+- Chinese text is also glossed into English (CC-CEDICT, ``search/gloss.py``) as fields of its
+  own, so "trending news" finds a tool described as 获取热榜 (and a Chinese query is glossed
+  to meet English descriptions);
+- a description's first sentence is a field too: it says what the tool is for, while the
+  usage notes after it (some run to pages) dilute the whole description;
+- fields are weighted and length-normalised separately (BM25F), so a query word in a tool's
+  name counts more than the same word deep in a long description.
+
+Semantic (when a :class:`TextEncoder` is configured): keywords miss a tool whose description
+says "fetch" when the query says "download". Each tool gets two sentence vectors, its name
+read as words and its description (for a Chinese description: the name words and the English
+gloss, as the model reads English only), and its similarity to the query is the larger cosine
+of the two: a long description does not drown what the name says. The model is
+all-MiniLM-L6-v2 run in numpy (``search/encoder.py`` says why not
+sentence-transformers: it would pull in torch). Vectors are kept by content hash
+(:class:`ToolEmbeddings`), so a catalogue change encodes only the tools whose text changed, and
+a query costs one short encoding plus a matrix-vector product.
+
+Fusion: reciprocal rank fusion (Cormack, Clarke & Büttcher 2009) — rank-based, so the two
+scores' different scales need no calibration (the constant is below, with why it is 10). A
+tool below a minimum cosine is not a semantic match at all and can only come from the
+keywords. An exact tool name (``tool``, ``server/tool`` or ``server__tool``) ranks first either way.
+
+Without an encoder (the model package is not installed, or ``semantic_search = "off"``) the
+ranking is BM25F alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+import snowballstemmer
+
+from psych_sidecar.search.gloss import HAN_RUN, english_gloss
+
+log = logging.getLogger(__name__)
+
+# BM25F parameters: term-frequency saturation, and per field (weight, length normalisation).
+_K1 = 1.2
+_FIELDS: dict[str, tuple[float, float]] = {
+    "name": (3.0, 0.3),
+    "server": (1.0, 0.3),
+    "server_description": (0.3, 0.75),
+    "server_description_gloss": (0.3, 0.75),
+    "summary": (1.0, 0.5),
+    "description": (1.0, 0.75),
+    "description_gloss": (1.0, 0.75),
+    "parameters": (0.6, 0.5),
+}
+# Reciprocal rank fusion's constant: a document's fused score is the sum of 1 / (10 + rank).
+# Cormack et al. used 60 for long web rankings; a tool search is read in its first five to
+# ten results, and a smaller constant lets a strong first place in either ranking count
+# (measured on LiveMCPBench: recall@5 +0.01 to +0.02 over 60, see docs/tool-surface.md).
+_RRF_K = 10
+# Below this cosine a tool is no semantic match (unrelated sentences score about 0.0-0.15 with
+# this model): it is left out of the semantic ranking, so a query matching nothing finds nothing.
+_MIN_SIMILARITY = 0.2
+
+Vectors = npt.NDArray[np.float32]
+
+_STOP_WORDS = frozenset(
+    [
+        "a",
+        "about",
+        "above",
+        "after",
+        "again",
+        "all",
+        "also",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "him",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "itself",
+        "just",
+        "me",
+        "more",
+        "most",
+        "my",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+    ]
+)
+
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_CJK = r"\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
+_CJK_RUN = re.compile(rf"[{_CJK}]+")
+_WORDS = re.compile(r"[^\W_]+")
+# A sentence ends at . ! ? followed by a space, or at a CJK full stop, exclamation or question mark.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])")
+_STEMMER = snowballstemmer.stemmer("english")
+
+
+@lru_cache(maxsize=65536)
+def _stem(word: str) -> str:
+    stemmed: str = _STEMMER.stemWord(word)
+    return stemmed
+
+
+def tokenize(text: str) -> list[str]:
+    """Search terms of a text: split identifiers, stemmed English words, CJK bigrams."""
+    terms: list[str] = []
+    for token in _TOKEN.findall(_CAMEL_BOUNDARY.sub(" ", text)):
+        if _CJK_RUN.fullmatch(token):
+            terms.extend(token)
+            terms.extend(token[i : i + 2] for i in range(len(token) - 1))
+            continue
+        word = token.lower()
+        if word not in _STOP_WORDS:
+            terms.append(_stem(word))
+    return terms
+
+
+def _name_terms(name: str) -> list[str]:
+    """An identifier's words plus the whole name, so an exact name still matches as one term."""
+    whole = name.lower()
+    terms = tokenize(name)
+    return [*terms, whole] if [whole] != terms else terms
+
+
+@dataclass(frozen=True, slots=True)
+class SearchDocument:
+    server: str
+    name: str
+    description: str
+    parameter_names: tuple[str, ...] = ()
+    server_description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    index: int
+    score: float
+
+
+class _Bm25F:
+    """BM25F over documents given as {field: terms}."""
+
+    def __init__(
+        self, documents: Sequence[dict[str, list[str]]], fields: dict[str, tuple[float, float]]
+    ) -> None:
+        count = len(documents)
+        averages = {
+            field: (sum(len(d.get(field, ())) for d in documents) / count if count else 0.0) or 1.0
+            for field in fields
+        }
+        self.postings: dict[str, list[tuple[int, float]]] = {}
+        for index, document in enumerate(documents):
+            weighted: dict[str, float] = {}
+            for field, terms in document.items():
+                if not terms:
+                    continue
+                weight, b = fields[field]
+                norm = 1 - b + b * len(terms) / averages[field]
+                for term, count_in_field in Counter(terms).items():
+                    weighted[term] = weighted.get(term, 0.0) + weight * count_in_field / norm
+            for term, frequency in weighted.items():
+                self.postings.setdefault(term, []).append((index, frequency))
+        self.idf = {
+            term: math.log(1 + (count - len(posting) + 0.5) / (len(posting) + 0.5))
+            for term, posting in self.postings.items()
+        }
+
+    def scores(self, terms: set[str]) -> dict[int, float]:
+        scores: dict[int, float] = {}
+        for term in terms:
+            posting = self.postings.get(term)
+            if posting is None:
+                continue
+            idf = self.idf[term]
+            for index, frequency in posting:
+                scores[index] = scores.get(index, 0.0) + idf * frequency / (_K1 + frequency)
+        return scores
+
+
+class Embeddings(Protocol):
+    """What ranking needs of sentence vectors (``search.embeddings.ToolEmbeddings`` implements
+    it): the ranking itself keeps no threads and makes no OS calls."""
+
+    def available(self) -> bool:
+        """Whether an encoder is there."""
+        ...
+
+    def vectors(self, texts: Sequence[str]) -> Vectors:
+        """One unit-length row per text, in order."""
+        ...
+
+    def query_vector(self, query: str) -> Vectors:
+        """The query's row."""
+        ...
+
+
+class SearchIndex:
+    """An immutable index over documents; build it once per catalogue and reuse it. With
+    `embeddings` (and an encoder available) the ranking is hybrid; building then encodes every
+    tool text not encoded before, the expensive step of a new catalogue."""
+
+    def __init__(
+        self, documents: Sequence[SearchDocument], embeddings: Embeddings | None = None
+    ) -> None:
+        self._documents = list(documents)
+        self._tools = _Bm25F([self._fields(document) for document in self._documents], _FIELDS)
+        self._exact: dict[str, list[int]] = {}
+        for index, document in enumerate(self._documents):
+            for key in (
+                document.name,
+                f"{document.server}/{document.name}",
+                f"{document.server}__{document.name}",
+            ):
+                self._exact.setdefault(key.lower(), []).append(index)
+        self._embeddings = embeddings if embeddings is not None and embeddings.available() else None
+        self._name_vectors = self._description_vectors = np.zeros((0, 0), dtype=np.float32)
+        if self._embeddings is not None and self._documents:
+            texts = [tool_texts(d.name, d.description) for d in self._documents]
+            self._name_vectors = self._embeddings.vectors([name for name, _ in texts])
+            self._description_vectors = self._embeddings.vectors([desc for _, desc in texts])
+
+    @property
+    def semantic(self) -> bool:
+        """Whether the ranking fuses sentence embeddings with the keywords."""
+        return self._embeddings is not None
+
+    @staticmethod
+    def _fields(document: SearchDocument) -> dict[str, list[str]]:
+        summary = first_sentence(document.description)
+        return {
+            "name": _name_terms(document.name),
+            "server": _name_terms(document.server),
+            "server_description": tokenize(document.server_description),
+            "server_description_gloss": tokenize(english_gloss(document.server_description)),
+            "summary": tokenize(summary) + tokenize(english_gloss(summary)),
+            "description": tokenize(document.description),
+            "description_gloss": tokenize(english_gloss(document.description)),
+            "parameters": [t for p in document.parameter_names for t in tokenize(p)],
+        }
+
+    def search(self, query: str, limit: int) -> list[SearchHit]:
+        """The best `limit` documents for the query, best first; ties by catalogue order.
+        Documents matching no query term and no close meaning are left out."""
+        # A Chinese query's gloss lets it match English descriptions too.
+        terms = set(tokenize(query)) | set(tokenize(english_gloss(query))) | {query.strip().lower()}
+        lexical = self._tools.scores(terms)
+        if self._embeddings is not None and self._documents:
+            scores = self._fused(lexical, self._embeddings.query_vector(query))
+        else:
+            scores = np.zeros(len(self._documents))
+            scores[list(lexical)] = list(lexical.values())
+        exact = self._exact.get(query.strip().lower(), [])
+        if exact:
+            scores[exact] = scores.max() + 1.0
+        candidates = np.flatnonzero(scores)
+        ranked = candidates[np.lexsort((candidates, -scores[candidates]))][:limit]
+        return [SearchHit(int(index), float(scores[index])) for index in ranked]
+
+    def _fused(self, lexical: dict[int, float], query: Vectors) -> npt.NDArray[np.float64]:
+        """Reciprocal rank fusion of the keyword ranking and the semantic one, per document
+        (0 for a document in neither)."""
+        similarity = np.maximum(self._name_vectors @ query, self._description_vectors @ query)
+        # Stable sort on the negated similarity: ties keep catalogue order.
+        semantic = np.argsort(-similarity, kind="stable")
+        semantic = semantic[similarity[semantic] >= _MIN_SIMILARITY]
+        keyword = sorted(lexical, key=lambda index: (-lexical[index], index))
+        fused = np.zeros(len(self._documents))
+        fused[keyword] += 1.0 / (_RRF_K + np.arange(1, len(keyword) + 1))
+        fused[semantic] += 1.0 / (_RRF_K + np.arange(1, len(semantic) + 1))
+        return fused
+
+
+def tool_texts(name: str, description: str) -> tuple[str, str]:
+    """What the encoder reads for a tool: its name as words, and its description. The model
+    knows English only, so a description with Chinese in it is read as the name words and the
+    English gloss."""
+    words = identifier_words(name)
+    description = description.strip()
+    if HAN_RUN.search(description):
+        return words, f"{words}. {english_gloss(description)}"
+    return words, description or words
+
+
+def first_sentence(text: str) -> str:
+    """A description's first sentence (up to its first line break at most): what the tool is
+    for, before the usage notes, examples and caveats that follow it in long descriptions."""
+    line = text.strip().split("\n", 1)[0]
+    return _SENTENCE_END.split(line, maxsplit=1)[0]
+
+
+def identifier_words(name: str) -> str:
+    """A tool name read as words for the encoder (which lowercases): `get_current_time` gives
+    `get current time`, `getCurrentTime` gives `get Current Time`."""
+    return " ".join(_WORDS.findall(_CAMEL_BOUNDARY.sub(" ", name)))

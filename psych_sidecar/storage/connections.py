@@ -1,0 +1,337 @@
+"""SqlConnectionStore: connections and the versioned, soft-delete catalogue in SQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, Engine, Row, insert, select, update
+from sqlalchemy import Connection as SqlConnection
+
+from psych_sidecar.domain.catalog import (
+    CatalogTool,
+    CatalogWrite,
+    Connection,
+    StoredConnection,
+    TransportKind,
+    listing_fingerprint,
+)
+from psych_sidecar.storage import tables
+from psych_sidecar.storage.db import transaction
+
+# Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
+_INSERT_BATCH = 500
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def _connection_values(connection: Connection) -> dict[str, Any]:
+    return {
+        "transport": connection.transport.value,
+        "command": connection.command,
+        "args": _dump(list(connection.args)),
+        "env": _dump(dict(connection.env)),
+        "url": connection.url,
+        "headers": _dump(dict(connection.headers)),
+        "preload": connection.preload,
+        "eager_tools": _dump(list(connection.eager_tools)),
+        "description": connection.description,
+        "allow_tools": _dump(list(connection.allow_tools)),
+        "deny_tools": _dump(list(connection.deny_tools)),
+    }
+
+
+def _stored(row: Row[Any]) -> StoredConnection:
+    return StoredConnection(
+        connection=Connection(
+            tenant=row.tenant,
+            name=row.name,
+            transport=TransportKind(row.transport),
+            command=row.command,
+            args=tuple(json.loads(row.args)),
+            env=json.loads(row.env),
+            url=row.url,
+            headers=json.loads(row.headers),
+            preload=row.preload,
+            eager_tools=tuple(json.loads(row.eager_tools)),
+            description=row.description,
+            allow_tools=tuple(json.loads(row.allow_tools)),
+            deny_tools=tuple(json.loads(row.deny_tools)),
+        ),
+        revision=row.revision,
+        catalog_version=row.catalog_version,
+        update_time=tables.from_us(row.update_time_us),
+    )
+
+
+def _tool(row: Row[Any], server: str) -> CatalogTool:
+    return CatalogTool(
+        server=server,
+        name=row.name,
+        description=row.description,
+        input_schema_json=bytes(row.input_schema),
+        output_schema_json=bytes(row.output_schema),
+        annotations_json=bytes(row.annotations),
+        catalog_version=row.catalog_version,
+        removed_in_version=row.removed_in_version,
+    )
+
+
+class SqlConnectionStore:
+    """Implements ConnectionRepository. Every method is one transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        placeholder = "?" if engine.dialect.name == "sqlite" else "%s"
+        self._versions_sql = (
+            "SELECT name, revision, catalog_version FROM connections "
+            f"WHERE tenant = {placeholder} AND delete_time_us IS NULL"
+        )
+
+    def _binary(self, column: ColumnElement[str]) -> ColumnElement[str]:
+        """Order by code point on both databases (SQLite's default; PostgreSQL's "C")."""
+        if self._engine.dialect.name == "postgresql":
+            return column.collate("C")
+        return column
+
+    def put_connection(self, connection: Connection) -> StoredConnection:
+        table = tables.connections
+        key = (table.c.tenant == connection.tenant, table.c.name == connection.name)
+        now = tables.now_us()
+        values = _connection_values(connection)
+        with transaction(self._engine, write=True) as conn:
+            row = conn.execute(select(table.c.revision).where(*key).with_for_update()).first()
+            if row is None:
+                conn.execute(
+                    insert(table).values(
+                        tenant=connection.tenant,
+                        name=connection.name,
+                        revision=1,
+                        catalog_version=0,
+                        create_time_us=now,
+                        update_time_us=now,
+                        delete_time_us=None,
+                        **values,
+                    )
+                )
+            else:
+                conn.execute(
+                    update(table)
+                    .where(*key)
+                    .values(
+                        revision=row.revision + 1,
+                        update_time_us=now,
+                        delete_time_us=None,
+                        **values,
+                    )
+                )
+            stored = conn.execute(select(table).where(*key)).one()
+        return _stored(stored)
+
+    def delete_connection(self, tenant: str, name: str) -> bool:
+        table = tables.connections
+        key = (table.c.tenant == tenant, table.c.name == name)
+        with transaction(self._engine, write=True) as conn:
+            row = conn.execute(
+                select(table.c.revision, table.c.catalog_version)
+                .where(*key, table.c.delete_time_us.is_(None))
+                .with_for_update()
+            ).first()
+            if row is None:
+                return False
+            now = tables.now_us()
+            conn.execute(
+                update(table)
+                .where(*key)
+                .values(
+                    revision=row.revision + 1,
+                    env="{}",
+                    headers="{}",
+                    update_time_us=now,
+                    delete_time_us=now,
+                )
+            )
+            if row.catalog_version > 0:
+                # Its tools leave every surface: an empty version supersedes the last one.
+                self._append_version(conn, tenant, name, row.catalog_version, [], now)
+        return True
+
+    def get_connection(self, tenant: str, name: str) -> StoredConnection | None:
+        table = tables.connections
+        with transaction(self._engine, write=False) as conn:
+            row = conn.execute(
+                select(table).where(
+                    table.c.tenant == tenant,
+                    table.c.name == name,
+                    table.c.delete_time_us.is_(None),
+                )
+            ).first()
+        return None if row is None else _stored(row)
+
+    def list_connections(
+        self, tenant: str, after_name: str, limit: int
+    ) -> tuple[list[StoredConnection], bool]:
+        table = tables.connections
+        name = self._binary(table.c.name)
+        with transaction(self._engine, write=False) as conn:
+            rows = conn.execute(
+                select(table)
+                .where(
+                    table.c.tenant == tenant,
+                    name > after_name,
+                    table.c.delete_time_us.is_(None),
+                )
+                .order_by(name)
+                .limit(limit + 1)
+            ).all()
+        return [_stored(row) for row in rows[:limit]], len(rows) > limit
+
+    def all_connections(self) -> list[StoredConnection]:
+        table = tables.connections
+        with transaction(self._engine, write=False) as conn:
+            rows = conn.execute(
+                select(table)
+                .where(table.c.delete_time_us.is_(None))
+                .order_by(table.c.tenant, table.c.name)
+            ).all()
+        return [_stored(row) for row in rows]
+
+    def connection_versions(self, tenant: str) -> dict[str, tuple[int, int]]:
+        # Every ResolveTurn and tool call runs this, so it skips SQLAlchemy's statement and
+        # transaction machinery (~6x the cost of the query itself): one SELECT is atomic on
+        # its own on both databases.
+        dbapi_connection = self._engine.raw_connection()
+        try:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(self._versions_sql, (tenant,))
+            rows = cursor.fetchall()
+            cursor.close()
+        finally:
+            dbapi_connection.close()
+        return {name: (revision, version) for name, revision, version in rows}
+
+    def write_catalog(
+        self, tenant: str, server: str, revision: int, tools: Sequence[CatalogTool]
+    ) -> CatalogWrite | None:
+        table, versions = tables.connections, tables.catalog_versions
+        fingerprint = listing_fingerprint(tools)
+        with transaction(self._engine, write=True) as conn:
+            # Locking the connection's row serialises refreshes, across sidecars too.
+            current = conn.execute(
+                select(table.c.catalog_version)
+                .where(
+                    table.c.tenant == tenant,
+                    table.c.name == server,
+                    table.c.revision == revision,
+                    table.c.delete_time_us.is_(None),
+                )
+                .with_for_update()
+            ).scalar()
+            if current is None:
+                return None
+            if current > 0:
+                previous = conn.execute(
+                    select(versions.c.fingerprint).where(
+                        versions.c.tenant == tenant,
+                        versions.c.server == server,
+                        versions.c.catalog_version == current,
+                    )
+                ).scalar()
+                if previous == fingerprint:
+                    return CatalogWrite(current, len(tools), changed=False)
+            version = self._append_version(conn, tenant, server, current, tools, tables.now_us())
+        return CatalogWrite(version, len(tools), changed=True)
+
+    @staticmethod
+    def _append_version(
+        conn: SqlConnection,
+        tenant: str,
+        server: str,
+        current: int,
+        tools: Sequence[CatalogTool],
+        now: int,
+    ) -> int:
+        """Write every tool at a new version, then mark all older current rows removed as of
+        it, in one statement. The caller holds the connection's row lock."""
+        catalog, versions = tables.catalog_tools, tables.catalog_versions
+        version = current + 1
+        conn.execute(
+            insert(versions).values(
+                tenant=tenant,
+                server=server,
+                catalog_version=version,
+                tool_count=len(tools),
+                fingerprint=listing_fingerprint(tools),
+                create_time_us=now,
+            )
+        )
+        rows = [
+            {
+                "tenant": tenant,
+                "server": server,
+                "catalog_version": version,
+                "name": tool.name,
+                "description": tool.description,
+                "input_schema": tool.input_schema_json,
+                "output_schema": tool.output_schema_json,
+                "annotations": tool.annotations_json,
+                "removed_in_version": 0,
+            }
+            for tool in tools
+        ]
+        for start in range(0, len(rows), _INSERT_BATCH):
+            conn.execute(insert(catalog), rows[start : start + _INSERT_BATCH])
+        conn.execute(
+            update(catalog)
+            .where(
+                catalog.c.tenant == tenant,
+                catalog.c.server == server,
+                catalog.c.removed_in_version == 0,
+                catalog.c.catalog_version < version,
+            )
+            .values(removed_in_version=version)
+        )
+        conn.execute(
+            update(tables.connections)
+            .where(tables.connections.c.tenant == tenant, tables.connections.c.name == server)
+            .values(catalog_version=version)
+        )
+        return version
+
+    def catalog_tools(
+        self, tenant: str, server: str, version: int
+    ) -> tuple[int, list[CatalogTool]] | None:
+        table, versions, catalog = (
+            tables.connections,
+            tables.catalog_versions,
+            tables.catalog_tools,
+        )
+        query = select(catalog).where(catalog.c.tenant == tenant, catalog.c.server == server)
+        with transaction(self._engine, write=False) as conn:
+            if version == 0:
+                current = conn.execute(
+                    select(table.c.catalog_version).where(
+                        table.c.tenant == tenant, table.c.name == server
+                    )
+                ).scalar()
+                if current is None:
+                    return None
+                # The current catalogue is what carries no removal marker.
+                rows = conn.execute(query.where(catalog.c.removed_in_version == 0)).all()
+                version = rows[0].catalog_version if rows else current
+            else:
+                exists = conn.execute(
+                    select(versions.c.catalog_version).where(
+                        versions.c.tenant == tenant,
+                        versions.c.server == server,
+                        versions.c.catalog_version == version,
+                    )
+                ).first()
+                if exists is None:
+                    return None
+                rows = conn.execute(query.where(catalog.c.catalog_version == version)).all()
+        # Sorted here, not in SQL: a database's collation must not decide the order.
+        return version, sorted((_tool(row, server) for row in rows), key=lambda t: t.name)

@@ -1,0 +1,287 @@
+"""SqlStore: the domain's repositories over SQLAlchemy Core, for SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from sqlalchemy import Connection, Engine, Insert, Table, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+
+from psych_sidecar.domain.errors import Reason, SidecarError, run_not_found
+from psych_sidecar.domain.runlog import (
+    AppendedRecord,
+    ContentPart,
+    PartKind,
+    PublishedSpec,
+    Record,
+    RecordKind,
+    Run,
+    Spec,
+    StoredRecord,
+    ToolCall,
+    ToolGrant,
+)
+from psych_sidecar.storage import tables
+from psych_sidecar.storage.db import transaction
+
+
+class _AlreadyAppended(Exception):
+    """A request id already used in the Run: unwinds the transaction (and the sequences it
+    reserved) and carries the first append's fingerprint and answer."""
+
+    def __init__(self, fingerprint: str, result: str) -> None:
+        super().__init__(fingerprint)
+        self.fingerprint = fingerprint
+        self.result = result
+
+
+class SqlStore:
+    """Implements SpecRepository and RunRepository. Every method is one transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # Specs
+
+    def insert_spec(self, spec: Spec) -> PublishedSpec:
+        existing = self.get_spec(spec.name, spec.version)
+        if existing is not None:
+            return existing
+        now = tables.now_us()
+        try:
+            with transaction(self._engine, write=True) as conn:
+                conn.execute(
+                    insert(tables.specs).values(
+                        name=spec.name,
+                        version=spec.version,
+                        body=spec.canonical_json(),
+                        fingerprint=spec.fingerprint(),
+                        create_time_us=now,
+                    )
+                )
+        except IntegrityError:
+            # Another publisher won the race; the caller compares content.
+            stored = self.get_spec(spec.name, spec.version)
+            assert stored is not None
+            return stored
+        return PublishedSpec(spec, tables.from_us(now))
+
+    def get_spec(self, name: str, version: int) -> PublishedSpec | None:
+        with transaction(self._engine, write=False) as conn:
+            row = conn.execute(
+                select(tables.specs.c.body, tables.specs.c.create_time_us).where(
+                    tables.specs.c.name == name, tables.specs.c.version == version
+                )
+            ).first()
+        if row is None:
+            return None
+        return PublishedSpec(Spec.from_canonical_json(row.body), tables.from_us(row.create_time_us))
+
+    # Runs
+
+    def insert_run(
+        self,
+        run_id: str,
+        tenant: str,
+        spec_name: str,
+        spec_version: int,
+        tool_restrictions: tuple[ToolGrant, ...],
+    ) -> Run:
+        now = tables.now_us()
+        restrictions = json.dumps([[g.server_pattern, g.tool_pattern] for g in tool_restrictions])
+        with transaction(self._engine, write=True) as conn:
+            conn.execute(
+                insert(tables.runs).values(
+                    run_id=run_id,
+                    tenant=tenant,
+                    spec_name=spec_name,
+                    spec_version=spec_version,
+                    tool_restrictions=restrictions,
+                    create_time_us=now,
+                    last_sequence=0,
+                )
+            )
+        return Run(run_id, tenant, spec_name, spec_version, tool_restrictions, tables.from_us(now))
+
+    def get_run(self, run_id: str) -> Run | None:
+        runs = tables.runs
+        with transaction(self._engine, write=False) as conn:
+            row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
+        if row is None:
+            return None
+        return Run(
+            run_id=row.run_id,
+            tenant=row.tenant,
+            spec_name=row.spec_name,
+            spec_version=row.spec_version,
+            tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
+            create_time=tables.from_us(row.create_time_us),
+        )
+
+    def append_records(
+        self,
+        run_id: str,
+        records: Sequence[Record],
+        handles: Sequence[str],
+        request_id: str,
+        fingerprint: str,
+    ) -> list[AppendedRecord]:
+        runs, requests = tables.runs, tables.append_requests
+        try:
+            with transaction(self._engine, write=True) as conn:
+                # One statement locks the Run's row, which serialises appends to it (across
+                # sidecars too), and reserves the sequence numbers; a rollback returns them.
+                last = conn.execute(
+                    update(runs)
+                    .where(runs.c.run_id == run_id)
+                    .values(last_sequence=runs.c.last_sequence + len(records))
+                    .returning(runs.c.last_sequence)
+                ).scalar()
+                if last is None:
+                    raise run_not_found(run_id)
+                last -= len(records)
+                appended = [
+                    AppendedRecord(last + offset, handle)
+                    for offset, handle in enumerate(handles, start=1)
+                ]
+                if request_id:
+                    claimed = conn.execute(
+                        self._insert_ignoring_conflicts(requests)
+                        .values(
+                            run_id=run_id,
+                            request_id=request_id,
+                            fingerprint=fingerprint,
+                            result=json.dumps([[e.sequence, e.handle] for e in appended]),
+                        )
+                        .returning(requests.c.request_id)
+                    ).first()
+                    if claimed is None:
+                        prior = conn.execute(
+                            select(requests.c.fingerprint, requests.c.result).where(
+                                requests.c.run_id == run_id, requests.c.request_id == request_id
+                            )
+                        ).one()
+                        raise _AlreadyAppended(prior.fingerprint, prior.result)
+                self._insert_records(conn, run_id, records, appended)
+        except _AlreadyAppended as retry:
+            if retry.fingerprint != fingerprint:
+                raise SidecarError(
+                    Reason.REQUEST_ID_REUSED,
+                    f"request id {request_id!r} was already used in this run for different records",
+                    run_id=run_id,
+                    request_id=request_id,
+                ) from None
+            return [AppendedRecord(s, h) for s, h in json.loads(retry.result)]
+        return appended
+
+    def _insert_ignoring_conflicts(self, table: Table) -> Insert:
+        """INSERT … ON CONFLICT DO NOTHING, in the engine's dialect."""
+        if self._engine.dialect.name == "postgresql":
+            return postgresql.insert(table).on_conflict_do_nothing()
+        return sqlite.insert(table).on_conflict_do_nothing()
+
+    @staticmethod
+    def _insert_records(
+        conn: Connection,
+        run_id: str,
+        records: Sequence[Record],
+        appended: list[AppendedRecord],
+    ) -> None:
+        now = tables.now_us()
+        conn.execute(
+            insert(tables.records),
+            [
+                {
+                    "run_id": run_id,
+                    "sequence": entry.sequence,
+                    "kind": record.kind.value,
+                    "create_time_us": now,
+                    "handle": entry.handle or None,
+                    "call_id": record.call_id,
+                    "server": record.server,
+                    "tool": record.tool,
+                    "is_error": record.is_error,
+                    "tool_calls": json.dumps(
+                        [[c.call_id, c.name, c.arguments_json] for c in record.tool_calls],
+                        ensure_ascii=False,
+                    ),
+                    "content_bytes": sum(len(part.data) for part in record.content),
+                }
+                for record, entry in zip(records, appended, strict=True)
+            ],
+        )
+        part_rows = [
+            {
+                "run_id": run_id,
+                "sequence": entry.sequence,
+                "part_index": index,
+                "kind": part.kind.value,
+                "mime_type": part.mime_type,
+                "data": part.data,
+                "char_count": None if part.kind is PartKind.BINARY else len(part.data.decode()),
+            }
+            for record, entry in zip(records, appended, strict=True)
+            for index, part in enumerate(record.content)
+        ]
+        if part_rows:
+            conn.execute(insert(tables.record_parts), part_rows)
+
+    def list_records(
+        self,
+        run_id: str,
+        after_sequence: int,
+        kinds: tuple[RecordKind, ...],
+        limit: int,
+        max_bytes: int,
+    ) -> tuple[list[StoredRecord], bool]:
+        records, parts = tables.records, tables.record_parts
+        query = select(records).where(
+            records.c.run_id == run_id, records.c.sequence > after_sequence
+        )
+        if kinds:
+            query = query.where(records.c.kind.in_([kind.value for kind in kinds]))
+        with transaction(self._engine, write=False) as conn:
+            # One row past the page tells whether another page follows.
+            rows = conn.execute(query.order_by(records.c.sequence).limit(limit + 1)).all()
+            kept, total = 0, 0
+            for row in rows[:limit]:
+                total += row.content_bytes
+                if total > max_bytes and kept > 0:
+                    break
+                kept += 1
+            more = len(rows) > kept
+            rows = rows[:kept]
+            if not rows:
+                return [], False
+            content: dict[int, list[ContentPart]] = {row.sequence: [] for row in rows}
+            for part in conn.execute(
+                select(parts.c.sequence, parts.c.kind, parts.c.mime_type, parts.c.data)
+                .where(
+                    parts.c.run_id == run_id,
+                    parts.c.sequence.in_([row.sequence for row in rows]),
+                )
+                .order_by(parts.c.sequence, parts.c.part_index)
+            ):
+                content[part.sequence].append(
+                    ContentPart(PartKind(part.kind), bytes(part.data), part.mime_type)
+                )
+        return [
+            StoredRecord(
+                run_id=run_id,
+                sequence=row.sequence,
+                create_time=tables.from_us(row.create_time_us),
+                handle=row.handle or "",
+                record=Record(
+                    kind=RecordKind(row.kind),
+                    content=tuple(content[row.sequence]),
+                    tool_calls=tuple(ToolCall(*call) for call in json.loads(row.tool_calls)),
+                    call_id=row.call_id,
+                    server=row.server,
+                    tool=row.tool,
+                    is_error=row.is_error,
+                ),
+            )
+            for row in rows
+        ], more
