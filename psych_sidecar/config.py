@@ -159,6 +159,16 @@ class Settings(BaseSettings):
         ge=0,
         description="tools/list_changed notifications within this window cause one refresh.",
     )
+    assembly_journal: bool = Field(
+        default=True,
+        description="Keep one row of metadata per AssemblePrompt (zone sizes and digests, the "
+        "tool surface, elisions; never content) for the Run inspector.",
+    )
+    assembly_journal_retention_hours: float = Field(
+        default=168.0,
+        gt=0,
+        description="How long assembly journal rows are kept before they are deleted.",
+    )
 
     @field_validator("listen", "health_listen")
     @classmethod

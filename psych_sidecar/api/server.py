@@ -52,6 +52,7 @@ from psych_sidecar.mcp.service import ConnectionService
 from psych_sidecar.search.encoder import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
+from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.usage import SqlUsageStore
@@ -201,6 +202,12 @@ class Sidecar:
         )
         self.catalog = self.mcp
         self.tool_runner = self.mcp
+        # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
+        self.journal = (
+            SqlAssemblyJournal(self._engine, settings.assembly_journal_retention_hours * 3600)
+            if settings.assembly_journal
+            else None
+        )
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
         self.bound: list[str] = []
@@ -236,7 +243,7 @@ class Sidecar:
             _Binding(
                 TurnServicer(
                     resolver,
-                    PromptAssembler(runs, specs, log, resolver.resolve_turn),
+                    PromptAssembler(runs, specs, log, resolver.resolve_turn, journal=self.journal),
                     blocking,
                     limit,
                 ),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.errors import field_invalid, spec_not_found
@@ -26,6 +26,7 @@ from psych_sidecar.domain.prompt.elision import (
     plan_batch,
     plan_view,
 )
+from psych_sidecar.domain.prompt.journal import AssemblyJournal, assembly_entry
 from psych_sidecar.domain.prompt.providers import anthropic_body, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
@@ -180,6 +181,7 @@ class PromptAssembler:
         log: LogReader,
         surfaces: Callable[[str], ToolSurface],
         view_cache_size: int = 10_000,
+        journal: AssemblyJournal | None = None,
     ) -> None:
         self._runs = runs
         self._specs = specs
@@ -187,6 +189,8 @@ class PromptAssembler:
         # The Run's tool surface for this turn (TurnResolver.resolve_turn).
         self._surfaces = surfaces
         self._views = ViewCache(view_cache_size)
+        # Told each prompt's metadata (never its content) after it is assembled.
+        self._journal = journal
 
     def assemble(
         self,
@@ -224,12 +228,28 @@ class PromptAssembler:
             surface=surface,
         )
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
-        return AssembledPrompt(
+        assembled = AssembledPrompt(
             prompt,
             zone_digests(prompt),
             anthropic_body(prompt, model, max_tokens),
             openai_body(prompt, model, max_tokens),
         )
+        if self._journal is not None:
+            self._journal.record(
+                assembly_entry(
+                    run_id=run_id,
+                    time=datetime.now(UTC),
+                    model=model,
+                    spec_name=spec.name,
+                    spec_version=spec.version,
+                    skeletons=skeletons,
+                    digests=assembled.zones,
+                    surface=surface,
+                    elided={sequence: view.handle for sequence, view in elided.items()},
+                    thresholds=spec.effective_thresholds(),
+                )
+            )
+        return assembled
 
     def _elided(
         self,
