@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="serve only grpc.health.v1 here too (a probe port on the pod IP, say)",
     )
+    serve.add_argument(
+        "--admin-listen",
+        action="append",
+        metavar="ADDR",
+        help="serve the admin HTTP listener (/metrics) on HOST:PORT; repeat for several",
+    )
     serve.add_argument("--max-message-bytes", type=int, help="largest request or response")
     serve.add_argument(
         "--allow-non-loopback", action="store_true", default=None, help="allow non-loopback TCP"
@@ -63,6 +69,7 @@ def _settings(arguments: argparse.Namespace) -> Settings:
         listen=getattr(arguments, "listen", None),
         max_message_bytes=getattr(arguments, "max_message_bytes", None),
         health_listen=getattr(arguments, "health_listen", None),
+        admin_listen=getattr(arguments, "admin_listen", None),
         allow_non_loopback=getattr(arguments, "allow_non_loopback", None),
     )
 

@@ -101,6 +101,13 @@ class Settings(BaseSettings):
             "listeners (a kubelet on the pod IP); any interface is allowed here."
         ),
     )
+    admin_listen: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Addresses of the admin HTTP listener (/metrics, for Prometheus); off when empty. "
+            "Loopback, or the pod IP so Prometheus can scrape it: any interface is allowed."
+        ),
+    )
     unix_socket_mode: int = Field(
         default=0o660,
         ge=0,
@@ -170,7 +177,7 @@ class Settings(BaseSettings):
         description="How long assembly journal rows are kept before they are deleted.",
     )
 
-    @field_validator("listen", "health_listen")
+    @field_validator("listen", "health_listen", "admin_listen")
     @classmethod
     def _valid_addresses(cls, values: list[str]) -> list[str]:
         for value in values:
@@ -202,6 +209,9 @@ class Settings(BaseSettings):
 
     def health_listen_addresses(self) -> list[ListenAddress]:
         return [parse_listen_address(value) for value in self.health_listen]
+
+    def admin_listen_addresses(self) -> list[ListenAddress]:
+        return [parse_listen_address(value) for value in self.admin_listen]
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'sidecar.db').resolve()}"

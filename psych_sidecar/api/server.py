@@ -20,6 +20,7 @@ from google.protobuf import descriptor, message_factory
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from starlette.routing import BaseRoute
 
 from psych.sidecar.v1 import (
     connection_service_pb2,
@@ -29,6 +30,7 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     usage_service_pb2,
 )
+from psych_sidecar.admin import AdminServer
 from psych_sidecar.api.connections import ConnectionServicer
 from psych_sidecar.api.errors import abort
 from psych_sidecar.api.servicers import (
@@ -56,6 +58,7 @@ from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.usage import SqlUsageStore
+from psych_sidecar.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +215,14 @@ class Sidecar:
         self._health_server: grpc.aio.Server | None = None
         self.bound: list[str] = []
         self.health_bound: list[str] = []
+        self.admin: AdminServer | None = None
+        self._unwatch: Callable[[], None] | None = None
+        self._loop_lag: asyncio.Task[None] | None = None
+
+    def _admin_routes(self) -> list[BaseRoute]:
+        """Everything the admin listener serves; a module serving a page there adds its
+        `admin_routes(...)` here."""
+        return [*metrics.admin_routes()]
 
     def _bindings(self) -> list[_Binding]:
         store = SqlStore(self._engine)
@@ -308,6 +319,11 @@ class Sidecar:
             await health_server.start()
             self._health_server = health_server
             self._restrict_sockets(self.settings.health_listen_addresses())
+        if self.settings.admin_listen:
+            self.admin = AdminServer(self.settings.admin_listen_addresses(), self._admin_routes())
+            await self.admin.start()
+            self._unwatch = metrics.watch(self)
+            self._loop_lag = asyncio.create_task(metrics.watch_loop_lag())
         for name in ["", *service_names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("psych-sidecar serving on %s", ", ".join(self.bound))
@@ -328,6 +344,17 @@ class Sidecar:
             return address.grpc_target
         return ListenAddress(host=address.host, port=port).grpc_target
 
+    # metrics.StateSource: read at every scrape.
+
+    def connection_states(self) -> list[tuple[str, str]]:
+        return self.mcp.connection_states()
+
+    def catalog_sizes(self) -> list[tuple[str, int]]:
+        return self.mcp.catalog_sizes()
+
+    def warmup_backlog(self) -> int:
+        return self._embeddings.backlog() if self._embeddings is not None else 0
+
     def _warm_search(self, tools: Sequence[CatalogTool]) -> None:
         if self._embeddings is not None:
             self._embeddings.warm_in_background([(t.name, t.description) for t in tools])
@@ -341,6 +368,14 @@ class Sidecar:
             await self._server.stop(self.settings.shutdown_grace_seconds)
         if self._health_server is not None:
             await self._health_server.stop(None)
+        if self.admin is not None:
+            await self.admin.stop()
+        if self._unwatch is not None:
+            self._unwatch()
+        if self._loop_lag is not None:
+            self._loop_lag.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_lag
         await self.mcp.stop()
         if self._embeddings is not None:
             self._embeddings.close()
