@@ -30,7 +30,7 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     usage_service_pb2,
 )
-from psych_sidecar.admin import AdminServer
+from psych_sidecar.admin import AdminServer, ui
 from psych_sidecar.api.connections import ConnectionServicer
 from psych_sidecar.api.errors import abort
 from psych_sidecar.api.servicers import (
@@ -45,6 +45,7 @@ from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutputReader
 from psych_sidecar.domain.catalog import CatalogTool
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
+from psych_sidecar.domain.inspect import RunInspector
 from psych_sidecar.domain.prompt import PromptAssembler, SpecLookup
 from psych_sidecar.domain.runlog import RunService, SpecService
 from psych_sidecar.domain.surface import TurnResolver
@@ -54,6 +55,7 @@ from psych_sidecar.mcp.service import ConnectionService
 from psych_sidecar.search.encoder import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
+from psych_sidecar.storage.inspection import SqlRunDirectory
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
@@ -216,13 +218,18 @@ class Sidecar:
         self.bound: list[str] = []
         self.health_bound: list[str] = []
         self.admin: AdminServer | None = None
+        self._inspector: RunInspector | None = None
         self._unwatch: Callable[[], None] | None = None
         self._loop_lag: asyncio.Task[None] | None = None
 
     def _admin_routes(self) -> list[BaseRoute]:
         """Everything the admin listener serves; a module serving a page there adds its
         `admin_routes(...)` here."""
-        return [*metrics.admin_routes()]
+        assert self._inspector is not None, "routes are built after the bindings"
+        return [
+            *metrics.admin_routes(),
+            *ui.admin_routes(self._inspector, Blocking(self._executor)),
+        ]
 
     def _bindings(self) -> list[_Binding]:
         store = SqlStore(self._engine)
@@ -236,6 +243,15 @@ class Sidecar:
         )
         specs = SpecLookup(store)
         reader = ToolOutputReader(runs, log)
+        self._inspector = RunInspector(
+            runs,
+            SqlRunDirectory(self._engine),
+            self.journal,
+            SqlUsageStore(self._engine),
+            reader,
+            self.catalog,
+            self._connection_store,
+        )
         return [
             _Binding(
                 SpecServicer(SpecService(store), blocking),
