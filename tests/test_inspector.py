@@ -44,10 +44,19 @@ from psych.sidecar.v1 import (
 from psych_sidecar.admin.ui import CONTENT_SECURITY_POLICY
 from tests.conftest import RunningSidecar, Stubs
 from tests.helpers import user
-from tests.mcp_helpers import fixture_commands, listed, put_stdio, wait_for
+from tests.mcp_helpers import (
+    fixture_commands,
+    free_port,
+    listed,
+    put_http,
+    put_stdio,
+    wait_for,
+)
 from tests.prompt_helpers import append, assemble, assistant, dispatch, run_with, thresholds
 
 ROOT = Path(__file__).parent.parent
+URL_SECRET = "url-secret-4f1c"
+HEADER_SECRET = "header-secret-9a2e"
 DOCS_SCREENSHOT = ROOT / "docs" / "inspector-timeline.png"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -161,6 +170,22 @@ def scripted(stubs: Stubs, grpc_server: RunningSidecar, grpc_channel: grpc.Chann
     wait_for(lambda: listed(stubs, tenant)["docs"].catalog_version >= 2, "the second catalogue")
     assemble(stubs, run_id)
     record_usage(input_tokens=200, cache_read_tokens=1400, output_tokens=20)
+
+    # Another tenant's server that never answers: unreachable, with a last error. Its URL and
+    # headers carry secrets the page must not show.
+    put_http(
+        stubs,
+        "globex",
+        "down",
+        f"http://127.0.0.1:{free_port()}/mcp?token={URL_SECRET}",
+        headers={"Authorization": f"Bearer {HEADER_SECRET}"},
+    )
+    wait_for(
+        lambda: (
+            listed(stubs, "globex")["down"].state == connection_pb2.CONNECTION_STATE_UNREACHABLE
+        ),
+        "the unreachable server's state",
+    )
 
     admin = grpc_server.sidecar.admin
     assert admin is not None
@@ -438,6 +463,15 @@ def test_connections_show_state_last_error_and_catalogue_diffs(
     # Secrets and launch details never reach the page.
     assert "fixture_server.py" not in browser.page_source
     _screenshot(browser, tmp_path / "connections.png")
+
+    browser.get(f"{scripted.base_url}/ui/connections?tenant=globex")
+    down = browser.find_element(By.CSS_SELECTOR, "article.connection[data-name='down']")
+    assert "unreachable" in down.find_element(By.CSS_SELECTOR, "h2").text
+    assert down.find_element(By.CSS_SELECTOR, ".last-error").text not in ("", "none")
+    assert "Never listed." in down.text
+    assert URL_SECRET not in browser.page_source
+    assert HEADER_SECRET not in browser.page_source
+    _screenshot(browser, tmp_path / "connections-unreachable.png")
 
 
 def test_no_request_leaves_the_admin_listener_and_nothing_breaks_the_policy(

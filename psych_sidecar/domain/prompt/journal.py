@@ -12,7 +12,7 @@ log, the Spec and the catalogue versions; the digests say whether a rebuild matc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -125,21 +125,24 @@ def assembly_entry(
     elided: Mapping[int, str],
     thresholds: EffectiveThresholds,
     context_guard: str | None = None,
+    guard_elided: Collection[int] = (),
 ) -> AssemblyEntry:
     """The entry for one assembled prompt. `elided` maps the sequences elided to their
-    handles; the rule follows from the algorithm: a result at or over the per-result
-    threshold went in step 2, any other in step 3."""
+    handles. Those in `guard_elided` were elided by the context guard; for the others the
+    rule follows from the algorithm: a result at or over the per-result threshold went in
+    step 2, any other in step 3."""
     by_sequence = {s.sequence: s for s in skeletons}
     turn, step = turn_and_step(skeletons)
     rules = []
     for sequence in sorted(elided):
         skeleton = by_sequence.get(sequence)
         tokens = estimate_tokens(skeleton.content_bytes) if skeleton is not None else 0
-        rule = (
-            ElisionRule.PER_RESULT
-            if tokens >= thresholds.per_result_tokens
-            else ElisionRule.PER_BATCH
-        )
+        if sequence in guard_elided:
+            rule = ElisionRule.CONTEXT_GUARD
+        elif tokens >= thresholds.per_result_tokens:
+            rule = ElisionRule.PER_RESULT
+        else:
+            rule = ElisionRule.PER_BATCH
         rules.append(ElidedResult(sequence, elided[sequence], rule))
     return AssemblyEntry(
         run_id=run_id,
