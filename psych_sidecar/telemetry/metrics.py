@@ -127,6 +127,12 @@ STORAGE_WAIT_SECONDS = Histogram(
     buckets=_FAST,
     registry=REGISTRY,
 )
+DB_POOL_WAIT_SECONDS = Histogram(
+    f"{PREFIX}_db_pool_wait_seconds",
+    "Time a transaction waited for a connection from the database pool.",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
 LOOP_LAG_SECONDS = Histogram(
     f"{PREFIX}_event_loop_lag_seconds",
     "How late the event loop ran a timer that was due (sampled twice a second).",
