@@ -8,6 +8,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import signal
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf import duration_pb2, struct_pb2
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -26,6 +30,7 @@ from psych.sidecar.v1 import (
     connection_pb2,
     connection_service_pb2,
     run_service_pb2,
+    run_service_pb2_grpc,
     spec_pb2,
     tool_service_pb2,
     turn_service_pb2,
@@ -36,6 +41,7 @@ from psych_sidecar.config import Settings, StdioCommand
 from psych_sidecar.telemetry.logs import JsonFormatter
 from tests.conftest import RunningSidecar, Stubs, rpc_failure
 from tests.helpers import user
+from tests.mcp_helpers import free_port, wait_for_port
 from tests.prompt_helpers import append, assistant, history_results, run_with, thresholds
 
 FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
@@ -348,3 +354,57 @@ def test_json_logs_carry_the_rpc_run_id_and_trace_id(
     assert line["trace_id"] == TRACE_ID
     assert line["level"] == "DEBUG"
     assert "answered OK" in line["message"]
+
+
+def test_serve_writes_json_lines_and_serves_metrics_from_its_flags(tmp_path: Path) -> None:
+    """The operator's view: `serve --log-format json --admin-listen`, every stderr line JSON."""
+    socket_path = tmp_path / "s.sock"
+    port = free_port()
+    env = {**os.environ, "PSYCH_SIDECAR_LOG_LEVEL": "DEBUG"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "psych_sidecar",
+            "serve",
+            "--listen",
+            f"unix://{socket_path}",
+            "--database-url",
+            f"sqlite:///{tmp_path / 'db'}",
+            "--log-format",
+            "json",
+            "--admin-listen",
+            f"127.0.0.1:{port}",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for_port(port, process)
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+            failure = rpc_failure(
+                lambda: run_service_pb2_grpc.RunServiceStub(channel).GetRun(
+                    run_service_pb2.GetRunRequest(run_id="run_unknown"),
+                    timeout=10,
+                    metadata=TRACE_METADATA,
+                )
+            )
+        assert failure.info.reason == "RUN_NOT_FOUND"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            scraped = response.read().decode()
+        samples = {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(scraped)
+            for sample in family.samples
+        }
+        labels = {"method": f"{RPC}.RunService/GetRun", "code": "NOT_FOUND"}
+        assert value(samples, "psych_sidecar_rpcs_total", **labels) == 1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0
+    lines = [json.loads(line) for line in stderr.decode().splitlines()]
+    assert {"time", "level", "logger", "message"} <= set(lines[0])
+    [answered] = [line for line in lines if line.get("run_id") == "run_unknown"]
+    assert answered["rpc"] == f"/{RPC}.RunService/GetRun"
+    assert "NOT_FOUND" in answered["message"]
