@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from google.protobuf import duration_pb2, struct_pb2
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -408,3 +410,53 @@ def test_serve_writes_json_lines_and_serves_metrics_from_its_flags(tmp_path: Pat
     [answered] = [line for line in lines if line.get("run_id") == "run_unknown"]
     assert answered["rpc"] == f"/{RPC}.RunService/GetRun"
     assert "NOT_FOUND" in answered["message"]
+
+
+MONITORING = Path(__file__).parent.parent / "deploy" / "monitoring"
+METRIC_NAME = re.compile(r"\bpsych_sidecar_[a-z0-9_]+")
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gauge": ("",),
+}
+
+
+def exported_names(running: RunningSidecar) -> set[str]:
+    """Every sample name the sidecar exports (its families and their suffixes), whether
+    or not a labelled child exists yet."""
+    assert running.sidecar.admin is not None
+    with urllib.request.urlopen(running.sidecar.admin.bound[0] + "/metrics", timeout=10) as r:
+        families = list(text_string_to_metric_families(r.read().decode()))
+    return {
+        family.name + suffix for family in families for suffix in SUFFIXES.get(family.type, ("",))
+    }
+
+
+def test_the_dashboard_and_alerts_name_only_metrics_that_exist(
+    grpc_server: RunningSidecar,
+) -> None:
+    exported = exported_names(grpc_server)
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    rules = yaml.safe_load((MONITORING / "alerts.yaml").read_text())
+    exprs += [rule["expr"] for group in rules["spec"]["groups"] for rule in group["rules"]]
+    named = {name for expr in exprs for name in METRIC_NAME.findall(expr)}
+    assert named
+    assert named <= exported, named - exported
+    # The panels the operator needs are there.
+    titles = " | ".join(panel["title"] for panel in dashboard["panels"])
+    for needed in ("RPC latency", "Tool-call errors", "Cache-read share", "Elision", "states"):
+        assert needed in titles
+
+
+def test_every_exported_metric_is_documented(grpc_server: RunningSidecar) -> None:
+    operations = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    families = {
+        name.removesuffix("_total")
+        for name in exported_names(grpc_server)
+        if name.startswith("psych_sidecar_")
+        and not name.endswith(("_bucket", "_sum", "_count", "_created"))
+    }
+    for family in families:
+        documented = f"`{family}`" in operations or f"`{family}_total`" in operations
+        assert documented, family
