@@ -37,7 +37,7 @@ from starlette.routing import BaseRoute, Route
 PREFIX = "psych_sidecar"
 # No `_created` series beside every counter and histogram: they double the exposition and
 # no dashboard here uses them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
