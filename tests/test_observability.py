@@ -359,10 +359,12 @@ def test_json_logs_carry_the_rpc_run_id_and_trace_id(
 
 
 def test_serve_writes_json_lines_and_serves_metrics_from_its_flags(tmp_path: Path) -> None:
-    """The operator's view: `serve --log-format json --admin-listen`, every stderr line JSON."""
+    """The operator's view: `serve --log-format json --admin-listen --tracing otlp`, every
+    stderr line JSON, the call's line with its Run id and the host's trace id."""
     socket_path = tmp_path / "s.sock"
     port = free_port()
-    env = {**os.environ, "PSYCH_SIDECAR_LOG_LEVEL": "DEBUG"}
+    # Tracing on, spans made and dropped (no collector here): the log lines carry trace ids.
+    env = {**os.environ, "PSYCH_SIDECAR_LOG_LEVEL": "DEBUG", "OTEL_TRACES_EXPORTER": "none"}
     process = subprocess.Popen(
         [
             sys.executable,
@@ -377,6 +379,8 @@ def test_serve_writes_json_lines_and_serves_metrics_from_its_flags(tmp_path: Pat
             "json",
             "--admin-listen",
             f"127.0.0.1:{port}",
+            "--tracing",
+            "otlp",
         ],
         env=env,
         stderr=subprocess.PIPE,
@@ -410,6 +414,7 @@ def test_serve_writes_json_lines_and_serves_metrics_from_its_flags(tmp_path: Pat
     [answered] = [line for line in lines if line.get("run_id") == "run_unknown"]
     assert answered["rpc"] == f"/{RPC}.RunService/GetRun"
     assert "NOT_FOUND" in answered["message"]
+    assert answered["trace_id"] == TRACE_ID
 
 
 MONITORING = Path(__file__).parent.parent / "deploy" / "monitoring"

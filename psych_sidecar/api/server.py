@@ -317,6 +317,9 @@ class Sidecar:
         ]
 
     async def start(self) -> None:
+        if self.settings.admin_listen:
+            # Before anything that records (the MCP sessions' first listings).
+            metrics.enable()
         if self._tracer_provider is None and self.settings.tracing == "otlp":
             self._tracer_provider = tracing.otlp_provider()
             self._owns_tracer_provider = True

@@ -46,7 +46,7 @@ class Blocking:
         submitted = time.perf_counter()
 
         def run() -> T:
-            metrics.STORAGE_WAIT_SECONDS.observe(time.perf_counter() - submitted)
+            metrics.observe(metrics.STORAGE_WAIT_SECONDS, time.perf_counter() - submitted)
             return context.run(function, *args)
 
         return await loop.run_in_executor(self._executor, run)
