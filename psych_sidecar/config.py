@@ -137,6 +137,16 @@ class Settings(BaseSettings):
     )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines as text, or as JSON objects one per line (with the RPC, tenant, "
+        "Run id, connection, correlation id and trace id of the call they belong to).",
+    )
+    tracing: Literal["off", "otlp"] = Field(
+        default="off",
+        description="OpenTelemetry traces: off, or exported by OTLP/gRPC as the standard "
+        "OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...).",
+    )
     mcp_commands: dict[str, StdioCommand] = Field(
         default_factory=dict,
         description="The stdio commands connections may name, by name; nothing else runs.",

@@ -63,6 +63,8 @@ class AdminServer:
                 lifespan="off",
                 # The sidecar configures logging; uvicorn must not replace it.
                 log_config=None,
+                # uvicorn's own lines ("Started server process") would only mislead here.
+                log_level=logging.WARNING,
                 access_log=False,
                 server_header=False,
                 timeout_graceful_shutdown=2,

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import stat
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from google.protobuf import descriptor, message_factory
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
 from starlette.routing import BaseRoute
 
 from psych.sidecar.v1 import (
@@ -32,7 +34,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.admin import AdminServer, ui
 from psych_sidecar.api.connections import ConnectionServicer
-from psych_sidecar.api.errors import abort
+from psych_sidecar.api.errors import STATUS_CODES, abort
 from psych_sidecar.api.servicers import (
     Blocking,
     RunServicer,
@@ -60,7 +62,7 @@ from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.usage import SqlUsageStore
-from psych_sidecar.telemetry import metrics
+from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -116,27 +118,67 @@ def _unimplemented(method: str) -> Behaviour:
     return behaviour
 
 
-def _guarded(method: str, behaviour: Behaviour) -> Behaviour:
-    """Every RPC goes through here: one ErrorInfo per error, no stack trace to the client."""
+def _log_fields(request_class: type[Message], service: str) -> list[tuple[str, str]]:
+    """(log field, request field) pairs this method's requests carry: the Run id, tenant
+    and connection a log line of the call is about."""
+    present = {field.name for field in request_class.DESCRIPTOR.fields}
+    connection = "name" if service.endswith("ConnectionService") else "server"
+    pairs = [("run_id", "run_id"), ("tenant", "tenant"), ("connection", connection)]
+    return [(log_field, field) for log_field, field in pairs if field in present]
+
+
+def _guarded(
+    method: str, behaviour: Behaviour, log_fields: Sequence[tuple[str, str]] = ()
+) -> Behaviour:
+    """Every RPC goes through here: one ErrorInfo per error, no stack trace to the client;
+    its metric, its span (continuing the caller's traceparent) and its log context."""
+
+    label = method.lstrip("/")
 
     async def handle(request: Any, context: Context) -> Message:
-        if isinstance(request, _Rejected):
-            await abort(context, request.error)
-        try:
-            return await behaviour(request, context)
-        except SidecarError as error:
-            await abort(context, error)
-        except Exception:
-            correlation_id = uuid.uuid4().hex
-            log.exception("unexpected error in %s, correlation id %s", method, correlation_id)
-            await abort(
-                context,
-                SidecarError(
-                    Reason.INTERNAL,
-                    f"internal error, correlation id {correlation_id}",
-                    correlation_id=correlation_id,
-                ),
-            )
+        started = time.perf_counter()
+        code = grpc.StatusCode.UNKNOWN
+        fields = {"rpc": method}
+        if not isinstance(request, _Rejected):
+            fields.update((name, getattr(request, field)) for name, field in log_fields)
+        bound = logs.bind(**fields)
+        with tracing.server_span(method, context.invocation_metadata()) as span:
+            try:
+                if isinstance(request, _Rejected):
+                    raise request.error
+                response = await behaviour(request, context)
+                code = grpc.StatusCode.OK
+                return response
+            except SidecarError as error:
+                code = STATUS_CODES[error.reason]
+                await abort(context, error)
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                correlation_id = uuid.uuid4().hex
+                log.exception(
+                    "unexpected error in %s, correlation id %s",
+                    method,
+                    correlation_id,
+                    extra={"correlation_id": correlation_id},
+                )
+                await abort(
+                    context,
+                    SidecarError(
+                        Reason.INTERNAL,
+                        f"internal error, correlation id {correlation_id}",
+                        correlation_id=correlation_id,
+                    ),
+                )
+            finally:
+                elapsed = time.perf_counter() - started
+                metrics.record_rpc(label, code.name, elapsed)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s answered %s in %.2f ms", label, code.name, elapsed * 1000)
+                tracing.end_rpc(span, code.name, code.value[0])
+                logs.unbind(bound)
 
     return handle
 
@@ -152,7 +194,7 @@ def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
         request_class = message_factory.GetMessageClass(method.input_type)
         response_class = message_factory.GetMessageClass(method.output_type)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(full_name, behaviour),
+            _guarded(full_name, behaviour, _log_fields(request_class, binding.service.full_name)),
             request_deserializer=_deserializer(request_class, limit),
             response_serializer=response_class.SerializeToString,
         )
@@ -183,8 +225,12 @@ def _prepare_unix_socket(path: str) -> None:
 class Sidecar:
     """One running sidecar: storage, domain services and the gRPC server around them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tracer_provider: TracerProvider | None = None) -> None:
+        """`tracer_provider` overrides the one `settings.tracing` would build (tests export
+        to memory with it)."""
         self.settings = settings
+        self._tracer_provider = tracer_provider
+        self._owns_tracer_provider = False
         self._addresses = settings.listen_addresses()
         self._engine = create_database_engine(
             settings.resolved_database_url(), pool_size=settings.worker_threads
@@ -294,6 +340,14 @@ class Sidecar:
         ]
 
     async def start(self) -> None:
+        if self.settings.admin_listen:
+            # Before anything that records (the MCP sessions' first listings).
+            metrics.enable()
+        if self._tracer_provider is None and self.settings.tracing == "otlp":
+            self._tracer_provider = tracing.otlp_provider()
+            self._owns_tracer_provider = True
+        if self._tracer_provider is not None:
+            tracing.install(self._tracer_provider)
         if self.settings.migrate_on_start:
             await asyncio.get_running_loop().run_in_executor(self._executor, migrate, self._engine)
         await self.mcp.start()
@@ -397,6 +451,10 @@ class Sidecar:
             self._embeddings.close()
         self._executor.shutdown(wait=True)
         self._engine.dispose()
+        if self._tracer_provider is not None:
+            tracing.uninstall()
+            if self._owns_tracer_provider:
+                self._tracer_provider.shutdown()
         for address in [*self._addresses, *self.settings.health_listen_addresses()]:
             if address.unix_path is not None:
                 with contextlib.suppress(FileNotFoundError):

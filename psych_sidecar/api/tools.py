@@ -17,6 +17,7 @@ from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcom
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import TurnResolver
+from psych_sidecar.telemetry import metrics
 
 # What a read leaves of the message limit for the response's framing and its other fields.
 _READ_HEADROOM_BYTES = 64 * 1024
@@ -103,13 +104,14 @@ class ToolServicer:
     async def SearchTools(
         self, request: tool_service_pb2.SearchToolsRequest, context: Context
     ) -> tool_service_pb2.SearchToolsResponse:
-        hits, token = await self._blocking(
-            self._resolver.search_tools,
-            request.run_id,
-            request.query,
-            request.page_size,
-            request.page_token,
-        )
+        with metrics.timed(metrics.SEARCH_SECONDS):
+            hits, token = await self._blocking(
+                self._resolver.search_tools,
+                request.run_id,
+                request.query,
+                request.page_size,
+                request.page_token,
+            )
         return tool_service_pb2.SearchToolsResponse(
             hits=[
                 tool_service_pb2.SearchHit(

@@ -35,7 +35,7 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.mcp.results import tool_result
 from psych_sidecar.mcp.transport import open_transport
-from psych_sidecar.telemetry import metrics
+from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,10 @@ class ConnectionSession:
     async def run(self) -> None:
         delay = self._timings.reconnect_min
         name = self.stored.connection.name
+        # This task's log lines name their connection, not the call that started it, and
+        # its spans (refreshes) start traces of their own. Its context is its own: no reset.
+        logs.bind_only(tenant=self.stored.connection.tenant, connection=name)
+        tracing.new_root()
         while not self._stopping.is_set():
             # A server that was lost stays UNREACHABLE while it is retried: CONNECTING is
             # only the first attempt, so the state does not flap with every retry.
@@ -358,20 +362,22 @@ class ConnectionSession:
     async def call_tool(
         self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
     ) -> McpToolResult:
+        server = self.stored.connection.name
         started = time.perf_counter()
         outcome = "refused"
-        try:
-            result = await self._call_tool(tool, arguments, timeout_seconds)
-        except ToolCallFailed as error:
-            outcome = error.outcome if isinstance(error, _CallFailed) else "refused"
-            raise
-        else:
-            outcome = "tool_error" if result.is_error else "ok"
-            return result
-        finally:
-            metrics.record_tool_call(
-                self.stored.connection.name, outcome, time.perf_counter() - started
-            )
+        with tracing.span("mcp.call_tool", {"mcp.server": server, "mcp.tool": tool}) as span:
+            try:
+                result = await self._call_tool(tool, arguments, timeout_seconds)
+            except ToolCallFailed as error:
+                outcome = error.outcome if isinstance(error, _CallFailed) else "refused"
+                raise
+            else:
+                outcome = "tool_error" if result.is_error else "ok"
+                return result
+            finally:
+                metrics.record_tool_call(server, outcome, time.perf_counter() - started)
+                if span is not None:
+                    span.set_attribute("mcp.outcome", outcome)
 
     async def _call_tool(
         self, tool: str, arguments: Mapping[str, object], timeout_seconds: float

@@ -22,6 +22,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -34,6 +35,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 PREFIX = "psych_sidecar"
+# No `_created` series beside every counter and histogram: they double the exposition and
+# no dashboard here uses them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
@@ -127,6 +131,12 @@ STORAGE_WAIT_SECONDS = Histogram(
     buckets=_FAST,
     registry=REGISTRY,
 )
+DB_POOL_WAIT_SECONDS = Histogram(
+    f"{PREFIX}_db_pool_wait_seconds",
+    "Time a transaction waited for a connection from the database pool.",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
 LOOP_LAG_SECONDS = Histogram(
     f"{PREFIX}_event_loop_lag_seconds",
     "How late the event loop ran a timer that was due (sampled twice a second).",
@@ -208,25 +218,47 @@ def watch(source: StateSource) -> Callable[[], None]:
     return lambda: _STATE.sources.discard(source)
 
 
-# Recording helpers, so callers need not know label names.
+# Recording is off until a sidecar with an admin listener enables it (nothing would read
+# the numbers otherwise); process-wide, and never turned off again.
+_enabled = False
+
+
+def enable() -> None:
+    global _enabled
+    _enabled = True
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+# Recording helpers, so callers need not know label names; each costs one check when off.
 
 
 def record_rpc(method: str, code: str, seconds: float) -> None:
+    if not _enabled:
+        return
     RPCS.labels(method, code).inc()
     RPC_SECONDS.labels(method, code).observe(seconds)
 
 
 def record_tool_call(connection: str, outcome: str, seconds: float) -> None:
+    if not _enabled:
+        return
     TOOL_CALLS.labels(connection, outcome).inc()
     TOOL_CALL_SECONDS.labels(connection, outcome).observe(seconds)
 
 
 def record_refresh(trigger: str, outcome: str) -> None:
+    if not _enabled:
+        return
     CATALOG_REFRESHES.labels(trigger, outcome).inc()
 
 
 def record_prompt(zones: Sequence[tuple[str, int, int]], elided: int, saved: int) -> None:
     """Zones as (zone, bytes, estimated tokens); elided results and bytes saved."""
+    if not _enabled:
+        return
     for zone, size, tokens in zones:
         PROMPT_BYTES.labels(zone).observe(size)
         PROMPT_TOKENS.labels(zone).observe(tokens)
@@ -236,6 +268,8 @@ def record_prompt(zones: Sequence[tuple[str, int, int]], elided: int, saved: int
 
 
 def record_usage(input_tokens: int, cache_read: int, cache_write: int, output: int) -> None:
+    if not _enabled:
+        return
     for kind, value in (
         ("input", input_tokens),
         ("cache_read", cache_read),
@@ -246,13 +280,18 @@ def record_usage(input_tokens: int, cache_read: int, cache_write: int, output: i
             USAGE_TOKENS.labels(kind).inc(value)
 
 
+def observe(histogram: Histogram, seconds: float) -> None:
+    if _enabled:
+        histogram.observe(seconds)
+
+
 @contextlib.contextmanager
 def timed(histogram: Histogram) -> Iterator[None]:
     started = time.perf_counter()
     try:
         yield
     finally:
-        histogram.observe(time.perf_counter() - started)
+        observe(histogram, time.perf_counter() - started)
 
 
 async def watch_loop_lag(interval: float = 0.5) -> None:

@@ -80,6 +80,10 @@ class AssembledPrompt:
     zones: tuple[ZoneDigest, ...]
     anthropic_json: bytes
     openai_json: bytes
+    # Prior-turn results sent elided, and the bytes their views left out (full size minus
+    # what the view shows): for the operator's metrics.
+    elided_results: int = 0
+    elided_bytes_saved: int = 0
 
 
 def prior_batches(skeletons: Sequence[RecordSkeleton]) -> list[list[RecordSkeleton]]:
@@ -228,11 +232,18 @@ class PromptAssembler:
             surface=surface,
         )
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+        by_sequence = {s.sequence: s for s in skeletons}
+        saved = sum(
+            max(0, by_sequence[sequence].content_bytes - sum(len(p.data) for p in view.content))
+            for sequence, view in elided.items()
+        )
         assembled = AssembledPrompt(
             prompt,
             zone_digests(prompt),
             anthropic_body(prompt, model, max_tokens),
             openai_body(prompt, model, max_tokens),
+            elided_results=len(elided),
+            elided_bytes_saved=saved,
         )
         if self._journal is not None:
             self._journal.record(
