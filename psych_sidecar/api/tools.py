@@ -12,14 +12,12 @@ from google.protobuf import json_format
 
 from psych.sidecar.v1 import tool_service_pb2
 from psych_sidecar.api.connections import catalog_tool_to_proto
+from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.servicers import Blocking, Context
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcome, ToolOutputReader
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import TurnResolver
-
-# What a read leaves of the message limit for the response's framing and its other fields.
-_READ_HEADROOM_BYTES = 64 * 1024
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -58,7 +56,7 @@ class ToolServicer:
         self._reader = reader
         self._dispatcher = dispatcher
         self._blocking = blocking
-        self._page_bytes = max(max_message_bytes - _READ_HEADROOM_BYTES, 1)
+        self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
 
     async def CallDeferredTool(
         self, request: tool_service_pb2.CallDeferredToolRequest, context: Context

@@ -8,9 +8,8 @@ import collections
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 import anyio
 
@@ -28,8 +27,10 @@ from psych_sidecar.domain.catalog import (
     ToolCallFailed,
     connection_not_found,
     validate_connection,
+    without_secrets,
 )
 from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.runlog import RunBlocking
 from psych_sidecar.mcp.session import (
     CatalogUnavailable,
     ConnectionSession,
@@ -39,17 +40,12 @@ from psych_sidecar.mcp.session import (
 
 log = logging.getLogger(__name__)
 
-RunBlocking = Callable[..., Awaitable[Any]]
 Key = tuple[str, str]
 
 # Stopping a session waits this long for its owner task (a stdio server gets ~4 s to exit).
 _STOP_TIMEOUT = 10.0
 # The sweep wakes this many times per TTL, so no catalogue is older than about 1.25 TTL.
 _SWEEPS_PER_TTL = 4
-
-
-def without_secrets(connection: Connection) -> Connection:
-    return dataclasses.replace(connection, env={}, headers={})
 
 
 @dataclasses.dataclass(slots=True)

@@ -20,7 +20,6 @@ from typing import Any
 
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
-from psych_sidecar.domain.prompt import SpecLookup
 from psych_sidecar.domain.runlog import (
     MAX_IDENTIFIER_LENGTH,
     ContentPart,
@@ -31,6 +30,7 @@ from psych_sidecar.domain.runlog import (
     Run,
     RunService,
     Spec,
+    SpecLookup,
     ToolCall,
     binary_marker,
 )

@@ -13,23 +13,30 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
 
 from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.catalog import CatalogTool, ToolCallFailed, ToolRunner
 from psych_sidecar.domain.errors import field_required
-from psych_sidecar.domain.runlog import ContentPart, PartKind, Record, RecordKind, RunService
+from psych_sidecar.domain.runlog import (
+    ContentPart,
+    PartKind,
+    Record,
+    RecordKind,
+    RunBlocking,
+    RunService,
+)
 from psych_sidecar.domain.surface import (
     ExposedKind,
     ExposedTool,
     ResolvedTurn,
     RunContext,
     TurnResolver,
-    canonical_json,
     naming,
     one_line,
     qualified_names,
@@ -41,12 +48,6 @@ T = TypeVar("T")
 MAX_VALIDATION_ERRORS = 5
 SEARCH_RESULT_LIMIT = 10
 SEARCH_DESCRIPTION_CHARS = 300
-
-
-class RunBlocking(Protocol):
-    """Runs a synchronous call off the event loop (the API layer's thread pool)."""
-
-    def __call__(self, function: Callable[..., T], *args: Any) -> Awaitable[T]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,19 +71,25 @@ class _Result:
 
 def _error(message: str, server: str = "", tool: str = "") -> _Result:
     result = {"content": [{"type": "text", "text": message}], "isError": True}
-    return _Result(True, canonical_json(result), (ContentPart.text(message),), server, tool)
+    return _Result(
+        True, canonical_json(sorted_keys(result)), (ContentPart.text(message),), server, tool
+    )
 
 
 def _structured(value: Any, tool: str) -> _Result:
     """A result the sidecar produced itself: canonical JSON, as text and structured content."""
-    text = canonical_json(value).decode()
+    text = canonical_json(sorted_keys(value)).decode()
     result = {
         "content": [{"type": "text", "text": text}],
         "isError": False,
         "structuredContent": value,
     }
     return _Result(
-        False, canonical_json(result), (ContentPart(PartKind.JSON, text.encode()),), "", tool
+        False,
+        canonical_json(sorted_keys(result)),
+        (ContentPart(PartKind.JSON, text.encode()),),
+        "",
+        tool,
     )
 
 
