@@ -246,7 +246,7 @@ class Sidecar:
                     resolver,
                     executor,
                     reader,
-                    DispatchService(runs, specs, log, reader),
+                    DispatchService(runs, log, reader, resolver, executor, blocking),
                     blocking,
                     limit,
                 ),

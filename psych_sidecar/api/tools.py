@@ -153,23 +153,12 @@ class ToolServicer:
         if not request.HasField("call"):
             raise field_required("call")
         call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
-        own = await self._blocking(self._dispatcher.dispatch, request.run_id, call)
-        if own.execution is not None:
-            outcome = tool_service_pb2.ToolOutcome(
-                is_error=own.execution.is_error,
-                result_json=own.execution.result_json,
-                sequence=own.sequence,
-                handle=own.handle,
+        outcome = await self._dispatcher.dispatch(request.run_id, call)
+        if outcome is None:
+            return tool_service_pb2.DispatchToolCallResponse(
+                disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
             )
-        else:
-            mcp = await self._executor.dispatch(
-                request.run_id, call.call_id, call.name, call.arguments_json
-            )
-            if mcp is None:
-                return tool_service_pb2.DispatchToolCallResponse(
-                    disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
-                )
-            outcome = outcome_to_proto(mcp)
         return tool_service_pb2.DispatchToolCallResponse(
-            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED, outcome=outcome
+            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED,
+            outcome=outcome_to_proto(outcome),
         )
