@@ -8,7 +8,7 @@ entry for each prompt (metadata only; storage implements :class:`AssemblyJournal
 
 from __future__ import annotations
 
-from psych_sidecar.domain.prompt.assembly import AssembledPrompt, PromptAssembler, SpecLookup
+from psych_sidecar.domain.prompt.assembly import AssembledPrompt, PromptAssembler
 from psych_sidecar.domain.prompt.journal import (
     AssemblyEntry,
     AssemblyJournal,
@@ -29,7 +29,6 @@ __all__ = [
     "PromptAssembler",
     "PromptMessage",
     "Role",
-    "SpecLookup",
     "SurfaceServer",
     "ToolResultView",
     "Zone",
