@@ -176,6 +176,11 @@ class Settings(BaseSettings):
         ge=0,
         description="tools/list_changed notifications within this window cause one refresh.",
     )
+    admin_ui_allow_remote: bool = Field(
+        default=False,
+        description="Serve the Run inspector (/ui) to clients beyond loopback; off: only "
+        "loopback and Unix-socket clients get it, even on an admin listener on the pod IP.",
+    )
     assembly_journal: bool = Field(
         default=True,
         description="Keep one row of metadata per AssemblePrompt (zone sizes and digests, the "

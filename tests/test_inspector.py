@@ -11,6 +11,7 @@ PSYCH_UPDATE_DOCS_SCREENSHOTS=1, the timeline's to docs/inspector-timeline.png).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
+from starlette.applications import Starlette
 
 from psych.sidecar.v1 import (
     connection_pb2,
@@ -41,6 +43,7 @@ from psych.sidecar.v1 import (
     usage_service_pb2,
     usage_service_pb2_grpc,
 )
+from psych_sidecar.admin import ui
 from psych_sidecar.admin.ui import CONTENT_SECURITY_POLICY
 from tests.conftest import RunningSidecar, Stubs
 from tests.helpers import user
@@ -319,6 +322,61 @@ def test_the_pages_are_read_only(scripted: ScriptedRun) -> None:
         urllib.request.urlopen(request, timeout=30)
     with refused.value:
         assert refused.value.code == 405
+
+
+async def _asgi_get(app: Starlette, path: str, client: tuple[str, int] | None) -> int:
+    """One GET straight into the ASGI app (no socket), from the given client address."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "client": client,
+        "server": ("127.0.0.1", 80),
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return int(next(m["status"] for m in sent if m["type"] == "http.response.start"))
+
+
+def test_only_clients_on_this_machine_get_the_pages_unless_the_operator_allows_more(
+    scripted: ScriptedRun, grpc_server: RunningSidecar
+) -> None:
+    sidecar = grpc_server.sidecar
+    inspector = sidecar._inspector
+    assert inspector is not None
+
+    def status(allow_remote: bool, client: tuple[str, int] | None, path: str = "/ui") -> int:
+        app = Starlette(routes=ui.admin_routes(inspector, _blocking, allow_remote))
+        return asyncio.run(_asgi_get(app, path, client))
+
+    run_path = f"/ui/runs/{scripted.run_id}"
+    assert status(False, ("127.0.0.1", 5000)) == 200
+    assert status(False, ("::1", 5000), run_path) == 200
+    assert status(False, ("::ffff:127.0.0.1", 5000)) == 200
+    assert status(False, None) == 200  # a Unix-socket client
+    assert status(False, ("10.1.2.3", 5000)) == 403
+    assert status(False, ("10.1.2.3", 5000), run_path) == 403
+    assert status(False, ("10.1.2.3", 5000), "/ui/static/inspector.css") == 403
+    assert status(False, ("::ffff:10.1.2.3", 5000)) == 403
+    assert status(True, ("10.1.2.3", 5000), run_path) == 200
+
+
+async def _blocking(function: Callable[..., Any], *args: Any) -> Any:
+    return function(*args)
 
 
 # In the browser.

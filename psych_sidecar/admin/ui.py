@@ -13,7 +13,9 @@ Pages (all GET):
 
 Safety: every value goes through Jinja2's autoescape (tool output and MCP servers' text are
 untrusted); no script at all, the SVG is drawn on the server; the Content-Security-Policy
-allows only this listener's own stylesheet; connection secrets never reach the page (the
+allows only this listener's own stylesheet; only clients on this machine are served unless
+the operator sets ``admin_ui_allow_remote`` (the admin listener may be on the pod IP for
+/metrics); connection secrets never reach the page (the
 catalogue view hands connections over with them emptied, and the page shows no command
 arguments, URL or headers either). Reads go through the domain's RunInspector on the
 storage thread pool; nothing here writes.
@@ -21,6 +23,7 @@ storage thread pool; nothing here writes.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from importlib import resources
@@ -56,6 +59,20 @@ _NOT_FOUND = {
     Reason.CONNECTION_NOT_FOUND,
 }
 MAX_QUERY_CHARS = 1024
+
+
+def is_local_client(host: str | None) -> bool:
+    """Whether a client address is this machine: a Unix-socket client (no address) or a
+    loopback IP (IPv4-mapped IPv6 included)."""
+    if not host:
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 def _when(value: datetime) -> str:
@@ -95,9 +112,10 @@ def _text_param(request: Request, name: str) -> str:
 
 
 class InspectorPages:
-    def __init__(self, inspector: RunInspector, blocking: Blocking) -> None:
+    def __init__(self, inspector: RunInspector, blocking: Blocking, allow_remote: bool) -> None:
         self._inspector = inspector
         self._blocking = blocking
+        self._allow_remote = allow_remote
         self._templates = _environment()
         self._css = (
             resources.files("psych_sidecar.admin").joinpath("static/inspector.css").read_bytes()
@@ -107,9 +125,25 @@ class InspectorPages:
         body = self._templates.get_template(template).render(**context)
         return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
+    def _refused(self, request: Request) -> HTMLResponse | None:
+        """The pages show Run data: unless the operator allows it, only clients on this
+        machine get them, even when the admin listener is on the pod IP for /metrics."""
+        if self._allow_remote or is_local_client(request.client.host if request.client else None):
+            return None
+        return self._render(
+            "error.html",
+            403,
+            title="Forbidden",
+            message="The Run inspector answers clients on this machine only "
+            "(set admin_ui_allow_remote to serve it beyond loopback).",
+        )
+
     async def _page(
         self, request: Request, build: Callable[[], Awaitable[HTMLResponse]]
     ) -> Response:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         try:
             return await build()
         except _BadRequest as error:
@@ -119,6 +153,9 @@ class InspectorPages:
             return self._render("error.html", status, title=error.reason.name, message=str(error))
 
     async def stylesheet(self, request: Request) -> Response:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         return Response(self._css, media_type="text/css", headers=SECURITY_HEADERS)
 
     async def runs(self, request: Request) -> Response:
@@ -181,9 +218,12 @@ class InspectorPages:
         return await self._page(request, build)
 
 
-def admin_routes(inspector: RunInspector, blocking: Blocking) -> list[BaseRoute]:
-    """The inspector's routes for the admin listener."""
-    pages = InspectorPages(inspector, blocking)
+def admin_routes(
+    inspector: RunInspector, blocking: Blocking, allow_remote: bool = False
+) -> list[BaseRoute]:
+    """The inspector's routes for the admin listener. Without `allow_remote`, clients other
+    than loopback and Unix-socket ones get 403."""
+    pages = InspectorPages(inspector, blocking, allow_remote)
     return [
         Route("/ui", pages.runs, methods=["GET"]),
         Route("/ui/static/inspector.css", pages.stylesheet, methods=["GET"]),

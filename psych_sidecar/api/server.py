@@ -273,7 +273,9 @@ class Sidecar:
         assert self._inspector is not None, "routes are built after the bindings"
         return [
             *metrics.admin_routes(),
-            *ui.admin_routes(self._inspector, Blocking(self._executor)),
+            *ui.admin_routes(
+                self._inspector, Blocking(self._executor), self.settings.admin_ui_allow_remote
+            ),
         ]
 
     def _bindings(self) -> list[_Binding]:
