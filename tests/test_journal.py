@@ -4,14 +4,25 @@ rows older than the retention deleted."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
+import grpc
 import pytest
-from sqlalchemy import Engine, MetaData, create_engine, select
+from sqlalchemy import Engine, MetaData, create_engine, select, text
 
-from psych.sidecar.v1 import turn_pb2
+from psych.sidecar.v1 import (
+    connection_service_pb2_grpc,
+    run_service_pb2_grpc,
+    spec_service_pb2_grpc,
+    tool_service_pb2_grpc,
+    turn_pb2,
+    turn_service_pb2_grpc,
+)
+from psych_sidecar.config import Settings
 from psych_sidecar.domain.prompt import (
     AssemblyEntry,
     ElisionRule,
@@ -137,6 +148,35 @@ def test_nothing_of_the_transient_message_or_the_tail_is_stored_in_any_table(
                     stored = value if isinstance(value, bytes) else str(value).encode()
                     for secret in (note, tail, "Current date and time"):
                         assert secret.encode() not in stored, (table.name, secret)
+
+
+def test_a_journal_that_cannot_write_does_not_fail_the_prompt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(
+        listen=[f"unix://{tmp_path / 's.sock'}"],
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        data_dir=tmp_path,
+    )
+    with RunningSidecar(settings) as running:
+        engine = create_engine(normalize_url(settings.database_url))
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE assembly_journal"))
+        engine.dispose()
+        with grpc.insecure_channel(running.sidecar.bound[0]) as channel:
+            stubs = Stubs(
+                spec_service_pb2_grpc.SpecServiceStub(channel),
+                run_service_pb2_grpc.RunServiceStub(channel),
+                turn_service_pb2_grpc.TurnServiceStub(channel),
+                tool_service_pb2_grpc.ToolServiceStub(channel),
+                connection_service_pb2_grpc.ConnectionServiceStub(channel),
+            )
+            run_id = run_with(stubs, "agent")
+            append(stubs, run_id, user("hello"))
+            with caplog.at_level(logging.WARNING, logger="psych_sidecar.storage.journal"):
+                response = assemble(stubs, run_id)
+    assert len(response.zones) == 4
+    assert f"could not record a prompt of run {run_id}" in caplog.text
 
 
 def _entry(run_id: str) -> AssemblyEntry:

@@ -4,11 +4,13 @@ a bounded time."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 
 from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.engine import Row
+from sqlalchemy.exc import SQLAlchemyError
 
 from psych_sidecar.domain.prompt import (
     AssemblyEntry,
@@ -21,6 +23,8 @@ from psych_sidecar.domain.prompt import (
 from psych_sidecar.domain.runlog import new_id
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import transaction
+
+log = logging.getLogger(__name__)
 
 _ZONE_COLUMNS = {
     Zone.STATIC_SYSTEM: "static",
@@ -56,6 +60,18 @@ class SqlAssemblyJournal:
         self._next_prune_us = 0
 
     def record(self, entry: AssemblyEntry) -> None:
+        """Best effort: the journal is diagnostics, so a database error writing it is logged
+        and the prompt, already assembled, is still answered."""
+        try:
+            self._record(entry)
+        except SQLAlchemyError as error:
+            log.warning(
+                "assembly journal: could not record a prompt of run %s: %s",
+                entry.run_id,
+                type(error).__name__,
+            )
+
+    def _record(self, entry: AssemblyEntry) -> None:
         now = self._clock()
         values: dict[str, object] = {
             "entry_id": new_id("a_"),
