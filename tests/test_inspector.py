@@ -19,7 +19,7 @@ import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,9 +110,10 @@ def scripted(stubs: Stubs, grpc_server: RunningSidecar, grpc_channel: grpc.Chann
 
     def record_usage(**tokens: int) -> None:
         nonlocal usages
-        usage.RecordUsage(
-            usage_service_pb2.RecordUsageRequest(run_id=run_id, model="claude-test", **tokens)
-        )
+        request = usage_service_pb2.RecordUsageRequest(run_id=run_id, model="claude-test")
+        for name, value in tokens.items():
+            setattr(request, name, value)
+        usage.RecordUsage(request)
         usages += 1
 
     tenant = "acme"
@@ -240,6 +241,11 @@ def browser() -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
+def _log(driver: webdriver.Chrome, kind: str) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = driver.get_log(kind)  # type: ignore[no-untyped-call]
+    return entries
+
+
 def _screenshot(driver: webdriver.Chrome, path: Path) -> None:
     # The whole page, not just the window.
     height = driver.execute_script("return document.documentElement.scrollHeight")
@@ -326,7 +332,7 @@ def test_the_pages_are_read_only(scripted: ScriptedRun) -> None:
 
 async def _asgi_get(app: Starlette, path: str, client: tuple[str, int] | None) -> int:
     """One GET straight into the ASGI app (no socket), from the given client address."""
-    scope = {
+    scope: dict[str, Any] = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
@@ -345,8 +351,8 @@ async def _asgi_get(app: Starlette, path: str, client: tuple[str, int] | None) -
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
 
     await app(scope, receive, send)
     return int(next(m["status"] for m in sent if m["type"] == "http.response.start"))
@@ -416,7 +422,7 @@ def test_the_timeline_has_one_bar_per_model_call_with_usage_and_turns(
         assert bar.find_elements(By.CSS_SELECTOR, "rect.usage")  # every call had usage
     assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline-chart .turn-boundary")) == 2
     share = browser.find_element(By.CSS_SELECTOR, "#timeline-chart polyline.cache-share")
-    assert len(share.get_attribute("points").split()) == scripted.usages
+    assert len((share.get_attribute("points") or "").split()) == scripted.usages
     rows = browser.find_elements(By.CSS_SELECTOR, "#calls tr.call-row")
     assert len(rows) == scripted.calls
     assert "1,400" in rows[3].text  # the fourth call's provider-reported cache read
@@ -535,8 +541,8 @@ def test_connections_show_state_last_error_and_catalogue_diffs(
 def test_no_request_leaves_the_admin_listener_and_nothing_breaks_the_policy(
     scripted: ScriptedRun, browser: webdriver.Chrome
 ) -> None:
-    browser.get_log("performance")  # drop what earlier tests caused
-    browser.get_log("browser")
+    _log(browser, "performance")  # drop what earlier tests caused
+    _log(browser, "browser")
     for url in (
         scripted.base_url + "/ui",
         f"{scripted.base_url}/ui/runs/{scripted.run_id}",
@@ -545,12 +551,12 @@ def test_no_request_leaves_the_admin_listener_and_nothing_breaks_the_policy(
     ):
         browser.get(url)
     requested = []
-    for entry in browser.get_log("performance"):
+    for entry in _log(browser, "performance"):
         message = json.loads(entry["message"])["message"]
         if message["method"] == "Network.requestWillBeSent":
             requested.append(message["params"]["request"]["url"])
     assert requested
     assert all(url.startswith(scripted.base_url + "/ui") for url in requested), requested
     assert any(url.endswith("/ui/static/inspector.css") for url in requested)
-    problems = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    problems = [e["message"] for e in _log(browser, "browser") if e["level"] == "SEVERE"]
     assert problems == []

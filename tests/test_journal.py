@@ -150,6 +150,37 @@ def test_nothing_of_the_transient_message_or_the_tail_is_stored_in_any_table(
                         assert secret.encode() not in stored, (table.name, secret)
 
 
+def _stubs(channel: grpc.Channel) -> Stubs:
+    return Stubs(
+        spec_service_pb2_grpc.SpecServiceStub(channel),
+        run_service_pb2_grpc.RunServiceStub(channel),
+        turn_service_pb2_grpc.TurnServiceStub(channel),
+        tool_service_pb2_grpc.ToolServiceStub(channel),
+        connection_service_pb2_grpc.ConnectionServiceStub(channel),
+    )
+
+
+def test_the_journal_can_be_turned_off(tmp_path: Path) -> None:
+    settings = Settings(
+        listen=[f"unix://{tmp_path / 's.sock'}"],
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        data_dir=tmp_path,
+        assembly_journal=False,
+    )
+    with RunningSidecar(settings) as running:
+        assert running.sidecar.journal is None
+        with grpc.insecure_channel(running.sidecar.bound[0]) as channel:
+            stubs = _stubs(channel)
+            run_id = run_with(stubs, "agent")
+            append(stubs, run_id, user("hello"))
+            assemble(stubs, run_id)
+        engine = create_engine(normalize_url(settings.database_url))
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT count(*) FROM assembly_journal")).scalar()
+        engine.dispose()
+    assert rows == 0
+
+
 def test_a_journal_that_cannot_write_does_not_fail_the_prompt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -164,13 +195,7 @@ def test_a_journal_that_cannot_write_does_not_fail_the_prompt(
             conn.execute(text("DROP TABLE assembly_journal"))
         engine.dispose()
         with grpc.insecure_channel(running.sidecar.bound[0]) as channel:
-            stubs = Stubs(
-                spec_service_pb2_grpc.SpecServiceStub(channel),
-                run_service_pb2_grpc.RunServiceStub(channel),
-                turn_service_pb2_grpc.TurnServiceStub(channel),
-                tool_service_pb2_grpc.ToolServiceStub(channel),
-                connection_service_pb2_grpc.ConnectionServiceStub(channel),
-            )
+            stubs = _stubs(channel)
             run_id = run_with(stubs, "agent")
             append(stubs, run_id, user("hello"))
             with caplog.at_level(logging.WARNING, logger="psych_sidecar.storage.journal"):
