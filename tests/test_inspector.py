@@ -57,6 +57,9 @@ from tests.mcp_helpers import (
 )
 from tests.prompt_helpers import append, assemble, assistant, dispatch, run_with, thresholds
 
+# The first browser test may wait for apt-get to install chromium (a minute or two).
+pytestmark = pytest.mark.timeout(900)
+
 ROOT = Path(__file__).parent.parent
 URL_SECRET = "url-secret-4f1c"
 HEADER_SECRET = "header-secret-9a2e"
