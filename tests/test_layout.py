@@ -23,7 +23,14 @@ def test_every_module_design_md_names_exists() -> None:
 
 def test_domain_subpackages_have_a_docstring_and_a_curated_surface() -> None:
     subpackages = [p for p in (PACKAGE / "domain").iterdir() if (p / "__init__.py").is_file()]
-    assert {p.name for p in subpackages} == {"runlog", "catalog", "surface", "prompt", "calls"}
+    assert {p.name for p in subpackages} == {
+        "runlog",
+        "catalog",
+        "surface",
+        "prompt",
+        "calls",
+        "inspect",
+    }
     for package in [*subpackages, PACKAGE / "search"]:
         tree = ast.parse((package / "__init__.py").read_text())
         assert ast.get_docstring(tree), package

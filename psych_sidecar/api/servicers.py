@@ -7,7 +7,8 @@ server registers those as UNIMPLEMENTED with a NOT_IMPLEMENTED ErrorInfo.
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextvars
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
@@ -24,20 +25,29 @@ from psych_sidecar.api import convert
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.domain.errors import field_required
 from psych_sidecar.domain.runlog import RunService, SpecService
+from psych_sidecar.telemetry import metrics
 
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class Blocking:
-    """Runs synchronous domain calls on the storage thread pool."""
+    """Runs synchronous domain calls on the storage thread pool, in the caller's context
+    (its span and log fields), recording how long each waited for a thread."""
 
     def __init__(self, executor: Executor) -> None:
         self._executor = executor
 
     async def __call__(self, function: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(function, *args))
+        context = contextvars.copy_context()
+        submitted = time.perf_counter()
+
+        def run() -> T:
+            metrics.observe(metrics.STORAGE_WAIT_SECONDS, time.perf_counter() - submitted)
+            return context.run(function, *args)
+
+        return await loop.run_in_executor(self._executor, run)
 
 
 class SpecServicer(spec_service_pb2_grpc.SpecServiceServicer):

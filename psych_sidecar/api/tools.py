@@ -18,6 +18,7 @@ from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcom
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import TurnResolver
+from psych_sidecar.telemetry import metrics
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -101,13 +102,14 @@ class ToolServicer:
     async def SearchTools(
         self, request: tool_service_pb2.SearchToolsRequest, context: Context
     ) -> tool_service_pb2.SearchToolsResponse:
-        hits, token = await self._blocking(
-            self._resolver.search_tools,
-            request.run_id,
-            request.query,
-            request.page_size,
-            request.page_token,
-        )
+        with metrics.timed(metrics.SEARCH_SECONDS):
+            hits, token = await self._blocking(
+                self._resolver.search_tools,
+                request.run_id,
+                request.query,
+                request.page_size,
+                request.page_token,
+            )
         return tool_service_pb2.SearchToolsResponse(
             hits=[
                 tool_service_pb2.SearchHit(

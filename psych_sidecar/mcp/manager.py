@@ -36,6 +36,7 @@ from psych_sidecar.mcp.session import (
     SessionTimings,
     describe_error,
 )
+from psych_sidecar.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +262,7 @@ class McpManager:
             session.reconnect_now()
             await session.wait_attempt(finished, self._timings.connect_timeout + 1)
         try:
-            return await session.refresh()
+            return await session.refresh("on_demand")
         except CatalogUnavailable as error:
             detail = describe_error(error)
             raise SidecarError(
@@ -316,7 +317,7 @@ class McpManager:
             session = running.session
             if session.status.state is ConnectionState.CONNECTED and session.last_refresh <= due:
                 try:
-                    await session.refresh()
+                    await session.refresh("ttl")
                 except CatalogUnavailable as error:
                     log.warning(
                         "MCP connection %s/%s: TTL refresh failed: %s",
@@ -328,6 +329,22 @@ class McpManager:
         self._public.pop(key, None)
         self._seen_versions.pop(key, None)
         self._tools.pop(key, None)
+
+    # For the metrics scrape (on the loop). Connections are labelled by name only: the same
+    # name in several tenants adds up.
+
+    def connection_states(self) -> list[tuple[str, str]]:
+        return [
+            (running.session.stored.connection.name, running.session.status.state.name)
+            for running in list(self._running.values())
+        ]
+
+    def catalog_sizes(self) -> list[tuple[str, int]]:
+        sizes: dict[str, int] = {}
+        for running in list(self._running.values()):
+            name = running.session.stored.connection.name
+            sizes[name] = sizes.get(name, 0) + running.session.catalog_size
+        return sorted(sizes.items())
 
     # CatalogView (synchronous; storage threads)
 
@@ -406,5 +423,6 @@ class McpManager:
         running = self._running.get((tenant, server))
         session = running.session if running is not None else await self._session(tenant, server)
         if session is None:
+            metrics.record_tool_call(server, "refused", 0.0)
             raise ToolCallFailed(f"There is no MCP server named {server!r}.")
         return await session.call_tool(tool, arguments, timeout_seconds)

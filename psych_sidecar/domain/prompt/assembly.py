@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.errors import field_invalid
@@ -26,6 +26,7 @@ from psych_sidecar.domain.prompt.elision import (
     plan_batch,
     plan_view,
 )
+from psych_sidecar.domain.prompt.journal import AssemblyJournal, assembly_entry
 from psych_sidecar.domain.prompt.providers import anthropic_body, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
@@ -59,6 +60,10 @@ class AssembledPrompt:
     zones: tuple[ZoneDigest, ...]
     anthropic_json: bytes
     openai_json: bytes
+    # Prior-turn results sent elided, and the bytes their views left out (full size minus
+    # what the view shows): for the operator's metrics.
+    elided_results: int = 0
+    elided_bytes_saved: int = 0
 
 
 def prior_batches(skeletons: Sequence[RecordSkeleton]) -> list[list[RecordSkeleton]]:
@@ -160,6 +165,7 @@ class PromptAssembler:
         log: LogReader,
         surfaces: Callable[[str], ToolSurface],
         view_cache_size: int = 10_000,
+        journal: AssemblyJournal | None = None,
     ) -> None:
         self._runs = runs
         self._specs = specs
@@ -167,6 +173,8 @@ class PromptAssembler:
         # The Run's tool surface for this turn (TurnResolver.resolve_turn).
         self._surfaces = surfaces
         self._views = ViewCache(view_cache_size)
+        # Told each prompt's metadata (never its content) after it is assembled.
+        self._journal = journal
 
     def assemble(
         self,
@@ -204,12 +212,35 @@ class PromptAssembler:
             surface=surface,
         )
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
-        return AssembledPrompt(
+        by_sequence = {s.sequence: s for s in skeletons}
+        saved = sum(
+            max(0, by_sequence[sequence].content_bytes - sum(len(p.data) for p in view.content))
+            for sequence, view in elided.items()
+        )
+        assembled = AssembledPrompt(
             prompt,
             zone_digests(prompt),
             anthropic_body(prompt, model, max_tokens),
             openai_body(prompt, model, max_tokens),
+            elided_results=len(elided),
+            elided_bytes_saved=saved,
         )
+        if self._journal is not None:
+            self._journal.record(
+                assembly_entry(
+                    run_id=run_id,
+                    time=datetime.now(UTC),
+                    model=model,
+                    spec_name=spec.name,
+                    spec_version=spec.version,
+                    skeletons=skeletons,
+                    digests=assembled.zones,
+                    surface=surface,
+                    elided={sequence: view.handle for sequence, view in elided.items()},
+                    thresholds=spec.effective_thresholds(),
+                )
+            )
+        return assembled
 
     def _elided(
         self,

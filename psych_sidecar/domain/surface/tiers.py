@@ -65,6 +65,8 @@ class ServerLine:
     state: ConnectionState
     permitted_tool_count: int
     text: str
+    # The catalogue version the line and the server's tools come from (0: never listed).
+    catalog_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +310,7 @@ def resolve_surface(servers: Sequence[VisibleServer], limits: DisclosureLimits) 
                 server.status.state,
                 len(server.permitted),
                 _line_text(server, tier, eager),
+                server.status.catalog_version,
             )
         )
     if servers:
