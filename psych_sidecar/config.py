@@ -75,6 +75,23 @@ class StdioCommand(BaseModel):
         default_factory=dict,
         description="Environment set for the process; a connection's env is merged over it.",
     )
+    allowed_env: list[str] = Field(
+        default_factory=list,
+        description=(
+            "The environment names a connection may set for this command: exact names, or a "
+            "prefix ending in '*' (GITHUB_*). Loader and interpreter variables (LD_*, "
+            "PYTHON*, NODE_OPTIONS, PATH, ...) pass only when named exactly. Empty: none."
+        ),
+    )
+
+    @field_validator("allowed_env")
+    @classmethod
+    def _valid_env_names(cls, values: list[str]) -> list[str]:
+        for value in values:
+            name = value.removesuffix("*")
+            if not name or "*" in name or "=" in name or "\x00" in name:
+                raise ValueError(f"{value!r}: an env name, or a prefix ending in '*'")
+        return values
 
 
 class Settings(BaseSettings):

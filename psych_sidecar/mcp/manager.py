@@ -81,7 +81,7 @@ class McpManager:
         self._settings = settings
         self._commands = settings.mcp_commands
         self.allowed_commands: Mapping[str, AllowedCommand] = {
-            name: AllowedCommand(command.allow_extra_args)
+            name: AllowedCommand(command.allow_extra_args, tuple(command.allowed_env))
             for name, command in settings.mcp_commands.items()
         }
         self._timings = SessionTimings(

@@ -20,7 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
 from psych_sidecar.config import StdioCommand
-from psych_sidecar.domain.catalog import Connection, TransportKind
+from psych_sidecar.domain.catalog import Connection, TransportKind, env_name_allowed
 
 Item = SessionMessage | Exception
 # The read and write streams a transport yields (the SDK's TransportStreams).
@@ -88,6 +88,12 @@ def stdio_parameters(
         )
     if connection.args and not command.allow_extra_args:
         raise PermissionError(f"command {connection.command!r} no longer takes extra arguments")
+    refused = sorted(n for n in connection.env if not env_name_allowed(n, command.allowed_env))
+    if refused:
+        raise PermissionError(
+            f"command {connection.command!r} no longer allows the connection to set "
+            f"{', '.join(refused)} (mcp_commands allowed_env)"
+        )
     return StdioServerParameters(
         command=command.argv[0],
         args=[*command.argv[1:], *connection.args],

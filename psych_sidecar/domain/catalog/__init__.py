@@ -31,7 +31,9 @@ from psych_sidecar.domain.catalog.rules import (
     catalog_version_not_found,
     connection_not_found,
     diff_catalog,
+    env_name_allowed,
     listing_fingerprint,
+    risky_env_name,
     validate_connection,
     validate_connection_name,
 )
@@ -56,8 +58,10 @@ __all__ = [
     "catalog_version_not_found",
     "connection_not_found",
     "diff_catalog",
+    "env_name_allowed",
     "glob_match",
     "listing_fingerprint",
+    "risky_env_name",
     "validate_connection",
     "validate_connection_name",
 ]

@@ -16,7 +16,14 @@ from datetime import datetime
 from typing import Protocol
 
 from psych_sidecar.domain.catalog.connections import CatalogTool, Connection, TransportKind
-from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
+from psych_sidecar.domain.errors import (
+    Reason,
+    SidecarError,
+    field_invalid,
+    field_required,
+    quoted,
+    short,
+)
 from psych_sidecar.domain.runlog import validate_name
 
 CONNECTION_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -26,11 +33,80 @@ MAX_DESCRIPTION_LENGTH = 8192
 MAX_TOOL_PATTERN_LENGTH = 1024
 
 
+# Variables that make a loader, an interpreter or a shell run code of the caller's choosing,
+# or change which program runs: a connection may set one only if the operator's entry names
+# it exactly (a prefix like "LD_*" or "*" in allowed_env does not count).
+_RISKY_ENV_PREFIXES = (
+    "LD_",
+    "DYLD_",
+    "PYTHON",
+    "NODE_",
+    "NPM_CONFIG_",
+    "PERL",
+    "RUBY",
+    "JAVA_",
+    "_JAVA_",
+    "JDK_JAVA_",
+    "GCONV_",
+    "MALLOC_",
+    "GLIBC_",
+    "BASH_",
+    "GIT_",
+)
+_RISKY_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "SHELL",
+        "ENV",
+        "IFS",
+        "CDPATH",
+        "SHELLOPTS",
+        "PS4",
+        "TMPDIR",
+        "CLASSPATH",
+        "GOFLAGS",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "RES_OPTIONS",
+        "NLSPATH",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "UV_INDEX_URL",
+        "PIP_INDEX_URL",
+    }
+)
+
+
+def risky_env_name(name: str) -> bool:
+    """Whether an environment name can change what code the process runs or whom it trusts."""
+    upper = name.upper()
+    return upper in _RISKY_ENV_NAMES or upper.startswith(_RISKY_ENV_PREFIXES)
+
+
+def env_name_allowed(name: str, allowed_env: Sequence[str]) -> bool:
+    """Whether a connection may set `name`: listed exactly, or (unless risky) under a prefix
+    entry ending in '*'."""
+    if name in allowed_env:
+        return True
+    if risky_env_name(name):
+        return False
+    return any(entry.endswith("*") and name.startswith(entry[:-1]) for entry in allowed_env)
+
+
 @dataclass(frozen=True, slots=True)
 class AllowedCommand:
     """An operator-allowed stdio command, as the domain sees it: the API may only name it."""
 
     allow_extra_args: bool
+    # The env names a connection may set (see env_name_allowed); empty: none.
+    allowed_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +212,16 @@ def _validate_stdio(connection: Connection, allowed_commands: Mapping[str, Allow
                 f"must be at most {MAX_ARGUMENT_LENGTH} characters, without NUL",
             )
     _validate_strings(connection.env, "connection.stdio.env")
+    for name in sorted(connection.env):
+        if not env_name_allowed(name, allowed.allowed_env):
+            shown = quoted(name)
+            raise SidecarError(
+                Reason.COMMAND_NOT_ALLOWED,
+                f"connection.stdio.env may not set {shown}: the operator's entry for "
+                f"{quoted(connection.command)} does not allow it (mcp_commands allowed_env)",
+                command=short(connection.command),
+                env=short(name),
+            )
 
 
 def _validate_url(url: str, field_path: str) -> None:
