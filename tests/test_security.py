@@ -8,6 +8,7 @@ configuration and the host machine. Each test here failed on the code before its
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ from typing import Any
 import grpc
 import pytest
 
-from psych.sidecar.v1 import connection_service_pb2
+from psych.sidecar.v1 import connection_service_pb2, run_service_pb2, tool_service_pb2
 from tests.conftest import Stubs, rpc_failure
 from tests.mcp_helpers import fixture_commands, listed, put_stdio
+from tests.prompt_helpers import append, dispatch, result, run_with
 
 MIB = 1024 * 1024
 
@@ -87,3 +89,91 @@ def test_the_env_names_the_operator_allows_reach_the_process(
     stubs.connections.DeleteConnection(
         connection_service_pb2.DeleteConnectionRequest(tenant=tenant, name=name)
     )
+
+
+# 2. Every pattern runs in bounded time and memory.
+
+# RE2's DFA gives up on this one (the pinned google-re2) and its NFA then costs ~30 µs a byte:
+# a minute for 2 MB, unbounded. Its program (1925 instructions) is under the size cap.
+SLOW_PATTERN = "(?:a?){640}a{640}b"
+
+
+def stored_result(stubs: Stubs, run_id: str, text: str) -> str:
+    (appended,) = append(stubs, run_id, result("c", text))
+    return appended.handle
+
+
+@pytest.fixture(scope="module")
+def big_results(stubs: Stubs) -> tuple[str, str, str]:
+    """A Run with two 2 MB results: one line of 'a's, and 'a' lines of 20 KB."""
+    run_id = run_with(stubs, "grep-attack")
+    one_line = stored_result(stubs, run_id, "a" * (2 * MIB))
+    long_lines = stored_result(stubs, run_id, ("a" * 20_000 + "\n") * 105)
+    return run_id, one_line, long_lines
+
+
+@pytest.mark.parametrize("pattern", ["(?:a?){1000}a{1000}", "(.*a){20}"])
+def test_costly_patterns_are_refused_typed_and_fast(
+    stubs: Stubs, big_results: tuple[str, str, str], pattern: str
+) -> None:
+    run_id, one_line, _ = big_results
+    # Before: 60 s and more of CPU for the first, 7 s for the second (captures over 2 MB).
+    failure = rpc_failure(
+        lambda: stubs.tools.ReadToolOutput(
+            tool_service_pb2.ReadToolOutputRequest(run_id=run_id, handle=one_line, grep=pattern),
+            timeout=5,
+        )
+    )
+    assert failure.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert failure.info.reason == "PATTERN_TOO_COMPLEX"
+    assert failure.info.metadata["field"] == "grep"
+
+
+def test_the_model_gets_the_same_refusal_as_a_tool_result(
+    stubs: Stubs, big_results: tuple[str, str, str]
+) -> None:
+    run_id, one_line, _ = big_results
+    arguments = {"handle": one_line, "grep": "(?:a?){1000}a{1000}"}
+    response = dispatch(stubs, run_id, "m-grep", "read_tool_output", arguments)
+    assert response.outcome.is_error
+    assert "RE2 program of" in response.outcome.result_json.decode()
+
+
+def test_a_slow_grep_stops_at_its_cpu_budget_while_other_calls_are_answered(
+    stubs: Stubs, big_results: tuple[str, str, str]
+) -> None:
+    run_id, _, long_lines = big_results
+    request = tool_service_pb2.ReadToolOutputRequest(
+        run_id=run_id, handle=long_lines, grep=SLOW_PATTERN
+    )
+    # Before: the scan ran to the end, a minute, and the deadline answered first.
+    pending = stubs.tools.ReadToolOutput.future(request, timeout=60)
+    answered_meanwhile = 0
+    while not pending.done():
+        stubs.runs.GetRun(run_service_pb2.GetRunRequest(run_id=run_id), timeout=30)
+        answered_meanwhile += not pending.done()
+        time.sleep(0.05)
+    page = pending.result()
+    assert answered_meanwhile > 0
+    # Stopped early by the budget: nothing matched so far, continue from next_offset.
+    assert list(page.matches) == []
+    assert 0 < page.next_offset < page.total_length
+
+
+def test_a_cancelled_grep_stops_consuming_cpu(
+    stubs: Stubs, big_results: tuple[str, str, str]
+) -> None:
+    run_id, _, long_lines = big_results
+    request = tool_service_pb2.ReadToolOutputRequest(
+        run_id=run_id, handle=long_lines, grep=SLOW_PATTERN
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        stubs.tools.ReadToolOutput(request, timeout=0.5)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # The sidecar runs in this process: its CPU is ours. One chunk (under a second) may
+    # still finish; after that, a grep that kept going would burn a core.
+    time.sleep(1.5)
+    cpu_before, wall_before = time.process_time(), time.monotonic()
+    time.sleep(1.5)
+    cpu_used = time.process_time() - cpu_before
+    assert cpu_used < 0.5 * (time.monotonic() - wall_before)

@@ -29,6 +29,7 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.CATALOG_VERSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.CONNECTION_UNREACHABLE: grpc.StatusCode.UNAVAILABLE,
     Reason.PATTERN_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.PATTERN_TOO_COMPLEX: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.NOT_IMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
     Reason.INTERNAL: grpc.StatusCode.INTERNAL,
 }

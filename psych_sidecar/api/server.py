@@ -250,6 +250,7 @@ class Sidecar:
                     DispatchService(runs, specs, log, reader),
                     blocking,
                     limit,
+                    grep_threads=self.settings.worker_threads // 2,
                 ),
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),

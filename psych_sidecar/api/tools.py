@@ -6,6 +6,10 @@ the Run's MCP surface, and otherwise answers DISPATCH_DISPOSITION_HOST_TOOL.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -20,6 +24,17 @@ from psych_sidecar.domain.surface import TurnResolver
 
 # What a read leaves of the message limit for the response's framing and its other fields.
 _READ_HEADROOM_BYTES = 64 * 1024
+
+
+def caller_gone(context: Context) -> Callable[[], bool]:
+    """A check, safe from any thread, that turns true once the RPC is over (the client
+    cancelled or went away) or its deadline has passed: long work polls it and stops."""
+    done = threading.Event()
+    # grpc-stubs declares the callback as a class, not a protocol: any callable works.
+    context.add_done_callback(lambda _context: done.set())  # type: ignore[arg-type]
+    remaining = context.time_remaining()
+    deadline = None if remaining is None else time.monotonic() + remaining
+    return lambda: done.is_set() or (deadline is not None and time.monotonic() > deadline)
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -52,6 +67,7 @@ class ToolServicer:
         dispatcher: DispatchService,
         blocking: Blocking,
         max_message_bytes: int,
+        grep_threads: int = 1,
     ) -> None:
         self._resolver = resolver
         self._executor = executor
@@ -59,6 +75,9 @@ class ToolServicer:
         self._dispatcher = dispatcher
         self._blocking = blocking
         self._page_bytes = max(max_message_bytes - _READ_HEADROOM_BYTES, 1)
+        # Greps (CPU-bound, up to the reader's budget each) may hold at most this many of
+        # the storage threads, so that other RPCs always find one free.
+        self._grep_slots = asyncio.Semaphore(max(1, grep_threads))
 
     async def CallDeferredTool(
         self, request: tool_service_pb2.CallDeferredToolRequest, context: Context
@@ -126,7 +145,7 @@ class ToolServicer:
     async def ReadToolOutput(
         self, request: tool_service_pb2.ReadToolOutputRequest, context: Context
     ) -> tool_service_pb2.ReadToolOutputResponse:
-        result = await self._blocking(
+        read = (
             self._reader.read,
             request.run_id,
             request.handle,
@@ -134,7 +153,13 @@ class ToolServicer:
             request.limit,
             request.grep,
             self._page_bytes,
+            caller_gone(context),
         )
+        if request.grep:
+            async with self._grep_slots:
+                result = await self._blocking(*read)
+        else:
+            result = await self._blocking(*read)
         return tool_service_pb2.ReadToolOutputResponse(
             text=result.text,
             data=result.data,
