@@ -16,8 +16,15 @@ from typing import Any
 import grpc
 import pytest
 
-from psych.sidecar.v1 import connection_service_pb2, run_service_pb2, tool_service_pb2
+from psych.sidecar.v1 import (
+    connection_service_pb2,
+    run_service_pb2,
+    spec_pb2,
+    tool_service_pb2,
+    turn_service_pb2,
+)
 from tests.conftest import Stubs, rpc_failure
+from tests.helpers import publish
 from tests.mcp_helpers import fixture_commands, listed, put_stdio
 from tests.prompt_helpers import append, dispatch, result, run_with
 
@@ -177,3 +184,31 @@ def test_a_cancelled_grep_stops_consuming_cpu(
     time.sleep(1.5)
     cpu_used = time.process_time() - cpu_before
     assert cpu_used < 0.5 * (time.monotonic() - wall_before)
+
+
+def test_grant_globs_match_in_linear_time(stubs: Stubs, unique: Callable[[str], str]) -> None:
+    tenant = unique("tenant")
+    server = "a" * 40
+    put_stdio(stubs, tenant, server, "fixture-fixed")
+    hostile = spec_pb2.ToolGrant(server_pattern="*a" * 10 + "b", tool_pattern="*")
+    name = unique("globs")
+    publish(
+        stubs, name, grants=[hostile, spec_pb2.ToolGrant(server_pattern="a*", tool_pattern="echo")]
+    )
+    run_id = stubs.runs.CreateRun(
+        run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=name, spec_version=1)
+    ).run.run_id
+    # Before: 49 s per match (Python's re backtracking on ".*a.*a…b").
+    surface = stubs.turns.ResolveTurn(
+        turn_service_pb2.ResolveTurnRequest(run_id=run_id), timeout=10
+    ).surface
+    assert surface is not None
+
+
+def test_grant_globs_are_length_capped_at_publish(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    too_long = spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*a" * 200)
+    failure = rpc_failure(lambda: publish(stubs, unique("globs"), grants=[too_long]))
+    assert failure.info.reason == "FIELD_INVALID"
+    assert failure.info.metadata["field"] == "spec.grants[0].tool_pattern"
