@@ -7,14 +7,17 @@ configuration and the host machine. Each test here failed on the code before its
 
 from __future__ import annotations
 
+import http.server
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 
 from psych.sidecar.v1 import (
     connection_service_pb2,
@@ -29,6 +32,8 @@ from tests.mcp_helpers import fixture_commands, listed, put_stdio
 from tests.prompt_helpers import append, dispatch, result, run_with
 
 MIB = 1024 * 1024
+HOSTILE_SERVER = Path(__file__).parent / "mcp_servers" / "hostile_server.py"
+ALL_TOOLS = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +50,7 @@ def sidecar_overrides(marker_dir: Path) -> dict[str, Any]:
     return {
         "mcp_commands": {
             **fixture_commands(),
+            "hostile": {"argv": [sys.executable, str(HOSTILE_SERVER)], "allow_extra_args": True},
             "marker": {
                 "argv": [sys.executable, "-c", touch, str(marker_dir)],
                 "allow_extra_args": True,
@@ -212,3 +218,65 @@ def test_grant_globs_are_length_capped_at_publish(
     failure = rpc_failure(lambda: publish(stubs, unique("globs"), grants=[too_long]))
     assert failure.info.reason == "FIELD_INVALID"
     assert failure.info.metadata["field"] == "spec.grants[0].tool_pattern"
+
+
+# 3. Schema validation makes no network request.
+
+
+class _Counting(http.server.BaseHTTPRequestHandler):
+    requests: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        _Counting.requests.append(self.path)
+        body = b'{"type": "string"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/schema+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def schema_host() -> Iterator[tuple[str, list[str]]]:
+    """A local HTTP server that serves a schema to anyone who asks, and remembers who did."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
+    _Counting.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/schema.json", _Counting.requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def run_for(stubs: Stubs, tenant: str, name: str) -> str:
+    publish(stubs, name, grants=ALL_TOOLS)
+    request = run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=name, spec_version=1)
+    return stubs.runs.CreateRun(request).run.run_id
+
+
+def test_a_remote_ref_in_a_schema_is_never_fetched(
+    stubs: Stubs, unique: Callable[[str], str], schema_host: tuple[str, list[str]]
+) -> None:
+    url, requests = schema_host
+    tenant = unique("tenant")
+    put_stdio(stubs, tenant, "hostile", "hostile", ["--ref-url", url])
+    run_id = run_for(stubs, tenant, unique("agent"))
+    arguments = struct_pb2.Struct()
+    arguments.update({"x": "anything"})
+    outcome = stubs.tools.CallDeferredTool(
+        tool_service_pb2.CallDeferredToolRequest(
+            run_id=run_id, server="hostile", tool="remote_ref", arguments=arguments, call_id="c1"
+        ),
+        timeout=30,
+    ).outcome
+    assert requests == []
+    # The unresolvable reference is the call's validation message; nothing was run.
+    assert outcome.is_error
+    text = outcome.result_json.decode()
+    assert "cannot be resolved" in text
+    assert "nothing was run" in text
