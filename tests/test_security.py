@@ -8,6 +8,7 @@ configuration and the host machine. Each test here failed on the code before its
 from __future__ import annotations
 
 import http.server
+import logging
 import sys
 import threading
 import time
@@ -28,7 +29,15 @@ from psych.sidecar.v1 import (
 )
 from tests.conftest import Stubs, rpc_failure
 from tests.helpers import publish
-from tests.mcp_helpers import fixture_commands, listed, put_stdio
+from tests.mcp_helpers import (
+    fixture_commands,
+    fixture_http,
+    free_port,
+    listed,
+    put_http,
+    put_stdio,
+    running,
+)
 from tests.prompt_helpers import append, dispatch, result, run_with
 
 MIB = 1024 * 1024
@@ -280,3 +289,64 @@ def test_a_remote_ref_in_a_schema_is_never_fetched(
     text = outcome.result_json.decode()
     assert "cannot be resolved" in text
     assert "nothing was run" in text
+
+
+# 4. Secrets never leave; every error keeps its ErrorInfo.
+
+
+def test_url_credentials_never_appear_in_a_response_or_the_log(
+    stubs: Stubs, unique: Callable[[str], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    tenant = unique("tenant")
+    port = free_port()
+    secrets = ["PASSWORD-d41d8cd9", "APIKEY-8f00b204", "TOKEN-e9800998"]
+    connected = f"http://alice:{secrets[0]}@127.0.0.1:{port}/mcp?key={secrets[1]}&v=2"
+    # A wrong path: the HTTP client's 404 error quotes the whole URL.
+    broken = f"http://alice:{secrets[0]}@127.0.0.1:{port}/nope?token={secrets[2]}"
+    with running(fixture_http(port)):
+        replies: list[object] = [
+            put_http(stubs, tenant, "good", connected),
+            put_http(stubs, tenant, "bad", broken),
+            stubs.connections.ListConnections(
+                connection_service_pb2.ListConnectionsRequest(tenant=tenant)
+            ),
+        ]
+        good = listed(stubs, tenant)["good"]
+        assert good.http.url == f"http://REDACTED@127.0.0.1:{port}/mcp?key=REDACTED&v=REDACTED"
+        assert listed(stubs, tenant)["bad"].last_error  # it failed, and said why
+        run_id = run_for(stubs, tenant, unique("agent"))
+        replies.append(
+            stubs.tools.CallDeferredTool(
+                tool_service_pb2.CallDeferredToolRequest(
+                    run_id=run_id, server="bad", tool="echo", call_id="c1"
+                )
+            )
+        )
+    for reply in replies:
+        for secret in secrets:
+            assert secret not in str(reply)
+    for secret in secrets:
+        assert secret not in caplog.text
+
+
+def test_a_megabyte_id_gets_an_error_with_its_error_info(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    huge = "r" * MIB
+    failure = rpc_failure(lambda: stubs.runs.GetRun(run_service_pb2.GetRunRequest(run_id=huge)))
+    assert failure.info.reason == "RUN_NOT_FOUND"
+    assert len(failure.info.metadata["run_id"]) < 100
+    run_id = run_with(stubs, unique("agent"))
+    failure = rpc_failure(
+        lambda: stubs.tools.ReadToolOutput(
+            tool_service_pb2.ReadToolOutputRequest(run_id=run_id, handle="h" * MIB)
+        )
+    )
+    assert failure.info.reason == "INVALID_DEFERRED_HANDLE"
+    failure = rpc_failure(
+        lambda: stubs.connections.DeleteConnection(
+            connection_service_pb2.DeleteConnectionRequest(tenant="t", name="n" * MIB)
+        )
+    )
+    assert failure.info.reason == "FIELD_INVALID"

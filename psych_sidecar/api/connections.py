@@ -18,6 +18,7 @@ from psych_sidecar.domain.catalog import (
     ConnectionState,
     ConnectionStatus,
     TransportKind,
+    redact_url,
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.mcp.service import ConnectionService
@@ -92,7 +93,9 @@ def connection_to_proto(
         message.stdio.command = connection.command
         message.stdio.args.extend(connection.args)
     else:
-        message.http.url = connection.url
+        # Redacted again here, whatever the caller passed: user-info and query values are
+        # secrets (the domain's without_secrets already did; this is idempotent).
+        message.http.url = redact_url(connection.url)
         message.http.protocol = (
             connection_pb2.HTTP_PROTOCOL_SSE
             if connection.transport is TransportKind.SSE

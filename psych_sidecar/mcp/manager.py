@@ -28,6 +28,7 @@ from psych_sidecar.domain.catalog import (
     ToolCallFailed,
     connection_not_found,
     validate_connection,
+    without_secrets,
 )
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.mcp.session import (
@@ -46,10 +47,6 @@ Key = tuple[str, str]
 _STOP_TIMEOUT = 10.0
 # The sweep wakes this many times per TTL, so no catalogue is older than about 1.25 TTL.
 _SWEEPS_PER_TTL = 4
-
-
-def without_secrets(connection: Connection) -> Connection:
-    return dataclasses.replace(connection, env={}, headers={})
 
 
 @dataclasses.dataclass(slots=True)

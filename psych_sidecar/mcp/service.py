@@ -14,10 +14,11 @@ from psych_sidecar.domain.catalog import (
     connection_not_found,
     diff_catalog,
     validate_connection_name,
+    without_secrets,
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import decode_token, encode_token, page_size, validate_name
-from psych_sidecar.mcp.manager import McpManager, RunBlocking, without_secrets
+from psych_sidecar.mcp.manager import McpManager, RunBlocking
 
 
 def _tool_bytes(tool: CatalogTool) -> int:

@@ -6,6 +6,7 @@ goes away (a stdio process exiting, an SSE stream ending) instead of at the next
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -21,6 +22,11 @@ from mcp.shared.message import SessionMessage
 
 from psych_sidecar.config import StdioCommand
 from psych_sidecar.domain.catalog import Connection, TransportKind, env_name_allowed
+
+# These libraries' INFO and DEBUG lines quote request URLs, whose user-info and query may hold
+# secrets (docs/security.md): they log from WARNING on, whatever the sidecar's level.
+for _library in ("httpx2", "mcp.client.streamable_http", "mcp.client.sse"):
+    logging.getLogger(_library).setLevel(logging.WARNING)
 
 Item = SessionMessage | Exception
 # The read and write streams a transport yields (the SDK's TransportStreams).

@@ -37,9 +37,16 @@ from psych_sidecar.domain.catalog.rules import (
     validate_connection,
     validate_connection_name,
 )
+from psych_sidecar.domain.catalog.secrets import (
+    REDACTED,
+    Scrubber,
+    redact_url,
+    without_secrets,
+)
 
 __all__ = [
     "DESCRIPTION_PROMPT_CHARS",
+    "REDACTED",
     "AllowedCommand",
     "CatalogDiff",
     "CatalogTool",
@@ -51,6 +58,7 @@ __all__ = [
     "ConnectionStatus",
     "Grants",
     "McpToolResult",
+    "Scrubber",
     "StoredConnection",
     "ToolCallFailed",
     "ToolRunner",
@@ -61,7 +69,9 @@ __all__ = [
     "env_name_allowed",
     "glob_match",
     "listing_fingerprint",
+    "redact_url",
     "risky_env_name",
     "validate_connection",
     "validate_connection_name",
+    "without_secrets",
 ]

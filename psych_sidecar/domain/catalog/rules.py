@@ -140,17 +140,17 @@ class CatalogDiff:
 def connection_not_found(tenant: str, name: str) -> SidecarError:
     return SidecarError(
         Reason.CONNECTION_NOT_FOUND,
-        f"no connection {name!r} for tenant {tenant!r}",
-        tenant=tenant,
-        connection=name,
+        f"no connection {quoted(name)} for tenant {quoted(tenant)}",
+        tenant=short(tenant),
+        connection=short(name),
     )
 
 
 def catalog_version_not_found(name: str, version: int) -> SidecarError:
     return SidecarError(
         Reason.CATALOG_VERSION_NOT_FOUND,
-        f"connection {name!r} has no catalogue version {version}",
-        connection=name,
+        f"connection {quoted(name)} has no catalogue version {version}",
+        connection=short(name),
         catalog_version=version,
     )
 
@@ -196,14 +196,14 @@ def _validate_stdio(connection: Connection, allowed_commands: Mapping[str, Allow
     if allowed is None:
         raise SidecarError(
             Reason.COMMAND_NOT_ALLOWED,
-            f"command {connection.command!r} is not one the operator allowed in the sidecar's "
-            "configuration (mcp_commands)",
-            command=connection.command,
+            f"command {quoted(connection.command)} is not one the operator allowed in the "
+            "sidecar's configuration (mcp_commands)",
+            command=short(connection.command),
         )
     if connection.args and not allowed.allow_extra_args:
         raise field_invalid(
             "connection.stdio.args",
-            f"the operator's entry for {connection.command!r} takes no extra arguments",
+            f"the operator's entry for {quoted(connection.command)} takes no extra arguments",
         )
     for index, argument in enumerate(connection.args):
         if len(argument) > MAX_ARGUMENT_LENGTH or "\x00" in argument:
@@ -236,7 +236,7 @@ def _validate_strings(values: Mapping[str, str], field_path: str) -> None:
     for key, value in values.items():
         if not key or "=" in key or "\x00" in key or "\x00" in value:
             raise field_invalid(
-                f"{field_path}[{key!r}]",
+                f"{field_path}[{quoted(key)}]",
                 "names must be non-empty without '=' or NUL; values without NUL",
             )
 
@@ -246,7 +246,7 @@ def _validate_headers(headers: Mapping[str, str]) -> None:
     for name, value in headers.items():
         if not HEADER_NAME_PATTERN.fullmatch(name) or any(c in value for c in "\r\n\x00"):
             raise field_invalid(
-                f"connection.http.headers[{name!r}]",
+                f"connection.http.headers[{quoted(name)}]",
                 "names must be HTTP tokens; values must not hold CR, LF or NUL",
             )
 
