@@ -21,6 +21,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from psych.sidecar.v1 import (
+    connection_pb2,
     connection_service_pb2,
     run_service_pb2,
     spec_pb2,
@@ -350,3 +351,36 @@ def test_a_megabyte_id_gets_an_error_with_its_error_info(
         )
     )
     assert failure.info.reason == "FIELD_INVALID"
+
+
+# 5. A server's stderr is bounded.
+
+
+def test_a_stderr_flood_leaves_the_sidecar_log_bounded(
+    stubs: Stubs,
+    unique: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level(logging.INFO)
+    tenant = unique("tenant")
+    flood = 8 * MIB
+    # Before: the 8 MB went straight into the sidecar's own stderr.
+    connection = put_stdio(stubs, tenant, "flood", "hostile", ["--flood-bytes", str(flood)])
+    assert connection.state == connection_pb2.CONNECTION_STATE_CONNECTED
+    outcome = stubs.tools.CallDeferredTool(
+        tool_service_pb2.CallDeferredToolRequest(
+            run_id=run_for(stubs, tenant, unique("agent")),
+            server="flood",
+            tool="flood",
+            call_id="c1",
+        ),
+        timeout=60,
+    ).outcome
+    assert not outcome.is_error  # 2 x 8 MB written, the session unharmed
+    recent = listed(stubs, tenant)["flood"].recent_output
+    assert recent.startswith("hostile stderr line")
+    assert 0 < len(recent.encode()) <= 4096
+    assert len(capfd.readouterr().err) < 64 * 1024
+    assert len(caplog.text) < 64 * 1024
+    assert "stderr line" in caplog.text

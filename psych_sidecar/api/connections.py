@@ -86,6 +86,7 @@ def connection_to_proto(
         last_error=status.last_error,
         state_time=timestamp(status.state_time),
         catalog_version=status.catalog_version,
+        recent_output=status.recent_output,
     )
     if connection.preload is not None:
         message.preload = connection.preload

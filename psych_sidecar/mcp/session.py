@@ -34,6 +34,7 @@ from psych_sidecar.domain.catalog import (
     ToolCallFailed,
 )
 from psych_sidecar.mcp.results import tool_result
+from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.transport import open_transport
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class ConnectionSession:
         # Every error text and log line about this connection passes through it: a library
         # error may quote the URL, with its user-info and query (docs/security.md).
         self._scrub = Scrubber(stored.connection)
+        self.stderr = StderrTail(f"{self.key[0]}/{self.key[1]}", self._scrub)
         self._commands = commands
         self._timings = timings
         self._write_catalog = write_catalog
@@ -244,7 +246,7 @@ class ConnectionSession:
         closed = anyio.Event()
         self._broken = anyio.Event()
         self._changed = anyio.Event()
-        transport = open_transport(self.stored.connection, self._commands, closed)
+        transport = open_transport(self.stored.connection, self._commands, closed, self.stderr)
         client = Client(transport, mode="auto", cache=None, message_handler=self._on_message)
         deadline = anyio.current_time() + self._timings.connect_timeout
         try:

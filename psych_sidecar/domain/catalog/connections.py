@@ -64,6 +64,8 @@ class ConnectionStatus:
     state_time: datetime
     # The newest catalogue version; 0 before the first successful listing.
     catalog_version: int
+    # The tail of a stdio server's stderr, secrets scrubbed; "" when none.
+    recent_output: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -173,8 +173,15 @@ type Connection struct {
 	StateTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=state_time,json=stateTime,proto3" json:"state_time,omitempty"`
 	// The newest catalogue version; 0 before the first successful listing.
 	CatalogVersion int64 `protobuf:"varint,13,opt,name=catalog_version,json=catalogVersion,proto3" json:"catalog_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What a stdio server last wrote to its stderr, as this sidecar's session
+	// saw it: at most the last 4 KiB (cut at a line start when it can be),
+	// decoded as UTF-8 with replacement, the connection's secrets replaced by
+	// REDACTED; kept across restarts of the process, so the output of one
+	// that crashed stays visible. Empty for HTTP servers and until a stdio
+	// server writes.
+	RecentOutput  string `protobuf:"bytes,14,opt,name=recent_output,json=recentOutput,proto3" json:"recent_output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Connection) Reset() {
@@ -307,6 +314,13 @@ func (x *Connection) GetCatalogVersion() int64 {
 		return x.CatalogVersion
 	}
 	return 0
+}
+
+func (x *Connection) GetRecentOutput() string {
+	if x != nil {
+		return x.RecentOutput
+	}
+	return ""
 }
 
 type isConnection_Transport interface {
@@ -571,7 +585,7 @@ var File_psych_sidecar_v1_connection_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\n" +
-	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x04\n" +
+	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
 	"\n" +
 	"Connection\x12\x1c\n" +
 	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
@@ -592,7 +606,8 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"last_error\x18\v \x01(\tB\x04\xe2A\x01\x03R\tlastError\x12?\n" +
 	"\n" +
 	"state_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\tstateTime\x12-\n" +
-	"\x0fcatalog_version\x18\r \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersionB\v\n" +
+	"\x0fcatalog_version\x18\r \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersion\x12)\n" +
+	"\rrecent_output\x18\x0e \x01(\tB\x04\xe2A\x01\x03R\frecentOutputB\v\n" +
 	"\ttransportB\n" +
 	"\n" +
 	"\b_preload\"\xc5\x01\n" +
