@@ -7,7 +7,11 @@ configuration and the host machine. Each test here failed on the code before its
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import datetime
 import http.server
+import ipaddress
 import logging
 import sys
 import threading
@@ -18,7 +22,12 @@ from typing import Any, ClassVar
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from psych.sidecar.v1 import (
     connection_pb2,
@@ -28,7 +37,8 @@ from psych.sidecar.v1 import (
     tool_service_pb2,
     turn_service_pb2,
 )
-from tests.conftest import Stubs, rpc_failure
+from psych_sidecar.config import Settings
+from tests.conftest import RunningSidecar, Stubs, rpc_failure
 from tests.helpers import publish
 from tests.mcp_helpers import (
     fixture_commands,
@@ -384,3 +394,137 @@ def test_a_stderr_flood_leaves_the_sidecar_log_bounded(
     assert len(capfd.readouterr().err) < 64 * 1024
     assert len(caplog.text) < 64 * 1024
     assert "stderr line" in caplog.text
+
+
+# 6. TLS on TCP listeners.
+
+
+def _certificate(
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
+    *,
+    ca: bool = False,
+    client: bool = False,
+) -> x509.Certificate:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer[0].subject if issuer else name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        if not client:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+    return builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+
+
+def _pem(value: x509.Certificate | ec.EllipticCurvePrivateKey) -> bytes:
+    if isinstance(value, x509.Certificate):
+        return value.public_bytes(serialization.Encoding.PEM)
+    return value.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+@dataclasses.dataclass
+class Pki:
+    ca: bytes
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_cert: bytes
+    client_key: bytes
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
+    directory = tmp_path_factory.mktemp("pki")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = _certificate("test CA", ca_key, None, ca=True)
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = _certificate("sidecar", server_key, (ca_cert, ca_key))
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client_cert = _certificate("host", client_key, (ca_cert, ca_key), client=True)
+    files = {"ca.pem": _pem(ca_cert), "cert.pem": _pem(server_cert), "key.pem": _pem(server_key)}
+    for file_name, content in files.items():
+        (directory / file_name).write_bytes(content)
+    return Pki(
+        _pem(ca_cert),
+        directory / "cert.pem",
+        directory / "key.pem",
+        directory / "ca.pem",
+        _pem(client_cert),
+        _pem(client_key),
+    )
+
+
+@contextlib.contextmanager
+def tls_sidecar(
+    tmp_path: Path, database_url: str, pki: Pki, mutual: bool
+) -> Iterator[RunningSidecar]:
+    settings = Settings(
+        listen=["127.0.0.1:0"],
+        database_url=database_url,
+        data_dir=tmp_path,
+        shutdown_grace_seconds=1,
+        semantic_search="off",
+        tls_cert_file=pki.cert_file,
+        tls_key_file=pki.key_file,
+        tls_client_ca_file=pki.ca_file if mutual else None,
+    )
+    with RunningSidecar(settings) as running:
+        yield running
+
+
+def _health(channel: grpc.Channel) -> int:
+    request = health_pb2.HealthCheckRequest()
+    return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
+def test_a_tls_listener_serves_clients_that_trust_its_ca_and_refuses_plaintext(
+    tmp_path: Path, database_url: str, pki: Pki, mutual: bool
+) -> None:
+    with tls_sidecar(tmp_path, database_url, pki, mutual) as running:
+        target = running.sidecar.bound[0]
+        client = (pki.client_key, pki.client_cert) if mutual else (None, None)
+        trusted = grpc.ssl_channel_credentials(pki.ca, *client)
+        with grpc.secure_channel(target, trusted) as channel:
+            assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
+        with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError) as caught:
+            _health(channel)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        if mutual:  # trusting the server is not enough: the client must present a certificate
+            anonymous = grpc.ssl_channel_credentials(pki.ca)
+            with grpc.secure_channel(target, anonymous) as channel, pytest.raises(grpc.RpcError):
+                _health(channel)
+
+
+def test_a_non_loopback_listener_needs_tls_or_an_explicit_insecure_setting(
+    tmp_path: Path, pki: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
+    common: dict[str, Any] = {"listen": ["0.0.0.0:0"], "allow_non_loopback": True}
+    with pytest.raises(ValueError, match="insecure_non_loopback"):
+        Settings(**common).listen_addresses()
+    assert Settings(**common, insecure_non_loopback=True).listen_addresses()
+    tls = {"tls_cert_file": pki.cert_file, "tls_key_file": pki.key_file}
+    assert Settings(**common, **tls).listen_addresses()
+    with pytest.raises(ValueError, match="go together"):
+        Settings(listen=["127.0.0.1:0"], tls_cert_file=pki.cert_file).listen_addresses()
