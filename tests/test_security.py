@@ -78,6 +78,8 @@ def sidecar_overrides(marker_dir: Path) -> dict[str, Any]:
             },
         },
         "mcp_connect_timeout_seconds": 10,
+        # No background encoding for search: the CPU test measures this process.
+        "semantic_search": "off",
         "mcp_reconnect_min_seconds": 30,
     }
 
