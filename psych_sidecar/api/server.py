@@ -41,14 +41,13 @@ from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutputReader
-from psych_sidecar.domain.catalog import CatalogTool
+from psych_sidecar.domain.catalog import CatalogTool, ConnectionService
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
-from psych_sidecar.domain.prompt import PromptAssembler, SpecLookup
-from psych_sidecar.domain.runlog import RunService, SpecService
+from psych_sidecar.domain.prompt import PromptAssembler
+from psych_sidecar.domain.runlog import RunService, SpecLookup, SpecService
 from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.mcp.manager import McpManager
-from psych_sidecar.mcp.service import ConnectionService
 from psych_sidecar.search.encoder import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
@@ -212,11 +211,11 @@ class Sidecar:
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
-        resolver = TurnResolver(runs, store, self.catalog, embeddings=self._embeddings)
+        specs = SpecLookup(store)
+        resolver = TurnResolver(runs, specs, self.catalog, embeddings=self._embeddings)
         executor = ToolExecutor(
             resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
         )
-        specs = SpecLookup(store)
         reader = ToolOutputReader(runs, log)
         return [
             _Binding(
@@ -247,7 +246,7 @@ class Sidecar:
                     resolver,
                     executor,
                     reader,
-                    DispatchService(runs, specs, log, reader),
+                    DispatchService(runs, log, reader, resolver, executor, blocking),
                     blocking,
                     limit,
                     grep_threads=self.settings.worker_threads // 2,

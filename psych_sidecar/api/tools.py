@@ -16,14 +16,12 @@ from google.protobuf import json_format
 
 from psych.sidecar.v1 import tool_service_pb2
 from psych_sidecar.api.connections import catalog_tool_to_proto
+from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.servicers import Blocking, Context
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcome, ToolOutputReader
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import TurnResolver
-
-# What a read leaves of the message limit for the response's framing and its other fields.
-_READ_HEADROOM_BYTES = 64 * 1024
 
 
 def caller_gone(context: Context) -> Callable[[], bool]:
@@ -74,7 +72,7 @@ class ToolServicer:
         self._reader = reader
         self._dispatcher = dispatcher
         self._blocking = blocking
-        self._page_bytes = max(max_message_bytes - _READ_HEADROOM_BYTES, 1)
+        self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
         # Greps (CPU-bound, up to the reader's budget each) may hold at most this many of
         # the storage threads, so that other RPCs always find one free.
         self._grep_slots = asyncio.Semaphore(max(1, grep_threads))
@@ -180,23 +178,12 @@ class ToolServicer:
         if not request.HasField("call"):
             raise field_required("call")
         call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
-        own = await self._blocking(self._dispatcher.dispatch, request.run_id, call)
-        if own.execution is not None:
-            outcome = tool_service_pb2.ToolOutcome(
-                is_error=own.execution.is_error,
-                result_json=own.execution.result_json,
-                sequence=own.sequence,
-                handle=own.handle,
+        outcome = await self._dispatcher.dispatch(request.run_id, call)
+        if outcome is None:
+            return tool_service_pb2.DispatchToolCallResponse(
+                disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
             )
-        else:
-            mcp = await self._executor.dispatch(
-                request.run_id, call.call_id, call.name, call.arguments_json
-            )
-            if mcp is None:
-                return tool_service_pb2.DispatchToolCallResponse(
-                    disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
-                )
-            outcome = outcome_to_proto(mcp)
         return tool_service_pb2.DispatchToolCallResponse(
-            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED, outcome=outcome
+            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED,
+            outcome=outcome_to_proto(outcome),
         )

@@ -27,6 +27,7 @@ from psych_sidecar.domain.catalog.rules import (
     CatalogDiff,
     CatalogWrite,
     ConnectionRepository,
+    ConnectionSupervisor,
     StoredConnection,
     catalog_version_not_found,
     connection_not_found,
@@ -43,6 +44,7 @@ from psych_sidecar.domain.catalog.secrets import (
     redact_url,
     without_secrets,
 )
+from psych_sidecar.domain.catalog.service import ConnectionService
 
 __all__ = [
     "DESCRIPTION_PROMPT_CHARS",
@@ -54,8 +56,10 @@ __all__ = [
     "CatalogWrite",
     "Connection",
     "ConnectionRepository",
+    "ConnectionService",
     "ConnectionState",
     "ConnectionStatus",
+    "ConnectionSupervisor",
     "Grants",
     "McpToolResult",
     "Scrubber",

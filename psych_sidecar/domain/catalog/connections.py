@@ -2,8 +2,8 @@
 
 This module is the seam between two parts of psych-sidecar:
 
-- the MCP layer (sessions, owner tasks, transports, catalogue refresh, ConnectionService),
-  which implements `CatalogView` and `ToolRunner`;
+- the MCP layer (sessions, owner tasks, transports, catalogue refresh), which implements
+  `CatalogView`, `ToolRunner` and `ConnectionSupervisor` (catalog/rules.py);
 - the tool surface (narrowing, ResolveTurn, CallDeferredTool, dispatch, search), which uses
   them and never touches an MCP session or SQL directly.
 """

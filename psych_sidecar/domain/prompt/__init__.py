@@ -7,7 +7,7 @@ byte-stable output, and the Anthropic and OpenAI request bodies.
 
 from __future__ import annotations
 
-from psych_sidecar.domain.prompt.assembly import AssembledPrompt, PromptAssembler, SpecLookup
+from psych_sidecar.domain.prompt.assembly import AssembledPrompt, PromptAssembler
 from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView, Zone
 
 __all__ = [
@@ -16,7 +16,6 @@ __all__ = [
     "PromptAssembler",
     "PromptMessage",
     "Role",
-    "SpecLookup",
     "ToolResultView",
     "Zone",
 ]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.errors import field_invalid, spec_not_found
+from psych_sidecar.domain.errors import field_invalid
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
 from psych_sidecar.domain.prompt.elision import (
     BatchResult,
@@ -44,33 +44,13 @@ from psych_sidecar.domain.runlog import (
     RecordKind,
     RecordSkeleton,
     RunService,
-    Spec,
-    SpecRepository,
+    SpecLookup,
     TextLayout,
     fetch_text,
 )
 from psych_sidecar.domain.surface import ToolSurface
 
 DEFAULT_MAX_TOKENS = 4096
-
-
-class SpecLookup:
-    """Spec versions by name and version, cached: a published version never changes."""
-
-    def __init__(self, specs: SpecRepository, capacity: int = 1_000) -> None:
-        self._specs = specs
-        self._cache = ImmutableCache[tuple[str, int], Spec](capacity)
-
-    def get(self, name: str, version: int) -> Spec:
-        key = (name, version)
-        spec = self._cache.get(key)
-        if spec is None:
-            published = self._specs.get_spec(name, version)
-            if published is None:
-                raise spec_not_found(name, version)
-            spec = published.spec
-            self._cache.put(key, spec)
-        return spec
 
 
 @dataclass(frozen=True, slots=True)
