@@ -351,6 +351,8 @@ type StdioTransport struct {
 	// Extra arguments, appended only if the operator's entry allows them.
 	Args []string `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
 	// Environment values for the process. Secret: never returned or logged.
+	// Only the names the operator's entry allows (its allowed_env) may be set;
+	// any other is PERMISSION_DENIED with reason COMMAND_NOT_ALLOWED.
 	Env           map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -410,7 +412,9 @@ func (x *StdioTransport) GetEnv() map[string]string {
 // HttpTransport reaches a server over HTTP.
 type HttpTransport struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The endpoint, for example "http://127.0.0.1:3001/mcp".
+	// The endpoint, for example "http://127.0.0.1:3001/mcp". Returned with
+	// its user-info and every query value replaced by REDACTED: they may hold
+	// credentials, which are never returned or logged.
 	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
 	// HTTP headers sent with every request, such as authorization. Secret:
 	// never returned or logged.

@@ -228,7 +228,10 @@ class StdioTransport(_message.Message):
 
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Environment values for the process. Secret: never returned or logged."""
+        """Environment values for the process. Secret: never returned or logged.
+        Only the names the operator's entry allows (its allowed_env) may be set;
+        any other is PERMISSION_DENIED with reason COMMAND_NOT_ALLOWED.
+        """
 
     def __init__(
         self,
@@ -275,7 +278,10 @@ class HttpTransport(_message.Message):
     HEADERS_FIELD_NUMBER: _builtins.int
     PROTOCOL_FIELD_NUMBER: _builtins.int
     url: _builtins.str
-    """The endpoint, for example "http://127.0.0.1:3001/mcp"."""
+    """The endpoint, for example "http://127.0.0.1:3001/mcp". Returned with
+    its user-info and every query value replaced by REDACTED: they may hold
+    credentials, which are never returned or logged.
+    """
     protocol: Global___HttpProtocol.ValueType
     """The HTTP flavour of MCP. Required."""
     @_builtins.property

@@ -172,6 +172,8 @@ export type StdioTransport = Message<"psych.sidecar.v1.StdioTransport"> & {
 
   /**
    * Environment values for the process. Secret: never returned or logged.
+   * Only the names the operator's entry allows (its allowed_env) may be set;
+   * any other is PERMISSION_DENIED with reason COMMAND_NOT_ALLOWED.
    *
    * @generated from field: map<string, string> env = 3;
    */
@@ -192,7 +194,9 @@ export const StdioTransportSchema: GenMessage<StdioTransport> = /*@__PURE__*/
  */
 export type HttpTransport = Message<"psych.sidecar.v1.HttpTransport"> & {
   /**
-   * The endpoint, for example "http://127.0.0.1:3001/mcp".
+   * The endpoint, for example "http://127.0.0.1:3001/mcp". Returned with
+   * its user-info and every query value replaced by REDACTED: they may hold
+   * credentials, which are never returned or logged.
    *
    * @generated from field: string url = 1;
    */
