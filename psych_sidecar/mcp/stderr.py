@@ -34,21 +34,32 @@ class StderrTail:
         self._scrub = scrub
         self._lock = threading.Lock()
         self._tail = bytearray()
+        # Bytes fed so far, and the text of the tail as of that count.
+        self._fed = 0
+        self._text: tuple[int, str] | None = None
         self._partial = bytearray()
         self._window_start = time.monotonic()
         self._logged = 0
         self._dropped = 0
 
     def text(self) -> str:
+        """The tail, scrubbed; computed once per change (every turn's status reads it)."""
         with self._lock:
+            fed, cached = self._fed, self._text
+            if cached is not None and cached[0] == fed:
+                return cached[1]
             tail = bytes(self._tail)
         cut = tail.find(b"\n")
         if len(tail) >= TAIL_BYTES and 0 <= cut < len(tail) - 1:
             tail = tail[cut + 1 :]  # start at a line, not mid-way
-        return self._scrub(tail.decode(errors="replace"))
+        text = self._scrub(tail.decode(errors="replace"))
+        with self._lock:
+            self._text = (fed, text)
+        return text
 
     def feed(self, data: bytes) -> None:
         with self._lock:
+            self._fed += len(data)
             self._tail += data
             del self._tail[:-TAIL_BYTES]
             self._partial += data

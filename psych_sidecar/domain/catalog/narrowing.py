@@ -37,6 +37,8 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 
 def glob_match(pattern: str, name: str) -> bool:
     """`*` matches any run of characters, `?` exactly one; everything else matches itself."""
+    if pattern == "*":  # the usual grant: no regular expression needed
+        return True
     return _compiled(pattern).fullmatch(name) is not None
 
 
