@@ -21,7 +21,7 @@ from psych_sidecar.api.servicers import Blocking, Context
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcome, ToolOutputReader
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
-from psych_sidecar.domain.surface import TurnResolver
+from psych_sidecar.domain.surface import READ_TOOL_OUTPUT, TurnResolver
 
 
 def caller_gone(context: Context) -> Callable[[], bool]:
@@ -178,7 +178,13 @@ class ToolServicer:
         if not request.HasField("call"):
             raise field_required("call")
         call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
-        outcome = await self._dispatcher.dispatch(request.run_id, call)
+        if call.name == READ_TOOL_OUTPUT and '"grep"' in call.arguments_json:
+            # The model's grep takes a grep slot like ReadToolOutput's (a cheap, conservative
+            # test: a call that merely mentions "grep" waits for a slot too).
+            async with self._grep_slots:
+                outcome = await self._dispatcher.dispatch(request.run_id, call)
+        else:
+            outcome = await self._dispatcher.dispatch(request.run_id, call)
         if outcome is None:
             return tool_service_pb2.DispatchToolCallResponse(
                 disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
