@@ -222,7 +222,7 @@ class DispatchService:
                 run, handle, offset, limit, grep, 4 * MODEL_MAX_LIMIT_CHARS
             )
         except SidecarError as error:
-            if error.reason is Reason.PATTERN_INVALID:
+            if error.reason in (Reason.PATTERN_INVALID, Reason.PATTERN_TOO_COMPLEX):
                 return ToolExecution.error(f"read_tool_output: grep {error.metadata['detail']}")
             raise
         if result.binary:
@@ -230,8 +230,10 @@ class DispatchService:
         end = result.next_offset
         if grep:
             lines = [f"{m.line_number}: {m.line}" for m in result.matches]
-            if not lines:
+            if not lines and end >= result.total_length:
                 lines.append(f"[No line matches from offset {offset} on.]")
+            elif not lines:
+                lines.append(f"[No line matches from offset {offset} to {end}.]")
             if end < result.total_length:
                 lines.append(f"[More lines may match: continue with offset {end}.]")
             return ToolExecution.of((ContentPart.text("\n".join(lines)),))

@@ -111,6 +111,12 @@ class PublishedSpec:
     create_time: datetime
 
 
+# Grant globs are matched against every tool of every turn: bounded in length and number
+# (the matcher is linear, domain/catalog/narrowing.py; these keep its constant small).
+MAX_GRANT_PATTERN_LENGTH = 256
+MAX_GRANTS = 1024
+
+
 def validate_name(value: str, field_path: str) -> None:
     if not value:
         raise field_required(field_path)
@@ -126,11 +132,18 @@ def validate_version(value: int, field_path: str) -> None:
 
 
 def validate_grants(grants: tuple[ToolGrant, ...], field_path: str) -> None:
+    if len(grants) > MAX_GRANTS:
+        raise field_invalid(field_path, f"at most {MAX_GRANTS} grants")
     for index, grant in enumerate(grants):
-        if not grant.server_pattern:
-            raise field_required(f"{field_path}[{index}].server_pattern")
-        if not grant.tool_pattern:
-            raise field_required(f"{field_path}[{index}].tool_pattern")
+        for name in ("server_pattern", "tool_pattern"):
+            value = getattr(grant, name)
+            if not value:
+                raise field_required(f"{field_path}[{index}].{name}")
+            if len(value) > MAX_GRANT_PATTERN_LENGTH or "\x00" in value:
+                raise field_invalid(
+                    f"{field_path}[{index}].{name}",
+                    f"must be at most {MAX_GRANT_PATTERN_LENGTH} characters, without NUL",
+                )
 
 
 def _validate_unique_names(names: list[str], field_path: str) -> None:
