@@ -48,6 +48,7 @@ from psych_sidecar.domain.runlog import (
     SpecRepository,
     TextLayout,
     fetch_text,
+    model_view,
 )
 from psych_sidecar.domain.surface import ToolSurface
 
@@ -112,8 +113,10 @@ class _ElidedViews:
         run_id: str,
         thresholds: EffectiveThresholds,
         skeletons: dict[int, RecordSkeleton],
+        view_bytes: dict[int, int],
     ) -> None:
         self._log = log
+        self._view_bytes = view_bytes
         self._cache = cache
         self._run_id = run_id
         self._thresholds = thresholds
@@ -136,9 +139,13 @@ class _ElidedViews:
         plans: list[tuple[RecordSkeleton, ViewPlan]] = []
         for sequence in wanted:
             skeleton = self._skeletons[sequence]
-            layout = TextLayout(metas.get(sequence, []))
+            layout = TextLayout(model_view(metas.get(sequence, [])))
             plan = plan_view(
-                layout, skeleton.content_bytes, skeleton.is_error, skeleton.handle, self._thresholds
+                layout,
+                self._view_bytes[sequence],
+                skeleton.is_error,
+                skeleton.handle,
+                self._thresholds,
             )
             if plan is None:
                 self.views[sequence] = None  # small enough to go through unchanged
@@ -187,6 +194,8 @@ class PromptAssembler:
         # The Run's tool surface for this turn (TurnResolver.resolve_turn).
         self._surfaces = surfaces
         self._views = ViewCache(view_cache_size)
+        # The bytes of each tool result's model view (`model_view`): immutable per record.
+        self._view_sizes = ImmutableCache[tuple[str, int], int](view_cache_size * 10)
 
     def assemble(
         self,
@@ -202,7 +211,8 @@ class PromptAssembler:
         run = self._runs.get(run_id)
         spec = self._specs.get(run.spec_name, run.spec_version)
         skeletons = self._log.record_skeletons(run_id)
-        elided = self._elided(run_id, skeletons, spec.effective_thresholds())
+        view_bytes = self._view_bytes(run_id, skeletons)
+        elided = self._elided(run_id, skeletons, spec.effective_thresholds(), view_bytes)
         contents = self._log.record_contents(
             run_id, [s.sequence for s in skeletons if s.sequence not in elided]
         )
@@ -211,6 +221,7 @@ class PromptAssembler:
             view = elided.get(skeleton.sequence)
             content = () if view is not None else contents.get(skeleton.sequence, ())
             if skeleton.kind is RecordKind.TOOL_RESULT and view is None:
+                content = tuple(model_view(content))
                 view = ToolResultView(
                     skeleton.call_id, skeleton.is_error, content, False, skeleton.handle
                 )
@@ -231,14 +242,36 @@ class PromptAssembler:
             openai_body(prompt, model, max_tokens),
         )
 
+    def _view_bytes(self, run_id: str, skeletons: Sequence[RecordSkeleton]) -> dict[int, int]:
+        """The UTF-8 bytes of each tool result as the model sees it in full: its content less
+        a structured copy `model_view` leaves out. Sizes and thresholds are computed on this."""
+        sizes: dict[int, int] = {}
+        wanted = []
+        for skeleton in skeletons:
+            if skeleton.kind is not RecordKind.TOOL_RESULT:
+                continue
+            cached = self._view_sizes.get((run_id, skeleton.sequence))
+            if cached is None:
+                wanted.append(skeleton.sequence)
+            else:
+                sizes[skeleton.sequence] = cached
+        if wanted:
+            metas = self._log.part_metas(run_id, wanted)
+            for sequence in wanted:
+                size = sum(p.byte_length for p in model_view(metas.get(sequence, [])))
+                sizes[sequence] = size
+                self._view_sizes.put((run_id, sequence), size)
+        return sizes
+
     def _elided(
         self,
         run_id: str,
         skeletons: Sequence[RecordSkeleton],
         thresholds: EffectiveThresholds,
+        view_bytes: dict[int, int],
     ) -> dict[int, ToolResultView]:
         batches = [
-            [BatchResult(s.sequence, estimate_tokens(s.content_bytes)) for s in batch]
+            [BatchResult(s.sequence, estimate_tokens(view_bytes[s.sequence])) for s in batch]
             for batch in prior_batches(skeletons)
         ]
         views = _ElidedViews(
@@ -247,6 +280,7 @@ class PromptAssembler:
             run_id=run_id,
             thresholds=thresholds,
             skeletons={s.sequence: s for s in skeletons},
+            view_bytes=view_bytes,
         )
         views.prepare([s for batch in batches for s in first_step_candidates(batch, thresholds)])
         elided: dict[int, ToolResultView] = {}

@@ -24,6 +24,7 @@ from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_
 from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository
 from psych_sidecar.domain.runlog.runs import (
     MAX_IDENTIFIER_LENGTH,
+    STRUCTURED_CONTENT_MIME,
     AppendedRecord,
     ContentPart,
     PartKind,
@@ -32,6 +33,7 @@ from psych_sidecar.domain.runlog.runs import (
     Run,
     StoredRecord,
     ToolCall,
+    model_view,
     validate_request_id,
 )
 from psych_sidecar.domain.runlog.services import RunService, SpecService, new_id
@@ -50,6 +52,7 @@ from psych_sidecar.domain.runlog.specs import (
 __all__ = [
     "MAX_IDENTIFIER_LENGTH",
     "SEPARATOR",
+    "STRUCTURED_CONTENT_MIME",
     "AppendedRecord",
     "ByteRange",
     "ContentPart",
@@ -80,6 +83,7 @@ __all__ = [
     "decode_token",
     "encode_token",
     "fetch_text",
+    "model_view",
     "new_id",
     "page_size",
     "validate_name",

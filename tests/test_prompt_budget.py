@@ -1,0 +1,129 @@
+"""The prompt budget end to end (issue 13): what the model sees of each result, empty reads,
+zone 1 stability, the surface pinned per turn and the context guard. The real sidecar over a
+real socket, real databases, the project's real MCP test server over stdio."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from psych.sidecar.v1 import tool_service_pb2, turn_service_pb2
+from tests.conftest import Stubs
+from tests.helpers import all_records, user
+from tests.prompt_helpers import (
+    NOON,
+    append,
+    assistant,
+    history_results,
+    thresholds,
+    valid_anthropic,
+    valid_openai,
+)
+from tests.test_turns import FIXTURE_SERVER, Host
+
+
+@pytest.fixture(scope="module")
+def sidecar_overrides() -> dict[str, Any]:
+    return {
+        "mcp_commands": {
+            "fixture": {
+                "argv": [sys.executable, str(FIXTURE_SERVER), "stdio"],
+                "allow_extra_args": True,
+            }
+        },
+        "mcp_reconnect_min_seconds": 0.2,
+        "mcp_reconnect_max_seconds": 1.0,
+    }
+
+
+@pytest.fixture(scope="module")
+def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+
+
+@pytest.fixture
+def host(stubs: Stubs, unique: Callable[[str], str]) -> Host:
+    return Host(stubs, unique("tenant"))
+
+
+def assemble(host: Host, run_id: str, **fields: Any) -> turn_service_pb2.AssemblePromptResponse:
+    fields.setdefault("now", NOON)
+    fields.setdefault("model", "claude-test")
+    request = turn_service_pb2.AssemblePromptRequest(run_id=run_id, **fields)
+    return host.stubs.turns.AssemblePrompt(request)
+
+
+def model_step(
+    host: Host, run_id: str, *calls: tuple[str, dict[str, Any]]
+) -> list[tool_service_pb2.DispatchToolCallResponse]:
+    """One model step: an assistant message with these calls, each dispatched."""
+    ids = [f"call-{host.calls + i + 1}" for i in range(len(calls))]
+    append(
+        host.stubs,
+        run_id,
+        assistant(
+            "", *[(i, name, json.dumps(args)) for i, (name, args) in zip(ids, calls, strict=True)]
+        ),
+    )
+    return [host.dispatch(run_id, name, args) for name, args in calls]
+
+
+def test_a_structured_result_reaches_the_model_once(host: Host, stubs: Stubs) -> None:
+    host.connect("fx", "--tools", "0", preload=True)
+    run_id = host.run(
+        host.tenant,
+        thresholds=thresholds(per_result_tokens=10_000, per_batch_tokens=10_000),
+    )
+    append(stubs, run_id, user("first"))
+    with_text, _without_text, large = model_step(
+        host,
+        run_id,
+        ("fx__structured", {}),
+        ("fx__structured", {"text": False}),
+        ("fx__structured", {"size": 200_000}),
+    )
+    # The host gets both representations, typed, and the log keeps both.
+    for response in (with_text, large):
+        result = json.loads(response.outcome.result_json)
+        assert result["structuredContent"]["answer"] == 42
+        assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
+    records = {r.sequence: r for r in all_records(stubs, run_id)}
+    kinds = [p.WhichOneof("kind") for p in records[with_text.outcome.sequence].tool_result.content]
+    assert kinds == ["text", "json"]
+
+    # The model sees one representation per result: the text, or the JSON when there is none.
+    current = history_results(assemble(host, run_id))
+    shown = {
+        call_id: [p.WhichOneof("kind") for p in result.content]
+        for call_id, result in current.items()
+    }
+    assert shown == {"call-1": ["text"], "call-2": ["json"], "call-3": ["text"]}
+    assert json.loads(current["call-2"].content[0].json) == {"answer": 42}
+    body = assemble(host, run_id).anthropic_request_json
+    assert body.count(b"y" * 200_000) == 1
+    messages = json.dumps(json.loads(body)["messages"])
+    assert messages.count("answer") == 3
+
+    # Previews and sizes are those of what the model sees: the text's characters and its tail.
+    append(stubs, run_id, user("second"))
+    prompt = assemble(host, run_id)
+    valid_anthropic(prompt.anthropic_request_json)
+    valid_openai(prompt.openai_request_json)
+    elided = history_results(prompt)["call-3"]
+    assert elided.elided
+    (part,) = elided.content
+    text_length = len(json.dumps({"answer": 42, "content": "y" * 200_000}))
+    assert f"{text_length} characters in full" in part.text
+    assert '"}\n[Elided' in part.text  # the text block's own tail, not an escaped JSON copy
+    read = host.stubs.tools.ReadToolOutput(
+        tool_service_pb2.ReadToolOutputRequest(
+            run_id=run_id, handle=elided.handle, offset=0, limit=0
+        )
+    )
+    assert read.total_length == text_length
+    assert not re.search(r"\\\"", read.text)
