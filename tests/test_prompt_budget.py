@@ -127,3 +127,60 @@ def test_a_structured_result_reaches_the_model_once(host: Host, stubs: Stubs) ->
     )
     assert read.total_length == text_length
     assert not re.search(r"\\\"", read.text)
+
+
+def test_past_the_end_and_no_match_are_empty_results_for_the_model(
+    host: Host, stubs: Stubs
+) -> None:
+    host.connect("fx", "--tools", "0", preload=True)
+    run_id = host.run(
+        host.tenant, thresholds=thresholds(per_result_tokens=1_000, per_batch_tokens=1_000)
+    )
+    append(stubs, run_id, user("first"))
+    (big,) = model_step(host, run_id, ("fx__huge_text", {"size": 50_000}))
+    append(stubs, run_id, user("second"))
+    handle = history_results(assemble(host, run_id))["call-1"].handle
+    assert handle == big.outcome.handle
+    past, none = model_step(
+        host,
+        run_id,
+        ("read_tool_output", {"handle": handle, "offset": 10**7}),
+        ("read_tool_output", {"handle": handle, "grep": "no such line"}),
+    )
+    for response in (past, none):
+        assert not response.outcome.is_error
+        assert json.loads(response.outcome.result_json)["content"] == []
+    records = {r.sequence: r for r in all_records(stubs, run_id)}
+    for response in (past, none):
+        assert list(records[response.outcome.sequence].tool_result.content) == []
+    prompt = assemble(host, run_id)
+    shown = history_results(prompt)
+    assert [list(shown[c].content) for c in ("call-2", "call-3")] == [[], []]
+    anthropic = valid_anthropic(prompt.anthropic_request_json)
+    valid_openai(prompt.openai_request_json)
+    results = [
+        block
+        for message in anthropic["messages"]
+        for block in message["content"]
+        if block["type"] == "tool_result" and block["tool_use_id"] in ("call-2", "call-3")
+    ]
+    results[-1].pop("cache_control", None)
+    assert results == [
+        {"type": "tool_result", "tool_use_id": "call-2"},
+        {"type": "tool_result", "tool_use_id": "call-3"},
+    ]
+
+
+def test_an_empty_model_is_left_out_of_both_bodies(host: Host, stubs: Stubs) -> None:
+    run_id = host.run(host.tenant)
+    append(stubs, run_id, user("hello"))
+    prompt = assemble(host, run_id, model="")
+    anthropic = json.loads(prompt.anthropic_request_json)
+    openai = json.loads(prompt.openai_request_json)
+    assert "model" not in anthropic
+    assert "model" not in openai
+    # With the host's model set, each is a valid request.
+    valid_anthropic(json.dumps({"model": "claude-test", **anthropic}).encode())
+    valid_openai(json.dumps({"model": "gpt-test", **openai}).encode())
+    named = assemble(host, run_id, model="claude-test")
+    assert json.loads(named.anthropic_request_json)["model"] == "claude-test"

@@ -37,6 +37,12 @@ CACHE_CONTROL = {"type": "ephemeral"}
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
 
+def _model(model: str) -> dict[str, Any]:
+    """The body's first key: the model id, or nothing when the host sent none (the host
+    then sets it; an empty string is never a model a provider accepts)."""
+    return {"model": model} if model else {}
+
+
 def content_text(parts: Sequence[ContentPart]) -> str:
     """Parts as plain text: text and JSON as they are, binary as its marker, one per line."""
     return "\n".join(
@@ -167,7 +173,8 @@ def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
         messages[-1]["content"].extend(transient)
     else:
         messages.append({"role": Role.USER.value, "content": transient})
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
+    body: dict[str, Any] = _model(model)
+    body["max_tokens"] = max_tokens
     if tools:
         body["tools"] = tools
     if system:
@@ -250,7 +257,8 @@ def openai_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
     messages.append(
         {"role": "user", "content": [c for c in map(_openai_content, transient) if c is not None]}
     )
-    body: dict[str, Any] = {"model": model, "max_completion_tokens": max_tokens}
+    body: dict[str, Any] = _model(model)
+    body["max_completion_tokens"] = max_tokens
     if prompt.tools:
         body["tools"] = [
             {
