@@ -5,16 +5,19 @@ real socket, real databases, the project's real MCP test server over stdio."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from psych.sidecar.v1 import tool_service_pb2, turn_service_pb2
+from psych.sidecar.v1 import connection_pb2, tool_service_pb2, turn_pb2, turn_service_pb2
 from tests.conftest import Stubs
 from tests.helpers import all_records, user
+from tests.mcp_helpers import listed, wait_for
 from tests.prompt_helpers import (
     NOON,
     append,
@@ -24,7 +27,7 @@ from tests.prompt_helpers import (
     valid_anthropic,
     valid_openai,
 )
-from tests.test_turns import FIXTURE_SERVER, Host
+from tests.test_turns import FIXTURE_SERVER, Host, result_text
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +187,53 @@ def test_an_empty_model_is_left_out_of_both_bodies(host: Host, stubs: Stubs) -> 
     valid_openai(json.dumps({"model": "gpt-test", **openai}).encode())
     named = assemble(host, run_id, model="claude-test")
     assert json.loads(named.anthropic_request_json)["model"] == "claude-test"
+
+
+def zones(response: turn_service_pb2.AssemblePromptResponse) -> dict[int, str]:
+    return {digest.zone: digest.sha256 for digest in response.zones}
+
+
+def transient_text(response: turn_service_pb2.AssemblePromptResponse) -> str:
+    return "".join(part.content.text for part in response.prompt.transient.parts)
+
+
+def test_a_flapping_server_leaves_zone_1_unchanged(host: Host, stubs: Stubs) -> None:
+    host.connect("fx", "--tools", "0", preload=False, description="Deferred fixture.")
+    host.connect("dx", "--tools", "0", preload=True)
+    run_id = host.run(host.tenant, instructions="Be brief.")
+    append(stubs, run_id, user("hello"))
+    before = assemble(host, run_id)
+    roster = before.prompt.dynamic_tail
+    assert roster.startswith("# Tool servers\n\n")
+    assert "fx (deferred, 17 tools): Deferred fixture." in roster
+    assert [s.title for s in before.prompt.static_sections] == ["Instructions"]
+    assert "Tool server status" not in transient_text(before)
+
+    def state(name: str) -> int:
+        return listed(stubs, host.tenant)[name].state
+
+    pid = int(result_text(host.call(run_id, "fx", "pid")))
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: state("fx") == connection_pb2.CONNECTION_STATE_UNREACHABLE, "fx down")
+    down = assemble(host, run_id)
+    assert (
+        zones(down)[turn_pb2.PROMPT_ZONE_STATIC_SYSTEM]
+        == (zones(before)[turn_pb2.PROMPT_ZONE_STATIC_SYSTEM])
+    )
+    assert down.prompt.dynamic_tail == roster
+    assert "fx is UNREACHABLE: its calls fail until it reconnects." in transient_text(down)
+    anthropic = valid_anthropic(down.anthropic_request_json)
+    assert "UNREACHABLE" not in json.dumps(anthropic["system"])
+    assert "UNREACHABLE" in json.dumps(anthropic["messages"][-1])
+
+    wait_for(lambda: state("fx") == connection_pb2.CONNECTION_STATE_CONNECTED, "fx back")
+    up = assemble(host, run_id)
+    assert (
+        zones(up)[turn_pb2.PROMPT_ZONE_STATIC_SYSTEM]
+        == (zones(before)[turn_pb2.PROMPT_ZONE_STATIC_SYSTEM])
+    )
+    assert (
+        zones(up)[turn_pb2.PROMPT_ZONE_DYNAMIC_TAIL]
+        == (zones(before)[turn_pb2.PROMPT_ZONE_DYNAMIC_TAIL])
+    )
+    assert "Tool server status" not in transient_text(up)

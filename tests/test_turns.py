@@ -393,7 +393,7 @@ def test_a_killed_server_is_unreachable_next_turn_and_a_restart_brings_it_back(
     os.kill(pid, signal.SIGKILL)
 
     down = wait_for_state(host, run_id, "fx", connection_pb2.CONNECTION_STATE_UNREACHABLE, 30)
-    assert "UNREACHABLE" in down.text
+    assert "UNREACHABLE" not in down.text  # the state is said in the transient message
     assert down.permitted_tool_count == 17  # its last known tools stay
     surface = host.resolve(run_id)
     assert "fx__echo" in [tool.name for tool in surface.tools]

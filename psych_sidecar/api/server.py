@@ -236,7 +236,7 @@ class Sidecar:
             _Binding(
                 TurnServicer(
                     resolver,
-                    PromptAssembler(runs, specs, log, resolver.resolve_turn),
+                    PromptAssembler(runs, specs, log, resolver),
                     blocking,
                     limit,
                 ),

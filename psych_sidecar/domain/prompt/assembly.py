@@ -12,11 +12,13 @@ steps of a turn, so the provider's cached prefix survives them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
 from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.catalog import ConnectionState
 from psych_sidecar.domain.errors import field_invalid, spec_not_found
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
 from psych_sidecar.domain.prompt.elision import (
@@ -33,6 +35,7 @@ from psych_sidecar.domain.prompt.zones import (
     ToolResultView,
     ZoneDigest,
     build_history,
+    dynamic_tail,
     static_sections,
     transient_message,
     zone_digests,
@@ -50,9 +53,21 @@ from psych_sidecar.domain.runlog import (
     fetch_text,
     model_view,
 )
-from psych_sidecar.domain.surface import ToolSurface
+from psych_sidecar.domain.surface import ToolSurface, status_note
 
 DEFAULT_MAX_TOKENS = 4096
+
+
+class TurnSurfaces(Protocol):
+    """What assembly needs of the tool surface (TurnResolver implements it)."""
+
+    def resolve_turn(self, run_id: str) -> ToolSurface:
+        """The Run's tool surface for this turn."""
+        ...
+
+    def server_states(self, run_id: str) -> Mapping[str, ConnectionState]:
+        """The current state of each of the Run's tenant's connections."""
+        ...
 
 
 class SpecLookup:
@@ -185,7 +200,7 @@ class PromptAssembler:
         runs: RunService,
         specs: SpecLookup,
         log: LogReader,
-        surfaces: Callable[[str], ToolSurface],
+        surfaces: TurnSurfaces,
         view_cache_size: int = 10_000,
     ) -> None:
         self._runs = runs
@@ -200,7 +215,7 @@ class PromptAssembler:
     def assemble(
         self,
         run_id: str,
-        dynamic_tail: str,
+        host_tail: str,
         transient_note: str,
         now: datetime,
         model: str,
@@ -226,12 +241,13 @@ class PromptAssembler:
                     skeleton.call_id, skeleton.is_error, content, False, skeleton.handle
                 )
             entries.append(HistoryEntry(skeleton.kind, content, skeleton.tool_calls, view))
-        surface = self._surfaces(run_id)
+        surface = self._surfaces.resolve_turn(run_id)
+        status = status_note(surface.servers, self._surfaces.server_states(run_id))
         prompt = Prompt(
-            static_sections=static_sections(spec, surface.servers),
-            dynamic_tail=dynamic_tail,
+            static_sections=static_sections(spec),
+            dynamic_tail=dynamic_tail(surface.servers, host_tail),
             history=build_history(entries),
-            transient=transient_message(now, transient_note),
+            transient=transient_message(now, transient_note, status),
             surface=surface,
         )
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS

@@ -33,6 +33,7 @@ from psych_sidecar.domain.surface.tiers import (
     canonical_json,
     one_line,
     resolve_surface,
+    status_note,
     tier_for,
 )
 
@@ -57,5 +58,6 @@ __all__ = [
     "one_line",
     "qualified_names",
     "resolve_surface",
+    "status_note",
     "tier_for",
 ]

@@ -20,6 +20,7 @@ from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogView,
     Connection,
+    ConnectionState,
     ConnectionStatus,
     Grants,
     connection_not_found,
@@ -239,6 +240,12 @@ class TurnResolver:
         resolved = ResolvedTurn(surface, permitted, snapshot, self._embeddings)
         self._turn_cache.put(key, resolved)
         return resolved
+
+    def server_states(self, run_id: str) -> dict[str, ConnectionState]:
+        """The state of each of the Run's tenant's connections, as the database has it now
+        (for the transient message: a state is said where it may change every call)."""
+        run = self._runs.get(run_id)
+        return {c.name: s.state for c, s in self._catalog.tenant_connections(run.tenant)}
 
     def resolve_turn(self, run_id: str) -> ToolSurface:
         return self.resolve(self.context(run_id)).surface

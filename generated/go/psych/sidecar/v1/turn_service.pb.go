@@ -128,7 +128,8 @@ type AssemblePromptRequest struct {
 	// The time to state in the transient message; unset uses the sidecar's
 	// clock. Never appears in zones 1–3.
 	Now *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=now,proto3" json:"now,omitempty"`
-	// The model id to put in the provider request bodies.
+	// The model id to put in the provider request bodies; when empty, the
+	// bodies have no "model" key and the host sets it before sending.
 	Model string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
 	// max_tokens for the provider request bodies; 0 means 4096.
 	MaxTokens     int32 `protobuf:"varint,6,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`

@@ -87,7 +87,9 @@ class AssemblePromptRequest(_message.Message):
     transient_note: _builtins.str
     """A per-call note for the transient message (zone 4)."""
     model: _builtins.str
-    """The model id to put in the provider request bodies."""
+    """The model id to put in the provider request bodies; when empty, the
+    bodies have no "model" key and the host sets it before sending.
+    """
     max_tokens: _builtins.int
     """max_tokens for the provider request bodies; 0 means 4096."""
     @_builtins.property

@@ -96,7 +96,8 @@ export type AssemblePromptRequest = Message<"psych.sidecar.v1.AssemblePromptRequ
   now?: Timestamp | undefined;
 
   /**
-   * The model id to put in the provider request bodies.
+   * The model id to put in the provider request bodies; when empty, the
+   * bodies have no "model" key and the host sets it before sending.
    *
    * @generated from field: string model = 5;
    */
