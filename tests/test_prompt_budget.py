@@ -237,3 +237,44 @@ def test_a_flapping_server_leaves_zone_1_unchanged(host: Host, stubs: Stubs) -> 
         == (zones(before)[turn_pb2.PROMPT_ZONE_DYNAMIC_TAIL])
     )
     assert "Tool server status" not in transient_text(up)
+
+
+def test_the_surface_is_pinned_per_turn_and_calls_are_rechecked_at_once(
+    host: Host, stubs: Stubs
+) -> None:
+    host.connect("fx", "--tools", "0", preload=True)
+    run_id = host.run(host.tenant)
+    append(stubs, run_id, user("first"))
+    first = assemble(host, run_id)
+    surface = host.resolve(run_id)
+    assert "fx__echo" in [tool.name for tool in surface.tools]
+    assert not model_step(host, run_id, ("fx__echo", {"text": "one"}))[0].outcome.is_error
+
+    # Mid-turn: a server connected, and echo revoked on fx.
+    host.connect("gx", "--tools", "0", preload=True)
+    host.connect("fx", "--tools", "0", preload=True, deny_tools=["echo"])
+    (refused,) = model_step(host, run_id, ("fx__echo", {"text": "two"}))
+    assert refused.outcome.is_error  # the executor re-checks at call time
+    assert "no tool 'echo' on fx that you may use" in result_text(refused.outcome)
+    same = assemble(host, run_id)
+    assert host.resolve(run_id) == surface
+    for zone in (turn_pb2.PROMPT_ZONE_STATIC_SYSTEM, turn_pb2.PROMPT_ZONE_DYNAMIC_TAIL):
+        assert zones(same)[zone] == zones(first)[zone]
+    assert (
+        json.loads(same.anthropic_request_json)["tools"]
+        == (json.loads(first.anthropic_request_json)["tools"])
+    )
+
+    # The next turn sees both changes.
+    append(stubs, run_id, user("second"))
+    nxt = host.resolve(run_id)
+    names = [tool.name for tool in nxt.tools]
+    assert "fx__echo" not in names
+    assert "gx__echo" in names
+    assert [line.server for line in nxt.servers] == ["fx", "gx"]
+    prompt = assemble(host, run_id)
+    assert (
+        zones(prompt)[turn_pb2.PROMPT_ZONE_STATIC_SYSTEM]
+        != (zones(first)[turn_pb2.PROMPT_ZONE_STATIC_SYSTEM])
+    )
+    assert "gx (direct" in prompt.prompt.dynamic_tail

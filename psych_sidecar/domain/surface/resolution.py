@@ -27,6 +27,7 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.domain.errors import field_invalid, field_required, spec_not_found
 from psych_sidecar.domain.runlog import (
+    LogReader,
     Run,
     RunService,
     Spec,
@@ -160,10 +161,12 @@ class TurnResolver:
         runs: RunService,
         specs: SpecRepository,
         catalog: CatalogView,
+        log: LogReader,
         cache_size: int = 1024,
         embeddings: Embeddings | None = None,
     ) -> None:
         self._runs = runs
+        self._log = log
         self._embeddings = embeddings
         self._specs = specs
         self._catalog = catalog
@@ -175,6 +178,10 @@ class TurnResolver:
         )
         self._snapshot_cache = ImmutableCache[Hashable, CatalogSnapshot](cache_size)
         self._turn_cache = ImmutableCache[Hashable, ResolvedTurn](cache_size)
+        # The surface each (Run, turn) was first resolved with: what the model sees for the
+        # whole turn. A turn's records never change, so its pin never goes stale.
+        self._pins = ImmutableCache[tuple[str, int], ToolSurface](cache_size * 16)
+        self._pin_lock = threading.Lock()
 
     def context(self, run_id: str) -> RunContext:
         run = self._runs.get(run_id)
@@ -248,7 +255,24 @@ class TurnResolver:
         return {c.name: s.state for c, s in self._catalog.tenant_connections(run.tenant)}
 
     def resolve_turn(self, run_id: str) -> ToolSurface:
-        return self.resolve(self.context(run_id)).surface
+        """The Run's tool surface for its current turn, pinned: resolved at the turn's first
+        ResolveTurn or AssemblePrompt (a turn starts at a user message) and the same object
+        for every later step of it, so the tools and the roster do not change mid-turn. A
+        server connected, removed or re-tiered, or a grant changed, shows at the next turn;
+        calls are re-checked against the current state anyway (`resolved`)."""
+        context = self.context(run_id)
+        key = (run_id, self._log.turn_start(run_id))
+        pinned = self._pins.get(key)
+        if pinned is not None:
+            return pinned
+        surface = self.resolve(context).surface
+        with self._pin_lock:
+            # Two first steps racing: the first pin wins, both answer with it.
+            pinned = self._pins.get(key)
+            if pinned is None:
+                self._pins.put(key, surface)
+                pinned = surface
+        return pinned
 
     def resolved(self, run_id: str) -> tuple[RunContext, ResolvedTurn]:
         context = self.context(run_id)
