@@ -12,11 +12,19 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 import pytest
 
-from psych.sidecar.v1 import connection_pb2, tool_service_pb2, turn_pb2, turn_service_pb2
-from tests.conftest import Stubs
-from tests.helpers import all_records, user
+from psych.sidecar.v1 import (
+    connection_pb2,
+    spec_pb2,
+    spec_service_pb2,
+    tool_service_pb2,
+    turn_pb2,
+    turn_service_pb2,
+)
+from tests.conftest import Stubs, rpc_failure
+from tests.helpers import all_records, publish, user
 from tests.mcp_helpers import listed, wait_for
 from tests.prompt_helpers import (
     NOON,
@@ -278,3 +286,103 @@ def test_the_surface_is_pinned_per_turn_and_calls_are_rechecked_at_once(
         != (zones(first)[turn_pb2.PROMPT_ZONE_STATIC_SYSTEM])
     )
     assert "gx (direct" in prompt.prompt.dynamic_tail
+
+
+def test_a_5_mb_current_turn_result_is_elided_to_fit_a_200k_window(
+    host: Host, stubs: Stubs
+) -> None:
+    host.connect("fx", "--tools", "0", preload=True)
+    run_id = host.run(host.tenant)  # the default budget: a 200,000-token window
+    append(stubs, run_id, user("Read the big file."))
+    big, _small = model_step(
+        host,
+        run_id,
+        ("fx__huge_text", {"size": 5_000_000}),
+        ("fx__echo", {"text": "small and kept"}),
+    )
+    prompt = assemble(host, run_id)
+    guard = prompt.context_guard
+    assert (guard.context_window_tokens, guard.output_reserve_tokens) == (200_000, 4096)
+    assert guard.full_estimated_tokens > 1_250_000
+    assert guard.estimated_tokens <= 200_000 - 4096
+    (elided,) = guard.elided
+    assert (elided.call_id, elided.handle) == ("call-1", big.outcome.handle)
+    assert elided.full_tokens == 1_250_000
+    assert elided.view_tokens < 1_000
+    assert "over the budget of 195904" in guard.reason
+    results = history_results(prompt)
+    shown = results["call-1"]
+    assert shown.elided
+    assert shown.handle == big.outcome.handle
+    (part,) = shown.content
+    assert part.text.startswith("x" * 1000 + "\n[... 4998500 characters omitted ...]\n")
+    assert f'read_tool_output(handle="{big.outcome.handle}")' in part.text
+    assert not results["call-2"].elided
+    assert results["call-2"].content[0].text == "small and kept"
+    body = valid_anthropic(prompt.anthropic_request_json)
+    valid_openai(prompt.openai_request_json)
+    assert len(prompt.anthropic_request_json) // 4 <= 200_000
+    assert body["max_tokens"] == 4096
+    # The log still holds every byte.
+    assert (
+        host.stubs.tools.ReadToolOutput(
+            tool_service_pb2.ReadToolOutputRequest(
+                run_id=run_id, handle=big.outcome.handle, offset=4_999_990
+            )
+        ).text
+        == "x" * 10
+    )
+
+
+def test_the_guard_changes_nothing_when_the_prompt_fits_and_is_overridable(
+    host: Host, stubs: Stubs
+) -> None:
+    host.connect("fx", "--tools", "0", preload=True)
+    run_id = host.run(host.tenant, instructions="Be brief. " * 2000)
+    append(stubs, run_id, user("Read it."))
+    (medium,) = model_step(host, run_id, ("fx__huge_text", {"size": 400_000}))
+    fits = assemble(host, run_id)
+    assert list(fits.context_guard.elided) == []
+    assert fits.context_guard.reason == ""
+    assert fits.context_guard.estimated_tokens == fits.context_guard.full_estimated_tokens
+    assert history_results(fits)["call-1"].content[0].text == "x" * 400_000
+
+    # The same Run with a smaller window for this call: the result is elided to fit.
+    smaller = spec_pb2.ContextBudget(context_window_tokens=50_000, output_reserve_tokens=1_000)
+    guarded = assemble(host, run_id, context_budget=smaller)
+    assert [g.handle for g in guarded.context_guard.elided] == [medium.outcome.handle]
+    assert guarded.context_guard.estimated_tokens <= 49_000
+    # Zones 1 and 2 do not depend on the guard.
+    for zone in (turn_pb2.PROMPT_ZONE_STATIC_SYSTEM, turn_pb2.PROMPT_ZONE_DYNAMIC_TAIL):
+        assert zones(guarded)[zone] == zones(fits)[zone]
+
+    # A window the rest of the prompt cannot fit even with every result elided: typed error.
+    tiny = spec_pb2.ContextBudget(context_window_tokens=5_000, output_reserve_tokens=1_000)
+    failure = rpc_failure(lambda: assemble(host, run_id, context_budget=tiny))
+    assert failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert failure.info.reason == "CONTEXT_BUDGET_EXCEEDED"
+    metadata = failure.info.metadata
+    assert (metadata["context_window_tokens"], metadata["output_reserve_tokens"]) == (
+        "5000",
+        "1000",
+    )
+    assert metadata["budget_tokens"] == "4000"
+    assert int(metadata["estimated_tokens"]) > 4000
+    assert int(metadata["full_estimated_tokens"]) > 100_000
+
+    bad = spec_pb2.ContextBudget(context_window_tokens=1_000, output_reserve_tokens=1_000)
+    failure = rpc_failure(lambda: assemble(host, run_id, context_budget=bad))
+    assert failure.info.reason == "FIELD_INVALID"
+
+
+def test_a_spec_carries_its_context_budget(stubs: Stubs, unique: Callable[[str], str]) -> None:
+    name = unique("agent")
+    budget = spec_pb2.ContextBudget(context_window_tokens=128_000, output_reserve_tokens=8_000)
+    published = publish(stubs, name, context_budget=budget)
+    assert published.context_budget == budget
+    fetched = stubs.specs.GetSpec(spec_service_pb2.GetSpecRequest(name=name, version=1)).spec
+    assert fetched.context_budget == budget
+    wrong = spec_pb2.ContextBudget(context_window_tokens=100, output_reserve_tokens=200)
+    failure = rpc_failure(lambda: publish(stubs, unique("agent"), context_budget=wrong))
+    assert failure.info.reason == "FIELD_INVALID"
+    assert failure.info.metadata["field"] == "spec.context_budget.output_reserve_tokens"

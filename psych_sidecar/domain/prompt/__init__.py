@@ -7,16 +7,26 @@ byte-stable output, and the Anthropic and OpenAI request bodies.
 
 from __future__ import annotations
 
-from psych_sidecar.domain.prompt.assembly import AssembledPrompt, PromptAssembler, SpecLookup
+from psych_sidecar.domain.prompt.assembly import (
+    AssembledPrompt,
+    GuardDecision,
+    GuardedResult,
+    PromptAssembler,
+    SpecLookup,
+    TurnSurfaces,
+)
 from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView, Zone
 
 __all__ = [
     "AssembledPrompt",
+    "GuardDecision",
+    "GuardedResult",
     "Prompt",
     "PromptAssembler",
     "PromptMessage",
     "Role",
     "SpecLookup",
     "ToolResultView",
+    "TurnSurfaces",
     "Zone",
 ]

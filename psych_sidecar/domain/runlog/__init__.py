@@ -38,6 +38,8 @@ from psych_sidecar.domain.runlog.runs import (
 )
 from psych_sidecar.domain.runlog.services import RunService, SpecService, new_id
 from psych_sidecar.domain.runlog.specs import (
+    DEFAULT_CONTEXT_WINDOW_TOKENS,
+    ContextBudget,
     DisclosureSettings,
     EffectiveThresholds,
     PublishedSpec,
@@ -46,16 +48,19 @@ from psych_sidecar.domain.runlog.specs import (
     Subagent,
     Thresholds,
     ToolGrant,
+    validate_context_budget,
     validate_name,
 )
 
 __all__ = [
+    "DEFAULT_CONTEXT_WINDOW_TOKENS",
     "MAX_IDENTIFIER_LENGTH",
     "SEPARATOR",
     "STRUCTURED_CONTENT_MIME",
     "AppendedRecord",
     "ByteRange",
     "ContentPart",
+    "ContextBudget",
     "DisclosureSettings",
     "EffectiveThresholds",
     "LogReader",
@@ -86,6 +91,7 @@ __all__ = [
     "model_view",
     "new_id",
     "page_size",
+    "validate_context_budget",
     "validate_name",
     "validate_request_id",
 ]

@@ -102,6 +102,16 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     trace; the sidecar's log holds it under the correlation id.
     Status INTERNAL. Metadata: `correlation_id`.
     """
+    ERROR_REASON_CONTEXT_BUDGET_EXCEEDED: _ErrorReason.ValueType  # 19
+    """AssemblePrompt cannot fit the prompt in the model's context window
+    (less the output reserve) even with every current-turn result elided:
+    what is left (tools, system prompt, history, the transient message) is
+    too large on its own. Nothing is sent that the provider would reject.
+    Status RESOURCE_EXHAUSTED. Metadata: `estimated_tokens` (the smallest
+    prompt the guard could make), `context_window_tokens`,
+    `output_reserve_tokens`, `budget_tokens` (window less reserve),
+    `full_estimated_tokens` (with the current turn in full).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -196,5 +206,15 @@ ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 16
 """An unexpected failure inside the sidecar. The client sees no stack
 trace; the sidecar's log holds it under the correlation id.
 Status INTERNAL. Metadata: `correlation_id`.
+"""
+ERROR_REASON_CONTEXT_BUDGET_EXCEEDED: ErrorReason.ValueType  # 19
+"""AssemblePrompt cannot fit the prompt in the model's context window
+(less the output reserve) even with every current-turn result elided:
+what is left (tools, system prompt, history, the transient message) is
+too large on its own. Nothing is sent that the provider would reject.
+Status RESOURCE_EXHAUSTED. Metadata: `estimated_tokens` (the smallest
+prompt the guard could make), `context_window_tokens`,
+`output_reserve_tokens`, `budget_tokens` (window less reserve),
+`full_estimated_tokens` (with the current turn in full).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
