@@ -28,9 +28,13 @@ from tests.helpers import all_records, publish, user
 from tests.mcp_helpers import listed, wait_for
 from tests.prompt_helpers import (
     NOON,
+    anthropic_blocks,
     append,
     assistant,
+    cached_prefixes,
     history_results,
+    read_blocks,
+    result,
     thresholds,
     valid_anthropic,
     valid_openai,
@@ -386,3 +390,46 @@ def test_a_spec_carries_its_context_budget(stubs: Stubs, unique: Callable[[str],
     failure = rpc_failure(lambda: publish(stubs, unique("agent"), context_budget=wrong))
     assert failure.info.reason == "FIELD_INVALID"
     assert failure.info.metadata["field"] == "spec.context_budget.output_reserve_tokens"
+
+
+def test_the_first_call_of_a_turn_reads_the_previous_turns_prefix(host: Host, stubs: Stubs) -> None:
+    run_id = host.run(host.tenant, instructions="Work through the files.")
+    append(stubs, run_id, user("first"))
+    cache: set[tuple[str, ...]] = set()
+    bodies = []
+    for step in range(16):
+        body = assemble(host, run_id).anthropic_request_json
+        valid_anthropic(body)
+        bodies.append(body)
+        cache |= cached_prefixes(body)
+        content = "z" * 40_000 if step == 6 else f"file {step}"
+        append(
+            stubs,
+            run_id,
+            assistant(f"step {step}", (f"t{step}", "read_file", "{}")),
+            result(f"t{step}", content),
+        )
+    bodies.append(assemble(host, run_id).anthropic_request_json)
+    cache |= cached_prefixes(bodies[-1])
+    append(stubs, run_id, assistant("Done."), user("second"))
+
+    nxt = assemble(host, run_id).anthropic_request_json
+    valid_anthropic(nxt)
+    blocks, breakpoints = anthropic_blocks(nxt)
+    # Zone 1 (no zone 2 here: no servers, no host tail), the read point, the history's end.
+    assert len(breakpoints) == 3
+    # Step 6's result is elided now; the call that produced step 6's assistant message
+    # cached everything before it, and the read point lands exactly there.
+    assert history_results(assemble(host, run_id))["t6"].elided
+    step_6_blocks, step_6_breakpoints = anthropic_blocks(bodies[6])
+    produced_step_6 = step_6_blocks[: step_6_breakpoints[-1]]  # up to its history's end
+    assert blocks[: len(produced_step_6)] == produced_step_6
+    assert len(produced_step_6) in breakpoints
+    read = read_blocks(nxt, cache)
+    assert read == len(produced_step_6)
+    assert len(blocks) - read > 20  # beyond the lookback of the last breakpoint alone
+    # Within the turn, each call reads the whole of the previous call's prefix.
+    cache |= cached_prefixes(nxt)
+    append(stubs, run_id, assistant("again", ("t99", "read_file", "{}")), result("t99", "x"))
+    step_two = assemble(host, run_id).anthropic_request_json
+    assert read_blocks(step_two, cache) == len(blocks) - 1  # all but the transient text
