@@ -95,12 +95,13 @@ def test_a_structured_result_reaches_the_model_once(host: Host, stubs: Stubs) ->
         thresholds=thresholds(per_result_tokens=10_000, per_batch_tokens=10_000),
     )
     append(stubs, run_id, user("first"))
-    with_text, _without_text, large = model_step(
+    with_text, _without_text, large, _image = model_step(
         host,
         run_id,
         ("fx__structured", {}),
         ("fx__structured", {"text": False}),
         ("fx__structured", {"size": 200_000}),
+        ("fx__structured", {"text": False, "image": True}),
     )
     # The host gets both representations, typed, and the log keeps both.
     for response in (with_text, large):
@@ -117,12 +118,17 @@ def test_a_structured_result_reaches_the_model_once(host: Host, stubs: Stubs) ->
         call_id: [p.WhichOneof("kind") for p in result.content]
         for call_id, result in current.items()
     }
-    assert shown == {"call-1": ["text"], "call-2": ["json"], "call-3": ["text"]}
+    assert shown == {
+        "call-1": ["text"],
+        "call-2": ["json"],
+        "call-3": ["text"],
+        "call-4": ["binary"],
+    }
     assert json.loads(current["call-2"].content[0].json) == {"answer": 42}
     body = assemble(host, run_id).anthropic_request_json
     assert body.count(b"y" * 200_000) == 1
     messages = json.dumps(json.loads(body)["messages"])
-    assert messages.count("answer") == 3
+    assert messages.count("answer") == 3  # once each for calls 1 to 3, none for the image
 
     # Previews and sizes are those of what the model sees: the text's characters and its tail.
     append(stubs, run_id, user("second"))

@@ -45,10 +45,12 @@ def model_view(parts: Sequence[Shaped]) -> list[Shaped]:
     """The parts of a tool result the model sees: one representation per result.
 
     MCP asks a server that returns `structuredContent` to put the same JSON in a text block
-    too, so when the content has a text part the structured copy is left out; when it has
-    none, the structured JSON is the result and goes once. Works on parts and on their
-    stored shapes alike (anything with `kind` and `mime_type`)."""
-    if not any(p.kind is PartKind.TEXT for p in parts):
+    too, so when the content has a text part the structured copy is left out; so it is when
+    the content has media (an image, audio, a blob), which servers such as the filesystem's
+    repeat, base64 and all, in `structuredContent`. When the content has neither, the
+    structured JSON is the result and goes once. Works on parts and on their stored shapes
+    alike (anything with `kind` and `mime_type`)."""
+    if not any(p.kind is not PartKind.JSON for p in parts):
         return list(parts)
     return [
         p for p in parts if not (p.kind is PartKind.JSON and p.mime_type == STRUCTURED_CONTENT_MIME)
