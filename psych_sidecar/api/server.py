@@ -212,7 +212,9 @@ class Sidecar:
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
-        resolver = TurnResolver(runs, store, self.catalog, log, embeddings=self._embeddings)
+        resolver = TurnResolver(
+            runs, store, self.catalog, log, embeddings=self._embeddings, pins=store
+        )
         executor = ToolExecutor(
             resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from psych_sidecar.domain.surface.resolution import (
     ResolvedTurn,
     RunContext,
+    SurfacePins,
     TurnResolver,
     qualified_names,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "ResolvedTurn",
     "RunContext",
     "ServerLine",
+    "SurfacePins",
     "ToolSurface",
     "TurnResolver",
     "VisibleServer",

@@ -14,6 +14,7 @@ import json
 import threading
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import (
@@ -49,6 +50,16 @@ from psych_sidecar.search.ranking import Embeddings, SearchDocument, SearchIndex
 
 SEARCH_PAGE_SIZE = 10
 MAX_SEARCH_PAGE_SIZE = 100
+
+
+class SurfacePins(Protocol):
+    """Where each (Run, turn)'s surface is pinned, shared by every sidecar on the database.
+    Implemented in storage/."""
+
+    def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
+        """Store the surface of a turn unless one is stored already; return the stored one
+        (the first pin wins, whichever sidecar made it)."""
+        ...
 
 
 def connection_key(connection: Connection, status: ConnectionStatus) -> Hashable:
@@ -164,9 +175,11 @@ class TurnResolver:
         log: LogReader,
         cache_size: int = 1024,
         embeddings: Embeddings | None = None,
+        pins: SurfacePins | None = None,
     ) -> None:
         self._runs = runs
         self._log = log
+        self._pin_store = pins
         self._embeddings = embeddings
         self._specs = specs
         self._catalog = catalog
@@ -266,8 +279,14 @@ class TurnResolver:
         if pinned is not None:
             return pinned
         surface = self.resolve(context).surface
+        if self._pin_store is not None:
+            # Shared by every sidecar on the database: the first pin of the turn wins.
+            mine = surface.to_json()
+            stored = self._pin_store.pin_surface(*key, mine)
+            if stored != mine:
+                surface = ToolSurface.from_json(stored)
         with self._pin_lock:
-            # Two first steps racing: the first pin wins, both answer with it.
+            # Two first steps racing in this process: the first pin wins, both answer with it.
             pinned = self._pins.get(key)
             if pinned is None:
                 self._pins.put(key, surface)

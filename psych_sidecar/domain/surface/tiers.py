@@ -71,6 +71,42 @@ class ToolSurface:
     tools: tuple[ExposedTool, ...]
     servers: tuple[ServerLine, ...]
 
+    def to_json(self) -> bytes:
+        """Canonical JSON of the whole surface: what a turn's pin stores."""
+        return canonical_json(
+            {
+                "tools": [
+                    [
+                        t.name,
+                        t.description,
+                        t.input_schema_json.decode(),
+                        t.kind.value,
+                        t.server,
+                        t.tool,
+                    ]
+                    for t in self.tools
+                ],
+                "servers": [
+                    [s.server, s.tier.value, s.state.value, s.permitted_tool_count, s.text]
+                    for s in self.servers
+                ],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ToolSurface:
+        value = json.loads(data)
+        return cls(
+            tuple(
+                ExposedTool(name, description, schema.encode(), ExposedKind(kind), server, tool)
+                for name, description, schema, kind, server, tool in value["tools"]
+            ),
+            tuple(
+                ServerLine(server, DisclosureTier(tier), ConnectionState(state), count, text)
+                for server, tier, state, count, text in value["servers"]
+            ),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class DisclosureLimits:
