@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from psych_sidecar import __version__
 from psych_sidecar.config import Settings, load_settings, parse_listen_address
 from psych_sidecar.storage.db import normalize_url
+from psych_sidecar.telemetry import logs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +38,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="serve only grpc.health.v1 here too (a probe port on the pod IP, say)",
     )
+    serve.add_argument(
+        "--admin-listen",
+        action="append",
+        metavar="ADDR",
+        help="serve the admin HTTP listener (/metrics) on HOST:PORT; repeat for several",
+    )
+    serve.add_argument("--log-format", choices=["text", "json"], help="text (default) or json")
+    serve.add_argument("--tracing", choices=["off", "otlp"], help="OpenTelemetry export")
     serve.add_argument("--max-message-bytes", type=int, help="largest request or response")
     serve.add_argument(
         "--allow-non-loopback", action="store_true", default=None, help="allow non-loopback TCP"
@@ -63,6 +72,9 @@ def _settings(arguments: argparse.Namespace) -> Settings:
         listen=getattr(arguments, "listen", None),
         max_message_bytes=getattr(arguments, "max_message_bytes", None),
         health_listen=getattr(arguments, "health_listen", None),
+        admin_listen=getattr(arguments, "admin_listen", None),
+        log_format=getattr(arguments, "log_format", None),
+        tracing=getattr(arguments, "tracing", None),
         allow_non_loopback=getattr(arguments, "allow_non_loopback", None),
     )
 
@@ -105,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, ValueError) as error:
         print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(settings.log_level, settings.log_format)
     # Alembic narrates every plugin it loads at INFO; migrations still log their upgrades.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     if arguments.command == "migrate":

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
-from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, spec_not_found
+from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
 from psych_sidecar.domain.prompt.elision import (
     BatchResult,
@@ -28,6 +28,7 @@ from psych_sidecar.domain.prompt.elision import (
     plan_batch,
     plan_view,
 )
+from psych_sidecar.domain.prompt.journal import AssemblyJournal, assembly_entry
 from psych_sidecar.domain.prompt.providers import anthropic_body, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
@@ -49,8 +50,7 @@ from psych_sidecar.domain.runlog import (
     RecordKind,
     RecordSkeleton,
     RunService,
-    Spec,
-    SpecRepository,
+    SpecLookup,
     TextLayout,
     fetch_text,
     model_view,
@@ -71,25 +71,6 @@ class TurnSurfaces(Protocol):
     def server_states(self, run_id: str) -> Mapping[str, ConnectionState]:
         """The current state of each of the Run's tenant's connections."""
         ...
-
-
-class SpecLookup:
-    """Spec versions by name and version, cached: a published version never changes."""
-
-    def __init__(self, specs: SpecRepository, capacity: int = 1_000) -> None:
-        self._specs = specs
-        self._cache = ImmutableCache[tuple[str, int], Spec](capacity)
-
-    def get(self, name: str, version: int) -> Spec:
-        key = (name, version)
-        spec = self._cache.get(key)
-        if spec is None:
-            published = self._specs.get_spec(name, version)
-            if published is None:
-                raise spec_not_found(name, version)
-            spec = published.spec
-            self._cache.put(key, spec)
-        return spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +105,10 @@ class AssembledPrompt:
     anthropic_json: bytes
     openai_json: bytes
     guard: GuardDecision | None = None
+    # Results sent elided (prior-turn and by the guard), and the bytes their views left out
+    # (full size minus what the view shows): for the operator's metrics.
+    elided_results: int = 0
+    elided_bytes_saved: int = 0
 
     @property
     def estimated_tokens(self) -> int:
@@ -236,6 +221,7 @@ class PromptAssembler:
         log: LogReader,
         surfaces: TurnSurfaces,
         view_cache_size: int = 10_000,
+        journal: AssemblyJournal | None = None,
     ) -> None:
         self._runs = runs
         self._specs = specs
@@ -245,6 +231,8 @@ class PromptAssembler:
         self._views = ViewCache(view_cache_size)
         # The bytes of each tool result's model view (`model_view`): immutable per record.
         self._view_sizes = ImmutableCache[tuple[str, int], int](view_cache_size * 10)
+        # Told each prompt's metadata (never its content) after it is assembled.
+        self._journal = journal
 
     def assemble(
         self,
@@ -311,11 +299,43 @@ class PromptAssembler:
                 openai_body(prompt, model, max_tokens),
             )
 
+        def finish(
+            assembled: AssembledPrompt,
+            guard: GuardDecision,
+            guarded: Mapping[int, ToolResultView],
+        ) -> AssembledPrompt:
+            shown = {**elided, **guarded}
+            saved = sum(
+                max(0, view_bytes[sequence] - sum(len(p.data) for p in view.content))
+                for sequence, view in shown.items()
+            )
+            assembled = replace(
+                assembled, guard=guard, elided_results=len(shown), elided_bytes_saved=saved
+            )
+            if self._journal is not None:
+                self._journal.record(
+                    assembly_entry(
+                        run_id=run_id,
+                        time=datetime.now(UTC),
+                        model=model,
+                        spec_name=spec.name,
+                        spec_version=spec.version,
+                        skeletons=skeletons,
+                        digests=assembled.zones,
+                        surface=surface,
+                        elided={sequence: view.handle for sequence, view in shown.items()},
+                        thresholds=thresholds,
+                        context_guard=guard.reason or None,
+                        guard_elided=set(guarded),
+                    )
+                )
+            return assembled
+
         assembled = build({})
         full = assembled.estimated_tokens
         budget = window - reserve
         if full <= budget:
-            return replace(assembled, guard=GuardDecision(window, reserve, full, full))
+            return finish(assembled, GuardDecision(window, reserve, full, full), {})
         # The context guard, the one place beyond the spec's letter (docs/prompt.md): the
         # current turn's largest results are elided like prior-turn ones until it fits.
         current = sorted(
@@ -360,7 +380,7 @@ class PromptAssembler:
             f"output); {len(chosen)} of them, largest first, are elided to {estimate}."
         )
         guard = GuardDecision(window, reserve, estimate, full, tuple(chosen), reason)
-        return replace(assembled, guard=guard)
+        return finish(assembled, guard, guarded)
 
     def _view_bytes(self, run_id: str, skeletons: Sequence[RecordSkeleton]) -> dict[int, int]:
         """The UTF-8 bytes of each tool result as the model sees it in full: its content less

@@ -1,7 +1,7 @@
 """The tool surface each turn of a Run is pinned with, shared by every sidecar (issue 13).
 
-Revision ID: 0013
-Revises: 0003
+Revision ID: 0005_issue13
+Revises: 0004_issue15
 Create Date: 2026-11-30
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013"
-down_revision: str | None = "0003"
+revision: str = "0005_issue13"
+down_revision: str | None = "0004_issue15"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
