@@ -320,7 +320,13 @@ class PromptAssembler:
                         model=model,
                         spec_name=spec.name,
                         spec_version=spec.version,
-                        skeletons=skeletons,
+                        # Sized as the model sees them, as the thresholds judged them.
+                        skeletons=[
+                            replace(s, content_bytes=view_bytes[s.sequence])
+                            if s.sequence in view_bytes
+                            else s
+                            for s in skeletons
+                        ],
                         digests=assembled.zones,
                         surface=surface,
                         elided={sequence: view.handle for sequence, view in shown.items()},
