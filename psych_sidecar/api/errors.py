@@ -23,6 +23,7 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.RUN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.REQUEST_ID_REUSED: grpc.StatusCode.ALREADY_EXISTS,
     Reason.MESSAGE_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.CONTEXT_BUDGET_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.INVALID_DEFERRED_HANDLE: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.CONNECTION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.COMMAND_NOT_ALLOWED: grpc.StatusCode.PERMISSION_DENIED,

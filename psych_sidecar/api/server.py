@@ -285,7 +285,9 @@ class Sidecar:
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
         specs = SpecLookup(store)
-        resolver = TurnResolver(runs, specs, self.catalog, embeddings=self._embeddings)
+        resolver = TurnResolver(
+            runs, specs, self.catalog, log, embeddings=self._embeddings, pins=store
+        )
         executor = ToolExecutor(
             resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
         )
@@ -317,7 +319,7 @@ class Sidecar:
             _Binding(
                 TurnServicer(
                     resolver,
-                    PromptAssembler(runs, specs, log, resolver.resolve_turn, journal=self.journal),
+                    PromptAssembler(runs, specs, log, resolver, journal=self.journal),
                     blocking,
                     limit,
                 ),

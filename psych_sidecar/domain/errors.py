@@ -28,6 +28,7 @@ class Reason(StrEnum):
     PATTERN_TOO_COMPLEX = "PATTERN_TOO_COMPLEX"
     NOT_IMPLEMENTED = "NOT_IMPLEMENTED"
     INTERNAL = "INTERNAL"
+    CONTEXT_BUDGET_EXCEEDED = "CONTEXT_BUDGET_EXCEEDED"
 
 
 # Ids and names a caller sent are quoted in messages and metadata only up to this many

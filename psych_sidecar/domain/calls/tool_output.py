@@ -48,6 +48,7 @@ from psych_sidecar.domain.runlog import (
     TextLayout,
     binary_marker,
     fetch_text,
+    model_view,
 )
 
 MAX_PATTERN_CHARS = 1024
@@ -193,7 +194,10 @@ class ToolOutputReader:
             raise field_invalid("limit", "must not be negative")
         sequence = self.resolve(run, handle)
         pattern = compile_pattern(grep, "grep") if grep else None
-        layout = TextLayout(self._log.part_metas(run.run_id, [sequence]).get(sequence, []))
+        # The rendering of what the model sees in full (`model_view`), so that offsets in
+        # a preview's guidance continue where its head stops.
+        metas = self._log.part_metas(run.run_id, [sequence]).get(sequence, [])
+        layout = TextLayout(model_view(metas))
         if layout.is_binary:
             return self._read_binary(
                 run.run_id, sequence, layout, offset, limit, pattern, max_bytes
