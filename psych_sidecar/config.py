@@ -160,6 +160,14 @@ class Settings(BaseSettings):
         description="tools/list_changed notifications within this window cause one refresh.",
     )
 
+    @field_validator("unix_socket_mode", mode="before")
+    @classmethod
+    def _octal_mode(cls, value: object) -> object:
+        # The file can write 0o660; a flag or the environment may too.
+        if isinstance(value, str) and value.strip().lower().startswith("0o"):
+            return int(value.strip(), 8)
+        return value
+
     @field_validator("listen", "health_listen")
     @classmethod
     def _valid_addresses(cls, values: list[str]) -> list[str]:
