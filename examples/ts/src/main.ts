@@ -14,11 +14,11 @@
 // model answers without tools.
 
 import { ErrorReason, SidecarError, type SidecarClient, connect } from "@psych-sidecar/client";
-import { ConnectionState } from "@psych-sidecar/proto/psych/sidecar/v1/connection_pb";
-import type { ToolCall } from "@psych-sidecar/proto/psych/sidecar/v1/content_pb";
-import { DispatchDisposition } from "@psych-sidecar/proto/psych/sidecar/v1/tool_service_pb";
-import { PromptZone } from "@psych-sidecar/proto/psych/sidecar/v1/turn_pb";
-import type { AssemblePromptResponse } from "@psych-sidecar/proto/psych/sidecar/v1/turn_service_pb";
+import { ConnectionState } from "@psych-sidecar/client/proto/psych/sidecar/v1/connection_pb";
+import type { ToolCall } from "@psych-sidecar/client/proto/psych/sidecar/v1/content_pb";
+import { DispatchDisposition } from "@psych-sidecar/client/proto/psych/sidecar/v1/tool_service_pb";
+import { PromptZone } from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_pb";
+import type { AssemblePromptResponse } from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_service_pb";
 
 import { contentText, decide } from "./model.js";
 

@@ -2,14 +2,14 @@
 // what the prompt shows. It reads nothing but the assembled prompt, as a model
 // would, and it reports usage the way a provider does.
 
-import type { ContentPart } from "@psych-sidecar/proto/psych/sidecar/v1/content_pb";
+import type { ContentPart } from "@psych-sidecar/client/proto/psych/sidecar/v1/content_pb";
 import {
   DisclosureTier,
   type Prompt,
   type PromptMessage,
   type PromptToolResult,
-} from "@psych-sidecar/proto/psych/sidecar/v1/turn_pb";
-import type { AssemblePromptResponse } from "@psych-sidecar/proto/psych/sidecar/v1/turn_service_pb";
+} from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_pb";
+import type { AssemblePromptResponse } from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_service_pb";
 
 /** How many characters the model asks the fixture's huge_text for. */
 const REPORT_SIZE = 20000;

@@ -8,10 +8,10 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { ErrorInfoSchema } from "@psych-sidecar/proto/google/rpc/error_details_pb";
-import { Health, HealthCheckResponse_ServingStatus } from "@psych-sidecar/proto/grpc/health/v1/health_pb";
-import { RunService } from "@psych-sidecar/proto/psych/sidecar/v1/run_service_pb";
-import { SpecService } from "@psych-sidecar/proto/psych/sidecar/v1/spec_service_pb";
+import { ErrorInfoSchema } from "@psych-sidecar/client/proto/google/rpc/error_details_pb";
+import { Health, HealthCheckResponse_ServingStatus } from "@psych-sidecar/client/proto/grpc/health/v1/health_pb";
+import { RunService } from "@psych-sidecar/client/proto/psych/sidecar/v1/run_service_pb";
+import { SpecService } from "@psych-sidecar/client/proto/psych/sidecar/v1/spec_service_pb";
 
 // gRPC over HTTP/2 on the Unix socket: the URL only names the authority.
 const transport = createGrpcTransport({

@@ -21,11 +21,11 @@ import { FieldDescriptorProto_Type, FileDescriptorProtoSchema } from "@bufbuild/
 import { type Client, Code, ConnectError, type Transport, createClient } from "@connectrpc/connect";
 import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
 
-import { ErrorInfoSchema } from "@psych-sidecar/proto/google/rpc/error_details_pb";
-import { ErrorReasonSchema } from "@psych-sidecar/proto/psych/sidecar/v1/errors_pb";
-import { type Record, RecordSchema } from "@psych-sidecar/proto/psych/sidecar/v1/run_pb";
-import { RunService } from "@psych-sidecar/proto/psych/sidecar/v1/run_service_pb";
-import { SpecService } from "@psych-sidecar/proto/psych/sidecar/v1/spec_service_pb";
+import { ErrorInfoSchema } from "@psych-sidecar/client/proto/google/rpc/error_details_pb";
+import { ErrorReasonSchema } from "@psych-sidecar/client/proto/psych/sidecar/v1/errors_pb";
+import { type Record, RecordSchema } from "@psych-sidecar/client/proto/psych/sidecar/v1/run_pb";
+import { RunService } from "@psych-sidecar/client/proto/psych/sidecar/v1/run_service_pb";
+import { SpecService } from "@psych-sidecar/client/proto/psych/sidecar/v1/spec_service_pb";
 
 const READY_TIMEOUT_MS = 20_000;
 const CALL_TIMEOUT_MS = 10_000;
