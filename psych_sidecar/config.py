@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +160,13 @@ class Settings(BaseSettings):
         ge=0,
         description="tools/list_changed notifications within this window cause one refresh.",
     )
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.upper() not in logging.getLevelNamesMapping():
+            raise ValueError("not a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return value.upper()
 
     @field_validator("unix_socket_mode", mode="before")
     @classmethod

@@ -121,14 +121,24 @@ def test_migrate_applies_the_schema(tmp_path: Path) -> None:
         ["serve", "--listen", "unix://relative.sock"],
         ["serve", "--max-message-bytes", "10"],
         ["serve", "--database-url", "mysql://x/y"],
+        ["serve", "--database-url", "nonsense"],
+        ["serve", "--log-level", "LOUD"],
+        ["serve", "--config", "missing.toml"],
+        ["serve", "--config", "broken.toml"],
+        ["serve", "--config", "unknown-key.toml"],
+        ["migrate", "--worker-threads", "0"],
+        ["health", "--listen", "nonsense"],
     ],
 )
 def test_bad_configuration_exits_with_a_message(tmp_path: Path, arguments: list[str]) -> None:
+    (tmp_path / "broken.toml").write_text("listen = [\n")
+    (tmp_path / "unknown-key.toml").write_text("listen_on = []\n")
     result = subprocess.run(
         [*COMMAND, *arguments], cwd=tmp_path, capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 2
     assert "invalid configuration" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_settings_come_from_file_then_environment_then_flags(
