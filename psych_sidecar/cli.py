@@ -26,6 +26,7 @@ from psych_sidecar.config import (
     parse_listen_address,
 )
 from psych_sidecar.storage.db import normalize_url
+from psych_sidecar.telemetry import logs
 
 
 def _flag(name: str) -> str:
@@ -182,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         database = normalize_url(settings.resolved_database_url())
     except (ValidationError, ValueError, ArgumentError) as error:
         return _fail(f"invalid configuration: {_one_line(error)}", 2)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(settings.log_level, settings.log_format)
     # Alembic narrates every plugin it loads at INFO; migrations still log their upgrades.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from psych_sidecar.api.server import StartupError, serve

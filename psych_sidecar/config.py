@@ -102,6 +102,13 @@ class Settings(BaseSettings):
             "listeners (a kubelet on the pod IP); any interface is allowed here."
         ),
     )
+    admin_listen: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Addresses of the admin HTTP listener (/metrics, for Prometheus); off when empty. "
+            "Loopback, or the pod IP so Prometheus can scrape it: any interface is allowed."
+        ),
+    )
     unix_socket_mode: int = Field(
         default=0o660,
         ge=0,
@@ -131,6 +138,16 @@ class Settings(BaseSettings):
     )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines as text, or as JSON objects one per line (with the RPC, tenant, "
+        "Run id, connection, correlation id and trace id of the call they belong to).",
+    )
+    tracing: Literal["off", "otlp"] = Field(
+        default="off",
+        description="OpenTelemetry traces: off, or exported by OTLP/gRPC as the standard "
+        "OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...).",
+    )
     mcp_commands: dict[str, StdioCommand] = Field(
         default_factory=dict,
         description="The stdio commands connections may name, by name; nothing else runs.",
@@ -160,6 +177,21 @@ class Settings(BaseSettings):
         ge=0,
         description="tools/list_changed notifications within this window cause one refresh.",
     )
+    admin_ui_allow_remote: bool = Field(
+        default=False,
+        description="Serve the Run inspector (/ui) to clients beyond loopback; off: only "
+        "loopback and Unix-socket clients get it, even on an admin listener on the pod IP.",
+    )
+    assembly_journal: bool = Field(
+        default=True,
+        description="Keep one row of metadata per AssemblePrompt (zone sizes and digests, the "
+        "tool surface, elisions; never content) for the Run inspector.",
+    )
+    assembly_journal_retention_hours: float = Field(
+        default=168.0,
+        gt=0,
+        description="How long assembly journal rows are kept before they are deleted.",
+    )
 
     @field_validator("log_level")
     @classmethod
@@ -176,7 +208,7 @@ class Settings(BaseSettings):
             return int(value.strip(), 8)
         return value
 
-    @field_validator("listen", "health_listen")
+    @field_validator("listen", "health_listen", "admin_listen")
     @classmethod
     def _valid_addresses(cls, values: list[str]) -> list[str]:
         for value in values:
@@ -208,6 +240,9 @@ class Settings(BaseSettings):
 
     def health_listen_addresses(self) -> list[ListenAddress]:
         return [parse_listen_address(value) for value in self.health_listen]
+
+    def admin_listen_addresses(self) -> list[ListenAddress]:
+        return [parse_listen_address(value) for value in self.admin_listen]
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'sidecar.db').resolve()}"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import json
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -54,3 +57,34 @@ def test_examples_and_tests_install_the_ts_client_from_its_tarball() -> None:
         assert "integrity" not in entry, project
         sources = "".join(p.read_text() for p in (ROOT / project / "src").glob("*.ts"))
         assert not re.search(r'from "@psych-sidecar/proto', sources), project
+
+
+def _distribution_name(requirement: str) -> str:
+    name = re.split(r"[\[<>=!~;\s]", requirement, maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_package_the_sidecar_imports_is_declared() -> None:
+    """A package used only because another one brings it along breaks when that one stops."""
+    declared = {
+        _distribution_name(requirement)
+        for requirement in _pyproject("pyproject.toml")["dependencies"]  # type: ignore[attr-defined]
+    }
+    providers = importlib.metadata.packages_distributions()
+    undeclared: dict[str, list[str]] = {}
+    for path in (ROOT / "psych_sidecar").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("psych_sidecar", "psych"):
+                    continue
+                distributions = {_distribution_name(d) for d in providers.get(top, [top])}
+                if not distributions & declared:
+                    undeclared.setdefault(top, []).append(str(path.relative_to(ROOT)))
+    assert not undeclared, f"imported but not in pyproject.toml's dependencies: {undeclared}"

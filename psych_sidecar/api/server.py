@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import stat
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,8 @@ from google.protobuf import descriptor, message_factory
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
+from starlette.routing import BaseRoute
 
 from psych.sidecar.v1 import (
     connection_service_pb2,
@@ -29,8 +32,9 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     usage_service_pb2,
 )
+from psych_sidecar.admin import AdminServer, ui
 from psych_sidecar.api.connections import ConnectionServicer
-from psych_sidecar.api.errors import abort
+from psych_sidecar.api.errors import STATUS_CODES, abort
 from psych_sidecar.api.servicers import (
     Blocking,
     RunServicer,
@@ -41,20 +45,23 @@ from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutputReader
-from psych_sidecar.domain.catalog import CatalogTool
+from psych_sidecar.domain.catalog import CatalogTool, ConnectionService
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
-from psych_sidecar.domain.prompt import PromptAssembler, SpecLookup
-from psych_sidecar.domain.runlog import RunService, SpecService
+from psych_sidecar.domain.inspect import RunInspector
+from psych_sidecar.domain.prompt import PromptAssembler
+from psych_sidecar.domain.runlog import RunService, SpecLookup, SpecService
 from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.mcp.manager import McpManager
-from psych_sidecar.mcp.service import ConnectionService
 from psych_sidecar.search.encoder import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
+from psych_sidecar.storage.inspection import SqlRunDirectory
+from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.usage import SqlUsageStore
+from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -114,27 +121,67 @@ def _unimplemented(method: str) -> Behaviour:
     return behaviour
 
 
-def _guarded(method: str, behaviour: Behaviour) -> Behaviour:
-    """Every RPC goes through here: one ErrorInfo per error, no stack trace to the client."""
+def _log_fields(request_class: type[Message], service: str) -> list[tuple[str, str]]:
+    """(log field, request field) pairs this method's requests carry: the Run id, tenant
+    and connection a log line of the call is about."""
+    present = {field.name for field in request_class.DESCRIPTOR.fields}
+    connection = "name" if service.endswith("ConnectionService") else "server"
+    pairs = [("run_id", "run_id"), ("tenant", "tenant"), ("connection", connection)]
+    return [(log_field, field) for log_field, field in pairs if field in present]
+
+
+def _guarded(
+    method: str, behaviour: Behaviour, log_fields: Sequence[tuple[str, str]] = ()
+) -> Behaviour:
+    """Every RPC goes through here: one ErrorInfo per error, no stack trace to the client;
+    its metric, its span (continuing the caller's traceparent) and its log context."""
+
+    label = method.lstrip("/")
 
     async def handle(request: Any, context: Context) -> Message:
-        if isinstance(request, _Rejected):
-            await abort(context, request.error)
-        try:
-            return await behaviour(request, context)
-        except SidecarError as error:
-            await abort(context, error)
-        except Exception:
-            correlation_id = uuid.uuid4().hex
-            log.exception("unexpected error in %s, correlation id %s", method, correlation_id)
-            await abort(
-                context,
-                SidecarError(
-                    Reason.INTERNAL,
-                    f"internal error, correlation id {correlation_id}",
-                    correlation_id=correlation_id,
-                ),
-            )
+        started = time.perf_counter()
+        code = grpc.StatusCode.UNKNOWN
+        fields = {"rpc": method}
+        if not isinstance(request, _Rejected):
+            fields.update((name, getattr(request, field)) for name, field in log_fields)
+        bound = logs.bind(**fields)
+        with tracing.server_span(method, context.invocation_metadata()) as span:
+            try:
+                if isinstance(request, _Rejected):
+                    raise request.error
+                response = await behaviour(request, context)
+                code = grpc.StatusCode.OK
+                return response
+            except SidecarError as error:
+                code = STATUS_CODES[error.reason]
+                await abort(context, error)
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                correlation_id = uuid.uuid4().hex
+                log.exception(
+                    "unexpected error in %s, correlation id %s",
+                    method,
+                    correlation_id,
+                    extra={"correlation_id": correlation_id},
+                )
+                await abort(
+                    context,
+                    SidecarError(
+                        Reason.INTERNAL,
+                        f"internal error, correlation id {correlation_id}",
+                        correlation_id=correlation_id,
+                    ),
+                )
+            finally:
+                elapsed = time.perf_counter() - started
+                metrics.record_rpc(label, code.name, elapsed)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s answered %s in %.2f ms", label, code.name, elapsed * 1000)
+                tracing.end_rpc(span, code.name, code.value[0])
+                logs.unbind(bound)
 
     return handle
 
@@ -150,7 +197,7 @@ def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
         request_class = message_factory.GetMessageClass(method.input_type)
         response_class = message_factory.GetMessageClass(method.output_type)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(full_name, behaviour),
+            _guarded(full_name, behaviour, _log_fields(request_class, binding.service.full_name)),
             request_deserializer=_deserializer(request_class, limit),
             response_serializer=response_class.SerializeToString,
         )
@@ -222,13 +269,20 @@ def check_listeners(settings: Settings) -> None:
             _prepare_unix_socket(address.unix_path)
         else:
             _check_tcp_port(address)
+    for address in settings.admin_listen_addresses():
+        if address.unix_path is None:
+            _check_tcp_port(address)
 
 
 class Sidecar:
     """One running sidecar: storage, domain services and the gRPC server around them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tracer_provider: TracerProvider | None = None) -> None:
+        """`tracer_provider` overrides the one `settings.tracing` would build (tests export
+        to memory with it)."""
         self.settings = settings
+        self._tracer_provider = tracer_provider
+        self._owns_tracer_provider = False
         self._addresses = settings.listen_addresses()
         self._engine = create_database_engine(
             settings.resolved_database_url(), pool_size=settings.worker_threads
@@ -251,12 +305,33 @@ class Sidecar:
         )
         self.catalog = self.mcp
         self.tool_runner = self.mcp
+        # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
+        self.journal = (
+            SqlAssemblyJournal(self._engine, settings.assembly_journal_retention_hours * 3600)
+            if settings.assembly_journal
+            else None
+        )
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
         self.bound: list[str] = []
         self.health_bound: list[str] = []
         # Socket files this sidecar bound, and so removes on stop (never another's).
         self._socket_files: list[str] = []
+        self.admin: AdminServer | None = None
+        self._inspector: RunInspector | None = None
+        self._unwatch: Callable[[], None] | None = None
+        self._loop_lag: asyncio.Task[None] | None = None
+
+    def _admin_routes(self) -> list[BaseRoute]:
+        """Everything the admin listener serves; a module serving a page there adds its
+        `admin_routes(...)` here."""
+        assert self._inspector is not None, "routes are built after the bindings"
+        return [
+            *metrics.admin_routes(),
+            *ui.admin_routes(
+                self._inspector, Blocking(self._executor), self.settings.admin_ui_allow_remote
+            ),
+        ]
 
     def _bindings(self) -> list[_Binding]:
         store = SqlStore(self._engine)
@@ -264,12 +339,21 @@ class Sidecar:
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
-        resolver = TurnResolver(runs, store, self.catalog, embeddings=self._embeddings)
+        specs = SpecLookup(store)
+        resolver = TurnResolver(runs, specs, self.catalog, embeddings=self._embeddings)
         executor = ToolExecutor(
             resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
         )
-        specs = SpecLookup(store)
         reader = ToolOutputReader(runs, log)
+        self._inspector = RunInspector(
+            runs,
+            SqlRunDirectory(self._engine),
+            self.journal,
+            SqlUsageStore(self._engine),
+            reader,
+            self.catalog,
+            self._connection_store,
+        )
         return [
             _Binding(
                 SpecServicer(SpecService(store), blocking),
@@ -288,7 +372,7 @@ class Sidecar:
             _Binding(
                 TurnServicer(
                     resolver,
-                    PromptAssembler(runs, specs, log, resolver.resolve_turn),
+                    PromptAssembler(runs, specs, log, resolver.resolve_turn, journal=self.journal),
                     blocking,
                     limit,
                 ),
@@ -299,7 +383,7 @@ class Sidecar:
                     resolver,
                     executor,
                     reader,
-                    DispatchService(runs, specs, log, reader),
+                    DispatchService(runs, log, reader, resolver, executor, blocking),
                     blocking,
                     limit,
                 ),
@@ -312,6 +396,14 @@ class Sidecar:
         ]
 
     async def start(self) -> None:
+        if self.settings.admin_listen:
+            # Before anything that records (the MCP sessions' first listings).
+            metrics.enable()
+        if self._tracer_provider is None and self.settings.tracing == "otlp":
+            self._tracer_provider = tracing.otlp_provider()
+            self._owns_tracer_provider = True
+        if self._tracer_provider is not None:
+            tracing.install(self._tracer_provider)
         if self.settings.migrate_on_start:
             await asyncio.get_running_loop().run_in_executor(self._executor, migrate, self._engine)
         await self.mcp.start()
@@ -354,6 +446,11 @@ class Sidecar:
             await health_server.start()
             self._health_server = health_server
             self._restrict_sockets(self.settings.health_listen_addresses())
+        if self.settings.admin_listen:
+            self.admin = AdminServer(self.settings.admin_listen_addresses(), self._admin_routes())
+            await self.admin.start()
+            self._unwatch = metrics.watch(self)
+            self._loop_lag = asyncio.create_task(metrics.watch_loop_lag())
         for name in ["", *service_names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("psych-sidecar serving on %s", ", ".join(self.bound))
@@ -377,6 +474,17 @@ class Sidecar:
             return address.grpc_target
         return ListenAddress(host=address.host, port=port).grpc_target
 
+    # metrics.StateSource: read at every scrape.
+
+    def connection_states(self) -> list[tuple[str, str]]:
+        return self.mcp.connection_states()
+
+    def catalog_sizes(self) -> list[tuple[str, int]]:
+        return self.mcp.catalog_sizes()
+
+    def warmup_backlog(self) -> int:
+        return self._embeddings.backlog() if self._embeddings is not None else 0
+
     def _warm_search(self, tools: Sequence[CatalogTool]) -> None:
         if self._embeddings is not None:
             self._embeddings.warm_in_background([(t.name, t.description) for t in tools])
@@ -390,12 +498,24 @@ class Sidecar:
             await self._server.stop(self.settings.shutdown_grace_seconds)
         if self._health_server is not None:
             await self._health_server.stop(None)
+        if self.admin is not None:
+            await self.admin.stop()
+        if self._unwatch is not None:
+            self._unwatch()
+        if self._loop_lag is not None:
+            self._loop_lag.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_lag
         await self.mcp.stop()
         if self._embeddings is not None:
             # Waits for the warm-up chunk under way, so nothing is logged after "stopped".
             await asyncio.to_thread(self._embeddings.close)
         self._executor.shutdown(wait=True)
         self._engine.dispose()
+        if self._tracer_provider is not None:
+            tracing.uninstall()
+            if self._owns_tracer_provider:
+                self._tracer_provider.shutdown()
         for path in self._socket_files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from opentelemetry.trace import Span
+
 from psych.sidecar.v1 import connection_pb2, content_pb2, turn_pb2, turn_service_pb2
 from psych_sidecar.api import convert
 from psych_sidecar.api.servicers import Blocking, Context
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
 from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt import (
     AssembledPrompt,
     Prompt,
@@ -22,6 +25,7 @@ from psych_sidecar.domain.prompt import (
 )
 from psych_sidecar.domain.runlog import ContentPart, ToolCall
 from psych_sidecar.domain.surface import DisclosureTier, ExposedKind, ToolSurface, TurnResolver
+from psych_sidecar.telemetry import metrics, tracing
 
 _ROLES = {Role.USER: turn_pb2.PROMPT_ROLE_USER, Role.ASSISTANT: turn_pb2.PROMPT_ROLE_ASSISTANT}
 _ZONES = {
@@ -129,6 +133,21 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
     )
 
 
+def _observe(assembled: AssembledPrompt, span: Span | None) -> None:
+    """Zone sizes (never content) and elision savings, as metrics and span attributes."""
+    zones = [
+        (digest.zone.name.lower(), digest.byte_length, estimate_tokens(digest.byte_length))
+        for digest in assembled.zones
+    ]
+    metrics.record_prompt(zones, assembled.elided_results, assembled.elided_bytes_saved)
+    if span is not None:
+        for zone, size, tokens in zones:
+            span.set_attribute(f"psych.prompt.{zone}.bytes", size)
+            span.set_attribute(f"psych.prompt.{zone}.estimated_tokens", tokens)
+        span.set_attribute("psych.prompt.elided_results", assembled.elided_results)
+        span.set_attribute("psych.prompt.elided_bytes_saved", assembled.elided_bytes_saved)
+
+
 class TurnServicer:
     def __init__(
         self,
@@ -164,15 +183,17 @@ class TurnServicer:
         self, request: turn_service_pb2.AssemblePromptRequest, context: Context
     ) -> turn_service_pb2.AssemblePromptResponse:
         now = request.now.ToDatetime(tzinfo=UTC) if request.HasField("now") else datetime.now(UTC)
-        assembled = await self._blocking(
-            self._assembler.assemble,
-            request.run_id,
-            request.dynamic_tail,
-            request.transient_note,
-            now,
-            request.model,
-            request.max_tokens,
-        )
+        with tracing.span("prompt.assemble") as span:
+            assembled = await self._blocking(
+                self._assembler.assemble,
+                request.run_id,
+                request.dynamic_tail,
+                request.transient_note,
+                now,
+                request.model,
+                request.max_tokens,
+            )
+            _observe(assembled, span)
         response = await self._blocking(assembled_to_proto, assembled)
         size = response.ByteSize()
         if size > self._max_message_bytes:

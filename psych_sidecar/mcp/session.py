@@ -8,10 +8,10 @@ serialised per connection, whatever triggered them.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,6 +24,7 @@ from mcp import Client, MCPError
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 
 from psych_sidecar.config import StdioCommand
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogWrite,
@@ -34,6 +35,7 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.mcp.results import tool_result
 from psych_sidecar.mcp.transport import open_transport
+from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ def _mcp_error(error: BaseException) -> MCPError | None:
 def _json(value: Any) -> bytes:
     if value is None:
         return b""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return canonical_json(value)
 
 
 def catalog_tool(server: str, tool: types.Tool) -> CatalogTool:
@@ -149,6 +151,8 @@ class ConnectionSession:
         self._attempt_finished = anyio.Event()
         self._refresh_lock = anyio.Lock()
         self.last_refresh = -math.inf
+        # Tools in the last listing stored (for the catalogue-size gauge).
+        self.catalog_size = 0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -196,6 +200,10 @@ class ConnectionSession:
     async def run(self) -> None:
         delay = self._timings.reconnect_min
         name = self.stored.connection.name
+        # This task's log lines name their connection, not the call that started it, and
+        # its spans (refreshes) start traces of their own. Its context is its own: no reset.
+        logs.bind_only(tenant=self.stored.connection.tenant, connection=name)
+        tracing.new_root()
         while not self._stopping.is_set():
             # A server that was lost stays UNREACHABLE while it is retried: CONNECTING is
             # only the first attempt, so the state does not flap with every retry.
@@ -247,7 +255,7 @@ class ConnectionSession:
                     await group.start(self._listen, client)
                     self._client = client
                     # Sync on connect: a notification sent during initialisation can be lost.
-                    await self._refresh(client)
+                    await self._refresh(client, "connect")
                     connecting.deadline = math.inf
                     self._set_status(ConnectionState.CONNECTED)
                     self._finish_attempt()
@@ -308,7 +316,7 @@ class ConnectionSession:
             await anyio.sleep(self._timings.list_changed_debounce)
             self._changed = anyio.Event()
             try:
-                await self.refresh()
+                await self.refresh("list_changed")
             except Exception as error:
                 log.warning(
                     "MCP connection %s/%s: refresh after tools/list_changed failed: %s",
@@ -318,13 +326,24 @@ class ConnectionSession:
 
     # Called from request handlers and the sweep.
 
-    async def refresh(self) -> CatalogWrite:
+    async def refresh(self, trigger: str) -> CatalogWrite:
+        """`trigger` (connect, ttl, on_demand, list_changed) labels the refresh's metric."""
         client = self._client
         if client is None or self._status.state is not ConnectionState.CONNECTED:
+            metrics.record_refresh(trigger, "failed")
             raise CatalogUnavailable(self._unreachable_text())
-        return await self._refresh(client)
+        return await self._refresh(client, trigger)
 
-    async def _refresh(self, client: Client) -> CatalogWrite:
+    async def _refresh(self, client: Client, trigger: str) -> CatalogWrite:
+        try:
+            write = await self._list_and_write(client)
+        except BaseException:
+            metrics.record_refresh(trigger, "failed")
+            raise
+        metrics.record_refresh(trigger, "changed" if write.changed else "unchanged")
+        return write
+
+    async def _list_and_write(self, client: Client) -> CatalogWrite:
         async with self._refresh_lock:
             try:
                 with anyio.fail_after(self._timings.connect_timeout):
@@ -337,9 +356,30 @@ class ConnectionSession:
             if write is None:
                 raise CatalogUnavailable("the connection was deleted")
             self.last_refresh = anyio.current_time()
+            self.catalog_size = write.tool_count
             return write
 
     async def call_tool(
+        self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
+    ) -> McpToolResult:
+        server = self.stored.connection.name
+        started = time.perf_counter()
+        outcome = "refused"
+        with tracing.span("mcp.call_tool", {"mcp.server": server, "mcp.tool": tool}) as span:
+            try:
+                result = await self._call_tool(tool, arguments, timeout_seconds)
+            except ToolCallFailed as error:
+                outcome = error.outcome if isinstance(error, _CallFailed) else "refused"
+                raise
+            else:
+                outcome = "tool_error" if result.is_error else "ok"
+                return result
+            finally:
+                metrics.record_tool_call(server, outcome, time.perf_counter() - started)
+                if span is not None:
+                    span.set_attribute("mcp.outcome", outcome)
+
+    async def _call_tool(
         self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
     ) -> McpToolResult:
         if self._status.state is ConnectionState.CONNECTING:
@@ -356,7 +396,9 @@ class ConnectionSession:
                     tool, dict(arguments), read_timeout_seconds=timeout_seconds
                 )
         except Exception as error:
-            raise ToolCallFailed(self._call_failure_text(tool, timeout_seconds, error)) from None
+            raise _CallFailed(
+                self._call_failure_text(tool, timeout_seconds, error), _outcome(error)
+            ) from None
         return tool_result(result)
 
     def _unreachable_text(self) -> str:
@@ -390,6 +432,27 @@ class ConnectionSession:
                 f"{mcp_error.code}: {mcp_error.message}"
             )
         return f"The call to {tool!r} on MCP server {server!r} failed: {describe_error(error)}"
+
+
+class _CallFailed(ToolCallFailed):
+    """A call the server was asked and did not answer with a result."""
+
+    def __init__(self, message: str, outcome: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+def _outcome(error: BaseException) -> str:
+    """A failed call's metric outcome: timeout, refused (the connection closed) or
+    tool_error (the server answered with an error)."""
+    mcp_error = _mcp_error(error)
+    if isinstance(error, TimeoutError) or (
+        mcp_error is not None and mcp_error.code == types.REQUEST_TIMEOUT
+    ):
+        return "timeout"
+    if mcp_error is not None and mcp_error.code == types.CONNECTION_CLOSED:
+        return "refused"
+    return "tool_error"
 
 
 async def _set_when(event: anyio.Event, scope: anyio.CancelScope) -> None:

@@ -64,6 +64,9 @@ class ToolEmbeddings:
         # Warm-up runs on its own thread, one listing after another, never on a request's.
         self._warmer: ThreadPoolExecutor | None = None
         self._closed = threading.Event()
+        # Listings submitted for warm-up and not finished (the backlog metric).
+        self._backlog = 0
+        self._backlog_lock = threading.Lock()
 
     def available(self) -> bool:
         """Whether an encoder is there (loading it on first call)."""
@@ -106,7 +109,20 @@ class ToolEmbeddings:
             self._warmer = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="search-warmup", initializer=_lowest_priority
             )
-        return self._warmer.submit(self._warm, list(tools))
+        with self._backlog_lock:
+            self._backlog += 1
+        return self._warmer.submit(self._warm_one, list(tools))
+
+    def backlog(self) -> int:
+        """Listings waiting for or under warm-up encoding."""
+        return self._backlog
+
+    def _warm_one(self, tools: list[tuple[str, str]]) -> None:
+        try:
+            self._warm(tools)
+        finally:
+            with self._backlog_lock:
+                self._backlog -= 1
 
     def close(self) -> None:
         """Stop warming: queued listings are dropped, the one under way stops at its next

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.engine import URL
+
+from psych_sidecar.telemetry import metrics, tracing
 
 # Any constant works; it only has to be the same in every sidecar sharing a database.
 _MIGRATION_LOCK_KEY = 0x7073_6964_6563_6172  # "psidecar"
@@ -73,12 +76,18 @@ def _configure_sqlite(engine: Engine) -> None:
 
 @contextlib.contextmanager
 def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
-    """A transaction; `write=True` takes SQLite's write lock up front (PostgreSQL ignores it)."""
-    with engine.connect() as connection:
-        if write:
-            connection = connection.execution_options(**{_WRITE_OPTION: True})
-        with connection.begin():
-            yield connection
+    """A transaction; `write=True` takes SQLite's write lock up front (PostgreSQL ignores it).
+    Its wait for a pooled connection is a metric; the transaction is a span when tracing."""
+    with tracing.span(
+        "db.transaction", {"db.system.name": engine.dialect.name, "psych.write": write}
+    ):
+        started = time.perf_counter()
+        with engine.connect() as connection:
+            metrics.observe(metrics.DB_POOL_WAIT_SECONDS, time.perf_counter() - started)
+            if write:
+                connection = connection.execution_options(**{_WRITE_OPTION: True})
+            with connection.begin():
+                yield connection
 
 
 def alembic_config(connection: Connection) -> Config:

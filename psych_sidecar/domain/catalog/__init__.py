@@ -20,6 +20,7 @@ from psych_sidecar.domain.catalog.connections import (
     ToolCallFailed,
     ToolRunner,
     TransportKind,
+    without_secrets,
 )
 from psych_sidecar.domain.catalog.narrowing import Grants, glob_match
 from psych_sidecar.domain.catalog.rules import (
@@ -27,6 +28,7 @@ from psych_sidecar.domain.catalog.rules import (
     CatalogDiff,
     CatalogWrite,
     ConnectionRepository,
+    ConnectionSupervisor,
     StoredConnection,
     catalog_version_not_found,
     connection_not_found,
@@ -35,6 +37,7 @@ from psych_sidecar.domain.catalog.rules import (
     validate_connection,
     validate_connection_name,
 )
+from psych_sidecar.domain.catalog.service import ConnectionService
 
 __all__ = [
     "DESCRIPTION_PROMPT_CHARS",
@@ -45,8 +48,10 @@ __all__ = [
     "CatalogWrite",
     "Connection",
     "ConnectionRepository",
+    "ConnectionService",
     "ConnectionState",
     "ConnectionStatus",
+    "ConnectionSupervisor",
     "Grants",
     "McpToolResult",
     "StoredConnection",
@@ -60,4 +65,5 @@ __all__ = [
     "listing_fingerprint",
     "validate_connection",
     "validate_connection_name",
+    "without_secrets",
 ]
