@@ -358,7 +358,12 @@ def _stop(process: subprocess.Popen[str]) -> str:
 def _failure(process: subprocess.Popen[str], *, only_line: bool = True) -> str:
     """The one line an expected start-up failure prints (after the start-up log, if
     `only_line` is false), exit status 1 and no traceback."""
-    _, stderr = process.communicate(timeout=60)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:  # it started after all: leave nothing running
+            process.kill()
+            process.communicate()
     assert process.returncode == 1, stderr
     assert "Traceback" not in stderr, stderr
     lines = stderr.strip().splitlines()
