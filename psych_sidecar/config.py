@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,6 +227,21 @@ class Settings(BaseSettings):
         gt=0,
         description="How long assembly journal rows are kept before they are deleted.",
     )
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.upper() not in logging.getLevelNamesMapping():
+            raise ValueError("not a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return value.upper()
+
+    @field_validator("unix_socket_mode", mode="before")
+    @classmethod
+    def _octal_mode(cls, value: object) -> object:
+        # The file can write 0o660; a flag or the environment may too.
+        if isinstance(value, str) and value.strip().lower().startswith("0o"):
+            return int(value.strip(), 8)
+        return value
 
     @field_validator("listen", "health_listen", "admin_listen")
     @classmethod

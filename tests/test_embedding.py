@@ -195,6 +195,22 @@ def test_closing_stops_a_warm_up_and_refuses_more(encoder: MiniLmEncoder) -> Non
     assert embeddings.warm_in_background(TOOLS) is None
 
 
+def test_closing_returns_once_the_warm_up_thread_has_ended_and_logs_nothing_after(
+    encoder: MiniLmEncoder, caplog: pytest.LogCaptureFixture
+) -> None:
+    embeddings = ToolEmbeddings(lambda: encoder)
+    assert embeddings.available()
+    many = [(f"tool_{i}", f"Does thing number {i}.") for i in range(2000)]
+    with caplog.at_level(logging.INFO, logger="psych_sidecar.search"):
+        warming = embeddings.warm_in_background(many)
+        assert warming is not None
+        embeddings.close()
+        # Closed means done: the sidecar logs "stopped" right after, and nothing may follow.
+        assert warming.done()
+    assert not [r for r in caplog.records if "search warm-up" in r.getMessage()]
+    assert not [t for t in threading.enumerate() if t.name.startswith("search-warmup")]
+
+
 def test_an_encoder_that_fails_to_load_leaves_search_lexical(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

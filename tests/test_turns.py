@@ -320,6 +320,9 @@ def test_meta_tools_list_only_permitted_names_and_refuse_the_rest(host: Host) ->
         run_id, "mcp_call_tool", {"server": "fx", "tool": "echo", "input": {"text": "via meta"}}
     )
     assert result_text(called.outcome) == "via meta"
+    # Recorded under the server and the tool it ran, not the facade's name (docs/prompt.md).
+    record = tool_result_record(host.stubs, run_id, called.outcome.sequence)
+    assert (record.tool_result.server, record.tool_result.tool) == ("fx", "echo")
 
 
 def test_what_a_model_gets_wrong_is_a_tool_error_in_the_log(host: Host, stubs: Stubs) -> None:

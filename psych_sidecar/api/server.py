@@ -65,6 +65,10 @@ from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
 
+# gRPC sets SO_REUSEPORT by default, so a second sidecar on a TCP port would silently share
+# it with the first; without it, the second one fails to start instead.
+_NO_REUSEPORT = ("grpc.so_reuseport", 0)
+
 Context = grpc.aio.ServicerContext[Any, Any]
 Behaviour = Callable[[Any, Context], Awaitable[Message]]
 
@@ -200,6 +204,11 @@ def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(binding.service.full_name, handlers)
 
 
+class StartupError(Exception):
+    """An expected reason the sidecar cannot start (another sidecar on its socket, a port in
+    use): the command prints it as one line and exits 1, without a traceback."""
+
+
 def _prepare_unix_socket(path: str) -> None:
     """Create the socket's directory and clear a stale socket left by a crashed sidecar,
     refusing to take over one that a live process still answers on."""
@@ -209,16 +218,60 @@ def _prepare_unix_socket(path: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(mode):
-        raise RuntimeError(f"{path} exists and is not a socket")
+        raise StartupError(f"cannot listen on unix:{path}: the file exists and is not a socket")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
-    except OSError:
+    except ConnectionRefusedError:
+        # Nobody accepts there: the file of a sidecar that did not stop cleanly.
         os.unlink(path)
+        log.info("removed the stale socket file %s", path)
+    except OSError as error:
+        raise StartupError(f"cannot listen on unix:{path}: {error.strerror}") from error
     else:
-        raise RuntimeError(f"another process is already serving on {path}")
+        raise StartupError(
+            f"another sidecar is already serving on unix:{path}; "
+            "stop it first, or give this one another listen address"
+        )
     finally:
         probe.close()
+
+
+def _check_tcp_port(address: ListenAddress) -> None:
+    """Refuse a TCP address another process listens on, before anything else starts (gRPC
+    would otherwise log its own error, or share the port with SO_REUSEPORT)."""
+    if address.port == 0:
+        return
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    try:
+        infos = socket.getaddrinfo(address.host, address.port, family, socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise StartupError(f"cannot listen on {address.grpc_target}: {error.strerror}") from error
+    for *_, sockaddr in infos:
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        # As gRPC binds: a port whose old connections linger in TIME_WAIT is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as error:
+            raise StartupError(
+                f"cannot listen on {address.grpc_target}: {error.strerror}"
+            ) from error
+        finally:
+            probe.close()
+
+
+def check_listeners(settings: Settings) -> None:
+    """Fail early, with a StartupError, when a listen address is taken: before migrations run
+    and before any session starts. A stale socket file is removed."""
+    for address in [*settings.listen_addresses(), *settings.health_listen_addresses()]:
+        if address.unix_path is not None:
+            _prepare_unix_socket(address.unix_path)
+        else:
+            _check_tcp_port(address)
+    for address in settings.admin_listen_addresses():
+        if address.unix_path is None:
+            _check_tcp_port(address)
 
 
 class Sidecar:
@@ -262,6 +315,8 @@ class Sidecar:
         self._health_server: grpc.aio.Server | None = None
         self.bound: list[str] = []
         self.health_bound: list[str] = []
+        # Socket files this sidecar bound, and so removes on stop (never another's).
+        self._socket_files: list[str] = []
         self.admin: AdminServer | None = None
         self._inspector: RunInspector | None = None
         self._unwatch: Callable[[], None] | None = None
@@ -364,6 +419,7 @@ class Sidecar:
             options=[
                 ("grpc.max_receive_message_length", transport_limit),
                 ("grpc.max_send_message_length", transport_limit),
+                _NO_REUSEPORT,
             ]
         )
         bindings = self._bindings()
@@ -394,7 +450,7 @@ class Sidecar:
         if self.settings.health_listen:
             # Health only, so a probe port on the pod IP exposes nothing else; it shares the
             # servicer, so it turns NOT_SERVING with the API on shutdown.
-            health_server = grpc.aio.server()
+            health_server = grpc.aio.server(options=[_NO_REUSEPORT])
             health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
             for address in self.settings.health_listen_addresses():
                 self.health_bound.append(self._bind(health_server, address))
@@ -431,8 +487,8 @@ class Sidecar:
             require_client_auth=client_ca is not None,
         )
 
-    @staticmethod
     def _bind(
+        self,
         server: grpc.aio.Server,
         address: ListenAddress,
         credentials: grpc.ServerCredentials | None = None,
@@ -441,12 +497,16 @@ class Sidecar:
         serve TLS when `credentials` are given."""
         if address.unix_path is not None:
             _prepare_unix_socket(address.unix_path)
-            server.add_insecure_port(address.grpc_target)
+        try:
+            if address.unix_path is None and credentials is not None:
+                port = server.add_secure_port(address.grpc_target, credentials)
+            else:
+                port = server.add_insecure_port(address.grpc_target)
+        except RuntimeError as error:
+            raise StartupError(f"cannot listen on {address.grpc_target}: {error}") from error
+        if address.unix_path is not None:
+            self._socket_files.append(address.unix_path)
             return address.grpc_target
-        if credentials is not None:
-            port = server.add_secure_port(address.grpc_target, credentials)
-        else:
-            port = server.add_insecure_port(address.grpc_target)
         return ListenAddress(host=address.host, port=port).grpc_target
 
     # metrics.StateSource: read at every scrape.
@@ -467,7 +527,7 @@ class Sidecar:
     async def stop(self) -> None:
         """NOT_SERVING first, then stop taking calls and let in-flight ones finish."""
         await self._health.enter_graceful_shutdown()
-        if self.settings.drain_delay_seconds:
+        if self.settings.drain_delay_seconds and self._server is not None:
             await asyncio.sleep(self.settings.drain_delay_seconds)
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_seconds)
@@ -483,22 +543,28 @@ class Sidecar:
                 await self._loop_lag
         await self.mcp.stop()
         if self._embeddings is not None:
-            self._embeddings.close()
+            # Waits for the warm-up chunk under way, so nothing is logged after "stopped".
+            await asyncio.to_thread(self._embeddings.close)
         self._executor.shutdown(wait=True)
         self._engine.dispose()
         if self._tracer_provider is not None:
             tracing.uninstall()
             if self._owns_tracer_provider:
                 self._tracer_provider.shutdown()
-        for address in [*self._addresses, *self.settings.health_listen_addresses()]:
-            if address.unix_path is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(address.unix_path)
+        for path in self._socket_files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 async def serve(settings: Settings) -> None:
+    """Serve until SIGTERM or SIGINT. StartupError: an expected reason not to start."""
+    check_listeners(settings)
     sidecar = Sidecar(settings)
-    await sidecar.start()
+    try:
+        await sidecar.start()
+    except BaseException:
+        await sidecar.stop()
+        raise
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -126,10 +126,11 @@ class ToolEmbeddings:
 
     def close(self) -> None:
         """Stop warming: queued listings are dropped, the one under way stops at its next
-        chunk, so shutting down never waits for a catalogue's encoding."""
+        chunk, so shutting down waits for one chunk at most, never a catalogue's encoding.
+        Returns once the warm-up thread has ended: it logs nothing after that."""
         self._closed.set()
         if self._warmer is not None:
-            self._warmer.shutdown(wait=False, cancel_futures=True)
+            self._warmer.shutdown(wait=True, cancel_futures=True)
 
     def _warm(self, tools: list[tuple[str, str]]) -> None:
         try:
@@ -147,7 +148,7 @@ class ToolEmbeddings:
                     return
                 chunk = {_content_key(text): text for text in texts[start : start + _WARM_CHUNK]}
                 encoded += self._encoded(chunk)[1]
-            if encoded:
+            if encoded and not self._closed.is_set():
                 log.info(
                     "search warm-up: %d new texts of %d tools encoded in %.1f s",
                     encoded,

@@ -120,6 +120,8 @@ def compile_pattern(pattern: str, field: str) -> Any:
     options.log_errors = False
     options.max_mem = PATTERN_MAX_MEM_BYTES
     try:
+        # Checked as given first, so an error quotes the model's pattern, not the (?m) we add.
+        re2.compile(pattern, options)
         compiled = re2.compile("(?m)" + pattern, options)
     except re2.error as error:
         message = error.args[0] if error.args else ""
