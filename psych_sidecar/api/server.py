@@ -49,11 +49,13 @@ from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.mcp.service import ConnectionService
+from psych_sidecar.search import EmbeddingCounters
 from psych_sidecar.search.encoder import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
+from psych_sidecar.storage.search_vectors import SqlVectorStore
 from psych_sidecar.storage.usage import SqlUsageStore
 
 log = logging.getLogger(__name__)
@@ -188,8 +190,9 @@ class Sidecar:
         )
         self._health = health.aio.HealthServicer()
         self._connection_store = SqlConnectionStore(self._engine)
-        # Sentence vectors for tool search (None: keywords only), shared by every Run.
-        self._embeddings = tool_embeddings(settings.semantic_search)
+        # Sentence vectors for tool search (None: keywords only), shared by every Run, and
+        # through the database by every sidecar on it.
+        self._embeddings = tool_embeddings(settings.semantic_search, SqlVectorStore(self._engine))
         # The MCP layer: one session per connection. It is the CatalogView and the
         # ToolRunner of domain/catalog/connections.py. Each listing it stores is encoded for search
         # in the background, so the first search does not pay for it.
@@ -263,6 +266,10 @@ class Sidecar:
         if self.settings.migrate_on_start:
             await asyncio.get_running_loop().run_in_executor(self._executor, migrate, self._engine)
         await self.mcp.start()
+        if self._embeddings is not None and await self._has_catalogues():
+            # Searches are coming over stored catalogues: load the model now, in the
+            # background, rather than with the first reconnected server's listing.
+            self._embeddings.prepare()
         limit = self.settings.max_message_bytes
         # The transport admits up to twice the limit so that a request over the limit
         # reaches the handler and gets MESSAGE_TOO_LARGE with an ErrorInfo; beyond that
@@ -321,6 +328,17 @@ class Sidecar:
             return address.grpc_target
         return ListenAddress(host=address.host, port=port).grpc_target
 
+    async def _has_catalogues(self) -> bool:
+        connections = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._connection_store.all_connections
+        )
+        return any(stored.catalog_version > 0 for stored in connections)
+
+    @property
+    def search_counters(self) -> EmbeddingCounters | None:
+        """What tool search's embeddings did in this process (None: semantic search off)."""
+        return None if self._embeddings is None else self._embeddings.counters()
+
     def _warm_search(self, tools: Sequence[CatalogTool]) -> None:
         if self._embeddings is not None:
             self._embeddings.warm_in_background([(t.name, t.description) for t in tools])
@@ -336,7 +354,8 @@ class Sidecar:
             await self._health_server.stop(None)
         await self.mcp.stop()
         if self._embeddings is not None:
-            self._embeddings.close()
+            # Within one chunk of encoding; it writes to the database, so before disposing.
+            self._embeddings.close(wait=True)
         self._executor.shutdown(wait=True)
         self._engine.dispose()
         for address in [*self._addresses, *self.settings.health_listen_addresses()]:

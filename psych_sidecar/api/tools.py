@@ -103,7 +103,7 @@ class ToolServicer:
     async def SearchTools(
         self, request: tool_service_pb2.SearchToolsRequest, context: Context
     ) -> tool_service_pb2.SearchToolsResponse:
-        hits, token = await self._blocking(
+        hits, token, partial = await self._blocking(
             self._resolver.search_tools,
             request.run_id,
             request.query,
@@ -121,6 +121,7 @@ class ToolServicer:
                 for hit in hits
             ],
             next_page_token=token,
+            partial=partial,
         )
 
     async def ReadToolOutput(
