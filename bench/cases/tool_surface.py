@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import sys
@@ -280,8 +281,9 @@ async def search_cold_start_s_twilio(ctx: BenchContext) -> float:
     A first sidecar connects Twilio, waits for its warm-up (encoding every text and storing
     the vectors) and stops. The second is then started and searched every 20 ms from the
     moment it serves, until an answer is not partial; its log must show that it encoded
-    nothing. Details: seconds to serving, the searches answered partial meanwhile, the
-    second process's model load (from its log), and the first process's warm-up.
+    nothing. Details: seconds to serving and after it, the searches answered partial meanwhile,
+    the machine's load average, the second process's model load (from its log), and the first
+    process's warm-up.
     """
     argv = _twilio_argv(8 if ctx.quick else None)
     env = {**_commands_env({"twilio": argv}), "PSYCH_SIDECAR_SEMANTIC_SEARCH": "auto"}
@@ -324,7 +326,10 @@ async def search_cold_start_s_twilio(ctx: BenchContext) -> float:
     ctx.details.update(
         {
             "serving_s": round(serving, 2),
+            "after_serving_s": round(cold - serving, 2),
             "partial_answers": partial,
+            # The machine's 1-minute load average at the end: the cores are shared.
+            "load_average": round(os.getloadavg()[0], 1),
             "second_model_load_s": float(load.group(1)) if load else None,
             "first_warm_up": first,
             "first_hit": f"{response.hits[0].server}/{response.hits[0].tool}"

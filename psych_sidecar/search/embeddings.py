@@ -123,6 +123,7 @@ class ToolEmbeddings:
         self._encoder: TextEncoder | None = None
         self._loaded = False
         self._load_queued = False
+        self._loader: threading.Thread | None = None
         self._load_lock = threading.Lock()
         self._capacity = capacity
         self._vectors: OrderedDict[str, Vectors] = OrderedDict()
@@ -202,12 +203,24 @@ class ToolEmbeddings:
     # Background work
 
     def prepare(self) -> None:
-        """Queue the model's loading on the warm-up thread (once), without waiting."""
+        """Start loading the model (once) on a thread of its own, without waiting. Unlike
+        encoding, the load runs at normal priority: searches wait for it to rank by meaning
+        (their queries need the model), and it is about a second of CPU once per process;
+        at nice 19 on a busy machine it took several times that."""
         with self._warmer_lock:
-            if self._loaded or self._load_queued:
+            if self._loaded or self._load_queued or self._closed.is_set():
                 return
             self._load_queued = True
-        self._submit(self.load)
+            self._loader = threading.Thread(
+                target=self._load_logged, name="search-model-load", daemon=True
+            )
+            self._loader.start()
+
+    def _load_logged(self) -> None:
+        try:
+            self.load()
+        except Exception:  # load() logs its own failures; this is for anything else
+            log.exception("semantic search: loading the model failed")
 
     def warm_in_background(self, tools: Sequence[tuple[str, str]]) -> Future[None] | None:
         """Make the texts of (name, description) pairs ready on the warm-up thread: called
@@ -230,9 +243,11 @@ class ToolEmbeddings:
         once that job has stopped: the store is no longer used after this returns."""
         self._closed.set()
         with self._warmer_lock:
-            warmer = self._warmer
+            warmer, loader = self._warmer, self._loader
         if warmer is not None:
             warmer.shutdown(wait=wait, cancel_futures=True)
+        if wait and loader is not None:
+            loader.join()
 
     def counters(self) -> EmbeddingCounters:
         with self._lock:
