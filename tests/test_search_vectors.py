@@ -7,6 +7,11 @@ what it is asked to encode or to hold it back; the databases are real SQLite and
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -320,3 +325,53 @@ def test_a_second_sidecar_searches_without_encoding_anything(
         assert counters is not None
         assert counters.texts_encoded == 0
         c.channel.close()
+
+    # And a separate `psych-sidecar serve` process, whose counters are in its stop line.
+    socket_path = tmp_path_factory.mktemp("d") / "s.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")}
+    env["PSYCH_SIDECAR_MCP_COMMANDS"] = json.dumps(fixture_commands())
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "psych_sidecar",
+            "serve",
+            "--listen",
+            f"unix://{socket_path}",
+            "--database-url",
+            database_url,
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        channel = grpc.insecure_channel(f"unix:{socket_path}")
+        stub = tool_service_pb2_grpc.ToolServiceStub(channel)
+        request = tool_service_pb2.SearchToolsRequest(
+            run_id=run_id, query="echo the text back", page_size=5
+        )
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            assert process.poll() is None, "the sidecar process exited"
+            answer: tool_service_pb2.SearchToolsResponse | grpc.RpcError
+            try:
+                answer = stub.SearchTools(request, timeout=5)
+            except grpc.RpcError as error:
+                answer = error
+            if isinstance(answer, grpc.RpcError):
+                assert answer.code() == grpc.StatusCode.UNAVAILABLE, answer  # not serving yet
+            elif not answer.partial:
+                break
+            assert time.monotonic() < deadline, "no fully-ranked search from the process"
+            time.sleep(0.05)
+        channel.close()
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=60)
+    stopped = re.search(
+        r"search vectors this run: (\d+) texts encoded, \d+ queries encoded, (\d+) read",
+        stderr.decode(),
+    )
+    assert stopped is not None, stderr.decode()[-2000:]
+    assert int(stopped.group(1)) == 0
+    assert int(stopped.group(2)) > 0

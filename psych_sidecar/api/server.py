@@ -356,6 +356,16 @@ class Sidecar:
         if self._embeddings is not None:
             # Within one chunk of encoding; it writes to the database, so before disposing.
             self._embeddings.close(wait=True)
+            done = self._embeddings.counters()
+            log.info(
+                "search vectors this run: %d texts encoded, %d queries encoded, %d read from "
+                "the database, %d written, %d collected",
+                done.texts_encoded,
+                done.queries_encoded,
+                done.vectors_read,
+                done.vectors_written,
+                done.vectors_collected,
+            )
         self._executor.shutdown(wait=True)
         self._engine.dispose()
         for address in [*self._addresses, *self.settings.health_listen_addresses()]:
