@@ -105,8 +105,8 @@ class EmbeddingCounters:
 class ToolEmbeddings:
     """Sentence vectors of tool texts and queries for every search index of the process.
 
-    The encoder loads on the warm-up thread, with the first listing to warm (or :meth:`prepare`):
-    a sidecar with no catalogue never loads the model. If loading fails, search stays lexical
+    The encoder loads with the first listing to warm, or earlier through :meth:`prepare`: a
+    sidecar with no catalogue never loads the model. If loading fails, search stays lexical
     (logged once) rather than failing.
     """
 
@@ -178,7 +178,7 @@ class ToolEmbeddings:
 
     def query_vector(self, query: str) -> Vectors | None:
         """The query's row, encoded on the caller's thread (a short text); None while the
-        model is not loaded (its loading is then queued on the warm-up thread)."""
+        model is not loaded (its loading is then started, see :meth:`prepare`)."""
         key = content_key(query)
         with self._lock:
             for cache in (self._queries, self._vectors):

@@ -27,9 +27,11 @@ read as words and its description (for a Chinese description: the name words and
 gloss, as the model reads English only), and its similarity to the query is the larger cosine
 of the two: a long description does not drown what the name says. The model is
 all-MiniLM-L6-v2 run in numpy (``search/encoder.py`` says why not
-sentence-transformers: it would pull in torch). Vectors are kept by content hash
-(:class:`ToolEmbeddings`), so a catalogue change encodes only the tools whose text changed, and
-a query costs one short encoding plus a matrix-vector product.
+sentence-transformers: it would pull in torch). Vectors are kept by content hash, in memory and
+in the database (:class:`ToolEmbeddings`), so a catalogue change encodes only the tools whose
+text changed, and a query costs one short encoding plus a matrix-vector product. An index never
+encodes: tools whose vectors are not there yet rank by keywords alone and the ranking says it
+is partial (:class:`Ranking`).
 
 Fusion: reciprocal rank fusion (Cormack, Clarke & Büttcher 2009) — rank-based, so the two
 scores' different scales need no calibration (the constant is below, with why it is 10). A
