@@ -225,7 +225,9 @@ def tokenize(text: str) -> list[str]:
     """Search terms of a text: split identifiers, stemmed English words, CJK bigrams."""
     terms: list[str] = []
     for token in _TOKEN.findall(_CAMEL_BOUNDARY.sub(" ", text)):
-        if _CJK_RUN.fullmatch(token):
+        # A token is a CJK run or has none (see _TOKEN): its first character says which, and
+        # every CJK range starts at U+3040 or above, so most tokens skip the regex.
+        if token[0] >= "\u3040" and _CJK_RUN.match(token[0]):
             terms.extend(token)
             terms.extend(token[i : i + 2] for i in range(len(token) - 1))
             continue
