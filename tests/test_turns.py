@@ -489,7 +489,10 @@ def test_a_tool_listed_at_runtime_is_encoded_for_search_before_any_search(
         assert not added.is_error
 
         def warmed() -> bool:
-            return any(r.message.startswith("search warm-up: 2 new texts") for r in caplog.records)
+            return any(
+                r.message.startswith("search warm-up: 2 texts") and ", 2 encoded in" in r.message
+                for r in caplog.records
+            )
 
         deadline = time.monotonic() + 60
         while not warmed():
@@ -499,6 +502,7 @@ def test_a_tool_listed_at_runtime_is_encoded_for_search_before_any_search(
         tool_service_pb2.SearchToolsRequest(run_id=run_id, query="what hour is it", page_size=3)
     )
     assert (hits.hits[0].server, hits.hits[0].tool) == ("warm", name)
+    assert not hits.partial
 
 
 def test_a_run_sees_only_its_own_tenants_connections(

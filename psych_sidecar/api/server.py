@@ -53,6 +53,7 @@ from psych_sidecar.domain.runlog import RunService, SpecLookup, SpecService
 from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.mcp.manager import McpManager
+from psych_sidecar.search import EmbeddingCounters
 from psych_sidecar.search.encoder import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
@@ -60,6 +61,7 @@ from psych_sidecar.storage.inspection import SqlRunDirectory
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
+from psych_sidecar.storage.search_vectors import SqlVectorStore
 from psych_sidecar.storage.usage import SqlUsageStore
 from psych_sidecar.telemetry import logs, metrics, tracing
 
@@ -292,8 +294,9 @@ class Sidecar:
         )
         self._health = health.aio.HealthServicer()
         self._connection_store = SqlConnectionStore(self._engine)
-        # Sentence vectors for tool search (None: keywords only), shared by every Run.
-        self._embeddings = tool_embeddings(settings.semantic_search)
+        # Sentence vectors for tool search (None: keywords only), shared by every Run, and
+        # through the database by every sidecar on it.
+        self._embeddings = tool_embeddings(settings.semantic_search, SqlVectorStore(self._engine))
         # The MCP layer: one session per connection. It is the CatalogView and the
         # ToolRunner of domain/catalog/connections.py. Each listing it stores is encoded for search
         # in the background, so the first search does not pay for it.
@@ -410,6 +413,10 @@ class Sidecar:
         if self.settings.migrate_on_start:
             await asyncio.get_running_loop().run_in_executor(self._executor, migrate, self._engine)
         await self.mcp.start()
+        if self._embeddings is not None and await self._has_catalogues():
+            # Searches are coming over stored catalogues: load the model now, in the
+            # background, rather than with the first reconnected server's listing.
+            self._embeddings.prepare()
         limit = self.settings.max_message_bytes
         # The transport admits up to twice the limit so that a request over the limit
         # reaches the handler and gets MESSAGE_TOO_LARGE with an ErrorInfo; beyond that
@@ -518,7 +525,19 @@ class Sidecar:
         return self.mcp.catalog_sizes()
 
     def warmup_backlog(self) -> int:
-        return self._embeddings.backlog() if self._embeddings is not None else 0
+        """Texts queued for the search warm-up and not encoded or read yet."""
+        return self._embeddings.counters().backlog if self._embeddings is not None else 0
+
+    async def _has_catalogues(self) -> bool:
+        connections = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._connection_store.all_connections
+        )
+        return any(stored.catalog_version > 0 for stored in connections)
+
+    @property
+    def search_counters(self) -> EmbeddingCounters | None:
+        """What tool search's embeddings did in this process (None: semantic search off)."""
+        return None if self._embeddings is None else self._embeddings.counters()
 
     def _warm_search(self, tools: Sequence[CatalogTool]) -> None:
         if self._embeddings is not None:
@@ -543,8 +562,19 @@ class Sidecar:
                 await self._loop_lag
         await self.mcp.stop()
         if self._embeddings is not None:
-            # Waits for the warm-up chunk under way, so nothing is logged after "stopped".
-            await asyncio.to_thread(self._embeddings.close)
+            # Waits for the warm-up chunk under way (within one chunk of encoding): it writes
+            # to the database, so before disposing, and nothing is logged after "stopped".
+            await asyncio.to_thread(self._embeddings.close, True)
+            done = self._embeddings.counters()
+            log.info(
+                "search vectors this run: %d texts encoded, %d queries encoded, %d read from "
+                "the database, %d written, %d collected",
+                done.texts_encoded,
+                done.queries_encoded,
+                done.vectors_read,
+                done.vectors_written,
+                done.vectors_collected,
+            )
         self._executor.shutdown(wait=True)
         self._engine.dispose()
         if self._tracer_provider is not None:

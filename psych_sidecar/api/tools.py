@@ -122,7 +122,7 @@ class ToolServicer:
         self, request: tool_service_pb2.SearchToolsRequest, context: Context
     ) -> tool_service_pb2.SearchToolsResponse:
         with metrics.timed(metrics.SEARCH_SECONDS):
-            hits, token = await self._blocking(
+            hits, token, partial = await self._blocking(
                 self._resolver.search_tools,
                 request.run_id,
                 request.query,
@@ -140,6 +140,7 @@ class ToolServicer:
                 for hit in hits
             ],
             next_page_token=token,
+            partial=partial,
         )
 
     async def ReadToolOutput(

@@ -159,6 +159,9 @@ class ConnectionSession:
         self.last_refresh = -math.inf
         # Tools in the last listing stored (for the catalogue-size gauge).
         self.catalog_size = 0
+        # How the server delivers tools/list_changed, learnt on connect: "2026" on a
+        # subscriptions/listen stream, "2025" unprompted (no listen); "" until known.
+        self.protocol_era = ""
 
     def _describe(self, error: BaseException) -> str:
         return self._scrub(describe_error(error))
@@ -299,14 +302,31 @@ class ConnectionSession:
         while True:
             try:
                 async with client.listen(tools_list_changed=True) as subscription:
+                    self.protocol_era = "2026"
                     if not started:
                         started = True
                         task_status.started()
                     async for _event in subscription:
                         self._changed.set()
             except ListenNotSupportedError:
+                self.protocol_era = "2025"
                 break
             except (MCPError, SubscriptionLost) as error:
+                if (
+                    not started
+                    and isinstance(error, MCPError)
+                    and error.code == types.METHOD_NOT_FOUND
+                ):
+                    # A server without subscriptions/listen sends list_changed unprompted,
+                    # as in the 2025 protocol: expected, so said once, quietly.
+                    if self.protocol_era != "2025":
+                        log.debug(
+                            "MCP connection %s/%s: no subscriptions/listen; list_changed "
+                            "arrives unprompted (2025-era server)",
+                            *self.key,
+                        )
+                    self.protocol_era = "2025"
+                    break
                 log.info("MCP connection %s/%s: listen ended: %s", *self.key, self._describe(error))
                 lost = isinstance(error, SubscriptionLost) or error.code == types.INTERNAL_ERROR
                 if not started or not lost:

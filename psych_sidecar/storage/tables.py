@@ -243,3 +243,18 @@ assembly_journal = Table(
     Index("ix_assembly_journal_run", "run_id", "create_time_us"),
     Index("ix_assembly_journal_time", "create_time_us"),
 )
+
+# Sentence vectors of tool texts for search, shared by every sidecar on the database: keyed by
+# the encoder's identity (model, weights package, forward-pass revision) and a hash of the exact
+# text encoded, so a listing one sidecar encoded is a read for the others and after a restart.
+# Rows no catalogue version's text needs any more are collected (search/embeddings.py).
+search_vectors = Table(
+    "search_vectors",
+    metadata,
+    Column("encoder", String(128), primary_key=True),
+    # BLAKE2b-128 of the text's UTF-8 bytes, hex.
+    Column("text_hash", String(32), primary_key=True),
+    # float32, little-endian, one unit-length row.
+    Column("vector", LargeBinary, nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+)

@@ -1,6 +1,7 @@
 """The project's own MCP test server, written with the MCP SDK's lowlevel Server.
 
     python tests/mcp_servers/fixture_server.py stdio [--tools N] [--page-size K] [--era E]
+        [--no-listen]
     python tests/mcp_servers/fixture_server.py http --port P [--tools N] [--page-size K] [--era E]
 
 It serves both protocol eras (2026-07-28 via server/discover, 2025-11-25 via the initialize
@@ -114,7 +115,7 @@ FIXED_TOOLS = [
 ]
 
 
-def build_server(tool_count: int, page_size: int) -> Server[Any]:
+def build_server(tool_count: int, page_size: int, listen: bool = True) -> Server[Any]:
     bus = InMemorySubscriptionBus()
     added: dict[str, types.Tool] = {}
 
@@ -243,7 +244,7 @@ def build_server(tool_count: int, page_size: int) -> Server[Any]:
         version="1.0.0",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
-        on_subscriptions_listen=ListenHandler(bus),
+        on_subscriptions_listen=ListenHandler(bus) if listen else None,
     )
 
 
@@ -267,8 +268,10 @@ def main() -> None:
     parser.add_argument("--tools", type=int, default=250)
     parser.add_argument("--page-size", type=int, default=50)
     parser.add_argument("--era", choices=["auto", "legacy"], default="auto")
+    # A 2026-era server with no subscriptions/listen (it answers -32601, as many do).
+    parser.add_argument("--no-listen", action="store_true")
     options = parser.parse_args()
-    server = build_server(options.tools, options.page_size)
+    server = build_server(options.tools, options.page_size, listen=not options.no_listen)
     if options.transport == "stdio":
         anyio.run(serve_stdio, server, options.era)
         return

@@ -120,8 +120,15 @@ class ResolvedTurn:
         self.routes = {tool.name: tool for tool in self.surface.tools}
 
     def search(self, query: str, limit: int) -> list[SearchResult]:
+        return self.ranked_search(query, limit)[0]
+
+    def ranked_search(self, query: str, limit: int) -> tuple[list[SearchResult], bool]:
+        """The hits, and whether the ranking was partial (some tools' vectors, or the model
+        for the query, not ready yet: those were ranked by keywords). Never encodes a tool."""
         with self._lock:
-            if self._index is None:
+            if self._index is not None:
+                self._index = self._index.refreshed()
+            else:
                 documents = []
                 for server, tools in self.permitted.items():
                     description = self.snapshot.servers[server].connection.description
@@ -138,10 +145,12 @@ class ResolvedTurn:
                         )
                 self._index = SearchIndex(documents, self.embeddings)
             index, entries = self._index, self._entries
-        return [
+        ranking = index.rank(query, limit)
+        results = [
             SearchResult(entries[hit.index][0], entries[hit.index][1], hit.score)
-            for hit in index.search(query, limit)
+            for hit in ranking.hits
         ]
+        return results, ranking.partial
 
 
 def _parameter_names(schema_json: bytes) -> tuple[str, ...]:
@@ -318,7 +327,8 @@ class TurnResolver:
 
     def search_tools(
         self, run_id: str, query: str, requested_page_size: int, page_token: str
-    ) -> tuple[list[SearchResult], str]:
+    ) -> tuple[list[SearchResult], str, bool]:
+        """A page of hits, the next page's token, and whether the ranking was partial."""
         if not query.strip():
             raise field_required("query")
         limit = page_size(requested_page_size, SEARCH_PAGE_SIZE, MAX_SEARCH_PAGE_SIZE)
@@ -327,9 +337,10 @@ class TurnResolver:
         if not isinstance(start, int):
             raise field_invalid("page_token", "not a token of this search")
         _, resolved = self.resolved(run_id)
-        hits = resolved.search(query, start + limit + 1)
+        hits, partial = resolved.ranked_search(query, start + limit + 1)
         page = hits[start : start + limit]
-        return page, encode_token(scope, start + limit) if len(hits) > start + limit else ""
+        token = encode_token(scope, start + limit) if len(hits) > start + limit else ""
+        return page, token, partial
 
     @staticmethod
     def _permitted_on(resolved: ResolvedTurn, server: str) -> dict[str, CatalogTool]:
