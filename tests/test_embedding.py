@@ -204,7 +204,7 @@ def test_closing_returns_once_the_warm_up_thread_has_ended_and_logs_nothing_afte
     with caplog.at_level(logging.INFO, logger="psych_sidecar.search"):
         warming = embeddings.warm_in_background(many)
         assert warming is not None
-        embeddings.close()
+        embeddings.close(wait=True)
         # Closed means done: the sidecar logs "stopped" right after, and nothing may follow.
         assert warming.done()
     assert not [r for r in caplog.records if "search warm-up" in r.getMessage()]
