@@ -235,11 +235,20 @@ def enabled() -> bool:
 # Recording helpers, so callers need not know label names; each costs one check when off.
 
 
+# (method, code) -> its counter and histogram children: labels() takes a lock and builds a
+# key on every call; the set of pairs is bounded by the contract.
+_rpc_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+
+
 def record_rpc(method: str, code: str, seconds: float) -> None:
     if not _enabled:
         return
-    RPCS.labels(method, code).inc()
-    RPC_SECONDS.labels(method, code).observe(seconds)
+    children = _rpc_children.get((method, code))
+    if children is None:
+        children = RPCS.labels(method, code), RPC_SECONDS.labels(method, code)
+        _rpc_children[(method, code)] = children
+    children[0].inc()
+    children[1].observe(seconds)
 
 
 def record_tool_call(connection: str, outcome: str, seconds: float) -> None:

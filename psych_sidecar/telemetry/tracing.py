@@ -75,36 +75,43 @@ class _Discard(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-@contextlib.contextmanager
-def server_span(
+def start_rpc(
     method: str, metadata: Iterable[tuple[str, str | bytes]] | None
-) -> Iterator[Span | None]:
-    """The span of one RPC, continuing the caller's trace when its metadata carries a
-    `traceparent`. `method` is the full name (`/package.Service/Method`)."""
+) -> tuple[Span, object] | None:
+    """Open the span of one RPC and make it current, continuing the caller's trace when its
+    metadata carries a W3C `traceparent`; `method` is the full name (`/pkg.Service/Method`).
+    None when tracing is off. Close it with `end_rpc`, in the same context."""
     current = _tracer
     if current is None:
-        yield None
-        return
-    carrier = {key: value for key, value in metadata or () if isinstance(value, str)}
-    parent = _PROPAGATOR.extract(carrier)
-    service, _, name = method.lstrip("/").partition("/")
-    with current.start_as_current_span(
-        method.lstrip("/"),
+        return None
+    parent = None
+    for key, value in metadata or ():
+        if key == "traceparent" and isinstance(value, str):
+            carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
+            parent = _PROPAGATOR.extract(carrier)
+            break
+    name = method.lstrip("/")
+    service, _, rpc_method = name.partition("/")
+    span = current.start_span(
+        name,
         context=parent,
         kind=SpanKind.SERVER,
-        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc_method},
         record_exception=False,
         set_status_on_exception=False,
-    ) as span:
-        yield span
+    )
+    return span, otel_context.attach(trace.set_span_in_context(span))
 
 
-def end_rpc(span: Span | None, code_name: str, code_value: int) -> None:
-    if span is None:
+def end_rpc(opened: tuple[Span, object] | None, code_name: str, code_value: int) -> None:
+    if opened is None:
         return
+    span, token = opened
     span.set_attribute("rpc.grpc.status_code", code_value)
     if code_name != "OK":
         span.set_status(Status(StatusCode.ERROR, code_name))
+    span.end()
+    otel_context.detach(token)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
