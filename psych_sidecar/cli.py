@@ -1,4 +1,4 @@
-"""psych-sidecar serve | migrate | version."""
+"""psych-sidecar serve | migrate | health | inspect | version."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 from pydantic import ValidationError
 
-from psych_sidecar import __version__
+from psych_sidecar import __version__, inspect
 from psych_sidecar.config import Settings, load_settings, parse_listen_address
 from psych_sidecar.storage.db import normalize_url
 from psych_sidecar.telemetry import logs
@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         help="unix:///path or HOST:PORT (default: the first listen address of the settings)",
     )
     check.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
+    inspect.add_parser(commands)
     commands.add_parser("version", help="print the version")
     return parser
 
@@ -103,6 +104,20 @@ def _health(address: str | None, timeout: float) -> int:
     return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+def _inspect(arguments: argparse.Namespace) -> int:
+    try:
+        address = arguments.address
+        target = (
+            parse_listen_address(address).grpc_target
+            if address
+            else load_settings().listen_addresses()[0].grpc_target
+        )
+    except (ValidationError, ValueError) as error:
+        print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
+        return 2
+    return inspect.run(arguments, target)
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     if arguments.command == "version":
@@ -110,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if arguments.command == "health":
         return _health(arguments.address, arguments.timeout)
+    if arguments.command == "inspect":
+        return _inspect(arguments)
     try:
         settings = _settings(arguments)
         settings.listen_addresses()
