@@ -64,8 +64,9 @@ def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    """Where the sidecar's spans go: memory, exported as each span ends."""
+def spans(database_url: str) -> InMemorySpanExporter:
+    """Where the sidecar's spans go: memory, exported as each span ends. One per sidecar
+    (per database): a provider's shutdown stops its exporter."""
     return InMemorySpanExporter()
 
 
