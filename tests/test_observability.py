@@ -43,7 +43,7 @@ from psych_sidecar.config import Settings, StdioCommand
 from psych_sidecar.telemetry.logs import JsonFormatter
 from tests.conftest import RunningSidecar, Stubs, rpc_failure
 from tests.helpers import user
-from tests.mcp_helpers import free_port, wait_for_port
+from tests.mcp_helpers import free_port, wait_for, wait_for_port
 from tests.prompt_helpers import append, assistant, history_results, run_with, thresholds
 
 FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
@@ -352,7 +352,7 @@ def test_json_logs_carry_the_rpc_run_id_and_trace_id(
         logger.removeHandler(handler)
         logger.setLevel(previous)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    [line] = [x for x in lines if x.get("rpc") == f"/{RPC}.RunService/ListRecords"]
+    [line] = [x for x in lines if x.get("rpc") == f"{RPC}.RunService/ListRecords"]
     assert line["run_id"] == turn.run_id
     assert line["trace_id"] == TRACE_ID
     assert line["level"] == "DEBUG"
@@ -413,7 +413,7 @@ def test_serve_writes_json_lines_and_serves_metrics_from_its_flags(tmp_path: Pat
     lines = [json.loads(line) for line in stderr.decode().splitlines()]
     assert {"time", "level", "logger", "message"} <= set(lines[0])
     [answered] = [line for line in lines if line.get("run_id") == "run_unknown"]
-    assert answered["rpc"] == f"/{RPC}.RunService/GetRun"
+    assert answered["rpc"] == f"{RPC}.RunService/GetRun"
     assert "NOT_FOUND" in answered["message"]
     assert answered["trace_id"] == TRACE_ID
 
@@ -466,3 +466,28 @@ def test_every_exported_metric_is_documented(grpc_server: RunningSidecar) -> Non
     for family in families:
         documented = f"`{family}`" in operations or f"`{family}_total`" in operations
         assert documented, family
+
+
+def test_a_list_changed_refresh_is_counted_by_its_trigger(
+    grpc_server: RunningSidecar, turn: Turn, stubs: Stubs
+) -> None:
+    before = value(
+        scrape(grpc_server),
+        "psych_sidecar_catalog_refreshes_total",
+        trigger="list_changed",
+        outcome="changed",
+    )
+    # The server adds a tool and announces tools/list_changed: one debounced refresh.
+    call(stubs, turn.run_id, "fx", "add_tool", "c-notify", name="announced_tool")
+    wait_for(
+        lambda: (
+            value(
+                scrape(grpc_server),
+                "psych_sidecar_catalog_refreshes_total",
+                trigger="list_changed",
+                outcome="changed",
+            )
+            == before + 1
+        ),
+        "a list_changed refresh counted",
+    )

@@ -135,7 +135,7 @@ def _guarded(
     async def handle(request: Any, context: Context) -> Message:
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN
-        fields = {"rpc": method}
+        fields = {"rpc": label}
         if not isinstance(request, _Rejected):
             fields.update((name, getattr(request, field)) for name, field in log_fields)
         bound = logs.bind(**fields)
