@@ -176,6 +176,21 @@ class Settings(BaseSettings):
         ge=0,
         description="tools/list_changed notifications within this window cause one refresh.",
     )
+    admin_ui_allow_remote: bool = Field(
+        default=False,
+        description="Serve the Run inspector (/ui) to clients beyond loopback; off: only "
+        "loopback and Unix-socket clients get it, even on an admin listener on the pod IP.",
+    )
+    assembly_journal: bool = Field(
+        default=True,
+        description="Keep one row of metadata per AssemblePrompt (zone sizes and digests, the "
+        "tool surface, elisions; never content) for the Run inspector.",
+    )
+    assembly_journal_retention_hours: float = Field(
+        default=168.0,
+        gt=0,
+        description="How long assembly journal rows are kept before they are deleted.",
+    )
 
     @field_validator("listen", "health_listen", "admin_listen")
     @classmethod

@@ -26,6 +26,9 @@ from psych_sidecar.domain.runlog import (
     ToolGrant,
 )
 
+# A response (a page, a read) leaves this much of the message limit for framing and metadata.
+RESPONSE_HEADROOM_BYTES = 64 * 1024
+
 _THRESHOLD_FIELDS = (
     "per_result_tokens",
     "per_batch_tokens",

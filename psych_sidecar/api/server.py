@@ -32,7 +32,7 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     usage_service_pb2,
 )
-from psych_sidecar.admin import AdminServer
+from psych_sidecar.admin import AdminServer, ui
 from psych_sidecar.api.connections import ConnectionServicer
 from psych_sidecar.api.errors import STATUS_CODES, abort
 from psych_sidecar.api.servicers import (
@@ -45,17 +45,19 @@ from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutputReader
-from psych_sidecar.domain.catalog import CatalogTool
+from psych_sidecar.domain.catalog import CatalogTool, ConnectionService
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
-from psych_sidecar.domain.prompt import PromptAssembler, SpecLookup
-from psych_sidecar.domain.runlog import RunService, SpecService
+from psych_sidecar.domain.inspect import RunInspector
+from psych_sidecar.domain.prompt import PromptAssembler
+from psych_sidecar.domain.runlog import RunService, SpecLookup, SpecService
 from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.mcp.manager import McpManager
-from psych_sidecar.mcp.service import ConnectionService
 from psych_sidecar.search.encoder import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
+from psych_sidecar.storage.inspection import SqlRunDirectory
+from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.usage import SqlUsageStore
@@ -251,18 +253,31 @@ class Sidecar:
         )
         self.catalog = self.mcp
         self.tool_runner = self.mcp
+        # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
+        self.journal = (
+            SqlAssemblyJournal(self._engine, settings.assembly_journal_retention_hours * 3600)
+            if settings.assembly_journal
+            else None
+        )
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
         self.bound: list[str] = []
         self.health_bound: list[str] = []
         self.admin: AdminServer | None = None
+        self._inspector: RunInspector | None = None
         self._unwatch: Callable[[], None] | None = None
         self._loop_lag: asyncio.Task[None] | None = None
 
     def _admin_routes(self) -> list[BaseRoute]:
         """Everything the admin listener serves; a module serving a page there adds its
         `admin_routes(...)` here."""
-        return [*metrics.admin_routes()]
+        assert self._inspector is not None, "routes are built after the bindings"
+        return [
+            *metrics.admin_routes(),
+            *ui.admin_routes(
+                self._inspector, Blocking(self._executor), self.settings.admin_ui_allow_remote
+            ),
+        ]
 
     def _bindings(self) -> list[_Binding]:
         store = SqlStore(self._engine)
@@ -270,12 +285,21 @@ class Sidecar:
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
-        resolver = TurnResolver(runs, store, self.catalog, embeddings=self._embeddings)
+        specs = SpecLookup(store)
+        resolver = TurnResolver(runs, specs, self.catalog, embeddings=self._embeddings)
         executor = ToolExecutor(
             resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
         )
-        specs = SpecLookup(store)
         reader = ToolOutputReader(runs, log)
+        self._inspector = RunInspector(
+            runs,
+            SqlRunDirectory(self._engine),
+            self.journal,
+            SqlUsageStore(self._engine),
+            reader,
+            self.catalog,
+            self._connection_store,
+        )
         return [
             _Binding(
                 SpecServicer(SpecService(store), blocking),
@@ -294,7 +318,7 @@ class Sidecar:
             _Binding(
                 TurnServicer(
                     resolver,
-                    PromptAssembler(runs, specs, log, resolver.resolve_turn),
+                    PromptAssembler(runs, specs, log, resolver.resolve_turn, journal=self.journal),
                     blocking,
                     limit,
                 ),
@@ -305,7 +329,7 @@ class Sidecar:
                     resolver,
                     executor,
                     reader,
-                    DispatchService(runs, specs, log, reader),
+                    DispatchService(runs, log, reader, resolver, executor, blocking),
                     blocking,
                     limit,
                 ),

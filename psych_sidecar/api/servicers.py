@@ -22,15 +22,13 @@ from psych.sidecar.v1 import (
     spec_service_pb2_grpc,
 )
 from psych_sidecar.api import convert
+from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.domain.errors import field_required
 from psych_sidecar.domain.runlog import RunService, SpecService
 from psych_sidecar.telemetry import metrics
 
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
-
-# A response page leaves this much of the message limit for framing and metadata.
-_PAGE_HEADROOM_BYTES = 64 * 1024
 
 
 class Blocking:
@@ -76,7 +74,7 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
     def __init__(self, runs: RunService, blocking: Blocking, max_message_bytes: int) -> None:
         self._runs = runs
         self._blocking = blocking
-        self._page_bytes = max(max_message_bytes - _PAGE_HEADROOM_BYTES, 1)
+        self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
 
     async def CreateRun(
         self, request: run_service_pb2.CreateRunRequest, context: Context

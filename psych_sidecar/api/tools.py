@@ -12,15 +12,13 @@ from google.protobuf import json_format
 
 from psych.sidecar.v1 import tool_service_pb2
 from psych_sidecar.api.connections import catalog_tool_to_proto
+from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.servicers import Blocking, Context
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcome, ToolOutputReader
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.telemetry import metrics
-
-# What a read leaves of the message limit for the response's framing and its other fields.
-_READ_HEADROOM_BYTES = 64 * 1024
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -59,7 +57,7 @@ class ToolServicer:
         self._reader = reader
         self._dispatcher = dispatcher
         self._blocking = blocking
-        self._page_bytes = max(max_message_bytes - _READ_HEADROOM_BYTES, 1)
+        self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
 
     async def CallDeferredTool(
         self, request: tool_service_pb2.CallDeferredToolRequest, context: Context
@@ -157,23 +155,12 @@ class ToolServicer:
         if not request.HasField("call"):
             raise field_required("call")
         call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
-        own = await self._blocking(self._dispatcher.dispatch, request.run_id, call)
-        if own.execution is not None:
-            outcome = tool_service_pb2.ToolOutcome(
-                is_error=own.execution.is_error,
-                result_json=own.execution.result_json,
-                sequence=own.sequence,
-                handle=own.handle,
+        outcome = await self._dispatcher.dispatch(request.run_id, call)
+        if outcome is None:
+            return tool_service_pb2.DispatchToolCallResponse(
+                disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
             )
-        else:
-            mcp = await self._executor.dispatch(
-                request.run_id, call.call_id, call.name, call.arguments_json
-            )
-            if mcp is None:
-                return tool_service_pb2.DispatchToolCallResponse(
-                    disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
-                )
-            outcome = outcome_to_proto(mcp)
         return tool_service_pb2.DispatchToolCallResponse(
-            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED, outcome=outcome
+            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED,
+            outcome=outcome_to_proto(outcome),
         )

@@ -8,7 +8,6 @@ serialised per connection, whatever triggered them.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -25,6 +24,7 @@ from mcp import Client, MCPError
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 
 from psych_sidecar.config import StdioCommand
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogWrite,
@@ -89,7 +89,7 @@ def _mcp_error(error: BaseException) -> MCPError | None:
 def _json(value: Any) -> bytes:
     if value is None:
         return b""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return canonical_json(value)
 
 
 def catalog_tool(server: str, tool: types.Tool) -> CatalogTool:

@@ -57,7 +57,7 @@ class SqlStore:
                     insert(tables.specs).values(
                         name=spec.name,
                         version=spec.version,
-                        body=spec.canonical_json(),
+                        body=spec.content_json(),
                         fingerprint=spec.fingerprint(),
                         create_time_us=now,
                     )
@@ -78,7 +78,7 @@ class SqlStore:
             ).first()
         if row is None:
             return None
-        return PublishedSpec(Spec.from_canonical_json(row.body), tables.from_us(row.create_time_us))
+        return PublishedSpec(Spec.from_content_json(row.body), tables.from_us(row.create_time_us))
 
     # Runs
 

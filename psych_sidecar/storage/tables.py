@@ -191,3 +191,42 @@ catalog_tools = Table(
     ),
     Index("ix_catalog_tools_current", "tenant", "server", "removed_in_version"),
 )
+
+# One row of metadata per AssemblePrompt (the assembly journal, for the Run inspector): never
+# content. Rows older than the retention are deleted; nothing else reads or writes them.
+assembly_journal = Table(
+    "assembly_journal",
+    metadata,
+    Column("entry_id", String(40), primary_key=True),
+    Column("run_id", String(40), nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("spec_name", String(128), nullable=False),
+    Column("spec_version", BigInteger, nullable=False),
+    Column("turn", BigInteger, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("last_sequence", BigInteger, nullable=False),
+    # Per zone: bytes of its canonical JSON, estimated tokens, SHA-256.
+    Column("static_bytes", BigInteger, nullable=False),
+    Column("static_tokens", BigInteger, nullable=False),
+    Column("static_sha256", String(64), nullable=False),
+    Column("tail_bytes", BigInteger, nullable=False),
+    Column("tail_tokens", BigInteger, nullable=False),
+    Column("tail_sha256", String(64), nullable=False),
+    Column("history_bytes", BigInteger, nullable=False),
+    Column("history_tokens", BigInteger, nullable=False),
+    Column("history_sha256", String(64), nullable=False),
+    Column("transient_bytes", BigInteger, nullable=False),
+    Column("transient_tokens", BigInteger, nullable=False),
+    Column("transient_sha256", String(64), nullable=False),
+    Column("tool_count", Integer, nullable=False),
+    # JSON list of [server, state, tier, catalog_version, permitted_tool_count].
+    Column("servers", Text, nullable=False),
+    # JSON list of [sequence, handle, rule].
+    Column("elided", Text, nullable=False),
+    # The context guard's decision; NULL when none was taken.
+    Column("context_guard", Text, nullable=True),
+    ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+    Index("ix_assembly_journal_run", "run_id", "create_time_us"),
+    Index("ix_assembly_journal_time", "create_time_us"),
+)

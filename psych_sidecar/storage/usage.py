@@ -6,7 +6,7 @@ from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from psych_sidecar.domain.errors import Reason, SidecarError
-from psych_sidecar.domain.usage import ModelCallUsage, UsageTotals
+from psych_sidecar.domain.usage import ModelCallUsage, UsageEvent, UsageTotals
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import transaction
 from psych_sidecar.telemetry import metrics
@@ -77,6 +77,31 @@ class SqlUsageStore:
     def usage_totals(self, run_id: str) -> UsageTotals:
         with transaction(self._engine, write=False) as conn:
             return self._totals(conn, run_id)
+
+    def usage_events(self, run_id: str, limit: int) -> list[UsageEvent]:
+        events = tables.usage_events
+        query = (
+            select(events)
+            .where(events.c.run_id == run_id)
+            .order_by(events.c.create_time_us.desc(), events.c.event_id.desc())
+            .limit(limit)
+        )
+        with transaction(self._engine, write=False) as conn:
+            rows = conn.execute(query).all()
+        return [
+            UsageEvent(
+                row.event_id,
+                ModelCallUsage(
+                    row.model,
+                    row.input_tokens,
+                    row.output_tokens,
+                    row.cache_read_tokens,
+                    row.cache_write_tokens,
+                ),
+                tables.from_us(row.create_time_us),
+            )
+            for row in reversed(rows)
+        ]
 
     @staticmethod
     def _totals(conn: Connection, run_id: str) -> UsageTotals:

@@ -13,23 +13,30 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
 
 from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.catalog import CatalogTool, ToolCallFailed, ToolRunner
 from psych_sidecar.domain.errors import field_required
-from psych_sidecar.domain.runlog import ContentPart, PartKind, Record, RecordKind, RunService
+from psych_sidecar.domain.runlog import (
+    ContentPart,
+    PartKind,
+    Record,
+    RecordKind,
+    RunBlocking,
+    RunService,
+)
 from psych_sidecar.domain.surface import (
     ExposedKind,
     ExposedTool,
     ResolvedTurn,
     RunContext,
     TurnResolver,
-    canonical_json,
     naming,
     one_line,
     qualified_names,
@@ -43,12 +50,6 @@ SEARCH_RESULT_LIMIT = 10
 SEARCH_DESCRIPTION_CHARS = 300
 
 
-class RunBlocking(Protocol):
-    """Runs a synchronous call off the event loop (the API layer's thread pool)."""
-
-    def __call__(self, function: Callable[..., T], *args: Any) -> Awaitable[T]: ...
-
-
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
     is_error: bool
@@ -58,7 +59,7 @@ class ToolOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class _Result:
+class PendingResult:
     """A result before it is recorded: what the log and the host get."""
 
     is_error: bool
@@ -68,21 +69,27 @@ class _Result:
     tool: str
 
 
-def _error(message: str, server: str = "", tool: str = "") -> _Result:
+def tool_error(message: str, server: str = "", tool: str = "") -> PendingResult:
     result = {"content": [{"type": "text", "text": message}], "isError": True}
-    return _Result(True, canonical_json(result), (ContentPart.text(message),), server, tool)
+    return PendingResult(
+        True, canonical_json(sorted_keys(result)), (ContentPart.text(message),), server, tool
+    )
 
 
-def _structured(value: Any, tool: str) -> _Result:
+def _structured(value: Any, tool: str) -> PendingResult:
     """A result the sidecar produced itself: canonical JSON, as text and structured content."""
-    text = canonical_json(value).decode()
+    text = canonical_json(sorted_keys(value)).decode()
     result = {
         "content": [{"type": "text", "text": text}],
         "isError": False,
         "structuredContent": value,
     }
-    return _Result(
-        False, canonical_json(result), (ContentPart(PartKind.JSON, text.encode()),), "", tool
+    return PendingResult(
+        False,
+        canonical_json(sorted_keys(result)),
+        (ContentPart(PartKind.JSON, text.encode()),),
+        "",
+        tool,
     )
 
 
@@ -119,9 +126,10 @@ class _Validators:
         ]
 
 
-Handler = Callable[
-    [RunContext, ResolvedTurn, ExposedTool, Mapping[str, Any], float], Awaitable[_Result]
+KindHandler = Callable[
+    [RunContext, ResolvedTurn, ExposedTool, Mapping[str, Any], float], Awaitable[PendingResult]
 ]
+"""Runs one kind of exposed MCP tool (see `ToolExecutor.kind_handlers`)."""
 
 
 class ToolExecutor:
@@ -142,9 +150,15 @@ class ToolExecutor:
         self._default_timeout = default_timeout_seconds
         self._validators = _Validators()
         self._stale_routes = ImmutableCache[Hashable, dict[str, ExposedTool]](256)
-        # The dispatch table: how each kind of exposed tool is executed. Names map to kinds
-        # through the resolved surface (ResolvedTurn.routes).
-        self.handlers: dict[ExposedKind, Handler] = {
+
+    @property
+    def default_timeout(self) -> float:
+        return self._default_timeout
+
+    def kind_handlers(self) -> dict[ExposedKind, KindHandler]:
+        """How each kind of exposed MCP tool runs: the MCP half of the dispatch router
+        (``DispatchService``), which adds the sidecar's own tools."""
+        return {
             ExposedKind.MCP_TOOL: self._direct,
             ExposedKind.FACADE: self._facade,
             ExposedKind.CALL_DEFERRED_TOOL: self._call_deferred,
@@ -175,35 +189,7 @@ class ToolExecutor:
         context, resolved = await self._blocking(self._resolver.resolved, run_id)
         timeout = timeout_seconds or self._default_timeout
         result = await self._call_mcp(resolved, server, tool, arguments, timeout)
-        return await self._record(context, call_id, result)
-
-    async def dispatch(
-        self, run_id: str, call_id: str, name: str, arguments_json: str
-    ) -> ToolOutcome | None:
-        """A model's tool call as emitted, routed through the Run's current surface; None when
-        the name is not the sidecar's (the host runs it)."""
-        if not call_id:
-            raise field_required("call.call_id")
-        if not name:
-            raise field_required("call.name")
-        context, resolved = await self._blocking(self._resolver.resolved, run_id)
-        route = self.route(resolved, name)
-        if route is None or route.kind not in self.handlers:
-            # Not an MCP route: the sidecar's own tools are dispatched by DispatchService.
-            return None
-        arguments, problem = _parse_arguments(arguments_json)
-        if arguments is None:
-            result = _error(problem, route.server, route.tool or route.name)
-        else:
-            result = await self.handlers[route.kind](
-                context, resolved, route, arguments, self._default_timeout
-            )
-        if not result.server and not result.tool:
-            # A result not tied to one MCP tool is recorded under the tool the model called.
-            result = _Result(
-                result.is_error, result.result_json, result.content, route.server, route.name
-            )
-        return await self._record(context, call_id, result)
+        return await self.record(context, call_id, result)
 
     def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:
         """The exposed tool a name stands for: on the current surface, or — for a name the
@@ -246,7 +232,7 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         return await self._call_mcp(resolved, route.server, route.tool, arguments, timeout_seconds)
 
     async def _facade(
@@ -256,10 +242,12 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         tool = arguments.get("tool")
         if not isinstance(tool, str) or not tool:
-            return _error("Pass the tool's name as `tool` (a string) and its arguments as `input`.")
+            return tool_error(
+                "Pass the tool's name as `tool` (a string) and its arguments as `input`."
+            )
         return await self._call_mcp(
             resolved, route.server, tool, arguments.get("input", {}), timeout_seconds
         )
@@ -271,10 +259,10 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         server, tool = arguments.get("server"), arguments.get("tool")
         if not isinstance(server, str) or not isinstance(tool, str) or not server or not tool:
-            return _error("Pass `server` and `tool` as strings, and the arguments as `input`.")
+            return tool_error("Pass `server` and `tool` as strings, and the arguments as `input`.")
         return await self._call_mcp(
             resolved, server, tool, arguments.get("input", {}), timeout_seconds
         )
@@ -286,16 +274,16 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         name = arguments.get("name")
         if not isinstance(name, str) or not name:
-            return _error(f"Pass a tool's name from {naming.SEARCH_TOOLS} as `name`.")
+            return tool_error(f"Pass a tool's name from {naming.SEARCH_TOOLS} as `name`.")
         target = qualified_names(resolved).get(name)
         if target is None and "/" in name:
             server, _, tool = name.partition("/")
             target = (server, tool)
         if target is None:
-            return _error(
+            return tool_error(
                 f"There is no tool named {name!r} you may use; find one with {naming.SEARCH_TOOLS}."
             )
         return await self._call_mcp(resolved, *target, arguments.get("input", {}), timeout_seconds)
@@ -307,7 +295,7 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         server = arguments.get("server")
         tools = resolved.permitted.get(server) if isinstance(server, str) else None
         if tools is None:
@@ -321,7 +309,7 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         server, name = arguments.get("server"), arguments.get("tool")
         tools = resolved.permitted.get(server) if isinstance(server, str) else None
         if tools is None:
@@ -338,12 +326,12 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         query, limit = arguments.get("query"), arguments.get("limit", SEARCH_RESULT_LIMIT)
         if not isinstance(query, str) or not query.strip():
-            return _error("Pass the keywords, or a tool's exact name, as `query`.")
+            return tool_error("Pass the keywords, or a tool's exact name, as `query`.")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
-            return _error("`limit` must be an integer from 1 to 50.")
+            return tool_error("`limit` must be an integer from 1 to 50.")
         hits = await self._blocking(resolved.search, query, limit)
         return _structured(
             {
@@ -370,7 +358,7 @@ class ToolExecutor:
         tool: str,
         arguments: Any,
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         tools = resolved.permitted.get(server)
         if tools is None:
             return _unknown_server(resolved, server)
@@ -378,7 +366,9 @@ class ToolExecutor:
         if found is None:
             return _refused(server, tool)
         if not isinstance(arguments, dict):
-            return _error(f"The arguments of {server}/{tool} must be a JSON object.", server, tool)
+            return tool_error(
+                f"The arguments of {server}/{tool} must be a JSON object.", server, tool
+            )
         problems = await self._blocking(self._validators.errors, found.input_schema_json, arguments)
         if problems:
             shown = problems[:MAX_VALIDATION_ERRORS]
@@ -389,7 +379,7 @@ class ToolExecutor:
                 + (f"; and {more} more" if more else "")
                 + f". Read its input schema with {naming.DESCRIBE_TOOL}."
             )
-            return _error(message, server, tool)
+            return tool_error(message, server, tool)
         try:
             result = await self._runner.call_tool(
                 resolved.snapshot.servers[server].connection.tenant,
@@ -399,10 +389,10 @@ class ToolExecutor:
                 timeout_seconds,
             )
         except ToolCallFailed as failure:
-            return _error(f"{server}/{tool} did not answer: {failure}", server, tool)
-        return _Result(result.is_error, result.result_json, result.content, server, tool)
+            return tool_error(f"{server}/{tool} did not answer: {failure}", server, tool)
+        return PendingResult(result.is_error, result.result_json, result.content, server, tool)
 
-    async def _record(self, context: RunContext, call_id: str, result: _Result) -> ToolOutcome:
+    async def record(self, context: RunContext, call_id: str, result: PendingResult) -> ToolOutcome:
         record = Record(
             RecordKind.TOOL_RESULT,
             content=result.content,
@@ -415,7 +405,7 @@ class ToolExecutor:
         return ToolOutcome(result.is_error, result.result_json, appended.sequence, appended.handle)
 
 
-def _parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
+def parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
     """The model's arguments as an object, or None and what is wrong with them."""
     if not arguments_json.strip():
         return {}, ""
@@ -428,13 +418,13 @@ def _parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
     return arguments, ""
 
 
-def _unknown_server(resolved: ResolvedTurn, server: object) -> _Result:
+def _unknown_server(resolved: ResolvedTurn, server: object) -> PendingResult:
     known = ", ".join(sorted(resolved.permitted)) or "none"
-    return _error(f"There is no MCP server {server!r}. Servers: {known}.")
+    return tool_error(f"There is no MCP server {server!r}. Servers: {known}.")
 
 
-def _refused(server: str, tool: object) -> _Result:
-    return _error(
+def _refused(server: str, tool: object) -> PendingResult:
+    return tool_error(
         f"There is no tool {tool!r} on {server} that you may use. List the ones you may use "
         f"with {naming.LIST_TOOLS}.",
         server,

@@ -20,6 +20,7 @@ from psych_sidecar.domain.catalog.connections import (
     ToolCallFailed,
     ToolRunner,
     TransportKind,
+    without_secrets,
 )
 from psych_sidecar.domain.catalog.narrowing import Grants, glob_match
 from psych_sidecar.domain.catalog.rules import (
@@ -28,6 +29,7 @@ from psych_sidecar.domain.catalog.rules import (
     CatalogVersion,
     CatalogWrite,
     ConnectionRepository,
+    ConnectionSupervisor,
     StoredConnection,
     catalog_version_not_found,
     connection_not_found,
@@ -36,6 +38,7 @@ from psych_sidecar.domain.catalog.rules import (
     validate_connection,
     validate_connection_name,
 )
+from psych_sidecar.domain.catalog.service import ConnectionService
 
 __all__ = [
     "DESCRIPTION_PROMPT_CHARS",
@@ -47,8 +50,10 @@ __all__ = [
     "CatalogWrite",
     "Connection",
     "ConnectionRepository",
+    "ConnectionService",
     "ConnectionState",
     "ConnectionStatus",
+    "ConnectionSupervisor",
     "Grants",
     "McpToolResult",
     "StoredConnection",
@@ -62,4 +67,5 @@ __all__ = [
     "listing_fingerprint",
     "validate_connection",
     "validate_connection_name",
+    "without_secrets",
 ]

@@ -2,14 +2,15 @@
 
 This module is the seam between two parts of psych-sidecar:
 
-- the MCP layer (sessions, owner tasks, transports, catalogue refresh, ConnectionService),
-  which implements `CatalogView` and `ToolRunner`;
+- the MCP layer (sessions, owner tasks, transports, catalogue refresh), which implements
+  `CatalogView`, `ToolRunner` and `ConnectionSupervisor` (catalog/rules.py);
 - the tool surface (narrowing, ResolveTurn, CallDeferredTool, dispatch, search), which uses
   them and never touches an MCP session or SQL directly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -95,6 +96,11 @@ class McpToolResult:
 class ToolCallFailed(Exception):
     """A call that reached no result: the server is unreachable, timed out or died.
     The message is written for the model, which gets it as a tool error."""
+
+
+def without_secrets(connection: Connection) -> Connection:
+    """The connection as it may be shown: header and env values are never returned or logged."""
+    return dataclasses.replace(connection, env={}, headers={})
 
 
 class CatalogView(Protocol):

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from psych_sidecar.domain.catalog.connections import CatalogTool, Connection, TransportKind
+from psych_sidecar.domain.catalog.connections import (
+    CatalogTool,
+    Connection,
+    ConnectionStatus,
+    TransportKind,
+)
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
 from psych_sidecar.domain.runlog import validate_name
 
@@ -214,6 +219,27 @@ def _content(tool: CatalogTool) -> tuple[str, bytes, bytes, bytes]:
         tool.output_schema_json,
         tool.annotations_json,
     )
+
+
+class ConnectionSupervisor(Protocol):
+    """What the connection use cases need of the MCP layer (``McpManager``): it owns the
+    sessions, so putting, deleting and refreshing a connection go through it."""
+
+    async def put_connection(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:
+        """Validate and store the connection, then (re)start its session."""
+        ...
+
+    async def delete_connection(self, tenant: str, name: str) -> None:
+        """Stop its session and soft-delete it."""
+        ...
+
+    async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
+        """Re-list its tools now and store the listing."""
+        ...
+
+    def status(self, stored: StoredConnection) -> ConnectionStatus:
+        """Its state as this sidecar sees it."""
+        ...
 
 
 class ConnectionRepository(Protocol):

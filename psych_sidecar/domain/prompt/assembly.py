@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.errors import field_invalid, spec_not_found
+from psych_sidecar.domain.errors import field_invalid
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
 from psych_sidecar.domain.prompt.elision import (
     BatchResult,
@@ -26,6 +26,7 @@ from psych_sidecar.domain.prompt.elision import (
     plan_batch,
     plan_view,
 )
+from psych_sidecar.domain.prompt.journal import AssemblyJournal, assembly_entry
 from psych_sidecar.domain.prompt.providers import anthropic_body, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
@@ -44,33 +45,13 @@ from psych_sidecar.domain.runlog import (
     RecordKind,
     RecordSkeleton,
     RunService,
-    Spec,
-    SpecRepository,
+    SpecLookup,
     TextLayout,
     fetch_text,
 )
 from psych_sidecar.domain.surface import ToolSurface
 
 DEFAULT_MAX_TOKENS = 4096
-
-
-class SpecLookup:
-    """Spec versions by name and version, cached: a published version never changes."""
-
-    def __init__(self, specs: SpecRepository, capacity: int = 1_000) -> None:
-        self._specs = specs
-        self._cache = ImmutableCache[tuple[str, int], Spec](capacity)
-
-    def get(self, name: str, version: int) -> Spec:
-        key = (name, version)
-        spec = self._cache.get(key)
-        if spec is None:
-            published = self._specs.get_spec(name, version)
-            if published is None:
-                raise spec_not_found(name, version)
-            spec = published.spec
-            self._cache.put(key, spec)
-        return spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +165,7 @@ class PromptAssembler:
         log: LogReader,
         surfaces: Callable[[str], ToolSurface],
         view_cache_size: int = 10_000,
+        journal: AssemblyJournal | None = None,
     ) -> None:
         self._runs = runs
         self._specs = specs
@@ -191,6 +173,8 @@ class PromptAssembler:
         # The Run's tool surface for this turn (TurnResolver.resolve_turn).
         self._surfaces = surfaces
         self._views = ViewCache(view_cache_size)
+        # Told each prompt's metadata (never its content) after it is assembled.
+        self._journal = journal
 
     def assemble(
         self,
@@ -233,7 +217,7 @@ class PromptAssembler:
             max(0, by_sequence[sequence].content_bytes - sum(len(p.data) for p in view.content))
             for sequence, view in elided.items()
         )
-        return AssembledPrompt(
+        assembled = AssembledPrompt(
             prompt,
             zone_digests(prompt),
             anthropic_body(prompt, model, max_tokens),
@@ -241,6 +225,22 @@ class PromptAssembler:
             elided_results=len(elided),
             elided_bytes_saved=saved,
         )
+        if self._journal is not None:
+            self._journal.record(
+                assembly_entry(
+                    run_id=run_id,
+                    time=datetime.now(UTC),
+                    model=model,
+                    spec_name=spec.name,
+                    spec_version=spec.version,
+                    skeletons=skeletons,
+                    digests=assembled.zones,
+                    surface=surface,
+                    elided={sequence: view.handle for sequence, view in elided.items()},
+                    thresholds=spec.effective_thresholds(),
+                )
+            )
+        return assembled
 
     def _elided(
         self,

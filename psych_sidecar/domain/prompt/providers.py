@@ -24,12 +24,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.prompt.zones import (
     Prompt,
     PromptMessage,
     Role,
     ToolResultView,
-    canonical_json,
 )
 from psych_sidecar.domain.runlog import ContentPart, PartKind, ToolCall, binary_marker
 

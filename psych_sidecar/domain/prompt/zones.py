@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any
 
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.runlog import ContentPart, PartKind, RecordKind, Spec, ToolCall
 from psych_sidecar.domain.surface import ExposedTool, ServerLine, ToolSurface
 
@@ -187,10 +188,6 @@ def build_history(entries: Sequence[HistoryEntry]) -> tuple[PromptMessage, ...]:
             pending.extend(call.call_id for call in entry.tool_calls)
     close_calls()
     return tuple(messages)
-
-
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def content_json(part: ContentPart) -> dict[str, Any]:

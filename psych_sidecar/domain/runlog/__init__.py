@@ -21,7 +21,7 @@ from psych_sidecar.domain.runlog.content import (
     fetch_text,
 )
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
-from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository
+from psych_sidecar.domain.runlog.ports import RunBlocking, RunRepository, SpecRepository
 from psych_sidecar.domain.runlog.runs import (
     MAX_IDENTIFIER_LENGTH,
     AppendedRecord,
@@ -34,7 +34,7 @@ from psych_sidecar.domain.runlog.runs import (
     ToolCall,
     validate_request_id,
 )
-from psych_sidecar.domain.runlog.services import RunService, SpecService, new_id
+from psych_sidecar.domain.runlog.services import RunService, SpecLookup, SpecService, new_id
 from psych_sidecar.domain.runlog.specs import (
     DisclosureSettings,
     EffectiveThresholds,
@@ -64,10 +64,12 @@ __all__ = [
     "RecordKind",
     "RecordSkeleton",
     "Run",
+    "RunBlocking",
     "RunRepository",
     "RunService",
     "Skill",
     "Spec",
+    "SpecLookup",
     "SpecRepository",
     "SpecService",
     "StoredRecord",

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from psych_sidecar.domain.runlog.runs import AppendedRecord, Record, RecordKind, Run, StoredRecord
 from psych_sidecar.domain.runlog.specs import PublishedSpec, Spec, ToolGrant
+
+T = TypeVar("T")
+
+
+class RunBlocking(Protocol):
+    """Runs a synchronous call off the event loop (the API layer's thread pool): how async use
+    cases reach storage, which is synchronous."""
+
+    def __call__(self, function: Callable[..., T], *args: Any) -> Awaitable[T]: ...
 
 
 class SpecRepository(Protocol):

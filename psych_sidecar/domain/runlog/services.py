@@ -67,6 +67,26 @@ class SpecService:
         return stored
 
 
+class SpecLookup:
+    """Spec versions by name and version, cached: a published version never changes. The one
+    Spec cache of a sidecar, shared by resolution, assembly and dispatch."""
+
+    def __init__(self, specs: SpecRepository, capacity: int = 1_000) -> None:
+        self._specs = specs
+        self._cache = ImmutableCache[tuple[str, int], Spec](capacity)
+
+    def get(self, name: str, version: int) -> Spec:
+        key = (name, version)
+        spec = self._cache.get(key)
+        if spec is None:
+            published = self._specs.get_spec(name, version)
+            if published is None:
+                raise spec_not_found(name, version)
+            spec = published.spec
+            self._cache.put(key, spec)
+        return spec
+
+
 class RunService:
     def __init__(
         self, specs: SpecRepository, runs: RunRepository, cache_size: int = 10_000

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -80,15 +81,16 @@ class Spec:
         set_values = {k: v for k, v in asdict(self.thresholds).items() if v is not None}
         return EffectiveThresholds(**set_values)
 
-    def canonical_json(self) -> str:
-        """The Spec's content as canonical JSON: what is stored and compared for immutability."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    def content_json(self) -> str:
+        """The Spec's content as canonical JSON (sorted keys): what is stored and compared for
+        immutability."""
+        return canonical_json(sorted_keys(asdict(self))).decode()
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return hashlib.sha256(self.content_json().encode()).hexdigest()
 
     @classmethod
-    def from_canonical_json(cls, text: str) -> Spec:
+    def from_content_json(cls, text: str) -> Spec:
         data: dict[str, Any] = json.loads(text)
         return cls(
             name=data["name"],

@@ -24,12 +24,12 @@ from psych_sidecar.domain.catalog import (
     Grants,
     connection_not_found,
 )
-from psych_sidecar.domain.errors import field_invalid, field_required, spec_not_found
+from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     Run,
     RunService,
     Spec,
-    SpecRepository,
+    SpecLookup,
     decode_token,
     encode_token,
     page_size,
@@ -157,7 +157,7 @@ class TurnResolver:
     def __init__(
         self,
         runs: RunService,
-        specs: SpecRepository,
+        specs: SpecLookup,
         catalog: CatalogView,
         cache_size: int = 1024,
         embeddings: Embeddings | None = None,
@@ -166,7 +166,6 @@ class TurnResolver:
         self._embeddings = embeddings
         self._specs = specs
         self._catalog = catalog
-        self._spec_cache = ImmutableCache[tuple[str, int], Spec](cache_size)
         # Keyed by content read from the database: an entry never goes stale, it just stops
         # being asked for.
         self._tools_cache = ImmutableCache[tuple[str, str, int], tuple[CatalogTool, ...]](
@@ -177,15 +176,7 @@ class TurnResolver:
 
     def context(self, run_id: str) -> RunContext:
         run = self._runs.get(run_id)
-        key = (run.spec_name, run.spec_version)
-        spec = self._spec_cache.get(key)
-        if spec is None:
-            published = self._specs.get_spec(*key)
-            if published is None:
-                raise spec_not_found(*key)
-            spec = published.spec
-            self._spec_cache.put(key, spec)
-        return RunContext(run, spec)
+        return RunContext(run, self._specs.get(run.spec_name, run.spec_version))
 
     def snapshot(self, tenant: str) -> CatalogSnapshot:
         """The tenant's connections as the database has them now; tools from cache when their

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.catalog import (
     DESCRIPTION_PROMPT_CHARS,
     CatalogTool,
@@ -64,6 +65,8 @@ class ServerLine:
     state: ConnectionState
     permitted_tool_count: int
     text: str
+    # The catalogue version the line and the server's tools come from (0: never listed).
+    catalog_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,22 +102,18 @@ class VisibleServer:
     permitted: tuple[CatalogTool, ...]
 
 
-def canonical_json(value: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the one JSON spelling the surface uses."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def canonical_schema(raw: bytes) -> bytes:
-    """A server's input schema re-serialized canonically; an object schema whatever it sent,
-    since providers accept only those."""
-    try:
-        schema = json.loads(raw) if raw else {}
-    except ValueError:
-        schema = {}
-    if not isinstance(schema, dict):
-        schema = {}
-    schema.setdefault("type", "object")
-    return canonical_json(schema)
+def canonical_schema(schema: bytes | dict[str, Any]) -> bytes:
+    """An input schema (a server's raw bytes, or one the sidecar wrote) in canonical JSON with
+    sorted keys; an object schema whatever was sent, since providers accept only those."""
+    if isinstance(schema, bytes):
+        try:
+            schema = json.loads(schema) if schema else {}
+        except ValueError:
+            schema = {}
+        if not isinstance(schema, dict):
+            schema = {}
+    schema = {"type": "object", **schema}
+    return canonical_json(sorted_keys(schema))
 
 
 def tier_for(
@@ -172,7 +171,7 @@ def _line_text(server: VisibleServer, tier: DisclosureTier, eager: list[str]) ->
 
 
 def _object_schema(properties: dict[str, Any], required: list[str]) -> bytes:
-    return canonical_json(
+    return canonical_schema(
         {
             "type": "object",
             "properties": properties,
@@ -311,6 +310,7 @@ def resolve_surface(servers: Sequence[VisibleServer], limits: DisclosureLimits) 
                 server.status.state,
                 len(server.permitted),
                 _line_text(server, tier, eager),
+                server.status.catalog_version,
             )
         )
     if servers:

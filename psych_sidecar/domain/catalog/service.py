@@ -1,15 +1,22 @@
-"""ConnectionService's use cases: put, delete, list, refresh, read and diff catalogues."""
+"""ConnectionService's use cases: put, delete, list, refresh, read and diff catalogues.
+
+The MCP layer is reached through :class:`ConnectionSupervisor` (``McpManager`` implements it),
+storage through :class:`ConnectionRepository`."""
 
 from __future__ import annotations
 
-from psych_sidecar.domain.catalog import (
-    CatalogDiff,
+from psych_sidecar.domain.catalog.connections import (
     CatalogTool,
+    Connection,
+    ConnectionStatus,
+    without_secrets,
+)
+from psych_sidecar.domain.catalog.rules import (
+    CatalogDiff,
     CatalogVersion,
     CatalogWrite,
-    Connection,
     ConnectionRepository,
-    ConnectionStatus,
+    ConnectionSupervisor,
     StoredConnection,
     catalog_version_not_found,
     connection_not_found,
@@ -17,8 +24,13 @@ from psych_sidecar.domain.catalog import (
     validate_connection_name,
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
-from psych_sidecar.domain.runlog import decode_token, encode_token, page_size, validate_name
-from psych_sidecar.mcp.manager import McpManager, RunBlocking, without_secrets
+from psych_sidecar.domain.runlog import (
+    RunBlocking,
+    decode_token,
+    encode_token,
+    page_size,
+    validate_name,
+)
 
 
 def _tool_bytes(tool: CatalogTool) -> int:
@@ -33,7 +45,7 @@ def _tool_bytes(tool: CatalogTool) -> int:
 
 class ConnectionService:
     def __init__(
-        self, manager: McpManager, store: ConnectionRepository, blocking: RunBlocking
+        self, manager: ConnectionSupervisor, store: ConnectionRepository, blocking: RunBlocking
     ) -> None:
         self._manager = manager
         self._store = store
