@@ -13,8 +13,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ import grpc
 import pytest
 import yaml
 from google.protobuf import duration_pb2, struct_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -491,3 +494,86 @@ def test_a_list_changed_refresh_is_counted_by_its_trigger(
         ),
         "a list_changed refresh counted",
     )
+
+
+class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace collector in the test process: keeps every span it is sent."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[dict[str, str], Any]] = []
+        self._lock = threading.Lock()
+
+    def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                resource = {
+                    attribute.key: attribute.value.string_value
+                    for attribute in resource_spans.resource.attributes
+                }
+                for scope_spans in resource_spans.scope_spans:
+                    self.spans.extend((resource, span) for span in scope_spans.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_serve_exports_spans_by_otlp_to_the_collector_the_environment_names(
+    tmp_path: Path,
+) -> None:
+    """`--tracing otlp` with the standard OTEL_* variables: the RPC's span reaches an
+    in-process collector as a child of the host's traceparent."""
+    collector = _Collector()
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    socket_path = tmp_path / "s.sock"
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_SERVICE_NAME": "sidecar-under-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    env.pop("OTEL_TRACES_EXPORTER", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "psych_sidecar",
+            "serve",
+            "--listen",
+            f"unix://{socket_path}",
+            "--database-url",
+            f"sqlite:///{tmp_path / 'db'}",
+            "--tracing",
+            "otlp",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+            rpc_failure(
+                lambda: run_service_pb2_grpc.RunServiceStub(channel).GetRun(
+                    run_service_pb2.GetRunRequest(run_id="run_traced"),
+                    timeout=10,
+                    metadata=TRACE_METADATA,
+                )
+            )
+    finally:
+        # Stopping flushes the batch of spans to the collector.
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        server.stop(None)
+    assert process.returncode == 0, stderr.decode()
+    exported = [
+        (resource, span)
+        for resource, span in collector.spans
+        if span.name == f"{RPC}.RunService/GetRun"
+    ]
+    [(resource, span)] = exported
+    assert span.trace_id.hex() == TRACE_ID
+    assert span.parent_span_id.hex() == PARENT_SPAN_ID
+    assert resource["service.name"] == "sidecar-under-test"
