@@ -308,6 +308,8 @@ def test_spans_continue_the_hosts_traceparent(turn: Turn, spans: InMemorySpanExp
         if s.parent is not None and s.parent.span_id == assembly.context.span_id
     ]
     assert transactions
+    functions = {(s.attributes or {}).get("code.function") for s in transactions}
+    assert "SqlLogReader.record_skeletons" in functions, functions
 
 
 def test_mcp_calls_are_spans_with_server_tool_and_outcome(
