@@ -1,8 +1,8 @@
 """`psych-sidecar inspect`: a read-only operator's view of a running sidecar, over gRPC.
 
-Every subcommand makes read calls only (ListRuns, ListRecords, AssemblePrompt, ListConnections,
-ListCatalogVersions, DiffCatalog; AssemblePrompt computes a prompt and stores nothing) and
-prints a table, or with --json one JSON document built from the same data.
+Every subcommand makes read calls only (ListRuns, ListRecords, ListConnections,
+ListCatalogVersions, DiffCatalog, and AssemblePrompt as a preview: no journal row, no prompt
+metrics) and prints a table, or with --json one JSON document built from the same data.
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ def _log(channel: grpc.Channel, arguments: argparse.Namespace) -> tuple[Data, st
     runs = run_service_pb2_grpc.RunServiceStub(channel)
     records = list(_records(runs, arguments.run_id, arguments.timeout))
     prompt = turn_service_pb2_grpc.TurnServiceStub(channel).AssemblePrompt(
-        turn_service_pb2.AssemblePromptRequest(run_id=arguments.run_id), timeout=arguments.timeout
+        turn_service_pb2.AssemblePromptRequest(run_id=arguments.run_id, preview=True),
+        timeout=arguments.timeout,
     )
     elided = {
         part.tool_result.handle
@@ -211,7 +212,8 @@ def _log(channel: grpc.Channel, arguments: argparse.Namespace) -> tuple[Data, st
 
 def _prompt(channel: grpc.Channel, arguments: argparse.Namespace) -> tuple[Data, str]:
     prompt = turn_service_pb2_grpc.TurnServiceStub(channel).AssemblePrompt(
-        turn_service_pb2.AssemblePromptRequest(run_id=arguments.run_id), timeout=arguments.timeout
+        turn_service_pb2.AssemblePromptRequest(run_id=arguments.run_id, preview=True),
+        timeout=arguments.timeout,
     )
     zones = [
         {

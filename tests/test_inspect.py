@@ -209,3 +209,20 @@ def test_a_refused_read_is_reported_and_exits_1(
     assert code == 1
     assert "NOT_FOUND" in captured.err
     assert captured.out == ""
+
+
+def test_inspect_previews_leave_no_journal_row(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    """The views that assemble the prompt do it as a preview: the Run inspector's timeline
+    (the assembly journal) shows only the host's model calls."""
+    journal = grpc_server.sidecar.journal
+    assert journal is not None
+    run_id = scripted["run"]
+    before = len(journal.entries(run_id, 1000))
+    for view in ("log", "prompt"):
+        assert inspect(grpc_server, capsys, view, run_id)[0] == 0
+    assert len(journal.entries(run_id, 1000)) == before
+    # A host's AssemblePrompt is journaled.
+    stubs.turns.AssemblePrompt(turn_service_pb2.AssemblePromptRequest(run_id=run_id))
+    assert len(journal.entries(run_id, 1000)) == before + 1

@@ -192,8 +192,10 @@ class TurnServicer:
                 now,
                 request.model,
                 request.max_tokens,
+                not request.preview,
             )
-            _observe(assembled, span)
+            if not request.preview:
+                _observe(assembled, span)
         response = await self._blocking(assembled_to_proto, assembled)
         size = response.ByteSize()
         if size > self._max_message_bytes:

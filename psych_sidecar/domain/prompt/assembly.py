@@ -184,7 +184,9 @@ class PromptAssembler:
         now: datetime,
         model: str,
         max_tokens: int,
+        journal: bool = True,
     ) -> AssembledPrompt:
+        """The prompt for one model call; `journal=False` (a preview) leaves no journal row."""
         if max_tokens < 0:
             raise field_invalid("max_tokens", "must not be negative")
         run = self._runs.get(run_id)
@@ -225,7 +227,7 @@ class PromptAssembler:
             elided_results=len(elided),
             elided_bytes_saved=saved,
         )
-        if self._journal is not None:
+        if self._journal is not None and journal:
             self._journal.record(
                 assembly_entry(
                     run_id=run_id,

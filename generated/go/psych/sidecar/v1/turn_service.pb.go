@@ -131,7 +131,12 @@ type AssemblePromptRequest struct {
 	// The model id to put in the provider request bodies.
 	Model string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
 	// max_tokens for the provider request bodies; 0 means 4096.
-	MaxTokens     int32 `protobuf:"varint,6,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	MaxTokens int32 `protobuf:"varint,6,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	// When true, the prompt is assembled exactly as otherwise but not counted
+	// as one of the Run's model calls: no assembly-journal row (the Run
+	// inspector's timeline) and no prompt metrics. For operators' tools such
+	// as `psych-sidecar inspect`; a host leaves it false.
+	Preview       bool `protobuf:"varint,7,opt,name=preview,proto3" json:"preview,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -206,6 +211,13 @@ func (x *AssemblePromptRequest) GetMaxTokens() int32 {
 		return x.MaxTokens
 	}
 	return 0
+}
+
+func (x *AssemblePromptRequest) GetPreview() bool {
+	if x != nil {
+		return x.Preview
+	}
+	return false
 }
 
 // AssemblePromptResponse is the response of TurnService.AssemblePrompt.
@@ -290,7 +302,7 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x12ResolveTurnRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\"N\n" +
 	"\x13ResolveTurnResponse\x127\n" +
-	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\xff\x01\n" +
+	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\x9f\x02\n" +
 	"\x15AssemblePromptRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12'\n" +
 	"\fdynamic_tail\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdynamicTail\x12+\n" +
@@ -298,7 +310,8 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x03now\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x01R\x03now\x12\x1a\n" +
 	"\x05model\x18\x05 \x01(\tB\x04\xe2A\x01\x01R\x05model\x12#\n" +
 	"\n" +
-	"max_tokens\x18\x06 \x01(\x05B\x04\xe2A\x01\x01R\tmaxTokens\"\xe4\x01\n" +
+	"max_tokens\x18\x06 \x01(\x05B\x04\xe2A\x01\x01R\tmaxTokens\x12\x1e\n" +
+	"\apreview\x18\a \x01(\bB\x04\xe2A\x01\x01R\apreview\"\xe4\x01\n" +
 	"\x16AssemblePromptResponse\x120\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x18.psych.sidecar.v1.PromptR\x06prompt\x122\n" +
 	"\x05zones\x18\x02 \x03(\v2\x1c.psych.sidecar.v1.ZoneDigestR\x05zones\x124\n" +
