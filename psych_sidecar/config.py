@@ -75,6 +75,23 @@ class StdioCommand(BaseModel):
         default_factory=dict,
         description="Environment set for the process; a connection's env is merged over it.",
     )
+    allowed_env: list[str] = Field(
+        default_factory=list,
+        description=(
+            "The environment names a connection may set for this command: exact names, or a "
+            "prefix ending in '*' (GITHUB_*). Loader and interpreter variables (LD_*, "
+            "PYTHON*, NODE_OPTIONS, PATH, ...) pass only when named exactly. Empty: none."
+        ),
+    )
+
+    @field_validator("allowed_env")
+    @classmethod
+    def _valid_env_names(cls, values: list[str]) -> list[str]:
+        for value in values:
+            name = value.removesuffix("*")
+            if not name or "*" in name or "=" in name or "\x00" in name:
+                raise ValueError(f"{value!r}: an env name, or a prefix ending in '*'")
+        return values
 
 
 class Settings(BaseSettings):
@@ -120,6 +137,24 @@ class Settings(BaseSettings):
     allow_non_loopback: bool = Field(
         default=False,
         description="Allow TCP listeners on non-loopback addresses (a pod-IP health port, say).",
+    )
+    tls_cert_file: Path | None = Field(
+        default=None,
+        description="PEM certificate chain: the TCP API listeners serve TLS with it.",
+    )
+    tls_key_file: Path | None = Field(default=None, description="PEM private key of tls_cert_file.")
+    tls_client_ca_file: Path | None = Field(
+        default=None,
+        description=(
+            "PEM CA bundle: TCP API clients must present a certificate it signed (mutual TLS)."
+        ),
+    )
+    insecure_non_loopback: bool = Field(
+        default=False,
+        description=(
+            "Serve a non-loopback TCP API listener without TLS (plaintext, unauthenticated); "
+            "logged as a warning at start."
+        ),
     )
     max_message_bytes: int = Field(
         default=64 * MIB, ge=MIB, le=1024 * MIB, description="Largest request or response."
@@ -214,13 +249,32 @@ class Settings(BaseSettings):
     def listen_addresses(self) -> list[ListenAddress]:
         values = self.listen or [f"unix://{(self.data_dir / 'sidecar.sock').resolve()}"]
         addresses = [parse_listen_address(value) for value in values]
+        self.tls_files()
         for address in addresses:
-            if not address.is_loopback and not self.allow_non_loopback:
+            if address.is_loopback:
+                continue
+            if not self.allow_non_loopback:
                 raise ValueError(
                     f"{address.grpc_target} is not a loopback address; set allow_non_loopback "
                     "to serve beyond this machine"
                 )
+            if self.tls_cert_file is None and not self.insecure_non_loopback:
+                raise ValueError(
+                    f"{address.grpc_target} is not a loopback address: serve TLS there "
+                    "(tls_cert_file and tls_key_file, and tls_client_ca_file for mutual TLS), "
+                    "or set insecure_non_loopback to serve plaintext, unauthenticated gRPC"
+                )
         return addresses
+
+    def tls_files(self) -> tuple[Path, Path, Path | None] | None:
+        """(certificate, key, client CA or None) when TLS is configured, else None."""
+        if self.tls_cert_file is None and self.tls_key_file is None:
+            if self.tls_client_ca_file is not None:
+                raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+            return None
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file
 
     def health_listen_addresses(self) -> list[ListenAddress]:
         return [parse_listen_address(value) for value in self.health_listen]

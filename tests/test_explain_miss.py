@@ -119,3 +119,19 @@ def test_usage_goes_to_the_call_it_follows_and_missing_usage_stays_missing() -> 
     events = [usage_at(-5), usage_at(1), usage_at(21)]
     assert pair_usage(calls, events) == [1, None, 2]
     assert pair_usage(calls, []) == [None, None, None]
+
+
+def test_a_roster_change_in_zone_2_names_the_connection_and_a_flap_is_no_miss() -> None:
+    # A deferred server connected: only the roster (zone 2) changed, not the tools.
+    wiki = SurfaceServer("wiki", "connected", "deferred", 1, 40)
+    added = entry(tail="t2", servers=(DOCS, wiki))
+    miss = explain_miss(entry(), added)
+    assert miss is not None
+    assert miss.first_zone is Zone.DYNAMIC_TAIL
+    assert [r.cause for r in miss.reasons] == [MissCause.CONNECTION_ADDED]
+    # The host's tail alone.
+    assert causes(entry(), entry(tail="t2")) == [MissCause.DYNAMIC_TAIL]
+    # A server gone unreachable changes no cached zone (its state is in the transient
+    # message): nothing to explain.
+    flapped = entry(servers=(replace(DOCS, state="unreachable"),))
+    assert explain_miss(entry(), flapped) is None

@@ -579,3 +579,27 @@ def test_serve_exports_spans_by_otlp_to_the_collector_the_environment_names(
     assert span.trace_id.hex() == TRACE_ID
     assert span.parent_span_id.hex() == PARENT_SPAN_ID
     assert resource["service.name"] == "sidecar-under-test"
+
+
+def test_context_guard_elisions_are_counted_under_their_own_reason(
+    grpc_server: RunningSidecar, turn: Turn, stubs: Stubs
+) -> None:
+    before = scrape(grpc_server)
+    append(stubs, turn.run_id, user("and now this"))
+    append(stubs, turn.run_id, assistant("", ("g1", "fx__huge_text", "{}")))
+    call(stubs, turn.run_id, "fx", "huge_text", "g1", size=BIG)
+    # A window too small for the current turn's result in full: the guard elides it.
+    small = spec_pb2.ContextBudget(context_window_tokens=8_000, output_reserve_tokens=1_000)
+    prompt = stubs.turns.AssemblePrompt(
+        turn_service_pb2.AssemblePromptRequest(run_id=turn.run_id, context_budget=small)
+    )
+    assert len(prompt.context_guard.elided) == 1
+    after = scrape(grpc_server)
+
+    def delta(name: str, reason: str) -> float:
+        return value(after, name, reason=reason) - value(before, name, reason=reason)
+
+    assert delta("psych_sidecar_results_elided_total", "context_guard") == 1
+    assert BIG - 8000 < delta("psych_sidecar_elided_bytes_saved_total", "context_guard") < BIG
+    # The earlier turn's result is still elided by the rules.
+    assert delta("psych_sidecar_results_elided_total", "prior_turn") >= 1

@@ -19,6 +19,7 @@ from psych_sidecar.domain.catalog import (
     ConnectionService,
     ConnectionStatus,
     TransportKind,
+    redact_url,
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
 
@@ -78,6 +79,7 @@ def connection_to_proto(
         last_error=status.last_error,
         state_time=timestamp(status.state_time),
         catalog_version=status.catalog_version,
+        recent_output=status.recent_output,
     )
     if connection.preload is not None:
         message.preload = connection.preload
@@ -85,7 +87,9 @@ def connection_to_proto(
         message.stdio.command = connection.command
         message.stdio.args.extend(connection.args)
     else:
-        message.http.url = connection.url
+        # Redacted again here, whatever the caller passed: user-info and query values are
+        # secrets (the domain's without_secrets already did; this is idempotent).
+        message.http.url = redact_url(connection.url)
         message.http.protocol = (
             connection_pb2.HTTP_PROTOCOL_SSE
             if connection.transport is TransportKind.SSE

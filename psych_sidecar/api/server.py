@@ -286,7 +286,9 @@ class Sidecar:
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
         specs = SpecLookup(store)
-        resolver = TurnResolver(runs, specs, self.catalog, embeddings=self._embeddings)
+        resolver = TurnResolver(
+            runs, specs, self.catalog, log, embeddings=self._embeddings, pins=store
+        )
         executor = ToolExecutor(
             resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
         )
@@ -318,7 +320,7 @@ class Sidecar:
             _Binding(
                 TurnServicer(
                     resolver,
-                    PromptAssembler(runs, specs, log, resolver.resolve_turn, journal=self.journal),
+                    PromptAssembler(runs, specs, log, resolver, journal=self.journal),
                     blocking,
                     limit,
                 ),
@@ -332,6 +334,7 @@ class Sidecar:
                     DispatchService(runs, log, reader, resolver, executor, blocking),
                     blocking,
                     limit,
+                    grep_threads=self.settings.worker_threads // 2,
                 ),
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),
@@ -376,8 +379,16 @@ class Sidecar:
             ],
             server,
         )
+        credentials = self._tls_credentials()
         for address in self._addresses:
-            self.bound.append(self._bind(server, address))
+            self.bound.append(self._bind(server, address, credentials))
+            if credentials is None and not address.is_loopback:
+                log.warning(
+                    "serving plaintext, unauthenticated gRPC on the non-loopback address %s "
+                    "(insecure_non_loopback): anyone who reaches it can use every RPC; "
+                    "configure tls_cert_file and tls_key_file (and tls_client_ca_file)",
+                    address.grpc_target,
+                )
         await server.start()
         self._server = server
         self._restrict_sockets(self._addresses)
@@ -407,13 +418,36 @@ class Sidecar:
             if address.unix_path is not None:
                 os.chmod(address.unix_path, self.settings.unix_socket_mode)
 
+    def _tls_credentials(self) -> grpc.ServerCredentials | None:
+        """TLS for the TCP API listeners, when configured: the server's certificate, and
+        client certificates required when a client CA is given (mutual TLS)."""
+        files = self.settings.tls_files()
+        if files is None:
+            return None
+        cert_file, key_file, client_ca_file = files
+        client_ca = client_ca_file.read_bytes() if client_ca_file is not None else None
+        return grpc.ssl_server_credentials(
+            [(key_file.read_bytes(), cert_file.read_bytes())],
+            root_certificates=client_ca,
+            require_client_auth=client_ca is not None,
+        )
+
     @staticmethod
-    def _bind(server: grpc.aio.Server, address: ListenAddress) -> str:
+    def _bind(
+        server: grpc.aio.Server,
+        address: ListenAddress,
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> str:
+        """Unix sockets are pod-local and file-permission guarded: never TLS. TCP listeners
+        serve TLS when `credentials` are given."""
         if address.unix_path is not None:
             _prepare_unix_socket(address.unix_path)
-        port = server.add_insecure_port(address.grpc_target)
-        if address.unix_path is not None:
+            server.add_insecure_port(address.grpc_target)
             return address.grpc_target
+        if credentials is not None:
+            port = server.add_secure_port(address.grpc_target, credentials)
+        else:
+            port = server.add_insecure_port(address.grpc_target)
         return ListenAddress(host=address.host, port=port).grpc_target
 
     # metrics.StateSource: read at every scrape.

@@ -6,6 +6,10 @@ the Run's MCP surface, and otherwise answers DISPATCH_DISPOSITION_HOST_TOOL.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -17,8 +21,19 @@ from psych_sidecar.api.servicers import Blocking, Context
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcome, ToolOutputReader
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
-from psych_sidecar.domain.surface import TurnResolver
+from psych_sidecar.domain.surface import READ_TOOL_OUTPUT, TurnResolver
 from psych_sidecar.telemetry import metrics
+
+
+def caller_gone(context: Context) -> Callable[[], bool]:
+    """A check, safe from any thread, that turns true once the RPC is over (the client
+    cancelled or went away) or its deadline has passed: long work polls it and stops."""
+    done = threading.Event()
+    # grpc-stubs declares the callback as a class, not a protocol: any callable works.
+    context.add_done_callback(lambda _context: done.set())  # type: ignore[arg-type]
+    remaining = context.time_remaining()
+    deadline = None if remaining is None else time.monotonic() + remaining
+    return lambda: done.is_set() or (deadline is not None and time.monotonic() > deadline)
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -51,6 +66,7 @@ class ToolServicer:
         dispatcher: DispatchService,
         blocking: Blocking,
         max_message_bytes: int,
+        grep_threads: int = 1,
     ) -> None:
         self._resolver = resolver
         self._executor = executor
@@ -58,6 +74,9 @@ class ToolServicer:
         self._dispatcher = dispatcher
         self._blocking = blocking
         self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
+        # Greps (CPU-bound, up to the reader's budget each) may hold at most this many of
+        # the storage threads, so that other RPCs always find one free.
+        self._grep_slots = asyncio.Semaphore(max(1, grep_threads))
 
     async def CallDeferredTool(
         self, request: tool_service_pb2.CallDeferredToolRequest, context: Context
@@ -126,7 +145,7 @@ class ToolServicer:
     async def ReadToolOutput(
         self, request: tool_service_pb2.ReadToolOutputRequest, context: Context
     ) -> tool_service_pb2.ReadToolOutputResponse:
-        result = await self._blocking(
+        read = (
             self._reader.read,
             request.run_id,
             request.handle,
@@ -134,7 +153,13 @@ class ToolServicer:
             request.limit,
             request.grep,
             self._page_bytes,
+            caller_gone(context),
         )
+        if request.grep:
+            async with self._grep_slots:
+                result = await self._blocking(*read)
+        else:
+            result = await self._blocking(*read)
         return tool_service_pb2.ReadToolOutputResponse(
             text=result.text,
             data=result.data,
@@ -155,7 +180,13 @@ class ToolServicer:
         if not request.HasField("call"):
             raise field_required("call")
         call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
-        outcome = await self._dispatcher.dispatch(request.run_id, call)
+        if call.name == READ_TOOL_OUTPUT and '"grep"' in call.arguments_json:
+            # The model's grep takes a grep slot like ReadToolOutput's (a cheap, conservative
+            # test: a call that merely mentions "grep" waits for a slot too).
+            async with self._grep_slots:
+                outcome = await self._dispatcher.dispatch(request.run_id, call)
+        else:
+            outcome = await self._dispatcher.dispatch(request.run_id, call)
         if outcome is None:
             return tool_service_pb2.DispatchToolCallResponse(
                 disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL

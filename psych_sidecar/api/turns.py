@@ -16,6 +16,7 @@ from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt import (
     AssembledPrompt,
+    GuardDecision,
     Prompt,
     PromptAssembler,
     PromptMessage,
@@ -130,6 +131,28 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
         ],
         anthropic_request_json=assembled.anthropic_json,
         openai_request_json=assembled.openai_json,
+        context_guard=_guard_to_proto(assembled.guard),
+    )
+
+
+def _guard_to_proto(guard: GuardDecision | None) -> turn_service_pb2.ContextGuard | None:
+    if guard is None:
+        return None
+    return turn_service_pb2.ContextGuard(
+        context_window_tokens=guard.context_window_tokens,
+        output_reserve_tokens=guard.output_reserve_tokens,
+        estimated_tokens=guard.estimated_tokens,
+        full_estimated_tokens=guard.full_estimated_tokens,
+        elided=[
+            turn_service_pb2.GuardedResult(
+                call_id=g.call_id,
+                handle=g.handle,
+                full_tokens=g.full_tokens,
+                view_tokens=g.view_tokens,
+            )
+            for g in guard.elided
+        ],
+        reason=guard.reason,
     )
 
 
@@ -139,7 +162,17 @@ def _observe(assembled: AssembledPrompt, span: Span | None) -> None:
         (digest.zone.name.lower(), digest.byte_length, estimate_tokens(digest.byte_length))
         for digest in assembled.zones
     ]
-    metrics.record_prompt(zones, assembled.elided_results, assembled.elided_bytes_saved)
+    guarded = len(assembled.guard.elided) if assembled.guard is not None else 0
+    metrics.record_prompt(
+        zones,
+        {
+            "prior_turn": (
+                assembled.elided_results - guarded,
+                assembled.elided_bytes_saved - assembled.guard_bytes_saved,
+            ),
+            "context_guard": (guarded, assembled.guard_bytes_saved),
+        },
+    )
     if span is not None:
         for zone, size, tokens in zones:
             span.set_attribute(f"psych.prompt.{zone}.bytes", size)
@@ -192,6 +225,9 @@ class TurnServicer:
                 now,
                 request.model,
                 request.max_tokens,
+                convert.context_budget_from_proto(request.context_budget)
+                if request.HasField("context_budget")
+                else None,
                 not request.preview,
             )
             if not request.preview:

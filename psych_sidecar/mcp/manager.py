@@ -85,7 +85,7 @@ class McpManager:
         self._settings = settings
         self._commands = settings.mcp_commands
         self.allowed_commands: Mapping[str, AllowedCommand] = {
-            name: AllowedCommand(command.allow_extra_args)
+            name: AllowedCommand(command.allow_extra_args, tuple(command.allowed_env))
             for name, command in settings.mcp_commands.items()
         }
         self._timings = SessionTimings(
@@ -250,7 +250,13 @@ class McpManager:
             # Not running here yet: another sidecar stored it, or it was replaced just now.
             return ConnectionStatus(ConnectionState.CONNECTING, "", update_time, catalog_version)
         status = running.session.status
-        return ConnectionStatus(status.state, status.last_error, status.state_time, catalog_version)
+        return ConnectionStatus(
+            status.state,
+            status.last_error,
+            status.state_time,
+            catalog_version,
+            running.session.stderr.text(),
+        )
 
     async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
         """Re-list now. An unreachable server is retried at once; a failure removes nothing."""

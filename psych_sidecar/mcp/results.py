@@ -49,7 +49,8 @@ def content_part(block: Any) -> ContentPart:
 def tool_result(result: types.CallToolResult) -> McpToolResult:
     parts = [content_part(block) for block in result.content]
     if result.structured_content is not None:
-        parts.append(ContentPart(PartKind.JSON, canonical_json(result.structured_content)))
+        # Kept in the log, marked: the model's view shows it only when there is no text.
+        parts.append(ContentPart.structured(canonical_json(result.structured_content)))
     return McpToolResult(
         is_error=bool(result.is_error),
         result_json=canonical_json(_dump(result)),

@@ -30,10 +30,12 @@ from psych_sidecar.domain.catalog import (
     CatalogWrite,
     ConnectionState,
     McpToolResult,
+    Scrubber,
     StoredConnection,
     ToolCallFailed,
 )
 from psych_sidecar.mcp.results import tool_result
+from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.transport import open_transport
 from psych_sidecar.telemetry import logs, metrics, tracing
 
@@ -137,6 +139,10 @@ class ConnectionSession:
         write_catalog: Callable[[list[CatalogTool]], Awaitable[CatalogWrite | None]],
     ) -> None:
         self.stored = stored
+        # Every error text and log line about this connection passes through it: a library
+        # error may quote the URL, with its user-info and query (docs/security.md).
+        self._scrub = Scrubber(stored.connection)
+        self.stderr = StderrTail(f"{self.key[0]}/{self.key[1]}", self._scrub)
         self._commands = commands
         self._timings = timings
         self._write_catalog = write_catalog
@@ -153,6 +159,9 @@ class ConnectionSession:
         self.last_refresh = -math.inf
         # Tools in the last listing stored (for the catalogue-size gauge).
         self.catalog_size = 0
+
+    def _describe(self, error: BaseException) -> str:
+        return self._scrub(describe_error(error))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -212,7 +221,7 @@ class ConnectionSession:
             try:
                 await self._connect_and_serve()
             except Exception as error:
-                detail = describe_error(error)
+                detail = self._describe(error)
                 # Each new failure is a warning; the same one again, retry after retry, is not.
                 repeated = (
                     self._status.state is ConnectionState.UNREACHABLE
@@ -245,7 +254,7 @@ class ConnectionSession:
         closed = anyio.Event()
         self._broken = anyio.Event()
         self._changed = anyio.Event()
-        transport = open_transport(self.stored.connection, self._commands, closed)
+        transport = open_transport(self.stored.connection, self._commands, closed, self.stderr)
         client = Client(transport, mode="auto", cache=None, message_handler=self._on_message)
         deadline = anyio.current_time() + self._timings.connect_timeout
         try:
@@ -278,7 +287,7 @@ class ConnectionSession:
             log.info(
                 "MCP connection %s/%s transport error: %s",
                 *self.key,
-                describe_error(message),
+                self._describe(message),
             )
 
     async def _listen(
@@ -298,7 +307,7 @@ class ConnectionSession:
             except ListenNotSupportedError:
                 break
             except (MCPError, SubscriptionLost) as error:
-                log.info("MCP connection %s/%s: listen ended: %s", *self.key, describe_error(error))
+                log.info("MCP connection %s/%s: listen ended: %s", *self.key, self._describe(error))
                 lost = isinstance(error, SubscriptionLost) or error.code == types.INTERNAL_ERROR
                 if not started or not lost:
                     break
@@ -321,7 +330,7 @@ class ConnectionSession:
                 log.warning(
                     "MCP connection %s/%s: refresh after tools/list_changed failed: %s",
                     *self.key,
-                    describe_error(error),
+                    self._describe(error),
                 )
 
     # Called from request handlers and the sweep.
@@ -351,7 +360,7 @@ class ConnectionSession:
             except Exception as error:
                 if (mcp_error := _mcp_error(error)) and mcp_error.code == types.CONNECTION_CLOSED:
                     self._broken.set()
-                raise CatalogUnavailable(f"listing tools failed: {describe_error(error)}") from None
+                raise CatalogUnavailable(f"listing tools failed: {self._describe(error)}") from None
             write = await self._write_catalog(tools)
             if write is None:
                 raise CatalogUnavailable("the connection was deleted")
@@ -427,11 +436,11 @@ class ConnectionSession:
                 "the server is unreachable until it comes back."
             )
         if mcp_error is not None:
-            return (
+            return self._scrub(
                 f"MCP server {server!r} answered the call to {tool!r} with error "
                 f"{mcp_error.code}: {mcp_error.message}"
             )
-        return f"The call to {tool!r} on MCP server {server!r} failed: {describe_error(error)}"
+        return f"The call to {tool!r} on MCP server {server!r} failed: {self._describe(error)}"
 
 
 class _CallFailed(ToolCallFailed):

@@ -204,6 +204,16 @@ class SqlLogReader:
             ).first()
         return None if row is None else (row.run_id, row.sequence)
 
+    def turn_start(self, run_id: str) -> int:
+        r = tables.records
+        with transaction(self._engine, write=False) as conn:
+            value = conn.execute(
+                select(func.max(r.c.sequence)).where(
+                    r.c.run_id == run_id, r.c.kind == RecordKind.USER_MESSAGE.value
+                )
+            ).scalar()
+        return int(value or 0)
+
     def latest_assistant_sequence(self, run_id: str) -> int:
         r = tables.records
         with transaction(self._engine, write=False) as conn:

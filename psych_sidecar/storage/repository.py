@@ -190,6 +190,25 @@ class SqlStore:
             return [AppendedRecord(s, h) for s, h in json.loads(retry.result)]
         return appended
 
+    def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
+        pins = tables.turn_surfaces
+        with transaction(self._engine, write=True) as conn:
+            conn.execute(
+                self._insert_ignoring_conflicts(pins),
+                {
+                    "run_id": run_id,
+                    "turn_start": turn_start,
+                    "surface": surface_json.decode(),
+                    "create_time_us": tables.now_us(),
+                },
+            )
+            stored = conn.execute(
+                select(pins.c.surface).where(
+                    pins.c.run_id == run_id, pins.c.turn_start == turn_start
+                )
+            ).scalar_one()
+        return str(stored).encode()
+
     def _insert_ignoring_conflicts(self, table: Table) -> Insert:
         """INSERT … ON CONFLICT DO NOTHING, in the engine's dialect."""
         if self._engine.dialect.name == "postgresql":

@@ -94,6 +94,19 @@ record_parts = Table(
     ForeignKeyConstraint(["run_id", "sequence"], ["records.run_id", "records.sequence"]),
 )
 
+# The tool surface each turn of a Run was pinned with (keyed by the sequence of the user
+# message that starts the turn): the first sidecar to resolve the turn writes it, every
+# sidecar serves it for the rest of the turn.
+turn_surfaces = Table(
+    "turn_surfaces",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("turn_start", BigInteger, primary_key=True, autoincrement=False),
+    Column("surface", Text, nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+)
+
 append_requests = Table(
     "append_requests",
     metadata,

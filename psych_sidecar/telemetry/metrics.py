@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import (
@@ -100,7 +100,8 @@ PROMPT_TOKENS = Histogram(
 )
 RESULTS_ELIDED = Counter(
     f"{PREFIX}_results_elided",
-    "Tool results sent elided in an assembled prompt, by reason (prior_turn).",
+    "Tool results sent elided in an assembled prompt, by reason: prior_turn (the elision "
+    "rules), context_guard (the current turn's, to fit the context budget).",
     ["reason"],
     registry=REGISTRY,
 )
@@ -264,16 +265,20 @@ def record_refresh(trigger: str, outcome: str) -> None:
     CATALOG_REFRESHES.labels(trigger, outcome).inc()
 
 
-def record_prompt(zones: Sequence[tuple[str, int, int]], elided: int, saved: int) -> None:
-    """Zones as (zone, bytes, estimated tokens); elided results and bytes saved."""
+def record_prompt(
+    zones: Sequence[tuple[str, int, int]], elisions: Mapping[str, tuple[int, int]]
+) -> None:
+    """Zones as (zone, bytes, estimated tokens); elisions as reason -> (results, bytes saved),
+    the reasons being prior_turn and context_guard."""
     if not _enabled:
         return
     for zone, size, tokens in zones:
         PROMPT_BYTES.labels(zone).observe(size)
         PROMPT_TOKENS.labels(zone).observe(tokens)
-    if elided:
-        RESULTS_ELIDED.labels("prior_turn").inc(elided)
-        ELIDED_BYTES_SAVED.labels("prior_turn").inc(saved)
+    for reason, (count, saved) in elisions.items():
+        if count:
+            RESULTS_ELIDED.labels(reason).inc(count)
+            ELIDED_BYTES_SAVED.labels(reason).inc(saved)
 
 
 def record_usage(input_tokens: int, cache_read: int, cache_write: int, output: int) -> None:

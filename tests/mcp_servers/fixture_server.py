@@ -11,7 +11,8 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
 - `add_tool` / `remove_tool`, which change the listing at runtime and announce it with
   notifications/tools/list_changed in either era (unless `notify` is false);
 - results of every content kind: `huge_text` (any size), `image`, `audio`, `blob`,
-  `resource_text`, `resource_link`, `structured`;
+  `resource_text`, `resource_link`, `structured` (optional `size`, `text: false` for
+  no text block, `image: true` for an image block);
 - failures: `fail` (a plain exception: is_error with the message withheld), `tool_error`
   (is_error with a message), `hang` (never answers), `exit` (the process dies mid-call);
 - `pid`, `protocol_version` and `echo` for bookkeeping.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import sys
 from typing import Any
@@ -203,10 +205,21 @@ def build_server(tool_count: int, page_size: int) -> Server[Any]:
                 )
                 return types.CallToolResult(content=[link])
             case "structured":
-                return types.CallToolResult(
-                    content=[text(type="text", text='{"answer": 42}')],
-                    structured_content={"answer": 42},
+                # Optional arguments: `size` adds that many characters to the value, and
+                # `text: false` leaves out the text rendering MCP asks servers to include.
+                value: dict[str, Any] = {"answer": 42}
+                if arguments.get("size"):
+                    value["content"] = "y" * int(arguments["size"])
+                blocks = (
+                    []
+                    if arguments.get("text") is False
+                    else [text(type="text", text=json.dumps(value))]
                 )
+                if arguments.get("image"):
+                    data = base64.b64encode(PNG_BYTES).decode()
+                    image = types.ImageContent(type="image", data=data, mime_type="image/png")
+                    blocks = [*blocks, image]
+                return types.CallToolResult(content=blocks, structured_content=value)
             case "fail":
                 raise RuntimeError("the fixture tool failed on purpose")
             case "tool_error":

@@ -222,22 +222,24 @@ class DispatchService:
                 run, handle, offset, limit, grep, 4 * MODEL_MAX_LIMIT_CHARS
             )
         except SidecarError as error:
-            if error.reason is Reason.PATTERN_INVALID:
+            if error.reason in (Reason.PATTERN_INVALID, Reason.PATTERN_TOO_COMPLEX):
                 return ToolExecution.error(f"read_tool_output: grep {error.metadata['detail']}")
             raise
         if result.binary:
             return self._binary_for_model(run, handle, result.total_length, result.mime_type)
         end = result.next_offset
+        grep_found_nothing = grep and not result.matches and end >= result.total_length
+        if grep_found_nothing or (not grep and offset >= result.total_length):
+            # The spec's boundary behaviour: past the end, or no match, is an empty result.
+            return ToolExecution.of(())
         if grep:
             lines = [f"{m.line_number}: {m.line}" for m in result.matches]
             if not lines:
-                lines.append(f"[No line matches from offset {offset} on.]")
+                # The bounded scan stopped before the end: say where to go on.
+                lines.append(f"[No line matches from offset {offset} to {end}.]")
             if end < result.total_length:
                 lines.append(f"[More lines may match: continue with offset {end}.]")
             return ToolExecution.of((ContentPart.text("\n".join(lines)),))
-        if offset >= result.total_length:
-            note = f"[Nothing at offset {offset}: the result has {result.total_length} characters.]"
-            return ToolExecution.of((ContentPart.text(note),))
         text = result.text
         if end < result.total_length:
             text += (

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
+import referencing
+import referencing.exceptions
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
@@ -93,6 +95,12 @@ def _structured(value: Any, tool: str) -> PendingResult:
     )
 
 
+# Schemas come from MCP servers (untrusted): a `$ref` resolves within the schema itself and the
+# JSON Schema metaschemas, never over the network (jsonschema's default registry fetches
+# remote `$ref`s, with no timeout). An empty registry: whatever else is unresolvable.
+_NO_RETRIEVAL = referencing.Registry()
+
+
 class _Validators:
     """JSON Schema validators per schema, built once: checking a schema costs more than using it."""
 
@@ -109,7 +117,7 @@ class _Validators:
                 schema = json.loads(schema_json) if schema_json else {}
                 cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
                 cls.check_schema(schema)
-                cached = (cls(schema),)
+                cached = (cls(schema, registry=_NO_RETRIEVAL),)
             except (ValueError, jsonschema.exceptions.SchemaError, TypeError):
                 cached = (None,)
             self._cache.put(schema_json, cached)
@@ -118,7 +126,13 @@ class _Validators:
             return None
         try:
             found = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
-        except (jsonschema.exceptions.SchemaError, jsonschema.exceptions.RefResolutionError):
+        except referencing.exceptions.Unresolvable as error:
+            ref = getattr(error, "ref", "")
+            return [
+                f"(schema): the input schema's $ref {ref[:200]!r} cannot be resolved (the "
+                "sidecar resolves references within the schema only and never fetches one)"
+            ]
+        except jsonschema.exceptions.SchemaError:
             return None
         return [
             f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"

@@ -20,7 +20,6 @@ from psych_sidecar.domain.catalog.connections import (
     ToolCallFailed,
     ToolRunner,
     TransportKind,
-    without_secrets,
 )
 from psych_sidecar.domain.catalog.narrowing import Grants, glob_match
 from psych_sidecar.domain.catalog.rules import (
@@ -34,14 +33,23 @@ from psych_sidecar.domain.catalog.rules import (
     catalog_version_not_found,
     connection_not_found,
     diff_catalog,
+    env_name_allowed,
     listing_fingerprint,
+    risky_env_name,
     validate_connection,
     validate_connection_name,
+)
+from psych_sidecar.domain.catalog.secrets import (
+    REDACTED,
+    Scrubber,
+    redact_url,
+    without_secrets,
 )
 from psych_sidecar.domain.catalog.service import ConnectionService
 
 __all__ = [
     "DESCRIPTION_PROMPT_CHARS",
+    "REDACTED",
     "AllowedCommand",
     "CatalogDiff",
     "CatalogTool",
@@ -56,6 +64,7 @@ __all__ = [
     "ConnectionSupervisor",
     "Grants",
     "McpToolResult",
+    "Scrubber",
     "StoredConnection",
     "ToolCallFailed",
     "ToolRunner",
@@ -63,8 +72,11 @@ __all__ = [
     "catalog_version_not_found",
     "connection_not_found",
     "diff_catalog",
+    "env_name_allowed",
     "glob_match",
     "listing_fingerprint",
+    "redact_url",
+    "risky_env_name",
     "validate_connection",
     "validate_connection_name",
     "without_secrets",

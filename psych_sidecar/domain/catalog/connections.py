@@ -10,7 +10,6 @@ This module is the seam between two parts of psych-sidecar:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -65,6 +64,8 @@ class ConnectionStatus:
     state_time: datetime
     # The newest catalogue version; 0 before the first successful listing.
     catalog_version: int
+    # The tail of a stdio server's stderr, secrets scrubbed; "" when none.
+    recent_output: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +97,6 @@ class McpToolResult:
 class ToolCallFailed(Exception):
     """A call that reached no result: the server is unreachable, timed out or died.
     The message is written for the model, which gets it as a tool error."""
-
-
-def without_secrets(connection: Connection) -> Connection:
-    """The connection as it may be shown: header and env values are never returned or logged."""
-    return dataclasses.replace(connection, env={}, headers={})
 
 
 class CatalogView(Protocol):

@@ -9,7 +9,6 @@ from psych_sidecar.domain.catalog.connections import (
     CatalogTool,
     Connection,
     ConnectionStatus,
-    without_secrets,
 )
 from psych_sidecar.domain.catalog.rules import (
     CatalogDiff,
@@ -23,6 +22,7 @@ from psych_sidecar.domain.catalog.rules import (
     diff_catalog,
     validate_connection_name,
 )
+from psych_sidecar.domain.catalog.secrets import without_secrets
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     RunBlocking,

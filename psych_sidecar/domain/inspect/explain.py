@@ -5,9 +5,10 @@ and always after the last cache breakpoint). History normally grows by appending
 keeps the prefix; it is rewritten only when elision changes (at the start of a turn, or by the
 context guard). So a call misses from the first of:
 
-1. zone 1 changed: the Spec's version, or the tool surface (a connection added, removed or
-   gone unreachable, a catalogue version moved, a tier changed);
-2. zone 2 changed: the dynamic tail;
+1. zone 1 changed: the Spec's version, or the tools (a connection added or removed, a
+   catalogue version moved, a tier changed; at most once per turn, the surface is pinned);
+2. zone 2 changed: the tool-server roster (the same causes, for a server whose tools are not
+   all in zone 1, such as a deferred one) or the host's dynamic tail;
 3. the history was rewritten: results newly elided, or the context guard decided otherwise.
 
 The bytes the miss cost are the current call's bytes from that zone through the history:
@@ -124,8 +125,15 @@ def explain_miss(before: AssemblyEntry | None, after: AssemblyEntry) -> CacheMis
                 Reason(MissCause.SURFACE, "the tool surface changed (tools or server lines)")
             )
     if before.zone(Zone.DYNAMIC_TAIL).sha256 != after.zone(Zone.DYNAMIC_TAIL).sha256:
+        # Zone 2 holds the tool-server roster, then the host's tail.
+        roster = []
+        if first is None:
+            states = (MissCause.CONNECTION_UNREACHABLE, MissCause.CONNECTION_STATE)
+            roster = [r for r in _surface_reasons(before, after) if r.cause not in states]
         first = first or Zone.DYNAMIC_TAIL
-        reasons.append(Reason(MissCause.DYNAMIC_TAIL, "the dynamic tail changed"))
+        reasons.extend(roster)
+        if not roster:
+            reasons.append(Reason(MissCause.DYNAMIC_TAIL, "the dynamic tail changed"))
     newly = [e for e in after.elided if e.sequence not in {b.sequence for b in before.elided}]
     if newly:
         first = first or Zone.HISTORY

@@ -8,7 +8,13 @@ entry for each prompt (metadata only; storage implements :class:`AssemblyJournal
 
 from __future__ import annotations
 
-from psych_sidecar.domain.prompt.assembly import AssembledPrompt, PromptAssembler
+from psych_sidecar.domain.prompt.assembly import (
+    AssembledPrompt,
+    GuardDecision,
+    GuardedResult,
+    PromptAssembler,
+    TurnSurfaces,
+)
 from psych_sidecar.domain.prompt.journal import (
     AssemblyEntry,
     AssemblyJournal,
@@ -25,12 +31,15 @@ __all__ = [
     "AssemblyJournal",
     "ElidedResult",
     "ElisionRule",
+    "GuardDecision",
+    "GuardedResult",
     "Prompt",
     "PromptAssembler",
     "PromptMessage",
     "Role",
     "SurfaceServer",
     "ToolResultView",
+    "TurnSurfaces",
     "Zone",
     "ZoneSize",
 ]

@@ -24,6 +24,7 @@ from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_
 from psych_sidecar.domain.runlog.ports import RunBlocking, RunRepository, SpecRepository
 from psych_sidecar.domain.runlog.runs import (
     MAX_IDENTIFIER_LENGTH,
+    STRUCTURED_CONTENT_MIME,
     AppendedRecord,
     ContentPart,
     PartKind,
@@ -32,10 +33,13 @@ from psych_sidecar.domain.runlog.runs import (
     Run,
     StoredRecord,
     ToolCall,
+    model_view,
     validate_request_id,
 )
 from psych_sidecar.domain.runlog.services import RunService, SpecLookup, SpecService, new_id
 from psych_sidecar.domain.runlog.specs import (
+    DEFAULT_CONTEXT_WINDOW_TOKENS,
+    ContextBudget,
     DisclosureSettings,
     EffectiveThresholds,
     PublishedSpec,
@@ -44,15 +48,19 @@ from psych_sidecar.domain.runlog.specs import (
     Subagent,
     Thresholds,
     ToolGrant,
+    validate_context_budget,
     validate_name,
 )
 
 __all__ = [
+    "DEFAULT_CONTEXT_WINDOW_TOKENS",
     "MAX_IDENTIFIER_LENGTH",
     "SEPARATOR",
+    "STRUCTURED_CONTENT_MIME",
     "AppendedRecord",
     "ByteRange",
     "ContentPart",
+    "ContextBudget",
     "DisclosureSettings",
     "EffectiveThresholds",
     "LogReader",
@@ -82,8 +90,10 @@ __all__ = [
     "decode_token",
     "encode_token",
     "fetch_text",
+    "model_view",
     "new_id",
     "page_size",
+    "validate_context_budget",
     "validate_name",
     "validate_request_id",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from psych_sidecar.domain.surface.resolution import (
     ResolvedTurn,
     RunContext,
+    SurfacePins,
     TurnResolver,
     qualified_names,
 )
@@ -32,6 +33,7 @@ from psych_sidecar.domain.surface.tiers import (
     VisibleServer,
     one_line,
     resolve_surface,
+    status_note,
     tier_for,
 )
 
@@ -48,6 +50,7 @@ __all__ = [
     "ResolvedTurn",
     "RunContext",
     "ServerLine",
+    "SurfacePins",
     "ToolSurface",
     "TurnResolver",
     "VisibleServer",
@@ -55,5 +58,6 @@ __all__ = [
     "one_line",
     "qualified_names",
     "resolve_surface",
+    "status_note",
     "tier_for",
 ]

@@ -14,18 +14,21 @@ import json
 import threading
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogView,
     Connection,
+    ConnectionState,
     ConnectionStatus,
     Grants,
     connection_not_found,
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
+    LogReader,
     Run,
     RunService,
     Spec,
@@ -47,6 +50,16 @@ from psych_sidecar.search.ranking import Embeddings, SearchDocument, SearchIndex
 
 SEARCH_PAGE_SIZE = 10
 MAX_SEARCH_PAGE_SIZE = 100
+
+
+class SurfacePins(Protocol):
+    """Where each (Run, turn)'s surface is pinned, shared by every sidecar on the database.
+    Implemented in storage/."""
+
+    def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
+        """Store the surface of a turn unless one is stored already; return the stored one
+        (the first pin wins, whichever sidecar made it)."""
+        ...
 
 
 def connection_key(connection: Connection, status: ConnectionStatus) -> Hashable:
@@ -159,10 +172,14 @@ class TurnResolver:
         runs: RunService,
         specs: SpecLookup,
         catalog: CatalogView,
+        log: LogReader,
         cache_size: int = 1024,
         embeddings: Embeddings | None = None,
+        pins: SurfacePins | None = None,
     ) -> None:
         self._runs = runs
+        self._log = log
+        self._pin_store = pins
         self._embeddings = embeddings
         self._specs = specs
         self._catalog = catalog
@@ -173,6 +190,10 @@ class TurnResolver:
         )
         self._snapshot_cache = ImmutableCache[Hashable, CatalogSnapshot](cache_size)
         self._turn_cache = ImmutableCache[Hashable, ResolvedTurn](cache_size)
+        # The surface each (Run, turn) was first resolved with: what the model sees for the
+        # whole turn. A turn's records never change, so its pin never goes stale.
+        self._pins = ImmutableCache[tuple[str, int], ToolSurface](cache_size * 16)
+        self._pin_lock = threading.Lock()
 
     def context(self, run_id: str) -> RunContext:
         run = self._runs.get(run_id)
@@ -231,8 +252,37 @@ class TurnResolver:
         self._turn_cache.put(key, resolved)
         return resolved
 
+    def server_states(self, run_id: str) -> dict[str, ConnectionState]:
+        """The state of each of the Run's tenant's connections, as the database has it now
+        (for the transient message: a state is said where it may change every call)."""
+        run = self._runs.get(run_id)
+        return {c.name: s.state for c, s in self._catalog.tenant_connections(run.tenant)}
+
     def resolve_turn(self, run_id: str) -> ToolSurface:
-        return self.resolve(self.context(run_id)).surface
+        """The Run's tool surface for its current turn, pinned: resolved at the turn's first
+        ResolveTurn or AssemblePrompt (a turn starts at a user message) and the same object
+        for every later step of it, so the tools and the roster do not change mid-turn. A
+        server connected, removed or re-tiered, or a grant changed, shows at the next turn;
+        calls are re-checked against the current state anyway (`resolved`)."""
+        context = self.context(run_id)
+        key = (run_id, self._log.turn_start(run_id))
+        pinned = self._pins.get(key)
+        if pinned is not None:
+            return pinned
+        surface = self.resolve(context).surface
+        if self._pin_store is not None:
+            # Shared by every sidecar on the database: the first pin of the turn wins.
+            mine = surface.to_json()
+            stored = self._pin_store.pin_surface(*key, mine)
+            if stored != mine:
+                surface = ToolSurface.from_json(stored)
+        with self._pin_lock:
+            # Two first steps racing in this process: the first pin wins, both answer with it.
+            pinned = self._pins.get(key)
+            if pinned is None:
+                self._pins.put(key, surface)
+                pinned = surface
+        return pinned
 
     def resolved(self, run_id: str) -> tuple[RunContext, ResolvedTurn]:
         context = self.context(run_id)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -73,6 +73,51 @@ class ServerLine:
 class ToolSurface:
     tools: tuple[ExposedTool, ...]
     servers: tuple[ServerLine, ...]
+
+    def to_json(self) -> bytes:
+        """Canonical JSON of the whole surface: what a turn's pin stores."""
+        return canonical_json(
+            {
+                "tools": [
+                    [
+                        t.name,
+                        t.description,
+                        t.input_schema_json.decode(),
+                        t.kind.value,
+                        t.server,
+                        t.tool,
+                    ]
+                    for t in self.tools
+                ],
+                "servers": [
+                    [
+                        s.server,
+                        s.tier.value,
+                        s.state.value,
+                        s.permitted_tool_count,
+                        s.text,
+                        s.catalog_version,
+                    ]
+                    for s in self.servers
+                ],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ToolSurface:
+        value = json.loads(data)
+        return cls(
+            tuple(
+                ExposedTool(name, description, schema.encode(), ExposedKind(kind), server, tool)
+                for name, description, schema, kind, server, tool in value["tools"]
+            ),
+            tuple(
+                ServerLine(
+                    server, DisclosureTier(tier), ConnectionState(state), count, text, version
+                )
+                for server, tier, state, count, text, version in value["servers"]
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,12 +190,10 @@ def _first_line(text: str, limit: int) -> str:
 def _line_text(server: VisibleServer, tier: DisclosureTier, eager: list[str]) -> str:
     connection = server.connection
     count = len(server.permitted)
-    head = f"{connection.name} ({tier.value}, {count} tool{'s' if count != 1 else ''}"
-    if server.status.state is ConnectionState.UNREACHABLE:
-        head += ", UNREACHABLE: its calls fail until it reconnects"
-    elif server.status.state is ConnectionState.CONNECTING:
-        head += ", connecting"
-    head += ")"
+    # No connection state here: the roster sits in zone 2, and a state that flaps mid-turn is
+    # said in the transient message (see `status_note`), so the roster changes only when
+    # connections, tiers or permitted counts do.
+    head = f"{connection.name} ({tier.value}, {count} tool{'s' if count != 1 else ''})"
     description = one_line(connection.description, DESCRIPTION_PROMPT_CHARS)
     how = {
         DisclosureTier.DEFERRED: (
@@ -168,6 +211,19 @@ def _line_text(server: VisibleServer, tier: DisclosureTier, eager: list[str]) ->
     if eager:
         how += " Offered directly as well: " + ", ".join(eager) + "."
     return f"{head}: {description} {how}" if description else f"{head}. {how}"
+
+
+def status_note(lines: Sequence[ServerLine], states: Mapping[str, ConnectionState]) -> str:
+    """One sentence per server of the turn's roster that is not connected right now (the
+    transient message's status part); empty when every one is."""
+    notes = []
+    for line in lines:
+        state = states.get(line.server, line.state)
+        if state is ConnectionState.UNREACHABLE:
+            notes.append(f"{line.server} is UNREACHABLE: its calls fail until it reconnects.")
+        elif state is ConnectionState.CONNECTING:
+            notes.append(f"{line.server} is still connecting.")
+    return "Tool server status: " + " ".join(notes) if notes else ""
 
 
 def _object_schema(properties: dict[str, Any], required: list[str]) -> bytes:

@@ -173,8 +173,15 @@ type Connection struct {
 	StateTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=state_time,json=stateTime,proto3" json:"state_time,omitempty"`
 	// The newest catalogue version; 0 before the first successful listing.
 	CatalogVersion int64 `protobuf:"varint,13,opt,name=catalog_version,json=catalogVersion,proto3" json:"catalog_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What a stdio server last wrote to its stderr, as this sidecar's session
+	// saw it: at most the last 4 KiB (cut at a line start when it can be),
+	// decoded as UTF-8 with replacement, the connection's secrets replaced by
+	// REDACTED; kept across restarts of the process, so the output of one
+	// that crashed stays visible. Empty for HTTP servers and until a stdio
+	// server writes.
+	RecentOutput  string `protobuf:"bytes,14,opt,name=recent_output,json=recentOutput,proto3" json:"recent_output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Connection) Reset() {
@@ -309,6 +316,13 @@ func (x *Connection) GetCatalogVersion() int64 {
 	return 0
 }
 
+func (x *Connection) GetRecentOutput() string {
+	if x != nil {
+		return x.RecentOutput
+	}
+	return ""
+}
+
 type isConnection_Transport interface {
 	isConnection_Transport()
 }
@@ -337,6 +351,8 @@ type StdioTransport struct {
 	// Extra arguments, appended only if the operator's entry allows them.
 	Args []string `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
 	// Environment values for the process. Secret: never returned or logged.
+	// Only the names the operator's entry allows (its allowed_env) may be set;
+	// any other is PERMISSION_DENIED with reason COMMAND_NOT_ALLOWED.
 	Env           map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -396,7 +412,9 @@ func (x *StdioTransport) GetEnv() map[string]string {
 // HttpTransport reaches a server over HTTP.
 type HttpTransport struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The endpoint, for example "http://127.0.0.1:3001/mcp".
+	// The endpoint, for example "http://127.0.0.1:3001/mcp". Returned with
+	// its user-info and every query value replaced by REDACTED: they may hold
+	// credentials, which are never returned or logged.
 	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
 	// HTTP headers sent with every request, such as authorization. Secret:
 	// never returned or logged.
@@ -645,7 +663,7 @@ var File_psych_sidecar_v1_connection_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\n" +
-	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x04\n" +
+	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
 	"\n" +
 	"Connection\x12\x1c\n" +
 	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
@@ -666,7 +684,8 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"last_error\x18\v \x01(\tB\x04\xe2A\x01\x03R\tlastError\x12?\n" +
 	"\n" +
 	"state_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\tstateTime\x12-\n" +
-	"\x0fcatalog_version\x18\r \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersionB\v\n" +
+	"\x0fcatalog_version\x18\r \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersion\x12)\n" +
+	"\rrecent_output\x18\x0e \x01(\tB\x04\xe2A\x01\x03R\frecentOutputB\v\n" +
 	"\ttransportB\n" +
 	"\n" +
 	"\b_preload\"\xc5\x01\n" +
