@@ -141,7 +141,7 @@ def _guarded(
         if not isinstance(request, _Rejected):
             fields.update((name, getattr(request, field)) for name, field in log_fields)
         bound = logs.bind(**fields)
-        span = tracing.start_rpc(method, context.invocation_metadata())
+        span = tracing.start_rpc(method, context.invocation_metadata)
         failure: SidecarError | None = None
         try:
             if isinstance(request, _Rejected):

@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -50,8 +55,6 @@ def otlp_provider() -> TracerProvider:
     """A provider exporting by OTLP/gRPC in batches, configured by the standard variables
     (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, …_HEADERS, …_TIMEOUT,
     OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, …)."""
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
     resource = Resource.create(
         {
             "service.name": os.environ.get("OTEL_SERVICE_NAME", "psych-sidecar"),
@@ -61,9 +64,12 @@ def otlp_provider() -> TracerProvider:
     provider = TracerProvider(resource=resource)
     exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
     if exporter == "none":
-        # Spans are made and batched, then dropped: tracing's cost without a collector.
-        provider.add_span_processor(BatchSpanProcessor(_Discard()))
+        # Spans are made, ended and handed to a sink that drops them: the instrumentation's
+        # own cost, with nothing to batch or send.
+        provider.add_span_processor(SimpleSpanProcessor(_Discard()))
     elif exporter in ("", "otlp"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     else:
         raise ValueError(f"OTEL_TRACES_EXPORTER={exporter!r}: only otlp and none are supported")
@@ -76,18 +82,20 @@ class _Discard(SpanExporter):
 
 
 def start_rpc(
-    method: str, metadata: Iterable[tuple[str, str | bytes]] | None
+    method: str, metadata: Callable[[], Iterable[tuple[str, str | bytes]] | None]
 ) -> tuple[Span, object] | None:
     """Open the span of one RPC and make it current, continuing the caller's trace when its
-    metadata carries a W3C `traceparent`; `method` is the full name (`/pkg.Service/Method`).
+    metadata (read only when tracing) carries a W3C `traceparent`; `method` is the full name
+    (`/pkg.Service/Method`).
     None when tracing is off. Close it with `end_rpc`, in the same context."""
     current = _tracer
     if current is None:
         return None
     parent = None
-    for key, value in metadata or ():
+    pairs = metadata() or ()
+    for key, value in pairs:
         if key == "traceparent" and isinstance(value, str):
-            carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
+            carrier = {k: v for k, v in pairs if isinstance(v, str)}
             parent = _PROPAGATOR.extract(carrier)
             break
     name = method.lstrip("/")
