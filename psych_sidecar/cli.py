@@ -1,4 +1,4 @@
-"""psych-sidecar serve | migrate | health | version.
+"""psych-sidecar serve | migrate | health | inspect | version.
 
 Every field of `Settings` is a flag of serve, migrate and health (`--data-dir` for `data_dir`),
 generated from the model, so a setting reads the same from a flag, the environment
@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import ValidationError
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from psych_sidecar import __version__
+from psych_sidecar import __version__, inspect
 from psych_sidecar.config import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,
@@ -104,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         help="unix:///path or HOST:PORT (default: the first listen address of the settings)",
     )
     check.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
+    inspect.add_parser(commands)
     commands.add_parser("version", help="print the version")
     return parser
 
@@ -170,6 +171,20 @@ def _migrate(settings: Settings) -> None:
         engine.dispose()
 
 
+def _inspect(arguments: argparse.Namespace) -> int:
+    try:
+        address = arguments.address
+        target = (
+            parse_listen_address(address).grpc_target
+            if address
+            else load_settings().listen_addresses()[0].grpc_target
+        )
+    except (ValidationError, ValueError) as error:
+        print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
+        return 2
+    return inspect.run(arguments, target)
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     if arguments.command == "version":
@@ -177,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if arguments.command == "health":
         return _health(arguments)
+    if arguments.command == "inspect":
+        return _inspect(arguments)
     try:
         settings = _settings(arguments)
         settings.listen_addresses()

@@ -13,8 +13,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ import grpc
 import pytest
 import yaml
 from google.protobuf import duration_pb2, struct_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -43,7 +46,7 @@ from psych_sidecar.config import Settings, StdioCommand
 from psych_sidecar.telemetry.logs import JsonFormatter
 from tests.conftest import RunningSidecar, Stubs, rpc_failure
 from tests.helpers import user
-from tests.mcp_helpers import free_port, wait_for_port
+from tests.mcp_helpers import free_port, wait_for, wait_for_port
 from tests.prompt_helpers import append, assistant, history_results, run_with, thresholds
 
 FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
@@ -64,8 +67,9 @@ def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    """Where the sidecar's spans go: memory, exported as each span ends."""
+def spans(database_url: str) -> InMemorySpanExporter:
+    """Where the sidecar's spans go: memory, exported as each span ends. One per sidecar
+    (per database): a provider's shutdown stops its exporter."""
     return InMemorySpanExporter()
 
 
@@ -304,6 +308,8 @@ def test_spans_continue_the_hosts_traceparent(turn: Turn, spans: InMemorySpanExp
         if s.parent is not None and s.parent.span_id == assembly.context.span_id
     ]
     assert transactions
+    functions = {(s.attributes or {}).get("code.function") for s in transactions}
+    assert "SqlLogReader.record_skeletons" in functions, functions
 
 
 def test_mcp_calls_are_spans_with_server_tool_and_outcome(
@@ -351,7 +357,7 @@ def test_json_logs_carry_the_rpc_run_id_and_trace_id(
         logger.removeHandler(handler)
         logger.setLevel(previous)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    [line] = [x for x in lines if x.get("rpc") == f"/{RPC}.RunService/ListRecords"]
+    [line] = [x for x in lines if x.get("rpc") == f"{RPC}.RunService/ListRecords"]
     assert line["run_id"] == turn.run_id
     assert line["trace_id"] == TRACE_ID
     assert line["level"] == "DEBUG"
@@ -412,7 +418,7 @@ def test_serve_writes_json_lines_and_serves_metrics_from_its_flags(tmp_path: Pat
     lines = [json.loads(line) for line in stderr.decode().splitlines()]
     assert {"time", "level", "logger", "message"} <= set(lines[0])
     [answered] = [line for line in lines if line.get("run_id") == "run_unknown"]
-    assert answered["rpc"] == f"/{RPC}.RunService/GetRun"
+    assert answered["rpc"] == f"{RPC}.RunService/GetRun"
     assert "NOT_FOUND" in answered["message"]
     assert answered["trace_id"] == TRACE_ID
 
@@ -465,3 +471,135 @@ def test_every_exported_metric_is_documented(grpc_server: RunningSidecar) -> Non
     for family in families:
         documented = f"`{family}`" in operations or f"`{family}_total`" in operations
         assert documented, family
+
+
+def test_a_list_changed_refresh_is_counted_by_its_trigger(
+    grpc_server: RunningSidecar, turn: Turn, stubs: Stubs
+) -> None:
+    before = value(
+        scrape(grpc_server),
+        "psych_sidecar_catalog_refreshes_total",
+        trigger="list_changed",
+        outcome="changed",
+    )
+    # The server adds a tool and announces tools/list_changed: one debounced refresh.
+    call(stubs, turn.run_id, "fx", "add_tool", "c-notify", name="announced_tool")
+    wait_for(
+        lambda: (
+            value(
+                scrape(grpc_server),
+                "psych_sidecar_catalog_refreshes_total",
+                trigger="list_changed",
+                outcome="changed",
+            )
+            == before + 1
+        ),
+        "a list_changed refresh counted",
+    )
+
+
+class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace collector in the test process: keeps every span it is sent."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[dict[str, str], Any]] = []
+        self._lock = threading.Lock()
+
+    def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                resource = {
+                    attribute.key: attribute.value.string_value
+                    for attribute in resource_spans.resource.attributes
+                }
+                for scope_spans in resource_spans.scope_spans:
+                    self.spans.extend((resource, span) for span in scope_spans.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_serve_exports_spans_by_otlp_to_the_collector_the_environment_names(
+    tmp_path: Path,
+) -> None:
+    """`--tracing otlp` with the standard OTEL_* variables: the RPC's span reaches an
+    in-process collector as a child of the host's traceparent."""
+    collector = _Collector()
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    socket_path = tmp_path / "s.sock"
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_SERVICE_NAME": "sidecar-under-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    env.pop("OTEL_TRACES_EXPORTER", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "psych_sidecar",
+            "serve",
+            "--listen",
+            f"unix://{socket_path}",
+            "--database-url",
+            f"sqlite:///{tmp_path / 'db'}",
+            "--tracing",
+            "otlp",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+            rpc_failure(
+                lambda: run_service_pb2_grpc.RunServiceStub(channel).GetRun(
+                    run_service_pb2.GetRunRequest(run_id="run_traced"),
+                    timeout=10,
+                    metadata=TRACE_METADATA,
+                )
+            )
+    finally:
+        # Stopping flushes the batch of spans to the collector.
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        server.stop(None)
+    assert process.returncode == 0, stderr.decode()
+    exported = [
+        (resource, span)
+        for resource, span in collector.spans
+        if span.name == f"{RPC}.RunService/GetRun"
+    ]
+    [(resource, span)] = exported
+    assert span.trace_id.hex() == TRACE_ID
+    assert span.parent_span_id.hex() == PARENT_SPAN_ID
+    assert resource["service.name"] == "sidecar-under-test"
+
+
+def test_context_guard_elisions_are_counted_under_their_own_reason(
+    grpc_server: RunningSidecar, turn: Turn, stubs: Stubs
+) -> None:
+    before = scrape(grpc_server)
+    append(stubs, turn.run_id, user("and now this"))
+    append(stubs, turn.run_id, assistant("", ("g1", "fx__huge_text", "{}")))
+    call(stubs, turn.run_id, "fx", "huge_text", "g1", size=BIG)
+    # A window too small for the current turn's result in full: the guard elides it.
+    small = spec_pb2.ContextBudget(context_window_tokens=8_000, output_reserve_tokens=1_000)
+    prompt = stubs.turns.AssemblePrompt(
+        turn_service_pb2.AssemblePromptRequest(run_id=turn.run_id, context_budget=small)
+    )
+    assert len(prompt.context_guard.elided) == 1
+    after = scrape(grpc_server)
+
+    def delta(name: str, reason: str) -> float:
+        return value(after, name, reason=reason) - value(before, name, reason=reason)
+
+    assert delta("psych_sidecar_results_elided_total", "context_guard") == 1
+    assert BIG - 8000 < delta("psych_sidecar_elided_bytes_saved_total", "context_guard") < BIG
+    # The earlier turn's result is still elided by the rules.
+    assert delta("psych_sidecar_results_elided_total", "prior_turn") >= 1

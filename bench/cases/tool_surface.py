@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import re
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import grpc.aio
 
-from bench._baseline import alternate, ratio_to_echo
+from bench._baseline import VARIANTS, Call, alternate, ratio_of_variants
 from bench._echo_server import ECHO_METHOD
 from bench._load import median
 from bench._proc import REPO_ROOT, channel, echo_server, sidecar
@@ -362,7 +364,9 @@ async def resolve_turn_overhead_ratio(ctx: BenchContext) -> float:
     ones preloaded (5 permitted tools each: direct), six of 200 tools deferred, one of 200
     preloaded (facade) and one of 250 preloaded (search pair) — 1,660 tools in all. Same
     client, concurrency and CPU pinning as rpc_overhead_ratio; the echo call carries the
-    ResolveTurn request's bytes. Rounds alternate the two servers; medians are compared.
+    ResolveTurn request's bytes. Rounds alternate the servers; medians are compared. Like
+    rpc_overhead_ratio, three sidecars (sharing one database) are measured: both off, metrics,
+    metrics with tracing; the value is the last one's ratio, the details give the costs.
     """
     calls = ctx.pick(full=6000, quick=1500)
     warmup = ctx.pick(full=1500, quick=500)
@@ -372,40 +376,36 @@ async def resolve_turn_overhead_ratio(ctx: BenchContext) -> float:
     allowed = json.loads(env["PSYCH_SIDECAR_MCP_COMMANDS"])
     allowed["fixture"]["allow_extra_args"] = True
     env["PSYCH_SIDECAR_MCP_COMMANDS"] = json.dumps(allowed)
-    async with (
-        echo_server(ctx.tmp_dir) as echo_srv,
-        sidecar(ctx.tmp_dir, env=env) as side_srv,
-        channel(echo_srv.target) as echo_ch,
-        channel(side_srv.target) as side_ch,
-    ):
-        host = _Host(side_ch)
-        run_id = await host.run("bench", spec_pb2.Spec(name="bench", version=1, grants=ALL))
-        # The fixture server has 17 fixed tools plus --tools generated ones.
-        layout: list[tuple[str, int, bool | None, list[str]]] = [
-            ("small-a", 0, True, ["echo", "pid", "image", "blob", "structured"]),
-            ("small-b", 0, True, ["echo", "pid", "image", "blob", "structured"]),
-            *((f"deferred-{i}", 183, None, []) for i in range(6)),
-            ("facade", 183, True, []),
-            ("search", 233, True, []),
-        ]
-        for name, generated, preload, allow in layout:
-            connection = connection_pb2.Connection(
-                tenant="bench",
-                name=name,
-                stdio=connection_pb2.StdioTransport(
-                    command="fixture", args=["--tools", str(generated)]
-                ),
-                allow_tools=allow,
+    database_url = f"sqlite:///{ctx.tmp_dir / 'resolve.sqlite3'}"
+    async with contextlib.AsyncExitStack() as stack:
+        echo_srv = await stack.enter_async_context(echo_server(ctx.tmp_dir))
+        echo_ch = await stack.enter_async_context(channel(echo_srv.target))
+        servers = [echo_srv]
+        hosts: dict[str, _Host] = {}
+        run_id = ""
+        total = 0
+        surface = turn_pb2.ToolSurface()
+        # The variants share one database: the first stores the connections and the Run, the
+        # others connect the stored connections when they start.
+        for name, (args, variant_env) in VARIANTS.items():
+            server = await stack.enter_async_context(
+                sidecar(
+                    ctx.tmp_dir,
+                    database_url=database_url,
+                    extra_args=args,
+                    env={**env, **variant_env},
+                    name=name,
+                )
             )
-            if preload is not None:
-                connection.preload = preload
-            await host.connect(connection)
-        surface = await host.surface(run_id)
-        tiers = sorted(turn_pb2.DisclosureTier.Name(line.tier) for line in surface.servers)
-        total = sum(line.permitted_tool_count for line in surface.servers)
-        ctx.log(f"{total} permitted tools; tiers {tiers}; {len(surface.tools)} exposed tools")
-        if total != 1660 or len(surface.servers) != 10:
-            raise AssertionError(f"unexpected surface: {total} tools, {len(surface.servers)} lines")
+            host = _Host(await stack.enter_async_context(channel(server.target)))
+            if not run_id:
+                run_id = await _connect_ten(host)
+            surface = await _full_surface(host, run_id)
+            total = sum(line.permitted_tool_count for line in surface.servers)
+            tiers = sorted(turn_pb2.DisclosureTier.Name(line.tier) for line in surface.servers)
+            ctx.log(f"{name}: {total} permitted tools; tiers {tiers}; {len(surface.tools)} exposed")
+            hosts[name] = host
+            servers.append(server)
 
         request = turn_service_pb2.ResolveTurnRequest(run_id=run_id)
         payload = request.SerializeToString()
@@ -414,20 +414,55 @@ async def resolve_turn_overhead_ratio(ctx: BenchContext) -> float:
         async def call_echo() -> object:
             return await echo_call(payload, timeout=30)
 
-        async def call_sidecar() -> object:
-            return await host.turns.ResolveTurn(request, timeout=30)
-
-        rates = await alternate(
-            ctx,
-            {"echo": call_echo, "sidecar": call_sidecar},
-            [echo_srv, side_srv],
-            calls=calls,
-            warmup=warmup,
-            rounds=rounds,
-        )
+        targets: dict[str, Call] = {"echo": call_echo}
+        for name, host in hosts.items():
+            targets[name] = functools.partial(host.turns.ResolveTurn, request, timeout=30)
+        rates = await alternate(ctx, targets, servers, calls=calls, warmup=warmup, rounds=rounds)
         ctx.details["surface_bytes"] = len(surface.SerializeToString())
         ctx.details["permitted_tools"] = total
-    return ratio_to_echo(ctx, rates, calls)
+    return ratio_of_variants(ctx, rates, calls)
+
+
+async def _connect_ten(host: _Host) -> str:
+    """The Run and its tenant's 10 connections; returns the Run's id."""
+    run_id = await host.run("bench", spec_pb2.Spec(name="bench", version=1, grants=ALL))
+    # The fixture server has 17 fixed tools plus --tools generated ones.
+    layout: list[tuple[str, int, bool | None, list[str]]] = [
+        ("small-a", 0, True, ["echo", "pid", "image", "blob", "structured"]),
+        ("small-b", 0, True, ["echo", "pid", "image", "blob", "structured"]),
+        *((f"deferred-{i}", 183, None, []) for i in range(6)),
+        ("facade", 183, True, []),
+        ("search", 233, True, []),
+    ]
+    for name, generated, preload, allow in layout:
+        connection = connection_pb2.Connection(
+            tenant="bench",
+            name=name,
+            stdio=connection_pb2.StdioTransport(
+                command="fixture", args=["--tools", str(generated)]
+            ),
+            allow_tools=allow,
+        )
+        if preload is not None:
+            connection.preload = preload
+        await host.connect(connection)
+    return run_id
+
+
+async def _full_surface(host: _Host, run_id: str, within: float = 120.0) -> turn_pb2.ToolSurface:
+    """The Run's surface once all 10 connections are connected in this sidecar."""
+    deadline = time.monotonic() + within
+    while True:
+        surface = await host.surface(run_id)
+        total = sum(line.permitted_tool_count for line in surface.servers)
+        connected = all(
+            line.state == connection_pb2.CONNECTION_STATE_CONNECTED for line in surface.servers
+        )
+        if total == 1660 and len(surface.servers) == 10 and connected:
+            return surface
+        if time.monotonic() > deadline:
+            raise AssertionError(f"unexpected surface: {total} tools, {len(surface.servers)} lines")
+        await asyncio.sleep(0.5)
 
 
 def livemcpbench_documents(data: Path) -> list[SearchDocument]:

@@ -177,3 +177,22 @@ class ConnectionServicer(connection_service_pb2_grpc.ConnectionServiceServicer):
             changed=[catalog_tool_to_proto(tool) for tool in diff.changed],
             removed=[catalog_tool_to_proto(tool) for tool in diff.removed],
         )
+
+    async def ListCatalogVersions(
+        self, request: connection_service_pb2.ListCatalogVersionsRequest, context: Context
+    ) -> connection_service_pb2.ListCatalogVersionsResponse:
+        versions, next_token = await self._connections.list_versions(
+            request.tenant, request.name, request.page_size, request.page_token
+        )
+        return connection_service_pb2.ListCatalogVersionsResponse(
+            versions=[
+                connection_pb2.CatalogVersion(
+                    catalog_version=version.catalog_version,
+                    tool_count=version.tool_count,
+                    sha256=version.sha256,
+                    create_time=timestamp(version.create_time),
+                )
+                for version in versions
+            ],
+            next_page_token=next_token,
+        )

@@ -143,47 +143,48 @@ def _guarded(
     async def handle(request: Any, context: Context) -> Message:
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN
-        fields = {"rpc": method}
+        fields = {"rpc": label}
         if not isinstance(request, _Rejected):
             fields.update((name, getattr(request, field)) for name, field in log_fields)
         bound = logs.bind(**fields)
-        with tracing.server_span(method, context.invocation_metadata()) as span:
-            try:
-                if isinstance(request, _Rejected):
-                    raise request.error
-                response = await behaviour(request, context)
-                code = grpc.StatusCode.OK
-                return response
-            except SidecarError as error:
-                code = STATUS_CODES[error.reason]
-                await abort(context, error)
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception:
-                code = grpc.StatusCode.INTERNAL
-                correlation_id = uuid.uuid4().hex
-                log.exception(
-                    "unexpected error in %s, correlation id %s",
-                    method,
-                    correlation_id,
-                    extra={"correlation_id": correlation_id},
-                )
-                await abort(
-                    context,
-                    SidecarError(
-                        Reason.INTERNAL,
-                        f"internal error, correlation id {correlation_id}",
-                        correlation_id=correlation_id,
-                    ),
-                )
-            finally:
-                elapsed = time.perf_counter() - started
-                metrics.record_rpc(label, code.name, elapsed)
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("%s answered %s in %.2f ms", label, code.name, elapsed * 1000)
-                tracing.end_rpc(span, code.name, code.value[0])
-                logs.unbind(bound)
+        span = tracing.start_rpc(method, context.invocation_metadata)
+        failure: SidecarError | None = None
+        try:
+            if isinstance(request, _Rejected):
+                raise request.error
+            response = await behaviour(request, context)
+            code = grpc.StatusCode.OK
+        except SidecarError as error:
+            code = STATUS_CODES[error.reason]
+            failure = error
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            correlation_id = uuid.uuid4().hex
+            log.exception(
+                "unexpected error in %s, correlation id %s",
+                method,
+                correlation_id,
+                extra={"correlation_id": correlation_id},
+            )
+            failure = SidecarError(
+                Reason.INTERNAL,
+                f"internal error, correlation id {correlation_id}",
+                correlation_id=correlation_id,
+            )
+        finally:
+            # Recorded before the answer leaves: a client that saw it finds it counted.
+            elapsed = time.perf_counter() - started
+            metrics.record_rpc(label, code.name, elapsed)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s answered %s in %.2f ms", label, code.name, elapsed * 1000)
+            tracing.end_rpc(span, code.name, code.value[0])
+            logs.unbind(bound)
+        if failure is not None:
+            await abort(context, failure)
+        return response
 
     return handle
 

@@ -129,3 +129,13 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
             records=[convert.record_to_proto(record) for record in records],
             next_page_token=next_token,
         )
+
+    async def ListRuns(
+        self, request: run_service_pb2.ListRunsRequest, context: Context
+    ) -> run_service_pb2.ListRunsResponse:
+        runs, next_token = await self._blocking(
+            self._runs.list_runs, request.tenant, request.page_size, request.page_token
+        )
+        return run_service_pb2.ListRunsResponse(
+            runs=[convert.run_to_proto(run) for run in runs], next_page_token=next_token
+        )

@@ -162,7 +162,17 @@ def _observe(assembled: AssembledPrompt, span: Span | None) -> None:
         (digest.zone.name.lower(), digest.byte_length, estimate_tokens(digest.byte_length))
         for digest in assembled.zones
     ]
-    metrics.record_prompt(zones, assembled.elided_results, assembled.elided_bytes_saved)
+    guarded = len(assembled.guard.elided) if assembled.guard is not None else 0
+    metrics.record_prompt(
+        zones,
+        {
+            "prior_turn": (
+                assembled.elided_results - guarded,
+                assembled.elided_bytes_saved - assembled.guard_bytes_saved,
+            ),
+            "context_guard": (guarded, assembled.guard_bytes_saved),
+        },
+    )
     if span is not None:
         for zone, size, tokens in zones:
             span.set_attribute(f"psych.prompt.{zone}.bytes", size)
@@ -218,8 +228,10 @@ class TurnServicer:
                 convert.context_budget_from_proto(request.context_budget)
                 if request.HasField("context_budget")
                 else None,
+                not request.preview,
             )
-            _observe(assembled, span)
+            if not request.preview:
+                _observe(assembled, span)
         response = await self._blocking(assembled_to_proto, assembled)
         size = response.ByteSize()
         if size > self._max_message_bytes:

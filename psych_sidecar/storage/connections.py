@@ -11,6 +11,7 @@ from sqlalchemy import Connection as SqlConnection
 
 from psych_sidecar.domain.catalog import (
     CatalogTool,
+    CatalogVersion,
     CatalogWrite,
     Connection,
     StoredConnection,
@@ -335,3 +336,29 @@ class SqlConnectionStore:
                 rows = conn.execute(query.where(catalog.c.catalog_version == version)).all()
         # Sorted here, not in SQL: a database's collation must not decide the order.
         return version, sorted((_tool(row, server) for row in rows), key=lambda t: t.name)
+
+    def catalog_versions(
+        self, tenant: str, server: str, before_version: int, limit: int
+    ) -> tuple[list[CatalogVersion], bool] | None:
+        table, versions = tables.connections, tables.catalog_versions
+        query = select(versions).where(versions.c.tenant == tenant, versions.c.server == server)
+        if before_version:
+            query = query.where(versions.c.catalog_version < before_version)
+        query = query.order_by(versions.c.catalog_version.desc()).limit(limit + 1)
+        with transaction(self._engine, write=False) as conn:
+            known = conn.execute(
+                select(table.c.name).where(table.c.tenant == tenant, table.c.name == server)
+            ).first()
+            if known is None:
+                return None
+            rows = conn.execute(query).all()
+        listed = [
+            CatalogVersion(
+                catalog_version=row.catalog_version,
+                tool_count=row.tool_count,
+                sha256=row.fingerprint,
+                create_time=tables.from_us(row.create_time_us),
+            )
+            for row in rows[:limit]
+        ]
+        return listed, len(rows) > limit

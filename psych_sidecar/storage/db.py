@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,9 +79,15 @@ def _configure_sqlite(engine: Engine) -> None:
 def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
     """A transaction; `write=True` takes SQLite's write lock up front (PostgreSQL ignores it).
     Its wait for a pooled connection is a metric; the transaction is a span when tracing."""
-    with tracing.span(
-        "db.transaction", {"db.system.name": engine.dialect.name, "psych.write": write}
-    ):
+    attributes: dict[str, str | bool] = {
+        "db.system.name": engine.dialect.name,
+        "psych.write": write,
+    }
+    if tracing.tracer() is not None:
+        # The repository method that opened it (frames: this body, contextlib's __enter__,
+        # the caller), so a slow transaction is named in the trace.
+        attributes["code.function"] = sys._getframe(2).f_code.co_qualname
+    with tracing.span("db.transaction", attributes):
         started = time.perf_counter()
         with engine.connect() as connection:
             metrics.observe(metrics.DB_POOL_WAIT_SECONDS, time.perf_counter() - started)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import Connection, Engine, Insert, Table, insert, select, update
+from sqlalchemy import Connection, Engine, Insert, Row, Table, and_, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -109,16 +110,29 @@ class SqlStore:
         runs = tables.runs
         with transaction(self._engine, write=False) as conn:
             row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
-        if row is None:
-            return None
-        return Run(
-            run_id=row.run_id,
-            tenant=row.tenant,
-            spec_name=row.spec_name,
-            spec_version=row.spec_version,
-            tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
-            create_time=tables.from_us(row.create_time_us),
-        )
+        return None if row is None else _run(row)
+
+    def list_runs(self, tenant: str, after_run_id: str, limit: int) -> tuple[list[Run], bool]:
+        runs = tables.runs
+        query = select(runs).where(runs.c.tenant == tenant)
+        with transaction(self._engine, write=False) as conn:
+            if after_run_id:
+                after = conn.execute(
+                    select(runs.c.create_time_us).where(
+                        runs.c.tenant == tenant, runs.c.run_id == after_run_id
+                    )
+                ).scalar()
+                if after is None:
+                    return [], False
+                query = query.where(
+                    or_(
+                        runs.c.create_time_us < after,
+                        and_(runs.c.create_time_us == after, runs.c.run_id < after_run_id),
+                    )
+                )
+            order = (runs.c.create_time_us.desc(), runs.c.run_id.desc())
+            rows = conn.execute(query.order_by(*order).limit(limit + 1)).all()
+        return [_run(row) for row in rows[:limit]], len(rows) > limit
 
     def append_records(
         self,
@@ -304,3 +318,14 @@ class SqlStore:
             )
             for row in rows
         ], more
+
+
+def _run(row: Row[Any]) -> Run:
+    return Run(
+        run_id=row.run_id,
+        tenant=row.tenant,
+        spec_name=row.spec_name,
+        spec_version=row.spec_version,
+        tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
+        create_time=tables.from_us(row.create_time_us),
+    )

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import (
@@ -100,7 +100,8 @@ PROMPT_TOKENS = Histogram(
 )
 RESULTS_ELIDED = Counter(
     f"{PREFIX}_results_elided",
-    "Tool results sent elided in an assembled prompt, by reason (prior_turn).",
+    "Tool results sent elided in an assembled prompt, by reason: prior_turn (the elision "
+    "rules), context_guard (the current turn's, to fit the context budget).",
     ["reason"],
     registry=REGISTRY,
 )
@@ -235,11 +236,20 @@ def enabled() -> bool:
 # Recording helpers, so callers need not know label names; each costs one check when off.
 
 
+# (method, code) -> its counter and histogram children: labels() takes a lock and builds a
+# key on every call; the set of pairs is bounded by the contract.
+_rpc_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+
+
 def record_rpc(method: str, code: str, seconds: float) -> None:
     if not _enabled:
         return
-    RPCS.labels(method, code).inc()
-    RPC_SECONDS.labels(method, code).observe(seconds)
+    children = _rpc_children.get((method, code))
+    if children is None:
+        children = RPCS.labels(method, code), RPC_SECONDS.labels(method, code)
+        _rpc_children[(method, code)] = children
+    children[0].inc()
+    children[1].observe(seconds)
 
 
 def record_tool_call(connection: str, outcome: str, seconds: float) -> None:
@@ -255,16 +265,20 @@ def record_refresh(trigger: str, outcome: str) -> None:
     CATALOG_REFRESHES.labels(trigger, outcome).inc()
 
 
-def record_prompt(zones: Sequence[tuple[str, int, int]], elided: int, saved: int) -> None:
-    """Zones as (zone, bytes, estimated tokens); elided results and bytes saved."""
+def record_prompt(
+    zones: Sequence[tuple[str, int, int]], elisions: Mapping[str, tuple[int, int]]
+) -> None:
+    """Zones as (zone, bytes, estimated tokens); elisions as reason -> (results, bytes saved),
+    the reasons being prior_turn and context_guard."""
     if not _enabled:
         return
     for zone, size, tokens in zones:
         PROMPT_BYTES.labels(zone).observe(size)
         PROMPT_TOKENS.labels(zone).observe(tokens)
-    if elided:
-        RESULTS_ELIDED.labels("prior_turn").inc(elided)
-        ELIDED_BYTES_SAVED.labels("prior_turn").inc(saved)
+    for reason, (count, saved) in elisions.items():
+        if count:
+            RESULTS_ELIDED.labels(reason).inc(count)
+            ELIDED_BYTES_SAVED.labels(reason).inc(saved)
 
 
 def record_usage(input_tokens: int, cache_read: int, cache_write: int, output: int) -> None:

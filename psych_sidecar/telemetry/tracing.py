@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -50,8 +55,6 @@ def otlp_provider() -> TracerProvider:
     """A provider exporting by OTLP/gRPC in batches, configured by the standard variables
     (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, …_HEADERS, …_TIMEOUT,
     OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, …)."""
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
     resource = Resource.create(
         {
             "service.name": os.environ.get("OTEL_SERVICE_NAME", "psych-sidecar"),
@@ -61,9 +64,12 @@ def otlp_provider() -> TracerProvider:
     provider = TracerProvider(resource=resource)
     exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
     if exporter == "none":
-        # Spans are made and batched, then dropped: tracing's cost without a collector.
-        provider.add_span_processor(BatchSpanProcessor(_Discard()))
+        # Spans are made, ended and handed to a sink that drops them: the instrumentation's
+        # own cost, with nothing to batch or send.
+        provider.add_span_processor(SimpleSpanProcessor(_Discard()))
     elif exporter in ("", "otlp"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     else:
         raise ValueError(f"OTEL_TRACES_EXPORTER={exporter!r}: only otlp and none are supported")
@@ -75,36 +81,45 @@ class _Discard(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-@contextlib.contextmanager
-def server_span(
-    method: str, metadata: Iterable[tuple[str, str | bytes]] | None
-) -> Iterator[Span | None]:
-    """The span of one RPC, continuing the caller's trace when its metadata carries a
-    `traceparent`. `method` is the full name (`/package.Service/Method`)."""
+def start_rpc(
+    method: str, metadata: Callable[[], Iterable[tuple[str, str | bytes]] | None]
+) -> tuple[Span, object] | None:
+    """Open the span of one RPC and make it current, continuing the caller's trace when its
+    metadata (read only when tracing) carries a W3C `traceparent`; `method` is the full name
+    (`/pkg.Service/Method`).
+    None when tracing is off. Close it with `end_rpc`, in the same context."""
     current = _tracer
     if current is None:
-        yield None
-        return
-    carrier = {key: value for key, value in metadata or () if isinstance(value, str)}
-    parent = _PROPAGATOR.extract(carrier)
-    service, _, name = method.lstrip("/").partition("/")
-    with current.start_as_current_span(
-        method.lstrip("/"),
+        return None
+    parent = None
+    pairs = metadata() or ()
+    for key, value in pairs:
+        if key == "traceparent" and isinstance(value, str):
+            carrier = {k: v for k, v in pairs if isinstance(v, str)}
+            parent = _PROPAGATOR.extract(carrier)
+            break
+    name = method.lstrip("/")
+    service, _, rpc_method = name.partition("/")
+    span = current.start_span(
+        name,
         context=parent,
         kind=SpanKind.SERVER,
-        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc_method},
         record_exception=False,
         set_status_on_exception=False,
-    ) as span:
-        yield span
+    )
+    return span, otel_context.attach(trace.set_span_in_context(span))
 
 
-def end_rpc(span: Span | None, code_name: str, code_value: int) -> None:
-    if span is None:
+def end_rpc(opened: tuple[Span, object] | None, code_name: str, code_value: int) -> None:
+    if opened is None:
         return
+    span, token = opened
     span.set_attribute("rpc.grpc.status_code", code_value)
     if code_name != "OK":
         span.set_status(Status(StatusCode.ERROR, code_name))
+    span.end()
+    otel_context.detach(token)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

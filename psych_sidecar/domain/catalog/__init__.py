@@ -25,6 +25,7 @@ from psych_sidecar.domain.catalog.narrowing import Grants, glob_match
 from psych_sidecar.domain.catalog.rules import (
     AllowedCommand,
     CatalogDiff,
+    CatalogVersion,
     CatalogWrite,
     ConnectionRepository,
     ConnectionSupervisor,
@@ -52,6 +53,7 @@ __all__ = [
     "AllowedCommand",
     "CatalogDiff",
     "CatalogTool",
+    "CatalogVersion",
     "CatalogView",
     "CatalogWrite",
     "Connection",

@@ -136,6 +136,17 @@ class CatalogWrite:
 
 
 @dataclass(frozen=True, slots=True)
+class CatalogVersion:
+    """One stored version of a connection's catalogue."""
+
+    catalog_version: int
+    tool_count: int
+    # SHA-256 of the listing (listing_fingerprint), lowercase hex.
+    sha256: str
+    create_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class CatalogDiff:
     added: tuple[CatalogTool, ...]
     changed: tuple[CatalogTool, ...]
@@ -360,4 +371,12 @@ class ConnectionRepository(Protocol):
     ) -> tuple[int, list[CatalogTool]] | None:
         """The version read (0 asks for the current one) and its tools, sorted by name;
         None when the connection has no such version. Works for deleted connections too."""
+        ...
+
+    def catalog_versions(
+        self, tenant: str, server: str, before_version: int, limit: int
+    ) -> tuple[list[CatalogVersion], bool] | None:
+        """The connection's versions newest first, at most `limit` of them below
+        `before_version` (0: from the newest), and whether more remain; None when no such
+        connection was ever stored. Works for deleted connections too."""
         ...

@@ -12,6 +12,7 @@ from psych_sidecar.domain.catalog.connections import (
 )
 from psych_sidecar.domain.catalog.rules import (
     CatalogDiff,
+    CatalogVersion,
     CatalogWrite,
     ConnectionRepository,
     ConnectionSupervisor,
@@ -119,6 +120,25 @@ class ConnectionService:
         _, older = await self._read(tenant, name, from_version)
         _, newer = await self._read(tenant, name, to_version)
         return diff_catalog(older, newer)
+
+    async def list_versions(
+        self, tenant: str, name: str, requested_page_size: int, page_token: str
+    ) -> tuple[list[CatalogVersion], str]:
+        """A page of a connection's catalogue versions, newest first."""
+        _validate_key(tenant, name)
+        size = page_size(requested_page_size)
+        scope = f"catalog-versions/{tenant}/{name}"
+        before = decode_token(page_token, scope)
+        if before is not None and (not isinstance(before, int) or before < 1):
+            raise field_invalid("page_token", "not a token this sidecar issued")
+        read: tuple[list[CatalogVersion], bool] | None = await self._blocking(
+            self._store.catalog_versions, tenant, name, before or 0, size
+        )
+        if read is None:
+            raise connection_not_found(tenant, name)
+        versions, more = read
+        next_token = encode_token(scope, versions[-1].catalog_version) if more and versions else ""
+        return versions, next_token
 
     async def _read(self, tenant: str, name: str, version: int) -> tuple[int, list[CatalogTool]]:
         read: tuple[int, list[CatalogTool]] | None = await self._blocking(

@@ -109,6 +109,8 @@ class AssembledPrompt:
     # (full size minus what the view shows): for the operator's metrics.
     elided_results: int = 0
     elided_bytes_saved: int = 0
+    # Of those bytes, the ones the context guard's elisions saved.
+    guard_bytes_saved: int = 0
 
     @property
     def estimated_tokens(self) -> int:
@@ -243,7 +245,9 @@ class PromptAssembler:
         model: str,
         max_tokens: int,
         budget_override: ContextBudget | None = None,
+        journal: bool = True,
     ) -> AssembledPrompt:
+        """The prompt for one model call; `journal=False` (a preview) leaves no journal row."""
         if max_tokens < 0:
             raise field_invalid("max_tokens", "must not be negative")
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
@@ -305,14 +309,18 @@ class PromptAssembler:
             guarded: Mapping[int, ToolResultView],
         ) -> AssembledPrompt:
             shown = {**elided, **guarded}
-            saved = sum(
-                max(0, view_bytes[sequence] - sum(len(p.data) for p in view.content))
+            saved = {
+                sequence: max(0, view_bytes[sequence] - sum(len(p.data) for p in view.content))
                 for sequence, view in shown.items()
-            )
+            }
             assembled = replace(
-                assembled, guard=guard, elided_results=len(shown), elided_bytes_saved=saved
+                assembled,
+                guard=guard,
+                elided_results=len(shown),
+                elided_bytes_saved=sum(saved.values()),
+                guard_bytes_saved=sum(saved[sequence] for sequence in guarded),
             )
-            if self._journal is not None:
+            if self._journal is not None and journal:
                 self._journal.record(
                     assembly_entry(
                         run_id=run_id,

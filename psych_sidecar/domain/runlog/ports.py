@@ -41,6 +41,12 @@ class RunRepository(Protocol):
 
     def get_run(self, run_id: str) -> Run | None: ...
 
+    def list_runs(self, tenant: str, after_run_id: str, limit: int) -> tuple[list[Run], bool]:
+        """A tenant's Runs newest first (create time, then id, descending): at most `limit`
+        of them, those after the Run `after_run_id` in that order (from the first when
+        empty); and whether more remain."""
+        ...
+
     def append_records(
         self,
         run_id: str,

@@ -137,6 +137,11 @@ type AssemblePromptRequest struct {
 	// field set here wins over the Spec's, an unset one takes the Spec's (or
 	// the default).
 	ContextBudget *ContextBudget `protobuf:"bytes,7,opt,name=context_budget,json=contextBudget,proto3" json:"context_budget,omitempty"`
+	// When true, the prompt is assembled exactly as otherwise but not counted
+	// as one of the Run's model calls: no assembly-journal row (the Run
+	// inspector's timeline) and no prompt metrics. For operators' tools such
+	// as `psych-sidecar inspect`; a host leaves it false.
+	Preview       bool `protobuf:"varint,8,opt,name=preview,proto3" json:"preview,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -218,6 +223,13 @@ func (x *AssemblePromptRequest) GetContextBudget() *ContextBudget {
 		return x.ContextBudget
 	}
 	return nil
+}
+
+func (x *AssemblePromptRequest) GetPreview() bool {
+	if x != nil {
+		return x.Preview
+	}
+	return false
 }
 
 // AssemblePromptResponse is the response of TurnService.AssemblePrompt.
@@ -486,7 +498,7 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x12ResolveTurnRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\"N\n" +
 	"\x13ResolveTurnResponse\x127\n" +
-	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\xcd\x02\n" +
+	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\xed\x02\n" +
 	"\x15AssemblePromptRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12'\n" +
 	"\fdynamic_tail\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdynamicTail\x12+\n" +
@@ -495,7 +507,8 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x05model\x18\x05 \x01(\tB\x04\xe2A\x01\x01R\x05model\x12#\n" +
 	"\n" +
 	"max_tokens\x18\x06 \x01(\x05B\x04\xe2A\x01\x01R\tmaxTokens\x12L\n" +
-	"\x0econtext_budget\x18\a \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\"\xa9\x02\n" +
+	"\x0econtext_budget\x18\a \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\x12\x1e\n" +
+	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\"\xa9\x02\n" +
 	"\x16AssemblePromptResponse\x120\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x18.psych.sidecar.v1.PromptR\x06prompt\x122\n" +
 	"\x05zones\x18\x02 \x03(\v2\x1c.psych.sidecar.v1.ZoneDigestR\x05zones\x124\n" +

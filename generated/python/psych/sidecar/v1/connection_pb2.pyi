@@ -306,6 +306,44 @@ class HttpTransport(_message.Message):
 Global___HttpTransport: _TypeAlias = HttpTransport  # noqa: Y015
 
 @_typing.final
+class CatalogVersion(_message.Message):
+    """CatalogVersion is one version of a connection's catalogue: written by a
+    refresh whose listing differed from the version before.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CATALOG_VERSION_FIELD_NUMBER: _builtins.int
+    TOOL_COUNT_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    catalog_version: _builtins.int
+    """The version, 1 for the first listing, increasing by one per change."""
+    tool_count: _builtins.int
+    """How many tools the listing had."""
+    sha256: _builtins.str
+    """The SHA-256 of the listing (lowercase hex): equal listings, equal hashes."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the version was written."""
+
+    def __init__(
+        self,
+        *,
+        catalog_version: _builtins.int = ...,
+        tool_count: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog_version", b"catalog_version", "create_time", b"create_time", "sha256", b"sha256", "tool_count", b"tool_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CatalogVersion: _TypeAlias = CatalogVersion  # noqa: Y015
+
+@_typing.final
 class CatalogTool(_message.Message):
     """CatalogTool is one tool of a connection's catalogue at one version."""
 

@@ -80,6 +80,7 @@ class AssemblePromptRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
+    PREVIEW_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run."""
     dynamic_tail: _builtins.str
@@ -94,6 +95,12 @@ class AssemblePromptRequest(_message.Message):
     """
     max_tokens: _builtins.int
     """max_tokens for the provider request bodies; 0 means 4096."""
+    preview: _builtins.bool
+    """When true, the prompt is assembled exactly as otherwise but not counted
+    as one of the Run's model calls: no assembly-journal row (the Run
+    inspector's timeline) and no prompt metrics. For operators' tools such
+    as `psych-sidecar inspect`; a host leaves it false.
+    """
     @_builtins.property
     def now(self) -> _timestamp_pb2.Timestamp:
         """The time to state in the transient message; unset uses the sidecar's
@@ -117,10 +124,11 @@ class AssemblePromptRequest(_message.Message):
         model: _builtins.str = ...,
         max_tokens: _builtins.int = ...,
         context_budget: _spec_pb2.ContextBudget | None = ...,
+        preview: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "now", b"now"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

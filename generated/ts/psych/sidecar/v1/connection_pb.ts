@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/connection.proto.
  */
 export const file_psych_sidecar_v1_connection: GenFile = /*@__PURE__*/
-  fileDesc("CiFwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb24ucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEiigQKCkNvbm5lY3Rpb24SFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISNwoFc3RkaW8YAyABKAsyIC5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0QgTiQQEBSAASNQoEaHR0cBgEIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydEIE4kEBAUgAEhoKB3ByZWxvYWQYBSABKAhCBOJBAQFIAYgBARIZCgtlYWdlcl90b29scxgGIAMoCUIE4kEBARIZCgtkZXNjcmlwdGlvbhgHIAEoCUIE4kEBARIZCgthbGxvd190b29scxgIIAMoCUIE4kEBARIYCgpkZW55X3Rvb2xzGAkgAygJQgTiQQEBEjYKBXN0YXRlGAogASgOMiEucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uU3RhdGVCBOJBAQMSGAoKbGFzdF9lcnJvchgLIAEoCUIE4kEBAxI0CgpzdGF0ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIdCg9jYXRhbG9nX3ZlcnNpb24YDSABKANCBOJBAQMSGwoNcmVjZW50X291dHB1dBgOIAEoCUIE4kEBA0ILCgl0cmFuc3BvcnRCCgoIX3ByZWxvYWQipQEKDlN0ZGlvVHJhbnNwb3J0EhUKB2NvbW1hbmQYASABKAlCBOJBAQISEgoEYXJncxgCIAMoCUIE4kEBARI8CgNlbnYYAyADKAsyKS5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0LkVudkVudHJ5QgTiQQEEGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEizwEKDUh0dHBUcmFuc3BvcnQSEQoDdXJsGAEgASgJQgTiQQECEkMKB2hlYWRlcnMYAiADKAsyLC5wc3ljaC5zaWRlY2FyLnYxLkh0dHBUcmFuc3BvcnQuSGVhZGVyc0VudHJ5QgTiQQEEEjYKCHByb3RvY29sGAMgASgOMh4ucHN5Y2guc2lkZWNhci52MS5IdHRwUHJvdG9jb2xCBOJBAQIaLgoMSGVhZGVyc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEixgEKC0NhdGFsb2dUb29sEg4KBnNlcnZlchgBIAEoCRIMCgRuYW1lGAIgASgJEhMKC2Rlc2NyaXB0aW9uGAMgASgJEhkKEWlucHV0X3NjaGVtYV9qc29uGAQgASgMEhoKEm91dHB1dF9zY2hlbWFfanNvbhgFIAEoDBIYChBhbm5vdGF0aW9uc19qc29uGAYgASgMEhcKD2NhdGFsb2dfdmVyc2lvbhgHIAEoAxIaChJyZW1vdmVkX2luX3ZlcnNpb24YCCABKAMqZwoMSHR0cFByb3RvY29sEh0KGUhUVFBfUFJPVE9DT0xfVU5TUEVDSUZJRUQQABIhCh1IVFRQX1BST1RPQ09MX1NUUkVBTUFCTEVfSFRUUBABEhUKEUhUVFBfUFJPVE9DT0xfU1NFEAIqlgEKD0Nvbm5lY3Rpb25TdGF0ZRIgChxDT05ORUNUSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHwobQ09OTkVDVElPTl9TVEFURV9DT05ORUNUSU5HEAESHgoaQ09OTkVDVElPTl9TVEFURV9DT05ORUNURUQQAhIgChxDT05ORUNUSU9OX1NUQVRFX1VOUkVBQ0hBQkxFEANCugEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQg9Db25uZWN0aW9uUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
+  fileDesc("CiFwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb24ucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEiigQKCkNvbm5lY3Rpb24SFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISNwoFc3RkaW8YAyABKAsyIC5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0QgTiQQEBSAASNQoEaHR0cBgEIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydEIE4kEBAUgAEhoKB3ByZWxvYWQYBSABKAhCBOJBAQFIAYgBARIZCgtlYWdlcl90b29scxgGIAMoCUIE4kEBARIZCgtkZXNjcmlwdGlvbhgHIAEoCUIE4kEBARIZCgthbGxvd190b29scxgIIAMoCUIE4kEBARIYCgpkZW55X3Rvb2xzGAkgAygJQgTiQQEBEjYKBXN0YXRlGAogASgOMiEucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uU3RhdGVCBOJBAQMSGAoKbGFzdF9lcnJvchgLIAEoCUIE4kEBAxI0CgpzdGF0ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIdCg9jYXRhbG9nX3ZlcnNpb24YDSABKANCBOJBAQMSGwoNcmVjZW50X291dHB1dBgOIAEoCUIE4kEBA0ILCgl0cmFuc3BvcnRCCgoIX3ByZWxvYWQipQEKDlN0ZGlvVHJhbnNwb3J0EhUKB2NvbW1hbmQYASABKAlCBOJBAQISEgoEYXJncxgCIAMoCUIE4kEBARI8CgNlbnYYAyADKAsyKS5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0LkVudkVudHJ5QgTiQQEEGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEizwEKDUh0dHBUcmFuc3BvcnQSEQoDdXJsGAEgASgJQgTiQQECEkMKB2hlYWRlcnMYAiADKAsyLC5wc3ljaC5zaWRlY2FyLnYxLkh0dHBUcmFuc3BvcnQuSGVhZGVyc0VudHJ5QgTiQQEEEjYKCHByb3RvY29sGAMgASgOMh4ucHN5Y2guc2lkZWNhci52MS5IdHRwUHJvdG9jb2xCBOJBAQIaLgoMSGVhZGVyc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEilgEKDkNhdGFsb2dWZXJzaW9uEh0KD2NhdGFsb2dfdmVyc2lvbhgBIAEoA0IE4kEBAxIYCgp0b29sX2NvdW50GAIgASgFQgTiQQEDEhQKBnNoYTI1NhgDIAEoCUIE4kEBAxI1CgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMixgEKC0NhdGFsb2dUb29sEg4KBnNlcnZlchgBIAEoCRIMCgRuYW1lGAIgASgJEhMKC2Rlc2NyaXB0aW9uGAMgASgJEhkKEWlucHV0X3NjaGVtYV9qc29uGAQgASgMEhoKEm91dHB1dF9zY2hlbWFfanNvbhgFIAEoDBIYChBhbm5vdGF0aW9uc19qc29uGAYgASgMEhcKD2NhdGFsb2dfdmVyc2lvbhgHIAEoAxIaChJyZW1vdmVkX2luX3ZlcnNpb24YCCABKAMqZwoMSHR0cFByb3RvY29sEh0KGUhUVFBfUFJPVE9DT0xfVU5TUEVDSUZJRUQQABIhCh1IVFRQX1BST1RPQ09MX1NUUkVBTUFCTEVfSFRUUBABEhUKEUhUVFBfUFJPVE9DT0xfU1NFEAIqlgEKD0Nvbm5lY3Rpb25TdGF0ZRIgChxDT05ORUNUSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHwobQ09OTkVDVElPTl9TVEFURV9DT05ORUNUSU5HEAESHgoaQ09OTkVDVElPTl9TVEFURV9DT05ORUNURUQQAhIgChxDT05ORUNUSU9OX1NUQVRFX1VOUkVBQ0hBQkxFEANCugEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQg9Db25uZWN0aW9uUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
 
 /**
  * Connection is one MCP server a tenant connected. Its name is the server
@@ -226,6 +226,49 @@ export const HttpTransportSchema: GenMessage<HttpTransport> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_connection, 2);
 
 /**
+ * CatalogVersion is one version of a connection's catalogue: written by a
+ * refresh whose listing differed from the version before.
+ *
+ * @generated from message psych.sidecar.v1.CatalogVersion
+ */
+export type CatalogVersion = Message<"psych.sidecar.v1.CatalogVersion"> & {
+  /**
+   * The version, 1 for the first listing, increasing by one per change.
+   *
+   * @generated from field: int64 catalog_version = 1;
+   */
+  catalogVersion: bigint;
+
+  /**
+   * How many tools the listing had.
+   *
+   * @generated from field: int32 tool_count = 2;
+   */
+  toolCount: number;
+
+  /**
+   * The SHA-256 of the listing (lowercase hex): equal listings, equal hashes.
+   *
+   * @generated from field: string sha256 = 3;
+   */
+  sha256: string;
+
+  /**
+   * When the version was written.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 4;
+   */
+  createTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.CatalogVersion.
+ * Use `create(CatalogVersionSchema)` to create a new message.
+ */
+export const CatalogVersionSchema: GenMessage<CatalogVersion> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection, 3);
+
+/**
  * CatalogTool is one tool of a connection's catalogue at one version.
  *
  * @generated from message psych.sidecar.v1.CatalogTool
@@ -293,7 +336,7 @@ export type CatalogTool = Message<"psych.sidecar.v1.CatalogTool"> & {
  * Use `create(CatalogToolSchema)` to create a new message.
  */
 export const CatalogToolSchema: GenMessage<CatalogTool> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection, 3);
+  messageDesc(file_psych_sidecar_v1_connection, 4);
 
 /**
  * HttpProtocol is the HTTP flavour of MCP a server speaks.
