@@ -19,7 +19,7 @@ from psych_sidecar.domain.catalog import (
     listing_fingerprint,
 )
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import transaction
+from psych_sidecar.storage.db import placeholder, plain_select, transaction
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
 _INSERT_BATCH = 500
@@ -86,10 +86,9 @@ class SqlConnectionStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        placeholder = "?" if engine.dialect.name == "sqlite" else "%s"
         self._versions_sql = (
             "SELECT name, revision, catalog_version FROM connections "
-            f"WHERE tenant = {placeholder} AND delete_time_us IS NULL"
+            f"WHERE tenant = {placeholder(engine)} AND delete_time_us IS NULL"
         )
 
     def _binary(self, column: ColumnElement[str]) -> ColumnElement[str]:
@@ -201,17 +200,8 @@ class SqlConnectionStore:
         return [_stored(row) for row in rows]
 
     def connection_versions(self, tenant: str) -> dict[str, tuple[int, int]]:
-        # Every ResolveTurn and tool call runs this, so it skips SQLAlchemy's statement and
-        # transaction machinery (~6x the cost of the query itself): one SELECT is atomic on
-        # its own on both databases.
-        dbapi_connection = self._engine.raw_connection()
-        try:
-            cursor = dbapi_connection.cursor()
-            cursor.execute(self._versions_sql, (tenant,))
-            rows = cursor.fetchall()
-            cursor.close()
-        finally:
-            dbapi_connection.close()
+        # Every ResolveTurn and tool call runs this.
+        rows = plain_select(self._engine, self._versions_sql, (tenant,))
         return {name: (revision, version) for name, revision, version in rows}
 
     def write_catalog(

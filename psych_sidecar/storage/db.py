@@ -97,6 +97,27 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
                 yield connection
 
 
+def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[Any]:
+    """Rows of one SELECT run straight on a pooled DB-API connection, for the reads every
+    ResolveTurn and tool call makes: SQLAlchemy's statement and transaction machinery costs
+    several times the query itself there, and one SELECT is atomic on its own on both
+    databases. `sql` uses the dialect's placeholder (:func:`placeholder`)."""
+    dbapi_connection = engine.raw_connection()
+    try:
+        cursor = dbapi_connection.cursor()
+        cursor.execute(sql, parameters)
+        rows = cursor.fetchall()
+        cursor.close()
+    finally:
+        dbapi_connection.close()
+    return list(rows)
+
+
+def placeholder(engine: Engine) -> str:
+    """The DB-API parameter marker of the engine's driver (sqlite3: ?, psycopg: %s)."""
+    return "?" if engine.dialect.name == "sqlite" else "%s"
+
+
 def alembic_config(connection: Connection) -> Config:
     config = Config()
     config.set_main_option("script_location", "psych_sidecar.storage:migrations")
