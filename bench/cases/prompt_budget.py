@@ -119,7 +119,12 @@ async def _fill(ch: grpc.aio.Channel, run_id: str, result_chars: int) -> int:
 
 async def _assemble_seconds(turns: turn_service_pb2_grpc.TurnServiceStub, run_id: str) -> float:
     request = turn_service_pb2.AssemblePromptRequest(
-        run_id=run_id, now=timestamp_pb2.Timestamp(seconds=NOON), model="m"
+        run_id=run_id,
+        now=timestamp_pb2.Timestamp(seconds=NOON),
+        model="m",
+        # The Run's elided history alone is ~320k estimated tokens: a window the context guard
+        # never acts in, as this case measures assembly, not the guard.
+        context_budget=spec_pb2.ContextBudget(context_window_tokens=1 << 40),
     )
     start = time.perf_counter()
     response = await turns.AssemblePrompt(request, timeout=600)
