@@ -128,6 +128,15 @@ class Settings(BaseSettings):
     worker_threads: int = Field(
         default=8, ge=1, le=256, description="Threads (and database connections) for storage."
     )
+    database_busy_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description=(
+            "Longest wait for the database: a SQLite write lock, a PostgreSQL row lock, a "
+            "connection; past it the call fails UNAVAILABLE (STORAGE_UNAVAILABLE)."
+        ),
+    )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
     mcp_commands: dict[str, StdioCommand] = Field(

@@ -193,6 +193,9 @@ def rpc_failure(call: Callable[[], object]) -> RpcFailure:
     assert status is not None, f"no google.rpc.Status on {error.code()}: {error.details()}"
     infos = []
     for detail in status.details:
+        # Besides its ErrorInfo, a retryable error may carry a google.rpc.RetryInfo.
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            continue
         info = error_details_pb2.ErrorInfo()
         assert detail.Unpack(info)
         infos.append(info)

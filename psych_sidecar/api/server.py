@@ -181,7 +181,9 @@ class Sidecar:
         self.settings = settings
         self._addresses = settings.listen_addresses()
         self._engine = create_database_engine(
-            settings.resolved_database_url(), pool_size=settings.worker_threads
+            settings.resolved_database_url(),
+            pool_size=settings.worker_threads,
+            busy_timeout_seconds=settings.database_busy_timeout_seconds,
         )
         self._executor = ThreadPoolExecutor(
             max_workers=settings.worker_threads, thread_name_prefix="storage"

@@ -100,6 +100,14 @@ const (
 	// trace; the sidecar's log holds it under the correlation id.
 	// Status INTERNAL. Metadata: `correlation_id`.
 	ErrorReason_ERROR_REASON_INTERNAL ErrorReason = 16
+	// The database could not be used just now: unreachable, restarting, locked
+	// by another writer past the busy timeout, or a transaction that lost a
+	// serialization conflict. Nothing of the request was stored (a commit whose
+	// answer was lost may have been: retry with the same request id). Safe to
+	// retry after the delay in the google.rpc.RetryInfo detail.
+	// Status UNAVAILABLE. Metadata: `detail` (the driver's short message).
+	// Example: {reason: "STORAGE_UNAVAILABLE", metadata: {detail: "database is locked"}}.
+	ErrorReason_ERROR_REASON_STORAGE_UNAVAILABLE ErrorReason = 18
 )
 
 // Enum value maps for ErrorReason.
@@ -122,6 +130,7 @@ var (
 		14: "ERROR_REASON_PATTERN_INVALID",
 		15: "ERROR_REASON_NOT_IMPLEMENTED",
 		16: "ERROR_REASON_INTERNAL",
+		18: "ERROR_REASON_STORAGE_UNAVAILABLE",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                0,
@@ -141,6 +150,7 @@ var (
 		"ERROR_REASON_PATTERN_INVALID":            14,
 		"ERROR_REASON_NOT_IMPLEMENTED":            15,
 		"ERROR_REASON_INTERNAL":                   16,
+		"ERROR_REASON_STORAGE_UNAVAILABLE":        18,
 	}
 )
 
@@ -175,7 +185,7 @@ var File_psych_sidecar_v1_errors_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xf3\x04\n" +
+	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\x99\x05\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_REASON_FIELD_REQUIRED\x10\x01\x12\x1e\n" +
@@ -194,7 +204,8 @@ const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"#ERROR_REASON_CONNECTION_UNREACHABLE\x10\r\x12 \n" +
 	"\x1cERROR_REASON_PATTERN_INVALID\x10\x0e\x12 \n" +
 	"\x1cERROR_REASON_NOT_IMPLEMENTED\x10\x0f\x12\x19\n" +
-	"\x15ERROR_REASON_INTERNAL\x10\x10B\xb6\x01\n" +
+	"\x15ERROR_REASON_INTERNAL\x10\x10\x12$\n" +
+	" ERROR_REASON_STORAGE_UNAVAILABLE\x10\x12B\xb6\x01\n" +
 	"\x14dev.psych.sidecar.v1B\vErrorsProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (

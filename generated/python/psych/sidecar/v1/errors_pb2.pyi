@@ -102,6 +102,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     trace; the sidecar's log holds it under the correlation id.
     Status INTERNAL. Metadata: `correlation_id`.
     """
+    ERROR_REASON_STORAGE_UNAVAILABLE: _ErrorReason.ValueType  # 18
+    """The database could not be used just now: unreachable, restarting, locked
+    by another writer past the busy timeout, or a transaction that lost a
+    serialization conflict. Nothing of the request was stored (a commit whose
+    answer was lost may have been: retry with the same request id). Safe to
+    retry after the delay in the google.rpc.RetryInfo detail.
+    Status UNAVAILABLE. Metadata: `detail` (the driver's short message).
+    Example: {reason: "STORAGE_UNAVAILABLE", metadata: {detail: "database is locked"}}.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -196,5 +205,14 @@ ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 16
 """An unexpected failure inside the sidecar. The client sees no stack
 trace; the sidecar's log holds it under the correlation id.
 Status INTERNAL. Metadata: `correlation_id`.
+"""
+ERROR_REASON_STORAGE_UNAVAILABLE: ErrorReason.ValueType  # 18
+"""The database could not be used just now: unreachable, restarting, locked
+by another writer past the busy timeout, or a transaction that lost a
+serialization conflict. Nothing of the request was stored (a commit whose
+answer was lost may have been: retry with the same request id). Safe to
+retry after the delay in the google.rpc.RetryInfo detail.
+Status UNAVAILABLE. Metadata: `detail` (the driver's short message).
+Example: {reason: "STORAGE_UNAVAILABLE", metadata: {detail: "database is locked"}}.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
