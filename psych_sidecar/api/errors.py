@@ -35,11 +35,29 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
 }
 
 
+# Errors travel in trailers, which clients refuse past 8 KiB by default (gRPC's soft limit):
+# the message goes twice (grpc-message, percent-encoded, and inside the Status), each metadata
+# value once. Values echoing a long request field are cut to these many UTF-8 bytes.
+MAX_MESSAGE_BYTES = 512
+MAX_METADATA_VALUE_BYTES = 256
+
+
+def _clipped(text: str, limit: int) -> str:
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return text
+    return encoded[: limit - 3].decode(errors="ignore") + "…"
+
+
 def status_for(error: SidecarError) -> tuple[grpc.StatusCode, str, bytes]:
     """The status code, message and serialized google.rpc.Status for an error."""
     code = STATUS_CODES[error.reason]
+    message = _clipped(error.message, MAX_MESSAGE_BYTES)
+    metadata = {
+        key: _clipped(value, MAX_METADATA_VALUE_BYTES) for key, value in error.metadata.items()
+    }
     info = error_details_pb2.ErrorInfo(
-        reason=error.reason.value, domain=ERROR_DOMAIN, metadata=error.metadata
+        reason=error.reason.value, domain=ERROR_DOMAIN, metadata=metadata
     )
     detail = any_pb2.Any()
     detail.Pack(info)
@@ -51,8 +69,8 @@ def status_for(error: SidecarError) -> tuple[grpc.StatusCode, str, bytes]:
         retry = any_pb2.Any()
         retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         details.append(retry)
-    status = status_pb2.Status(code=code.value[0], message=error.message, details=details)
-    return code, error.message, status.SerializeToString()
+    status = status_pb2.Status(code=code.value[0], message=message, details=details)
+    return code, message, status.SerializeToString()
 
 
 async def abort(context: grpc.aio.ServicerContext[Any, Any], error: SidecarError) -> NoReturn:

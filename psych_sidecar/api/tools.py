@@ -11,6 +11,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from psych.sidecar.v1 import tool_service_pb2
+from psych_sidecar.api import convert
 from psych_sidecar.api.connections import catalog_tool_to_proto
 from psych_sidecar.api.servicers import Blocking, Context
 from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcome, ToolOutputReader
@@ -67,14 +68,17 @@ class ToolServicer:
             raise field_required("run_id")
         timeout = None
         if request.HasField("timeout"):
-            timeout = request.timeout.ToTimedelta().total_seconds()
-            if timeout <= 0:
-                raise field_invalid("timeout", "must be positive")
+            timeout = convert.timeout_from_proto(request.timeout, "timeout")
+        try:
+            arguments = json_format.MessageToDict(request.arguments)
+        except ValueError as error:
+            # NaN and infinities have no JSON form.
+            raise field_invalid("arguments", str(error)) from None
         outcome = await self._executor.call_tool(
             request.run_id,
             request.server,
             request.tool,
-            _integral_floats_as_ints(json_format.MessageToDict(request.arguments)),
+            _integral_floats_as_ints(arguments),
             request.call_id,
             timeout,
         )

@@ -24,6 +24,9 @@ class SqlUsageStore:
         try:
             with transaction(self._engine, write=True) as conn:
                 if not self._already_recorded(conn, run_id, event_id, fingerprint):
+                    # Checked before storing: a Run whose totals overflowed int64 could never
+                    # answer RecordUsage or GetUsage again.
+                    totals = self._totals(conn, run_id).plus(usage)
                     conn.execute(
                         insert(events).values(
                             run_id=run_id,
@@ -37,6 +40,7 @@ class SqlUsageStore:
                             create_time_us=tables.now_us(),
                         )
                     )
+                    return totals
                 return self._totals(conn, run_id)
         except IntegrityError:
             # A concurrent retry of the same event won the insert; compare with what it stored.

@@ -13,11 +13,11 @@ model error but a protocol violation: INVALID_DEFERRED_HANDLE, and nothing is ap
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from psych_sidecar.domain import bounded_json
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
 from psych_sidecar.domain.prompt import SpecLookup
@@ -96,7 +96,7 @@ class _ArgumentError(Exception):
 def _arguments(call: ToolCall, fields: dict[str, type], required: set[str]) -> dict[str, Any]:
     """Arguments as the schema says, or an _ArgumentError naming what is wrong."""
     try:
-        value = json.loads(call.arguments_json or "{}")
+        value = bounded_json.loads(call.arguments_json or "{}")
     except ValueError as error:
         raise _ArgumentError(f"the arguments are not valid JSON ({error})") from None
     if not isinstance(value, dict):

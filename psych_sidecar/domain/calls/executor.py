@@ -19,6 +19,7 @@ import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
 
+from psych_sidecar.domain import bounded_json
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import CatalogTool, ToolCallFailed, ToolRunner
 from psych_sidecar.domain.errors import field_required
@@ -420,7 +421,7 @@ def _parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
     if not arguments_json.strip():
         return {}, ""
     try:
-        arguments = json.loads(arguments_json)
+        arguments = bounded_json.loads(arguments_json)
     except ValueError as error:
         return None, f"The arguments are not valid JSON ({error}); send a JSON object."
     if not isinstance(arguments, dict):
