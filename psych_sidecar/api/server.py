@@ -216,7 +216,12 @@ class Sidecar:
         runs = RunService(store, store)
         resolver = TurnResolver(runs, store, self.catalog, embeddings=self._embeddings)
         executor = ToolExecutor(
-            resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
+            resolver,
+            runs,
+            self.tool_runner,
+            blocking,
+            self.settings.tool_call_timeout_seconds,
+            log=log,
         )
         specs = SpecLookup(store)
         reader = ToolOutputReader(runs, log)

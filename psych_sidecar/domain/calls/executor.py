@@ -10,6 +10,8 @@ result, errors included, is appended to the log in full before the call returns.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -22,8 +24,16 @@ import jsonschema.validators
 from psych_sidecar.domain import bounded_json
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import CatalogTool, ToolCallFailed, ToolRunner
-from psych_sidecar.domain.errors import field_required
-from psych_sidecar.domain.runlog import ContentPart, PartKind, Record, RecordKind, RunService
+from psych_sidecar.domain.errors import Reason, SidecarError, field_required
+from psych_sidecar.domain.runlog import (
+    ContentPart,
+    LogReader,
+    PartKind,
+    Record,
+    RecordedCall,
+    RecordKind,
+    RunService,
+)
 from psych_sidecar.domain.surface import (
     ExposedKind,
     ExposedTool,
@@ -135,9 +145,14 @@ class ToolExecutor:
         runner: ToolRunner,
         blocking: RunBlocking,
         default_timeout_seconds: float,
+        log: LogReader,
     ) -> None:
         self._resolver = resolver
         self._runs = runs
+        self._log = log
+        # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
+        # after a lost response) waits for the first and gets its answer.
+        self._in_flight: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
         self._runner = runner
         self._blocking = blocking
         self._default_timeout = default_timeout_seconds
@@ -175,8 +190,11 @@ class ToolExecutor:
             raise field_required("tool")
         context, resolved = await self._blocking(self._resolver.resolved, run_id)
         timeout = timeout_seconds or self._default_timeout
-        result = await self._call_mcp(resolved, server, tool, arguments, timeout)
-        return await self._record(context, call_id, result)
+
+        async def run() -> _Result:
+            return await self._call_mcp(resolved, server, tool, arguments, timeout)
+
+        return await self._once(context, call_id, run)
 
     async def dispatch(
         self, run_id: str, call_id: str, name: str, arguments_json: str
@@ -193,18 +211,71 @@ class ToolExecutor:
             # Not an MCP route: the sidecar's own tools are dispatched by DispatchService.
             return None
         arguments, problem = _parse_arguments(arguments_json)
-        if arguments is None:
-            result = _error(problem, route.server, route.tool or route.name)
-        else:
-            result = await self.handlers[route.kind](
-                context, resolved, route, arguments, self._default_timeout
-            )
-        if not result.server and not result.tool:
-            # A result not tied to one MCP tool is recorded under the tool the model called.
-            result = _Result(
-                result.is_error, result.result_json, result.content, route.server, route.name
-            )
-        return await self._record(context, call_id, result)
+
+        async def run() -> _Result:
+            if arguments is None:
+                result = _error(problem, route.server, route.tool or route.name)
+            else:
+                result = await self.handlers[route.kind](
+                    context, resolved, route, arguments, self._default_timeout
+                )
+            if not result.server and not result.tool:
+                # A result not tied to one MCP tool is recorded under the tool the model called.
+                result = _Result(
+                    result.is_error, result.result_json, result.content, route.server, route.name
+                )
+            return result
+
+        return await self._once(context, call_id, run)
+
+    async def _once(
+        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[_Result]]
+    ) -> ToolOutcome:
+        """Runs a call and records its result, once per (Run, assistant step, call id): a
+        retry — after a lost response, concurrent or later — gets the recorded answer and
+        the tool does not run again."""
+        key = (context.run.run_id, call_id)
+        task = self._in_flight.get(key)
+        if task is None:
+            # Not tied to this RPC: a call whose client gave up (a deadline) still finishes
+            # and records its result, which the client's retry then finds.
+            task = asyncio.ensure_future(self._run_once(context, call_id, run))
+            self._in_flight[key] = task
+            task.add_done_callback(lambda done: self._finished(key, done))
+        return await asyncio.shield(task)
+
+    def _finished(self, key: tuple[str, str], task: asyncio.Task[ToolOutcome]) -> None:
+        if self._in_flight.get(key) is task:
+            del self._in_flight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter may have gone
+
+    async def _run_once(
+        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[_Result]]
+    ) -> ToolOutcome:
+        run_id = context.run.run_id
+        request_id, recorded = await self._blocking(self._recorded, run_id, call_id)
+        if recorded is not None:
+            return _outcome(recorded)
+        result = await run()
+        try:
+            return await self._record(context, call_id, result, request_id)
+        except SidecarError as error:
+            if error.reason is not Reason.REQUEST_ID_REUSED:
+                raise
+            # Another sidecar ran the same call meanwhile and recorded first: its answer
+            # stands (this result is not recorded).
+            _, recorded = await self._blocking(self._recorded, run_id, call_id)
+            if recorded is None:
+                raise
+            return _outcome(recorded)
+
+    def _recorded(self, run_id: str, call_id: str) -> tuple[str, RecordedCall | None]:
+        """The request id naming this call in its assistant step, and its recorded result."""
+        step = self._log.latest_assistant_sequence(run_id)
+        digest = hashlib.sha256(f"{step}\x00{call_id}".encode()).hexdigest()
+        request_id = f"call-{digest[:48]}"
+        return request_id, self._runs.recorded_call(run_id, request_id)
 
     def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:
         """The exposed tool a name stands for: on the current surface, or — for a name the
@@ -403,7 +474,9 @@ class ToolExecutor:
             return _error(f"{server}/{tool} did not answer: {failure}", server, tool)
         return _Result(result.is_error, result.result_json, result.content, server, tool)
 
-    async def _record(self, context: RunContext, call_id: str, result: _Result) -> ToolOutcome:
+    async def _record(
+        self, context: RunContext, call_id: str, result: _Result, request_id: str
+    ) -> ToolOutcome:
         record = Record(
             RecordKind.TOOL_RESULT,
             content=result.content,
@@ -412,8 +485,14 @@ class ToolExecutor:
             tool=result.tool,
             is_error=result.is_error,
         )
-        (appended,) = await self._blocking(self._runs.append, context.run.run_id, "", (record,))
+        (appended,) = await self._blocking(
+            self._runs.append, context.run.run_id, request_id, (record,), result.result_json
+        )
         return ToolOutcome(result.is_error, result.result_json, appended.sequence, appended.handle)
+
+
+def _outcome(recorded: RecordedCall) -> ToolOutcome:
+    return ToolOutcome(recorded.is_error, recorded.result_json, recorded.sequence, recorded.handle)
 
 
 def _parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:

@@ -80,6 +80,16 @@ class AppendedRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordedCall:
+    """A tool call's result as first recorded: what a retry of the call gets back."""
+
+    sequence: int
+    handle: str
+    is_error: bool
+    result_json: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     run_id: str
     tenant: str
