@@ -137,6 +137,15 @@ class Settings(BaseSettings):
             "connection; past it the call fails UNAVAILABLE (STORAGE_UNAVAILABLE)."
         ),
     )
+    cpu_threads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Threads for CPU-heavy steps (tool search and its index builds, schema "
+            "validation), apart from the storage threads so they never hold a database worker."
+        ),
+    )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
     mcp_commands: dict[str, StdioCommand] = Field(

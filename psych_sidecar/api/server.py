@@ -188,6 +188,11 @@ class Sidecar:
         self._executor = ThreadPoolExecutor(
             max_workers=settings.worker_threads, thread_name_prefix="storage"
         )
+        # CPU-heavy steps (search, schema validation) get their own threads: a burst of index
+        # builds must not hold every database worker.
+        self._cpu_executor = ThreadPoolExecutor(
+            max_workers=settings.cpu_threads, thread_name_prefix="cpu"
+        )
         self._health = health.aio.HealthServicer()
         self._connection_store = SqlConnectionStore(self._engine)
         # Sentence vectors for tool search (None: keywords only), shared by every Run.
@@ -222,6 +227,7 @@ class Sidecar:
             blocking,
             self.settings.tool_call_timeout_seconds,
             log=log,
+            cpu=Blocking(self._cpu_executor),
         )
         specs = SpecLookup(store)
         reader = ToolOutputReader(runs, log)
@@ -257,6 +263,7 @@ class Sidecar:
                     DispatchService(runs, specs, log, reader),
                     blocking,
                     limit,
+                    cpu=Blocking(self._cpu_executor),
                 ),
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),
@@ -345,6 +352,7 @@ class Sidecar:
         if self._embeddings is not None:
             self._embeddings.close()
         self._executor.shutdown(wait=True)
+        self._cpu_executor.shutdown(wait=True)
         self._engine.dispose()
         for address in [*self._addresses, *self.settings.health_listen_addresses()]:
             if address.unix_path is not None:

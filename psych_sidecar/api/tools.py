@@ -14,7 +14,13 @@ from psych.sidecar.v1 import tool_service_pb2
 from psych_sidecar.api import convert
 from psych_sidecar.api.connections import catalog_tool_to_proto
 from psych_sidecar.api.servicers import Blocking, Context
-from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcome, ToolOutputReader
+from psych_sidecar.domain.calls import (
+    DispatchService,
+    ToolExecutor,
+    ToolOutcome,
+    ToolOutputReader,
+    fitted,
+)
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import TurnResolver
@@ -35,7 +41,9 @@ def _integral_floats_as_ints(value: Any) -> Any:
     return value
 
 
-def outcome_to_proto(outcome: ToolOutcome) -> tool_service_pb2.ToolOutcome:
+def outcome_to_proto(outcome: ToolOutcome, max_bytes: int) -> tool_service_pb2.ToolOutcome:
+    """The outcome, elided when its result would not fit in a response (`fitted`)."""
+    outcome = fitted(outcome, max_bytes)
     return tool_service_pb2.ToolOutcome(
         is_error=outcome.is_error,
         result_json=outcome.result_json,
@@ -53,8 +61,11 @@ class ToolServicer:
         dispatcher: DispatchService,
         blocking: Blocking,
         max_message_bytes: int,
+        cpu: Blocking | None = None,
     ) -> None:
         self._resolver = resolver
+        # Searching (which may build an index) is CPU work: its own threads, not storage's.
+        self._cpu = cpu or blocking
         self._executor = executor
         self._reader = reader
         self._dispatcher = dispatcher
@@ -82,7 +93,9 @@ class ToolServicer:
             request.call_id,
             timeout,
         )
-        return tool_service_pb2.CallDeferredToolResponse(outcome=outcome_to_proto(outcome))
+        return tool_service_pb2.CallDeferredToolResponse(
+            outcome=outcome_to_proto(outcome, self._page_bytes)
+        )
 
     async def ListServerTools(
         self, request: tool_service_pb2.ListServerToolsRequest, context: Context
@@ -107,7 +120,7 @@ class ToolServicer:
     async def SearchTools(
         self, request: tool_service_pb2.SearchToolsRequest, context: Context
     ) -> tool_service_pb2.SearchToolsResponse:
-        hits, token = await self._blocking(
+        hits, token = await self._cpu(
             self._resolver.search_tools,
             request.run_id,
             request.query,
@@ -175,7 +188,7 @@ class ToolServicer:
                 return tool_service_pb2.DispatchToolCallResponse(
                     disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
                 )
-            outcome = outcome_to_proto(mcp)
+            outcome = outcome_to_proto(mcp, self._page_bytes)
         return tool_service_pb2.DispatchToolCallResponse(
             disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED, outcome=outcome
         )

@@ -146,10 +146,13 @@ class ToolExecutor:
         blocking: RunBlocking,
         default_timeout_seconds: float,
         log: LogReader,
+        cpu: RunBlocking | None = None,
     ) -> None:
         self._resolver = resolver
         self._runs = runs
         self._log = log
+        # CPU-heavy steps (search, schema validation) run here, never on the storage threads.
+        self._cpu = cpu or blocking
         # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
         # after a lost response) waits for the first and gets its answer.
         self._in_flight: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
@@ -416,7 +419,7 @@ class ToolExecutor:
             return _error("Pass the keywords, or a tool's exact name, as `query`.")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
             return _error("`limit` must be an integer from 1 to 50.")
-        hits = await self._blocking(resolved.search, query, limit)
+        hits = await self._cpu(resolved.search, query, limit)
         return _structured(
             {
                 "query": query,
@@ -451,7 +454,7 @@ class ToolExecutor:
             return _refused(server, tool)
         if not isinstance(arguments, dict):
             return _error(f"The arguments of {server}/{tool} must be a JSON object.", server, tool)
-        problems = await self._blocking(self._validators.errors, found.input_schema_json, arguments)
+        problems = await self._cpu(self._validators.errors, found.input_schema_json, arguments)
         if problems:
             shown = problems[:MAX_VALIDATION_ERRORS]
             more = len(problems) - len(shown)
@@ -489,6 +492,25 @@ class ToolExecutor:
             self._runs.append, context.run.run_id, request_id, (record,), result.result_json
         )
         return ToolOutcome(result.is_error, result.result_json, appended.sequence, appended.handle)
+
+
+def fitted(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
+    """The outcome as a response carries it: whole when its result JSON fits in `max_bytes`,
+    else an elided view — a text saying how large the result is and how to read it through
+    its handle — with the handle. The log always keeps the whole result."""
+    size = len(outcome.result_json)
+    if size <= max_bytes:
+        return outcome
+    note = (
+        f"[This tool result is {size} bytes of JSON, more than one response carries. It is "
+        f"stored in full: read it in pages with read_tool_output (handle {outcome.handle}).]"
+    )
+    view = {
+        "content": [{"type": "text", "text": note}],
+        "isError": outcome.is_error,
+        "_meta": {"psych.sidecar/elided": {"result_json_bytes": size, "handle": outcome.handle}},
+    }
+    return ToolOutcome(outcome.is_error, canonical_json(view), outcome.sequence, outcome.handle)
 
 
 def _outcome(recorded: RecordedCall) -> ToolOutcome:
