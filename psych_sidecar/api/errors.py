@@ -32,6 +32,7 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.NOT_IMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
     Reason.INTERNAL: grpc.StatusCode.INTERNAL,
     Reason.STORAGE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
 }
 
 

@@ -110,16 +110,47 @@ def _unimplemented(method: str) -> Behaviour:
     return behaviour
 
 
-def _guarded(method: str, behaviour: Behaviour) -> Behaviour:
+class InFlight:
+    """The calls being handled, so that shutdown can answer those still running when the
+    grace ends with UNAVAILABLE / SHUTTING_DOWN instead of a bare CANCELLED."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.shutting_down: SidecarError | None = None
+
+    async def settle(self, grace_seconds: float) -> None:
+        """Wait up to the grace for in-flight calls, then cut the rest short."""
+        self.shutting_down = SidecarError(
+            Reason.SHUTTING_DOWN,
+            f"the sidecar is shutting down; the call did not finish within {grace_seconds:g} s",
+            grace_seconds=grace_seconds,
+        )
+        waiting = set(self.tasks)
+        if waiting:
+            await asyncio.wait(waiting, timeout=grace_seconds)
+        for task in self.tasks:
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=5)
+
+
+def _guarded(method: str, behaviour: Behaviour, in_flight: InFlight) -> Behaviour:
     """Every RPC goes through here: one ErrorInfo per error, no stack trace to the client."""
 
     async def handle(request: Any, context: Context) -> Message:
         if isinstance(request, _Rejected):
             await abort(context, request.error)
+        task = asyncio.current_task()
+        assert task is not None
+        in_flight.tasks.add(task)
         try:
             return await behaviour(request, context)
         except SidecarError as error:
             await abort(context, error)
+        except asyncio.CancelledError:
+            if in_flight.shutting_down is None:
+                raise  # the client cancelled, or its deadline passed: nobody to answer
+            await abort(context, in_flight.shutting_down)
         except Exception:
             correlation_id = uuid.uuid4().hex
             log.exception("unexpected error in %s, correlation id %s", method, correlation_id)
@@ -131,11 +162,13 @@ def _guarded(method: str, behaviour: Behaviour) -> Behaviour:
                     correlation_id=correlation_id,
                 ),
             )
+        finally:
+            in_flight.tasks.discard(task)
 
     return handle
 
 
-def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
+def _generic_handler(binding: _Binding, limit: int, in_flight: InFlight) -> grpc.GenericRpcHandler:
     handlers = {}
     for method in binding.service.methods:
         assert not method.client_streaming, "the contract has only unary RPCs"
@@ -146,7 +179,7 @@ def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
         request_class = message_factory.GetMessageClass(method.input_type)
         response_class = message_factory.GetMessageClass(method.output_type)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(full_name, behaviour),
+            _guarded(full_name, behaviour, in_flight),
             request_deserializer=_deserializer(request_class, limit),
             response_serializer=response_class.SerializeToString,
         )
@@ -208,6 +241,7 @@ class Sidecar:
         )
         self.catalog = self.mcp
         self.tool_runner = self.mcp
+        self._in_flight = InFlight()
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
         self.bound: list[str] = []
@@ -289,7 +323,9 @@ class Sidecar:
             ]
         )
         bindings = self._bindings()
-        server.add_generic_rpc_handlers([_generic_handler(b, limit) for b in bindings])
+        server.add_generic_rpc_handlers(
+            [_generic_handler(b, limit, self._in_flight) for b in bindings]
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         service_names = [b.service.full_name for b in bindings]
         reflection.enable_server_reflection(
@@ -340,12 +376,18 @@ class Sidecar:
             self._embeddings.warm_in_background([(t.name, t.description) for t in tools])
 
     async def stop(self) -> None:
-        """NOT_SERVING first, then stop taking calls and let in-flight ones finish."""
+        """NOT_SERVING first, then stop taking calls and let in-flight ones finish; those
+        still running when the grace ends are answered UNAVAILABLE / SHUTTING_DOWN."""
         await self._health.enter_graceful_shutdown()
         if self.settings.drain_delay_seconds:
             await asyncio.sleep(self.settings.drain_delay_seconds)
         if self._server is not None:
-            await self._server.stop(self.settings.shutdown_grace_seconds)
+            grace = self.settings.shutdown_grace_seconds
+            # New calls are refused at once (bare UNAVAILABLE); in-flight ones get the grace,
+            # and an answer of ours when it ends, before the transport would cancel them.
+            stopping = asyncio.ensure_future(self._server.stop(grace + 5))
+            await self._in_flight.settle(grace)
+            await stopping
         if self._health_server is not None:
             await self._health_server.stop(None)
         await self.mcp.stop()
