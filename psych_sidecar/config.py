@@ -146,6 +146,19 @@ class Settings(BaseSettings):
             "validation), apart from the storage threads so they never hold a database worker."
         ),
     )
+    search_index_cache_bytes: int = Field(
+        default=256 * MIB,
+        ge=MIB,
+        description=(
+            "Memory for tool-search indexes, shared by every Run and turn that reaches the "
+            "same tools of the same catalogue versions; least recently used go first."
+        ),
+    )
+    resolution_cache_bytes: int = Field(
+        default=128 * MIB,
+        ge=MIB,
+        description="Memory for catalogues read and resolved turns (surfaces), by bytes.",
+    )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
     mcp_commands: dict[str, StdioCommand] = Field(

@@ -242,6 +242,8 @@ class Sidecar:
         self.catalog = self.mcp
         self.tool_runner = self.mcp
         self._in_flight = InFlight()
+        # The turn resolver, once the services are bound (its caches are inspectable).
+        self.resolver: TurnResolver | None = None
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
         self.bound: list[str] = []
@@ -253,7 +255,15 @@ class Sidecar:
         blocking = Blocking(self._executor)
         limit = self.settings.max_message_bytes
         runs = RunService(store, store)
-        resolver = TurnResolver(runs, store, self.catalog, embeddings=self._embeddings)
+        resolver = TurnResolver(
+            runs,
+            store,
+            self.catalog,
+            embeddings=self._embeddings,
+            search_index_cache_bytes=self.settings.search_index_cache_bytes,
+            resolution_cache_bytes=self.settings.resolution_cache_bytes,
+        )
+        self.resolver = resolver
         executor = ToolExecutor(
             resolver,
             runs,

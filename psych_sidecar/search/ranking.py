@@ -337,6 +337,21 @@ class SearchIndex:
             self._description_vectors = self._embeddings.vectors([desc for _, desc in texts])
 
     @property
+    def approximate_bytes(self) -> int:
+        """About what the index keeps in memory: its vectors, its postings (a tuple per
+        document and term, ~90 bytes with its list slot and float), its terms and documents.
+        An estimate for byte-bounded caches, within a small factor of tracemalloc's figure."""
+        postings = sum(len(posting) for posting in self._tools.postings.values())
+        documents = sum(300 + len(d.description) for d in self._documents)
+        return (
+            self._name_vectors.nbytes
+            + self._description_vectors.nbytes
+            + 90 * postings
+            + 150 * len(self._tools.postings)
+            + documents
+        )
+
+    @property
     def semantic(self) -> bool:
         """Whether the ranking fuses sentence embeddings with the keywords."""
         return self._embeddings is not None

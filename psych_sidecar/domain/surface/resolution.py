@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.cache import ByteBudgetCache, ImmutableCache
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogView,
@@ -47,6 +47,43 @@ from psych_sidecar.search.ranking import Embeddings, SearchDocument, SearchIndex
 
 SEARCH_PAGE_SIZE = 10
 MAX_SEARCH_PAGE_SIZE = 100
+DEFAULT_SEARCH_INDEX_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_RESOLUTION_CACHE_BYTES = 128 * 1024 * 1024
+
+# A search index with the (server, tool) of each of its documents.
+IndexedTools = tuple[SearchIndex, list[tuple[str, CatalogTool]]]
+
+
+def _tool_bytes(tool: CatalogTool) -> int:
+    """About what one catalogued tool keeps in memory (its texts, schemas, the objects)."""
+    return (
+        200
+        + len(tool.name)
+        + len(tool.description)
+        + len(tool.input_schema_json)
+        + len(tool.output_schema_json)
+        + len(tool.annotations_json)
+    )
+
+
+def _tools_bytes(tools: tuple[CatalogTool, ...]) -> int:
+    return 100 + sum(_tool_bytes(tool) for tool in tools)
+
+
+def _snapshot_bytes(snapshot: CatalogSnapshot) -> int:
+    # The tools are shared with the tools cache; the snapshot holds references to them.
+    return 500 + sum(300 + 8 * len(server.tools) for server in snapshot.servers.values())
+
+
+def _turn_bytes(resolved: ResolvedTurn) -> int:
+    """The surface (its exposed tools carry canonical schemas) and the permitted maps; the
+    tools themselves belong to the snapshot, the index to the index cache."""
+    surface = sum(
+        200 + len(tool.name) + len(tool.description) + len(tool.input_schema_json)
+        for tool in resolved.surface.tools
+    )
+    permitted = sum(200 + 100 * len(tools) for tools in resolved.permitted.values())
+    return 1000 + surface + permitted
 
 
 def connection_key(connection: Connection, status: ConnectionStatus) -> Hashable:
@@ -97,6 +134,9 @@ class ResolvedTurn:
     permitted: dict[str, dict[str, CatalogTool]]  # server -> tool name -> tool, sorted
     snapshot: CatalogSnapshot
     embeddings: Embeddings | None = None
+    # Where the search index comes from: the resolver's byte-bounded cache, shared by every
+    # Run and turn that may reach the same tools of the same catalogue versions.
+    index_source: Callable[[ResolvedTurn], IndexedTools] | None = None
     _index: SearchIndex | None = None
     _entries: list[tuple[str, CatalogTool]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -106,25 +146,42 @@ class ResolvedTurn:
     def __post_init__(self) -> None:
         self.routes = {tool.name: tool for tool in self.surface.tools}
 
+    @property
+    def index_key(self) -> Hashable:
+        """What the search index depends on: the catalogue versions read and the tools this
+        turn may reach (Runs of different Specs with the same reach share one index)."""
+        return (
+            self.snapshot.key,
+            tuple((server, tuple(tools)) for server, tools in self.permitted.items()),
+        )
+
+    def build_index(self) -> IndexedTools:
+        """A new search index over the permitted tools (the expensive step: tokenizing and,
+        with embeddings, encoding every text not encoded before)."""
+        documents, entries = [], []
+        for server, tools in self.permitted.items():
+            description = self.snapshot.servers[server].connection.description
+            for tool in tools.values():
+                entries.append((server, tool))
+                documents.append(
+                    SearchDocument(
+                        server,
+                        tool.name,
+                        tool.description,
+                        _parameter_names(tool.input_schema_json),
+                        description,
+                    )
+                )
+        return SearchIndex(documents, self.embeddings), entries
+
     def search(self, query: str, limit: int) -> list[SearchResult]:
-        with self._lock:
-            if self._index is None:
-                documents = []
-                for server, tools in self.permitted.items():
-                    description = self.snapshot.servers[server].connection.description
-                    for tool in tools.values():
-                        self._entries.append((server, tool))
-                        documents.append(
-                            SearchDocument(
-                                server,
-                                tool.name,
-                                tool.description,
-                                _parameter_names(tool.input_schema_json),
-                                description,
-                            )
-                        )
-                self._index = SearchIndex(documents, self.embeddings)
-            index, entries = self._index, self._entries
+        if self.index_source is not None:
+            index, entries = self.index_source(self)
+        else:
+            with self._lock:
+                if self._index is None:
+                    self._index, self._entries = self.build_index()
+                index, entries = self._index, self._entries
         return [
             SearchResult(entries[hit.index][0], entries[hit.index][1], hit.score)
             for hit in index.search(query, limit)
@@ -161,6 +218,8 @@ class TurnResolver:
         catalog: CatalogView,
         cache_size: int = 1024,
         embeddings: Embeddings | None = None,
+        search_index_cache_bytes: int = DEFAULT_SEARCH_INDEX_CACHE_BYTES,
+        resolution_cache_bytes: int = DEFAULT_RESOLUTION_CACHE_BYTES,
     ) -> None:
         self._runs = runs
         self._embeddings = embeddings
@@ -169,11 +228,24 @@ class TurnResolver:
         self._spec_cache = ImmutableCache[tuple[str, int], Spec](cache_size)
         # Keyed by content read from the database: an entry never goes stale, it just stops
         # being asked for.
-        self._tools_cache = ImmutableCache[tuple[str, str, int], tuple[CatalogTool, ...]](
-            cache_size * 16
+        # Bounded by bytes, not counts: one catalogue of 10,000 tools weighs as much as
+        # thousands of small ones. Half the budget for catalogues, half for resolved turns.
+        self._tools_cache = ByteBudgetCache[tuple[str, str, int], tuple[CatalogTool, ...]](
+            resolution_cache_bytes // 2, _tools_bytes
         )
-        self._snapshot_cache = ImmutableCache[Hashable, CatalogSnapshot](cache_size)
-        self._turn_cache = ImmutableCache[Hashable, ResolvedTurn](cache_size)
+        self._snapshot_cache = ByteBudgetCache[Hashable, CatalogSnapshot](
+            resolution_cache_bytes // 8, _snapshot_bytes
+        )
+        self._turn_cache = ByteBudgetCache[Hashable, ResolvedTurn](
+            resolution_cache_bytes * 3 // 8, _turn_bytes
+        )
+        # Search indexes, shared per catalogue versions and reach. An index of catalogue
+        # versions no longer current is no longer asked for and is the first to go.
+        self._index_cache = ByteBudgetCache[Hashable, IndexedTools](
+            search_index_cache_bytes, lambda indexed: indexed[0].approximate_bytes
+        )
+        self._index_builds: dict[Hashable, threading.Lock] = {}
+        self._index_builds_lock = threading.Lock()
 
     def context(self, run_id: str) -> RunContext:
         run = self._runs.get(run_id)
@@ -236,9 +308,36 @@ class TurnResolver:
         # never collide with an MCP tool's.
         tools = sorted((*mcp_surface.tools, *sidecar_tools(spec)), key=lambda tool: tool.name)
         surface = ToolSurface(tuple(tools), mcp_surface.servers)
-        resolved = ResolvedTurn(surface, permitted, snapshot, self._embeddings)
+        resolved = ResolvedTurn(
+            surface, permitted, snapshot, self._embeddings, index_source=self._search_index
+        )
         self._turn_cache.put(key, resolved)
         return resolved
+
+    def _search_index(self, resolved: ResolvedTurn) -> IndexedTools:
+        """The shared index for this reach, built once even when many searches ask at once."""
+        key = resolved.index_key
+        cached = self._index_cache.get(key)
+        if cached is not None:
+            return cached
+        with self._index_builds_lock:
+            building = self._index_builds.setdefault(key, threading.Lock())
+        try:
+            with building:
+                cached = self._index_cache.get(key)
+                if cached is None:
+                    cached = resolved.build_index()
+                    self._index_cache.put(key, cached)
+                return cached
+        finally:
+            with self._index_builds_lock:
+                if self._index_builds.get(key) is building and not building.locked():
+                    del self._index_builds[key]
+
+    @property
+    def search_indexes(self) -> tuple[int, int]:
+        """How many search indexes are cached and what they weigh (an estimate)."""
+        return len(self._index_cache), self._index_cache.bytes
 
     def resolve_turn(self, run_id: str) -> ToolSurface:
         return self.resolve(self.context(run_id)).surface
