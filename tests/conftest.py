@@ -73,7 +73,8 @@ def postgres_database() -> Iterator[str]:
     """A new, empty database on the test PostgreSQL server, dropped afterwards."""
     admin_url = postgres_admin_url()
     name = "t_" + uuid.uuid4().hex[:12]
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    # pre-ping: a test may restart the server (test_storage_faults) under a pooled connection.
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     base, _, _ = admin_url.rpartition("/")

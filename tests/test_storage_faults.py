@@ -9,8 +9,13 @@ session holds the Run's row lock past the lock timeout, and the database refuses
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
+import shutil
 import sqlite3
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -173,3 +178,100 @@ def test_concurrent_appends_under_a_held_lock_all_answer(
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
     stored = all_records(stubs, run_id)
     assert len(stored) == codes.count(grpc.StatusCode.OK)
+
+
+def _pg_ctl() -> str:
+    configured = os.environ.get("PSYCH_PG_BIN")
+    for candidate in (
+        os.path.join(configured, "pg_ctl") if configured else None,
+        shutil.which("pg_ctl"),
+        "/usr/lib/postgresql/15/bin/pg_ctl",
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.skip("pg_ctl not found")
+
+
+def _as_owner(path: str) -> list[str]:
+    """Run as the cluster's owner: PostgreSQL refuses to run as root."""
+    owner = os.stat(path).st_uid
+    if os.geteuid() == 0 and owner != 0:
+        return ["runuser", "-u", pwd.getpwuid(owner).pw_name, "--"]
+    return []
+
+
+def test_postgresql_stopped_and_restarted_during_appends(
+    grpc_server: RunningSidecar, stubs: Stubs, unique: Any
+) -> None:
+    """The test cluster itself is stopped while a client appends: UNAVAILABLE /
+    STORAGE_UNAVAILABLE during the outage, then appends succeed again without restarting the
+    sidecar; every acknowledged record is stored once, sequences gap-free."""
+    url = make_url(grpc_server.settings.database_url)
+    if url.get_backend_name() != "postgresql":
+        pytest.skip("a PostgreSQL outage")
+    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        data = str(connection.execute(text("SHOW data_directory")).scalar())
+    admin.dispose()
+    pg_ctl, as_owner = _pg_ctl(), _as_owner(data)
+    log_file = os.path.join(os.path.dirname(data), "postgres.log")
+    run_id = new_run(stubs, unique("spec"))
+    acknowledged: dict[str, int] = {}
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def append() -> None:
+        number = 0
+        while not stop.is_set():
+            number += 1
+            request_id = f"a{number}"
+            while not stop.is_set():
+                try:
+                    answer = _append(stubs, run_id, request_id, request_id)
+                except grpc.RpcError as error:
+                    failure = rpc_status.from_call(error)  # type: ignore[arg-type]
+                    outcomes.append(f"{error.code().name}")  # type: ignore[attr-defined]
+                    assert failure is not None, "an error without a google.rpc.Status"
+                    time.sleep(0.05)
+                    continue  # retried with the same request id
+                acknowledged[request_id] = answer.records[0].sequence
+                outcomes.append("OK")
+                break
+
+    appender = threading.Thread(target=append)
+    appender.start()
+    try:
+        wait_until(lambda: len(acknowledged) >= 5)
+        subprocess.run(
+            [*as_owner, pg_ctl, "-D", data, "-m", "fast", "-w", "-t", "60", "stop"],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            wait_until(lambda: outcomes.count("UNAVAILABLE") >= 3)
+        finally:
+            subprocess.run(
+                [*as_owner, pg_ctl, "-D", data, "-l", log_file, "-w", "-t", "60", "start"],
+                check=True,
+                capture_output=True,
+            )
+        recovered = len(acknowledged)
+        wait_until(lambda: len(acknowledged) >= recovered + 5)
+    finally:
+        stop.set()
+        appender.join(60)
+    assert set(outcomes) <= {"OK", "UNAVAILABLE"}, set(outcomes)
+    stored = all_records(stubs, run_id)
+    assert [r.sequence for r in stored] == list(range(1, len(stored) + 1))
+    texts = [r.user_message.content[0].text for r in stored]
+    assert len(set(texts)) == len(texts)
+    by_text = dict(zip(texts, (r.sequence for r in stored), strict=True))
+    for request_id, sequence in acknowledged.items():
+        assert by_text[request_id] == sequence
+
+
+def wait_until(condition: Any, within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.02)
