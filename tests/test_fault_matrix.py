@@ -2,9 +2,10 @@
 For each fault: what the host sees (a clean tool result or a connection state, never an RPC
 error), that the result is in the Run's log, and that health and GetRun answer meanwhile.
 
-Faults covered elsewhere with the fixture server: a hanging call (test_turns), a server exiting
-mid-call, a 30 MB result and results larger than a response (test_faults), image, audio and blob
-results (test_turns, every result kind).
+A list_changed flood is debounced into a few re-listings. Faults covered elsewhere, with the
+fixture server: a hanging call (test_turns), a server exiting mid-call, a 30 MB result and
+results larger than a response (test_faults), image, audio and blob results (test_turns, every
+result kind).
 """
 
 from __future__ import annotations
@@ -213,6 +214,21 @@ def test_a_stderr_flood_does_not_disturb_the_session(
         outcome = tenant.call(run_id, "stderr_flood", "e1", mb=20)
     assert text(outcome) == "ok"
     assert not tenant.logged(run_id, "e1").tool_result.is_error
+
+
+def test_a_list_changed_flood_is_debounced_and_the_session_keeps_serving(
+    grpc_server: RunningSidecar, stubs: Stubs, tenant: Tenant
+) -> None:
+    run_id = tenant.run()
+    tenant.connect()
+    wait_for(lambda: tenant.connection().catalog_version, "the first listing")
+    with answering_meanwhile(grpc_server, stubs, run_id):
+        flooded = tenant.call(run_id, "flood", "f1", count=2000)
+        after = tenant.call(run_id, "ok", "f2")
+    assert not flooded.is_error
+    assert text(after) == "ok"
+    assert tenant.connection().state == connection_pb2.CONNECTION_STATE_CONNECTED
+    assert not tenant.logged(run_id, "f1").tool_result.is_error
 
 
 def test_hang_and_exit_mid_call_are_tool_errors_in_the_log(

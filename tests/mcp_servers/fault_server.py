@@ -7,7 +7,7 @@
 - `--garbage-first`: lines that are not JSON-RPC on stdout before the session starts;
 - tools: `ok` (answers "ok"), `garbage` (writes non-JSON lines to stdout, then answers),
   `stderr_flood` (writes `mb` MiB to stderr, then answers), `hang` (never answers),
-  `exit` (the process dies mid-call).
+  `exit` (the process dies mid-call), `flood` (`count` tools/list_changed notifications).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import anyio
 import mcp_types as types
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 
 _OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 FIXED = [
@@ -31,11 +32,13 @@ FIXED = [
         ("stderr_flood", "Writes mb MiB to stderr, then answers."),
         ("hang", "Never answers."),
         ("exit", "Ends the process mid-call."),
+        ("flood", "Announces tools/list_changed `count` times, then answers."),
     ]
 ]
 
 
 def build_server(tool_count: int, list_delay: float) -> Server[Any]:
+    bus = InMemorySubscriptionBus()
     generated = [
         types.Tool(
             name=f"tool_{index:05d}",
@@ -64,9 +67,20 @@ def build_server(tool_count: int, list_delay: float) -> Server[Any]:
                 await anyio.sleep_forever()
             case "exit":
                 os._exit(3)
+            case "flood":
+                for _ in range(int(arguments.get("count", 1000))):
+                    if ctx.protocol_version == "2025-11-25":
+                        await ctx.session.send_tool_list_changed()
+                    await bus.publish(ToolsListChanged())
         return types.CallToolResult(content=[types.TextContent(type="text", text="ok")])
 
-    return Server("psych-faults", version="1.0.0", on_list_tools=list_tools, on_call_tool=call_tool)
+    return Server(
+        "psych-faults",
+        version="1.0.0",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_subscriptions_listen=ListenHandler(bus),
+    )
 
 
 async def main(options: argparse.Namespace) -> None:
