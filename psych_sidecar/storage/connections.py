@@ -18,7 +18,7 @@ from psych_sidecar.domain.catalog import (
     listing_fingerprint,
 )
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import transaction
+from psych_sidecar.storage.db import transaction, unavailable_as_typed_errors
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
 _INSERT_BATCH = 500
@@ -203,14 +203,19 @@ class SqlConnectionStore:
         # Every ResolveTurn and tool call runs this, so it skips SQLAlchemy's statement and
         # transaction machinery (~6x the cost of the query itself): one SELECT is atomic on
         # its own on both databases.
-        dbapi_connection = self._engine.raw_connection()
-        try:
-            cursor = dbapi_connection.cursor()
-            cursor.execute(self._versions_sql, (tenant,))
-            rows = cursor.fetchall()
-            cursor.close()
-        finally:
-            dbapi_connection.close()
+        with unavailable_as_typed_errors():
+            dbapi_connection = self._engine.raw_connection()
+            try:
+                cursor = dbapi_connection.cursor()
+                cursor.execute(self._versions_sql, (tenant,))
+                rows = cursor.fetchall()
+                cursor.close()
+            except Exception:
+                # A connection that failed under us is not handed to the next caller.
+                dbapi_connection.invalidate()
+                raise
+            finally:
+                dbapi_connection.close()
         return {name: (revision, version) for name, revision, version in rows}
 
     def write_catalog(

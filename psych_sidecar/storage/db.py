@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
@@ -119,6 +120,12 @@ def unavailable_error(error: BaseException) -> SidecarError | None:
     if isinstance(error, sa_exc.TimeoutError | sa_exc.DisconnectionError):
         # No pooled connection came free in time, or the connection was lost.
         return storage_unavailable(_short(error))
+    if isinstance(error, sqlite3.OperationalError):
+        # Raised bare by code that uses the driver directly (raw_connection).
+        name = getattr(error, "sqlite_errorname", "") or ""
+        return storage_unavailable(_short(error)) if name.startswith(_SQLITE_TRANSIENT) else None
+    if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+        return storage_unavailable(_short(error))
     if not isinstance(error, sa_exc.DBAPIError):
         return None
     original = error.orig
@@ -140,6 +147,30 @@ def _short(error: BaseException) -> str:
     return first_line[:200]
 
 
+_MAPPED = (
+    sa_exc.DBAPIError,
+    sa_exc.TimeoutError,
+    sa_exc.DisconnectionError,
+    sqlite3.OperationalError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+
+@contextlib.contextmanager
+def unavailable_as_typed_errors() -> Iterator[None]:
+    """Driver failures inside the block that mean "the database cannot be used just now" leave
+    as STORAGE_UNAVAILABLE (see `unavailable_error`); others pass through unchanged."""
+    try:
+        yield
+    except _MAPPED as error:
+        mapped = unavailable_error(error)
+        if mapped is None:
+            raise
+        log.warning("database unavailable: %s", mapped.metadata["detail"])
+        raise mapped from error
+
+
 @contextlib.contextmanager
 def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
     """A transaction; `write=True` takes SQLite's write lock up front (PostgreSQL ignores it).
@@ -147,18 +178,11 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
     Every driver failure that means the database is unavailable (down, restarting, locked
     past the busy timeout, a serialization failure) leaves here as STORAGE_UNAVAILABLE;
     nothing was committed by this transaction unless the failure came after its commit."""
-    try:
-        with engine.connect() as connection:
-            if write:
-                connection = connection.execution_options(**{_WRITE_OPTION: True})
-            with connection.begin():
-                yield connection
-    except (sa_exc.DBAPIError, sa_exc.TimeoutError, sa_exc.DisconnectionError) as error:
-        mapped = unavailable_error(error)
-        if mapped is None:
-            raise
-        log.warning("database unavailable: %s", mapped.metadata["detail"])
-        raise mapped from error
+    with unavailable_as_typed_errors(), engine.connect() as connection:
+        if write:
+            connection = connection.execution_options(**{_WRITE_OPTION: True})
+        with connection.begin():
+            yield connection
 
 
 def alembic_config(connection: Connection) -> Config:

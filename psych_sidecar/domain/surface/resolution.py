@@ -272,7 +272,10 @@ class TurnResolver:
             tools_key = (tenant, connection.name, status.catalog_version)
             tools = self._tools_cache.get(tools_key)
             if tools is None:
-                tools = tuple(self._catalog.current_tools(tenant, connection.name))
+                # The tools of the very version read above, so the cache key is honest.
+                tools = tuple(
+                    self._catalog.current_tools(tenant, connection.name, status.catalog_version)
+                )
                 self._tools_cache.put(tools_key, tools)
             servers[connection.name] = TenantServer(connection, status, tools)
         snapshot = CatalogSnapshot(tenant, key, servers)
