@@ -69,3 +69,39 @@ def ratio_to_echo(ctx: BenchContext, rates: dict[str, list[float]], calls: int) 
         }
     )
     return side_rate / echo_rate
+
+
+# The sidecar variants the overhead cases measure side by side: both off (no admin listener,
+# no tracing), metrics only, and metrics with tracing (spans made, ended and dropped:
+# OTEL_TRACES_EXPORTER=none). The case's value is the last one's ratio.
+VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "sidecar": ([], {}),
+    "metrics": (["--admin-listen", "127.0.0.1:0"], {}),
+    "observed": (
+        ["--admin-listen", "127.0.0.1:0", "--tracing", "otlp"],
+        {"OTEL_TRACES_EXPORTER": "none"},
+    ),
+}
+
+
+def ratio_of_variants(ctx: BenchContext, rates: dict[str, list[float]], calls: int) -> float:
+    """The observed sidecar's median calls/s over the echo baseline's; the details give each
+    variant's ratio and the cost of metrics, and of metrics with tracing, against both off."""
+    echo = median(rates["echo"])
+    medians = {name: median(rates[name]) for name in VARIANTS}
+    off = medians["sidecar"]
+    ctx.details.update(
+        {
+            "baseline_calls_per_s": round(echo, 1),
+            "sidecar_calls_per_s": round(off, 1),
+            "ratio_both_off": round(off / echo, 4),
+            "ratio_metrics": round(medians["metrics"] / echo, 4),
+            "ratio_metrics_and_tracing": round(medians["observed"] / echo, 4),
+            "cost_metrics_pct": round(100 * (1 - medians["metrics"] / off), 2),
+            "cost_metrics_and_tracing_pct": round(100 * (1 - medians["observed"] / off), 2),
+            "calls_per_round": calls,
+            "concurrency": CONCURRENCY,
+            **{f"{name}_rounds": [round(r, 1) for r in rates[name]] for name in rates},
+        }
+    )
+    return medians["observed"] / echo

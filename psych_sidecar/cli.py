@@ -1,49 +1,102 @@
-"""psych-sidecar serve | migrate | version."""
+"""psych-sidecar serve | migrate | health | inspect | version.
+
+Every field of `Settings` is a flag of serve, migrate and health (`--data-dir` for `data_dir`),
+generated from the model, so a setting reads the same from a flag, the environment
+(PSYCH_SIDECAR_DATA_DIR) and the TOML file (`data_dir = …`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import ValidationError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from psych_sidecar import __version__
-from psych_sidecar.config import Settings, load_settings, parse_listen_address
+from psych_sidecar import __version__, inspect
+from psych_sidecar.config import (
+    CONFIG_FILE_ENV,
+    ENV_PREFIX,
+    Settings,
+    load_settings,
+    parse_listen_address,
+)
 from psych_sidecar.storage.db import normalize_url
+from psych_sidecar.telemetry import logs
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from error
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per field of `Settings`, generated from the model: `--data-dir` for `data_dir`.
+
+    A list setting takes its flag once per item (`--listen A --listen B`), a true/false one is
+    `--x` / `--no-x`, a table (`mcp_commands`) takes JSON, as in the environment. The value
+    is validated by the model, exactly as from the file or the environment.
+    """
+    group = parser.add_argument_group(
+        "settings (a flag beats the environment, which beats the file)"
+    )
+    for name, field in Settings.model_fields.items():
+        environment = ENV_PREFIX + name.upper()
+        shown = field.default if field.default != "" else '""'
+        default = "" if field.default_factory is not None else f"; default {shown}"
+        help_text = f"{field.description} [{environment}{default}]".replace("%", "%%")
+        # --listen ADDR, --data-dir DIR, --max-message-bytes BYTES, --…-seconds SECONDS
+        metavar = {"LISTEN": "ADDR"}.get(word := name.rsplit("_", 1)[-1].upper(), word)
+        kind = get_origin(field.annotation) or field.annotation
+        if kind is bool:
+            group.add_argument(
+                _flag(name), dest=name, action=argparse.BooleanOptionalAction, help=help_text
+            )
+        elif kind is list:
+            group.add_argument(
+                _flag(name), dest=name, action="append", metavar=metavar, help=help_text
+            )
+        elif kind is dict:
+            group.add_argument(
+                _flag(name), dest=name, type=_json_value, metavar="JSON", help=help_text
+            )
+        elif kind is Literal:
+            group.add_argument(
+                _flag(name), dest=name, choices=get_args(field.annotation), help=help_text
+            )
+        else:
+            group.add_argument(_flag(name), dest=name, metavar=metavar, help=help_text)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="psych-sidecar",
         description="Tool disclosure and prompt-budget sidecar for LLM agent hosts.",
+        epilog="Every setting is a flag of serve, migrate and health, an environment variable "
+        f"({ENV_PREFIX}<NAME>) and a key of the TOML file; see docs/operations.md.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", help="TOML settings file (also PSYCH_SIDECAR_CONFIG_FILE)")
-    common.add_argument("--database-url", help="sqlite:///path or postgresql://user@host/db")
-    common.add_argument("--data-dir", help="directory for the default socket and SQLite file")
-    serve = commands.add_parser("serve", parents=[common], help="run the gRPC server")
-    serve.add_argument(
-        "--listen",
-        action="append",
-        metavar="ADDR",
-        help="unix:///path or HOST:PORT; repeat for several (default: DATA_DIR/sidecar.sock)",
+    settings = argparse.ArgumentParser(add_help=False)
+    settings.add_argument(
+        "--config", metavar="FILE", help=f"TOML settings file [{CONFIG_FILE_ENV}]"
     )
-    serve.add_argument(
-        "--health-listen",
-        action="append",
-        metavar="ADDR",
-        help="serve only grpc.health.v1 here too (a probe port on the pod IP, say)",
-    )
-    serve.add_argument("--max-message-bytes", type=int, help="largest request or response")
-    serve.add_argument(
-        "--allow-non-loopback", action="store_true", default=None, help="allow non-loopback TCP"
-    )
-    commands.add_parser("migrate", parents=[common], help="apply database migrations and exit")
+    add_settings_flags(settings)
+    commands.add_parser("serve", parents=[settings], help="run the gRPC server")
+    commands.add_parser("migrate", parents=[settings], help="apply database migrations and exit")
     check = commands.add_parser(
-        "health", help="exit 0 if the sidecar at ADDR reports SERVING, 1 otherwise (for probes)"
+        "health",
+        parents=[settings],
+        help="exit 0 if the sidecar at ADDR reports SERVING, 1 otherwise (for probes)",
     )
     check.add_argument(
         "--address",
@@ -51,37 +104,53 @@ def _parser() -> argparse.ArgumentParser:
         help="unix:///path or HOST:PORT (default: the first listen address of the settings)",
     )
     check.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
+    inspect.add_parser(commands)
     commands.add_parser("version", help="print the version")
     return parser
 
 
+def settings_from_arguments(argv: list[str]) -> Settings:
+    """The settings a command line gives, with the environment and the file it names."""
+    return _settings(_parser().parse_args(argv))
+
+
 def _settings(arguments: argparse.Namespace) -> Settings:
-    return load_settings(
-        arguments.config,
-        database_url=arguments.database_url,
-        data_dir=arguments.data_dir,
-        listen=getattr(arguments, "listen", None),
-        max_message_bytes=getattr(arguments, "max_message_bytes", None),
-        health_listen=getattr(arguments, "health_listen", None),
-        allow_non_loopback=getattr(arguments, "allow_non_loopback", None),
-    )
+    flags = {name: getattr(arguments, name) for name in Settings.model_fields}
+    return load_settings(arguments.config, **flags)
 
 
-def _health(address: str | None, timeout: float) -> int:
+def _one_line(error: Exception) -> str:
+    """A configuration or start-up error as one line: each invalid field, or the first line."""
+    if isinstance(error, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or 'settings'}: {problem['msg']}"
+            for problem in error.errors()
+        )
+    # A database driver's message (SQLAlchemy wraps it, adding the statement and a link).
+    cause = getattr(error, "orig", None) or error
+    return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"psych-sidecar: {message}", file=sys.stderr)
+    return status
+
+
+def _health(arguments: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     try:
-        target = parse_listen_address(address).grpc_target if address else None
-        if target is None:
-            target = load_settings().listen_addresses()[0].grpc_target
+        if arguments.address:
+            target = parse_listen_address(arguments.address).grpc_target
+        else:
+            target = _settings(arguments).listen_addresses()[0].grpc_target
     except (ValidationError, ValueError) as error:
-        print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
-        return 2
+        return _fail(f"invalid configuration: {_one_line(error)}", 2)
     with grpc.insecure_channel(target) as channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=timeout
+                health_pb2.HealthCheckRequest(), timeout=arguments.timeout
             )
         except grpc.RpcError as error:
             print(f"{target}: {error.code().name}", file=sys.stderr)
@@ -91,35 +160,63 @@ def _health(address: str | None, timeout: float) -> int:
     return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+def _migrate(settings: Settings) -> None:
+    from psych_sidecar.storage.db import create_database_engine, current_revision, migrate
+
+    engine = create_database_engine(settings.resolved_database_url(), pool_size=1)
+    try:
+        migrate(engine)
+        print(f"database at revision {current_revision(engine)}")
+    finally:
+        engine.dispose()
+
+
+def _inspect(arguments: argparse.Namespace) -> int:
+    try:
+        address = arguments.address
+        target = (
+            parse_listen_address(address).grpc_target
+            if address
+            else load_settings().listen_addresses()[0].grpc_target
+        )
+    except (ValidationError, ValueError) as error:
+        print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
+        return 2
+    return inspect.run(arguments, target)
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     if arguments.command == "version":
         print(__version__)
         return 0
     if arguments.command == "health":
-        return _health(arguments.address, arguments.timeout)
+        return _health(arguments)
+    if arguments.command == "inspect":
+        return _inspect(arguments)
     try:
         settings = _settings(arguments)
         settings.listen_addresses()
-        normalize_url(settings.resolved_database_url())
-    except (ValidationError, ValueError) as error:
-        print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+        database = normalize_url(settings.resolved_database_url())
+    except (ValidationError, ValueError, ArgumentError) as error:
+        return _fail(f"invalid configuration: {_one_line(error)}", 2)
+    logs.configure(settings.log_level, settings.log_format)
     # Alembic narrates every plugin it loads at INFO; migrations still log their upgrades.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
-    if arguments.command == "migrate":
-        from psych_sidecar.storage.db import create_database_engine, current_revision, migrate
+    from psych_sidecar.api.server import StartupError, serve
 
-        engine = create_database_engine(settings.resolved_database_url(), pool_size=1)
-        migrate(engine)
-        print(f"database at revision {current_revision(engine)}")
-        engine.dispose()
-        return 0
-    from psych_sidecar.api.server import serve
-
-    asyncio.run(serve(settings))
+    # Expected reasons not to start are one line and exit 1; anything else is a bug and
+    # keeps its traceback.
+    try:
+        if arguments.command == "migrate":
+            _migrate(settings)
+        else:
+            asyncio.run(serve(settings))
+    except StartupError as error:
+        return _fail(str(error), 1)
+    except SQLAlchemyError as error:
+        where = database.render_as_string(hide_password=True)
+        return _fail(f"cannot use the database {where}: {_one_line(error)}", 1)
+    except OSError as error:
+        return _fail(f"cannot start: {error}", 1)
     return 0

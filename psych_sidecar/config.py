@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,23 @@ class StdioCommand(BaseModel):
         default_factory=dict,
         description="Environment set for the process; a connection's env is merged over it.",
     )
+    allowed_env: list[str] = Field(
+        default_factory=list,
+        description=(
+            "The environment names a connection may set for this command: exact names, or a "
+            "prefix ending in '*' (GITHUB_*). Loader and interpreter variables (LD_*, "
+            "PYTHON*, NODE_OPTIONS, PATH, ...) pass only when named exactly. Empty: none."
+        ),
+    )
+
+    @field_validator("allowed_env")
+    @classmethod
+    def _valid_env_names(cls, values: list[str]) -> list[str]:
+        for value in values:
+            name = value.removesuffix("*")
+            if not name or "*" in name or "=" in name or "\x00" in name:
+                raise ValueError(f"{value!r}: an env name, or a prefix ending in '*'")
+        return values
 
 
 class Settings(BaseSettings):
@@ -101,6 +119,13 @@ class Settings(BaseSettings):
             "listeners (a kubelet on the pod IP); any interface is allowed here."
         ),
     )
+    admin_listen: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Addresses of the admin HTTP listener (/metrics, for Prometheus); off when empty. "
+            "Loopback, or the pod IP so Prometheus can scrape it: any interface is allowed."
+        ),
+    )
     unix_socket_mode: int = Field(
         default=0o660,
         ge=0,
@@ -113,6 +138,24 @@ class Settings(BaseSettings):
     allow_non_loopback: bool = Field(
         default=False,
         description="Allow TCP listeners on non-loopback addresses (a pod-IP health port, say).",
+    )
+    tls_cert_file: Path | None = Field(
+        default=None,
+        description="PEM certificate chain: the TCP API listeners serve TLS with it.",
+    )
+    tls_key_file: Path | None = Field(default=None, description="PEM private key of tls_cert_file.")
+    tls_client_ca_file: Path | None = Field(
+        default=None,
+        description=(
+            "PEM CA bundle: TCP API clients must present a certificate it signed (mutual TLS)."
+        ),
+    )
+    insecure_non_loopback: bool = Field(
+        default=False,
+        description=(
+            "Serve a non-loopback TCP API listener without TLS (plaintext, unauthenticated); "
+            "logged as a warning at start."
+        ),
     )
     max_message_bytes: int = Field(
         default=64 * MIB, ge=MIB, le=1024 * MIB, description="Largest request or response."
@@ -161,6 +204,16 @@ class Settings(BaseSettings):
     )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines as text, or as JSON objects one per line (with the RPC, tenant, "
+        "Run id, connection, correlation id and trace id of the call they belong to).",
+    )
+    tracing: Literal["off", "otlp"] = Field(
+        default="off",
+        description="OpenTelemetry traces: off, or exported by OTLP/gRPC as the standard "
+        "OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...).",
+    )
     mcp_commands: dict[str, StdioCommand] = Field(
         default_factory=dict,
         description="The stdio commands connections may name, by name; nothing else runs.",
@@ -190,8 +243,38 @@ class Settings(BaseSettings):
         ge=0,
         description="tools/list_changed notifications within this window cause one refresh.",
     )
+    admin_ui_allow_remote: bool = Field(
+        default=False,
+        description="Serve the Run inspector (/ui) to clients beyond loopback; off: only "
+        "loopback and Unix-socket clients get it, even on an admin listener on the pod IP.",
+    )
+    assembly_journal: bool = Field(
+        default=True,
+        description="Keep one row of metadata per AssemblePrompt (zone sizes and digests, the "
+        "tool surface, elisions; never content) for the Run inspector.",
+    )
+    assembly_journal_retention_hours: float = Field(
+        default=168.0,
+        gt=0,
+        description="How long assembly journal rows are kept before they are deleted.",
+    )
 
-    @field_validator("listen", "health_listen")
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.upper() not in logging.getLevelNamesMapping():
+            raise ValueError("not a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return value.upper()
+
+    @field_validator("unix_socket_mode", mode="before")
+    @classmethod
+    def _octal_mode(cls, value: object) -> object:
+        # The file can write 0o660; a flag or the environment may too.
+        if isinstance(value, str) and value.strip().lower().startswith("0o"):
+            return int(value.strip(), 8)
+        return value
+
+    @field_validator("listen", "health_listen", "admin_listen")
     @classmethod
     def _valid_addresses(cls, values: list[str]) -> list[str]:
         for value in values:
@@ -213,16 +296,38 @@ class Settings(BaseSettings):
     def listen_addresses(self) -> list[ListenAddress]:
         values = self.listen or [f"unix://{(self.data_dir / 'sidecar.sock').resolve()}"]
         addresses = [parse_listen_address(value) for value in values]
+        self.tls_files()
         for address in addresses:
-            if not address.is_loopback and not self.allow_non_loopback:
+            if address.is_loopback:
+                continue
+            if not self.allow_non_loopback:
                 raise ValueError(
                     f"{address.grpc_target} is not a loopback address; set allow_non_loopback "
                     "to serve beyond this machine"
                 )
+            if self.tls_cert_file is None and not self.insecure_non_loopback:
+                raise ValueError(
+                    f"{address.grpc_target} is not a loopback address: serve TLS there "
+                    "(tls_cert_file and tls_key_file, and tls_client_ca_file for mutual TLS), "
+                    "or set insecure_non_loopback to serve plaintext, unauthenticated gRPC"
+                )
         return addresses
+
+    def tls_files(self) -> tuple[Path, Path, Path | None] | None:
+        """(certificate, key, client CA or None) when TLS is configured, else None."""
+        if self.tls_cert_file is None and self.tls_key_file is None:
+            if self.tls_client_ca_file is not None:
+                raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+            return None
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file
 
     def health_listen_addresses(self) -> list[ListenAddress]:
         return [parse_listen_address(value) for value in self.health_listen]
+
+    def admin_listen_addresses(self) -> list[ListenAddress]:
+        return [parse_listen_address(value) for value in self.admin_listen]
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'sidecar.db').resolve()}"

@@ -95,9 +95,9 @@ def sidecar_overrides() -> dict[str, Any]:
 class RunningSidecar:
     """A Sidecar serving on its own event loop in a background thread."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, **options: Any) -> None:
         self.settings = settings
-        self.sidecar = Sidecar(settings)
+        self.sidecar = Sidecar(settings, **options)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 

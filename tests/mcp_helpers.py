@@ -34,6 +34,8 @@ def fixture_commands() -> dict[str, Any]:
         "fixture": {
             "argv": [sys.executable, str(FIXTURE_SERVER), "stdio"],
             "allow_extra_args": True,
+            # The fixture server reads FIXTURE_TOKEN; nothing else may be set.
+            "allowed_env": ["FIXTURE_*"],
         },
         "fixture-fixed": {"argv": [sys.executable, str(FIXTURE_SERVER), "stdio"]},
     }

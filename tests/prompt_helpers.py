@@ -167,3 +167,41 @@ def valid_openai(body: bytes) -> dict[str, Any]:
             previous = messages[index - 1]
             assert previous["role"] in ("assistant", "tool")
     return parsed
+
+
+def anthropic_blocks(body: bytes) -> tuple[list[str], list[int]]:
+    """A Messages request as Anthropic's cache sees it: its blocks in cache order (tools,
+    system, then each message's content blocks; the role of a message's blocks and the model
+    included), each as canonical JSON without its `cache_control`, and the 1-based positions
+    of its breakpoints."""
+    parsed = json.loads(body)
+    raw: list[dict[str, Any]] = [dict(t, kind="tool") for t in parsed.get("tools", [])]
+    raw += [dict(b, kind="system") for b in parsed.get("system", [])]
+    for message in parsed["messages"]:
+        raw += [dict(b, role=message["role"]) for b in message["content"]]
+    blocks, breakpoints = [], []
+    for position, block in enumerate(raw, 1):
+        if block.pop("cache_control", None) is not None:
+            breakpoints.append(position)
+        blocks.append(json.dumps(block, sort_keys=True))
+    return blocks, breakpoints
+
+
+def cached_prefixes(body: bytes) -> set[tuple[str, ...]]:
+    """The prefixes a call writes to the cache: one per breakpoint."""
+    blocks, breakpoints = anthropic_blocks(body)
+    return {tuple(blocks[:position]) for position in breakpoints}
+
+
+def read_blocks(body: bytes, cache: set[tuple[str, ...]], lookback: int = 20) -> int:
+    """How many leading blocks of this call Anthropic's cache serves, by its documented rule:
+    at each breakpoint, the longest prefix ending there or up to `lookback` blocks before
+    it that an earlier call wrote."""
+    blocks, breakpoints = anthropic_blocks(body)
+    best = 0
+    for position in breakpoints:
+        for end in range(position, max(position - lookback, 0) - 1, -1):
+            if tuple(blocks[:end]) in cache:
+                best = max(best, end)
+                break
+    return best

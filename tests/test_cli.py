@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
-from psych_sidecar import __version__
-from psych_sidecar.config import load_settings, parse_listen_address
+from psych_sidecar import __version__, cli
+from psych_sidecar.config import ENV_PREFIX, Settings, load_settings, parse_listen_address
 from tests.mcp_helpers import free_port
 from tests.test_storage import HEAD_REVISION
 
@@ -117,14 +121,24 @@ def test_migrate_applies_the_schema(tmp_path: Path) -> None:
         ["serve", "--listen", "unix://relative.sock"],
         ["serve", "--max-message-bytes", "10"],
         ["serve", "--database-url", "mysql://x/y"],
+        ["serve", "--database-url", "nonsense"],
+        ["serve", "--log-level", "LOUD"],
+        ["serve", "--config", "missing.toml"],
+        ["serve", "--config", "broken.toml"],
+        ["serve", "--config", "unknown-key.toml"],
+        ["migrate", "--worker-threads", "0"],
+        ["health", "--listen", "nonsense"],
     ],
 )
 def test_bad_configuration_exits_with_a_message(tmp_path: Path, arguments: list[str]) -> None:
+    (tmp_path / "broken.toml").write_text("listen = [\n")
+    (tmp_path / "unknown-key.toml").write_text("listen_on = []\n")
     result = subprocess.run(
         [*COMMAND, *arguments], cwd=tmp_path, capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 2
     assert "invalid configuration" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_settings_come_from_file_then_environment_then_flags(
@@ -195,3 +209,275 @@ def test_a_health_only_listener_serves_health_and_nothing_else(tmp_path: Path) -
         [*COMMAND, "health", "--address", f"unix://{socket_path}"], capture_output=True, text=True
     )
     assert nobody.returncode == 1
+
+
+# Every setting reads the same from a flag, the environment and the file ---------------------
+
+# A value other than the default for each kind of setting; a setting whose type alone does
+# not say what is valid gets its own.
+_SAMPLES: dict[str, Any] = {
+    "database_url": "sqlite:///elsewhere.db",
+    "log_level": "DEBUG",
+    "mcp_commands": {"time": {"argv": ["mcp-server-time"], "allow_extra_args": True}},
+    "tls_cert_file": "/tmp/cert.pem",
+    "tls_key_file": "/tmp/key.pem",
+    "tls_client_ca_file": "/tmp/ca.pem",
+}
+# Settings valid only together with others: those are set the same way beside them.
+_COMPANIONS: dict[str, dict[str, Any]] = {
+    "tls_cert_file": {"tls_key_file": "/tmp/key.pem"},
+    "tls_key_file": {"tls_cert_file": "/tmp/cert.pem"},
+    "tls_client_ca_file": {"tls_cert_file": "/tmp/cert.pem", "tls_key_file": "/tmp/key.pem"},
+}
+
+
+def _sample(name: str) -> Any:
+    field = Settings.model_fields[name]
+    if name in _SAMPLES:
+        return _SAMPLES[name]
+    kind = get_origin(field.annotation) or field.annotation
+    if kind is bool:
+        return not field.default
+    if kind in (int, float):
+        return field.default + 1
+    if kind is list:
+        return ["unix:///tmp/one.sock", "127.0.0.1:50051"]
+    if kind is Literal:
+        return next(value for value in get_args(field.annotation) if value != field.default)
+    if kind is Path:
+        return "/tmp/elsewhere"
+    raise AssertionError(f"add a sample value for the setting {name} to _SAMPLES")
+
+
+def _as_flags(name: str, value: Any) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + flag.removeprefix("--")]
+    if isinstance(value, list):
+        return [argument for item in value for argument in (flag, str(item))]
+    if isinstance(value, dict):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]
+
+
+def _as_environment(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
+@pytest.mark.parametrize("name", list(Settings.model_fields))
+@pytest.mark.parametrize("command", ["serve", "migrate", "health"])
+def test_every_setting_is_a_flag_an_environment_variable_and_a_file_key(
+    name: str, command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in os.environ:
+        if variable.startswith(ENV_PREFIX):
+            monkeypatch.delenv(variable)
+    values = {name: _sample(name), **_COMPANIONS.get(name, {})}
+    default = getattr(Settings(), name)
+
+    flags = [flag for key, value in values.items() for flag in _as_flags(key, value)]
+    from_flags = cli.settings_from_arguments([command, *flags])
+
+    config = tmp_path / "sidecar.toml"
+    # TOML and JSON agree on strings, numbers, true/false, lists and inline tables of them.
+    config.write_text(
+        "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items()).replace(
+            '": ', '" = '
+        )
+    )
+    from_file = cli.settings_from_arguments([command, "--config", str(config)])
+
+    for key, value in values.items():
+        monkeypatch.setenv(ENV_PREFIX + key.upper(), _as_environment(value))
+    from_environment = cli.settings_from_arguments([command])
+
+    assert getattr(from_flags, name) != default
+    assert getattr(from_flags, name) == getattr(from_environment, name)
+    assert getattr(from_flags, name) == getattr(from_file, name)
+
+
+def test_a_flag_beats_the_environment_which_beats_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_text("worker_threads = 3\ncatalog_ttl_seconds = 7\nallow_non_loopback = true\n")
+    monkeypatch.setenv("PSYCH_SIDECAR_WORKER_THREADS", "5")
+    monkeypatch.setenv("PSYCH_SIDECAR_CATALOG_TTL_SECONDS", "9")
+    settings = cli.settings_from_arguments(
+        ["serve", "--config", str(config), "--catalog-ttl-seconds", "11", "--no-allow-non-loopback"]
+    )
+    assert settings.worker_threads == 5
+    assert settings.catalog_ttl_seconds == 11
+    assert settings.allow_non_loopback is False
+
+
+def test_listen_flags_keep_their_spellings() -> None:
+    settings = cli.settings_from_arguments(
+        [
+            "serve",
+            "--listen",
+            "[::1]:7",
+            "--listen=unix:///run/a.sock",
+            "--health-listen",
+            "0.0.0.0:8",
+            "--allow-non-loopback",
+            "--unix-socket-mode",
+            "0o600",
+        ]
+    )
+    assert settings.listen == ["[::1]:7", "unix:///run/a.sock"]
+    assert settings.health_listen == ["0.0.0.0:8"]
+    assert settings.allow_non_loopback is True
+    assert settings.unix_socket_mode == 0o600
+
+
+def test_operations_doc_lists_every_setting_once() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE)
+    assert sorted(rows) == sorted(Settings.model_fields)
+    help_text = subprocess.run(
+        [*COMMAND, "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in help_text
+        assert ENV_PREFIX + name.upper() in help_text
+
+
+# Expected start-up failures: one line, no traceback -----------------------------------------
+
+
+def _serve(*arguments: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    return subprocess.Popen(
+        [*COMMAND, "serve", *arguments],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _stop(process: subprocess.Popen[str]) -> str:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    return stderr
+
+
+def _failure(process: subprocess.Popen[str], *, only_line: bool = True) -> str:
+    """The one line an expected start-up failure prints (after the start-up log, if
+    `only_line` is false), exit status 1 and no traceback."""
+    try:
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:  # it started after all: leave nothing running
+            process.kill()
+            process.communicate()
+    assert process.returncode == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    if only_line:
+        assert len(lines) == 1, stderr
+    assert lines[-1].startswith("psych-sidecar: "), stderr
+    return lines[-1]
+
+
+def test_a_second_sidecar_on_a_live_socket_says_so_in_one_line_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    socket_path = tmp_path / "s.sock"
+    first = _serve("--listen", f"unix://{socket_path}", "--data-dir", str(tmp_path / "one"))
+    try:
+        _wait_for(f"unix:{socket_path}", health_pb2.HealthCheckResponse.SERVING, within=30)
+        second = _serve("--listen", f"unix://{socket_path}", "--data-dir", str(tmp_path / "two"))
+        line = _failure(second)
+        assert "another sidecar is already serving on" in line
+        assert str(socket_path) in line
+        # The second one neither migrated a database nor touched the first one's socket.
+        assert not (tmp_path / "two").exists()
+        assert _health(f"unix:{socket_path}") == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        assert "Traceback" not in _stop(first)
+    assert first.returncode == 0
+
+
+def test_a_stale_socket_of_a_crashed_sidecar_is_reclaimed(tmp_path: Path) -> None:
+    crashed = _serve(cwd=tmp_path)
+    socket_path = tmp_path / "psych-sidecar-data" / "sidecar.sock"
+    _wait_for(f"unix:{socket_path}", health_pb2.HealthCheckResponse.SERVING, within=30)
+    crashed.kill()
+    crashed.communicate(timeout=30)
+    assert stat.S_ISSOCK(socket_path.stat().st_mode)  # left behind
+
+    again = _serve(cwd=tmp_path)
+    try:
+        _wait_for(f"unix:{socket_path}", health_pb2.HealthCheckResponse.SERVING, within=30)
+        # `health` finds it through the same settings (here: the default data_dir).
+        probe = subprocess.run(
+            [*COMMAND, "health", "--data-dir", str(tmp_path / "psych-sidecar-data")],
+            capture_output=True,
+            text=True,
+        )
+        assert probe.returncode == 0, probe.stderr
+    finally:
+        stderr = _stop(again)
+    assert again.returncode == 0, stderr
+    assert "removed the stale socket file" in stderr
+
+
+def test_a_tcp_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = _serve("--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path))
+        line = _failure(process)
+    assert f"cannot listen on 127.0.0.1:{port}" in line
+    assert not (tmp_path / "sidecar.db").exists()
+
+
+def test_a_second_sidecar_on_a_live_tcp_port_does_not_share_it(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    first = _serve("--listen", address, "--data-dir", str(tmp_path / "one"))
+    try:
+        _wait_for(address, health_pb2.HealthCheckResponse.SERVING, within=30)
+        line = _failure(_serve("--listen", address, "--data-dir", str(tmp_path / "two")))
+        assert f"cannot listen on {address}" in line
+    finally:
+        _stop(first)
+
+
+def test_an_unreachable_database_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    url = f"postgresql://psych:s3cret@127.0.0.1:{free_port()}/psych"
+    process = _serve("--database-url", url, "--data-dir", str(tmp_path))
+    # After the start-up log, which says which tool search is in force.
+    line = _failure(process, only_line=False)
+    assert "cannot use the database postgresql+psycopg://psych:***@127.0.0.1" in line
+    assert "s3cret" not in line
+    migrate = subprocess.run(
+        [*COMMAND, "migrate", "--database-url", url], capture_output=True, text=True, timeout=60
+    )
+    assert migrate.returncode == 1
+    assert "Traceback" not in migrate.stderr
+    assert len(migrate.stderr.strip().splitlines()) == 1, migrate.stderr
+
+
+def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*COMMAND, "serve", "--max-message-bytes", "10", "--worker-threads", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "max_message_bytes" in lines[0]
+    assert "worker_threads" in lines[0]

@@ -59,3 +59,23 @@ def test_the_pod_matches_the_sidecar_settings(overlay: str) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     env = {e["name"]: e for e in sidecar["env"]}
     assert "PSYCH_SIDECAR_DATABASE_URL" in env
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prometheus_finds_the_admin_listener(overlay: str) -> None:
+    settings = load_settings(str(DEPLOY / "base" / "sidecar.toml"))
+    [admin] = settings.admin_listen_addresses()
+    documents = _render(overlay)
+    _pod, sidecar = _sidecar(documents)
+    ports = {port["name"]: port["containerPort"] for port in sidecar["ports"]}
+    assert ports["metrics"] == admin.port
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(admin.port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+    monitor = yaml.safe_load((DEPLOY / "monitoring" / "podmonitor.yaml").read_text())
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()

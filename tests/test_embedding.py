@@ -111,7 +111,7 @@ class CountingEncoder:
 def test_each_text_is_encoded_once(encoder: MiniLmEncoder) -> None:
     counting = CountingEncoder(encoder)
     embeddings = ToolEmbeddings(lambda: counting)
-    assert embeddings.available()
+    assert embeddings.load()
     first = embeddings.vectors(["read file", "write file", "read file"])
     assert counting.encoded == ["read file", "write file"]
     np.testing.assert_array_equal(first[0], first[2])
@@ -128,7 +128,7 @@ def test_each_text_is_encoded_once(encoder: MiniLmEncoder) -> None:
 def test_the_cache_keeps_the_most_recently_used(encoder: MiniLmEncoder) -> None:
     counting = CountingEncoder(encoder)
     embeddings = ToolEmbeddings(lambda: counting, capacity=2)
-    assert embeddings.available()
+    assert embeddings.load()
     embeddings.vectors(["a", "b"])
     embeddings.vectors(["a", "c"])  # "b" is the least recently used: evicted
     embeddings.vectors(["a", "c", "b"])
@@ -184,7 +184,7 @@ def test_warm_up_runs_at_the_lowest_priority_and_blas_on_one_thread(
 def test_closing_stops_a_warm_up_and_refuses_more(encoder: MiniLmEncoder) -> None:
     counting = CountingEncoder(encoder)
     embeddings = ToolEmbeddings(lambda: counting)
-    assert embeddings.available()
+    assert embeddings.load()
     many = [(f"tool_{i}", f"Does thing number {i}.") for i in range(2000)]
     warming = embeddings.warm_in_background(many)
     embeddings.close()
@@ -195,6 +195,22 @@ def test_closing_stops_a_warm_up_and_refuses_more(encoder: MiniLmEncoder) -> Non
     assert embeddings.warm_in_background(TOOLS) is None
 
 
+def test_closing_returns_once_the_warm_up_thread_has_ended_and_logs_nothing_after(
+    encoder: MiniLmEncoder, caplog: pytest.LogCaptureFixture
+) -> None:
+    embeddings = ToolEmbeddings(lambda: encoder)
+    assert embeddings.available()
+    many = [(f"tool_{i}", f"Does thing number {i}.") for i in range(2000)]
+    with caplog.at_level(logging.INFO, logger="psych_sidecar.search"):
+        warming = embeddings.warm_in_background(many)
+        assert warming is not None
+        embeddings.close(wait=True)
+        # Closed means done: the sidecar logs "stopped" right after, and nothing may follow.
+        assert warming.done()
+    assert not [r for r in caplog.records if "search warm-up" in r.getMessage()]
+    assert not [t for t in threading.enumerate() if t.name.startswith("search-warmup")]
+
+
 def test_an_encoder_that_fails_to_load_leaves_search_lexical(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -203,7 +219,9 @@ def test_an_encoder_that_fails_to_load_leaves_search_lexical(
 
     embeddings = ToolEmbeddings(broken)
     with caplog.at_level(logging.ERROR):
-        assert not embeddings.available()
+        assert embeddings.available()  # not known before it is loaded
+        assert not embeddings.load()
+        assert not embeddings.load()
         assert not embeddings.available()
     assert len([r for r in caplog.records if "semantic search off" in r.message]) == 1
 

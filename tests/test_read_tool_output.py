@@ -146,6 +146,10 @@ def test_grep_patterns_are_bounded_re2(stubs: Stubs, unique: Callable[[str], str
         assert failure.info.reason == "PATTERN_INVALID"
         assert failure.info.metadata["field"] == "grep"
         assert detail in failure.info.metadata["detail"]
+    # The error quotes the pattern as given, not with the flags the reader adds to it.
+    failure = rpc_failure(lambda: read(stubs, run_id, handle, grep="("))
+    assert failure.info.metadata["detail"] == "missing ): ("
+    assert failure.message == "grep: not a valid RE2 pattern: missing ): ("
     # A pattern that backtracking engines take exponential time on is linear on RE2.
     assert list(read(stubs, run_id, handle, grep="(a*)*b").matches) == []
     assert len(read(stubs, run_id, handle, grep="(a|aa)*$").matches) == 1

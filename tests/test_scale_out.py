@@ -30,6 +30,7 @@ from psych.sidecar.v1 import (
     spec_service_pb2_grpc,
     tool_service_pb2,
     tool_service_pb2_grpc,
+    turn_pb2,
     turn_service_pb2,
     turn_service_pb2_grpc,
 )
@@ -320,3 +321,39 @@ def test_concurrent_catalogue_refreshes_across_sidecars_stay_consistent(
     assert current == sorted(tool.name for tool in _catalog(sidecars[0], tenant, newest))
     assert set(added) <= set(current)
     assert {tool.removed_in_version for tool in _catalog(sidecars[0], tenant)} == {0}
+
+
+def test_a_turns_surface_is_pinned_for_every_sidecar(sidecars: list[SidecarProcess]) -> None:
+    tenant = "pinned"
+    run_id = _new_run(sidecars[0], "pinned", tenant)
+    sidecars[0].runs.AppendRecords(
+        run_service_pb2.AppendRecordsRequest(run_id=run_id, records=[user("first")])
+    )
+
+    def surface(sidecar: SidecarProcess) -> turn_pb2.ToolSurface:
+        request = turn_service_pb2.ResolveTurnRequest(run_id=run_id)
+        return sidecar.turns.ResolveTurn(request).surface
+
+    first = surface(sidecars[0])
+    assert list(first.servers) == []
+    # A server connected mid-turn through another sidecar (unreachable: it still has a line).
+    connection = connection_pb2.Connection(
+        tenant=tenant,
+        name="late",
+        http=connection_pb2.HttpTransport(
+            url=f"http://127.0.0.1:{free_port()}/mcp",
+            protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+        ),
+    )
+    sidecars[1].connections.PutConnection(
+        connection_service_pb2.PutConnectionRequest(connection=connection)
+    )
+    # Every sidecar serves the turn's pinned surface, also one that never resolved it before.
+    for sidecar in sidecars:
+        assert surface(sidecar) == first
+    sidecars[2].runs.AppendRecords(
+        run_service_pb2.AppendRecordsRequest(run_id=run_id, records=[user("second")])
+    )
+    nxt = [surface(sidecar) for sidecar in reversed(sidecars)]
+    assert [line.server for line in nxt[0].servers] == ["late"]
+    assert nxt[0] == nxt[1] == nxt[2]

@@ -52,6 +52,8 @@ DOCUMENTS = [
 def embeddings() -> ToolEmbeddings:
     found = tool_embeddings("auto")
     assert found is not None, "run scripts/install-search-model"
+    # Encoded ahead, as the sidecar's warm-up does with every listing it stores.
+    found.warm([(d.name, d.description) for d in DOCUMENTS])
     return found
 
 
@@ -141,4 +143,6 @@ def test_a_tool_matching_both_ways_outranks_one_matching_either(
 
 def test_without_an_encoder_the_index_is_lexical() -> None:
     assert not SearchIndex(DOCUMENTS).semantic
-    assert not SearchIndex(DOCUMENTS, ToolEmbeddings(lambda: None)).semantic
+    without = ToolEmbeddings(lambda: None)
+    assert not without.load()
+    assert not SearchIndex(DOCUMENTS, without).semantic

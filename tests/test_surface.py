@@ -22,6 +22,7 @@ from psych_sidecar.domain.surface import (
     VisibleServer,
     naming,
     resolve_surface,
+    status_note,
     tier_for,
 )
 
@@ -151,7 +152,12 @@ def test_unreachable_server_keeps_its_tools_and_says_so() -> None:
         "down__tool_001",
     ]
     assert surface.servers[0].state is ConnectionState.UNREACHABLE
-    assert "UNREACHABLE" in surface.servers[0].text
+    # The roster line has no state (it sits in zone 2); the transient message says it.
+    assert "UNREACHABLE" not in surface.servers[0].text
+    assert status_note(surface.servers, {}) == (
+        "Tool server status: down is UNREACHABLE: its calls fail until it reconnects."
+    )
+    assert status_note(surface.servers, {"down": ConnectionState.CONNECTED}) == ""
 
 
 def test_no_servers_no_tools() -> None:

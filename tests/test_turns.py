@@ -29,7 +29,7 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
 )
 from tests.conftest import Stubs, rpc_failure
-from tests.helpers import all_records, publish
+from tests.helpers import all_records, publish, user
 
 FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
 PNG_PREFIX = b"\x89PNG\r\n\x1a\n"
@@ -81,6 +81,12 @@ class Host:
             tenant=self.tenant, spec_name=spec, spec_version=1
         )
         return self.stubs.runs.CreateRun(request).run.run_id
+
+    def new_turn(self, run_id: str, text: str = "next") -> None:
+        """A user message: the next ResolveTurn resolves the surface anew (it is pinned per
+        turn)."""
+        request = run_service_pb2.AppendRecordsRequest(run_id=run_id, records=[user(text)])
+        self.stubs.runs.AppendRecords(request)
 
     def resolve(self, run_id: str) -> turn_pb2.ToolSurface:
         request = turn_service_pb2.ResolveTurnRequest(run_id=run_id)
@@ -135,6 +141,7 @@ def wait_for_state(
     """Resolve turns until the server's line shows the state (a bounded wait, not a timing test)."""
     deadline = time.monotonic() + within
     while True:
+        host.new_turn(run_id)
         lines = {line.server: line for line in host.resolve(run_id).servers}
         if server in lines and lines[server].state == state:
             return lines[server]
@@ -152,6 +159,7 @@ def test_a_server_connected_between_two_turns_is_usable_on_the_second(
     assert list(first.servers) == []
 
     host.connect("fx", "--tools", "0", preload=True, description="The project's fixture server.")
+    host.new_turn(run_id)
     second = host.resolve(run_id)
     (line,) = second.servers
     assert line.server == "fx"
@@ -216,6 +224,9 @@ def test_a_grant_narrowed_between_two_calls_refuses_the_second(host: Host, stubs
     assert refused.outcome.is_error
     assert "no tool 'echo' on fx that you may use" in result_text(refused.outcome)
     assert host.call(run_id, "fx", "echo", text="third").is_error
+    # The surface is pinned for the turn; the next turn's no longer offers the tool.
+    assert "fx__echo" in [tool.name for tool in host.resolve(run_id).tools]
+    host.new_turn(run_id)
     assert "fx__echo" not in [tool.name for tool in host.resolve(run_id).tools]
     record = tool_result_record(stubs, run_id, refused.outcome.sequence)
     assert record.tool_result.is_error
@@ -229,12 +240,14 @@ def test_a_removed_tool_is_refused_through_narrowing_not_handed_to_the_host(host
     while "fx__extra" not in [tool.name for tool in host.resolve(run_id).tools]:
         assert time.monotonic() < deadline, "list_changed never reached the surface"
         time.sleep(0.1)
+        host.new_turn(run_id)
     assert result_text(host.dispatch(run_id, "fx__extra").outcome) == "extra ran"
 
     assert not host.dispatch(run_id, "fx__remove_tool", {"name": "extra"}).outcome.is_error
     while "fx__extra" in [tool.name for tool in host.resolve(run_id).tools]:
         assert time.monotonic() < deadline, "the removal never reached the surface"
         time.sleep(0.1)
+        host.new_turn(run_id)
     stale = host.dispatch(run_id, "fx__extra")
     assert stale.disposition == tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED
     assert stale.outcome.is_error
@@ -307,6 +320,9 @@ def test_meta_tools_list_only_permitted_names_and_refuse_the_rest(host: Host) ->
         run_id, "mcp_call_tool", {"server": "fx", "tool": "echo", "input": {"text": "via meta"}}
     )
     assert result_text(called.outcome) == "via meta"
+    # Recorded under the server and the tool it ran, not the facade's name (docs/prompt.md).
+    record = tool_result_record(host.stubs, run_id, called.outcome.sequence)
+    assert (record.tool_result.server, record.tool_result.tool) == ("fx", "echo")
 
 
 def test_what_a_model_gets_wrong_is_a_tool_error_in_the_log(host: Host, stubs: Stubs) -> None:
@@ -393,7 +409,7 @@ def test_a_killed_server_is_unreachable_next_turn_and_a_restart_brings_it_back(
     os.kill(pid, signal.SIGKILL)
 
     down = wait_for_state(host, run_id, "fx", connection_pb2.CONNECTION_STATE_UNREACHABLE, 30)
-    assert "UNREACHABLE" in down.text
+    assert "UNREACHABLE" not in down.text  # the state is said in the transient message
     assert down.permitted_tool_count == 17  # its last known tools stay
     surface = host.resolve(run_id)
     assert "fx__echo" in [tool.name for tool in surface.tools]
@@ -473,7 +489,10 @@ def test_a_tool_listed_at_runtime_is_encoded_for_search_before_any_search(
         assert not added.is_error
 
         def warmed() -> bool:
-            return any(r.message.startswith("search warm-up: 2 new texts") for r in caplog.records)
+            return any(
+                r.message.startswith("search warm-up: 2 texts") and ", 2 encoded in" in r.message
+                for r in caplog.records
+            )
 
         deadline = time.monotonic() + 60
         while not warmed():
@@ -483,6 +502,7 @@ def test_a_tool_listed_at_runtime_is_encoded_for_search_before_any_search(
         tool_service_pb2.SearchToolsRequest(run_id=run_id, query="what hour is it", page_size=3)
     )
     assert (hits.hits[0].server, hits.hits[0].tool) == ("warm", name)
+    assert not hits.partial
 
 
 def test_a_run_sees_only_its_own_tenants_connections(

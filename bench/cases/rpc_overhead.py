@@ -3,9 +3,12 @@ grpc.aio echo server, both measured from the same client in the same run."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import grpc.aio
 
-from bench._baseline import alternate, ratio_to_echo
+from bench._baseline import VARIANTS, Call, alternate, ratio_of_variants
 from bench._echo_server import ECHO_METHOD
 from bench._proc import channel, echo_server, sidecar
 from bench.registry import BenchContext, case
@@ -20,50 +23,48 @@ from psych.sidecar.v1 import (
 
 @case("rpc_overhead_ratio", unit="ratio", target=">= 0.6")
 async def rpc_overhead_ratio(ctx: BenchContext) -> float:
-    """GetRun calls/s on the real sidecar divided by a bare grpc.aio echo server's.
+    """GetRun calls/s on the real sidecar, with metrics and tracing on, divided by a bare
+    grpc.aio echo server's.
 
     Both servers are separate processes on 127.0.0.1 TCP, driven by the same
     grpc.aio client with 16 calls in flight and the same number of calls per
     round. With two or more CPUs the client is pinned to one half and the
     servers to the other. After a warm-up of each, rounds alternate between
-    the two (ABAB then BABA order) and the medians are compared.
+    the targets (ABAB then BABA order) and the medians are compared. Three sidecars are
+    measured beside the echo server: both off, metrics only (--admin-listen), and metrics with
+    tracing (--tracing otlp, OTEL_TRACES_EXPORTER=none: spans made and dropped); the value is
+    the last one's ratio, the details give each one's and the costs against both off.
     """
     calls = ctx.pick(full=6000, quick=1500)
     warmup = ctx.pick(full=1500, quick=500)
     rounds = ctx.pick(full=7, quick=3)
 
-    async with (
-        echo_server(ctx.tmp_dir) as echo_srv,
-        sidecar(ctx.tmp_dir) as side_srv,
-        channel(echo_srv.target) as echo_ch,
-        channel(side_srv.target) as side_ch,
-    ):
-        ctx.log(
-            f"echo ready in {echo_srv.ready_seconds:.2f} s, "
-            f"sidecar ready in {side_srv.ready_seconds:.2f} s"
-        )
-        runs = run_service_pb2_grpc.RunServiceStub(side_ch)
-        request = await _setup_run(side_ch, runs)
-
+    async with contextlib.AsyncExitStack() as stack:
+        echo_srv = await stack.enter_async_context(echo_server(ctx.tmp_dir))
+        echo_ch = await stack.enter_async_context(channel(echo_srv.target))
+        servers = [echo_srv]
         # The echo call carries the same request bytes the sidecar gets.
-        payload = request.SerializeToString()
         echo_call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = echo_ch.unary_unary(ECHO_METHOD)
+        payload = b""
 
         async def call_echo() -> object:
             return await echo_call(payload, timeout=30)
 
-        async def call_sidecar() -> object:
-            return await runs.GetRun(request, timeout=30)
+        targets: dict[str, Call] = {"echo": call_echo}
+        for name, (args, env) in VARIANTS.items():
+            server = await stack.enter_async_context(
+                sidecar(ctx.tmp_dir, extra_args=args, env=env, name=name)
+            )
+            ch = await stack.enter_async_context(channel(server.target))
+            ctx.log(f"{name} ready in {server.ready_seconds:.2f} s")
+            runs = run_service_pb2_grpc.RunServiceStub(ch)
+            request = await _setup_run(ch, runs)
+            payload = request.SerializeToString()
+            targets[name] = functools.partial(runs.GetRun, request, timeout=30)
+            servers.append(server)
 
-        rates = await alternate(
-            ctx,
-            {"echo": call_echo, "sidecar": call_sidecar},
-            [echo_srv, side_srv],
-            calls=calls,
-            warmup=warmup,
-            rounds=rounds,
-        )
-    return ratio_to_echo(ctx, rates, calls)
+        rates = await alternate(ctx, targets, servers, calls=calls, warmup=warmup, rounds=rounds)
+    return ratio_of_variants(ctx, rates, calls)
 
 
 async def _setup_run(

@@ -3,7 +3,7 @@ module github.com/psych-sidecar/psych-sidecar/clients/go
 go 1.26.0
 
 require (
-	github.com/psych-sidecar/psych-sidecar/generated/go v0.0.0
+	github.com/psych-sidecar/psych-sidecar/generated/go v0.1.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261104224025-d1e00e9f33ab
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12

@@ -3,8 +3,8 @@ module github.com/psych-sidecar/psych-sidecar/examples/go
 go 1.26.0
 
 require (
-	github.com/psych-sidecar/psych-sidecar/clients/go v0.0.0
-	github.com/psych-sidecar/psych-sidecar/generated/go v0.0.0
+	github.com/psych-sidecar/psych-sidecar/clients/go v0.1.0
+	github.com/psych-sidecar/psych-sidecar/generated/go v0.1.0
 	google.golang.org/protobuf v1.36.12
 )
 

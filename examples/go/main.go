@@ -5,18 +5,21 @@
 //	PSYCH_SIDECAR_ADDRESS=unix:///path/to/sidecar.sock go run .
 //
 // The sidecar must allow the project's MCP fixture server as the stdio command
-// "fixture" (examples/sidecar.toml; examples/README.md shows how to start one).
-// The host publishes a Spec, connects the fixture server deferred (its tools
-// stay out of the prompt, behind the meta tools), creates a Run and plays three
-// user turns. Per turn: AppendRecords (the user message), ResolveTurn, then per
+// "fixture" and @modelcontextprotocol/server-everything as "everything"
+// (examples/sidecar.toml; examples/README.md shows how to start one). The host
+// publishes a Spec, connects both servers deferred (their tools stay out of
+// the prompt, behind the meta tools), creates a Run and plays three user
+// turns. Per turn: AppendRecords (the user message), ResolveTurn, then per
 // model call AssemblePrompt → the model decides → RecordUsage → AppendRecords
 // (the assistant message) → DispatchToolCall for each tool call, until the
-// model answers without tools.
+// model answers without tools. Then the host itself reads the elided result
+// back (ReadToolOutput) and decodes the ErrorInfo of a deliberate mistake.
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -29,11 +32,13 @@ import (
 )
 
 const (
-	tenant     = "example-go"
-	specName   = "example-go-host"
-	server     = "fixture"
-	modelName  = "scripted-model"
-	memoryTail = "Memory: the user likes short answers."
+	tenant      = "example-go"
+	specName    = "example-go-host"
+	server      = "fixture"
+	everything  = "everything" // a third-party Node MCP server, pinned in tests/mcp-peers/package.json
+	specVersion = 2
+	modelName   = "scripted-model"
+	memoryTail  = "Memory: the user likes short answers."
 )
 
 // userTurns are what the user says, one turn each.
@@ -65,6 +70,12 @@ func main() {
 			log.Fatal(err)
 		}
 	}
+	if err := h.readBack(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if err := h.deliberateError(ctx); err != nil {
+		log.Fatal(err)
+	}
 	if err := h.report(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -75,6 +86,7 @@ type host struct {
 	runID       string
 	calls       int
 	shownElided map[string]bool
+	elided      string // the handle of the first elided result
 }
 
 // setUp publishes the Spec, connects the MCP server and creates the Run.
@@ -84,7 +96,7 @@ func (h *host) setUp(ctx context.Context) error {
 	// same content again succeeds, so the example can run twice.
 	spec := &sidecarv1.Spec{
 		Name:         specName,
-		Version:      1,
+		Version:      specVersion,
 		Instructions: "You answer questions using the tools of the fixture server.",
 		Thresholds: &sidecarv1.Thresholds{
 			PerResultTokens:  proto.Int64(1000),
@@ -92,25 +104,54 @@ func (h *host) setUp(ctx context.Context) error {
 			PreviewHeadChars: proto.Int32(200),
 			PreviewTailChars: proto.Int32(100),
 		},
-		Grants: []*sidecarv1.ToolGrant{{ServerPattern: server, ToolPattern: "*"}},
+		Grants: []*sidecarv1.ToolGrant{
+			{ServerPattern: server, ToolPattern: "*"},
+			{ServerPattern: everything, ToolPattern: "*"},
+		},
 	}
 	if _, err := h.client.Specs.PublishSpec(ctx, &sidecarv1.PublishSpecRequest{Spec: spec}); err != nil {
 		if sidecarclient.ReasonOf(err) == sidecarv1.ErrorReason_ERROR_REASON_SPEC_VERSION_EXISTS {
-			return fmt.Errorf("%s v1 was published with other content: bump the version (%w)", specName, err)
+			return fmt.Errorf("%s v%d was published with other content: bump the version (%w)", specName, specVersion, err)
 		}
 		return err
 	}
-	fmt.Printf("published spec %s v1: results of 1000 estimated tokens or more are elided on later turns\n", specName)
+	fmt.Printf("published spec %s v%d: results of 1000 estimated tokens or more are elided on later turns\n", specName, specVersion)
 
+	if err := h.connectStdio(ctx, server, "fixture", []string{"--tools", "0"}, "The project's MCP test server."); err != nil {
+		return err
+	}
+	if err := h.connectStdio(ctx, everything, "everything", nil, "The MCP reference server: a bit of everything."); err != nil {
+		return err
+	}
+
+	created, err := h.client.Runs.CreateRun(ctx, &sidecarv1.CreateRunRequest{
+		Tenant: tenant, SpecName: specName, SpecVersion: specVersion,
+	})
+	if err != nil {
+		return err
+	}
+	h.runID = created.GetRun().GetRunId()
+	fmt.Printf("created run %s\n", h.runID)
+	listed, err := h.client.Tools.ListServerTools(ctx, &sidecarv1.ListServerToolsRequest{
+		RunId: h.runID, Server: everything, PageSize: 100,
+	})
+	if err != nil {
+		return err
+	}
+	names := listed.GetToolNames()
+	fmt.Printf("%s offers the run %d tools: %s, …\n", everything, len(names), strings.Join(names[:min(4, len(names))], ", "))
+	return nil
+}
+
+// connectStdio connects an MCP server over stdio, by the name of a command the sidecar allows.
+func (h *host) connectStdio(ctx context.Context, name, command string, args []string, description string) error {
 	put, err := h.client.Connections.PutConnection(ctx, &sidecarv1.PutConnectionRequest{
 		Connection: &sidecarv1.Connection{
-			Tenant: tenant,
-			Name:   server,
-			Transport: &sidecarv1.Connection_Stdio{Stdio: &sidecarv1.StdioTransport{
-				Command: "fixture", Args: []string{"--tools", "0"},
-			}},
+			Tenant:      tenant,
+			Name:        name,
+			Transport:   &sidecarv1.Connection_Stdio{Stdio: &sidecarv1.StdioTransport{Command: command, Args: args}},
 			Preload:     proto.Bool(false),
-			Description: "The project's MCP test server.",
+			Description: description,
 		},
 	})
 	if err != nil {
@@ -118,19 +159,38 @@ func (h *host) setUp(ctx context.Context) error {
 	}
 	connection := put.GetConnection()
 	if connection.GetState() != sidecarv1.ConnectionState_CONNECTION_STATE_CONNECTED {
-		return fmt.Errorf("the fixture server did not connect: %s %s", connection.GetState(), connection.GetLastError())
+		return fmt.Errorf("%s did not connect: %s %s", name, connection.GetState(), connection.GetLastError())
 	}
 	fmt.Printf("connected MCP server %s over stdio: %s, catalogue version %d, deferred\n",
-		server, strings.TrimPrefix(connection.GetState().String(), "CONNECTION_STATE_"), connection.GetCatalogVersion())
+		name, strings.TrimPrefix(connection.GetState().String(), "CONNECTION_STATE_"), connection.GetCatalogVersion())
+	return nil
+}
 
-	created, err := h.client.Runs.CreateRun(ctx, &sidecarv1.CreateRunRequest{
-		Tenant: tenant, SpecName: specName, SpecVersion: 1,
+// readBack reads the elided result back itself, by its handle, as a UI showing it in full would.
+func (h *host) readBack(ctx context.Context) error {
+	read, err := h.client.Tools.ReadToolOutput(ctx, &sidecarv1.ReadToolOutputRequest{
+		RunId: h.runID, Handle: h.elided, Offset: 19950, Limit: 100,
 	})
 	if err != nil {
 		return err
 	}
-	h.runID = created.GetRun().GetRunId()
-	fmt.Printf("created run %s\n", h.runID)
+	fmt.Printf("host read-back: ReadToolOutput %s offset 19950 -> %d characters of %d, next offset %d\n",
+		h.elided, len([]rune(read.GetText())), read.GetTotalLength(), read.GetNextOffset())
+	return nil
+}
+
+// deliberateError makes a mistake on purpose, to show the one google.rpc.ErrorInfo every error carries.
+func (h *host) deliberateError(ctx context.Context) error {
+	_, err := h.client.Tools.ReadToolOutput(ctx, &sidecarv1.ReadToolOutputRequest{
+		RunId: h.runID, Handle: h.elided, Grep: "(",
+	})
+	var failure *sidecarclient.Error
+	if !errors.As(err, &failure) || failure.Reason != sidecarv1.ErrorReason_ERROR_REASON_PATTERN_INVALID {
+		return fmt.Errorf("an invalid grep pattern: want PATTERN_INVALID, got %v", err)
+	}
+	metadata, _ := json.Marshal(failure.Metadata)
+	fmt.Printf("deliberate error: ReadToolOutput grep \"(\" -> %s %s %s: %s\n",
+		failure.Code, failure.ReasonName, metadata, failure.Message)
 	return nil
 }
 
@@ -223,6 +283,9 @@ func (h *host) show(label string, assembled *sidecarv1.AssemblePromptResponse) {
 				continue
 			}
 			h.shownElided[result.GetHandle()] = true
+			if h.elided == "" {
+				h.elided = result.GetHandle()
+			}
 			fmt.Printf("elided result: %s is shown as a %d-character preview with handle %s\n",
 				result.GetCallId(), len([]rune(contentText(result.GetContent()))), result.GetHandle())
 		}

@@ -62,14 +62,15 @@ func next(prompt *sidecarv1.Prompt, last *sidecarv1.PromptMessage) (decision, er
 	said := contentText(partsContent(last))
 	switch {
 	case strings.Contains(said, "report") && strings.Contains(said, "Fetch"):
-		// The report tool is on a deferred server: the prompt shows only its
-		// line, so the model first lists what it may call there.
+		// The user means the fixture server, which is deferred: the prompt shows
+		// only its line, so the model first lists what it may call there.
 		for _, line := range prompt.GetTools().GetServers() {
-			if line.GetTier() == sidecarv1.DisclosureTier_DISCLOSURE_TIER_DEFERRED {
+			if line.GetTier() == sidecarv1.DisclosureTier_DISCLOSURE_TIER_DEFERRED &&
+				strings.Contains(said, line.GetServer()+" server") {
 				return call("mcp_list_tools", map[string]any{"server": line.GetServer()}), nil
 			}
 		}
-		return decision{}, fmt.Errorf("the prompt shows no deferred server")
+		return decision{}, fmt.Errorf("the prompt shows no deferred server the user named")
 	case strings.Contains(said, "after the part"):
 		// The result of the earlier turn is elided now: the guidance in its
 		// view says which handle to read and where the head ends.

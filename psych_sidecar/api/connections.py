@@ -11,30 +11,24 @@ from psych.sidecar.v1 import (
     connection_service_pb2,
     connection_service_pb2_grpc,
 )
-from psych_sidecar.api.convert import timestamp
+from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES, timestamp
+from psych_sidecar.api.turns import STATES
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     Connection,
-    ConnectionState,
+    ConnectionService,
     ConnectionStatus,
     TransportKind,
+    redact_url,
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
-from psych_sidecar.mcp.service import ConnectionService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-# A response page leaves this much of the message limit for framing and metadata.
-_PAGE_HEADROOM_BYTES = 64 * 1024
 
 _HTTP_PROTOCOLS = {
     connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP: TransportKind.STREAMABLE_HTTP,
     connection_pb2.HTTP_PROTOCOL_SSE: TransportKind.SSE,
-}
-_STATES = {
-    ConnectionState.CONNECTING: connection_pb2.CONNECTION_STATE_CONNECTING,
-    ConnectionState.CONNECTED: connection_pb2.CONNECTION_STATE_CONNECTED,
-    ConnectionState.UNREACHABLE: connection_pb2.CONNECTION_STATE_UNREACHABLE,
 }
 
 
@@ -81,10 +75,11 @@ def connection_to_proto(
         description=connection.description,
         allow_tools=connection.allow_tools,
         deny_tools=connection.deny_tools,
-        state=_STATES[status.state],
+        state=STATES[status.state],
         last_error=status.last_error,
         state_time=timestamp(status.state_time),
         catalog_version=status.catalog_version,
+        recent_output=status.recent_output,
     )
     if connection.preload is not None:
         message.preload = connection.preload
@@ -92,7 +87,9 @@ def connection_to_proto(
         message.stdio.command = connection.command
         message.stdio.args.extend(connection.args)
     else:
-        message.http.url = connection.url
+        # Redacted again here, whatever the caller passed: user-info and query values are
+        # secrets (the domain's without_secrets already did; this is idempotent).
+        message.http.url = redact_url(connection.url)
         message.http.protocol = (
             connection_pb2.HTTP_PROTOCOL_SSE
             if connection.transport is TransportKind.SSE
@@ -117,7 +114,7 @@ def catalog_tool_to_proto(tool: CatalogTool) -> connection_pb2.CatalogTool:
 class ConnectionServicer(connection_service_pb2_grpc.ConnectionServiceServicer):
     def __init__(self, connections: ConnectionService, max_message_bytes: int) -> None:
         self._connections = connections
-        self._page_bytes = max(max_message_bytes - _PAGE_HEADROOM_BYTES, 1)
+        self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
 
     async def PutConnection(
         self, request: connection_service_pb2.PutConnectionRequest, context: Context
@@ -179,4 +176,23 @@ class ConnectionServicer(connection_service_pb2_grpc.ConnectionServiceServicer):
             added=[catalog_tool_to_proto(tool) for tool in diff.added],
             changed=[catalog_tool_to_proto(tool) for tool in diff.changed],
             removed=[catalog_tool_to_proto(tool) for tool in diff.removed],
+        )
+
+    async def ListCatalogVersions(
+        self, request: connection_service_pb2.ListCatalogVersionsRequest, context: Context
+    ) -> connection_service_pb2.ListCatalogVersionsResponse:
+        versions, next_token = await self._connections.list_versions(
+            request.tenant, request.name, request.page_size, request.page_token
+        )
+        return connection_service_pb2.ListCatalogVersionsResponse(
+            versions=[
+                connection_pb2.CatalogVersion(
+                    catalog_version=version.catalog_version,
+                    tool_count=version.tool_count,
+                    sha256=version.sha256,
+                    create_time=timestamp(version.create_time),
+                )
+                for version in versions
+            ],
+            next_page_token=next_token,
         )

@@ -11,6 +11,7 @@ from psych.sidecar.v1 import content_pb2, run_pb2, spec_pb2
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     ContentPart,
+    ContextBudget,
     DisclosureSettings,
     PartKind,
     PublishedSpec,
@@ -25,6 +26,9 @@ from psych_sidecar.domain.runlog import (
     ToolCall,
     ToolGrant,
 )
+
+# A response (a page, a read) leaves this much of the message limit for framing and metadata.
+RESPONSE_HEADROOM_BYTES = 64 * 1024
 
 _THRESHOLD_FIELDS = (
     "per_result_tokens",
@@ -109,7 +113,24 @@ def spec_from_proto(message: spec_pb2.Spec) -> Spec:
         thresholds=Thresholds(**_present(thresholds, _THRESHOLD_FIELDS)),
         disclosure=DisclosureSettings(**_present(disclosure, _DISCLOSURE_FIELDS)),
         grants=grants_from_proto(list(message.grants)),
+        context_budget=context_budget_from_proto(message.context_budget),
     )
+
+
+_BUDGET_FIELDS = ("context_window_tokens", "output_reserve_tokens")
+
+
+def context_budget_from_proto(message: spec_pb2.ContextBudget) -> ContextBudget:
+    return ContextBudget(**_present(message, _BUDGET_FIELDS))
+
+
+def context_budget_to_proto(budget: ContextBudget) -> spec_pb2.ContextBudget:
+    message = spec_pb2.ContextBudget()
+    for name in _BUDGET_FIELDS:
+        value = getattr(budget, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
 
 
 def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
@@ -139,6 +160,11 @@ def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
         disclosure=disclosure,
         grants=grants_to_proto(spec.grants),
         create_time=timestamp(published.create_time),
+        context_budget=(
+            context_budget_to_proto(spec.context_budget)
+            if spec.context_budget != ContextBudget()
+            else None
+        ),
     )
 
 

@@ -23,12 +23,14 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.RUN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.REQUEST_ID_REUSED: grpc.StatusCode.ALREADY_EXISTS,
     Reason.MESSAGE_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.CONTEXT_BUDGET_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Reason.INVALID_DEFERRED_HANDLE: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.CONNECTION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.COMMAND_NOT_ALLOWED: grpc.StatusCode.PERMISSION_DENIED,
     Reason.CATALOG_VERSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.CONNECTION_UNREACHABLE: grpc.StatusCode.UNAVAILABLE,
     Reason.PATTERN_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.PATTERN_TOO_COMPLEX: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.NOT_IMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
     Reason.INTERNAL: grpc.StatusCode.INTERNAL,
     Reason.STORAGE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
@@ -36,14 +38,17 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
 }
 
 
-# Errors travel in trailers, which clients refuse past 8 KiB by default (gRPC's soft limit):
-# the message goes twice (grpc-message, percent-encoded, and inside the Status), each metadata
-# value once. Values echoing a long request field are cut to these many UTF-8 bytes.
-MAX_MESSAGE_BYTES = 512
+# Whatever a caller sent that ends up quoted in an error, the error stays far below gRPC's
+# 8 KiB metadata limit (message and details travel as trailers): past it the client would get
+# a bare RESOURCE_EXHAUSTED without its ErrorInfo. Domain errors already quote ids shortly
+# (domain/errors.py `short`); this is the backstop for every other path.
+# Bytes of UTF-8: the message travels percent-encoded (up to 3 characters a byte) and again
+# inside the base64 details; together well under 8 KiB.
+MAX_MESSAGE_BYTES = 640
 MAX_METADATA_VALUE_BYTES = 256
 
 
-def _clipped(text: str, limit: int) -> str:
+def _cut(text: str, limit: int) -> str:
     encoded = text.encode()
     if len(encoded) <= limit:
         return text
@@ -53,10 +58,8 @@ def _clipped(text: str, limit: int) -> str:
 def status_for(error: SidecarError) -> tuple[grpc.StatusCode, str, bytes]:
     """The status code, message and serialized google.rpc.Status for an error."""
     code = STATUS_CODES[error.reason]
-    message = _clipped(error.message, MAX_MESSAGE_BYTES)
-    metadata = {
-        key: _clipped(value, MAX_METADATA_VALUE_BYTES) for key, value in error.metadata.items()
-    }
+    message = _cut(error.message, MAX_MESSAGE_BYTES)
+    metadata = {key: _cut(value, MAX_METADATA_VALUE_BYTES) for key, value in error.metadata.items()}
     info = error_details_pb2.ErrorInfo(
         reason=error.reason.value, domain=ERROR_DOMAIN, metadata=metadata
     )

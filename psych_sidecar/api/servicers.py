@@ -7,7 +7,8 @@ server registers those as UNIMPLEMENTED with a NOT_IMPLEMENTED ErrorInfo.
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextvars
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
@@ -21,25 +22,32 @@ from psych.sidecar.v1 import (
     spec_service_pb2_grpc,
 )
 from psych_sidecar.api import convert
+from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.domain.errors import field_required
 from psych_sidecar.domain.runlog import RunService, SpecService
+from psych_sidecar.telemetry import metrics
 
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
 
-# A response page leaves this much of the message limit for framing and metadata.
-_PAGE_HEADROOM_BYTES = 64 * 1024
-
 
 class Blocking:
-    """Runs synchronous domain calls on the storage thread pool."""
+    """Runs synchronous domain calls on the storage thread pool, in the caller's context
+    (its span and log fields), recording how long each waited for a thread."""
 
     def __init__(self, executor: Executor) -> None:
         self._executor = executor
 
     async def __call__(self, function: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(function, *args))
+        context = contextvars.copy_context()
+        submitted = time.perf_counter()
+
+        def run() -> T:
+            metrics.observe(metrics.STORAGE_WAIT_SECONDS, time.perf_counter() - submitted)
+            return context.run(function, *args)
+
+        return await loop.run_in_executor(self._executor, run)
 
 
 class SpecServicer(spec_service_pb2_grpc.SpecServiceServicer):
@@ -66,7 +74,7 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
     def __init__(self, runs: RunService, blocking: Blocking, max_message_bytes: int) -> None:
         self._runs = runs
         self._blocking = blocking
-        self._page_bytes = max(max_message_bytes - _PAGE_HEADROOM_BYTES, 1)
+        self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
 
     async def CreateRun(
         self, request: run_service_pb2.CreateRunRequest, context: Context
@@ -120,4 +128,14 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
         return run_service_pb2.ListRecordsResponse(
             records=[convert.record_to_proto(record) for record in records],
             next_page_token=next_token,
+        )
+
+    async def ListRuns(
+        self, request: run_service_pb2.ListRunsRequest, context: Context
+    ) -> run_service_pb2.ListRunsResponse:
+        runs, next_token = await self._blocking(
+            self._runs.list_runs, request.tenant, request.page_size, request.page_token
+        )
+        return run_service_pb2.ListRunsResponse(
+            runs=[convert.run_to_proto(run) for run in runs], next_page_token=next_token
         )

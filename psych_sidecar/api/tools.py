@@ -6,6 +6,10 @@ the Run's MCP surface, and otherwise answers DISPATCH_DISPOSITION_HOST_TOOL.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -13,6 +17,7 @@ from google.protobuf import json_format
 from psych.sidecar.v1 import tool_service_pb2
 from psych_sidecar.api import convert
 from psych_sidecar.api.connections import catalog_tool_to_proto
+from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.servicers import Blocking, Context
 from psych_sidecar.domain.calls import (
     DispatchService,
@@ -23,10 +28,19 @@ from psych_sidecar.domain.calls import (
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
-from psych_sidecar.domain.surface import TurnResolver
+from psych_sidecar.domain.surface import READ_TOOL_OUTPUT, TurnResolver
+from psych_sidecar.telemetry import metrics
 
-# What a read leaves of the message limit for the response's framing and its other fields.
-_READ_HEADROOM_BYTES = 64 * 1024
+
+def caller_gone(context: Context) -> Callable[[], bool]:
+    """A check, safe from any thread, that turns true once the RPC is over (the client
+    cancelled or went away) or its deadline has passed: long work polls it and stops."""
+    done = threading.Event()
+    # grpc-stubs declares the callback as a class, not a protocol: any callable works.
+    context.add_done_callback(lambda _context: done.set())  # type: ignore[arg-type]
+    remaining = context.time_remaining()
+    deadline = None if remaining is None else time.monotonic() + remaining
+    return lambda: done.is_set() or (deadline is not None and time.monotonic() > deadline)
 
 
 def _integral_floats_as_ints(value: Any) -> Any:
@@ -62,6 +76,7 @@ class ToolServicer:
         blocking: Blocking,
         max_message_bytes: int,
         cpu: Blocking | None = None,
+        grep_threads: int = 1,
     ) -> None:
         self._resolver = resolver
         # Searching (which may build an index) is CPU work: its own threads, not storage's.
@@ -70,7 +85,10 @@ class ToolServicer:
         self._reader = reader
         self._dispatcher = dispatcher
         self._blocking = blocking
-        self._page_bytes = max(max_message_bytes - _READ_HEADROOM_BYTES, 1)
+        self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
+        # Greps (CPU-bound, up to the reader's budget each) may hold at most this many of
+        # the storage threads, so that other RPCs always find one free.
+        self._grep_slots = asyncio.Semaphore(max(1, grep_threads))
 
     async def CallDeferredTool(
         self, request: tool_service_pb2.CallDeferredToolRequest, context: Context
@@ -120,13 +138,15 @@ class ToolServicer:
     async def SearchTools(
         self, request: tool_service_pb2.SearchToolsRequest, context: Context
     ) -> tool_service_pb2.SearchToolsResponse:
-        hits, token = await self._cpu(
-            self._resolver.search_tools,
-            request.run_id,
-            request.query,
-            request.page_size,
-            request.page_token,
-        )
+        with metrics.timed(metrics.SEARCH_SECONDS):
+            # Searching (which may build an index) is CPU work: its own threads.
+            hits, token, partial = await self._cpu(
+                self._resolver.search_tools,
+                request.run_id,
+                request.query,
+                request.page_size,
+                request.page_token,
+            )
         return tool_service_pb2.SearchToolsResponse(
             hits=[
                 tool_service_pb2.SearchHit(
@@ -138,12 +158,13 @@ class ToolServicer:
                 for hit in hits
             ],
             next_page_token=token,
+            partial=partial,
         )
 
     async def ReadToolOutput(
         self, request: tool_service_pb2.ReadToolOutputRequest, context: Context
     ) -> tool_service_pb2.ReadToolOutputResponse:
-        result = await self._blocking(
+        read = (
             self._reader.read,
             request.run_id,
             request.handle,
@@ -151,7 +172,13 @@ class ToolServicer:
             request.limit,
             request.grep,
             self._page_bytes,
+            caller_gone(context),
         )
+        if request.grep:
+            async with self._grep_slots:
+                result = await self._blocking(*read)
+        else:
+            result = await self._blocking(*read)
         return tool_service_pb2.ReadToolOutputResponse(
             text=result.text,
             data=result.data,
@@ -172,23 +199,18 @@ class ToolServicer:
         if not request.HasField("call"):
             raise field_required("call")
         call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
-        own = await self._blocking(self._dispatcher.dispatch, request.run_id, call)
-        if own.execution is not None:
-            outcome = tool_service_pb2.ToolOutcome(
-                is_error=own.execution.is_error,
-                result_json=own.execution.result_json,
-                sequence=own.sequence,
-                handle=own.handle,
-            )
+        if call.name == READ_TOOL_OUTPUT and '"grep"' in call.arguments_json:
+            # The model's grep takes a grep slot like ReadToolOutput's (a cheap, conservative
+            # test: a call that merely mentions "grep" waits for a slot too).
+            async with self._grep_slots:
+                outcome = await self._dispatcher.dispatch(request.run_id, call)
         else:
-            mcp = await self._executor.dispatch(
-                request.run_id, call.call_id, call.name, call.arguments_json
+            outcome = await self._dispatcher.dispatch(request.run_id, call)
+        if outcome is None:
+            return tool_service_pb2.DispatchToolCallResponse(
+                disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
             )
-            if mcp is None:
-                return tool_service_pb2.DispatchToolCallResponse(
-                    disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
-                )
-            outcome = outcome_to_proto(mcp, self._page_bytes)
         return tool_service_pb2.DispatchToolCallResponse(
-            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED, outcome=outcome
+            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED,
+            outcome=outcome_to_proto(outcome, self._page_bytes),
         )

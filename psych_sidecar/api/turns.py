@@ -5,14 +5,18 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from opentelemetry.trace import Span
+
 from psych.sidecar.v1 import connection_pb2, content_pb2, turn_pb2, turn_service_pb2
 from psych_sidecar.api import convert
 from psych_sidecar.api.servicers import Blocking, Context
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
 from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt import (
     AssembledPrompt,
+    GuardDecision,
     Prompt,
     PromptAssembler,
     PromptMessage,
@@ -22,6 +26,7 @@ from psych_sidecar.domain.prompt import (
 )
 from psych_sidecar.domain.runlog import ContentPart, ToolCall
 from psych_sidecar.domain.surface import DisclosureTier, ExposedKind, ToolSurface, TurnResolver
+from psych_sidecar.telemetry import metrics, tracing
 
 _ROLES = {Role.USER: turn_pb2.PROMPT_ROLE_USER, Role.ASSISTANT: turn_pb2.PROMPT_ROLE_ASSISTANT}
 _ZONES = {
@@ -126,7 +131,54 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
         ],
         anthropic_request_json=assembled.anthropic_json,
         openai_request_json=assembled.openai_json,
+        context_guard=_guard_to_proto(assembled.guard),
     )
+
+
+def _guard_to_proto(guard: GuardDecision | None) -> turn_service_pb2.ContextGuard | None:
+    if guard is None:
+        return None
+    return turn_service_pb2.ContextGuard(
+        context_window_tokens=guard.context_window_tokens,
+        output_reserve_tokens=guard.output_reserve_tokens,
+        estimated_tokens=guard.estimated_tokens,
+        full_estimated_tokens=guard.full_estimated_tokens,
+        elided=[
+            turn_service_pb2.GuardedResult(
+                call_id=g.call_id,
+                handle=g.handle,
+                full_tokens=g.full_tokens,
+                view_tokens=g.view_tokens,
+            )
+            for g in guard.elided
+        ],
+        reason=guard.reason,
+    )
+
+
+def _observe(assembled: AssembledPrompt, span: Span | None) -> None:
+    """Zone sizes (never content) and elision savings, as metrics and span attributes."""
+    zones = [
+        (digest.zone.name.lower(), digest.byte_length, estimate_tokens(digest.byte_length))
+        for digest in assembled.zones
+    ]
+    guarded = len(assembled.guard.elided) if assembled.guard is not None else 0
+    metrics.record_prompt(
+        zones,
+        {
+            "prior_turn": (
+                assembled.elided_results - guarded,
+                assembled.elided_bytes_saved - assembled.guard_bytes_saved,
+            ),
+            "context_guard": (guarded, assembled.guard_bytes_saved),
+        },
+    )
+    if span is not None:
+        for zone, size, tokens in zones:
+            span.set_attribute(f"psych.prompt.{zone}.bytes", size)
+            span.set_attribute(f"psych.prompt.{zone}.estimated_tokens", tokens)
+        span.set_attribute("psych.prompt.elided_results", assembled.elided_results)
+        span.set_attribute("psych.prompt.elided_bytes_saved", assembled.elided_bytes_saved)
 
 
 class TurnServicer:
@@ -168,15 +220,22 @@ class TurnServicer:
             if request.HasField("now")
             else datetime.now(UTC)
         )
-        assembled = await self._blocking(
-            self._assembler.assemble,
-            request.run_id,
-            request.dynamic_tail,
-            request.transient_note,
-            now,
-            request.model,
-            request.max_tokens,
-        )
+        with tracing.span("prompt.assemble") as span:
+            assembled = await self._blocking(
+                self._assembler.assemble,
+                request.run_id,
+                request.dynamic_tail,
+                request.transient_note,
+                now,
+                request.model,
+                request.max_tokens,
+                convert.context_budget_from_proto(request.context_budget)
+                if request.HasField("context_budget")
+                else None,
+                not request.preview,
+            )
+            if not request.preview:
+                _observe(assembled, span)
         response = await self._blocking(assembled_to_proto, assembled)
         size = response.ByteSize()
         if size > self._max_message_bytes:

@@ -25,10 +25,29 @@ class Reason(StrEnum):
     CATALOG_VERSION_NOT_FOUND = "CATALOG_VERSION_NOT_FOUND"
     CONNECTION_UNREACHABLE = "CONNECTION_UNREACHABLE"
     PATTERN_INVALID = "PATTERN_INVALID"
+    PATTERN_TOO_COMPLEX = "PATTERN_TOO_COMPLEX"
     NOT_IMPLEMENTED = "NOT_IMPLEMENTED"
     INTERNAL = "INTERNAL"
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    CONTEXT_BUDGET_EXCEEDED = "CONTEXT_BUDGET_EXCEEDED"
+
+
+# Ids and names a caller sent are quoted in messages and metadata only up to this many
+# characters: a megabyte id must not push the error past gRPC's metadata limit (the client
+# would get a bare RESOURCE_EXHAUSTED without its ErrorInfo).
+MAX_QUOTED_CHARS = 64
+
+
+def short(value: object, limit: int = MAX_QUOTED_CHARS) -> str:
+    """A caller's id or name, cut to a short prefix ("…" marks the cut)."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quoted(value: object) -> str:
+    """`short(value)`, in quotes."""
+    return repr(short(value))
 
 
 class SidecarError(Exception):
@@ -55,14 +74,14 @@ def field_invalid(field: str, detail: str) -> SidecarError:
 def spec_not_found(name: str, version: int) -> SidecarError:
     return SidecarError(
         Reason.SPEC_NOT_FOUND,
-        f"no spec {name} version {version}",
-        spec_name=name,
+        f"no spec {short(name)} version {version}",
+        spec_name=short(name),
         spec_version=version,
     )
 
 
 def run_not_found(run_id: str) -> SidecarError:
-    return SidecarError(Reason.RUN_NOT_FOUND, f"no run {run_id}", run_id=run_id)
+    return SidecarError(Reason.RUN_NOT_FOUND, f"no run {short(run_id)}", run_id=short(run_id))
 
 
 # How long a caller should wait before retrying after STORAGE_UNAVAILABLE.

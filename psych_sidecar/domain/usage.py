@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import astuple, dataclass
+from datetime import datetime
 from typing import Protocol
 
 from psych_sidecar.domain.errors import field_invalid, field_required
@@ -67,6 +68,15 @@ class UsageTotals:
         return self.cache_read_tokens / prompt if prompt else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class UsageEvent:
+    """One recorded model call's usage and when it was recorded."""
+
+    event_id: str
+    usage: ModelCallUsage
+    time: datetime
+
+
 class UsageRepository(Protocol):
     def record_usage(
         self, run_id: str, event_id: str, usage: ModelCallUsage, fingerprint: str
@@ -76,6 +86,10 @@ class UsageRepository(Protocol):
         ...
 
     def usage_totals(self, run_id: str) -> UsageTotals: ...
+
+    def usage_events(self, run_id: str, limit: int) -> list[UsageEvent]:
+        """The Run's newest `limit` events, oldest first."""
+        ...
 
 
 class UsageService:
@@ -99,3 +113,7 @@ class UsageService:
     def totals(self, run_id: str) -> UsageTotals:
         self._runs.get(run_id)
         return self._usage.usage_totals(run_id)
+
+    def events(self, run_id: str, limit: int) -> list[UsageEvent]:
+        self._runs.get(run_id)
+        return self._usage.usage_events(run_id, limit)

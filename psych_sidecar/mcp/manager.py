@@ -4,11 +4,9 @@ and the seam's two implementations (CatalogView for reads, ToolRunner for calls)
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -28,18 +26,20 @@ from psych_sidecar.domain.catalog import (
     ToolCallFailed,
     connection_not_found,
     validate_connection,
+    without_secrets,
 )
 from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.runlog import RunBlocking
 from psych_sidecar.mcp.session import (
     CatalogUnavailable,
     ConnectionSession,
     SessionTimings,
     describe_error,
 )
+from psych_sidecar.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
-RunBlocking = Callable[..., Awaitable[Any]]
 Key = tuple[str, str]
 
 # Stopping a session waits this long for its owner task (a stdio server gets ~4 s to exit).
@@ -48,8 +48,12 @@ _STOP_TIMEOUT = 10.0
 _SWEEPS_PER_TTL = 4
 
 
-def without_secrets(connection: Connection) -> Connection:
-    return dataclasses.replace(connection, env={}, headers={})
+def _closed_error() -> SidecarError:
+    return SidecarError(
+        Reason.CONNECTION_UNREACHABLE,
+        "the sidecar is shutting down: no MCP session starts any more",
+        detail="shutting down",
+    )
 
 
 @dataclasses.dataclass(slots=True)
@@ -81,7 +85,7 @@ class McpManager:
         self._settings = settings
         self._commands = settings.mcp_commands
         self.allowed_commands: Mapping[str, AllowedCommand] = {
-            name: AllowedCommand(command.allow_extra_args)
+            name: AllowedCommand(command.allow_extra_args, tuple(command.allowed_env))
             for name, command in settings.mcp_commands.items()
         }
         self._timings = SessionTimings(
@@ -94,11 +98,14 @@ class McpManager:
         )
         self._running: dict[Key, _Running] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._sweeper: asyncio.Task[None] | None = None
         self._reconciling: set[Key] = set()
-        self._background: set[asyncio.Task[None]] = set()
+        # Every task this manager starts (sessions' owners, the sweep, reconciles) is in this
+        # one group, and stop() ends all of them; once closed, nothing new starts.
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
         # Serialises the decisions that start, replace or stop one connection's session.
-        self._key_locks: dict[Key, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        # Dropped when the connection is deleted, so the map holds live names only.
+        self._key_locks: dict[Key, asyncio.Lock] = {}
         # Caches for CatalogView, filled on storage threads. Entries are replaced whole.
         self._public: dict[Key, StoredConnection] = {}
         self._tools: dict[Key, tuple[int, tuple[CatalogTool, ...]]] = {}
@@ -110,20 +117,48 @@ class McpManager:
         self._loop = asyncio.get_running_loop()
         for stored in await self._blocking(self._store.all_connections):
             self._start_session(stored)
-        self._sweeper = asyncio.create_task(self._sweep_forever(), name="mcp-catalog-sweep")
+        self._spawn(self._sweep_forever(), "mcp-catalog-sweep")
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        """Close (nothing starts after this), stop every session, and end every task this
+        manager started: sessions get `_STOP_TIMEOUT` to wind down, then are cancelled."""
+        self._closed = True
         running, self._running = list(self._running.values()), {}
         for entry in running:
             entry.session.stop()
-        await self._await_stopped(running)
+        session_tasks = {entry.task for entry in running}
+        for task in self._tasks - session_tasks:
+            task.cancel()
+        await self._await_stopped(list(self._tasks))
 
-    async def _await_stopped(self, running: Sequence[_Running]) -> None:
-        tasks = [entry.task for entry in running]
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Start a task owned by this manager (see `_tasks`)."""
+        if self._closed:
+            work.close()
+            raise _closed_error()
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _lock(self, key: Key) -> asyncio.Lock:
+        lock = self._key_locks.get(key)
+        if lock is None:
+            lock = self._key_locks[key] = asyncio.Lock()
+        return lock
+
+    def _drop_lock(self, key: Key) -> None:
+        """After a connection is deleted: its lock goes, unless another caller holds or
+        waits for it (that caller then finds the connection gone)."""
+        lock = self._key_locks.get(key)
+        if lock is not None and not lock.locked():
+            del self._key_locks[key]
+
+    async def _await_stopped(self, tasks: Sequence[asyncio.Task[None]]) -> None:
         if not tasks:
             return
         _done, pending = await asyncio.wait(tasks, timeout=_STOP_TIMEOUT)
@@ -149,7 +184,7 @@ class McpManager:
             return write
 
         session = ConnectionSession(stored, self._commands, self._timings, write_catalog)
-        task = asyncio.create_task(session.run(), name=f"mcp-session {connection.name}")
+        task = self._spawn(session.run(), f"mcp-session {connection.name}")
         self._running[key] = _Running(session, task)
         return session
 
@@ -158,32 +193,34 @@ class McpManager:
         previous = self._running.pop((connection.tenant, connection.name), None)
         if previous is not None:
             previous.session.stop()
-            await self._await_stopped([previous])
+            await self._await_stopped([previous.task])
         return self._start_session(stored)
 
     async def _stop_session(self, key: Key) -> None:
         previous = self._running.pop(key, None)
         if previous is not None:
             previous.session.stop()
-            await self._await_stopped([previous])
+            await self._await_stopped([previous.task])
 
     # ConnectionService use cases
 
     async def put_connection(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:
         """Store, connect, list right away; return the state after the first attempt."""
         validate_connection(connection, self.allowed_commands)
-        async with self._key_locks[(connection.tenant, connection.name)]:
+        async with self._lock((connection.tenant, connection.name)):
             stored: StoredConnection = await self._blocking(self._store.put_connection, connection)
             session = await self._replace_session(stored)
         await session.wait_attempt(0, self._timings.connect_timeout + 1)
         return await self.describe(connection.tenant, connection.name)
 
     async def delete_connection(self, tenant: str, name: str) -> None:
-        async with self._key_locks[(tenant, name)]:
+        key = (tenant, name)
+        async with self._lock(key):
             if not await self._blocking(self._store.delete_connection, tenant, name):
                 raise connection_not_found(tenant, name)
-            await self._stop_session((tenant, name))
-            self._forget((tenant, name))
+            await self._stop_session(key)
+            self._forget(key)
+        self._drop_lock(key)
 
     async def describe(self, tenant: str, name: str) -> tuple[Connection, ConnectionStatus]:
         stored: StoredConnection | None = await self._blocking(
@@ -210,7 +247,13 @@ class McpManager:
             # Not running here yet: another sidecar stored it, or it was replaced just now.
             return ConnectionStatus(ConnectionState.CONNECTING, "", update_time, catalog_version)
         status = running.session.status
-        return ConnectionStatus(status.state, status.last_error, status.state_time, catalog_version)
+        return ConnectionStatus(
+            status.state,
+            status.last_error,
+            status.state_time,
+            catalog_version,
+            running.session.stderr.text(),
+        )
 
     async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
         """Re-list now. An unreachable server is retried at once; a failure removes nothing."""
@@ -222,7 +265,7 @@ class McpManager:
             session.reconnect_now()
             await session.wait_attempt(finished, self._timings.connect_timeout + 1)
         try:
-            return await session.refresh()
+            return await session.refresh("on_demand")
         except CatalogUnavailable as error:
             detail = describe_error(error)
             raise SidecarError(
@@ -234,19 +277,23 @@ class McpManager:
 
     async def _session(self, tenant: str, name: str) -> ConnectionSession | None:
         """The session for a stored connection, started here if another sidecar stored it."""
-        async with self._key_locks[(tenant, name)]:
+        if self._closed:
+            raise _closed_error()
+        key = (tenant, name)
+        async with self._lock(key):
             stored: StoredConnection | None = await self._blocking(
                 self._store.get_connection, tenant, name
             )
-            running = self._running.get((tenant, name))
-            if stored is None:
-                if running is not None:
-                    await self._stop_session((tenant, name))
-                    self._forget((tenant, name))
-                return None
-            if running is not None and running.session.stored.revision == stored.revision:
-                return running.session
-            return await self._replace_session(stored)
+            running = self._running.get(key)
+            if stored is not None:
+                if running is not None and running.session.stored.revision == stored.revision:
+                    return running.session
+                return await self._replace_session(stored)
+            if running is not None:
+                await self._stop_session(key)
+                self._forget(key)
+        self._drop_lock(key)
+        return None
 
     # The background sweep: TTL refreshes, and catching up with other sidecars' changes.
 
@@ -273,7 +320,7 @@ class McpManager:
             session = running.session
             if session.status.state is ConnectionState.CONNECTED and session.last_refresh <= due:
                 try:
-                    await session.refresh()
+                    await session.refresh("ttl")
                 except CatalogUnavailable as error:
                     log.warning(
                         "MCP connection %s/%s: TTL refresh failed: %s",
@@ -284,6 +331,22 @@ class McpManager:
     def _forget(self, key: Key) -> None:
         self._public.pop(key, None)
         self._tools.pop(key, None)
+
+    # For the metrics scrape (on the loop). Connections are labelled by name only: the same
+    # name in several tenants adds up.
+
+    def connection_states(self) -> list[tuple[str, str]]:
+        return [
+            (running.session.stored.connection.name, running.session.status.state.name)
+            for running in list(self._running.values())
+        ]
+
+    def catalog_sizes(self) -> list[tuple[str, int]]:
+        sizes: dict[str, int] = {}
+        for running in list(self._running.values()):
+            name = running.session.stored.connection.name
+            sizes[name] = sizes.get(name, 0) + running.session.catalog_size
+        return sorted(sizes.items())
 
     # CatalogView (synchronous; storage threads)
 
@@ -313,22 +376,25 @@ class McpManager:
 
     def _reconcile_soon(self, key: Key) -> None:
         loop = self._loop
-        if loop is None or key in self._reconciling:
+        if loop is None or self._closed or key in self._reconciling:
             return
         self._reconciling.add(key)
 
-        def reconcile() -> None:
-            async def run() -> None:
-                try:
-                    await self._session(*key)
-                except Exception:
+        async def run() -> None:
+            try:
+                await self._session(*key)
+            except Exception:
+                if not self._closed:
                     log.exception("starting the session of %s/%s failed", *key)
-                finally:
-                    self._reconciling.discard(key)
+            finally:
+                self._reconciling.discard(key)
 
-            task = asyncio.create_task(run())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+        def reconcile() -> None:
+            # Runs on the loop, perhaps after stop(): then nothing starts.
+            if self._closed:
+                self._reconciling.discard(key)
+                return
+            self._spawn(run(), f"mcp-reconcile {key[1]}")
 
         loop.call_soon_threadsafe(reconcile)
 
@@ -362,5 +428,6 @@ class McpManager:
         running = self._running.get((tenant, server))
         session = running.session if running is not None else await self._session(tenant, server)
         if session is None:
+            metrics.record_tool_call(server, "refused", 0.0)
             raise ToolCallFailed(f"There is no MCP server named {server!r}.")
         return await session.call_tool(tool, arguments, timeout_seconds)

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from typing import Any
 
 import mcp_types as types
 from pydantic import BaseModel
 
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind
 
 DEFAULT_BINARY_MIME_TYPE = "application/octet-stream"
-
-
-def _json_bytes(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _dump(model: BaseModel) -> Any:
@@ -29,7 +25,7 @@ def _binary(data: str, mime_type: str | None, block: Any) -> ContentPart:
         decoded = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         # Not base64 after all: keep exactly what the server sent, as JSON.
-        return ContentPart(PartKind.JSON, _json_bytes(_dump(block)))
+        return ContentPart(PartKind.JSON, canonical_json(_dump(block)))
     return ContentPart(PartKind.BINARY, decoded, mime_type or DEFAULT_BINARY_MIME_TYPE)
 
 
@@ -47,15 +43,16 @@ def content_part(block: Any) -> ContentPart:
             return ContentPart.text(resource.text)
         if isinstance(resource, types.BlobResourceContents):
             return _binary(resource.blob, resource.mime_type, block)
-    return ContentPart(PartKind.JSON, _json_bytes(_dump(block)))
+    return ContentPart(PartKind.JSON, canonical_json(_dump(block)))
 
 
 def tool_result(result: types.CallToolResult) -> McpToolResult:
     parts = [content_part(block) for block in result.content]
     if result.structured_content is not None:
-        parts.append(ContentPart(PartKind.JSON, _json_bytes(result.structured_content)))
+        # Kept in the log, marked: the model's view shows it only when there is no text.
+        parts.append(ContentPart.structured(canonical_json(result.structured_content)))
     return McpToolResult(
         is_error=bool(result.is_error),
-        result_json=_json_bytes(_dump(result)),
+        result_json=canonical_json(_dump(result)),
         content=tuple(parts),
     )

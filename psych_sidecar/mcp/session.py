@@ -8,10 +8,10 @@ serialised per connection, whatever triggered them.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -28,16 +28,20 @@ from mcp import Client, MCPError
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 
 from psych_sidecar.config import StdioCommand
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogWrite,
     ConnectionState,
     McpToolResult,
+    Scrubber,
     StoredConnection,
     ToolCallFailed,
 )
 from psych_sidecar.mcp.results import tool_result
+from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.transport import open_transport
+from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +118,7 @@ def _mcp_error(error: BaseException) -> MCPError | None:
 def _json(value: Any) -> bytes:
     if value is None:
         return b""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return canonical_json(value)
 
 
 def catalog_tool(server: str, tool: types.Tool) -> CatalogTool:
@@ -162,6 +166,10 @@ class ConnectionSession:
         write_catalog: Callable[[list[CatalogTool]], Awaitable[CatalogWrite | None]],
     ) -> None:
         self.stored = stored
+        # Every error text and log line about this connection passes through it: a library
+        # error may quote the URL, with its user-info and query (docs/security.md).
+        self._scrub = Scrubber(stored.connection)
+        self.stderr = StderrTail(f"{self.key[0]}/{self.key[1]}", self._scrub)
         self._commands = commands
         self._timings = timings
         self._write_catalog = write_catalog
@@ -176,6 +184,14 @@ class ConnectionSession:
         self._attempt_finished = anyio.Event()
         self._refresh_lock = anyio.Lock()
         self.last_refresh = -math.inf
+        # Tools in the last listing stored (for the catalogue-size gauge).
+        self.catalog_size = 0
+        # How the server delivers tools/list_changed, learnt on connect: "2026" on a
+        # subscriptions/listen stream, "2025" unprompted (no listen); "" until known.
+        self.protocol_era = ""
+
+    def _describe(self, error: BaseException) -> str:
+        return self._scrub(describe_error(error))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -223,6 +239,10 @@ class ConnectionSession:
     async def run(self) -> None:
         delay = self._timings.reconnect_min
         name = self.stored.connection.name
+        # This task's log lines name their connection, not the call that started it, and
+        # its spans (refreshes) start traces of their own. Its context is its own: no reset.
+        logs.bind_only(tenant=self.stored.connection.tenant, connection=name)
+        tracing.new_root()
         while not self._stopping.is_set():
             # A server that was lost stays UNREACHABLE while it is retried: CONNECTING is
             # only the first attempt, so the state does not flap with every retry.
@@ -231,7 +251,7 @@ class ConnectionSession:
             try:
                 await self._connect_and_serve()
             except Exception as error:
-                detail = describe_error(error)
+                detail = self._describe(error)
                 # Each new failure is a warning; the same one again, retry after retry, is not.
                 repeated = (
                     self._status.state is ConnectionState.UNREACHABLE
@@ -264,7 +284,7 @@ class ConnectionSession:
         closed = anyio.Event()
         self._broken = anyio.Event()
         self._changed = anyio.Event()
-        transport = open_transport(self.stored.connection, self._commands, closed)
+        transport = open_transport(self.stored.connection, self._commands, closed, self.stderr)
         client = Client(transport, mode="auto", cache=None, message_handler=self._on_message)
         deadline = anyio.current_time() + self._timings.connect_timeout
         try:
@@ -274,7 +294,7 @@ class ConnectionSession:
                     await group.start(self._listen, client)
                     self._client = client
                     # Sync on connect: a notification sent during initialisation can be lost.
-                    await self._refresh(client)
+                    await self._refresh(client, "connect")
                     connecting.deadline = math.inf
                     self._set_status(ConnectionState.CONNECTED)
                     self._finish_attempt()
@@ -297,7 +317,7 @@ class ConnectionSession:
             log.info(
                 "MCP connection %s/%s transport error: %s",
                 *self.key,
-                describe_error(message),
+                self._describe(message),
             )
 
     async def _listen(
@@ -309,15 +329,32 @@ class ConnectionSession:
         while True:
             try:
                 async with client.listen(tools_list_changed=True) as subscription:
+                    self.protocol_era = "2026"
                     if not started:
                         started = True
                         task_status.started()
                     async for _event in subscription:
                         self._changed.set()
             except ListenNotSupportedError:
+                self.protocol_era = "2025"
                 break
             except (MCPError, SubscriptionLost) as error:
-                log.info("MCP connection %s/%s: listen ended: %s", *self.key, describe_error(error))
+                if (
+                    not started
+                    and isinstance(error, MCPError)
+                    and error.code == types.METHOD_NOT_FOUND
+                ):
+                    # A server without subscriptions/listen sends list_changed unprompted,
+                    # as in the 2025 protocol: expected, so said once, quietly.
+                    if self.protocol_era != "2025":
+                        log.debug(
+                            "MCP connection %s/%s: no subscriptions/listen; list_changed "
+                            "arrives unprompted (2025-era server)",
+                            *self.key,
+                        )
+                    self.protocol_era = "2025"
+                    break
+                log.info("MCP connection %s/%s: listen ended: %s", *self.key, self._describe(error))
                 lost = isinstance(error, SubscriptionLost) or error.code == types.INTERNAL_ERROR
                 if not started or not lost:
                     break
@@ -335,23 +372,34 @@ class ConnectionSession:
             await anyio.sleep(self._timings.list_changed_debounce)
             self._changed = anyio.Event()
             try:
-                await self.refresh()
+                await self.refresh("list_changed")
             except Exception as error:
                 log.warning(
                     "MCP connection %s/%s: refresh after tools/list_changed failed: %s",
                     *self.key,
-                    describe_error(error),
+                    self._describe(error),
                 )
 
     # Called from request handlers and the sweep.
 
-    async def refresh(self) -> CatalogWrite:
+    async def refresh(self, trigger: str) -> CatalogWrite:
+        """`trigger` (connect, ttl, on_demand, list_changed) labels the refresh's metric."""
         client = self._client
         if client is None or self._status.state is not ConnectionState.CONNECTED:
+            metrics.record_refresh(trigger, "failed")
             raise CatalogUnavailable(self._unreachable_text())
-        return await self._refresh(client)
+        return await self._refresh(client, trigger)
 
-    async def _refresh(self, client: Client) -> CatalogWrite:
+    async def _refresh(self, client: Client, trigger: str) -> CatalogWrite:
+        try:
+            write = await self._list_and_write(client)
+        except BaseException:
+            metrics.record_refresh(trigger, "failed")
+            raise
+        metrics.record_refresh(trigger, "changed" if write.changed else "unchanged")
+        return write
+
+    async def _list_and_write(self, client: Client) -> CatalogWrite:
         async with self._refresh_lock:
             try:
                 with anyio.fail_after(self._timings.connect_timeout):
@@ -359,14 +407,35 @@ class ConnectionSession:
             except Exception as error:
                 if (mcp_error := _mcp_error(error)) and mcp_error.code == types.CONNECTION_CLOSED:
                     self._broken.set()
-                raise CatalogUnavailable(f"listing tools failed: {describe_error(error)}") from None
+                raise CatalogUnavailable(f"listing tools failed: {self._describe(error)}") from None
             write = await self._write_catalog(tools)
             if write is None:
                 raise CatalogUnavailable("the connection was deleted")
             self.last_refresh = anyio.current_time()
+            self.catalog_size = write.tool_count
             return write
 
     async def call_tool(
+        self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
+    ) -> McpToolResult:
+        server = self.stored.connection.name
+        started = time.perf_counter()
+        outcome = "refused"
+        with tracing.span("mcp.call_tool", {"mcp.server": server, "mcp.tool": tool}) as span:
+            try:
+                result = await self._call_tool(tool, arguments, timeout_seconds)
+            except ToolCallFailed as error:
+                outcome = error.outcome if isinstance(error, _CallFailed) else "refused"
+                raise
+            else:
+                outcome = "tool_error" if result.is_error else "ok"
+                return result
+            finally:
+                metrics.record_tool_call(server, outcome, time.perf_counter() - started)
+                if span is not None:
+                    span.set_attribute("mcp.outcome", outcome)
+
+    async def _call_tool(
         self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
     ) -> McpToolResult:
         if self._status.state is ConnectionState.CONNECTING:
@@ -387,8 +456,8 @@ class ConnectionSession:
             return await anyio.to_thread.run_sync(tool_result, result)
         except Exception as error:
             if _expected(error):
-                raise ToolCallFailed(
-                    self._call_failure_text(tool, timeout_seconds, error)
+                raise _CallFailed(
+                    self._call_failure_text(tool, timeout_seconds, error), _outcome(error)
                 ) from None
             # A bug (here or in the SDK), not the server's failure: logged with its stack
             # under a correlation id; the model still gets a tool error naming that id.
@@ -398,10 +467,12 @@ class ConnectionSession:
                 tool,
                 self.stored.connection.name,
                 correlation_id,
+                extra={"correlation_id": correlation_id},
             )
-            raise ToolCallFailed(
+            raise _CallFailed(
                 f"The call to {tool!r} on MCP server {self.stored.connection.name!r} failed "
-                f"inside the sidecar ({type(error).__name__}); correlation id {correlation_id}."
+                f"inside the sidecar ({type(error).__name__}); correlation id {correlation_id}.",
+                "refused",
             ) from None
 
     def _unreachable_text(self) -> str:
@@ -430,11 +501,32 @@ class ConnectionSession:
                 "the server is unreachable until it comes back."
             )
         if mcp_error is not None:
-            return (
+            return self._scrub(
                 f"MCP server {server!r} answered the call to {tool!r} with error "
                 f"{mcp_error.code}: {mcp_error.message}"
             )
-        return f"The call to {tool!r} on MCP server {server!r} failed: {describe_error(error)}"
+        return f"The call to {tool!r} on MCP server {server!r} failed: {self._describe(error)}"
+
+
+class _CallFailed(ToolCallFailed):
+    """A call the server was asked and did not answer with a result."""
+
+    def __init__(self, message: str, outcome: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+def _outcome(error: BaseException) -> str:
+    """A failed call's metric outcome: timeout, refused (the connection closed) or
+    tool_error (the server answered with an error)."""
+    mcp_error = _mcp_error(error)
+    if isinstance(error, TimeoutError) or (
+        mcp_error is not None and mcp_error.code == types.REQUEST_TIMEOUT
+    ):
+        return "timeout"
+    if mcp_error is not None and mcp_error.code == types.CONNECTION_CLOSED:
+        return "refused"
+    return "tool_error"
 
 
 async def _set_when(event: anyio.Event, scope: anyio.CancelScope) -> None:

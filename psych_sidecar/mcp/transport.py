@@ -6,7 +6,7 @@ goes away (a stdio process exiting, an SSE stream ending) instead of at the next
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
@@ -20,7 +20,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
 from psych_sidecar.config import StdioCommand
-from psych_sidecar.domain.catalog import Connection, TransportKind
+from psych_sidecar.domain.catalog import Connection, TransportKind, env_name_allowed
+from psych_sidecar.mcp.stderr import StderrTail
+
+# These libraries' INFO and DEBUG lines quote request URLs, whose user-info and query may hold
+# secrets (docs/security.md): they log from WARNING on, whatever the sidecar's level.
+for _library in ("httpx2", "mcp.client.streamable_http", "mcp.client.sse"):
+    logging.getLogger(_library).setLevel(logging.WARNING)
 
 Item = SessionMessage | Exception
 # The read and write streams a transport yields (the SDK's TransportStreams).
@@ -90,6 +96,12 @@ def stdio_parameters(
         )
     if connection.args and not command.allow_extra_args:
         raise PermissionError(f"command {connection.command!r} no longer takes extra arguments")
+    refused = sorted(n for n in connection.env if not env_name_allowed(n, command.allowed_env))
+    if refused:
+        raise PermissionError(
+            f"command {connection.command!r} no longer allows the connection to set "
+            f"{', '.join(refused)} (mcp_commands allowed_env)"
+        )
     return StdioServerParameters(
         command=command.argv[0],
         args=[*command.argv[1:], *connection.args],
@@ -110,11 +122,20 @@ async def _streamable_http(url: str, headers: Mapping[str, str]) -> AsyncIterato
         yield streams
 
 
+@asynccontextmanager
+async def _stdio(parameters: StdioServerParameters, stderr: StderrTail) -> AsyncIterator[Streams]:
+    # The server's stderr goes to a pipe read into its connection's bounded tail, never
+    # straight into the sidecar's own stderr (mcp/stderr.py).
+    with stderr.pipe() as errlog:
+        async with stdio_client(parameters, errlog=errlog) as streams:
+            yield streams
+
+
 def _base_transport(
-    connection: Connection, commands: Mapping[str, StdioCommand]
+    connection: Connection, commands: Mapping[str, StdioCommand], stderr: StderrTail
 ) -> AbstractAsyncContextManager[Any]:
     if connection.transport is TransportKind.STDIO:
-        return stdio_client(stdio_parameters(connection, commands), errlog=sys.stderr)
+        return _stdio(stdio_parameters(connection, commands), stderr)
     if connection.transport is TransportKind.STREAMABLE_HTTP:
         return _streamable_http(connection.url, connection.headers)
     return sse_client(connection.url, headers=dict(connection.headers))
@@ -122,8 +143,12 @@ def _base_transport(
 
 @asynccontextmanager
 async def open_transport(
-    connection: Connection, commands: Mapping[str, StdioCommand], closed: anyio.Event
+    connection: Connection,
+    commands: Mapping[str, StdioCommand],
+    closed: anyio.Event,
+    stderr: StderrTail,
 ) -> AsyncIterator[Streams]:
-    """The connection's transport; `closed` is set when it stops delivering messages."""
-    async with _base_transport(connection, commands) as (read_stream, write_stream):
+    """The connection's transport; `closed` is set when it stops delivering messages; a
+    stdio server's stderr is kept in `stderr`."""
+    async with _base_transport(connection, commands, stderr) as (read_stream, write_stream):
         yield _WatchedReadStream(read_stream, closed), write_stream

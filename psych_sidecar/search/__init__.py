@@ -3,16 +3,24 @@ descriptions, and the sentence encoder with its background warm-up.
 
 Layers inside: :mod:`~psych_sidecar.search.ranking` and :mod:`~psych_sidecar.search.gloss` are
 pure (the domain imports ranking directly); :mod:`~psych_sidecar.search.embeddings` owns the
-vector cache and the warm-up thread; :mod:`~psych_sidecar.search.encoder` runs the model
+vector cache (memory, and the database through the VectorStore port that storage
+implements) and the warm-up thread; :mod:`~psych_sidecar.search.encoder` runs the model
 (numpy), loaded only when semantic search is on.
 """
 
 from __future__ import annotations
 
-from psych_sidecar.search.embeddings import TextEncoder, ToolEmbeddings
+from psych_sidecar.search.embeddings import (
+    EmbeddingCounters,
+    TextEncoder,
+    ToolEmbeddings,
+    VectorStore,
+    content_key,
+)
 from psych_sidecar.search.gloss import english_gloss
 from psych_sidecar.search.ranking import (
     Embeddings,
+    Ranking,
     SearchDocument,
     SearchHit,
     SearchIndex,
@@ -23,12 +31,16 @@ from psych_sidecar.search.ranking import (
 )
 
 __all__ = [
+    "EmbeddingCounters",
     "Embeddings",
+    "Ranking",
     "SearchDocument",
     "SearchHit",
     "SearchIndex",
     "TextEncoder",
     "ToolEmbeddings",
+    "VectorStore",
+    "content_key",
     "english_gloss",
     "first_sentence",
     "identifier_words",

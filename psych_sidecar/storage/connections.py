@@ -11,6 +11,7 @@ from sqlalchemy import Connection as SqlConnection
 
 from psych_sidecar.domain.catalog import (
     CatalogTool,
+    CatalogVersion,
     CatalogWrite,
     Connection,
     StoredConnection,
@@ -18,7 +19,7 @@ from psych_sidecar.domain.catalog import (
     listing_fingerprint,
 )
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import transaction, unavailable_as_typed_errors
+from psych_sidecar.storage.db import placeholder, plain_select, transaction
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
 _INSERT_BATCH = 500
@@ -85,10 +86,9 @@ class SqlConnectionStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        placeholder = "?" if engine.dialect.name == "sqlite" else "%s"
         self._versions_sql = (
             "SELECT name, revision, catalog_version FROM connections "
-            f"WHERE tenant = {placeholder} AND delete_time_us IS NULL"
+            f"WHERE tenant = {placeholder(engine)} AND delete_time_us IS NULL"
         )
 
     def _binary(self, column: ColumnElement[str]) -> ColumnElement[str]:
@@ -200,22 +200,8 @@ class SqlConnectionStore:
         return [_stored(row) for row in rows]
 
     def connection_versions(self, tenant: str) -> dict[str, tuple[int, int]]:
-        # Every ResolveTurn and tool call runs this, so it skips SQLAlchemy's statement and
-        # transaction machinery (~6x the cost of the query itself): one SELECT is atomic on
-        # its own on both databases.
-        with unavailable_as_typed_errors():
-            dbapi_connection = self._engine.raw_connection()
-            try:
-                cursor = dbapi_connection.cursor()
-                cursor.execute(self._versions_sql, (tenant,))
-                rows = cursor.fetchall()
-                cursor.close()
-            except Exception:
-                # A connection that failed under us is not handed to the next caller.
-                dbapi_connection.invalidate()
-                raise
-            finally:
-                dbapi_connection.close()
+        # Every ResolveTurn and tool call runs this.
+        rows = plain_select(self._engine, self._versions_sql, (tenant,))
         return {name: (revision, version) for name, revision, version in rows}
 
     def write_catalog(
@@ -340,3 +326,29 @@ class SqlConnectionStore:
                 rows = conn.execute(query.where(catalog.c.catalog_version == version)).all()
         # Sorted here, not in SQL: a database's collation must not decide the order.
         return version, sorted((_tool(row, server) for row in rows), key=lambda t: t.name)
+
+    def catalog_versions(
+        self, tenant: str, server: str, before_version: int, limit: int
+    ) -> tuple[list[CatalogVersion], bool] | None:
+        table, versions = tables.connections, tables.catalog_versions
+        query = select(versions).where(versions.c.tenant == tenant, versions.c.server == server)
+        if before_version:
+            query = query.where(versions.c.catalog_version < before_version)
+        query = query.order_by(versions.c.catalog_version.desc()).limit(limit + 1)
+        with transaction(self._engine, write=False) as conn:
+            known = conn.execute(
+                select(table.c.name).where(table.c.tenant == tenant, table.c.name == server)
+            ).first()
+            if known is None:
+                return None
+            rows = conn.execute(query).all()
+        listed = [
+            CatalogVersion(
+                catalog_version=row.catalog_version,
+                tool_count=row.tool_count,
+                sha256=row.fingerprint,
+                create_time=tables.from_us(row.create_time_us),
+            )
+            for row in rows[:limit]
+        ]
+        return listed, len(rows) > limit

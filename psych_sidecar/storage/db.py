@@ -7,6 +7,8 @@ import fcntl
 import logging
 import math
 import sqlite3
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from psych_sidecar.domain.errors import SidecarError, storage_unavailable
+from psych_sidecar.telemetry import metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +180,51 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
 
     Every driver failure that means the database is unavailable (down, restarting, locked
     past the busy timeout, a serialization failure) leaves here as STORAGE_UNAVAILABLE;
-    nothing was committed by this transaction unless the failure came after its commit."""
-    with unavailable_as_typed_errors(), engine.connect() as connection:
-        if write:
-            connection = connection.execution_options(**{_WRITE_OPTION: True})
-        with connection.begin():
-            yield connection
+    nothing was committed by this transaction unless the failure came after its commit.
+    Its wait for a pooled connection is a metric; the transaction is a span when tracing."""
+    attributes: dict[str, str | bool] = {
+        "db.system.name": engine.dialect.name,
+        "psych.write": write,
+    }
+    if tracing.tracer() is not None:
+        # The repository method that opened it (frames: this body, contextlib's __enter__,
+        # the caller), so a slow transaction is named in the trace.
+        attributes["code.function"] = sys._getframe(2).f_code.co_qualname
+    with tracing.span("db.transaction", attributes), unavailable_as_typed_errors():
+        started = time.perf_counter()
+        with engine.connect() as connection:
+            metrics.observe(metrics.DB_POOL_WAIT_SECONDS, time.perf_counter() - started)
+            if write:
+                connection = connection.execution_options(**{_WRITE_OPTION: True})
+            with connection.begin():
+                yield connection
+
+
+def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[Any]:
+    """Rows of one SELECT run straight on a pooled DB-API connection, for the reads every
+    ResolveTurn and tool call makes: SQLAlchemy's statement and transaction machinery costs
+    several times the query itself there, and one SELECT is atomic on its own on both
+    databases. `sql` uses the dialect's placeholder (:func:`placeholder`). The driver's
+    "not now" failures leave as STORAGE_UNAVAILABLE, as from `transaction`."""
+    with unavailable_as_typed_errors():
+        dbapi_connection = engine.raw_connection()
+        try:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(sql, parameters)
+            rows = cursor.fetchall()
+            cursor.close()
+        except Exception:
+            # A connection that failed under us is not handed to the next caller.
+            dbapi_connection.invalidate()
+            raise
+        finally:
+            dbapi_connection.close()
+    return list(rows)
+
+
+def placeholder(engine: Engine) -> str:
+    """The DB-API parameter marker of the engine's driver (sqlite3: ?, psycopg: %s)."""
+    return "?" if engine.dialect.name == "sqlite" else "%s"
 
 
 def alembic_config(connection: Connection) -> Config:

@@ -36,7 +36,7 @@ from psych_sidecar.domain.runlog import (
     ToolCall,
 )
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import transaction
+from psych_sidecar.storage.db import placeholder, plain_select, transaction
 
 # Bound the number of bound parameters per statement (SQLite allows 32766).
 _CHUNK = 500
@@ -53,6 +53,10 @@ class SqlLogReader:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._sqlite = engine.dialect.name == "sqlite"
+        self._turn_start_sql = (
+            "SELECT MAX(sequence) FROM records "
+            f"WHERE run_id = {placeholder(engine)} AND kind = {placeholder(engine)}"
+        )
 
     def record_skeletons(self, run_id: str) -> list[RecordSkeleton]:
         r = tables.records
@@ -203,6 +207,13 @@ class SqlLogReader:
                 )
             ).first()
         return None if row is None else (row.run_id, row.sequence)
+
+    def turn_start(self, run_id: str) -> int:
+        # Every ResolveTurn and AssemblePrompt runs this (the turn pins the surface).
+        ((value,),) = plain_select(
+            self._engine, self._turn_start_sql, (run_id, RecordKind.USER_MESSAGE.value)
+        )
+        return int(value or 0)
 
     def latest_assistant_sequence(self, run_id: str) -> int:
         r = tables.records

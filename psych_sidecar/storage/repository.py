@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import Connection, Engine, Insert, Table, insert, select, update
+from sqlalchemy import Connection, Engine, Insert, Row, Table, and_, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -57,7 +58,7 @@ class SqlStore:
                     insert(tables.specs).values(
                         name=spec.name,
                         version=spec.version,
-                        body=spec.canonical_json(),
+                        body=spec.content_json(),
                         fingerprint=spec.fingerprint(),
                         create_time_us=now,
                     )
@@ -78,7 +79,7 @@ class SqlStore:
             ).first()
         if row is None:
             return None
-        return PublishedSpec(Spec.from_canonical_json(row.body), tables.from_us(row.create_time_us))
+        return PublishedSpec(Spec.from_content_json(row.body), tables.from_us(row.create_time_us))
 
     # Runs
 
@@ -110,16 +111,29 @@ class SqlStore:
         runs = tables.runs
         with transaction(self._engine, write=False) as conn:
             row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
-        if row is None:
-            return None
-        return Run(
-            run_id=row.run_id,
-            tenant=row.tenant,
-            spec_name=row.spec_name,
-            spec_version=row.spec_version,
-            tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
-            create_time=tables.from_us(row.create_time_us),
-        )
+        return None if row is None else _run(row)
+
+    def list_runs(self, tenant: str, after_run_id: str, limit: int) -> tuple[list[Run], bool]:
+        runs = tables.runs
+        query = select(runs).where(runs.c.tenant == tenant)
+        with transaction(self._engine, write=False) as conn:
+            if after_run_id:
+                after = conn.execute(
+                    select(runs.c.create_time_us).where(
+                        runs.c.tenant == tenant, runs.c.run_id == after_run_id
+                    )
+                ).scalar()
+                if after is None:
+                    return [], False
+                query = query.where(
+                    or_(
+                        runs.c.create_time_us < after,
+                        and_(runs.c.create_time_us == after, runs.c.run_id < after_run_id),
+                    )
+                )
+            order = (runs.c.create_time_us.desc(), runs.c.run_id.desc())
+            rows = conn.execute(query.order_by(*order).limit(limit + 1)).all()
+        return [_run(row) for row in rows[:limit]], len(rows) > limit
 
     def append_records(
         self,
@@ -198,6 +212,25 @@ class SqlStore:
                 )
             ).scalar_one()
         return RecordedCall(sequence, handle, bool(is_error), bytes(row.call_result_json))
+
+    def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
+        pins = tables.turn_surfaces
+        with transaction(self._engine, write=True) as conn:
+            conn.execute(
+                self._insert_ignoring_conflicts(pins),
+                {
+                    "run_id": run_id,
+                    "turn_start": turn_start,
+                    "surface": surface_json.decode(),
+                    "create_time_us": tables.now_us(),
+                },
+            )
+            stored = conn.execute(
+                select(pins.c.surface).where(
+                    pins.c.run_id == run_id, pins.c.turn_start == turn_start
+                )
+            ).scalar_one()
+        return str(stored).encode()
 
     def _insert_ignoring_conflicts(self, table: Table) -> Insert:
         """INSERT … ON CONFLICT DO NOTHING, in the engine's dialect."""
@@ -308,3 +341,14 @@ class SqlStore:
             )
             for row in rows
         ], more
+
+
+def _run(row: Row[Any]) -> Run:
+    return Run(
+        run_id=row.run_id,
+        tenant=row.tenant,
+        spec_name=row.spec_name,
+        spec_version=row.spec_version,
+        tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
+        create_time=tables.from_us(row.create_time_us),
+    )

@@ -94,6 +94,19 @@ record_parts = Table(
     ForeignKeyConstraint(["run_id", "sequence"], ["records.run_id", "records.sequence"]),
 )
 
+# The tool surface each turn of a Run was pinned with (keyed by the sequence of the user
+# message that starts the turn): the first sidecar to resolve the turn writes it, every
+# sidecar serves it for the rest of the turn.
+turn_surfaces = Table(
+    "turn_surfaces",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("turn_start", BigInteger, primary_key=True, autoincrement=False),
+    Column("surface", Text, nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+)
+
 append_requests = Table(
     "append_requests",
     metadata,
@@ -193,4 +206,58 @@ catalog_tools = Table(
         ],
     ),
     Index("ix_catalog_tools_current", "tenant", "server", "removed_in_version"),
+)
+
+# One row of metadata per AssemblePrompt (the assembly journal, for the Run inspector): never
+# content. Rows older than the retention are deleted; nothing else reads or writes them.
+assembly_journal = Table(
+    "assembly_journal",
+    metadata,
+    Column("entry_id", String(40), primary_key=True),
+    Column("run_id", String(40), nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("spec_name", String(128), nullable=False),
+    Column("spec_version", BigInteger, nullable=False),
+    Column("turn", BigInteger, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("last_sequence", BigInteger, nullable=False),
+    # Per zone: bytes of its canonical JSON, estimated tokens, SHA-256.
+    Column("static_bytes", BigInteger, nullable=False),
+    Column("static_tokens", BigInteger, nullable=False),
+    Column("static_sha256", String(64), nullable=False),
+    Column("tail_bytes", BigInteger, nullable=False),
+    Column("tail_tokens", BigInteger, nullable=False),
+    Column("tail_sha256", String(64), nullable=False),
+    Column("history_bytes", BigInteger, nullable=False),
+    Column("history_tokens", BigInteger, nullable=False),
+    Column("history_sha256", String(64), nullable=False),
+    Column("transient_bytes", BigInteger, nullable=False),
+    Column("transient_tokens", BigInteger, nullable=False),
+    Column("transient_sha256", String(64), nullable=False),
+    Column("tool_count", Integer, nullable=False),
+    # JSON list of [server, state, tier, catalog_version, permitted_tool_count].
+    Column("servers", Text, nullable=False),
+    # JSON list of [sequence, handle, rule].
+    Column("elided", Text, nullable=False),
+    # The context guard's decision; NULL when none was taken.
+    Column("context_guard", Text, nullable=True),
+    ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+    Index("ix_assembly_journal_run", "run_id", "create_time_us"),
+    Index("ix_assembly_journal_time", "create_time_us"),
+)
+
+# Sentence vectors of tool texts for search, shared by every sidecar on the database: keyed by
+# the encoder's identity (model, weights package, forward-pass revision) and a hash of the exact
+# text encoded, so a listing one sidecar encoded is a read for the others and after a restart.
+# Rows no catalogue version's text needs any more are collected (search/embeddings.py).
+search_vectors = Table(
+    "search_vectors",
+    metadata,
+    Column("encoder", String(128), primary_key=True),
+    # BLAKE2b-128 of the text's UTF-8 bytes, hex.
+    Column("text_hash", String(32), primary_key=True),
+    # float32, little-endian, one unit-length row.
+    Column("vector", LargeBinary, nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
 )

@@ -6,9 +6,10 @@ from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from psych_sidecar.domain.errors import Reason, SidecarError
-from psych_sidecar.domain.usage import ModelCallUsage, UsageTotals
+from psych_sidecar.domain.usage import ModelCallUsage, UsageEvent, UsageTotals
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import transaction
+from psych_sidecar.telemetry import metrics
 
 
 class SqlUsageStore:
@@ -23,7 +24,8 @@ class SqlUsageStore:
         events = tables.usage_events
         try:
             with transaction(self._engine, write=True) as conn:
-                if not self._already_recorded(conn, run_id, event_id, fingerprint):
+                inserted = not self._already_recorded(conn, run_id, event_id, fingerprint)
+                if inserted:
                     # Checked before storing: a Run whose totals overflowed int64 could never
                     # answer RecordUsage or GetUsage again.
                     totals = self._totals(conn, run_id).plus(usage)
@@ -40,8 +42,17 @@ class SqlUsageStore:
                             create_time_us=tables.now_us(),
                         )
                     )
-                    return totals
-                return self._totals(conn, run_id)
+                else:
+                    totals = self._totals(conn, run_id)
+            if inserted:
+                # Counted once the event is stored: a retry of it adds nothing.
+                metrics.record_usage(
+                    usage.input_tokens,
+                    usage.cache_read_tokens,
+                    usage.cache_write_tokens,
+                    usage.output_tokens,
+                )
+            return totals
         except IntegrityError:
             # A concurrent retry of the same event won the insert; compare with what it stored.
             with transaction(self._engine, write=False) as conn:
@@ -70,6 +81,31 @@ class SqlUsageStore:
     def usage_totals(self, run_id: str) -> UsageTotals:
         with transaction(self._engine, write=False) as conn:
             return self._totals(conn, run_id)
+
+    def usage_events(self, run_id: str, limit: int) -> list[UsageEvent]:
+        events = tables.usage_events
+        query = (
+            select(events)
+            .where(events.c.run_id == run_id)
+            .order_by(events.c.create_time_us.desc(), events.c.event_id.desc())
+            .limit(limit)
+        )
+        with transaction(self._engine, write=False) as conn:
+            rows = conn.execute(query).all()
+        return [
+            UsageEvent(
+                row.event_id,
+                ModelCallUsage(
+                    row.model,
+                    row.input_tokens,
+                    row.output_tokens,
+                    row.cache_read_tokens,
+                    row.cache_write_tokens,
+                ),
+                tables.from_us(row.create_time_us),
+            )
+            for row in reversed(rows)
+        ]
 
     @staticmethod
     def _totals(conn: Connection, run_id: str) -> UsageTotals:

@@ -1,6 +1,7 @@
 """The project's own MCP test server, written with the MCP SDK's lowlevel Server.
 
     python tests/mcp_servers/fixture_server.py stdio [--tools N] [--page-size K] [--era E]
+        [--no-listen]
     python tests/mcp_servers/fixture_server.py http --port P [--tools N] [--page-size K] [--era E]
 
 It serves both protocol eras (2026-07-28 via server/discover, 2025-11-25 via the initialize
@@ -11,7 +12,8 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
 - `add_tool` / `remove_tool`, which change the listing at runtime and announce it with
   notifications/tools/list_changed in either era (unless `notify` is false);
 - results of every content kind: `huge_text` (any size), `image`, `audio`, `blob`,
-  `resource_text`, `resource_link`, `structured`;
+  `resource_text`, `resource_link`, `structured` (optional `size`, `text: false` for
+  no text block, `image: true` for an image block);
 - failures: `fail` (a plain exception: is_error with the message withheld), `tool_error`
   (is_error with a message), `hang` (never answers), `exit` (the process dies mid-call);
 - `pid`, `protocol_version` and `echo` for bookkeeping.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import sys
 from typing import Any
@@ -112,7 +115,7 @@ FIXED_TOOLS = [
 ]
 
 
-def build_server(tool_count: int, page_size: int) -> Server[Any]:
+def build_server(tool_count: int, page_size: int, listen: bool = True) -> Server[Any]:
     bus = InMemorySubscriptionBus()
     added: dict[str, types.Tool] = {}
 
@@ -203,10 +206,21 @@ def build_server(tool_count: int, page_size: int) -> Server[Any]:
                 )
                 return types.CallToolResult(content=[link])
             case "structured":
-                return types.CallToolResult(
-                    content=[text(type="text", text='{"answer": 42}')],
-                    structured_content={"answer": 42},
+                # Optional arguments: `size` adds that many characters to the value, and
+                # `text: false` leaves out the text rendering MCP asks servers to include.
+                value: dict[str, Any] = {"answer": 42}
+                if arguments.get("size"):
+                    value["content"] = "y" * int(arguments["size"])
+                blocks = (
+                    []
+                    if arguments.get("text") is False
+                    else [text(type="text", text=json.dumps(value))]
                 )
+                if arguments.get("image"):
+                    data = base64.b64encode(PNG_BYTES).decode()
+                    image = types.ImageContent(type="image", data=data, mime_type="image/png")
+                    blocks = [*blocks, image]
+                return types.CallToolResult(content=blocks, structured_content=value)
             case "fail":
                 raise RuntimeError("the fixture tool failed on purpose")
             case "tool_error":
@@ -230,7 +244,7 @@ def build_server(tool_count: int, page_size: int) -> Server[Any]:
         version="1.0.0",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
-        on_subscriptions_listen=ListenHandler(bus),
+        on_subscriptions_listen=ListenHandler(bus) if listen else None,
     )
 
 
@@ -254,8 +268,10 @@ def main() -> None:
     parser.add_argument("--tools", type=int, default=250)
     parser.add_argument("--page-size", type=int, default=50)
     parser.add_argument("--era", choices=["auto", "legacy"], default="auto")
+    # A 2026-era server with no subscriptions/listen (it answers -32601, as many do).
+    parser.add_argument("--no-listen", action="store_true")
     options = parser.parse_args()
-    server = build_server(options.tools, options.page_size)
+    server = build_server(options.tools, options.page_size, listen=not options.no_listen)
     if options.transport == "stdio":
         anyio.run(serve_stdio, server, options.era)
         return

@@ -16,8 +16,8 @@ import { fileURLToPath } from "node:url";
 
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 
-import type { Record } from "@psych-sidecar/proto/psych/sidecar/v1/run_pb";
-import type { AppendRecordsRequest } from "@psych-sidecar/proto/psych/sidecar/v1/run_service_pb";
+import type { Record } from "./proto/psych/sidecar/v1/run_pb.js";
+import type { AppendRecordsRequest } from "./proto/psych/sidecar/v1/run_service_pb.js";
 
 import { ErrorReason, type SidecarClient, SidecarError, connect } from "./index.js";
 

@@ -1,5 +1,6 @@
-// A thin TypeScript host client for psych-sidecar, beside the generated
-// @psych-sidecar/proto package (which stays the contract).
+// A thin TypeScript host client for psych-sidecar. The package ships the
+// generated contract too, which stays the contract: import its messages and
+// enums from "@psych-sidecar/client/proto/psych/sidecar/v1/<file>_pb".
 //
 //   const sidecar = await connect("unix:///run/psych/sidecar.sock");
 //   const { run } = await sidecar.runs.createRun({ tenant, specName, specVersion: 1n });
@@ -30,20 +31,20 @@ import {
 } from "@connectrpc/connect";
 import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
 
-import { ErrorInfoSchema } from "@psych-sidecar/proto/google/rpc/error_details_pb";
-import { ConnectionService } from "@psych-sidecar/proto/psych/sidecar/v1/connection_service_pb";
-import { ErrorReason } from "@psych-sidecar/proto/psych/sidecar/v1/errors_pb";
+import { ErrorInfoSchema } from "./proto/google/rpc/error_details_pb.js";
+import { ConnectionService } from "./proto/psych/sidecar/v1/connection_service_pb.js";
+import { ErrorReason } from "./proto/psych/sidecar/v1/errors_pb.js";
 import {
   type AppendRecordsRequestSchema,
   type AppendRecordsResponse,
   RunService,
-} from "@psych-sidecar/proto/psych/sidecar/v1/run_service_pb";
-import { SpecService } from "@psych-sidecar/proto/psych/sidecar/v1/spec_service_pb";
-import { ToolService } from "@psych-sidecar/proto/psych/sidecar/v1/tool_service_pb";
-import { TurnService } from "@psych-sidecar/proto/psych/sidecar/v1/turn_service_pb";
-import { UsageService } from "@psych-sidecar/proto/psych/sidecar/v1/usage_service_pb";
+} from "./proto/psych/sidecar/v1/run_service_pb.js";
+import { SpecService } from "./proto/psych/sidecar/v1/spec_service_pb.js";
+import { ToolService } from "./proto/psych/sidecar/v1/tool_service_pb.js";
+import { TurnService } from "./proto/psych/sidecar/v1/turn_service_pb.js";
+import { UsageService } from "./proto/psych/sidecar/v1/usage_service_pb.js";
 
-import { Health, SERVING } from "./health.js";
+import { Health, HealthCheckResponse_ServingStatus } from "./proto/grpc/health/v1/health_pb.js";
 
 export { ErrorReason };
 
@@ -205,8 +206,8 @@ export async function connect(address: string, options: ConnectOptions = {}): Pr
     try {
       const timeoutMs = Math.max(1, Math.min(1000, deadline - Date.now()));
       const response = await health.check({ service: "" }, { timeoutMs });
-      if (response.status === SERVING) return client;
-      last = `status ${response.status}`;
+      if (response.status === HealthCheckResponse_ServingStatus.SERVING) return client;
+      last = HealthCheckResponse_ServingStatus[response.status];
     } catch (error) {
       last = Code[ConnectError.from(error).code];
     }

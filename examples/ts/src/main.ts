@@ -5,26 +5,32 @@
 //   PSYCH_SIDECAR_ADDRESS=unix:///path/to/sidecar.sock npm start
 //
 // The sidecar must allow the project's MCP fixture server as the stdio command
-// "fixture" (examples/sidecar.toml; examples/README.md shows how to start one).
-// The host publishes a Spec, connects the fixture server deferred (its tools
-// stay out of the prompt, behind the meta tools), creates a Run and plays three
-// user turns. Per turn: AppendRecords (the user message), ResolveTurn, then per
-// model call AssemblePrompt → the model decides → RecordUsage → AppendRecords
-// (the assistant message) → DispatchToolCall for each tool call, until the
-// model answers without tools.
+// "fixture" and @modelcontextprotocol/server-everything as "everything"
+// (examples/sidecar.toml; examples/README.md shows how to start one). The host
+// publishes a Spec, connects both servers deferred (their tools stay out of the
+// prompt, behind the meta tools), creates a Run and plays three user turns.
+// Per turn: AppendRecords (the user message), ResolveTurn, then per model call
+// AssemblePrompt → the model decides → RecordUsage → AppendRecords (the
+// assistant message) → DispatchToolCall for each tool call, until the model
+// answers without tools. Then the host itself reads the elided result back
+// (ReadToolOutput) and decodes the ErrorInfo of a deliberate mistake.
 
+import { Code } from "@connectrpc/connect";
 import { ErrorReason, SidecarError, type SidecarClient, connect } from "@psych-sidecar/client";
-import { ConnectionState } from "@psych-sidecar/proto/psych/sidecar/v1/connection_pb";
-import type { ToolCall } from "@psych-sidecar/proto/psych/sidecar/v1/content_pb";
-import { DispatchDisposition } from "@psych-sidecar/proto/psych/sidecar/v1/tool_service_pb";
-import { PromptZone } from "@psych-sidecar/proto/psych/sidecar/v1/turn_pb";
-import type { AssemblePromptResponse } from "@psych-sidecar/proto/psych/sidecar/v1/turn_service_pb";
+import { ConnectionState } from "@psych-sidecar/client/proto/psych/sidecar/v1/connection_pb";
+import type { ToolCall } from "@psych-sidecar/client/proto/psych/sidecar/v1/content_pb";
+import { DispatchDisposition } from "@psych-sidecar/client/proto/psych/sidecar/v1/tool_service_pb";
+import { PromptZone } from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_pb";
+import type { AssemblePromptResponse } from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_service_pb";
 
 import { contentText, decide } from "./model.js";
 
 const TENANT = "example-ts";
 const SPEC_NAME = "example-ts-host";
+const SPEC_VERSION = 2n;
 const SERVER = "fixture";
+/** A third-party Node MCP server, pinned in tests/mcp-peers/package.json. */
+const EVERYTHING = "everything";
 const MODEL = "scripted-model";
 const MEMORY_TAIL = "Memory: the user likes short answers.";
 
@@ -51,40 +57,76 @@ class Host {
       await this.sidecar.specs.publishSpec({
         spec: {
           name: SPEC_NAME,
-          version: 1n,
+          version: SPEC_VERSION,
           instructions: "You answer questions using the tools of the fixture server.",
           thresholds: { perResultTokens: 1000n, perBatchTokens: 4000n, previewHeadChars: 200, previewTailChars: 100 },
-          grants: [{ serverPattern: SERVER, toolPattern: "*" }],
+          grants: [
+            { serverPattern: SERVER, toolPattern: "*" },
+            { serverPattern: EVERYTHING, toolPattern: "*" },
+          ],
         },
       });
     } catch (error) {
       if (error instanceof SidecarError && error.reason === ErrorReason.SPEC_VERSION_EXISTS) {
-        throw new Error(`${SPEC_NAME} v1 was published with other content: bump the version (${error.message})`);
+        throw new Error(`${SPEC_NAME} v${SPEC_VERSION} was published with other content: bump the version (${error.message})`);
       }
       throw error;
     }
-    console.log(`published spec ${SPEC_NAME} v1: results of 1000 estimated tokens or more are elided on later turns`);
+    console.log(`published spec ${SPEC_NAME} v${SPEC_VERSION}: results of 1000 estimated tokens or more are elided on later turns`);
 
+    await this.connectStdio(SERVER, "fixture", ["--tools", "0"], "The project's MCP test server.");
+    await this.connectStdio(EVERYTHING, "everything", [], "The MCP reference server: a bit of everything.");
+
+    const { run } = await this.sidecar.runs.createRun({ tenant: TENANT, specName: SPEC_NAME, specVersion: SPEC_VERSION });
+    this.runId = run!.runId;
+    console.log(`created run ${this.runId}`);
+    const { toolNames } = await this.sidecar.tools.listServerTools({ runId: this.runId, server: EVERYTHING, pageSize: 100 });
+    console.log(`${EVERYTHING} offers the run ${toolNames.length} tools: ${toolNames.slice(0, 4).join(", ")}, …`);
+  }
+
+  /** Connects an MCP server over stdio, by the name of a command the sidecar allows. */
+  private async connectStdio(name: string, command: string, args: string[], description: string): Promise<void> {
     const { connection } = await this.sidecar.connections.putConnection({
       connection: {
         tenant: TENANT,
-        name: SERVER,
-        transport: { case: "stdio", value: { command: "fixture", args: ["--tools", "0"] } },
+        name,
+        transport: { case: "stdio", value: { command, args } },
         preload: false,
-        description: "The project's MCP test server.",
+        description,
       },
     });
     if (connection?.state !== ConnectionState.CONNECTED) {
-      throw new Error(`the fixture server did not connect: ${connection?.state} ${connection?.lastError}`);
+      throw new Error(`${name} did not connect: ${connection?.state} ${connection?.lastError}`);
     }
     console.log(
-      `connected MCP server ${SERVER} over stdio: ${ConnectionState[connection.state]}, ` +
+      `connected MCP server ${name} over stdio: ${ConnectionState[connection.state]}, ` +
         `catalogue version ${connection.catalogVersion}, deferred`,
     );
+  }
 
-    const { run } = await this.sidecar.runs.createRun({ tenant: TENANT, specName: SPEC_NAME, specVersion: 1n });
-    this.runId = run!.runId;
-    console.log(`created run ${this.runId}`);
+  /** The host reads the elided result back itself, by its handle, as a UI showing it in full would. */
+  async readBack(): Promise<void> {
+    const [handle] = this.shownElided;
+    const read = await this.sidecar.tools.readToolOutput({ runId: this.runId, handle, offset: 19_950n, limit: 100n });
+    console.log(
+      `host read-back: ReadToolOutput ${handle} offset 19950 -> ${[...read.text].length} characters ` +
+        `of ${read.totalLength}, next offset ${read.nextOffset}`,
+    );
+  }
+
+  /** A deliberate mistake, to show the one google.rpc.ErrorInfo every error carries. */
+  async deliberateError(): Promise<void> {
+    const [handle] = this.shownElided;
+    try {
+      await this.sidecar.tools.readToolOutput({ runId: this.runId, handle, grep: "(" });
+      throw new Error("an invalid grep pattern was accepted");
+    } catch (error) {
+      if (!(error instanceof SidecarError) || error.reason !== ErrorReason.PATTERN_INVALID) throw error;
+      console.log(
+        `deliberate error: ReadToolOutput grep "(" -> ${Code[error.code]} ${error.reasonName} ` +
+          `${JSON.stringify(error.metadata)}: ${error.cause.rawMessage}`,
+      );
+    }
   }
 
   /** Plays one user turn to the model's final answer. */
@@ -206,6 +248,8 @@ try {
   const host = new Host(sidecar);
   await host.setUp();
   for (const [index, text] of USER_TURNS.entries()) await host.turn(index + 1, text);
+  await host.readBack();
+  await host.deliberateError();
   await host.report();
 } finally {
   sidecar.close();

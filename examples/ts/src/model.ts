@@ -2,14 +2,14 @@
 // what the prompt shows. It reads nothing but the assembled prompt, as a model
 // would, and it reports usage the way a provider does.
 
-import type { ContentPart } from "@psych-sidecar/proto/psych/sidecar/v1/content_pb";
+import type { ContentPart } from "@psych-sidecar/client/proto/psych/sidecar/v1/content_pb";
 import {
   DisclosureTier,
   type Prompt,
   type PromptMessage,
   type PromptToolResult,
-} from "@psych-sidecar/proto/psych/sidecar/v1/turn_pb";
-import type { AssemblePromptResponse } from "@psych-sidecar/proto/psych/sidecar/v1/turn_service_pb";
+} from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_pb";
+import type { AssemblePromptResponse } from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_service_pb";
 
 /** How many characters the model asks the fixture's huge_text for. */
 const REPORT_SIZE = 20000;
@@ -47,10 +47,12 @@ function next(prompt: Prompt, last: PromptMessage): Decision {
   if (results.length > 0) return afterToolResult(prompt, results[results.length - 1]);
   const said = contentText(last.parts.flatMap((part) => (part.kind.case === "content" ? [part.kind.value] : [])));
   if (said.includes("report") && said.includes("Fetch")) {
-    // The report tool is on a deferred server: the prompt shows only its line,
-    // so the model first lists what it may call there.
-    const line = prompt.tools?.servers.find((server) => server.tier === DisclosureTier.DEFERRED);
-    if (line === undefined) throw new Error("the prompt shows no deferred server");
+    // The user means the fixture server, which is deferred: the prompt shows
+    // only its line, so the model first lists what it may call there.
+    const line = prompt.tools?.servers.find(
+      (server) => server.tier === DisclosureTier.DEFERRED && said.includes(`${server.server} server`),
+    );
+    if (line === undefined) throw new Error("the prompt shows no deferred server the user named");
     return call("mcp_list_tools", { server: line.server });
   }
   if (said.includes("after the part")) {

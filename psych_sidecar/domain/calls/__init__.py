@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from psych_sidecar.domain.calls.dispatch import DispatchService
 from psych_sidecar.domain.calls.executor import ToolExecutor, ToolOutcome, fitted
-from psych_sidecar.domain.calls.tool_output import ToolOutputReader
+from psych_sidecar.domain.calls.tool_output import GrepMatch, ReadResult, ToolOutputReader
 
 __all__ = [
     "DispatchService",
+    "GrepMatch",
+    "ReadResult",
     "ToolExecutor",
     "ToolOutcome",
     "ToolOutputReader",

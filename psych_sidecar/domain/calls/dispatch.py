@@ -1,8 +1,10 @@
 """DispatchToolCall: a model's tool call, as emitted, routed to whoever runs it.
 
-A Run's routes are a table from exposed tool name to handler, built per call from the Run and
-its Spec: the sidecar's own tools now; MCP tools (direct, facade, search pair, meta tools)
-are further entries added to the same table. A name with no route belongs to the host.
+The one router: a name resolves to an exposed tool through the Run's current surface
+(``ToolExecutor.route``: the surface's names, and names the model kept from an older one),
+and the tool's kind picks its handler from one table — the MCP kinds (direct, facade,
+search pair, meta tools) run by ``ToolExecutor``, the sidecar's own tools here. A name with
+no route belongs to the host.
 
 What the model can get wrong (arguments that are not JSON, miss a field or have a wrong type,
 a bad grep pattern, an unknown skill) comes back as a tool result with is_error set, and is
@@ -12,15 +14,23 @@ model error but a protocol violation: INVALID_DEFERRED_HANDLE, and nothing is ap
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from psych_sidecar.domain import bounded_json
+from psych_sidecar.domain.calls.executor import (
+    KindHandler,
+    PendingResult,
+    ToolExecutor,
+    ToolOutcome,
+    parse_arguments,
+    tool_error,
+)
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
-from psych_sidecar.domain.prompt import SpecLookup
 from psych_sidecar.domain.runlog import (
     MAX_IDENTIFIER_LENGTH,
     ContentPart,
@@ -29,17 +39,21 @@ from psych_sidecar.domain.runlog import (
     Record,
     RecordKind,
     Run,
+    RunBlocking,
     RunService,
     Spec,
     ToolCall,
     binary_marker,
 )
 from psych_sidecar.domain.surface import (
-    LOAD_SKILL,
     MODEL_DEFAULT_LIMIT_CHARS,
     MODEL_MAX_BINARY_BYTES,
     MODEL_MAX_LIMIT_CHARS,
-    READ_TOOL_OUTPUT,
+    ExposedKind,
+    ExposedTool,
+    ResolvedTurn,
+    RunContext,
+    TurnResolver,
     mcp_result_json,
 )
 
@@ -61,32 +75,10 @@ class ToolExecution:
         return cls.of((ContentPart.text(message),), is_error=True)
 
 
-Handler = Callable[[ToolCall], ToolExecution]
+OwnHandler = Callable[[RunContext, ToolCall], ToolExecution]
+"""Runs one of the sidecar's own tools (synchronous: it reads the log)."""
 
-
-class ToolRouter:
-    """Exposed tool name to handler, for one Run."""
-
-    def __init__(self) -> None:
-        self._routes: dict[str, Handler] = {}
-
-    def add(self, name: str, handler: Handler) -> None:
-        if name in self._routes:
-            raise ValueError(f"two routes for tool {name!r}")
-        self._routes[name] = handler
-
-    def get(self, name: str) -> Handler | None:
-        return self._routes.get(name)
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchOutcome:
-    """`execution` is None when the call belongs to the host; otherwise the result was
-    appended at `sequence` with `handle`."""
-
-    execution: ToolExecution | None
-    sequence: int = 0
-    handle: str = ""
+Route = Callable[[RunContext, ResolvedTurn, ExposedTool, ToolCall], Awaitable[ToolOutcome]]
 
 
 class _ArgumentError(Exception):
@@ -124,23 +116,31 @@ class DispatchService:
     def __init__(
         self,
         runs: RunService,
-        specs: SpecLookup,
         log: LogReader,
         reader: ToolOutputReader,
+        resolver: TurnResolver,
+        executor: ToolExecutor,
+        blocking: RunBlocking,
     ) -> None:
         self._runs = runs
-        self._specs = specs
         self._log = log
         self._reader = reader
+        self._resolver = resolver
+        self._executor = executor
+        self._blocking = blocking
+        # The dispatch table: every kind of tool the sidecar runs, and who runs it.
+        self._table: dict[ExposedKind, Route] = {
+            kind: self._mcp_route(handler) for kind, handler in executor.kind_handlers().items()
+        }
+        self._table[ExposedKind.READ_TOOL_OUTPUT] = self._own_route(
+            lambda context, call: self._read_tool_output(context.run, call)
+        )
+        self._table[ExposedKind.LOAD_SKILL] = self._own_route(
+            lambda context, call: _load_skill(context.spec, call)
+        )
 
-    def routes(self, run: Run, spec: Spec) -> ToolRouter:
-        router = ToolRouter()
-        router.add(READ_TOOL_OUTPUT, lambda call: self._read_tool_output(run, call))
-        if spec.skills:
-            router.add(LOAD_SKILL, lambda call: _load_skill(spec, call))
-        return router
-
-    def dispatch(self, run_id: str, call: ToolCall) -> DispatchOutcome:
+    async def dispatch(self, run_id: str, call: ToolCall) -> ToolOutcome | None:
+        """Run and record the call when the sidecar owns its tool; None when the host does."""
         if not call.call_id:
             raise field_required("call.call_id")
         if not call.name:
@@ -149,11 +149,46 @@ class DispatchService:
             raise field_invalid(
                 "call.call_id", f"at most {MAX_IDENTIFIER_LENGTH} characters, no NUL"
             )
-        run = self._runs.get(run_id)
-        handler = self.routes(run, self._specs.get(run.spec_name, run.spec_version)).get(call.name)
-        if handler is None:
-            return DispatchOutcome(None)
-        execution = handler(call)
+        context, resolved = await self._blocking(self._resolver.resolved, run_id)
+        route = self._executor.route(resolved, call.name)
+        if route is None:
+            return None
+        return await self._table[route.kind](context, resolved, route, call)
+
+    def _mcp_route(self, handler: KindHandler) -> Route:
+        async def run(
+            context: RunContext, resolved: ResolvedTurn, route: ExposedTool, call: ToolCall
+        ) -> ToolOutcome:
+            async def produce() -> PendingResult:
+                arguments, problem = parse_arguments(call.arguments_json)
+                if arguments is None:
+                    result = tool_error(problem, route.server, route.tool or route.name)
+                else:
+                    timeout = self._executor.default_timeout
+                    result = await handler(context, resolved, route, arguments, timeout)
+                if not result.server and not result.tool:
+                    # A result not tied to one MCP tool is recorded under the tool the model
+                    # called.
+                    result = dataclasses.replace(result, server=route.server, tool=route.name)
+                return result
+
+            # Once per (Run, assistant step, call id): a retry gets the recorded result.
+            return await self._executor.once(context, call.call_id, produce)
+
+        return run
+
+    def _own_route(self, handler: OwnHandler) -> Route:
+        async def run(
+            context: RunContext, resolved: ResolvedTurn, route: ExposedTool, call: ToolCall
+        ) -> ToolOutcome:
+            outcome: ToolOutcome = await self._blocking(self._run_own, handler, context, call)
+            return outcome
+
+        return run
+
+    def _run_own(self, handler: OwnHandler, context: RunContext, call: ToolCall) -> ToolOutcome:
+        run_id = context.run.run_id
+        execution = handler(context, call)
         record = Record(
             RecordKind.TOOL_RESULT,
             content=execution.content,
@@ -162,7 +197,9 @@ class DispatchService:
             is_error=execution.is_error,
         )
         (appended,) = self._runs.append(run_id, self._request_id(run_id, call), (record,))
-        return DispatchOutcome(execution, appended.sequence, appended.handle)
+        return ToolOutcome(
+            execution.is_error, execution.result_json, appended.sequence, appended.handle
+        )
 
     def _request_id(self, run_id: str, call: ToolCall) -> str:
         """The same call dispatched again (a retry after a lost response) appends once: the
@@ -191,22 +228,24 @@ class DispatchService:
                 run, handle, offset, limit, grep, 4 * MODEL_MAX_LIMIT_CHARS
             )
         except SidecarError as error:
-            if error.reason is Reason.PATTERN_INVALID:
+            if error.reason in (Reason.PATTERN_INVALID, Reason.PATTERN_TOO_COMPLEX):
                 return ToolExecution.error(f"read_tool_output: grep {error.metadata['detail']}")
             raise
         if result.binary:
             return self._binary_for_model(run, handle, result.total_length, result.mime_type)
         end = result.next_offset
+        grep_found_nothing = grep and not result.matches and end >= result.total_length
+        if grep_found_nothing or (not grep and offset >= result.total_length):
+            # The spec's boundary behaviour: past the end, or no match, is an empty result.
+            return ToolExecution.of(())
         if grep:
             lines = [f"{m.line_number}: {m.line}" for m in result.matches]
             if not lines:
-                lines.append(f"[No line matches from offset {offset} on.]")
+                # The bounded scan stopped before the end: say where to go on.
+                lines.append(f"[No line matches from offset {offset} to {end}.]")
             if end < result.total_length:
                 lines.append(f"[More lines may match: continue with offset {end}.]")
             return ToolExecution.of((ContentPart.text("\n".join(lines)),))
-        if offset >= result.total_length:
-            note = f"[Nothing at offset {offset}: the result has {result.total_length} characters.]"
-            return ToolExecution.of((ContentPart.text(note),))
         text = result.text
         if end < result.total_length:
             text += (

@@ -15,14 +15,17 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
+import referencing
+import referencing.exceptions
 
 from psych_sidecar.domain import bounded_json
 from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.catalog import CatalogTool, ToolCallFailed, ToolRunner
 from psych_sidecar.domain.errors import Reason, SidecarError, field_required
 from psych_sidecar.domain.runlog import (
@@ -32,6 +35,7 @@ from psych_sidecar.domain.runlog import (
     Record,
     RecordedCall,
     RecordKind,
+    RunBlocking,
     RunService,
 )
 from psych_sidecar.domain.surface import (
@@ -40,7 +44,6 @@ from psych_sidecar.domain.surface import (
     ResolvedTurn,
     RunContext,
     TurnResolver,
-    canonical_json,
     naming,
     one_line,
     qualified_names,
@@ -54,12 +57,6 @@ SEARCH_RESULT_LIMIT = 10
 SEARCH_DESCRIPTION_CHARS = 300
 
 
-class RunBlocking(Protocol):
-    """Runs a synchronous call off the event loop (the API layer's thread pool)."""
-
-    def __call__(self, function: Callable[..., T], *args: Any) -> Awaitable[T]: ...
-
-
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
     is_error: bool
@@ -69,7 +66,7 @@ class ToolOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class _Result:
+class PendingResult:
     """A result before it is recorded: what the log and the host get."""
 
     is_error: bool
@@ -79,22 +76,34 @@ class _Result:
     tool: str
 
 
-def _error(message: str, server: str = "", tool: str = "") -> _Result:
+def tool_error(message: str, server: str = "", tool: str = "") -> PendingResult:
     result = {"content": [{"type": "text", "text": message}], "isError": True}
-    return _Result(True, canonical_json(result), (ContentPart.text(message),), server, tool)
+    return PendingResult(
+        True, canonical_json(sorted_keys(result)), (ContentPart.text(message),), server, tool
+    )
 
 
-def _structured(value: Any, tool: str) -> _Result:
+def _structured(value: Any, tool: str) -> PendingResult:
     """A result the sidecar produced itself: canonical JSON, as text and structured content."""
-    text = canonical_json(value).decode()
+    text = canonical_json(sorted_keys(value)).decode()
     result = {
         "content": [{"type": "text", "text": text}],
         "isError": False,
         "structuredContent": value,
     }
-    return _Result(
-        False, canonical_json(result), (ContentPart(PartKind.JSON, text.encode()),), "", tool
+    return PendingResult(
+        False,
+        canonical_json(sorted_keys(result)),
+        (ContentPart(PartKind.JSON, text.encode()),),
+        "",
+        tool,
     )
+
+
+# Schemas come from MCP servers (untrusted): a `$ref` resolves within the schema itself and the
+# JSON Schema metaschemas, never over the network (jsonschema's default registry fetches
+# remote `$ref`s, with no timeout). An empty registry: whatever else is unresolvable.
+_NO_RETRIEVAL = referencing.Registry()
 
 
 class _Validators:
@@ -113,7 +122,7 @@ class _Validators:
                 schema = json.loads(schema_json) if schema_json else {}
                 cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
                 cls.check_schema(schema)
-                cached = (cls(schema),)
+                cached = (cls(schema, registry=_NO_RETRIEVAL),)
             except (ValueError, jsonschema.exceptions.SchemaError, TypeError):
                 cached = (None,)
             self._cache.put(schema_json, cached)
@@ -122,7 +131,13 @@ class _Validators:
             return None
         try:
             found = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
-        except (jsonschema.exceptions.SchemaError, jsonschema.exceptions.RefResolutionError):
+        except referencing.exceptions.Unresolvable as error:
+            ref = getattr(error, "ref", "")
+            return [
+                f"(schema): the input schema's $ref {ref[:200]!r} cannot be resolved (the "
+                "sidecar resolves references within the schema only and never fetches one)"
+            ]
+        except jsonschema.exceptions.SchemaError:
             return None
         return [
             f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
@@ -130,9 +145,10 @@ class _Validators:
         ]
 
 
-Handler = Callable[
-    [RunContext, ResolvedTurn, ExposedTool, Mapping[str, Any], float], Awaitable[_Result]
+KindHandler = Callable[
+    [RunContext, ResolvedTurn, ExposedTool, Mapping[str, Any], float], Awaitable[PendingResult]
 ]
+"""Runs one kind of exposed MCP tool (see `ToolExecutor.kind_handlers`)."""
 
 
 class ToolExecutor:
@@ -145,7 +161,7 @@ class ToolExecutor:
         runner: ToolRunner,
         blocking: RunBlocking,
         default_timeout_seconds: float,
-        log: LogReader,
+        log: LogReader | None = None,
         cpu: RunBlocking | None = None,
     ) -> None:
         self._resolver = resolver
@@ -161,9 +177,15 @@ class ToolExecutor:
         self._default_timeout = default_timeout_seconds
         self._validators = _Validators()
         self._stale_routes = ImmutableCache[Hashable, dict[str, ExposedTool]](256)
-        # The dispatch table: how each kind of exposed tool is executed. Names map to kinds
-        # through the resolved surface (ResolvedTurn.routes).
-        self.handlers: dict[ExposedKind, Handler] = {
+
+    @property
+    def default_timeout(self) -> float:
+        return self._default_timeout
+
+    def kind_handlers(self) -> dict[ExposedKind, KindHandler]:
+        """How each kind of exposed MCP tool runs: the MCP half of the dispatch router
+        (``DispatchService``), which adds the sidecar's own tools."""
+        return {
             ExposedKind.MCP_TOOL: self._direct,
             ExposedKind.FACADE: self._facade,
             ExposedKind.CALL_DEFERRED_TOOL: self._call_deferred,
@@ -194,45 +216,13 @@ class ToolExecutor:
         context, resolved = await self._blocking(self._resolver.resolved, run_id)
         timeout = timeout_seconds or self._default_timeout
 
-        async def run() -> _Result:
+        async def run() -> PendingResult:
             return await self._call_mcp(resolved, server, tool, arguments, timeout)
 
-        return await self._once(context, call_id, run)
+        return await self.once(context, call_id, run)
 
-    async def dispatch(
-        self, run_id: str, call_id: str, name: str, arguments_json: str
-    ) -> ToolOutcome | None:
-        """A model's tool call as emitted, routed through the Run's current surface; None when
-        the name is not the sidecar's (the host runs it)."""
-        if not call_id:
-            raise field_required("call.call_id")
-        if not name:
-            raise field_required("call.name")
-        context, resolved = await self._blocking(self._resolver.resolved, run_id)
-        route = self.route(resolved, name)
-        if route is None or route.kind not in self.handlers:
-            # Not an MCP route: the sidecar's own tools are dispatched by DispatchService.
-            return None
-        arguments, problem = _parse_arguments(arguments_json)
-
-        async def run() -> _Result:
-            if arguments is None:
-                result = _error(problem, route.server, route.tool or route.name)
-            else:
-                result = await self.handlers[route.kind](
-                    context, resolved, route, arguments, self._default_timeout
-                )
-            if not result.server and not result.tool:
-                # A result not tied to one MCP tool is recorded under the tool the model called.
-                result = _Result(
-                    result.is_error, result.result_json, result.content, route.server, route.name
-                )
-            return result
-
-        return await self._once(context, call_id, run)
-
-    async def _once(
-        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[_Result]]
+    async def once(
+        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[PendingResult]]
     ) -> ToolOutcome:
         """Runs a call and records its result, once per (Run, assistant step, call id): a
         retry — after a lost response, concurrent or later — gets the recorded answer and
@@ -254,7 +244,7 @@ class ToolExecutor:
             task.exception()  # retrieved: every waiter may have gone
 
     async def _run_once(
-        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[_Result]]
+        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[PendingResult]]
     ) -> ToolOutcome:
         run_id = context.run.run_id
         request_id, recorded = await self._blocking(self._recorded, run_id, call_id)
@@ -262,7 +252,7 @@ class ToolExecutor:
             return _outcome(recorded)
         result = await run()
         try:
-            return await self._record(context, call_id, result, request_id)
+            return await self.record(context, call_id, result, request_id)
         except SidecarError as error:
             if error.reason is not Reason.REQUEST_ID_REUSED:
                 raise
@@ -275,6 +265,8 @@ class ToolExecutor:
 
     def _recorded(self, run_id: str, call_id: str) -> tuple[str, RecordedCall | None]:
         """The request id naming this call in its assistant step, and its recorded result."""
+        if self._log is None:
+            return "", None
         step = self._log.latest_assistant_sequence(run_id)
         digest = hashlib.sha256(f"{step}\x00{call_id}".encode()).hexdigest()
         request_id = f"call-{digest[:48]}"
@@ -321,7 +313,7 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         return await self._call_mcp(resolved, route.server, route.tool, arguments, timeout_seconds)
 
     async def _facade(
@@ -331,10 +323,12 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         tool = arguments.get("tool")
         if not isinstance(tool, str) or not tool:
-            return _error("Pass the tool's name as `tool` (a string) and its arguments as `input`.")
+            return tool_error(
+                "Pass the tool's name as `tool` (a string) and its arguments as `input`."
+            )
         return await self._call_mcp(
             resolved, route.server, tool, arguments.get("input", {}), timeout_seconds
         )
@@ -346,10 +340,10 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         server, tool = arguments.get("server"), arguments.get("tool")
         if not isinstance(server, str) or not isinstance(tool, str) or not server or not tool:
-            return _error("Pass `server` and `tool` as strings, and the arguments as `input`.")
+            return tool_error("Pass `server` and `tool` as strings, and the arguments as `input`.")
         return await self._call_mcp(
             resolved, server, tool, arguments.get("input", {}), timeout_seconds
         )
@@ -361,16 +355,16 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         name = arguments.get("name")
         if not isinstance(name, str) or not name:
-            return _error(f"Pass a tool's name from {naming.SEARCH_TOOLS} as `name`.")
+            return tool_error(f"Pass a tool's name from {naming.SEARCH_TOOLS} as `name`.")
         target = qualified_names(resolved).get(name)
         if target is None and "/" in name:
             server, _, tool = name.partition("/")
             target = (server, tool)
         if target is None:
-            return _error(
+            return tool_error(
                 f"There is no tool named {name!r} you may use; find one with {naming.SEARCH_TOOLS}."
             )
         return await self._call_mcp(resolved, *target, arguments.get("input", {}), timeout_seconds)
@@ -382,7 +376,7 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         server = arguments.get("server")
         tools = resolved.permitted.get(server) if isinstance(server, str) else None
         if tools is None:
@@ -396,7 +390,7 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         server, name = arguments.get("server"), arguments.get("tool")
         tools = resolved.permitted.get(server) if isinstance(server, str) else None
         if tools is None:
@@ -413,12 +407,12 @@ class ToolExecutor:
         route: ExposedTool,
         arguments: Mapping[str, Any],
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         query, limit = arguments.get("query"), arguments.get("limit", SEARCH_RESULT_LIMIT)
         if not isinstance(query, str) or not query.strip():
-            return _error("Pass the keywords, or a tool's exact name, as `query`.")
+            return tool_error("Pass the keywords, or a tool's exact name, as `query`.")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
-            return _error("`limit` must be an integer from 1 to 50.")
+            return tool_error("`limit` must be an integer from 1 to 50.")
         hits = await self._cpu(resolved.search, query, limit)
         return _structured(
             {
@@ -445,7 +439,7 @@ class ToolExecutor:
         tool: str,
         arguments: Any,
         timeout_seconds: float,
-    ) -> _Result:
+    ) -> PendingResult:
         tools = resolved.permitted.get(server)
         if tools is None:
             return _unknown_server(resolved, server)
@@ -453,7 +447,9 @@ class ToolExecutor:
         if found is None:
             return _refused(server, tool)
         if not isinstance(arguments, dict):
-            return _error(f"The arguments of {server}/{tool} must be a JSON object.", server, tool)
+            return tool_error(
+                f"The arguments of {server}/{tool} must be a JSON object.", server, tool
+            )
         problems = await self._cpu(self._validators.errors, found.input_schema_json, arguments)
         if problems:
             shown = problems[:MAX_VALIDATION_ERRORS]
@@ -464,7 +460,7 @@ class ToolExecutor:
                 + (f"; and {more} more" if more else "")
                 + f". Read its input schema with {naming.DESCRIBE_TOOL}."
             )
-            return _error(message, server, tool)
+            return tool_error(message, server, tool)
         try:
             result = await self._runner.call_tool(
                 resolved.snapshot.servers[server].connection.tenant,
@@ -474,11 +470,11 @@ class ToolExecutor:
                 timeout_seconds,
             )
         except ToolCallFailed as failure:
-            return _error(f"{server}/{tool} did not answer: {failure}", server, tool)
-        return _Result(result.is_error, result.result_json, result.content, server, tool)
+            return tool_error(f"{server}/{tool} did not answer: {failure}", server, tool)
+        return PendingResult(result.is_error, result.result_json, result.content, server, tool)
 
-    async def _record(
-        self, context: RunContext, call_id: str, result: _Result, request_id: str
+    async def record(
+        self, context: RunContext, call_id: str, result: PendingResult, request_id: str = ""
     ) -> ToolOutcome:
         record = Record(
             RecordKind.TOOL_RESULT,
@@ -510,14 +506,16 @@ def fitted(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
         "isError": outcome.is_error,
         "_meta": {"psych.sidecar/elided": {"result_json_bytes": size, "handle": outcome.handle}},
     }
-    return ToolOutcome(outcome.is_error, canonical_json(view), outcome.sequence, outcome.handle)
+    return ToolOutcome(
+        outcome.is_error, canonical_json(sorted_keys(view)), outcome.sequence, outcome.handle
+    )
 
 
 def _outcome(recorded: RecordedCall) -> ToolOutcome:
     return ToolOutcome(recorded.is_error, recorded.result_json, recorded.sequence, recorded.handle)
 
 
-def _parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
+def parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
     """The model's arguments as an object, or None and what is wrong with them."""
     if not arguments_json.strip():
         return {}, ""
@@ -530,13 +528,13 @@ def _parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
     return arguments, ""
 
 
-def _unknown_server(resolved: ResolvedTurn, server: object) -> _Result:
+def _unknown_server(resolved: ResolvedTurn, server: object) -> PendingResult:
     known = ", ".join(sorted(resolved.permitted)) or "none"
-    return _error(f"There is no MCP server {server!r}. Servers: {known}.")
+    return tool_error(f"There is no MCP server {server!r}. Servers: {known}.")
 
 
-def _refused(server: str, tool: object) -> _Result:
-    return _error(
+def _refused(server: str, tool: object) -> PendingResult:
+    return tool_error(
         f"There is no tool {tool!r} on {server} that you may use. List the ones you may use "
         f"with {naming.LIST_TOOLS}.",
         server,

@@ -7,20 +7,37 @@ domain/runlog/content.py), or bytes when the result is binary (exactly one binar
   a Run reading a handle it was never given is a protocol violation, never a read.
 - Offset past the end, and a grep with no match, give an empty result, not an error.
 - grep runs on RE2 (linear time in the text, bounded memory) over the lines of the text
-  rendering; patterns are bounded in length. A binary result never matches a grep: its
-  bytes are not lines.
+  rendering. A binary result never matches a grep: its bytes are not lines. The pattern
+  comes from the model or a host, the text from an MCP server: both untrusted, so the work is
+  bounded three ways (docs/security.md). The pattern is capped in length and in compiled
+  program size (RE2's slow path costs about program size x bytes); groups never capture
+  (only a match's line is wanted, and capturing forces RE2's slowest engine); and the text is
+  scanned in chunks of whole lines sized so that one chunk costs at most
+  GREP_CHUNK_WORK instruction-bytes, with the CPU budget and the caller's cancellation
+  checked between chunks. A line too long to be one such chunk is PATTERN_TOO_COMPLEX; a
+  scan that runs out of budget returns the matches so far with `next_offset` where it
+  stopped, so the caller continues from there.
 - A read never exceeds `max_bytes` of text or data, so a response fits in a gRPC message;
   the caller continues from `next_offset`.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import re2
 
-from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
+from psych_sidecar.domain.errors import (
+    Reason,
+    SidecarError,
+    field_invalid,
+    field_required,
+    quoted,
+    short,
+)
 from psych_sidecar.domain.runlog import (
     SEPARATOR,
     ByteRange,
@@ -31,11 +48,22 @@ from psych_sidecar.domain.runlog import (
     TextLayout,
     binary_marker,
     fetch_text,
+    model_view,
 )
 
 MAX_PATTERN_CHARS = 1024
 # The compiled program's memory bound (RE2's own default); a pattern needing more is refused.
 PATTERN_MAX_MEM_BYTES = 8 << 20
+# The largest compiled program accepted. RE2's NFA, its fallback when the DFA runs out of
+# memory on adversarial text, costs up to ~15 ns per instruction per byte, so the program
+# size bounds the cost per byte (2000 admits \p{L}+, whose Unicode class is ~1200).
+MAX_PROGRAM_SIZE = 2000
+# One chunk (whole lines) costs at most this many instruction-bytes (program size x bytes):
+# under a second at the NFA's worst (~15 ns per instruction-byte, measured), milliseconds
+# when the DFA copes (nearly always).
+GREP_CHUNK_WORK = 50_000_000
+# CPU time (this thread's) one grep call may spend scanning before it returns what it has.
+GREP_CPU_BUDGET_SECONDS = 5.0
 # Each matching line is returned twice (as text and as a match), plus a little framing.
 _MATCH_OVERHEAD_BYTES = 24
 
@@ -61,36 +89,65 @@ class ReadResult:
     matches: tuple[GrepMatch, ...]
 
 
+def never_stop() -> bool:
+    return False
+
+
 def invalid_handle(run_id: str, handle: str) -> SidecarError:
     return SidecarError(
         Reason.INVALID_DEFERRED_HANDLE,
-        f"handle {handle!r} is not a tool result of run {run_id}",
-        run_id=run_id,
-        handle=handle,
+        f"handle {quoted(handle)} is not a tool result of run {short(run_id)}",
+        run_id=short(run_id),
+        handle=short(handle),
     )
+
+
+def _pattern_error(reason: Reason, field: str, detail: str) -> SidecarError:
+    return SidecarError(reason, f"{field}: {detail}", field=field, detail=detail)
 
 
 def compile_pattern(pattern: str, field: str) -> Any:
     """An RE2 program matching within single lines (never across a newline), `^` and `$`
-    at line boundaries. Refused with PATTERN_INVALID when too long or not RE2."""
+    at line boundaries, groups not capturing. Refused with PATTERN_INVALID when too long or
+    not RE2, PATTERN_TOO_COMPLEX when its program is too large."""
     if len(pattern) > MAX_PATTERN_CHARS:
-        detail = f"longer than {MAX_PATTERN_CHARS} characters"
-        raise SidecarError(Reason.PATTERN_INVALID, f"{field}: {detail}", field=field, detail=detail)
+        raise _pattern_error(
+            Reason.PATTERN_INVALID, field, f"longer than {MAX_PATTERN_CHARS} characters"
+        )
     options = re2.Options()
     options.never_nl = True
+    options.never_capture = True
     options.log_errors = False
     options.max_mem = PATTERN_MAX_MEM_BYTES
     try:
-        return re2.compile("(?m)" + pattern, options)
+        # Checked as given first, so an error quotes the model's pattern, not the (?m) we add.
+        re2.compile(pattern, options)
+        compiled = re2.compile("(?m)" + pattern, options)
     except re2.error as error:
         message = error.args[0] if error.args else ""
         detail = message.decode(errors="replace") if isinstance(message, bytes) else str(message)
+        if "too large" in detail or "too big" in detail:
+            raise _pattern_error(
+                Reason.PATTERN_TOO_COMPLEX,
+                field,
+                f"compiles to a program larger than RE2's memory bound ({detail}); "
+                "use fewer or smaller repetitions and narrower character classes",
+            ) from None
         raise SidecarError(
             Reason.PATTERN_INVALID,
             f"{field}: not a valid RE2 pattern: {detail}",
             field=field,
             detail=detail,
         ) from None
+    if compiled.programsize > MAX_PROGRAM_SIZE:
+        raise _pattern_error(
+            Reason.PATTERN_TOO_COMPLEX,
+            field,
+            f"compiles to an RE2 program of {compiled.programsize} instructions, more than "
+            f"{MAX_PROGRAM_SIZE}; use fewer or smaller repetitions ({{n}}) and narrower "
+            "character classes (\\p{L} and case-folding are large)",
+        )
+    return compiled
 
 
 class ToolOutputReader:
@@ -101,10 +158,18 @@ class ToolOutputReader:
         self._log = log
 
     def read(
-        self, run_id: str, handle: str, offset: int, limit: int, grep: str, max_bytes: int
+        self,
+        run_id: str,
+        handle: str,
+        offset: int,
+        limit: int,
+        grep: str,
+        max_bytes: int,
+        stop: Callable[[], bool] = never_stop,
     ) -> ReadResult:
-        """ReadToolOutput: the Run must exist, and the handle must be one of its results."""
-        return self.read_in(self._runs.get(run_id), handle, offset, limit, grep, max_bytes)
+        """ReadToolOutput: the Run must exist, and the handle must be one of its results.
+        `stop` says the caller gave up (cancelled, deadline passed): a grep ends early."""
+        return self.read_in(self._runs.get(run_id), handle, offset, limit, grep, max_bytes, stop)
 
     def resolve(self, run: Run, handle: str) -> int:
         """The sequence of the tool result `handle` names in this Run."""
@@ -123,6 +188,7 @@ class ToolOutputReader:
         limit: int,
         grep: str,
         max_bytes: int,
+        stop: Callable[[], bool] = never_stop,
     ) -> ReadResult:
         if offset < 0:
             raise field_invalid("offset", "must not be negative")
@@ -130,13 +196,16 @@ class ToolOutputReader:
             raise field_invalid("limit", "must not be negative")
         sequence = self.resolve(run, handle)
         pattern = compile_pattern(grep, "grep") if grep else None
-        layout = TextLayout(self._log.part_metas(run.run_id, [sequence]).get(sequence, []))
+        # The rendering of what the model sees in full (`model_view`), so that offsets in
+        # a preview's guidance continue where its head stops.
+        metas = self._log.part_metas(run.run_id, [sequence]).get(sequence, [])
+        layout = TextLayout(model_view(metas))
         if layout.is_binary:
             return self._read_binary(
                 run.run_id, sequence, layout, offset, limit, pattern, max_bytes
             )
         if pattern is not None:
-            return self._grep(run.run_id, sequence, layout, offset, limit, pattern, max_bytes)
+            return self._grep(run.run_id, sequence, layout, offset, limit, pattern, max_bytes, stop)
         return self._read_text(run.run_id, sequence, layout, offset, limit, max_bytes)
 
     def _read_binary(
@@ -191,11 +260,15 @@ class ToolOutputReader:
         limit: int,
         pattern: Any,
         max_bytes: int,
+        stop: Callable[[], bool],
     ) -> ReadResult:
         total = layout.total_chars
         if offset >= total:
             return ReadResult(False, "", b"", "", total, total, ())
         data = self._rendering_bytes(run_id, sequence, layout)
+        chunk_bytes = max(GREP_CHUNK_WORK // max(pattern.programsize, 1), 1)
+        began = time.thread_time()
+        chunk_end = -1
         positions = _CharPositions(data, layout.is_ascii)
         start = positions.byte_of(offset)
         line_number = data.count(b"\n", 0, start) + 1
@@ -205,9 +278,16 @@ class ToolOutputReader:
         position = start
         next_offset = total
         while position <= len(data):
-            found = pattern.search(data, position)
+            if position > chunk_end:
+                # Between chunks: has the caller given up, or the budget run out?
+                if stop() or time.thread_time() - began > GREP_CPU_BUDGET_SECONDS:
+                    next_offset = positions.char_of(position)
+                    break
+                chunk_end = _chunk_end(data, position, chunk_bytes, pattern.programsize)
+            found = pattern.search(data, position, chunk_end)
             if found is None:
-                break
+                position = chunk_end + 1
+                continue
             line_start = max(data.rfind(b"\n", 0, found.start()) + 1, start)
             if line_start == len(data) and line_start > 0 and data.endswith(b"\n"):
                 break  # the empty string after a final newline is not a line
@@ -248,6 +328,25 @@ class ToolOutputReader:
             for part in layout.parts
         ]
         return rendered[0] if len(rendered) == 1 else SEPARATOR.encode().join(rendered)
+
+
+def _chunk_end(data: bytes, position: int, chunk_bytes: int, program_size: int) -> int:
+    """Where the chunk from `position` ends: the newline ending its last whole line (or the
+    end of the text), at most `chunk_bytes` on. A search up to there sees whole lines only,
+    so `$` and `\\b` behave as in one search over the whole text."""
+    if len(data) - position <= chunk_bytes:
+        return len(data)
+    cut = data.rfind(b"\n", position, position + chunk_bytes + 1)
+    if cut >= 0:
+        return cut
+    line_end = data.find(b"\n", position)
+    length = (len(data) if line_end < 0 else line_end) - position
+    detail = (
+        f"a line of {length} bytes is too long to be searched in bounded time with a pattern "
+        f"of {program_size} RE2 instructions (at most {chunk_bytes} bytes per line for it); "
+        "use a simpler pattern, or read the line by offset"
+    )
+    raise _pattern_error(Reason.PATTERN_TOO_COMPLEX, "grep", detail)
 
 
 def _cut_to_bytes(text: str, max_bytes: int) -> str:

@@ -2,8 +2,8 @@
 
 This module is the seam between two parts of psych-sidecar:
 
-- the MCP layer (sessions, owner tasks, transports, catalogue refresh, ConnectionService),
-  which implements `CatalogView` and `ToolRunner`;
+- the MCP layer (sessions, owner tasks, transports, catalogue refresh), which implements
+  `CatalogView`, `ToolRunner` and `ConnectionSupervisor` (catalog/rules.py);
 - the tool surface (narrowing, ResolveTurn, CallDeferredTool, dispatch, search), which uses
   them and never touches an MCP session or SQL directly.
 """
@@ -64,6 +64,8 @@ class ConnectionStatus:
     state_time: datetime
     # The newest catalogue version; 0 before the first successful listing.
     catalog_version: int
+    # The tail of a stdio server's stderr, secrets scrubbed; "" when none.
+    recent_output: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,14 +17,28 @@ from psych_sidecar.domain.catalog.connections import CatalogTool, Connection
 from psych_sidecar.domain.runlog import ToolGrant
 
 
+def _segment(text: str) -> str:
+    return "".join("." if c == "?" else re.escape(c) for c in text)
+
+
 @lru_cache(maxsize=4096)
 def _compiled(pattern: str) -> re.Pattern[str]:
-    parts = ("." if c == "?" else ".*" if c == "*" else re.escape(c) for c in pattern)
-    return re.compile("".join(parts), re.DOTALL)
+    """The glob as a regular expression that cannot backtrack badly. Patterns come from
+    Specs, Runs and connection records (untrusted), so `*a*a*a…b` must not cost
+    O(n^k): each segment between two stars is matched at its leftmost occurrence inside an
+    atomic group (never revisited, which is exact for globs), so a match costs at most
+    O(len(name) x len(pattern))."""
+    first, *middle, last = pattern.split("*") if "*" in pattern else (pattern, None)
+    if last is None:
+        return re.compile(_segment(first), re.DOTALL)
+    body = "".join(f"(?>.*?{_segment(part)})" for part in middle)
+    return re.compile(f"{_segment(first)}{body}.*{_segment(last)}", re.DOTALL)
 
 
 def glob_match(pattern: str, name: str) -> bool:
     """`*` matches any run of characters, `?` exactly one; everything else matches itself."""
+    if pattern == "*":  # the usual grant: no regular expression needed
+        return True
     return _compiled(pattern).fullmatch(name) is not None
 
 

@@ -15,8 +15,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from psych_sidecar.domain.catalog.connections import CatalogTool, Connection, TransportKind
-from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
+from psych_sidecar.domain.catalog.connections import (
+    CatalogTool,
+    Connection,
+    ConnectionStatus,
+    TransportKind,
+)
+from psych_sidecar.domain.errors import (
+    Reason,
+    SidecarError,
+    field_invalid,
+    field_required,
+    quoted,
+    short,
+)
 from psych_sidecar.domain.runlog import validate_name
 
 CONNECTION_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -26,11 +38,80 @@ MAX_DESCRIPTION_LENGTH = 8192
 MAX_TOOL_PATTERN_LENGTH = 1024
 
 
+# Variables that make a loader, an interpreter or a shell run code of the caller's choosing,
+# or change which program runs: a connection may set one only if the operator's entry names
+# it exactly (a prefix like "LD_*" or "*" in allowed_env does not count).
+_RISKY_ENV_PREFIXES = (
+    "LD_",
+    "DYLD_",
+    "PYTHON",
+    "NODE_",
+    "NPM_CONFIG_",
+    "PERL",
+    "RUBY",
+    "JAVA_",
+    "_JAVA_",
+    "JDK_JAVA_",
+    "GCONV_",
+    "MALLOC_",
+    "GLIBC_",
+    "BASH_",
+    "GIT_",
+)
+_RISKY_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "SHELL",
+        "ENV",
+        "IFS",
+        "CDPATH",
+        "SHELLOPTS",
+        "PS4",
+        "TMPDIR",
+        "CLASSPATH",
+        "GOFLAGS",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "RES_OPTIONS",
+        "NLSPATH",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "UV_INDEX_URL",
+        "PIP_INDEX_URL",
+    }
+)
+
+
+def risky_env_name(name: str) -> bool:
+    """Whether an environment name can change what code the process runs or whom it trusts."""
+    upper = name.upper()
+    return upper in _RISKY_ENV_NAMES or upper.startswith(_RISKY_ENV_PREFIXES)
+
+
+def env_name_allowed(name: str, allowed_env: Sequence[str]) -> bool:
+    """Whether a connection may set `name`: listed exactly, or (unless risky) under a prefix
+    entry ending in '*'."""
+    if name in allowed_env:
+        return True
+    if risky_env_name(name):
+        return False
+    return any(entry.endswith("*") and name.startswith(entry[:-1]) for entry in allowed_env)
+
+
 @dataclass(frozen=True, slots=True)
 class AllowedCommand:
     """An operator-allowed stdio command, as the domain sees it: the API may only name it."""
 
     allow_extra_args: bool
+    # The env names a connection may set (see env_name_allowed); empty: none.
+    allowed_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +136,17 @@ class CatalogWrite:
 
 
 @dataclass(frozen=True, slots=True)
+class CatalogVersion:
+    """One stored version of a connection's catalogue."""
+
+    catalog_version: int
+    tool_count: int
+    # SHA-256 of the listing (listing_fingerprint), lowercase hex.
+    sha256: str
+    create_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class CatalogDiff:
     added: tuple[CatalogTool, ...]
     changed: tuple[CatalogTool, ...]
@@ -64,17 +156,17 @@ class CatalogDiff:
 def connection_not_found(tenant: str, name: str) -> SidecarError:
     return SidecarError(
         Reason.CONNECTION_NOT_FOUND,
-        f"no connection {name!r} for tenant {tenant!r}",
-        tenant=tenant,
-        connection=name,
+        f"no connection {quoted(name)} for tenant {quoted(tenant)}",
+        tenant=short(tenant),
+        connection=short(name),
     )
 
 
 def catalog_version_not_found(name: str, version: int) -> SidecarError:
     return SidecarError(
         Reason.CATALOG_VERSION_NOT_FOUND,
-        f"connection {name!r} has no catalogue version {version}",
-        connection=name,
+        f"connection {quoted(name)} has no catalogue version {version}",
+        connection=short(name),
         catalog_version=version,
     )
 
@@ -120,14 +212,14 @@ def _validate_stdio(connection: Connection, allowed_commands: Mapping[str, Allow
     if allowed is None:
         raise SidecarError(
             Reason.COMMAND_NOT_ALLOWED,
-            f"command {connection.command!r} is not one the operator allowed in the sidecar's "
-            "configuration (mcp_commands)",
-            command=connection.command,
+            f"command {quoted(connection.command)} is not one the operator allowed in the "
+            "sidecar's configuration (mcp_commands)",
+            command=short(connection.command),
         )
     if connection.args and not allowed.allow_extra_args:
         raise field_invalid(
             "connection.stdio.args",
-            f"the operator's entry for {connection.command!r} takes no extra arguments",
+            f"the operator's entry for {quoted(connection.command)} takes no extra arguments",
         )
     for index, argument in enumerate(connection.args):
         if len(argument) > MAX_ARGUMENT_LENGTH or "\x00" in argument:
@@ -136,6 +228,16 @@ def _validate_stdio(connection: Connection, allowed_commands: Mapping[str, Allow
                 f"must be at most {MAX_ARGUMENT_LENGTH} characters, without NUL",
             )
     _validate_strings(connection.env, "connection.stdio.env")
+    for name in sorted(connection.env):
+        if not env_name_allowed(name, allowed.allowed_env):
+            shown = quoted(name)
+            raise SidecarError(
+                Reason.COMMAND_NOT_ALLOWED,
+                f"connection.stdio.env may not set {shown}: the operator's entry for "
+                f"{quoted(connection.command)} does not allow it (mcp_commands allowed_env)",
+                command=short(connection.command),
+                env=short(name),
+            )
 
 
 def _validate_url(url: str, field_path: str) -> None:
@@ -150,7 +252,7 @@ def _validate_strings(values: Mapping[str, str], field_path: str) -> None:
     for key, value in values.items():
         if not key or "=" in key or "\x00" in key or "\x00" in value:
             raise field_invalid(
-                f"{field_path}[{key!r}]",
+                f"{field_path}[{quoted(key)}]",
                 "names must be non-empty without '=' or NUL; values without NUL",
             )
 
@@ -160,7 +262,7 @@ def _validate_headers(headers: Mapping[str, str]) -> None:
     for name, value in headers.items():
         if not HEADER_NAME_PATTERN.fullmatch(name) or any(c in value for c in "\r\n\x00"):
             raise field_invalid(
-                f"connection.http.headers[{name!r}]",
+                f"connection.http.headers[{quoted(name)}]",
                 "names must be HTTP tokens; values must not hold CR, LF or NUL",
             )
 
@@ -203,6 +305,27 @@ def _content(tool: CatalogTool) -> tuple[str, bytes, bytes, bytes]:
         tool.output_schema_json,
         tool.annotations_json,
     )
+
+
+class ConnectionSupervisor(Protocol):
+    """What the connection use cases need of the MCP layer (``McpManager``): it owns the
+    sessions, so putting, deleting and refreshing a connection go through it."""
+
+    async def put_connection(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:
+        """Validate and store the connection, then (re)start its session."""
+        ...
+
+    async def delete_connection(self, tenant: str, name: str) -> None:
+        """Stop its session and soft-delete it."""
+        ...
+
+    async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
+        """Re-list its tools now and store the listing."""
+        ...
+
+    def status(self, stored: StoredConnection) -> ConnectionStatus:
+        """Its state as this sidecar sees it."""
+        ...
 
 
 class ConnectionRepository(Protocol):
@@ -248,4 +371,12 @@ class ConnectionRepository(Protocol):
     ) -> tuple[int, list[CatalogTool]] | None:
         """The version read (0 asks for the current one) and its tools, sorted by name;
         None when the connection has no such version. Works for deleted connections too."""
+        ...
+
+    def catalog_versions(
+        self, tenant: str, server: str, before_version: int, limit: int
+    ) -> tuple[list[CatalogVersion], bool] | None:
+        """The connection's versions newest first, at most `limit` of them below
+        `before_version` (0: from the newest), and whether more remain; None when no such
+        connection was ever stored. Works for deleted connections too."""
         ...

@@ -2,21 +2,44 @@
 
 Owns AssemblePrompt (:class:`PromptAssembler`): zones ordered outermost-stable first, the
 prior-turn elision boundary and algorithm (previews, failure truncation), canonical JSON for
-byte-stable output, and the Anthropic and OpenAI request bodies.
+byte-stable output, the Anthropic and OpenAI request bodies, and the assembly journal's
+entry for each prompt (metadata only; storage implements :class:`AssemblyJournal`).
 """
 
 from __future__ import annotations
 
-from psych_sidecar.domain.prompt.assembly import AssembledPrompt, PromptAssembler, SpecLookup
+from psych_sidecar.domain.prompt.assembly import (
+    AssembledPrompt,
+    GuardDecision,
+    GuardedResult,
+    PromptAssembler,
+    TurnSurfaces,
+)
+from psych_sidecar.domain.prompt.journal import (
+    AssemblyEntry,
+    AssemblyJournal,
+    ElidedResult,
+    ElisionRule,
+    SurfaceServer,
+    ZoneSize,
+)
 from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView, Zone
 
 __all__ = [
     "AssembledPrompt",
+    "AssemblyEntry",
+    "AssemblyJournal",
+    "ElidedResult",
+    "ElisionRule",
+    "GuardDecision",
+    "GuardedResult",
     "Prompt",
     "PromptAssembler",
     "PromptMessage",
     "Role",
-    "SpecLookup",
+    "SurfaceServer",
     "ToolResultView",
+    "TurnSurfaces",
     "Zone",
+    "ZoneSize",
 ]

@@ -12,12 +12,14 @@ steps of a turn, so the provider's cached prefix survives them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Protocol
 
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.errors import field_invalid, spec_not_found
+from psych_sidecar.domain.catalog import ConnectionState
+from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
 from psych_sidecar.domain.prompt.elision import (
     BatchResult,
@@ -26,6 +28,7 @@ from psych_sidecar.domain.prompt.elision import (
     plan_batch,
     plan_view,
 )
+from psych_sidecar.domain.prompt.journal import AssemblyJournal, assembly_entry
 from psych_sidecar.domain.prompt.providers import anthropic_body, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
@@ -33,52 +36,86 @@ from psych_sidecar.domain.prompt.zones import (
     ToolResultView,
     ZoneDigest,
     build_history,
+    dynamic_tail,
     static_sections,
     transient_message,
     zone_digests,
 )
 from psych_sidecar.domain.runlog import (
+    DEFAULT_CONTEXT_WINDOW_TOKENS,
     ContentPart,
+    ContextBudget,
     EffectiveThresholds,
     LogReader,
     RecordKind,
     RecordSkeleton,
     RunService,
-    Spec,
-    SpecRepository,
+    SpecLookup,
     TextLayout,
     fetch_text,
+    model_view,
+    validate_context_budget,
 )
-from psych_sidecar.domain.surface import ToolSurface
+from psych_sidecar.domain.surface import ToolSurface, status_note
 
 DEFAULT_MAX_TOKENS = 4096
 
 
-class SpecLookup:
-    """Spec versions by name and version, cached: a published version never changes."""
+class TurnSurfaces(Protocol):
+    """What assembly needs of the tool surface (TurnResolver implements it)."""
 
-    def __init__(self, specs: SpecRepository, capacity: int = 1_000) -> None:
-        self._specs = specs
-        self._cache = ImmutableCache[tuple[str, int], Spec](capacity)
+    def resolve_turn(self, run_id: str) -> ToolSurface:
+        """The Run's tool surface for this turn."""
+        ...
 
-    def get(self, name: str, version: int) -> Spec:
-        key = (name, version)
-        spec = self._cache.get(key)
-        if spec is None:
-            published = self._specs.get_spec(name, version)
-            if published is None:
-                raise spec_not_found(name, version)
-            spec = published.spec
-            self._cache.put(key, spec)
-        return spec
+    def server_states(self, run_id: str) -> Mapping[str, ConnectionState]:
+        """The current state of each of the Run's tenant's connections."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class GuardedResult:
+    """A current-turn result the context guard elided: its full and elided estimates."""
+
+    call_id: str
+    handle: str
+    full_tokens: int
+    view_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class GuardDecision:
+    """What the context guard decided for one call (see docs/prompt.md)."""
+
+    context_window_tokens: int
+    output_reserve_tokens: int
+    estimated_tokens: int  # the prompt as assembled
+    full_estimated_tokens: int  # with the current turn's results in full
+    elided: tuple[GuardedResult, ...] = ()
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class AssembledPrompt:
+    """One call's prompt, its per-zone sizes and hashes, both provider bodies and the
+    context guard's decision: everything an assembly journal needs to record."""
+
     prompt: Prompt
     zones: tuple[ZoneDigest, ...]
     anthropic_json: bytes
     openai_json: bytes
+    guard: GuardDecision | None = None
+    # Results sent elided (prior-turn and by the guard), and the bytes their views left out
+    # (full size minus what the view shows): for the operator's metrics.
+    elided_results: int = 0
+    elided_bytes_saved: int = 0
+    # Of those bytes, the ones the context guard's elisions saved.
+    guard_bytes_saved: int = 0
+
+    @property
+    def estimated_tokens(self) -> int:
+        """The estimator over the larger of the two bodies: what the guard measures."""
+        return estimate_tokens(max(len(self.anthropic_json), len(self.openai_json)))
 
 
 def prior_batches(skeletons: Sequence[RecordSkeleton]) -> list[list[RecordSkeleton]]:
@@ -112,8 +149,10 @@ class _ElidedViews:
         run_id: str,
         thresholds: EffectiveThresholds,
         skeletons: dict[int, RecordSkeleton],
+        view_bytes: dict[int, int],
     ) -> None:
         self._log = log
+        self._view_bytes = view_bytes
         self._cache = cache
         self._run_id = run_id
         self._thresholds = thresholds
@@ -136,9 +175,13 @@ class _ElidedViews:
         plans: list[tuple[RecordSkeleton, ViewPlan]] = []
         for sequence in wanted:
             skeleton = self._skeletons[sequence]
-            layout = TextLayout(metas.get(sequence, []))
+            layout = TextLayout(model_view(metas.get(sequence, [])))
             plan = plan_view(
-                layout, skeleton.content_bytes, skeleton.is_error, skeleton.handle, self._thresholds
+                layout,
+                self._view_bytes[sequence],
+                skeleton.is_error,
+                skeleton.handle,
+                self._thresholds,
             )
             if plan is None:
                 self.views[sequence] = None  # small enough to go through unchanged
@@ -178,8 +221,9 @@ class PromptAssembler:
         runs: RunService,
         specs: SpecLookup,
         log: LogReader,
-        surfaces: Callable[[str], ToolSurface],
+        surfaces: TurnSurfaces,
         view_cache_size: int = 10_000,
+        journal: AssemblyJournal | None = None,
     ) -> None:
         self._runs = runs
         self._specs = specs
@@ -187,67 +231,203 @@ class PromptAssembler:
         # The Run's tool surface for this turn (TurnResolver.resolve_turn).
         self._surfaces = surfaces
         self._views = ViewCache(view_cache_size)
+        # The bytes of each tool result's model view (`model_view`): immutable per record.
+        self._view_sizes = ImmutableCache[tuple[str, int], int](view_cache_size * 10)
+        # Told each prompt's metadata (never its content) after it is assembled.
+        self._journal = journal
 
     def assemble(
         self,
         run_id: str,
-        dynamic_tail: str,
+        host_tail: str,
         transient_note: str,
         now: datetime,
         model: str,
         max_tokens: int,
+        budget_override: ContextBudget | None = None,
+        journal: bool = True,
     ) -> AssembledPrompt:
+        """The prompt for one model call; `journal=False` (a preview) leaves no journal row."""
         if max_tokens < 0:
             raise field_invalid("max_tokens", "must not be negative")
+        max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+        if budget_override is not None:
+            validate_context_budget(budget_override, "context_budget")
         run = self._runs.get(run_id)
         spec = self._specs.get(run.spec_name, run.spec_version)
+        window, reserve = _budget(spec.context_budget.over(budget_override or ContextBudget()))
+        reserve = max_tokens if reserve is None else reserve
+        if reserve >= window:
+            raise field_invalid(
+                "context_budget.output_reserve_tokens",
+                f"the output reserve ({reserve} tokens) leaves no room in a context window "
+                f"of {window} tokens",
+            )
+        thresholds = spec.effective_thresholds()
         skeletons = self._log.record_skeletons(run_id)
-        elided = self._elided(run_id, skeletons, spec.effective_thresholds())
-        contents = self._log.record_contents(
-            run_id, [s.sequence for s in skeletons if s.sequence not in elided]
-        )
-        entries = []
-        for skeleton in skeletons:
-            view = elided.get(skeleton.sequence)
-            content = () if view is not None else contents.get(skeleton.sequence, ())
-            if skeleton.kind is RecordKind.TOOL_RESULT and view is None:
-                view = ToolResultView(
-                    skeleton.call_id, skeleton.is_error, content, False, skeleton.handle
-                )
-            entries.append(HistoryEntry(skeleton.kind, content, skeleton.tool_calls, view))
-        surface = self._surfaces(run_id)
-        prompt = Prompt(
-            static_sections=static_sections(spec, surface.servers),
-            dynamic_tail=dynamic_tail,
-            history=build_history(entries),
-            transient=transient_message(now, transient_note),
-            surface=surface,
-        )
-        max_tokens = max_tokens or DEFAULT_MAX_TOKENS
-        return AssembledPrompt(
-            prompt,
-            zone_digests(prompt),
-            anthropic_body(prompt, model, max_tokens),
-            openai_body(prompt, model, max_tokens),
-        )
-
-    def _elided(
-        self,
-        run_id: str,
-        skeletons: Sequence[RecordSkeleton],
-        thresholds: EffectiveThresholds,
-    ) -> dict[int, ToolResultView]:
-        batches = [
-            [BatchResult(s.sequence, estimate_tokens(s.content_bytes)) for s in batch]
-            for batch in prior_batches(skeletons)
-        ]
+        view_bytes = self._view_bytes(run_id, skeletons)
         views = _ElidedViews(
             log=self._log,
             cache=self._views,
             run_id=run_id,
             thresholds=thresholds,
             skeletons={s.sequence: s for s in skeletons},
+            view_bytes=view_bytes,
         )
+        elided = self._elided(skeletons, thresholds, view_bytes, views)
+        contents = self._log.record_contents(
+            run_id, [s.sequence for s in skeletons if s.sequence not in elided]
+        )
+        surface = self._surfaces.resolve_turn(run_id)
+        status = status_note(surface.servers, self._surfaces.server_states(run_id))
+        sections = static_sections(spec)
+        tail = dynamic_tail(surface.servers, host_tail)
+        transient = transient_message(now, transient_note, status)
+
+        def build(guarded: Mapping[int, ToolResultView]) -> AssembledPrompt:
+            entries = []
+            for skeleton in skeletons:
+                view = elided.get(skeleton.sequence) or guarded.get(skeleton.sequence)
+                content = () if view is not None else contents.get(skeleton.sequence, ())
+                if skeleton.kind is RecordKind.TOOL_RESULT and view is None:
+                    content = tuple(model_view(content))
+                    view = ToolResultView(
+                        skeleton.call_id, skeleton.is_error, content, False, skeleton.handle
+                    )
+                entries.append(HistoryEntry(skeleton.kind, content, skeleton.tool_calls, view))
+            prompt = Prompt(sections, tail, build_history(entries), transient, surface)
+            return AssembledPrompt(
+                prompt,
+                zone_digests(prompt),
+                anthropic_body(prompt, model, max_tokens),
+                openai_body(prompt, model, max_tokens),
+            )
+
+        def finish(
+            assembled: AssembledPrompt,
+            guard: GuardDecision,
+            guarded: Mapping[int, ToolResultView],
+        ) -> AssembledPrompt:
+            shown = {**elided, **guarded}
+            saved = {
+                sequence: max(0, view_bytes[sequence] - sum(len(p.data) for p in view.content))
+                for sequence, view in shown.items()
+            }
+            assembled = replace(
+                assembled,
+                guard=guard,
+                elided_results=len(shown),
+                elided_bytes_saved=sum(saved.values()),
+                guard_bytes_saved=sum(saved[sequence] for sequence in guarded),
+            )
+            if self._journal is not None and journal:
+                self._journal.record(
+                    assembly_entry(
+                        run_id=run_id,
+                        time=datetime.now(UTC),
+                        model=model,
+                        spec_name=spec.name,
+                        spec_version=spec.version,
+                        # Sized as the model sees them, as the thresholds judged them.
+                        skeletons=[
+                            replace(s, content_bytes=view_bytes[s.sequence])
+                            if s.sequence in view_bytes
+                            else s
+                            for s in skeletons
+                        ],
+                        digests=assembled.zones,
+                        surface=surface,
+                        elided={sequence: view.handle for sequence, view in shown.items()},
+                        thresholds=thresholds,
+                        context_guard=guard.reason or None,
+                        guard_elided=set(guarded),
+                    )
+                )
+            return assembled
+
+        assembled = build({})
+        full = assembled.estimated_tokens
+        budget = window - reserve
+        if full <= budget:
+            return finish(assembled, GuardDecision(window, reserve, full, full), {})
+        # The context guard, the one place beyond the spec's letter (docs/prompt.md): the
+        # current turn's largest results are elided like prior-turn ones until it fits.
+        current = sorted(
+            (s for s in _current_results(skeletons) if s.sequence not in elided),
+            key=lambda s: (-view_bytes[s.sequence], s.sequence),
+        )
+        views.prepare([s.sequence for s in current])
+        guarded: dict[int, ToolResultView] = {}
+        chosen: list[GuardedResult] = []
+        estimate = full
+        while estimate > budget and current:
+            projected = estimate
+            while current and projected > budget:
+                skeleton = current.pop(0)
+                view = views.views[skeleton.sequence]
+                if view is None:
+                    continue  # its view would not be smaller
+                full_tokens = estimate_tokens(view_bytes[skeleton.sequence])
+                view_tokens = estimate_text_tokens(view.content[0].as_text())
+                guarded[skeleton.sequence] = view
+                chosen.append(
+                    GuardedResult(skeleton.call_id, skeleton.handle, full_tokens, view_tokens)
+                )
+                projected -= max(full_tokens - view_tokens, 0)
+            assembled = build(guarded)
+            estimate = assembled.estimated_tokens
+        if estimate > budget:
+            raise SidecarError(
+                Reason.CONTEXT_BUDGET_EXCEEDED,
+                f"the prompt is about {estimate} tokens even with the current turn's results "
+                f"elided ({full} in full), over the budget of {budget} tokens (a context window "
+                f"of {window} less {reserve} for the output)",
+                estimated_tokens=estimate,
+                full_estimated_tokens=full,
+                context_window_tokens=window,
+                output_reserve_tokens=reserve,
+                budget_tokens=budget,
+            )
+        reason = (
+            f"With the current turn's results in full the prompt would be about {full} tokens, "
+            f"over the budget of {budget} (a context window of {window} less {reserve} for the "
+            f"output); {len(chosen)} of them, largest first, are elided to {estimate}."
+        )
+        guard = GuardDecision(window, reserve, estimate, full, tuple(chosen), reason)
+        return finish(assembled, guard, guarded)
+
+    def _view_bytes(self, run_id: str, skeletons: Sequence[RecordSkeleton]) -> dict[int, int]:
+        """The UTF-8 bytes of each tool result as the model sees it in full: its content less
+        a structured copy `model_view` leaves out. Sizes and thresholds are computed on this."""
+        sizes: dict[int, int] = {}
+        wanted = []
+        for skeleton in skeletons:
+            if skeleton.kind is not RecordKind.TOOL_RESULT:
+                continue
+            cached = self._view_sizes.get((run_id, skeleton.sequence))
+            if cached is None:
+                wanted.append(skeleton.sequence)
+            else:
+                sizes[skeleton.sequence] = cached
+        if wanted:
+            metas = self._log.part_metas(run_id, wanted)
+            for sequence in wanted:
+                size = sum(p.byte_length for p in model_view(metas.get(sequence, [])))
+                sizes[sequence] = size
+                self._view_sizes.put((run_id, sequence), size)
+        return sizes
+
+    def _elided(
+        self,
+        skeletons: Sequence[RecordSkeleton],
+        thresholds: EffectiveThresholds,
+        view_bytes: dict[int, int],
+        views: _ElidedViews,
+    ) -> dict[int, ToolResultView]:
+        batches = [
+            [BatchResult(s.sequence, estimate_tokens(view_bytes[s.sequence])) for s in batch]
+            for batch in prior_batches(skeletons)
+        ]
         views.prepare([s for batch in batches for s in first_step_candidates(batch, thresholds)])
         elided: dict[int, ToolResultView] = {}
         for batch in batches:
@@ -256,3 +436,19 @@ class PromptAssembler:
                 assert view is not None
                 elided[sequence] = view
         return elided
+
+
+def _budget(budget: ContextBudget) -> tuple[int, int | None]:
+    window = budget.context_window_tokens
+    return (DEFAULT_CONTEXT_WINDOW_TOKENS if window is None else window), (
+        budget.output_reserve_tokens
+    )
+
+
+def _current_results(skeletons: Sequence[RecordSkeleton]) -> list[RecordSkeleton]:
+    """The tool results of the current turn: after the last user message (all of them when
+    there is none)."""
+    last_user = max(
+        (i for i, s in enumerate(skeletons) if s.kind is RecordKind.USER_MESSAGE), default=-1
+    )
+    return [s for s in skeletons[last_user + 1 :] if s.kind is RecordKind.TOOL_RESULT]

@@ -5,7 +5,9 @@ Both are canonical JSON (see domain/prompt/zones.py): the same prompt always giv
 Anthropic: tools, then system blocks (zone 1, then zone 2), then messages, which is the
 order its prompt cache reads them. One `cache_control` breakpoint closes each cached zone:
 on the zone 1 system block (on the last tool when there is none), on the zone 2 block, and
-on the last block of the history: at most three of the four allowed. The transient text
+on the last block of the history; the fourth is the read point (`read_point`): where the
+longest prefix the previous turn cached ends, so the first call of a turn reads it even
+when that is more than 20 blocks before the end (Anthropic's lookback). The transient text
 (zone 4) is the last block of the last user message, after any tool results.
 
 OpenAI: one system message per system zone, the history with assistant `tool_calls` and
@@ -25,17 +27,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from psych_sidecar.domain import bounded_json
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.prompt.zones import (
     Prompt,
     PromptMessage,
     Role,
     ToolResultView,
-    canonical_json,
 )
 from psych_sidecar.domain.runlog import ContentPart, PartKind, ToolCall, binary_marker
 
 CACHE_CONTROL = {"type": "ephemeral"}
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+
+
+def _model(model: str) -> dict[str, Any]:
+    """The body's first key: the model id, or nothing when the host sent none (the host
+    then sets it; an empty string is never a model a provider accepts)."""
+    return {"model": model} if model else {}
 
 
 def content_text(parts: Sequence[ContentPart]) -> str:
@@ -110,10 +118,38 @@ def _anthropic_tool_result(result: ToolResultView) -> dict[str, Any]:
     return block
 
 
-def _anthropic_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
+def read_point(history: Sequence[PromptMessage]) -> int:
+    """The history message after which the first call of this turn can read the previous
+    turn's cache, or -1.
+
+    Each call of the previous turn wrote the cache up to the end of its history, which is the
+    message just before the assistant message it produced. At this turn's boundary the
+    previous turn's results flip to their elided views; the prefix is unchanged up to the
+    first one that flipped, so the longest prefix still cached ends just before the last
+    assistant message that precedes it (before the previous turn's last assistant message
+    when nothing flipped)."""
+    users = [i for i, m in enumerate(history) if m.role is Role.USER and not m.is_tool_results]
+    if len(users) < 2:
+        return -1
+    start, end = users[-2], users[-1]
+    answer = -1
+    for index in range(start + 1, end):
+        message = history[index]
+        if message.role is Role.ASSISTANT:
+            answer = index
+        elif any(isinstance(p, ToolResultView) and p.elided for p in message.parts):
+            break
+    return answer - 1 if answer > 0 else -1
+
+
+def _anthropic_messages(history: Sequence[PromptMessage], mark: int = -1) -> list[dict[str, Any]]:
+    """The history as Messages API messages; the last block that history[mark] yields gets
+    a cache breakpoint."""
     messages: list[dict[str, Any]] = []
     calls: set[str] = set()
-    for message in history:
+    for position, message in enumerate(history):
+        if position == mark + 1 and mark >= 0 and messages:
+            messages[-1]["content"][-1]["cache_control"] = CACHE_CONTROL
         blocks: list[dict[str, Any]] = []
         if message.role is Role.ASSISTANT:
             content = [p for p in message.parts if isinstance(p, ContentPart)]
@@ -160,7 +196,7 @@ def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
         tools[-1]["cache_control"] = CACHE_CONTROL
     if prompt.dynamic_tail:
         system.append({"type": "text", "text": prompt.dynamic_tail, "cache_control": CACHE_CONTROL})
-    messages = _anthropic_messages(prompt.history)
+    messages = _anthropic_messages(prompt.history, read_point(prompt.history))
     if messages:
         messages[-1]["content"][-1]["cache_control"] = CACHE_CONTROL
     transient = _anthropic_blocks([p for p in prompt.transient.parts if isinstance(p, ContentPart)])
@@ -168,7 +204,8 @@ def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
         messages[-1]["content"].extend(transient)
     else:
         messages.append({"role": Role.USER.value, "content": transient})
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
+    body: dict[str, Any] = _model(model)
+    body["max_tokens"] = max_tokens
     if tools:
         body["tools"] = tools
     if system:
@@ -251,7 +288,8 @@ def openai_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
     messages.append(
         {"role": "user", "content": [c for c in map(_openai_content, transient) if c is not None]}
     )
-    body: dict[str, Any] = {"model": model, "max_completion_tokens": max_tokens}
+    body: dict[str, Any] = _model(model)
+    body["max_completion_tokens"] = max_tokens
     if prompt.tools:
         body["tools"] = [
             {

@@ -2,11 +2,13 @@
 
 Zones, outermost-stable first:
 
-1. static system: the tool surface, then the Spec's sections (instructions, skills index,
-   subagent roster, capability notes);
-2. the dynamic tail the host supplies (memories and the like), last in the system prompt;
+1. static system: the tool surface (pinned per turn), then the Spec's sections
+   (instructions, skills index, subagent roster, capability notes): nothing per tenant;
+2. the dynamic tail: the turn's tool-server roster, then what the host supplies (memories
+   and the like), last in the system prompt;
 3. the history, prior-turn tool results elided;
-4. one transient message: the date and time and any per-call note, never persisted.
+4. one transient message: the date and time, the state of servers not connected right now,
+   and any per-call note; never persisted.
 
 The clock only ever reaches zone 4. Canonical JSON here means: keys in the order this module
 writes them (documented in docs/prompt.md), no whitespace, UTF-8, non-ASCII unescaped.
@@ -23,6 +25,7 @@ from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any
 
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.runlog import ContentPart, PartKind, RecordKind, Spec, ToolCall
 from psych_sidecar.domain.surface import ExposedTool, ServerLine, ToolSurface
 
@@ -78,7 +81,7 @@ class Prompt:
     history: tuple[PromptMessage, ...]
     transient: PromptMessage
     # The turn's tool surface: the tools sent, and the server lines behind the Tool servers
-    # section of zone 1.
+    # roster of zone 2.
     surface: ToolSurface
 
     @property
@@ -101,12 +104,10 @@ def _entry(name: str, description: str) -> str:
     return f"- {name}: {description}" if description else f"- {name}"
 
 
-def static_sections(spec: Spec, servers: Sequence[ServerLine] = ()) -> tuple[SystemSection, ...]:
-    """Zone 1: from the Spec, instructions, the skills index (names and descriptions; bodies
-    load through load_skill), the subagent roster, capability notes; then one line per MCP
-    server the Run can see, so a deferred or unreachable server is never silently absent.
-    The lines change only when connections or their states do, like the tools ahead of them
-    in the cache order. Empty sections are left out."""
+def static_sections(spec: Spec) -> tuple[SystemSection, ...]:
+    """Zone 1: from the Spec alone, instructions, the skills index (names and descriptions;
+    bodies load through load_skill), the subagent roster, capability notes. Empty sections
+    are left out. Nothing per tenant: zone 1 changes only when the Spec does."""
     sections = []
     if spec.instructions:
         sections.append(SystemSection("Instructions", spec.instructions))
@@ -120,15 +121,29 @@ def static_sections(spec: Spec, servers: Sequence[ServerLine] = ()) -> tuple[Sys
         sections.append(SystemSection("Subagents", "\n".join(lines)))
     if spec.capability_notes:
         sections.append(SystemSection("Capabilities", "\n\n".join(spec.capability_notes)))
-    if servers:
-        sections.append(SystemSection("Tool servers", "\n".join(line.text for line in servers)))
     return tuple(sections)
 
 
-def transient_message(now: datetime, note: str) -> PromptMessage:
-    """Zone 4: the current date and time (UTC, to the second) and the host's note."""
+def dynamic_tail(servers: Sequence[ServerLine], host_tail: str) -> str:
+    """Zone 2: the tool-server roster of the turn (one line per MCP server the Run can see,
+    so a deferred server is never silently absent), then the host's tail (memories and the
+    like). Per-tenant and mutable mid-conversation, so it sits last in the system prompt;
+    connection states are not in it (see `transient_message`)."""
+    parts = []
+    if servers:
+        parts.append("# Tool servers\n\n" + "\n".join(line.text for line in servers))
+    if host_tail:
+        parts.append(host_tail)
+    return "\n\n".join(parts)
+
+
+def transient_message(now: datetime, note: str, status: str = "") -> PromptMessage:
+    """Zone 4: the current date and time (UTC, to the second), the state of any tool server
+    that is not connected right now, and the host's note."""
     moment = now.astimezone(UTC).replace(microsecond=0)
     text = f"Current date and time: {moment.strftime('%A, %Y-%m-%dT%H:%M:%SZ')}"
+    if status:
+        text += "\n\n" + status
     if note:
         text += "\n\n" + note
     return PromptMessage(Role.USER, (ContentPart.text(text),))
@@ -187,10 +202,6 @@ def build_history(entries: Sequence[HistoryEntry]) -> tuple[PromptMessage, ...]:
             pending.extend(call.call_id for call in entry.tool_calls)
     close_calls()
     return tuple(messages)
-
-
-def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def content_json(part: ContentPart) -> dict[str, Any]:

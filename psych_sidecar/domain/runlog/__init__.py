@@ -21,9 +21,10 @@ from psych_sidecar.domain.runlog.content import (
     fetch_text,
 )
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
-from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository
+from psych_sidecar.domain.runlog.ports import RunBlocking, RunRepository, SpecRepository
 from psych_sidecar.domain.runlog.runs import (
     MAX_IDENTIFIER_LENGTH,
+    STRUCTURED_CONTENT_MIME,
     AppendedRecord,
     ContentPart,
     PartKind,
@@ -33,10 +34,13 @@ from psych_sidecar.domain.runlog.runs import (
     Run,
     StoredRecord,
     ToolCall,
+    model_view,
     validate_request_id,
 )
-from psych_sidecar.domain.runlog.services import RunService, SpecService, new_id
+from psych_sidecar.domain.runlog.services import RunService, SpecLookup, SpecService, new_id
 from psych_sidecar.domain.runlog.specs import (
+    DEFAULT_CONTEXT_WINDOW_TOKENS,
+    ContextBudget,
     DisclosureSettings,
     EffectiveThresholds,
     PublishedSpec,
@@ -45,15 +49,19 @@ from psych_sidecar.domain.runlog.specs import (
     Subagent,
     Thresholds,
     ToolGrant,
+    validate_context_budget,
     validate_name,
 )
 
 __all__ = [
+    "DEFAULT_CONTEXT_WINDOW_TOKENS",
     "MAX_IDENTIFIER_LENGTH",
     "SEPARATOR",
+    "STRUCTURED_CONTENT_MIME",
     "AppendedRecord",
     "ByteRange",
     "ContentPart",
+    "ContextBudget",
     "DisclosureSettings",
     "EffectiveThresholds",
     "LogReader",
@@ -66,10 +74,12 @@ __all__ = [
     "RecordSkeleton",
     "RecordedCall",
     "Run",
+    "RunBlocking",
     "RunRepository",
     "RunService",
     "Skill",
     "Spec",
+    "SpecLookup",
     "SpecRepository",
     "SpecService",
     "StoredRecord",
@@ -82,8 +92,10 @@ __all__ = [
     "decode_token",
     "encode_token",
     "fetch_text",
+    "model_view",
     "new_id",
     "page_size",
+    "validate_context_budget",
     "validate_name",
     "validate_request_id",
 ]

@@ -99,6 +99,11 @@ class LogReader(Protocol):
         """The (run id, sequence) of the tool result with this handle, if any."""
         ...
 
+    def turn_start(self, run_id: str) -> int:
+        """The sequence of the Run's last user message (where the current turn starts), 0
+        when there is none."""
+        ...
+
     def latest_assistant_sequence(self, run_id: str) -> int:
         """The sequence of the Run's last assistant message, 0 when there is none."""
         ...

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from psych_sidecar.domain.runlog.runs import (
     AppendedRecord,
@@ -14,6 +14,15 @@ from psych_sidecar.domain.runlog.runs import (
     StoredRecord,
 )
 from psych_sidecar.domain.runlog.specs import PublishedSpec, Spec, ToolGrant
+
+T = TypeVar("T")
+
+
+class RunBlocking(Protocol):
+    """Runs a synchronous call off the event loop (the API layer's thread pool): how async use
+    cases reach storage, which is synchronous."""
+
+    def __call__(self, function: Callable[..., T], *args: Any) -> Awaitable[T]: ...
 
 
 class SpecRepository(Protocol):
@@ -38,6 +47,12 @@ class RunRepository(Protocol):
     ) -> Run: ...
 
     def get_run(self, run_id: str) -> Run | None: ...
+
+    def list_runs(self, tenant: str, after_run_id: str, limit: int) -> tuple[list[Run], bool]:
+        """A tenant's Runs newest first (create time, then id, descending): at most `limit`
+        of them, those after the Run `after_run_id` in that order (from the first when
+        empty); and whether more remain."""
+        ...
 
     def append_records(
         self,

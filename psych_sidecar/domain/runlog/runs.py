@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Protocol, TypeVar
 
 from psych_sidecar.domain import bounded_json
 from psych_sidecar.domain.errors import field_invalid, field_required
@@ -20,6 +22,39 @@ class PartKind(StrEnum):
     TEXT = "text"
     JSON = "json"
     BINARY = "binary"
+
+
+# The marker of the JSON part that holds an MCP result's `structuredContent` (the MIME type
+# column is otherwise empty for JSON parts). The log keeps that part; the model's view leaves
+# it out when the result already has text (see `model_view`).
+STRUCTURED_CONTENT_MIME = "application/vnd.mcp.structured-content+json"
+
+
+class _Shaped(Protocol):
+    @property
+    def kind(self) -> PartKind: ...
+
+    @property
+    def mime_type(self) -> str: ...
+
+
+Shaped = TypeVar("Shaped", bound=_Shaped)
+
+
+def model_view(parts: Sequence[Shaped]) -> list[Shaped]:
+    """The parts of a tool result the model sees: one representation per result.
+
+    MCP asks a server that returns `structuredContent` to put the same JSON in a text block
+    too, so when the content has a text part the structured copy is left out; so it is when
+    the content has media (an image, audio, a blob), which servers such as the filesystem's
+    repeat, base64 and all, in `structuredContent`. When the content has neither, the
+    structured JSON is the result and goes once. Works on parts and on their stored shapes
+    alike (anything with `kind` and `mime_type`)."""
+    if not any(p.kind is not PartKind.JSON for p in parts):
+        return list(parts)
+    return [
+        p for p in parts if not (p.kind is PartKind.JSON and p.mime_type == STRUCTURED_CONTENT_MIME)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +71,15 @@ class ContentPart:
 
     def as_text(self) -> str:
         return self.data.decode()
+
+    @classmethod
+    def structured(cls, data: bytes) -> ContentPart:
+        """An MCP result's `structuredContent`, as its JSON (see `model_view`)."""
+        return cls(PartKind.JSON, data, STRUCTURED_CONTENT_MIME)
+
+    @property
+    def is_structured(self) -> bool:
+        return self.kind is PartKind.JSON and self.mime_type == STRUCTURED_CONTENT_MIME
 
 
 @dataclass(frozen=True, slots=True)

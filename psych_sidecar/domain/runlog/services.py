@@ -8,6 +8,7 @@ from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.errors import (
     Reason,
     SidecarError,
+    field_invalid,
     field_required,
     run_not_found,
     spec_not_found,
@@ -67,6 +68,26 @@ class SpecService:
         return stored
 
 
+class SpecLookup:
+    """Spec versions by name and version, cached: a published version never changes. The one
+    Spec cache of a sidecar, shared by resolution, assembly and dispatch."""
+
+    def __init__(self, specs: SpecRepository, capacity: int = 1_000) -> None:
+        self._specs = specs
+        self._cache = ImmutableCache[tuple[str, int], Spec](capacity)
+
+    def get(self, name: str, version: int) -> Spec:
+        key = (name, version)
+        spec = self._cache.get(key)
+        if spec is None:
+            published = self._specs.get_spec(name, version)
+            if published is None:
+                raise spec_not_found(name, version)
+            spec = published.spec
+            self._cache.put(key, spec)
+        return spec
+
+
 class RunService:
     def __init__(
         self, specs: SpecRepository, runs: RunRepository, cache_size: int = 10_000
@@ -97,6 +118,21 @@ class RunService:
     def cached(self, run_id: str) -> Run | None:
         """The Run if this process has already read it; no I/O, safe on the event loop."""
         return self._cache.get(run_id)
+
+    def list_runs(
+        self, tenant: str, requested_page_size: int, page_token: str
+    ) -> tuple[list[Run], str]:
+        """A page of a tenant's Runs, newest first, and the next page's token."""
+        validate_name(tenant, "tenant")
+        size = page_size(requested_page_size)
+        scope = f"runs/{tenant}"
+        position = decode_token(page_token, scope)
+        if position is not None and (not isinstance(position, str) or not position):
+            raise field_invalid("page_token", "not a token this sidecar issued")
+        runs, more = self._runs.list_runs(tenant, position or "", size)
+        for run in runs:
+            self._cache.put(run.run_id, run)
+        return runs, encode_token(scope, runs[-1].run_id) if more and runs else ""
 
     def get(self, run_id: str) -> Run:
         if not run_id:

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -59,6 +60,41 @@ class DisclosureSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextBudget:
+    """The model's context window and the output reserve, in estimated tokens; None takes
+    the default (window 200,000; reserve: the request's max_tokens)."""
+
+    context_window_tokens: int | None = None
+    output_reserve_tokens: int | None = None
+
+    def over(self, override: ContextBudget) -> ContextBudget:
+        """This budget with the fields `override` sets replaced."""
+        return ContextBudget(
+            override.context_window_tokens
+            if override.context_window_tokens is not None
+            else self.context_window_tokens,
+            override.output_reserve_tokens
+            if override.output_reserve_tokens is not None
+            else self.output_reserve_tokens,
+        )
+
+
+DEFAULT_CONTEXT_WINDOW_TOKENS = 200_000
+
+
+def validate_context_budget(budget: ContextBudget, field_path: str) -> None:
+    window, reserve = budget.context_window_tokens, budget.output_reserve_tokens
+    if window is not None and window <= 0:
+        raise field_invalid(f"{field_path}.context_window_tokens", "must be greater than 0")
+    if reserve is not None and reserve < 0:
+        raise field_invalid(f"{field_path}.output_reserve_tokens", "must not be negative")
+    if window is not None and reserve is not None and reserve >= window:
+        raise field_invalid(
+            f"{field_path}.output_reserve_tokens", "must be less than context_window_tokens"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ToolGrant:
     server_pattern: str
     tool_pattern: str
@@ -75,20 +111,26 @@ class Spec:
     thresholds: Thresholds = field(default_factory=Thresholds)
     disclosure: DisclosureSettings = field(default_factory=DisclosureSettings)
     grants: tuple[ToolGrant, ...] = ()
+    context_budget: ContextBudget = field(default_factory=ContextBudget)
 
     def effective_thresholds(self) -> EffectiveThresholds:
         set_values = {k: v for k, v in asdict(self.thresholds).items() if v is not None}
         return EffectiveThresholds(**set_values)
 
-    def canonical_json(self) -> str:
-        """The Spec's content as canonical JSON: what is stored and compared for immutability."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    def content_json(self) -> str:
+        """The Spec's content as canonical JSON (sorted keys): what is stored and compared for
+        immutability. An unset context budget is left out, so Specs stored before it existed
+        keep their bytes and fingerprints."""
+        content = asdict(self)
+        if self.context_budget == ContextBudget():
+            del content["context_budget"]
+        return canonical_json(sorted_keys(content)).decode()
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return hashlib.sha256(self.content_json().encode()).hexdigest()
 
     @classmethod
-    def from_canonical_json(cls, text: str) -> Spec:
+    def from_content_json(cls, text: str) -> Spec:
         data: dict[str, Any] = json.loads(text)
         return cls(
             name=data["name"],
@@ -100,6 +142,7 @@ class Spec:
             thresholds=Thresholds(**data["thresholds"]),
             disclosure=DisclosureSettings(**data["disclosure"]),
             grants=tuple(ToolGrant(**g) for g in data["grants"]),
+            context_budget=ContextBudget(**data.get("context_budget", {})),
         )
 
 
@@ -107,6 +150,12 @@ class Spec:
 class PublishedSpec:
     spec: Spec
     create_time: datetime
+
+
+# Grant globs are matched against every tool of every turn: bounded in length and number
+# (the matcher is linear, domain/catalog/narrowing.py; these keep its constant small).
+MAX_GRANT_PATTERN_LENGTH = 256
+MAX_GRANTS = 1024
 
 
 def validate_name(value: str, field_path: str) -> None:
@@ -124,11 +173,18 @@ def validate_version(value: int, field_path: str) -> None:
 
 
 def validate_grants(grants: tuple[ToolGrant, ...], field_path: str) -> None:
+    if len(grants) > MAX_GRANTS:
+        raise field_invalid(field_path, f"at most {MAX_GRANTS} grants")
     for index, grant in enumerate(grants):
-        if not grant.server_pattern:
-            raise field_required(f"{field_path}[{index}].server_pattern")
-        if not grant.tool_pattern:
-            raise field_required(f"{field_path}[{index}].tool_pattern")
+        for name in ("server_pattern", "tool_pattern"):
+            value = getattr(grant, name)
+            if not value:
+                raise field_required(f"{field_path}[{index}].{name}")
+            if len(value) > MAX_GRANT_PATTERN_LENGTH or "\x00" in value:
+                raise field_invalid(
+                    f"{field_path}[{index}].{name}",
+                    f"must be at most {MAX_GRANT_PATTERN_LENGTH} characters, without NUL",
+                )
 
 
 def _validate_unique_names(names: list[str], field_path: str) -> None:
@@ -153,6 +209,7 @@ def validate_spec(spec: Spec) -> None:
             raise field_invalid(f"spec.thresholds.{key}", "must be greater than 0")
         if value is not None and value < 0:
             raise field_invalid(f"spec.thresholds.{key}", "must not be negative")
+    validate_context_budget(spec.context_budget, "spec.context_budget")
     for key, value in asdict(spec.disclosure).items():
         if value is not None and value < 0:
             raise field_invalid(f"spec.disclosure.{key}", "must not be negative")

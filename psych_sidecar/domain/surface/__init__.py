@@ -11,6 +11,7 @@ from __future__ import annotations
 from psych_sidecar.domain.surface.resolution import (
     ResolvedTurn,
     RunContext,
+    SurfacePins,
     TurnResolver,
     qualified_names,
 )
@@ -30,9 +31,9 @@ from psych_sidecar.domain.surface.tiers import (
     ServerLine,
     ToolSurface,
     VisibleServer,
-    canonical_json,
     one_line,
     resolve_surface,
+    status_note,
     tier_for,
 )
 
@@ -49,13 +50,14 @@ __all__ = [
     "ResolvedTurn",
     "RunContext",
     "ServerLine",
+    "SurfacePins",
     "ToolSurface",
     "TurnResolver",
     "VisibleServer",
-    "canonical_json",
     "mcp_result_json",
     "one_line",
     "qualified_names",
     "resolve_surface",
+    "status_note",
     "tier_for",
 ]

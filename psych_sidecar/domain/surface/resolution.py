@@ -14,22 +14,25 @@ import json
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from psych_sidecar.domain.cache import ByteBudgetCache, ImmutableCache
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogView,
     Connection,
+    ConnectionState,
     ConnectionStatus,
     Grants,
     connection_not_found,
 )
-from psych_sidecar.domain.errors import field_invalid, field_required, spec_not_found
+from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
+    LogReader,
     Run,
     RunService,
     Spec,
-    SpecRepository,
+    SpecLookup,
     decode_token,
     encode_token,
     page_size,
@@ -84,6 +87,16 @@ def _turn_bytes(resolved: ResolvedTurn) -> int:
     )
     permitted = sum(200 + 100 * len(tools) for tools in resolved.permitted.values())
     return 1000 + surface + permitted
+
+
+class SurfacePins(Protocol):
+    """Where each (Run, turn)'s surface is pinned, shared by every sidecar on the database.
+    Implemented in storage/."""
+
+    def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
+        """Store the surface of a turn unless one is stored already; return the stored one
+        (the first pin wins, whichever sidecar made it)."""
+        ...
 
 
 def connection_key(connection: Connection, status: ConnectionStatus) -> Hashable:
@@ -175,17 +188,26 @@ class ResolvedTurn:
         return SearchIndex(documents, self.embeddings), entries
 
     def search(self, query: str, limit: int) -> list[SearchResult]:
+        return self.ranked_search(query, limit)[0]
+
+    def ranked_search(self, query: str, limit: int) -> tuple[list[SearchResult], bool]:
+        """The hits, and whether the ranking was partial (some tools' vectors, or the model
+        for the query, not ready yet: those were ranked by keywords). Never encodes a tool."""
         if self.index_source is not None:
             index, entries = self.index_source(self)
         else:
             with self._lock:
-                if self._index is None:
+                if self._index is not None:
+                    self._index = self._index.refreshed()
+                else:
                     self._index, self._entries = self.build_index()
                 index, entries = self._index, self._entries
-        return [
+        ranking = index.rank(query, limit)
+        results = [
             SearchResult(entries[hit.index][0], entries[hit.index][1], hit.score)
-            for hit in index.search(query, limit)
+            for hit in ranking.hits
         ]
+        return results, ranking.partial
 
 
 def _parameter_names(schema_json: bytes) -> tuple[str, ...]:
@@ -214,18 +236,21 @@ class TurnResolver:
     def __init__(
         self,
         runs: RunService,
-        specs: SpecRepository,
+        specs: SpecLookup,
         catalog: CatalogView,
+        log: LogReader,
         cache_size: int = 1024,
         embeddings: Embeddings | None = None,
         search_index_cache_bytes: int = DEFAULT_SEARCH_INDEX_CACHE_BYTES,
         resolution_cache_bytes: int = DEFAULT_RESOLUTION_CACHE_BYTES,
+        pins: SurfacePins | None = None,
     ) -> None:
         self._runs = runs
+        self._log = log
+        self._pin_store = pins
         self._embeddings = embeddings
         self._specs = specs
         self._catalog = catalog
-        self._spec_cache = ImmutableCache[tuple[str, int], Spec](cache_size)
         # Keyed by content read from the database: an entry never goes stale, it just stops
         # being asked for.
         # Bounded by bytes, not counts: one catalogue of 10,000 tools weighs as much as
@@ -246,18 +271,14 @@ class TurnResolver:
         )
         self._index_builds: dict[Hashable, threading.Lock] = {}
         self._index_builds_lock = threading.Lock()
+        # The surface each (Run, turn) was first resolved with: what the model sees for the
+        # whole turn. A turn's records never change, so its pin never goes stale.
+        self._pins = ImmutableCache[tuple[str, int], ToolSurface](cache_size * 16)
+        self._pin_lock = threading.Lock()
 
     def context(self, run_id: str) -> RunContext:
         run = self._runs.get(run_id)
-        key = (run.spec_name, run.spec_version)
-        spec = self._spec_cache.get(key)
-        if spec is None:
-            published = self._specs.get_spec(*key)
-            if published is None:
-                raise spec_not_found(*key)
-            spec = published.spec
-            self._spec_cache.put(key, spec)
-        return RunContext(run, spec)
+        return RunContext(run, self._specs.get(run.spec_name, run.spec_version))
 
     def snapshot(self, tenant: str) -> CatalogSnapshot:
         """The tenant's connections as the database has them now; tools from cache when their
@@ -318,32 +339,65 @@ class TurnResolver:
         return resolved
 
     def _search_index(self, resolved: ResolvedTurn) -> IndexedTools:
-        """The shared index for this reach, built once even when many searches ask at once."""
+        """The shared index for this reach, built once even when many searches ask at once,
+        and refreshed with the tool vectors that became known since."""
         key = resolved.index_key
         cached = self._index_cache.get(key)
-        if cached is not None:
-            return cached
-        with self._index_builds_lock:
-            building = self._index_builds.setdefault(key, threading.Lock())
-        try:
-            with building:
-                cached = self._index_cache.get(key)
-                if cached is None:
-                    cached = resolved.build_index()
-                    self._index_cache.put(key, cached)
-                return cached
-        finally:
+        if cached is None:
             with self._index_builds_lock:
-                if self._index_builds.get(key) is building and not building.locked():
-                    del self._index_builds[key]
+                building = self._index_builds.setdefault(key, threading.Lock())
+            try:
+                with building:
+                    cached = self._index_cache.get(key)
+                    if cached is None:
+                        cached = resolved.build_index()
+                        self._index_cache.put(key, cached)
+            finally:
+                with self._index_builds_lock:
+                    if self._index_builds.get(key) is building and not building.locked():
+                        del self._index_builds[key]
+        refreshed = cached[0].refreshed()
+        if refreshed is not cached[0]:
+            cached = (refreshed, cached[1])
+            self._index_cache.put(key, cached)
+        return cached
 
     @property
     def search_indexes(self) -> tuple[int, int]:
         """How many search indexes are cached and what they weigh (an estimate)."""
         return len(self._index_cache), self._index_cache.bytes
 
+    def server_states(self, run_id: str) -> dict[str, ConnectionState]:
+        """The state of each of the Run's tenant's connections, as the database has it now
+        (for the transient message: a state is said where it may change every call)."""
+        run = self._runs.get(run_id)
+        return {c.name: s.state for c, s in self._catalog.tenant_connections(run.tenant)}
+
     def resolve_turn(self, run_id: str) -> ToolSurface:
-        return self.resolve(self.context(run_id)).surface
+        """The Run's tool surface for its current turn, pinned: resolved at the turn's first
+        ResolveTurn or AssemblePrompt (a turn starts at a user message) and the same object
+        for every later step of it, so the tools and the roster do not change mid-turn. A
+        server connected, removed or re-tiered, or a grant changed, shows at the next turn;
+        calls are re-checked against the current state anyway (`resolved`)."""
+        context = self.context(run_id)
+        key = (run_id, self._log.turn_start(run_id))
+        pinned = self._pins.get(key)
+        if pinned is not None:
+            return pinned
+        surface = self.resolve(context).surface
+        if self._pin_store is not None:
+            # Shared by every sidecar on the database: the first pin of the turn wins.
+            mine = surface.to_json()
+            stored = self._pin_store.pin_surface(*key, mine)
+            if stored != mine:
+                surface = ToolSurface.from_json(stored)
+        with self._pin_lock:
+            # Two first steps racing in this process: the first pin wins, both answer with it.
+            pinned = self._pins.get(key)
+            if pinned is None:
+                self._pins.put(key, surface)
+                pinned = surface
+        return pinned
 
     def resolved(self, run_id: str) -> tuple[RunContext, ResolvedTurn]:
         context = self.context(run_id)
@@ -379,7 +433,8 @@ class TurnResolver:
 
     def search_tools(
         self, run_id: str, query: str, requested_page_size: int, page_token: str
-    ) -> tuple[list[SearchResult], str]:
+    ) -> tuple[list[SearchResult], str, bool]:
+        """A page of hits, the next page's token, and whether the ranking was partial."""
         if not query.strip():
             raise field_required("query")
         limit = page_size(requested_page_size, SEARCH_PAGE_SIZE, MAX_SEARCH_PAGE_SIZE)
@@ -388,9 +443,10 @@ class TurnResolver:
         if not isinstance(start, int):
             raise field_invalid("page_token", "not a token of this search")
         _, resolved = self.resolved(run_id)
-        hits = resolved.search(query, start + limit + 1)
+        hits, partial = resolved.ranked_search(query, start + limit + 1)
         page = hits[start : start + limit]
-        return page, encode_token(scope, start + limit) if len(hits) > start + limit else ""
+        token = encode_token(scope, start + limit) if len(hits) > start + limit else ""
+        return page, token, partial
 
     @staticmethod
     def _permitted_on(resolved: ResolvedTurn, server: str) -> dict[str, CatalogTool]:

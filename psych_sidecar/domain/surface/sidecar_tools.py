@@ -8,11 +8,11 @@ whitespace) and the order of tools is by name.
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.runlog import ContentPart, PartKind, Spec
-from psych_sidecar.domain.surface.tiers import ExposedKind, ExposedTool
+from psych_sidecar.domain.surface.tiers import ExposedKind, ExposedTool, canonical_schema
 
 READ_TOOL_OUTPUT = "read_tool_output"
 LOAD_SKILL = "load_skill"
@@ -23,10 +23,6 @@ MODEL_DEFAULT_LIMIT_CHARS = 8_000
 MODEL_MAX_LIMIT_CHARS = 32_000
 # A binary result is handed to the model whole (as an image, say) up to this size.
 MODEL_MAX_BINARY_BYTES = 5 * 1024 * 1024
-
-
-def canonical_schema(schema: dict[str, Any]) -> bytes:
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 _READ_TOOL_OUTPUT = ExposedTool(
@@ -131,4 +127,4 @@ def mcp_result_json(
             }
             blocks.append({"type": "resource", "resource": resource})
     result = {"content": blocks, "isError": is_error}
-    return json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
+    return canonical_json(result)

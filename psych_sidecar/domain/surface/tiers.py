@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.catalog import (
     DESCRIPTION_PROMPT_CHARS,
     CatalogTool,
@@ -64,12 +65,59 @@ class ServerLine:
     state: ConnectionState
     permitted_tool_count: int
     text: str
+    # The catalogue version the line and the server's tools come from (0: never listed).
+    catalog_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class ToolSurface:
     tools: tuple[ExposedTool, ...]
     servers: tuple[ServerLine, ...]
+
+    def to_json(self) -> bytes:
+        """Canonical JSON of the whole surface: what a turn's pin stores."""
+        return canonical_json(
+            {
+                "tools": [
+                    [
+                        t.name,
+                        t.description,
+                        t.input_schema_json.decode(),
+                        t.kind.value,
+                        t.server,
+                        t.tool,
+                    ]
+                    for t in self.tools
+                ],
+                "servers": [
+                    [
+                        s.server,
+                        s.tier.value,
+                        s.state.value,
+                        s.permitted_tool_count,
+                        s.text,
+                        s.catalog_version,
+                    ]
+                    for s in self.servers
+                ],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ToolSurface:
+        value = json.loads(data)
+        return cls(
+            tuple(
+                ExposedTool(name, description, schema.encode(), ExposedKind(kind), server, tool)
+                for name, description, schema, kind, server, tool in value["tools"]
+            ),
+            tuple(
+                ServerLine(
+                    server, DisclosureTier(tier), ConnectionState(state), count, text, version
+                )
+                for server, tier, state, count, text, version in value["servers"]
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,22 +147,18 @@ class VisibleServer:
     permitted: tuple[CatalogTool, ...]
 
 
-def canonical_json(value: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the one JSON spelling the surface uses."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def canonical_schema(raw: bytes) -> bytes:
-    """A server's input schema re-serialized canonically; an object schema whatever it sent,
-    since providers accept only those."""
-    try:
-        schema = json.loads(raw) if raw else {}
-    except ValueError:
-        schema = {}
-    if not isinstance(schema, dict):
-        schema = {}
-    schema.setdefault("type", "object")
-    return canonical_json(schema)
+def canonical_schema(schema: bytes | dict[str, Any]) -> bytes:
+    """An input schema (a server's raw bytes, or one the sidecar wrote) in canonical JSON with
+    sorted keys; an object schema whatever was sent, since providers accept only those."""
+    if isinstance(schema, bytes):
+        try:
+            schema = json.loads(schema) if schema else {}
+        except ValueError:
+            schema = {}
+        if not isinstance(schema, dict):
+            schema = {}
+    schema = {"type": "object", **schema}
+    return canonical_json(sorted_keys(schema))
 
 
 def tier_for(
@@ -146,12 +190,10 @@ def _first_line(text: str, limit: int) -> str:
 def _line_text(server: VisibleServer, tier: DisclosureTier, eager: list[str]) -> str:
     connection = server.connection
     count = len(server.permitted)
-    head = f"{connection.name} ({tier.value}, {count} tool{'s' if count != 1 else ''}"
-    if server.status.state is ConnectionState.UNREACHABLE:
-        head += ", UNREACHABLE: its calls fail until it reconnects"
-    elif server.status.state is ConnectionState.CONNECTING:
-        head += ", connecting"
-    head += ")"
+    # No connection state here: the roster sits in zone 2, and a state that flaps mid-turn is
+    # said in the transient message (see `status_note`), so the roster changes only when
+    # connections, tiers or permitted counts do.
+    head = f"{connection.name} ({tier.value}, {count} tool{'s' if count != 1 else ''})"
     description = one_line(connection.description, DESCRIPTION_PROMPT_CHARS)
     how = {
         DisclosureTier.DEFERRED: (
@@ -171,8 +213,21 @@ def _line_text(server: VisibleServer, tier: DisclosureTier, eager: list[str]) ->
     return f"{head}: {description} {how}" if description else f"{head}. {how}"
 
 
+def status_note(lines: Sequence[ServerLine], states: Mapping[str, ConnectionState]) -> str:
+    """One sentence per server of the turn's roster that is not connected right now (the
+    transient message's status part); empty when every one is."""
+    notes = []
+    for line in lines:
+        state = states.get(line.server, line.state)
+        if state is ConnectionState.UNREACHABLE:
+            notes.append(f"{line.server} is UNREACHABLE: its calls fail until it reconnects.")
+        elif state is ConnectionState.CONNECTING:
+            notes.append(f"{line.server} is still connecting.")
+    return "Tool server status: " + " ".join(notes) if notes else ""
+
+
 def _object_schema(properties: dict[str, Any], required: list[str]) -> bytes:
-    return canonical_json(
+    return canonical_schema(
         {
             "type": "object",
             "properties": properties,
@@ -311,6 +366,7 @@ def resolve_surface(servers: Sequence[VisibleServer], limits: DisclosureLimits) 
                 server.status.state,
                 len(server.permitted),
                 _line_text(server, tier, eager),
+                server.status.catalog_version,
             )
         )
     if servers:

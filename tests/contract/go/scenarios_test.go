@@ -283,7 +283,11 @@ func mcpCommands(sidecarPath string) (string, error) {
 		return "", err
 	}
 	commands, err := json.Marshal(map[string]any{
-		"fixture": map[string]any{"argv": []string{python, fixture, "stdio"}, "allow_extra_args": true},
+		"fixture": map[string]any{
+			"argv":             []string{python, fixture, "stdio"},
+			"allow_extra_args": true,
+			"allowed_env":      []string{"FIXTURE_*"},
+		},
 	})
 	return string(commands), err
 }

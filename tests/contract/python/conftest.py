@@ -63,7 +63,9 @@ def mcp_commands(command: list[str]) -> str:
     if not Path(python).exists():
         pytest.exit(f"no python beside {command[0]} to run the MCP fixture server", returncode=1)
     argv = [str(python), str(FIXTURE_SERVER), "stdio"]
-    return json.dumps({"fixture": {"argv": argv, "allow_extra_args": True}})
+    return json.dumps(
+        {"fixture": {"argv": argv, "allow_extra_args": True, "allowed_env": ["FIXTURE_*"]}}
+    )
 
 
 def free_loopback_port() -> int:

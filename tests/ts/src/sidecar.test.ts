@@ -1,8 +1,9 @@
 // Drives a real psych-sidecar process from TypeScript through the generated
-// @psych-sidecar/proto package, the way a Node agent host would: gRPC over
-// HTTP/2 on the sidecar's Unix socket (Connect's gRPC transport with a custom
-// http2 connection), waiting for health with a bounded timeout, with a
-// deadline on every call.
+// contract that @psych-sidecar/client ships (installed from its npm pack
+// tarball), the way a Node agent host would: gRPC over HTTP/2 on the sidecar's
+// Unix socket (Connect's gRPC transport with a custom http2 connection),
+// waiting for health (the generated grpc.health.v1 client) with a bounded
+// timeout, with a deadline on every call.
 //
 // The sidecar binary is $PSYCH_SIDECAR_BIN, or psych-sidecar on PATH.
 
@@ -15,86 +16,20 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { test } from "node:test";
 
-import { type Message, clone, create, createFileRegistry, equals } from "@bufbuild/protobuf";
-import type { GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { FieldDescriptorProto_Type, FileDescriptorProtoSchema } from "@bufbuild/protobuf/wkt";
+import { clone, create, equals } from "@bufbuild/protobuf";
 import { type Client, Code, ConnectError, type Transport, createClient } from "@connectrpc/connect";
 import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
 
-import { ErrorInfoSchema } from "@psych-sidecar/proto/google/rpc/error_details_pb";
-import { ErrorReasonSchema } from "@psych-sidecar/proto/psych/sidecar/v1/errors_pb";
-import { type Record, RecordSchema } from "@psych-sidecar/proto/psych/sidecar/v1/run_pb";
-import { RunService } from "@psych-sidecar/proto/psych/sidecar/v1/run_service_pb";
-import { SpecService } from "@psych-sidecar/proto/psych/sidecar/v1/spec_service_pb";
+import { ErrorInfoSchema } from "@psych-sidecar/client/proto/google/rpc/error_details_pb";
+import { Health, HealthCheckResponse_ServingStatus } from "@psych-sidecar/client/proto/grpc/health/v1/health_pb";
+import { ErrorReasonSchema } from "@psych-sidecar/client/proto/psych/sidecar/v1/errors_pb";
+import { type Record, RecordSchema } from "@psych-sidecar/client/proto/psych/sidecar/v1/run_pb";
+import { RunService } from "@psych-sidecar/client/proto/psych/sidecar/v1/run_service_pb";
+import { SpecService } from "@psych-sidecar/client/proto/psych/sidecar/v1/spec_service_pb";
 
 const READY_TIMEOUT_MS = 20_000;
 const CALL_TIMEOUT_MS = 10_000;
 const EXIT_TIMEOUT_MS = 20_000;
-
-// --- grpc.health.v1, described in place ----------------------------------
-// No npm package ships grpc.health.v1 for protobuf-es v2, and the contract
-// does not include it; its three-message shape is stable, so describe it here.
-
-type HealthCheckRequest = Message<"grpc.health.v1.HealthCheckRequest"> & { service: string };
-type HealthCheckResponse = Message<"grpc.health.v1.HealthCheckResponse"> & { status: number };
-const SERVING = 1;
-
-const healthRegistry = createFileRegistry(
-  create(FileDescriptorProtoSchema, {
-    name: "grpc/health/v1/health.proto",
-    package: "grpc.health.v1",
-    syntax: "proto3",
-    messageType: [
-      {
-        name: "HealthCheckRequest",
-        field: [{ name: "service", number: 1, type: FieldDescriptorProto_Type.STRING, jsonName: "service" }],
-      },
-      {
-        name: "HealthCheckResponse",
-        field: [
-          {
-            name: "status",
-            number: 1,
-            type: FieldDescriptorProto_Type.ENUM,
-            typeName: ".grpc.health.v1.HealthCheckResponse.ServingStatus",
-            jsonName: "status",
-          },
-        ],
-        enumType: [
-          {
-            name: "ServingStatus",
-            value: [
-              { name: "UNKNOWN", number: 0 },
-              { name: "SERVING", number: 1 },
-              { name: "NOT_SERVING", number: 2 },
-              { name: "SERVICE_UNKNOWN", number: 3 },
-            ],
-          },
-        ],
-      },
-    ],
-    service: [
-      {
-        name: "Health",
-        method: [
-          {
-            name: "Check",
-            inputType: ".grpc.health.v1.HealthCheckRequest",
-            outputType: ".grpc.health.v1.HealthCheckResponse",
-          },
-        ],
-      },
-    ],
-  }),
-  () => undefined,
-);
-const Health = healthRegistry.getService("grpc.health.v1.Health") as unknown as GenService<{
-  check: {
-    methodKind: "unary";
-    input: GenMessage<HealthCheckRequest>;
-    output: GenMessage<HealthCheckResponse>;
-  };
-}>;
 
 // --- the sidecar process ---------------------------------------------------
 
@@ -198,7 +133,7 @@ async function waitServing(sidecar: Sidecar): Promise<void> {
     }
     try {
       const res = await health.check({ service: "" }, { timeoutMs: 1000 });
-      if (res.status === SERVING) return;
+      if (res.status === HealthCheckResponse_ServingStatus.SERVING) return;
       last = `status ${res.status}`;
     } catch (err) {
       last = String(err);

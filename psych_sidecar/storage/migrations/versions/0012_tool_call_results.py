@@ -1,7 +1,7 @@
 """Tool calls answer their retries: append_requests keeps a tool call's MCP result JSON.
 
 Revision ID: 0012
-Revises: 0003
+Revises: 0006_issue16
 Create Date: 2026-11-30
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0003"
+down_revision: str | None = "0006_issue16"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -123,7 +123,9 @@ function mcpCommands(bin: string): string {
     throw new Error(`no python beside the sidecar program ${program ?? bin} to run the MCP fixture server`);
   }
   const fixture = resolve(CONTRACT_DIR, "..", "mcp_servers", "fixture_server.py");
-  return JSON.stringify({ fixture: { argv: [python, fixture, "stdio"], allow_extra_args: true } });
+  return JSON.stringify({
+    fixture: { argv: [python, fixture, "stdio"], allow_extra_args: true, allowed_env: ["FIXTURE_*"] },
+  });
 }
 
 /** psych-sidecar serve on one transport, SQLite in a temporary directory, waited for (bounded). */

@@ -173,8 +173,15 @@ type Connection struct {
 	StateTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=state_time,json=stateTime,proto3" json:"state_time,omitempty"`
 	// The newest catalogue version; 0 before the first successful listing.
 	CatalogVersion int64 `protobuf:"varint,13,opt,name=catalog_version,json=catalogVersion,proto3" json:"catalog_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What a stdio server last wrote to its stderr, as this sidecar's session
+	// saw it: at most the last 4 KiB (cut at a line start when it can be),
+	// decoded as UTF-8 with replacement, the connection's secrets replaced by
+	// REDACTED; kept across restarts of the process, so the output of one
+	// that crashed stays visible. Empty for HTTP servers and until a stdio
+	// server writes.
+	RecentOutput  string `protobuf:"bytes,14,opt,name=recent_output,json=recentOutput,proto3" json:"recent_output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Connection) Reset() {
@@ -309,6 +316,13 @@ func (x *Connection) GetCatalogVersion() int64 {
 	return 0
 }
 
+func (x *Connection) GetRecentOutput() string {
+	if x != nil {
+		return x.RecentOutput
+	}
+	return ""
+}
+
 type isConnection_Transport interface {
 	isConnection_Transport()
 }
@@ -337,6 +351,8 @@ type StdioTransport struct {
 	// Extra arguments, appended only if the operator's entry allows them.
 	Args []string `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
 	// Environment values for the process. Secret: never returned or logged.
+	// Only the names the operator's entry allows (its allowed_env) may be set;
+	// any other is PERMISSION_DENIED with reason COMMAND_NOT_ALLOWED.
 	Env           map[string]string `protobuf:"bytes,3,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -396,7 +412,9 @@ func (x *StdioTransport) GetEnv() map[string]string {
 // HttpTransport reaches a server over HTTP.
 type HttpTransport struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The endpoint, for example "http://127.0.0.1:3001/mcp".
+	// The endpoint, for example "http://127.0.0.1:3001/mcp". Returned with
+	// its user-info and every query value replaced by REDACTED: they may hold
+	// credentials, which are never returned or logged.
 	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
 	// HTTP headers sent with every request, such as authorization. Secret:
 	// never returned or logged.
@@ -458,6 +476,80 @@ func (x *HttpTransport) GetProtocol() HttpProtocol {
 	return HttpProtocol_HTTP_PROTOCOL_UNSPECIFIED
 }
 
+// CatalogVersion is one version of a connection's catalogue: written by a
+// refresh whose listing differed from the version before.
+type CatalogVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The version, 1 for the first listing, increasing by one per change.
+	CatalogVersion int64 `protobuf:"varint,1,opt,name=catalog_version,json=catalogVersion,proto3" json:"catalog_version,omitempty"`
+	// How many tools the listing had.
+	ToolCount int32 `protobuf:"varint,2,opt,name=tool_count,json=toolCount,proto3" json:"tool_count,omitempty"`
+	// The SHA-256 of the listing (lowercase hex): equal listings, equal hashes.
+	Sha256 string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// When the version was written.
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CatalogVersion) Reset() {
+	*x = CatalogVersion{}
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CatalogVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CatalogVersion) ProtoMessage() {}
+
+func (x *CatalogVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CatalogVersion.ProtoReflect.Descriptor instead.
+func (*CatalogVersion) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CatalogVersion) GetCatalogVersion() int64 {
+	if x != nil {
+		return x.CatalogVersion
+	}
+	return 0
+}
+
+func (x *CatalogVersion) GetToolCount() int32 {
+	if x != nil {
+		return x.ToolCount
+	}
+	return 0
+}
+
+func (x *CatalogVersion) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *CatalogVersion) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
 // CatalogTool is one tool of a connection's catalogue at one version.
 type CatalogTool struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -483,7 +575,7 @@ type CatalogTool struct {
 
 func (x *CatalogTool) Reset() {
 	*x = CatalogTool{}
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +587,7 @@ func (x *CatalogTool) String() string {
 func (*CatalogTool) ProtoMessage() {}
 
 func (x *CatalogTool) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +600,7 @@ func (x *CatalogTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatalogTool.ProtoReflect.Descriptor instead.
 func (*CatalogTool) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{3}
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CatalogTool) GetServer() string {
@@ -571,7 +663,7 @@ var File_psych_sidecar_v1_connection_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\n" +
-	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x04\n" +
+	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
 	"\n" +
 	"Connection\x12\x1c\n" +
 	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
@@ -592,7 +684,8 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"last_error\x18\v \x01(\tB\x04\xe2A\x01\x03R\tlastError\x12?\n" +
 	"\n" +
 	"state_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\tstateTime\x12-\n" +
-	"\x0fcatalog_version\x18\r \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersionB\v\n" +
+	"\x0fcatalog_version\x18\r \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersion\x12)\n" +
+	"\rrecent_output\x18\x0e \x01(\tB\x04\xe2A\x01\x03R\frecentOutputB\v\n" +
 	"\ttransportB\n" +
 	"\n" +
 	"\b_preload\"\xc5\x01\n" +
@@ -609,7 +702,14 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\bprotocol\x18\x03 \x01(\x0e2\x1e.psych.sidecar.v1.HttpProtocolB\x04\xe2A\x01\x02R\bprotocol\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
+	"\x0eCatalogVersion\x12-\n" +
+	"\x0fcatalog_version\x18\x01 \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersion\x12#\n" +
+	"\n" +
+	"tool_count\x18\x02 \x01(\x05B\x04\xe2A\x01\x03R\ttoolCount\x12\x1c\n" +
+	"\x06sha256\x18\x03 \x01(\tB\x04\xe2A\x01\x03R\x06sha256\x12A\n" +
+	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
+	"createTime\"\xb7\x02\n" +
 	"\vCatalogTool\x12\x16\n" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
@@ -643,31 +743,33 @@ func file_psych_sidecar_v1_connection_proto_rawDescGZIP() []byte {
 }
 
 var file_psych_sidecar_v1_connection_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_psych_sidecar_v1_connection_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_psych_sidecar_v1_connection_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_psych_sidecar_v1_connection_proto_goTypes = []any{
 	(HttpProtocol)(0),             // 0: psych.sidecar.v1.HttpProtocol
 	(ConnectionState)(0),          // 1: psych.sidecar.v1.ConnectionState
 	(*Connection)(nil),            // 2: psych.sidecar.v1.Connection
 	(*StdioTransport)(nil),        // 3: psych.sidecar.v1.StdioTransport
 	(*HttpTransport)(nil),         // 4: psych.sidecar.v1.HttpTransport
-	(*CatalogTool)(nil),           // 5: psych.sidecar.v1.CatalogTool
-	nil,                           // 6: psych.sidecar.v1.StdioTransport.EnvEntry
-	nil,                           // 7: psych.sidecar.v1.HttpTransport.HeadersEntry
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(*CatalogVersion)(nil),        // 5: psych.sidecar.v1.CatalogVersion
+	(*CatalogTool)(nil),           // 6: psych.sidecar.v1.CatalogTool
+	nil,                           // 7: psych.sidecar.v1.StdioTransport.EnvEntry
+	nil,                           // 8: psych.sidecar.v1.HttpTransport.HeadersEntry
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_connection_proto_depIdxs = []int32{
 	3, // 0: psych.sidecar.v1.Connection.stdio:type_name -> psych.sidecar.v1.StdioTransport
 	4, // 1: psych.sidecar.v1.Connection.http:type_name -> psych.sidecar.v1.HttpTransport
 	1, // 2: psych.sidecar.v1.Connection.state:type_name -> psych.sidecar.v1.ConnectionState
-	8, // 3: psych.sidecar.v1.Connection.state_time:type_name -> google.protobuf.Timestamp
-	6, // 4: psych.sidecar.v1.StdioTransport.env:type_name -> psych.sidecar.v1.StdioTransport.EnvEntry
-	7, // 5: psych.sidecar.v1.HttpTransport.headers:type_name -> psych.sidecar.v1.HttpTransport.HeadersEntry
+	9, // 3: psych.sidecar.v1.Connection.state_time:type_name -> google.protobuf.Timestamp
+	7, // 4: psych.sidecar.v1.StdioTransport.env:type_name -> psych.sidecar.v1.StdioTransport.EnvEntry
+	8, // 5: psych.sidecar.v1.HttpTransport.headers:type_name -> psych.sidecar.v1.HttpTransport.HeadersEntry
 	0, // 6: psych.sidecar.v1.HttpTransport.protocol:type_name -> psych.sidecar.v1.HttpProtocol
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	9, // 7: psych.sidecar.v1.CatalogVersion.create_time:type_name -> google.protobuf.Timestamp
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_connection_proto_init() }
@@ -685,7 +787,7 @@ func file_psych_sidecar_v1_connection_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_connection_proto_rawDesc), len(file_psych_sidecar_v1_connection_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -710,6 +710,135 @@ func (x *DiffCatalogResponse) GetRemoved() []*CatalogTool {
 	return nil
 }
 
+// ListCatalogVersionsRequest is the request of ConnectionService.ListCatalogVersions.
+type ListCatalogVersionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The connection's name.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// At most this many per page; 0 means 100, above 1000 is read as 1000.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of a previous call for the same connection; empty
+	// for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCatalogVersionsRequest) Reset() {
+	*x = ListCatalogVersionsRequest{}
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCatalogVersionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCatalogVersionsRequest) ProtoMessage() {}
+
+func (x *ListCatalogVersionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCatalogVersionsRequest.ProtoReflect.Descriptor instead.
+func (*ListCatalogVersionsRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListCatalogVersionsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListCatalogVersionsRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ListCatalogVersionsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListCatalogVersionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListCatalogVersionsResponse is the response of ConnectionService.ListCatalogVersions.
+type ListCatalogVersionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The versions, newest first.
+	Versions []*CatalogVersion `protobuf:"bytes,1,rep,name=versions,proto3" json:"versions,omitempty"`
+	// An opaque token for the next page; empty when this is the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCatalogVersionsResponse) Reset() {
+	*x = ListCatalogVersionsResponse{}
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCatalogVersionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCatalogVersionsResponse) ProtoMessage() {}
+
+func (x *ListCatalogVersionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCatalogVersionsResponse.ProtoReflect.Descriptor instead.
+func (*ListCatalogVersionsResponse) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListCatalogVersionsResponse) GetVersions() []*CatalogVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+func (x *ListCatalogVersionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_psych_sidecar_v1_connection_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_connection_service_proto_rawDesc = "" +
@@ -761,14 +890,24 @@ const file_psych_sidecar_v1_connection_service_proto_rawDesc = "" +
 	"\x13DiffCatalogResponse\x123\n" +
 	"\x05added\x18\x01 \x03(\v2\x1d.psych.sidecar.v1.CatalogToolR\x05added\x127\n" +
 	"\achanged\x18\x02 \x03(\v2\x1d.psych.sidecar.v1.CatalogToolR\achanged\x127\n" +
-	"\aremoved\x18\x03 \x03(\v2\x1d.psych.sidecar.v1.CatalogToolR\aremoved2\xf4\x04\n" +
+	"\aremoved\x18\x03 \x03(\v2\x1d.psych.sidecar.v1.CatalogToolR\aremoved\"\x9c\x01\n" +
+	"\x1aListCatalogVersionsRequest\x12\x1c\n" +
+	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
+	"\x04name\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12!\n" +
+	"\tpage_size\x18\x03 \x01(\x05B\x04\xe2A\x01\x01R\bpageSize\x12#\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\tpageToken\"\x83\x01\n" +
+	"\x1bListCatalogVersionsResponse\x12<\n" +
+	"\bversions\x18\x01 \x03(\v2 .psych.sidecar.v1.CatalogVersionR\bversions\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xe8\x05\n" +
 	"\x11ConnectionService\x12`\n" +
 	"\rPutConnection\x12&.psych.sidecar.v1.PutConnectionRequest\x1a'.psych.sidecar.v1.PutConnectionResponse\x12i\n" +
 	"\x10DeleteConnection\x12).psych.sidecar.v1.DeleteConnectionRequest\x1a*.psych.sidecar.v1.DeleteConnectionResponse\x12f\n" +
 	"\x0fListConnections\x12(.psych.sidecar.v1.ListConnectionsRequest\x1a).psych.sidecar.v1.ListConnectionsResponse\x12c\n" +
 	"\x0eRefreshCatalog\x12'.psych.sidecar.v1.RefreshCatalogRequest\x1a(.psych.sidecar.v1.RefreshCatalogResponse\x12i\n" +
 	"\x10ListCatalogTools\x12).psych.sidecar.v1.ListCatalogToolsRequest\x1a*.psych.sidecar.v1.ListCatalogToolsResponse\x12Z\n" +
-	"\vDiffCatalog\x12$.psych.sidecar.v1.DiffCatalogRequest\x1a%.psych.sidecar.v1.DiffCatalogResponseB\xc1\x01\n" +
+	"\vDiffCatalog\x12$.psych.sidecar.v1.DiffCatalogRequest\x1a%.psych.sidecar.v1.DiffCatalogResponse\x12r\n" +
+	"\x13ListCatalogVersions\x12,.psych.sidecar.v1.ListCatalogVersionsRequest\x1a-.psych.sidecar.v1.ListCatalogVersionsResponseB\xc1\x01\n" +
 	"\x14dev.psych.sidecar.v1B\x16ConnectionServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -783,48 +922,54 @@ func file_psych_sidecar_v1_connection_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_connection_service_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_connection_service_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_psych_sidecar_v1_connection_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_psych_sidecar_v1_connection_service_proto_goTypes = []any{
-	(*PutConnectionRequest)(nil),     // 0: psych.sidecar.v1.PutConnectionRequest
-	(*PutConnectionResponse)(nil),    // 1: psych.sidecar.v1.PutConnectionResponse
-	(*DeleteConnectionRequest)(nil),  // 2: psych.sidecar.v1.DeleteConnectionRequest
-	(*DeleteConnectionResponse)(nil), // 3: psych.sidecar.v1.DeleteConnectionResponse
-	(*ListConnectionsRequest)(nil),   // 4: psych.sidecar.v1.ListConnectionsRequest
-	(*ListConnectionsResponse)(nil),  // 5: psych.sidecar.v1.ListConnectionsResponse
-	(*RefreshCatalogRequest)(nil),    // 6: psych.sidecar.v1.RefreshCatalogRequest
-	(*RefreshCatalogResponse)(nil),   // 7: psych.sidecar.v1.RefreshCatalogResponse
-	(*ListCatalogToolsRequest)(nil),  // 8: psych.sidecar.v1.ListCatalogToolsRequest
-	(*ListCatalogToolsResponse)(nil), // 9: psych.sidecar.v1.ListCatalogToolsResponse
-	(*DiffCatalogRequest)(nil),       // 10: psych.sidecar.v1.DiffCatalogRequest
-	(*DiffCatalogResponse)(nil),      // 11: psych.sidecar.v1.DiffCatalogResponse
-	(*Connection)(nil),               // 12: psych.sidecar.v1.Connection
-	(*CatalogTool)(nil),              // 13: psych.sidecar.v1.CatalogTool
+	(*PutConnectionRequest)(nil),        // 0: psych.sidecar.v1.PutConnectionRequest
+	(*PutConnectionResponse)(nil),       // 1: psych.sidecar.v1.PutConnectionResponse
+	(*DeleteConnectionRequest)(nil),     // 2: psych.sidecar.v1.DeleteConnectionRequest
+	(*DeleteConnectionResponse)(nil),    // 3: psych.sidecar.v1.DeleteConnectionResponse
+	(*ListConnectionsRequest)(nil),      // 4: psych.sidecar.v1.ListConnectionsRequest
+	(*ListConnectionsResponse)(nil),     // 5: psych.sidecar.v1.ListConnectionsResponse
+	(*RefreshCatalogRequest)(nil),       // 6: psych.sidecar.v1.RefreshCatalogRequest
+	(*RefreshCatalogResponse)(nil),      // 7: psych.sidecar.v1.RefreshCatalogResponse
+	(*ListCatalogToolsRequest)(nil),     // 8: psych.sidecar.v1.ListCatalogToolsRequest
+	(*ListCatalogToolsResponse)(nil),    // 9: psych.sidecar.v1.ListCatalogToolsResponse
+	(*DiffCatalogRequest)(nil),          // 10: psych.sidecar.v1.DiffCatalogRequest
+	(*DiffCatalogResponse)(nil),         // 11: psych.sidecar.v1.DiffCatalogResponse
+	(*ListCatalogVersionsRequest)(nil),  // 12: psych.sidecar.v1.ListCatalogVersionsRequest
+	(*ListCatalogVersionsResponse)(nil), // 13: psych.sidecar.v1.ListCatalogVersionsResponse
+	(*Connection)(nil),                  // 14: psych.sidecar.v1.Connection
+	(*CatalogTool)(nil),                 // 15: psych.sidecar.v1.CatalogTool
+	(*CatalogVersion)(nil),              // 16: psych.sidecar.v1.CatalogVersion
 }
 var file_psych_sidecar_v1_connection_service_proto_depIdxs = []int32{
-	12, // 0: psych.sidecar.v1.PutConnectionRequest.connection:type_name -> psych.sidecar.v1.Connection
-	12, // 1: psych.sidecar.v1.PutConnectionResponse.connection:type_name -> psych.sidecar.v1.Connection
-	12, // 2: psych.sidecar.v1.ListConnectionsResponse.connections:type_name -> psych.sidecar.v1.Connection
-	13, // 3: psych.sidecar.v1.ListCatalogToolsResponse.tools:type_name -> psych.sidecar.v1.CatalogTool
-	13, // 4: psych.sidecar.v1.DiffCatalogResponse.added:type_name -> psych.sidecar.v1.CatalogTool
-	13, // 5: psych.sidecar.v1.DiffCatalogResponse.changed:type_name -> psych.sidecar.v1.CatalogTool
-	13, // 6: psych.sidecar.v1.DiffCatalogResponse.removed:type_name -> psych.sidecar.v1.CatalogTool
-	0,  // 7: psych.sidecar.v1.ConnectionService.PutConnection:input_type -> psych.sidecar.v1.PutConnectionRequest
-	2,  // 8: psych.sidecar.v1.ConnectionService.DeleteConnection:input_type -> psych.sidecar.v1.DeleteConnectionRequest
-	4,  // 9: psych.sidecar.v1.ConnectionService.ListConnections:input_type -> psych.sidecar.v1.ListConnectionsRequest
-	6,  // 10: psych.sidecar.v1.ConnectionService.RefreshCatalog:input_type -> psych.sidecar.v1.RefreshCatalogRequest
-	8,  // 11: psych.sidecar.v1.ConnectionService.ListCatalogTools:input_type -> psych.sidecar.v1.ListCatalogToolsRequest
-	10, // 12: psych.sidecar.v1.ConnectionService.DiffCatalog:input_type -> psych.sidecar.v1.DiffCatalogRequest
-	1,  // 13: psych.sidecar.v1.ConnectionService.PutConnection:output_type -> psych.sidecar.v1.PutConnectionResponse
-	3,  // 14: psych.sidecar.v1.ConnectionService.DeleteConnection:output_type -> psych.sidecar.v1.DeleteConnectionResponse
-	5,  // 15: psych.sidecar.v1.ConnectionService.ListConnections:output_type -> psych.sidecar.v1.ListConnectionsResponse
-	7,  // 16: psych.sidecar.v1.ConnectionService.RefreshCatalog:output_type -> psych.sidecar.v1.RefreshCatalogResponse
-	9,  // 17: psych.sidecar.v1.ConnectionService.ListCatalogTools:output_type -> psych.sidecar.v1.ListCatalogToolsResponse
-	11, // 18: psych.sidecar.v1.ConnectionService.DiffCatalog:output_type -> psych.sidecar.v1.DiffCatalogResponse
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	14, // 0: psych.sidecar.v1.PutConnectionRequest.connection:type_name -> psych.sidecar.v1.Connection
+	14, // 1: psych.sidecar.v1.PutConnectionResponse.connection:type_name -> psych.sidecar.v1.Connection
+	14, // 2: psych.sidecar.v1.ListConnectionsResponse.connections:type_name -> psych.sidecar.v1.Connection
+	15, // 3: psych.sidecar.v1.ListCatalogToolsResponse.tools:type_name -> psych.sidecar.v1.CatalogTool
+	15, // 4: psych.sidecar.v1.DiffCatalogResponse.added:type_name -> psych.sidecar.v1.CatalogTool
+	15, // 5: psych.sidecar.v1.DiffCatalogResponse.changed:type_name -> psych.sidecar.v1.CatalogTool
+	15, // 6: psych.sidecar.v1.DiffCatalogResponse.removed:type_name -> psych.sidecar.v1.CatalogTool
+	16, // 7: psych.sidecar.v1.ListCatalogVersionsResponse.versions:type_name -> psych.sidecar.v1.CatalogVersion
+	0,  // 8: psych.sidecar.v1.ConnectionService.PutConnection:input_type -> psych.sidecar.v1.PutConnectionRequest
+	2,  // 9: psych.sidecar.v1.ConnectionService.DeleteConnection:input_type -> psych.sidecar.v1.DeleteConnectionRequest
+	4,  // 10: psych.sidecar.v1.ConnectionService.ListConnections:input_type -> psych.sidecar.v1.ListConnectionsRequest
+	6,  // 11: psych.sidecar.v1.ConnectionService.RefreshCatalog:input_type -> psych.sidecar.v1.RefreshCatalogRequest
+	8,  // 12: psych.sidecar.v1.ConnectionService.ListCatalogTools:input_type -> psych.sidecar.v1.ListCatalogToolsRequest
+	10, // 13: psych.sidecar.v1.ConnectionService.DiffCatalog:input_type -> psych.sidecar.v1.DiffCatalogRequest
+	12, // 14: psych.sidecar.v1.ConnectionService.ListCatalogVersions:input_type -> psych.sidecar.v1.ListCatalogVersionsRequest
+	1,  // 15: psych.sidecar.v1.ConnectionService.PutConnection:output_type -> psych.sidecar.v1.PutConnectionResponse
+	3,  // 16: psych.sidecar.v1.ConnectionService.DeleteConnection:output_type -> psych.sidecar.v1.DeleteConnectionResponse
+	5,  // 17: psych.sidecar.v1.ConnectionService.ListConnections:output_type -> psych.sidecar.v1.ListConnectionsResponse
+	7,  // 18: psych.sidecar.v1.ConnectionService.RefreshCatalog:output_type -> psych.sidecar.v1.RefreshCatalogResponse
+	9,  // 19: psych.sidecar.v1.ConnectionService.ListCatalogTools:output_type -> psych.sidecar.v1.ListCatalogToolsResponse
+	11, // 20: psych.sidecar.v1.ConnectionService.DiffCatalog:output_type -> psych.sidecar.v1.DiffCatalogResponse
+	13, // 21: psych.sidecar.v1.ConnectionService.ListCatalogVersions:output_type -> psych.sidecar.v1.ListCatalogVersionsResponse
+	15, // [15:22] is the sub-list for method output_type
+	8,  // [8:15] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_connection_service_proto_init() }
@@ -839,7 +984,7 @@ func file_psych_sidecar_v1_connection_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_connection_service_proto_rawDesc), len(file_psych_sidecar_v1_connection_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ConnectionService_PutConnection_FullMethodName    = "/psych.sidecar.v1.ConnectionService/PutConnection"
-	ConnectionService_DeleteConnection_FullMethodName = "/psych.sidecar.v1.ConnectionService/DeleteConnection"
-	ConnectionService_ListConnections_FullMethodName  = "/psych.sidecar.v1.ConnectionService/ListConnections"
-	ConnectionService_RefreshCatalog_FullMethodName   = "/psych.sidecar.v1.ConnectionService/RefreshCatalog"
-	ConnectionService_ListCatalogTools_FullMethodName = "/psych.sidecar.v1.ConnectionService/ListCatalogTools"
-	ConnectionService_DiffCatalog_FullMethodName      = "/psych.sidecar.v1.ConnectionService/DiffCatalog"
+	ConnectionService_PutConnection_FullMethodName       = "/psych.sidecar.v1.ConnectionService/PutConnection"
+	ConnectionService_DeleteConnection_FullMethodName    = "/psych.sidecar.v1.ConnectionService/DeleteConnection"
+	ConnectionService_ListConnections_FullMethodName     = "/psych.sidecar.v1.ConnectionService/ListConnections"
+	ConnectionService_RefreshCatalog_FullMethodName      = "/psych.sidecar.v1.ConnectionService/RefreshCatalog"
+	ConnectionService_ListCatalogTools_FullMethodName    = "/psych.sidecar.v1.ConnectionService/ListCatalogTools"
+	ConnectionService_DiffCatalog_FullMethodName         = "/psych.sidecar.v1.ConnectionService/DiffCatalog"
+	ConnectionService_ListCatalogVersions_FullMethodName = "/psych.sidecar.v1.ConnectionService/ListCatalogVersions"
 )
 
 // ConnectionServiceClient is the client API for ConnectionService service.
@@ -50,6 +51,9 @@ type ConnectionServiceClient interface {
 	ListCatalogTools(ctx context.Context, in *ListCatalogToolsRequest, opts ...grpc.CallOption) (*ListCatalogToolsResponse, error)
 	// DiffCatalog compares two catalogue versions of a connection.
 	DiffCatalog(ctx context.Context, in *DiffCatalogRequest, opts ...grpc.CallOption) (*DiffCatalogResponse, error)
+	// ListCatalogVersions pages through a connection's catalogue versions,
+	// newest first (a deleted connection's too). Read-only.
+	ListCatalogVersions(ctx context.Context, in *ListCatalogVersionsRequest, opts ...grpc.CallOption) (*ListCatalogVersionsResponse, error)
 }
 
 type connectionServiceClient struct {
@@ -120,6 +124,16 @@ func (c *connectionServiceClient) DiffCatalog(ctx context.Context, in *DiffCatal
 	return out, nil
 }
 
+func (c *connectionServiceClient) ListCatalogVersions(ctx context.Context, in *ListCatalogVersionsRequest, opts ...grpc.CallOption) (*ListCatalogVersionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCatalogVersionsResponse)
+	err := c.cc.Invoke(ctx, ConnectionService_ListCatalogVersions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ConnectionServiceServer is the server API for ConnectionService service.
 // All implementations must embed UnimplementedConnectionServiceServer
 // for forward compatibility.
@@ -143,6 +157,9 @@ type ConnectionServiceServer interface {
 	ListCatalogTools(context.Context, *ListCatalogToolsRequest) (*ListCatalogToolsResponse, error)
 	// DiffCatalog compares two catalogue versions of a connection.
 	DiffCatalog(context.Context, *DiffCatalogRequest) (*DiffCatalogResponse, error)
+	// ListCatalogVersions pages through a connection's catalogue versions,
+	// newest first (a deleted connection's too). Read-only.
+	ListCatalogVersions(context.Context, *ListCatalogVersionsRequest) (*ListCatalogVersionsResponse, error)
 	mustEmbedUnimplementedConnectionServiceServer()
 }
 
@@ -170,6 +187,9 @@ func (UnimplementedConnectionServiceServer) ListCatalogTools(context.Context, *L
 }
 func (UnimplementedConnectionServiceServer) DiffCatalog(context.Context, *DiffCatalogRequest) (*DiffCatalogResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DiffCatalog not implemented")
+}
+func (UnimplementedConnectionServiceServer) ListCatalogVersions(context.Context, *ListCatalogVersionsRequest) (*ListCatalogVersionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListCatalogVersions not implemented")
 }
 func (UnimplementedConnectionServiceServer) mustEmbedUnimplementedConnectionServiceServer() {}
 func (UnimplementedConnectionServiceServer) testEmbeddedByValue()                           {}
@@ -300,6 +320,24 @@ func _ConnectionService_DiffCatalog_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ConnectionService_ListCatalogVersions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCatalogVersionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ConnectionServiceServer).ListCatalogVersions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ConnectionService_ListCatalogVersions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ConnectionServiceServer).ListCatalogVersions(ctx, req.(*ListCatalogVersionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ConnectionService_ServiceDesc is the grpc.ServiceDesc for ConnectionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -330,6 +368,10 @@ var ConnectionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DiffCatalog",
 			Handler:    _ConnectionService_DiffCatalog_Handler,
+		},
+		{
+			MethodName: "ListCatalogVersions",
+			Handler:    _ConnectionService_ListCatalogVersions_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

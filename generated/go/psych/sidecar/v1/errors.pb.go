@@ -100,6 +100,21 @@ const (
 	// trace; the sidecar's log holds it under the correlation id.
 	// Status INTERNAL. Metadata: `correlation_id`.
 	ErrorReason_ERROR_REASON_INTERNAL ErrorReason = 16
+	// A grep pattern is valid RE2 but too costly to run: its compiled program
+	// is larger than the sidecar accepts, or the result holds a line too long
+	// for a pattern of that size to be matched in bounded time. Simplify the
+	// pattern (fewer repetitions, narrower character classes) or read by
+	// offset. Status INVALID_ARGUMENT. Metadata: `field`, `detail`.
+	ErrorReason_ERROR_REASON_PATTERN_TOO_COMPLEX ErrorReason = 17
+	// AssemblePrompt cannot fit the prompt in the model's context window
+	// (less the output reserve) even with every current-turn result elided:
+	// what is left (tools, system prompt, history, the transient message) is
+	// too large on its own. Nothing is sent that the provider would reject.
+	// Status RESOURCE_EXHAUSTED. Metadata: `estimated_tokens` (the smallest
+	// prompt the guard could make), `context_window_tokens`,
+	// `output_reserve_tokens`, `budget_tokens` (window less reserve),
+	// `full_estimated_tokens` (with the current turn in full).
+	ErrorReason_ERROR_REASON_CONTEXT_BUDGET_EXCEEDED ErrorReason = 19
 	// The database could not be used just now: unreachable, restarting, locked
 	// by another writer past the busy timeout, or a transaction that lost a
 	// serialization conflict. Nothing of the request was stored (a commit whose
@@ -136,6 +151,8 @@ var (
 		14: "ERROR_REASON_PATTERN_INVALID",
 		15: "ERROR_REASON_NOT_IMPLEMENTED",
 		16: "ERROR_REASON_INTERNAL",
+		17: "ERROR_REASON_PATTERN_TOO_COMPLEX",
+		19: "ERROR_REASON_CONTEXT_BUDGET_EXCEEDED",
 		18: "ERROR_REASON_STORAGE_UNAVAILABLE",
 		22: "ERROR_REASON_SHUTTING_DOWN",
 	}
@@ -157,6 +174,8 @@ var (
 		"ERROR_REASON_PATTERN_INVALID":            14,
 		"ERROR_REASON_NOT_IMPLEMENTED":            15,
 		"ERROR_REASON_INTERNAL":                   16,
+		"ERROR_REASON_PATTERN_TOO_COMPLEX":        17,
+		"ERROR_REASON_CONTEXT_BUDGET_EXCEEDED":    19,
 		"ERROR_REASON_STORAGE_UNAVAILABLE":        18,
 		"ERROR_REASON_SHUTTING_DOWN":              22,
 	}
@@ -193,7 +212,7 @@ var File_psych_sidecar_v1_errors_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xb9\x05\n" +
+	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\x89\x06\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_REASON_FIELD_REQUIRED\x10\x01\x12\x1e\n" +
@@ -213,6 +232,8 @@ const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\x1cERROR_REASON_PATTERN_INVALID\x10\x0e\x12 \n" +
 	"\x1cERROR_REASON_NOT_IMPLEMENTED\x10\x0f\x12\x19\n" +
 	"\x15ERROR_REASON_INTERNAL\x10\x10\x12$\n" +
+	" ERROR_REASON_PATTERN_TOO_COMPLEX\x10\x11\x12(\n" +
+	"$ERROR_REASON_CONTEXT_BUDGET_EXCEEDED\x10\x13\x12$\n" +
 	" ERROR_REASON_STORAGE_UNAVAILABLE\x10\x12\x12\x1e\n" +
 	"\x1aERROR_REASON_SHUTTING_DOWN\x10\x16B\xb6\x01\n" +
 	"\x14dev.psych.sidecar.v1B\vErrorsProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"

@@ -534,6 +534,126 @@ func (x *ListRecordsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// ListRunsRequest is the request of RunService.ListRuns.
+type ListRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant whose Runs are listed. 1–128 characters of [A-Za-z0-9._-].
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// At most this many per page; 0 means 100, above 1000 is read as 1000.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of a previous call for the same tenant; empty for
+	// the first page. A token of another tenant is FIELD_INVALID.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRunsRequest) Reset() {
+	*x = ListRunsRequest{}
+	mi := &file_psych_sidecar_v1_run_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRunsRequest) ProtoMessage() {}
+
+func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_run_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
+func (*ListRunsRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_run_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ListRunsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListRunsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRunsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListRunsResponse is the response of RunService.ListRuns.
+type ListRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant's Runs, newest first (by create_time, then run_id).
+	Runs []*Run `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
+	// An opaque token for the next page; empty when this is the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRunsResponse) Reset() {
+	*x = ListRunsResponse{}
+	mi := &file_psych_sidecar_v1_run_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRunsResponse) ProtoMessage() {}
+
+func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_run_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
+func (*ListRunsResponse) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_run_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListRunsResponse) GetRuns() []*Run {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *ListRunsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_psych_sidecar_v1_run_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_run_service_proto_rawDesc = "" +
@@ -568,13 +688,22 @@ const file_psych_sidecar_v1_run_service_proto_rawDesc = "" +
 	"\x05kinds\x18\x04 \x03(\x0e2\x1c.psych.sidecar.v1.RecordKindB\x04\xe2A\x01\x01R\x05kinds\"q\n" +
 	"\x13ListRecordsResponse\x122\n" +
 	"\arecords\x18\x01 \x03(\v2\x18.psych.sidecar.v1.RecordR\arecords\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xed\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"w\n" +
+	"\x0fListRunsRequest\x12\x1c\n" +
+	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12!\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\x04\xe2A\x01\x01R\bpageSize\x12#\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\tpageToken\"e\n" +
+	"\x10ListRunsResponse\x12)\n" +
+	"\x04runs\x18\x01 \x03(\v2\x15.psych.sidecar.v1.RunR\x04runs\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xc0\x03\n" +
 	"\n" +
 	"RunService\x12T\n" +
 	"\tCreateRun\x12\".psych.sidecar.v1.CreateRunRequest\x1a#.psych.sidecar.v1.CreateRunResponse\x12K\n" +
 	"\x06GetRun\x12\x1f.psych.sidecar.v1.GetRunRequest\x1a .psych.sidecar.v1.GetRunResponse\x12`\n" +
 	"\rAppendRecords\x12&.psych.sidecar.v1.AppendRecordsRequest\x1a'.psych.sidecar.v1.AppendRecordsResponse\x12Z\n" +
-	"\vListRecords\x12$.psych.sidecar.v1.ListRecordsRequest\x1a%.psych.sidecar.v1.ListRecordsResponseB\xba\x01\n" +
+	"\vListRecords\x12$.psych.sidecar.v1.ListRecordsRequest\x1a%.psych.sidecar.v1.ListRecordsResponse\x12Q\n" +
+	"\bListRuns\x12!.psych.sidecar.v1.ListRunsRequest\x1a\".psych.sidecar.v1.ListRunsResponseB\xba\x01\n" +
 	"\x14dev.psych.sidecar.v1B\x0fRunServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -589,7 +718,7 @@ func file_psych_sidecar_v1_run_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_run_service_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_psych_sidecar_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_psych_sidecar_v1_run_service_proto_goTypes = []any{
 	(*CreateRunRequest)(nil),      // 0: psych.sidecar.v1.CreateRunRequest
 	(*CreateRunResponse)(nil),     // 1: psych.sidecar.v1.CreateRunResponse
@@ -600,32 +729,37 @@ var file_psych_sidecar_v1_run_service_proto_goTypes = []any{
 	(*AppendedRecord)(nil),        // 6: psych.sidecar.v1.AppendedRecord
 	(*ListRecordsRequest)(nil),    // 7: psych.sidecar.v1.ListRecordsRequest
 	(*ListRecordsResponse)(nil),   // 8: psych.sidecar.v1.ListRecordsResponse
-	(*ToolGrant)(nil),             // 9: psych.sidecar.v1.ToolGrant
-	(*Run)(nil),                   // 10: psych.sidecar.v1.Run
-	(*Record)(nil),                // 11: psych.sidecar.v1.Record
-	(RecordKind)(0),               // 12: psych.sidecar.v1.RecordKind
+	(*ListRunsRequest)(nil),       // 9: psych.sidecar.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 10: psych.sidecar.v1.ListRunsResponse
+	(*ToolGrant)(nil),             // 11: psych.sidecar.v1.ToolGrant
+	(*Run)(nil),                   // 12: psych.sidecar.v1.Run
+	(*Record)(nil),                // 13: psych.sidecar.v1.Record
+	(RecordKind)(0),               // 14: psych.sidecar.v1.RecordKind
 }
 var file_psych_sidecar_v1_run_service_proto_depIdxs = []int32{
-	9,  // 0: psych.sidecar.v1.CreateRunRequest.tool_restrictions:type_name -> psych.sidecar.v1.ToolGrant
-	10, // 1: psych.sidecar.v1.CreateRunResponse.run:type_name -> psych.sidecar.v1.Run
-	10, // 2: psych.sidecar.v1.GetRunResponse.run:type_name -> psych.sidecar.v1.Run
-	11, // 3: psych.sidecar.v1.AppendRecordsRequest.records:type_name -> psych.sidecar.v1.Record
+	11, // 0: psych.sidecar.v1.CreateRunRequest.tool_restrictions:type_name -> psych.sidecar.v1.ToolGrant
+	12, // 1: psych.sidecar.v1.CreateRunResponse.run:type_name -> psych.sidecar.v1.Run
+	12, // 2: psych.sidecar.v1.GetRunResponse.run:type_name -> psych.sidecar.v1.Run
+	13, // 3: psych.sidecar.v1.AppendRecordsRequest.records:type_name -> psych.sidecar.v1.Record
 	6,  // 4: psych.sidecar.v1.AppendRecordsResponse.records:type_name -> psych.sidecar.v1.AppendedRecord
-	12, // 5: psych.sidecar.v1.ListRecordsRequest.kinds:type_name -> psych.sidecar.v1.RecordKind
-	11, // 6: psych.sidecar.v1.ListRecordsResponse.records:type_name -> psych.sidecar.v1.Record
-	0,  // 7: psych.sidecar.v1.RunService.CreateRun:input_type -> psych.sidecar.v1.CreateRunRequest
-	2,  // 8: psych.sidecar.v1.RunService.GetRun:input_type -> psych.sidecar.v1.GetRunRequest
-	4,  // 9: psych.sidecar.v1.RunService.AppendRecords:input_type -> psych.sidecar.v1.AppendRecordsRequest
-	7,  // 10: psych.sidecar.v1.RunService.ListRecords:input_type -> psych.sidecar.v1.ListRecordsRequest
-	1,  // 11: psych.sidecar.v1.RunService.CreateRun:output_type -> psych.sidecar.v1.CreateRunResponse
-	3,  // 12: psych.sidecar.v1.RunService.GetRun:output_type -> psych.sidecar.v1.GetRunResponse
-	5,  // 13: psych.sidecar.v1.RunService.AppendRecords:output_type -> psych.sidecar.v1.AppendRecordsResponse
-	8,  // 14: psych.sidecar.v1.RunService.ListRecords:output_type -> psych.sidecar.v1.ListRecordsResponse
-	11, // [11:15] is the sub-list for method output_type
-	7,  // [7:11] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	14, // 5: psych.sidecar.v1.ListRecordsRequest.kinds:type_name -> psych.sidecar.v1.RecordKind
+	13, // 6: psych.sidecar.v1.ListRecordsResponse.records:type_name -> psych.sidecar.v1.Record
+	12, // 7: psych.sidecar.v1.ListRunsResponse.runs:type_name -> psych.sidecar.v1.Run
+	0,  // 8: psych.sidecar.v1.RunService.CreateRun:input_type -> psych.sidecar.v1.CreateRunRequest
+	2,  // 9: psych.sidecar.v1.RunService.GetRun:input_type -> psych.sidecar.v1.GetRunRequest
+	4,  // 10: psych.sidecar.v1.RunService.AppendRecords:input_type -> psych.sidecar.v1.AppendRecordsRequest
+	7,  // 11: psych.sidecar.v1.RunService.ListRecords:input_type -> psych.sidecar.v1.ListRecordsRequest
+	9,  // 12: psych.sidecar.v1.RunService.ListRuns:input_type -> psych.sidecar.v1.ListRunsRequest
+	1,  // 13: psych.sidecar.v1.RunService.CreateRun:output_type -> psych.sidecar.v1.CreateRunResponse
+	3,  // 14: psych.sidecar.v1.RunService.GetRun:output_type -> psych.sidecar.v1.GetRunResponse
+	5,  // 15: psych.sidecar.v1.RunService.AppendRecords:output_type -> psych.sidecar.v1.AppendRecordsResponse
+	8,  // 16: psych.sidecar.v1.RunService.ListRecords:output_type -> psych.sidecar.v1.ListRecordsResponse
+	10, // 17: psych.sidecar.v1.RunService.ListRuns:output_type -> psych.sidecar.v1.ListRunsResponse
+	13, // [13:18] is the sub-list for method output_type
+	8,  // [8:13] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_run_service_proto_init() }
@@ -641,7 +775,7 @@ func file_psych_sidecar_v1_run_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_run_service_proto_rawDesc), len(file_psych_sidecar_v1_run_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

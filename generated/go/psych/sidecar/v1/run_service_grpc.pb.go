@@ -23,6 +23,7 @@ const (
 	RunService_GetRun_FullMethodName        = "/psych.sidecar.v1.RunService/GetRun"
 	RunService_AppendRecords_FullMethodName = "/psych.sidecar.v1.RunService/AppendRecords"
 	RunService_ListRecords_FullMethodName   = "/psych.sidecar.v1.RunService/ListRecords"
+	RunService_ListRuns_FullMethodName      = "/psych.sidecar.v1.RunService/ListRuns"
 )
 
 // RunServiceClient is the client API for RunService service.
@@ -41,6 +42,9 @@ type RunServiceClient interface {
 	AppendRecords(ctx context.Context, in *AppendRecordsRequest, opts ...grpc.CallOption) (*AppendRecordsResponse, error)
 	// ListRecords pages through a Run's log in sequence order, full content.
 	ListRecords(ctx context.Context, in *ListRecordsRequest, opts ...grpc.CallOption) (*ListRecordsResponse, error)
+	// ListRuns pages through a tenant's Runs, newest first. Read-only; for
+	// operators' tools such as `psych-sidecar inspect`.
+	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
 }
 
 type runServiceClient struct {
@@ -91,6 +95,16 @@ func (c *runServiceClient) ListRecords(ctx context.Context, in *ListRecordsReque
 	return out, nil
 }
 
+func (c *runServiceClient) ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRunsResponse)
+	err := c.cc.Invoke(ctx, RunService_ListRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RunServiceServer is the server API for RunService service.
 // All implementations must embed UnimplementedRunServiceServer
 // for forward compatibility.
@@ -107,6 +121,9 @@ type RunServiceServer interface {
 	AppendRecords(context.Context, *AppendRecordsRequest) (*AppendRecordsResponse, error)
 	// ListRecords pages through a Run's log in sequence order, full content.
 	ListRecords(context.Context, *ListRecordsRequest) (*ListRecordsResponse, error)
+	// ListRuns pages through a tenant's Runs, newest first. Read-only; for
+	// operators' tools such as `psych-sidecar inspect`.
+	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
 	mustEmbedUnimplementedRunServiceServer()
 }
 
@@ -128,6 +145,9 @@ func (UnimplementedRunServiceServer) AppendRecords(context.Context, *AppendRecor
 }
 func (UnimplementedRunServiceServer) ListRecords(context.Context, *ListRecordsRequest) (*ListRecordsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRecords not implemented")
+}
+func (UnimplementedRunServiceServer) ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRuns not implemented")
 }
 func (UnimplementedRunServiceServer) mustEmbedUnimplementedRunServiceServer() {}
 func (UnimplementedRunServiceServer) testEmbeddedByValue()                    {}
@@ -222,6 +242,24 @@ func _RunService_ListRecords_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RunService_ListRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).ListRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_ListRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).ListRuns(ctx, req.(*ListRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RunService_ServiceDesc is the grpc.ServiceDesc for RunService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -244,6 +282,10 @@ var RunService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRecords",
 			Handler:    _RunService_ListRecords_Handler,
+		},
+		{
+			MethodName: "ListRuns",
+			Handler:    _RunService_ListRuns_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

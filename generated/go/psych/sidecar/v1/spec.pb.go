@@ -53,7 +53,12 @@ type Spec struct {
 	// grant matches it; no grants means no MCP tools.
 	Grants []*ToolGrant `protobuf:"bytes,9,rep,name=grants,proto3" json:"grants,omitempty"`
 	// When this version was published.
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The model's context window and the room kept for its answer: the
+	// context guard of AssemblePrompt keeps every prompt inside them. Unset
+	// fields take the documented defaults; AssemblePrompt may override them
+	// per call.
+	ContextBudget *ContextBudget `protobuf:"bytes,11,opt,name=context_budget,json=contextBudget,proto3" json:"context_budget,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -158,6 +163,72 @@ func (x *Spec) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Spec) GetContextBudget() *ContextBudget {
+	if x != nil {
+		return x.ContextBudget
+	}
+	return nil
+}
+
+// ContextBudget is the room a prompt has: the model's context window, less
+// what is kept free for the model's output. Counted in estimated tokens
+// (the sidecar's cheap estimator: UTF-8 bytes / 4 of the request body).
+type ContextBudget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model's context window. Default 200000. Must be greater than 0 and
+	// than output_reserve_tokens.
+	ContextWindowTokens *int64 `protobuf:"varint,1,opt,name=context_window_tokens,json=contextWindowTokens,proto3,oneof" json:"context_window_tokens,omitempty"`
+	// Tokens kept free for the model's output. Default: the request's
+	// max_tokens (4096 when unset). Must not be negative.
+	OutputReserveTokens *int64 `protobuf:"varint,2,opt,name=output_reserve_tokens,json=outputReserveTokens,proto3,oneof" json:"output_reserve_tokens,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *ContextBudget) Reset() {
+	*x = ContextBudget{}
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContextBudget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContextBudget) ProtoMessage() {}
+
+func (x *ContextBudget) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContextBudget.ProtoReflect.Descriptor instead.
+func (*ContextBudget) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ContextBudget) GetContextWindowTokens() int64 {
+	if x != nil && x.ContextWindowTokens != nil {
+		return *x.ContextWindowTokens
+	}
+	return 0
+}
+
+func (x *ContextBudget) GetOutputReserveTokens() int64 {
+	if x != nil && x.OutputReserveTokens != nil {
+		return *x.OutputReserveTokens
+	}
+	return 0
+}
+
 // Skill is one entry of the skills index.
 type Skill struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -173,7 +244,7 @@ type Skill struct {
 
 func (x *Skill) Reset() {
 	*x = Skill{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -185,7 +256,7 @@ func (x *Skill) String() string {
 func (*Skill) ProtoMessage() {}
 
 func (x *Skill) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -198,7 +269,7 @@ func (x *Skill) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Skill.ProtoReflect.Descriptor instead.
 func (*Skill) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{1}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Skill) GetName() string {
@@ -235,7 +306,7 @@ type Subagent struct {
 
 func (x *Subagent) Reset() {
 	*x = Subagent{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +318,7 @@ func (x *Subagent) String() string {
 func (*Subagent) ProtoMessage() {}
 
 func (x *Subagent) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +331,7 @@ func (x *Subagent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subagent.ProtoReflect.Descriptor instead.
 func (*Subagent) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{2}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Subagent) GetName() string {
@@ -300,7 +371,7 @@ type Thresholds struct {
 
 func (x *Thresholds) Reset() {
 	*x = Thresholds{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +383,7 @@ func (x *Thresholds) String() string {
 func (*Thresholds) ProtoMessage() {}
 
 func (x *Thresholds) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +396,7 @@ func (x *Thresholds) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Thresholds.ProtoReflect.Descriptor instead.
 func (*Thresholds) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{3}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Thresholds) GetPerResultTokens() int64 {
@@ -384,7 +455,7 @@ type DisclosureSettings struct {
 
 func (x *DisclosureSettings) Reset() {
 	*x = DisclosureSettings{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +467,7 @@ func (x *DisclosureSettings) String() string {
 func (*DisclosureSettings) ProtoMessage() {}
 
 func (x *DisclosureSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +480,7 @@ func (x *DisclosureSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisclosureSettings.ProtoReflect.Descriptor instead.
 func (*DisclosureSettings) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{4}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DisclosureSettings) GetAutoPreloadMaxTools() int32 {
@@ -448,7 +519,7 @@ type ToolGrant struct {
 
 func (x *ToolGrant) Reset() {
 	*x = ToolGrant{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +531,7 @@ func (x *ToolGrant) String() string {
 func (*ToolGrant) ProtoMessage() {}
 
 func (x *ToolGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,7 +544,7 @@ func (x *ToolGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolGrant.ProtoReflect.Descriptor instead.
 func (*ToolGrant) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{5}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ToolGrant) GetServerPattern() string {
@@ -494,7 +565,7 @@ var File_psych_sidecar_v1_spec_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa0\x04\n" +
+	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x04\n" +
 	"\x04Spec\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12\x1e\n" +
 	"\aversion\x18\x02 \x01(\x03B\x04\xe2A\x01\x02R\aversion\x12(\n" +
@@ -511,7 +582,13 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\x06grants\x18\t \x03(\v2\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2A\x01\x01R\x06grants\x12A\n" +
 	"\vcreate_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"createTime\"c\n" +
+	"createTime\x12L\n" +
+	"\x0econtext_budget\x18\v \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\"\xc1\x01\n" +
+	"\rContextBudget\x12=\n" +
+	"\x15context_window_tokens\x18\x01 \x01(\x03B\x04\xe2A\x01\x01H\x00R\x13contextWindowTokens\x88\x01\x01\x12=\n" +
+	"\x15output_reserve_tokens\x18\x02 \x01(\x03B\x04\xe2A\x01\x01H\x01R\x13outputReserveTokens\x88\x01\x01B\x18\n" +
+	"\x16_context_window_tokensB\x18\n" +
+	"\x16_output_reserve_tokens\"c\n" +
 	"\x05Skill\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12&\n" +
 	"\vdescription\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdescription\x12\x18\n" +
@@ -555,28 +632,30 @@ func file_psych_sidecar_v1_spec_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_spec_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_psych_sidecar_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_psych_sidecar_v1_spec_proto_goTypes = []any{
 	(*Spec)(nil),                  // 0: psych.sidecar.v1.Spec
-	(*Skill)(nil),                 // 1: psych.sidecar.v1.Skill
-	(*Subagent)(nil),              // 2: psych.sidecar.v1.Subagent
-	(*Thresholds)(nil),            // 3: psych.sidecar.v1.Thresholds
-	(*DisclosureSettings)(nil),    // 4: psych.sidecar.v1.DisclosureSettings
-	(*ToolGrant)(nil),             // 5: psych.sidecar.v1.ToolGrant
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*ContextBudget)(nil),         // 1: psych.sidecar.v1.ContextBudget
+	(*Skill)(nil),                 // 2: psych.sidecar.v1.Skill
+	(*Subagent)(nil),              // 3: psych.sidecar.v1.Subagent
+	(*Thresholds)(nil),            // 4: psych.sidecar.v1.Thresholds
+	(*DisclosureSettings)(nil),    // 5: psych.sidecar.v1.DisclosureSettings
+	(*ToolGrant)(nil),             // 6: psych.sidecar.v1.ToolGrant
+	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_spec_proto_depIdxs = []int32{
-	1, // 0: psych.sidecar.v1.Spec.skills:type_name -> psych.sidecar.v1.Skill
-	2, // 1: psych.sidecar.v1.Spec.subagents:type_name -> psych.sidecar.v1.Subagent
-	3, // 2: psych.sidecar.v1.Spec.thresholds:type_name -> psych.sidecar.v1.Thresholds
-	4, // 3: psych.sidecar.v1.Spec.disclosure:type_name -> psych.sidecar.v1.DisclosureSettings
-	5, // 4: psych.sidecar.v1.Spec.grants:type_name -> psych.sidecar.v1.ToolGrant
-	6, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	2, // 0: psych.sidecar.v1.Spec.skills:type_name -> psych.sidecar.v1.Skill
+	3, // 1: psych.sidecar.v1.Spec.subagents:type_name -> psych.sidecar.v1.Subagent
+	4, // 2: psych.sidecar.v1.Spec.thresholds:type_name -> psych.sidecar.v1.Thresholds
+	5, // 3: psych.sidecar.v1.Spec.disclosure:type_name -> psych.sidecar.v1.DisclosureSettings
+	6, // 4: psych.sidecar.v1.Spec.grants:type_name -> psych.sidecar.v1.ToolGrant
+	7, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
+	1, // 6: psych.sidecar.v1.Spec.context_budget:type_name -> psych.sidecar.v1.ContextBudget
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_spec_proto_init() }
@@ -584,15 +663,16 @@ func file_psych_sidecar_v1_spec_proto_init() {
 	if File_psych_sidecar_v1_spec_proto != nil {
 		return
 	}
-	file_psych_sidecar_v1_spec_proto_msgTypes[3].OneofWrappers = []any{}
+	file_psych_sidecar_v1_spec_proto_msgTypes[1].OneofWrappers = []any{}
 	file_psych_sidecar_v1_spec_proto_msgTypes[4].OneofWrappers = []any{}
+	file_psych_sidecar_v1_spec_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_spec_proto_rawDesc), len(file_psych_sidecar_v1_spec_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -845,6 +845,12 @@ type SearchToolsResponse struct {
 	Hits []*SearchHit `protobuf:"bytes,1,rep,name=hits,proto3" json:"hits,omitempty"`
 	// An opaque token for the next page; empty when this is the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// True when the ranking is partial: semantic search is on, but some of the Run's tools
+	// had no sentence vector yet (their catalogue is still being encoded in the background)
+	// or the model was still loading, so those tools (or all, when the model was loading)
+	// were ranked by keywords alone. The same query asked later may rank differently. False
+	// once every tool is encoded, and always false with semantic search off.
+	Partial       bool `protobuf:"varint,3,opt,name=partial,proto3" json:"partial,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -891,6 +897,13 @@ func (x *SearchToolsResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *SearchToolsResponse) GetPartial() bool {
+	if x != nil {
+		return x.Partial
+	}
+	return false
 }
 
 // SearchHit is one ranked tool.
@@ -1136,10 +1149,11 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\x05query\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x05query\x12!\n" +
 	"\tpage_size\x18\x03 \x01(\x05B\x04\xe2A\x01\x01R\bpageSize\x12#\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\tpageToken\"n\n" +
+	"page_token\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\tpageToken\"\x88\x01\n" +
 	"\x13SearchToolsResponse\x12/\n" +
 	"\x04hits\x18\x01 \x03(\v2\x1b.psych.sidecar.v1.SearchHitR\x04hits\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"o\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x18\n" +
+	"\apartial\x18\x03 \x01(\bR\apartial\"o\n" +
 	"\tSearchHit\x12\x16\n" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12 \n" +

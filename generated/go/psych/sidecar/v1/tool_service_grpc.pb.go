@@ -51,8 +51,9 @@ type ToolServiceClient interface {
 	ListServerTools(ctx context.Context, in *ListServerToolsRequest, opts ...grpc.CallOption) (*ListServerToolsResponse, error)
 	// DescribeTool reads one permitted tool's description and schemas.
 	DescribeTool(ctx context.Context, in *DescribeToolRequest, opts ...grpc.CallOption) (*DescribeToolResponse, error)
-	// SearchTools ranks the Run's permitted catalogue by keywords; an exact
-	// tool name ranks first.
+	// SearchTools ranks the Run's permitted catalogue by keywords and, with
+	// semantic search on, sentence embeddings; an exact tool name ranks first.
+	// It never waits for a catalogue's encoding: see SearchToolsResponse.partial.
 	SearchTools(ctx context.Context, in *SearchToolsRequest, opts ...grpc.CallOption) (*SearchToolsResponse, error)
 	// DispatchToolCall takes a model's tool call as emitted and routes it
 	// through the Run's resolved surface. A name the sidecar does not own is
@@ -154,8 +155,9 @@ type ToolServiceServer interface {
 	ListServerTools(context.Context, *ListServerToolsRequest) (*ListServerToolsResponse, error)
 	// DescribeTool reads one permitted tool's description and schemas.
 	DescribeTool(context.Context, *DescribeToolRequest) (*DescribeToolResponse, error)
-	// SearchTools ranks the Run's permitted catalogue by keywords; an exact
-	// tool name ranks first.
+	// SearchTools ranks the Run's permitted catalogue by keywords and, with
+	// semantic search on, sentence embeddings; an exact tool name ranks first.
+	// It never waits for a catalogue's encoding: see SearchToolsResponse.partial.
 	SearchTools(context.Context, *SearchToolsRequest) (*SearchToolsResponse, error)
 	// DispatchToolCall takes a model's tool call as emitted and routes it
 	// through the Run's resolved surface. A name the sidecar does not own is

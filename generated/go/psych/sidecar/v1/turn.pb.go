@@ -171,14 +171,16 @@ const (
 	PromptZone_PROMPT_ZONE_UNSPECIFIED PromptZone = 0
 	// The static system sections: instructions, skills index, subagent
 	// roster, capability notes (and the tool surface, which providers cache
-	// ahead of the system prompt).
+	// ahead of the system prompt). Nothing per tenant: it changes only with
+	// the Spec (and the tools at most once per turn).
 	PromptZone_PROMPT_ZONE_STATIC_SYSTEM PromptZone = 1
-	// The system prompt's single dynamic tail, supplied by the host.
+	// The system prompt's single dynamic tail: the turn's tool-server roster,
+	// then what the host supplied.
 	PromptZone_PROMPT_ZONE_DYNAMIC_TAIL PromptZone = 2
 	// The conversation history.
 	PromptZone_PROMPT_ZONE_HISTORY PromptZone = 3
-	// The trailing transient message: date and time and any per-call note.
-	// Never persisted.
+	// The trailing transient message: date and time, the state of any tool
+	// server not connected right now, and any per-call note. Never persisted.
 	PromptZone_PROMPT_ZONE_TRANSIENT PromptZone = 4
 )
 
@@ -287,7 +289,8 @@ type ToolSurface struct {
 	// The tools to offer the model, sorted by name.
 	Tools []*ExposedTool `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
 	// One line per connection the Run can see, sorted by server name,
-	// including unreachable ones (never silently absent).
+	// including unreachable ones (never silently absent): the tool-server
+	// roster of the prompt's zone 2.
 	Servers       []*ServerLine `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -429,7 +432,9 @@ func (x *ExposedTool) GetTool() string {
 	return ""
 }
 
-// ServerLine is the prompt line that says a server is there.
+// ServerLine is the prompt line that says a server is there. Its text
+// carries no connection state: a server that is not connected is named in
+// the transient message instead, so a flapping server changes no cached zone.
 type ServerLine struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The connection's name.
@@ -516,7 +521,9 @@ type Prompt struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The system sections of zone 1, in order.
 	StaticSections []*SystemSection `protobuf:"bytes,1,rep,name=static_sections,json=staticSections,proto3" json:"static_sections,omitempty"`
-	// The zone 2 dynamic tail; empty when the host sent none.
+	// The zone 2 dynamic tail: "# Tool servers" and the roster lines (when
+	// the Run can see any server), then the request's dynamic_tail; empty
+	// when there is neither.
 	DynamicTail string `protobuf:"bytes,2,opt,name=dynamic_tail,json=dynamicTail,proto3" json:"dynamic_tail,omitempty"`
 	// The history (zone 3), with prior-turn tool results elided.
 	History []*PromptMessage `protobuf:"bytes,3,rep,name=history,proto3" json:"history,omitempty"`

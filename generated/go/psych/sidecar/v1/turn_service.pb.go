@@ -128,10 +128,20 @@ type AssemblePromptRequest struct {
 	// The time to state in the transient message; unset uses the sidecar's
 	// clock. Never appears in zones 1–3.
 	Now *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=now,proto3" json:"now,omitempty"`
-	// The model id to put in the provider request bodies.
+	// The model id to put in the provider request bodies; when empty, the
+	// bodies have no "model" key and the host sets it before sending.
 	Model string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
 	// max_tokens for the provider request bodies; 0 means 4096.
-	MaxTokens     int32 `protobuf:"varint,6,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	MaxTokens int32 `protobuf:"varint,6,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	// Overrides the Spec's context budget for this call, field by field: a
+	// field set here wins over the Spec's, an unset one takes the Spec's (or
+	// the default).
+	ContextBudget *ContextBudget `protobuf:"bytes,7,opt,name=context_budget,json=contextBudget,proto3" json:"context_budget,omitempty"`
+	// When true, the prompt is assembled exactly as otherwise but not counted
+	// as one of the Run's model calls: no assembly-journal row (the Run
+	// inspector's timeline) and no prompt metrics. For operators' tools such
+	// as `psych-sidecar inspect`; a host leaves it false.
+	Preview       bool `protobuf:"varint,8,opt,name=preview,proto3" json:"preview,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -208,6 +218,20 @@ func (x *AssemblePromptRequest) GetMaxTokens() int32 {
 	return 0
 }
 
+func (x *AssemblePromptRequest) GetContextBudget() *ContextBudget {
+	if x != nil {
+		return x.ContextBudget
+	}
+	return nil
+}
+
+func (x *AssemblePromptRequest) GetPreview() bool {
+	if x != nil {
+		return x.Preview
+	}
+	return false
+}
+
 // AssemblePromptResponse is the response of TurnService.AssemblePrompt.
 type AssemblePromptResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -220,8 +244,12 @@ type AssemblePromptResponse struct {
 	AnthropicRequestJson []byte `protobuf:"bytes,3,opt,name=anthropic_request_json,json=anthropicRequestJson,proto3" json:"anthropic_request_json,omitempty"`
 	// A canonical OpenAI Chat Completions API request body (UTF-8 JSON).
 	OpenaiRequestJson []byte `protobuf:"bytes,4,opt,name=openai_request_json,json=openaiRequestJson,proto3" json:"openai_request_json,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// What the context guard decided: the budget, the prompt's estimate, and
+	// the current turn's results it elided to fit (none when the prompt fits
+	// with the current turn in full, which is the usual case).
+	ContextGuard  *ContextGuard `protobuf:"bytes,5,opt,name=context_guard,json=contextGuard,proto3" json:"context_guard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AssemblePromptResponse) Reset() {
@@ -282,15 +310,195 @@ func (x *AssemblePromptResponse) GetOpenaiRequestJson() []byte {
 	return nil
 }
 
+func (x *AssemblePromptResponse) GetContextGuard() *ContextGuard {
+	if x != nil {
+		return x.ContextGuard
+	}
+	return nil
+}
+
+// ContextGuard reports the context guard's decision for one AssemblePrompt.
+// The spec sends the current turn's results in full; when that would not
+// fit the model's context window, the guard elides the largest of them
+// (the same preview and handle as a prior-turn elision), largest first,
+// until the prompt fits. When even that cannot fit, AssemblePrompt fails
+// with CONTEXT_BUDGET_EXCEEDED instead.
+type ContextGuard struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The context window used for this call, in estimated tokens.
+	ContextWindowTokens int64 `protobuf:"varint,1,opt,name=context_window_tokens,json=contextWindowTokens,proto3" json:"context_window_tokens,omitempty"`
+	// The output reserve used for this call, in estimated tokens.
+	OutputReserveTokens int64 `protobuf:"varint,2,opt,name=output_reserve_tokens,json=outputReserveTokens,proto3" json:"output_reserve_tokens,omitempty"`
+	// The prompt's estimate as assembled (the larger of the two request
+	// bodies, UTF-8 bytes / 4). At most context_window_tokens -
+	// output_reserve_tokens.
+	EstimatedTokens int64 `protobuf:"varint,3,opt,name=estimated_tokens,json=estimatedTokens,proto3" json:"estimated_tokens,omitempty"`
+	// The estimate with the current turn's results in full; equal to
+	// estimated_tokens when nothing was elided.
+	FullEstimatedTokens int64 `protobuf:"varint,4,opt,name=full_estimated_tokens,json=fullEstimatedTokens,proto3" json:"full_estimated_tokens,omitempty"`
+	// The current turn's results the guard elided, in the order it elided
+	// them (largest first). Empty when the prompt fits.
+	Elided []*GuardedResult `protobuf:"bytes,5,rep,name=elided,proto3" json:"elided,omitempty"`
+	// Why they were elided, in one sentence; empty when nothing was.
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContextGuard) Reset() {
+	*x = ContextGuard{}
+	mi := &file_psych_sidecar_v1_turn_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContextGuard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContextGuard) ProtoMessage() {}
+
+func (x *ContextGuard) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_turn_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContextGuard.ProtoReflect.Descriptor instead.
+func (*ContextGuard) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_turn_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ContextGuard) GetContextWindowTokens() int64 {
+	if x != nil {
+		return x.ContextWindowTokens
+	}
+	return 0
+}
+
+func (x *ContextGuard) GetOutputReserveTokens() int64 {
+	if x != nil {
+		return x.OutputReserveTokens
+	}
+	return 0
+}
+
+func (x *ContextGuard) GetEstimatedTokens() int64 {
+	if x != nil {
+		return x.EstimatedTokens
+	}
+	return 0
+}
+
+func (x *ContextGuard) GetFullEstimatedTokens() int64 {
+	if x != nil {
+		return x.FullEstimatedTokens
+	}
+	return 0
+}
+
+func (x *ContextGuard) GetElided() []*GuardedResult {
+	if x != nil {
+		return x.Elided
+	}
+	return nil
+}
+
+func (x *ContextGuard) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// GuardedResult is one current-turn result the context guard elided.
+type GuardedResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tool call it answers.
+	CallId string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// Its handle: read_tool_output reads the whole result.
+	Handle string `protobuf:"bytes,2,opt,name=handle,proto3" json:"handle,omitempty"`
+	// Its estimate in full (what the model sees of it, see docs/prompt.md).
+	FullTokens int64 `protobuf:"varint,3,opt,name=full_tokens,json=fullTokens,proto3" json:"full_tokens,omitempty"`
+	// The estimate of its elided view.
+	ViewTokens    int64 `protobuf:"varint,4,opt,name=view_tokens,json=viewTokens,proto3" json:"view_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuardedResult) Reset() {
+	*x = GuardedResult{}
+	mi := &file_psych_sidecar_v1_turn_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuardedResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuardedResult) ProtoMessage() {}
+
+func (x *GuardedResult) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_turn_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuardedResult.ProtoReflect.Descriptor instead.
+func (*GuardedResult) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_turn_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GuardedResult) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *GuardedResult) GetHandle() string {
+	if x != nil {
+		return x.Handle
+	}
+	return ""
+}
+
+func (x *GuardedResult) GetFullTokens() int64 {
+	if x != nil {
+		return x.FullTokens
+	}
+	return 0
+}
+
+func (x *GuardedResult) GetViewTokens() int64 {
+	if x != nil {
+		return x.ViewTokens
+	}
+	return 0
+}
+
 var File_psych_sidecar_v1_turn_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\n" +
-	"#psych/sidecar/v1/turn_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bpsych/sidecar/v1/turn.proto\"1\n" +
+	"#psych/sidecar/v1/turn_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bpsych/sidecar/v1/spec.proto\x1a\x1bpsych/sidecar/v1/turn.proto\"1\n" +
 	"\x12ResolveTurnRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\"N\n" +
 	"\x13ResolveTurnResponse\x127\n" +
-	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\xff\x01\n" +
+	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\xed\x02\n" +
 	"\x15AssemblePromptRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12'\n" +
 	"\fdynamic_tail\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdynamicTail\x12+\n" +
@@ -298,12 +506,29 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x03now\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x01R\x03now\x12\x1a\n" +
 	"\x05model\x18\x05 \x01(\tB\x04\xe2A\x01\x01R\x05model\x12#\n" +
 	"\n" +
-	"max_tokens\x18\x06 \x01(\x05B\x04\xe2A\x01\x01R\tmaxTokens\"\xe4\x01\n" +
+	"max_tokens\x18\x06 \x01(\x05B\x04\xe2A\x01\x01R\tmaxTokens\x12L\n" +
+	"\x0econtext_budget\x18\a \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\x12\x1e\n" +
+	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\"\xa9\x02\n" +
 	"\x16AssemblePromptResponse\x120\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x18.psych.sidecar.v1.PromptR\x06prompt\x122\n" +
 	"\x05zones\x18\x02 \x03(\v2\x1c.psych.sidecar.v1.ZoneDigestR\x05zones\x124\n" +
 	"\x16anthropic_request_json\x18\x03 \x01(\fR\x14anthropicRequestJson\x12.\n" +
-	"\x13openai_request_json\x18\x04 \x01(\fR\x11openaiRequestJson2\xce\x01\n" +
+	"\x13openai_request_json\x18\x04 \x01(\fR\x11openaiRequestJson\x12C\n" +
+	"\rcontext_guard\x18\x05 \x01(\v2\x1e.psych.sidecar.v1.ContextGuardR\fcontextGuard\"\xa6\x02\n" +
+	"\fContextGuard\x122\n" +
+	"\x15context_window_tokens\x18\x01 \x01(\x03R\x13contextWindowTokens\x122\n" +
+	"\x15output_reserve_tokens\x18\x02 \x01(\x03R\x13outputReserveTokens\x12)\n" +
+	"\x10estimated_tokens\x18\x03 \x01(\x03R\x0festimatedTokens\x122\n" +
+	"\x15full_estimated_tokens\x18\x04 \x01(\x03R\x13fullEstimatedTokens\x127\n" +
+	"\x06elided\x18\x05 \x03(\v2\x1f.psych.sidecar.v1.GuardedResultR\x06elided\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x82\x01\n" +
+	"\rGuardedResult\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x16\n" +
+	"\x06handle\x18\x02 \x01(\tR\x06handle\x12\x1f\n" +
+	"\vfull_tokens\x18\x03 \x01(\x03R\n" +
+	"fullTokens\x12\x1f\n" +
+	"\vview_tokens\x18\x04 \x01(\x03R\n" +
+	"viewTokens2\xce\x01\n" +
 	"\vTurnService\x12Z\n" +
 	"\vResolveTurn\x12$.psych.sidecar.v1.ResolveTurnRequest\x1a%.psych.sidecar.v1.ResolveTurnResponse\x12c\n" +
 	"\x0eAssemblePrompt\x12'.psych.sidecar.v1.AssemblePromptRequest\x1a(.psych.sidecar.v1.AssemblePromptResponseB\xbb\x01\n" +
@@ -321,31 +546,37 @@ func file_psych_sidecar_v1_turn_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_turn_service_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_turn_service_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_psych_sidecar_v1_turn_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_psych_sidecar_v1_turn_service_proto_goTypes = []any{
 	(*ResolveTurnRequest)(nil),     // 0: psych.sidecar.v1.ResolveTurnRequest
 	(*ResolveTurnResponse)(nil),    // 1: psych.sidecar.v1.ResolveTurnResponse
 	(*AssemblePromptRequest)(nil),  // 2: psych.sidecar.v1.AssemblePromptRequest
 	(*AssemblePromptResponse)(nil), // 3: psych.sidecar.v1.AssemblePromptResponse
-	(*ToolSurface)(nil),            // 4: psych.sidecar.v1.ToolSurface
-	(*timestamppb.Timestamp)(nil),  // 5: google.protobuf.Timestamp
-	(*Prompt)(nil),                 // 6: psych.sidecar.v1.Prompt
-	(*ZoneDigest)(nil),             // 7: psych.sidecar.v1.ZoneDigest
+	(*ContextGuard)(nil),           // 4: psych.sidecar.v1.ContextGuard
+	(*GuardedResult)(nil),          // 5: psych.sidecar.v1.GuardedResult
+	(*ToolSurface)(nil),            // 6: psych.sidecar.v1.ToolSurface
+	(*timestamppb.Timestamp)(nil),  // 7: google.protobuf.Timestamp
+	(*ContextBudget)(nil),          // 8: psych.sidecar.v1.ContextBudget
+	(*Prompt)(nil),                 // 9: psych.sidecar.v1.Prompt
+	(*ZoneDigest)(nil),             // 10: psych.sidecar.v1.ZoneDigest
 }
 var file_psych_sidecar_v1_turn_service_proto_depIdxs = []int32{
-	4, // 0: psych.sidecar.v1.ResolveTurnResponse.surface:type_name -> psych.sidecar.v1.ToolSurface
-	5, // 1: psych.sidecar.v1.AssemblePromptRequest.now:type_name -> google.protobuf.Timestamp
-	6, // 2: psych.sidecar.v1.AssemblePromptResponse.prompt:type_name -> psych.sidecar.v1.Prompt
-	7, // 3: psych.sidecar.v1.AssemblePromptResponse.zones:type_name -> psych.sidecar.v1.ZoneDigest
-	0, // 4: psych.sidecar.v1.TurnService.ResolveTurn:input_type -> psych.sidecar.v1.ResolveTurnRequest
-	2, // 5: psych.sidecar.v1.TurnService.AssemblePrompt:input_type -> psych.sidecar.v1.AssemblePromptRequest
-	1, // 6: psych.sidecar.v1.TurnService.ResolveTurn:output_type -> psych.sidecar.v1.ResolveTurnResponse
-	3, // 7: psych.sidecar.v1.TurnService.AssemblePrompt:output_type -> psych.sidecar.v1.AssemblePromptResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	6,  // 0: psych.sidecar.v1.ResolveTurnResponse.surface:type_name -> psych.sidecar.v1.ToolSurface
+	7,  // 1: psych.sidecar.v1.AssemblePromptRequest.now:type_name -> google.protobuf.Timestamp
+	8,  // 2: psych.sidecar.v1.AssemblePromptRequest.context_budget:type_name -> psych.sidecar.v1.ContextBudget
+	9,  // 3: psych.sidecar.v1.AssemblePromptResponse.prompt:type_name -> psych.sidecar.v1.Prompt
+	10, // 4: psych.sidecar.v1.AssemblePromptResponse.zones:type_name -> psych.sidecar.v1.ZoneDigest
+	4,  // 5: psych.sidecar.v1.AssemblePromptResponse.context_guard:type_name -> psych.sidecar.v1.ContextGuard
+	5,  // 6: psych.sidecar.v1.ContextGuard.elided:type_name -> psych.sidecar.v1.GuardedResult
+	0,  // 7: psych.sidecar.v1.TurnService.ResolveTurn:input_type -> psych.sidecar.v1.ResolveTurnRequest
+	2,  // 8: psych.sidecar.v1.TurnService.AssemblePrompt:input_type -> psych.sidecar.v1.AssemblePromptRequest
+	1,  // 9: psych.sidecar.v1.TurnService.ResolveTurn:output_type -> psych.sidecar.v1.ResolveTurnResponse
+	3,  // 10: psych.sidecar.v1.TurnService.AssemblePrompt:output_type -> psych.sidecar.v1.AssemblePromptResponse
+	9,  // [9:11] is the sub-list for method output_type
+	7,  // [7:9] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_turn_service_proto_init() }
@@ -353,6 +584,7 @@ func file_psych_sidecar_v1_turn_service_proto_init() {
 	if File_psych_sidecar_v1_turn_service_proto != nil {
 		return
 	}
+	file_psych_sidecar_v1_spec_proto_init()
 	file_psych_sidecar_v1_turn_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -360,7 +592,7 @@ func file_psych_sidecar_v1_turn_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_turn_service_proto_rawDesc), len(file_psych_sidecar_v1_turn_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,11 +32,16 @@ type TurnServiceClient interface {
 	// ResolveTurn resolves a Run's tool surface from the current state: the
 	// tenant's connections, their catalogues, the grants and restrictions.
 	// Call it at the start of every turn; a server connected mid-Run is on
-	// the next turn's surface.
+	// the next turn's surface. The surface is pinned per turn (a turn starts
+	// at a user message): every call within the turn, on any sidecar sharing
+	// the database, answers the surface of the turn's first resolution.
 	ResolveTurn(ctx context.Context, in *ResolveTurnRequest, opts ...grpc.CallOption) (*ResolveTurnResponse, error)
 	// AssemblePrompt builds the exact, byte-stable prompt for one model call
 	// in four cache zones, with prior-turn tool results elided, plus request
-	// bodies for the Anthropic Messages and OpenAI Chat Completions APIs.
+	// bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+	// prompt always fits the context budget: when the current turn's results
+	// in full would not, the largest are elided too (context_guard says so),
+	// and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
 	AssemblePrompt(ctx context.Context, in *AssemblePromptRequest, opts ...grpc.CallOption) (*AssemblePromptResponse, error)
 }
 
@@ -77,11 +82,16 @@ type TurnServiceServer interface {
 	// ResolveTurn resolves a Run's tool surface from the current state: the
 	// tenant's connections, their catalogues, the grants and restrictions.
 	// Call it at the start of every turn; a server connected mid-Run is on
-	// the next turn's surface.
+	// the next turn's surface. The surface is pinned per turn (a turn starts
+	// at a user message): every call within the turn, on any sidecar sharing
+	// the database, answers the surface of the turn's first resolution.
 	ResolveTurn(context.Context, *ResolveTurnRequest) (*ResolveTurnResponse, error)
 	// AssemblePrompt builds the exact, byte-stable prompt for one model call
 	// in four cache zones, with prior-turn tool results elided, plus request
-	// bodies for the Anthropic Messages and OpenAI Chat Completions APIs.
+	// bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+	// prompt always fits the context budget: when the current turn's results
+	// in full would not, the largest are elided too (context_guard says so),
+	// and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
 	AssemblePrompt(context.Context, *AssemblePromptRequest) (*AssemblePromptResponse, error)
 	mustEmbedUnimplementedTurnServiceServer()
 }

@@ -97,6 +97,7 @@ class Connection(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     STATE_TIME_FIELD_NUMBER: _builtins.int
     CATALOG_VERSION_FIELD_NUMBER: _builtins.int
+    RECENT_OUTPUT_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant that owns the connection."""
     name: _builtins.str
@@ -118,6 +119,14 @@ class Connection(_message.Message):
     """The last error talking to the server; empty when none."""
     catalog_version: _builtins.int
     """The newest catalogue version; 0 before the first successful listing."""
+    recent_output: _builtins.str
+    """What a stdio server last wrote to its stderr, as this sidecar's session
+    saw it: at most the last 4 KiB (cut at a line start when it can be),
+    decoded as UTF-8 with replacement, the connection's secrets replaced by
+    REDACTED; kept across restarts of the process, so the output of one
+    that crashed stays visible. Empty for HTTP servers and until a stdio
+    server writes.
+    """
     @_builtins.property
     def stdio(self) -> Global___StdioTransport:
         """A local process speaking MCP over stdio."""
@@ -162,10 +171,11 @@ class Connection(_message.Message):
         last_error: _builtins.str = ...,
         state_time: _timestamp_pb2.Timestamp | None = ...,
         catalog_version: _builtins.int = ...,
+        recent_output: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "http", b"http", "preload", b"preload", "state_time", b"state_time", "stdio", b"stdio", "transport", b"transport"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "allow_tools", b"allow_tools", "catalog_version", b"catalog_version", "deny_tools", b"deny_tools", "description", b"description", "eager_tools", b"eager_tools", "http", b"http", "last_error", b"last_error", "name", b"name", "preload", b"preload", "state", b"state", "state_time", b"state_time", "stdio", b"stdio", "tenant", b"tenant", "transport", b"transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "allow_tools", b"allow_tools", "catalog_version", b"catalog_version", "deny_tools", b"deny_tools", "description", b"description", "eager_tools", b"eager_tools", "http", b"http", "last_error", b"last_error", "name", b"name", "preload", b"preload", "recent_output", b"recent_output", "state", b"state", "state_time", b"state_time", "stdio", b"stdio", "tenant", b"tenant", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__preload: _TypeAlias = _typing.Literal["preload"]  # noqa: Y015
     _WhichOneofArgType__preload: _TypeAlias = _typing.Literal["_preload", b"_preload"]  # noqa: Y015
@@ -218,7 +228,10 @@ class StdioTransport(_message.Message):
 
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Environment values for the process. Secret: never returned or logged."""
+        """Environment values for the process. Secret: never returned or logged.
+        Only the names the operator's entry allows (its allowed_env) may be set;
+        any other is PERMISSION_DENIED with reason COMMAND_NOT_ALLOWED.
+        """
 
     def __init__(
         self,
@@ -265,7 +278,10 @@ class HttpTransport(_message.Message):
     HEADERS_FIELD_NUMBER: _builtins.int
     PROTOCOL_FIELD_NUMBER: _builtins.int
     url: _builtins.str
-    """The endpoint, for example "http://127.0.0.1:3001/mcp"."""
+    """The endpoint, for example "http://127.0.0.1:3001/mcp". Returned with
+    its user-info and every query value replaced by REDACTED: they may hold
+    credentials, which are never returned or logged.
+    """
     protocol: Global___HttpProtocol.ValueType
     """The HTTP flavour of MCP. Required."""
     @_builtins.property
@@ -288,6 +304,44 @@ class HttpTransport(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HttpTransport: _TypeAlias = HttpTransport  # noqa: Y015
+
+@_typing.final
+class CatalogVersion(_message.Message):
+    """CatalogVersion is one version of a connection's catalogue: written by a
+    refresh whose listing differed from the version before.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CATALOG_VERSION_FIELD_NUMBER: _builtins.int
+    TOOL_COUNT_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    catalog_version: _builtins.int
+    """The version, 1 for the first listing, increasing by one per change."""
+    tool_count: _builtins.int
+    """How many tools the listing had."""
+    sha256: _builtins.str
+    """The SHA-256 of the listing (lowercase hex): equal listings, equal hashes."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the version was written."""
+
+    def __init__(
+        self,
+        *,
+        catalog_version: _builtins.int = ...,
+        tool_count: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog_version", b"catalog_version", "create_time", b"create_time", "sha256", b"sha256", "tool_count", b"tool_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CatalogVersion: _TypeAlias = CatalogVersion  # noqa: Y015
 
 @_typing.final
 class CatalogTool(_message.Message):

@@ -357,3 +357,67 @@ class DiffCatalogResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DiffCatalogResponse: _TypeAlias = DiffCatalogResponse  # noqa: Y015
+
+@_typing.final
+class ListCatalogVersionsRequest(_message.Message):
+    """ListCatalogVersionsRequest is the request of ConnectionService.ListCatalogVersions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant."""
+    name: _builtins.str
+    """The connection's name."""
+    page_size: _builtins.int
+    """At most this many per page; 0 means 100, above 1000 is read as 1000."""
+    page_token: _builtins.str
+    """The next_page_token of a previous call for the same connection; empty
+    for the first page.
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        name: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "page_size", b"page_size", "page_token", b"page_token", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCatalogVersionsRequest: _TypeAlias = ListCatalogVersionsRequest  # noqa: Y015
+
+@_typing.final
+class ListCatalogVersionsResponse(_message.Message):
+    """ListCatalogVersionsResponse is the response of ConnectionService.ListCatalogVersions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """An opaque token for the next page; empty when this is the last page."""
+    @_builtins.property
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[_connection_pb2.CatalogVersion]:
+        """The versions, newest first."""
+
+    def __init__(
+        self,
+        *,
+        versions: _abc.Iterable[_connection_pb2.CatalogVersion] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "versions", b"versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCatalogVersionsResponse: _TypeAlias = ListCatalogVersionsResponse  # noqa: Y015

@@ -66,6 +66,11 @@ class ConnectionServiceStub:
                 request_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.DiffCatalogRequest.SerializeToString,
                 response_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.DiffCatalogResponse.FromString,
                 _registered_method=True)
+        self.ListCatalogVersions = channel.unary_unary(
+                '/psych.sidecar.v1.ConnectionService/ListCatalogVersions',
+                request_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsRequest.SerializeToString,
+                response_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsResponse.FromString,
+                _registered_method=True)
 
 
 class ConnectionServiceServicer:
@@ -119,6 +124,14 @@ class ConnectionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListCatalogVersions(self, request, context):
+        """ListCatalogVersions pages through a connection's catalogue versions,
+        newest first (a deleted connection's too). Read-only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConnectionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +164,11 @@ def add_ConnectionServiceServicer_to_server(servicer, server):
                     servicer.DiffCatalog,
                     request_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.DiffCatalogRequest.FromString,
                     response_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.DiffCatalogResponse.SerializeToString,
+            ),
+            'ListCatalogVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCatalogVersions,
+                    request_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsRequest.FromString,
+                    response_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,6 +335,33 @@ class ConnectionService:
             '/psych.sidecar.v1.ConnectionService/DiffCatalog',
             psych_dot_sidecar_dot_v1_dot_connection__service__pb2.DiffCatalogRequest.SerializeToString,
             psych_dot_sidecar_dot_v1_dot_connection__service__pb2.DiffCatalogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCatalogVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psych.sidecar.v1.ConnectionService/ListCatalogVersions',
+            psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsRequest.SerializeToString,
+            psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,6 +54,10 @@ class ConnectionServiceStub:
     """ListCatalogTools pages through a connection's catalogue at a version."""
     DiffCatalog: _grpc.UnaryUnaryMultiCallable[_connection_service_pb2.DiffCatalogRequest, _connection_service_pb2.DiffCatalogResponse]
     """DiffCatalog compares two catalogue versions of a connection."""
+    ListCatalogVersions: _grpc.UnaryUnaryMultiCallable[_connection_service_pb2.ListCatalogVersionsRequest, _connection_service_pb2.ListCatalogVersionsResponse]
+    """ListCatalogVersions pages through a connection's catalogue versions,
+    newest first (a deleted connection's too). Read-only.
+    """
 
 @_typing.type_check_only
 class ConnectionServiceAsyncStub(ConnectionServiceStub):
@@ -81,6 +85,10 @@ class ConnectionServiceAsyncStub(ConnectionServiceStub):
     """ListCatalogTools pages through a connection's catalogue at a version."""
     DiffCatalog: _aio.UnaryUnaryMultiCallable[_connection_service_pb2.DiffCatalogRequest, _connection_service_pb2.DiffCatalogResponse]  # type: ignore[assignment]
     """DiffCatalog compares two catalogue versions of a connection."""
+    ListCatalogVersions: _aio.UnaryUnaryMultiCallable[_connection_service_pb2.ListCatalogVersionsRequest, _connection_service_pb2.ListCatalogVersionsResponse]  # type: ignore[assignment]
+    """ListCatalogVersions pages through a connection's catalogue versions,
+    newest first (a deleted connection's too). Read-only.
+    """
 
 class ConnectionServiceServicer(metaclass=_abc_1.ABCMeta):
     """ConnectionService manages a tenant's MCP connections and their versioned
@@ -141,5 +149,15 @@ class ConnectionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_connection_service_pb2.DiffCatalogResponse, _abc.Awaitable[_connection_service_pb2.DiffCatalogResponse]]:
         """DiffCatalog compares two catalogue versions of a connection."""
+
+    @_abc_1.abstractmethod
+    def ListCatalogVersions(
+        self,
+        request: _connection_service_pb2.ListCatalogVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_connection_service_pb2.ListCatalogVersionsResponse, _abc.Awaitable[_connection_service_pb2.ListCatalogVersionsResponse]]:
+        """ListCatalogVersions pages through a connection's catalogue versions,
+        newest first (a deleted connection's too). Read-only.
+        """
 
 def add_ConnectionServiceServicer_to_server(servicer: ConnectionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -102,6 +102,23 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     trace; the sidecar's log holds it under the correlation id.
     Status INTERNAL. Metadata: `correlation_id`.
     """
+    ERROR_REASON_PATTERN_TOO_COMPLEX: _ErrorReason.ValueType  # 17
+    """A grep pattern is valid RE2 but too costly to run: its compiled program
+    is larger than the sidecar accepts, or the result holds a line too long
+    for a pattern of that size to be matched in bounded time. Simplify the
+    pattern (fewer repetitions, narrower character classes) or read by
+    offset. Status INVALID_ARGUMENT. Metadata: `field`, `detail`.
+    """
+    ERROR_REASON_CONTEXT_BUDGET_EXCEEDED: _ErrorReason.ValueType  # 19
+    """AssemblePrompt cannot fit the prompt in the model's context window
+    (less the output reserve) even with every current-turn result elided:
+    what is left (tools, system prompt, history, the transient message) is
+    too large on its own. Nothing is sent that the provider would reject.
+    Status RESOURCE_EXHAUSTED. Metadata: `estimated_tokens` (the smallest
+    prompt the guard could make), `context_window_tokens`,
+    `output_reserve_tokens`, `budget_tokens` (window less reserve),
+    `full_estimated_tokens` (with the current turn in full).
+    """
     ERROR_REASON_STORAGE_UNAVAILABLE: _ErrorReason.ValueType  # 18
     """The database could not be used just now: unreachable, restarting, locked
     by another writer past the busy timeout, or a transaction that lost a
@@ -212,6 +229,23 @@ ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 16
 """An unexpected failure inside the sidecar. The client sees no stack
 trace; the sidecar's log holds it under the correlation id.
 Status INTERNAL. Metadata: `correlation_id`.
+"""
+ERROR_REASON_PATTERN_TOO_COMPLEX: ErrorReason.ValueType  # 17
+"""A grep pattern is valid RE2 but too costly to run: its compiled program
+is larger than the sidecar accepts, or the result holds a line too long
+for a pattern of that size to be matched in bounded time. Simplify the
+pattern (fewer repetitions, narrower character classes) or read by
+offset. Status INVALID_ARGUMENT. Metadata: `field`, `detail`.
+"""
+ERROR_REASON_CONTEXT_BUDGET_EXCEEDED: ErrorReason.ValueType  # 19
+"""AssemblePrompt cannot fit the prompt in the model's context window
+(less the output reserve) even with every current-turn result elided:
+what is left (tools, system prompt, history, the transient message) is
+too large on its own. Nothing is sent that the provider would reject.
+Status RESOURCE_EXHAUSTED. Metadata: `estimated_tokens` (the smallest
+prompt the guard could make), `context_window_tokens`,
+`output_reserve_tokens`, `budget_tokens` (window less reserve),
+`full_estimated_tokens` (with the current turn in full).
 """
 ERROR_REASON_STORAGE_UNAVAILABLE: ErrorReason.ValueType  # 18
 """The database could not be used just now: unreachable, restarting, locked

@@ -283,3 +283,63 @@ class ListRecordsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRecordsResponse: _TypeAlias = ListRecordsResponse  # noqa: Y015
+
+@_typing.final
+class ListRunsRequest(_message.Message):
+    """ListRunsRequest is the request of RunService.ListRuns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant whose Runs are listed. 1–128 characters of [A-Za-z0-9._-]."""
+    page_size: _builtins.int
+    """At most this many per page; 0 means 100, above 1000 is read as 1000."""
+    page_token: _builtins.str
+    """The next_page_token of a previous call for the same tenant; empty for
+    the first page. A token of another tenant is FIELD_INVALID.
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsRequest: _TypeAlias = ListRunsRequest  # noqa: Y015
+
+@_typing.final
+class ListRunsResponse(_message.Message):
+    """ListRunsResponse is the response of RunService.ListRuns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """An opaque token for the next page; empty when this is the last page."""
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[_run_pb2.Run]:
+        """The tenant's Runs, newest first (by create_time, then run_id)."""
+
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[_run_pb2.Run] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015

@@ -55,6 +55,11 @@ class RunServiceStub:
                 request_serializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRecordsRequest.SerializeToString,
                 response_deserializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRecordsResponse.FromString,
                 _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/psych.sidecar.v1.RunService/ListRuns',
+                request_serializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -91,6 +96,14 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuns(self, request, context):
+        """ListRuns pages through a tenant's Runs, newest first. Read-only; for
+        operators' tools such as `psych-sidecar inspect`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +126,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ListRecords,
                     request_deserializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRecordsRequest.FromString,
                     response_serializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRecordsResponse.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsRequest.FromString,
+                    response_serializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -224,6 +242,33 @@ class RunService:
             '/psych.sidecar.v1.RunService/ListRecords',
             psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRecordsRequest.SerializeToString,
             psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psych.sidecar.v1.RunService/ListRuns',
+            psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
+            psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,10 @@ class RunServiceStub:
     """
     ListRecords: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.ListRecordsRequest, _run_service_pb2.ListRecordsResponse]
     """ListRecords pages through a Run's log in sequence order, full content."""
+    ListRuns: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.ListRunsRequest, _run_service_pb2.ListRunsResponse]
+    """ListRuns pages through a tenant's Runs, newest first. Read-only; for
+    operators' tools such as `psych-sidecar inspect`.
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -61,6 +65,10 @@ class RunServiceAsyncStub(RunServiceStub):
     """
     ListRecords: _aio.UnaryUnaryMultiCallable[_run_service_pb2.ListRecordsRequest, _run_service_pb2.ListRecordsResponse]  # type: ignore[assignment]
     """ListRecords pages through a Run's log in sequence order, full content."""
+    ListRuns: _aio.UnaryUnaryMultiCallable[_run_service_pb2.ListRunsRequest, _run_service_pb2.ListRunsResponse]  # type: ignore[assignment]
+    """ListRuns pages through a tenant's Runs, newest first. Read-only; for
+    operators' tools such as `psych-sidecar inspect`.
+    """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
     """RunService creates Runs and keeps their append-only logs."""
@@ -99,5 +107,15 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_run_service_pb2.ListRecordsResponse, _abc.Awaitable[_run_service_pb2.ListRecordsResponse]]:
         """ListRecords pages through a Run's log in sequence order, full content."""
+
+    @_abc_1.abstractmethod
+    def ListRuns(
+        self,
+        request: _run_service_pb2.ListRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_service_pb2.ListRunsResponse, _abc.Awaitable[_run_service_pb2.ListRunsResponse]]:
+        """ListRuns pages through a tenant's Runs, newest first. Read-only; for
+        operators' tools such as `psych-sidecar inspect`.
+        """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

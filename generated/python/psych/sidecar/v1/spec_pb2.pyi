@@ -39,6 +39,7 @@ class Spec(_message.Message):
     DISCLOSURE_FIELD_NUMBER: _builtins.int
     GRANTS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The agent's name. 1–128 characters of [A-Za-z0-9._-]."""
     version: _builtins.int
@@ -83,6 +84,14 @@ class Spec(_message.Message):
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When this version was published."""
 
+    @_builtins.property
+    def context_budget(self) -> Global___ContextBudget:
+        """The model's context window and the room kept for its answer: the
+        context guard of AssemblePrompt keeps every prompt inside them. Unset
+        fields take the documented defaults; AssemblePrompt may override them
+        per call.
+        """
+
     def __init__(
         self,
         *,
@@ -96,14 +105,55 @@ class Spec(_message.Message):
         disclosure: Global___DisclosureSettings | None = ...,
         grants: _abc.Iterable[Global___ToolGrant] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        context_budget: Global___ContextBudget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "disclosure", b"disclosure", "thresholds", b"thresholds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "thresholds", b"thresholds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability_notes", b"capability_notes", "create_time", b"create_time", "disclosure", b"disclosure", "grants", b"grants", "instructions", b"instructions", "name", b"name", "skills", b"skills", "subagents", b"subagents", "thresholds", b"thresholds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability_notes", b"capability_notes", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "grants", b"grants", "instructions", b"instructions", "name", b"name", "skills", b"skills", "subagents", b"subagents", "thresholds", b"thresholds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Spec: _TypeAlias = Spec  # noqa: Y015
+
+@_typing.final
+class ContextBudget(_message.Message):
+    """ContextBudget is the room a prompt has: the model's context window, less
+    what is kept free for the model's output. Counted in estimated tokens
+    (the sidecar's cheap estimator: UTF-8 bytes / 4 of the request body).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_WINDOW_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_RESERVE_TOKENS_FIELD_NUMBER: _builtins.int
+    context_window_tokens: _builtins.int
+    """The model's context window. Default 200000. Must be greater than 0 and
+    than output_reserve_tokens.
+    """
+    output_reserve_tokens: _builtins.int
+    """Tokens kept free for the model's output. Default: the request's
+    max_tokens (4096 when unset). Must not be negative.
+    """
+    def __init__(
+        self,
+        *,
+        context_window_tokens: _builtins.int | None = ...,
+        output_reserve_tokens: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_context_window_tokens", b"_context_window_tokens", "_output_reserve_tokens", b"_output_reserve_tokens", "context_window_tokens", b"context_window_tokens", "output_reserve_tokens", b"output_reserve_tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_context_window_tokens", b"_context_window_tokens", "_output_reserve_tokens", b"_output_reserve_tokens", "context_window_tokens", b"context_window_tokens", "output_reserve_tokens", b"output_reserve_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__context_window_tokens: _TypeAlias = _typing.Literal["context_window_tokens"]  # noqa: Y015
+    _WhichOneofArgType__context_window_tokens: _TypeAlias = _typing.Literal["_context_window_tokens", b"_context_window_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__output_reserve_tokens: _TypeAlias = _typing.Literal["output_reserve_tokens"]  # noqa: Y015
+    _WhichOneofArgType__output_reserve_tokens: _TypeAlias = _typing.Literal["_output_reserve_tokens", b"_output_reserve_tokens"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__context_window_tokens) -> _WhichOneofReturnType__context_window_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__output_reserve_tokens) -> _WhichOneofReturnType__output_reserve_tokens | None: ...
+
+Global___ContextBudget: _TypeAlias = ContextBudget  # noqa: Y015
 
 @_typing.final
 class Skill(_message.Message):

@@ -427,8 +427,16 @@ class SearchToolsResponse(_message.Message):
 
     HITS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    PARTIAL_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """An opaque token for the next page; empty when this is the last page."""
+    partial: _builtins.bool
+    """True when the ranking is partial: semantic search is on, but some of the Run's tools
+    had no sentence vector yet (their catalogue is still being encoded in the background)
+    or the model was still loading, so those tools (or all, when the model was loading)
+    were ranked by keywords alone. The same query asked later may rank differently. False
+    once every tool is encoded, and always false with semantic search off.
+    """
     @_builtins.property
     def hits(self) -> _containers.RepeatedCompositeFieldContainer[Global___SearchHit]:
         """The hits, best first."""
@@ -438,10 +446,11 @@ class SearchToolsResponse(_message.Message):
         *,
         hits: _abc.Iterable[Global___SearchHit] | None = ...,
         next_page_token: _builtins.str = ...,
+        partial: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "next_page_token", b"next_page_token", "partial", b"partial"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

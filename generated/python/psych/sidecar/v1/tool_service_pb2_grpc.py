@@ -112,8 +112,9 @@ class ToolServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SearchTools(self, request, context):
-        """SearchTools ranks the Run's permitted catalogue by keywords; an exact
-        tool name ranks first.
+        """SearchTools ranks the Run's permitted catalogue by keywords and, with
+        semantic search on, sentence embeddings; an exact tool name ranks first.
+        It never waits for a catalogue's encoding: see SearchToolsResponse.partial.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -56,8 +56,9 @@ class ToolServiceStub:
     DescribeTool: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.DescribeToolRequest, _tool_service_pb2.DescribeToolResponse]
     """DescribeTool reads one permitted tool's description and schemas."""
     SearchTools: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.SearchToolsRequest, _tool_service_pb2.SearchToolsResponse]
-    """SearchTools ranks the Run's permitted catalogue by keywords; an exact
-    tool name ranks first.
+    """SearchTools ranks the Run's permitted catalogue by keywords and, with
+    semantic search on, sentence embeddings; an exact tool name ranks first.
+    It never waits for a catalogue's encoding: see SearchToolsResponse.partial.
     """
     DispatchToolCall: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.DispatchToolCallRequest, _tool_service_pb2.DispatchToolCallResponse]
     """DispatchToolCall takes a model's tool call as emitted and routes it
@@ -95,8 +96,9 @@ class ToolServiceAsyncStub(ToolServiceStub):
     DescribeTool: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.DescribeToolRequest, _tool_service_pb2.DescribeToolResponse]  # type: ignore[assignment]
     """DescribeTool reads one permitted tool's description and schemas."""
     SearchTools: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.SearchToolsRequest, _tool_service_pb2.SearchToolsResponse]  # type: ignore[assignment]
-    """SearchTools ranks the Run's permitted catalogue by keywords; an exact
-    tool name ranks first.
+    """SearchTools ranks the Run's permitted catalogue by keywords and, with
+    semantic search on, sentence embeddings; an exact tool name ranks first.
+    It never waits for a catalogue's encoding: see SearchToolsResponse.partial.
     """
     DispatchToolCall: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.DispatchToolCallRequest, _tool_service_pb2.DispatchToolCallResponse]  # type: ignore[assignment]
     """DispatchToolCall takes a model's tool call as emitted and routes it
@@ -161,8 +163,9 @@ class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _tool_service_pb2.SearchToolsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_tool_service_pb2.SearchToolsResponse, _abc.Awaitable[_tool_service_pb2.SearchToolsResponse]]:
-        """SearchTools ranks the Run's permitted catalogue by keywords; an exact
-        tool name ranks first.
+        """SearchTools ranks the Run's permitted catalogue by keywords and, with
+        semantic search on, sentence embeddings; an exact tool name ranks first.
+        It never waits for a catalogue's encoding: see SearchToolsResponse.partial.
         """
 
     @_abc_1.abstractmethod

@@ -116,15 +116,18 @@ class _PromptZoneEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PromptZone
     PROMPT_ZONE_STATIC_SYSTEM: _PromptZone.ValueType  # 1
     """The static system sections: instructions, skills index, subagent
     roster, capability notes (and the tool surface, which providers cache
-    ahead of the system prompt).
+    ahead of the system prompt). Nothing per tenant: it changes only with
+    the Spec (and the tools at most once per turn).
     """
     PROMPT_ZONE_DYNAMIC_TAIL: _PromptZone.ValueType  # 2
-    """The system prompt's single dynamic tail, supplied by the host."""
+    """The system prompt's single dynamic tail: the turn's tool-server roster,
+    then what the host supplied.
+    """
     PROMPT_ZONE_HISTORY: _PromptZone.ValueType  # 3
     """The conversation history."""
     PROMPT_ZONE_TRANSIENT: _PromptZone.ValueType  # 4
-    """The trailing transient message: date and time and any per-call note.
-    Never persisted.
+    """The trailing transient message: date and time, the state of any tool
+    server not connected right now, and any per-call note. Never persisted.
     """
 
 class PromptZone(_PromptZone, metaclass=_PromptZoneEnumTypeWrapper):
@@ -135,15 +138,18 @@ PROMPT_ZONE_UNSPECIFIED: PromptZone.ValueType  # 0
 PROMPT_ZONE_STATIC_SYSTEM: PromptZone.ValueType  # 1
 """The static system sections: instructions, skills index, subagent
 roster, capability notes (and the tool surface, which providers cache
-ahead of the system prompt).
+ahead of the system prompt). Nothing per tenant: it changes only with
+the Spec (and the tools at most once per turn).
 """
 PROMPT_ZONE_DYNAMIC_TAIL: PromptZone.ValueType  # 2
-"""The system prompt's single dynamic tail, supplied by the host."""
+"""The system prompt's single dynamic tail: the turn's tool-server roster,
+then what the host supplied.
+"""
 PROMPT_ZONE_HISTORY: PromptZone.ValueType  # 3
 """The conversation history."""
 PROMPT_ZONE_TRANSIENT: PromptZone.ValueType  # 4
-"""The trailing transient message: date and time and any per-call note.
-Never persisted.
+"""The trailing transient message: date and time, the state of any tool
+server not connected right now, and any per-call note. Never persisted.
 """
 Global___PromptZone: _TypeAlias = PromptZone  # noqa: Y015
 
@@ -188,7 +194,8 @@ class ToolSurface(_message.Message):
     @_builtins.property
     def servers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServerLine]:
         """One line per connection the Run can see, sorted by server name,
-        including unreachable ones (never silently absent).
+        including unreachable ones (never silently absent): the tool-server
+        roster of the prompt's zone 2.
         """
 
     def __init__(
@@ -251,7 +258,10 @@ Global___ExposedTool: _TypeAlias = ExposedTool  # noqa: Y015
 
 @_typing.final
 class ServerLine(_message.Message):
-    """ServerLine is the prompt line that says a server is there."""
+    """ServerLine is the prompt line that says a server is there. Its text
+    carries no connection state: a server that is not connected is named in
+    the transient message instead, so a flapping server changes no cached zone.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -299,7 +309,10 @@ class Prompt(_message.Message):
     TRANSIENT_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     dynamic_tail: _builtins.str
-    """The zone 2 dynamic tail; empty when the host sent none."""
+    """The zone 2 dynamic tail: "# Tool servers" and the roster lines (when
+    the Run can see any server), then the request's dynamic_tail; empty
+    when there is neither.
+    """
     @_builtins.property
     def static_sections(self) -> _containers.RepeatedCompositeFieldContainer[Global___SystemSection]:
         """The system sections of zone 1, in order."""

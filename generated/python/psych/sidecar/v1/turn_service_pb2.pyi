@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from psych.sidecar.v1 import spec_pb2 as _spec_pb2
 from psych.sidecar.v1 import turn_pb2 as _turn_pb2
 import builtins as _builtins
 import sys
@@ -78,6 +79,8 @@ class AssemblePromptRequest(_message.Message):
     NOW_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
+    PREVIEW_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run."""
     dynamic_tail: _builtins.str
@@ -87,13 +90,28 @@ class AssemblePromptRequest(_message.Message):
     transient_note: _builtins.str
     """A per-call note for the transient message (zone 4)."""
     model: _builtins.str
-    """The model id to put in the provider request bodies."""
+    """The model id to put in the provider request bodies; when empty, the
+    bodies have no "model" key and the host sets it before sending.
+    """
     max_tokens: _builtins.int
     """max_tokens for the provider request bodies; 0 means 4096."""
+    preview: _builtins.bool
+    """When true, the prompt is assembled exactly as otherwise but not counted
+    as one of the Run's model calls: no assembly-journal row (the Run
+    inspector's timeline) and no prompt metrics. For operators' tools such
+    as `psych-sidecar inspect`; a host leaves it false.
+    """
     @_builtins.property
     def now(self) -> _timestamp_pb2.Timestamp:
         """The time to state in the transient message; unset uses the sidecar's
         clock. Never appears in zones 1–3.
+        """
+
+    @_builtins.property
+    def context_budget(self) -> _spec_pb2.ContextBudget:
+        """Overrides the Spec's context budget for this call, field by field: a
+        field set here wins over the Spec's, an unset one takes the Spec's (or
+        the default).
         """
 
     def __init__(
@@ -105,10 +123,12 @@ class AssemblePromptRequest(_message.Message):
         now: _timestamp_pb2.Timestamp | None = ...,
         model: _builtins.str = ...,
         max_tokens: _builtins.int = ...,
+        context_budget: _spec_pb2.ContextBudget | None = ...,
+        preview: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["now", b"now"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "now", b"now"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -124,6 +144,7 @@ class AssemblePromptResponse(_message.Message):
     ZONES_FIELD_NUMBER: _builtins.int
     ANTHROPIC_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     OPENAI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    CONTEXT_GUARD_FIELD_NUMBER: _builtins.int
     anthropic_request_json: _builtins.bytes
     """A canonical Anthropic Messages API request body (UTF-8 JSON) with
     cache_control breakpoints at the zone boundaries.
@@ -138,6 +159,13 @@ class AssemblePromptResponse(_message.Message):
     def zones(self) -> _containers.RepeatedCompositeFieldContainer[_turn_pb2.ZoneDigest]:
         """Per-zone byte lengths and hashes, zones 1 to 4 in order."""
 
+    @_builtins.property
+    def context_guard(self) -> Global___ContextGuard:
+        """What the context guard decided: the budget, the prompt's estimate, and
+        the current turn's results it elided to fit (none when the prompt fits
+        with the current turn in full, which is the usual case).
+        """
+
     def __init__(
         self,
         *,
@@ -145,11 +173,103 @@ class AssemblePromptResponse(_message.Message):
         zones: _abc.Iterable[_turn_pb2.ZoneDigest] | None = ...,
         anthropic_request_json: _builtins.bytes = ...,
         openai_request_json: _builtins.bytes = ...,
+        context_guard: Global___ContextGuard | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_guard", b"context_guard", "prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "openai_request_json", b"openai_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "context_guard", b"context_guard", "openai_request_json", b"openai_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AssemblePromptResponse: _TypeAlias = AssemblePromptResponse  # noqa: Y015
+
+@_typing.final
+class ContextGuard(_message.Message):
+    """ContextGuard reports the context guard's decision for one AssemblePrompt.
+    The spec sends the current turn's results in full; when that would not
+    fit the model's context window, the guard elides the largest of them
+    (the same preview and handle as a prior-turn elision), largest first,
+    until the prompt fits. When even that cannot fit, AssemblePrompt fails
+    with CONTEXT_BUDGET_EXCEEDED instead.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_WINDOW_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_RESERVE_TOKENS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_TOKENS_FIELD_NUMBER: _builtins.int
+    FULL_ESTIMATED_TOKENS_FIELD_NUMBER: _builtins.int
+    ELIDED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    context_window_tokens: _builtins.int
+    """The context window used for this call, in estimated tokens."""
+    output_reserve_tokens: _builtins.int
+    """The output reserve used for this call, in estimated tokens."""
+    estimated_tokens: _builtins.int
+    """The prompt's estimate as assembled (the larger of the two request
+    bodies, UTF-8 bytes / 4). At most context_window_tokens -
+    output_reserve_tokens.
+    """
+    full_estimated_tokens: _builtins.int
+    """The estimate with the current turn's results in full; equal to
+    estimated_tokens when nothing was elided.
+    """
+    reason: _builtins.str
+    """Why they were elided, in one sentence; empty when nothing was."""
+    @_builtins.property
+    def elided(self) -> _containers.RepeatedCompositeFieldContainer[Global___GuardedResult]:
+        """The current turn's results the guard elided, in the order it elided
+        them (largest first). Empty when the prompt fits.
+        """
+
+    def __init__(
+        self,
+        *,
+        context_window_tokens: _builtins.int = ...,
+        output_reserve_tokens: _builtins.int = ...,
+        estimated_tokens: _builtins.int = ...,
+        full_estimated_tokens: _builtins.int = ...,
+        elided: _abc.Iterable[Global___GuardedResult] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_window_tokens", b"context_window_tokens", "elided", b"elided", "estimated_tokens", b"estimated_tokens", "full_estimated_tokens", b"full_estimated_tokens", "output_reserve_tokens", b"output_reserve_tokens", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContextGuard: _TypeAlias = ContextGuard  # noqa: Y015
+
+@_typing.final
+class GuardedResult(_message.Message):
+    """GuardedResult is one current-turn result the context guard elided."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    HANDLE_FIELD_NUMBER: _builtins.int
+    FULL_TOKENS_FIELD_NUMBER: _builtins.int
+    VIEW_TOKENS_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    """The tool call it answers."""
+    handle: _builtins.str
+    """Its handle: read_tool_output reads the whole result."""
+    full_tokens: _builtins.int
+    """Its estimate in full (what the model sees of it, see docs/prompt.md)."""
+    view_tokens: _builtins.int
+    """The estimate of its elided view."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        handle: _builtins.str = ...,
+        full_tokens: _builtins.int = ...,
+        view_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "full_tokens", b"full_tokens", "handle", b"handle", "view_tokens", b"view_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GuardedResult: _TypeAlias = GuardedResult  # noqa: Y015

@@ -55,7 +55,9 @@ class TurnServiceServicer:
         """ResolveTurn resolves a Run's tool surface from the current state: the
         tenant's connections, their catalogues, the grants and restrictions.
         Call it at the start of every turn; a server connected mid-Run is on
-        the next turn's surface.
+        the next turn's surface. The surface is pinned per turn (a turn starts
+        at a user message): every call within the turn, on any sidecar sharing
+        the database, answers the surface of the turn's first resolution.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -64,7 +66,10 @@ class TurnServiceServicer:
     def AssemblePrompt(self, request, context):
         """AssemblePrompt builds the exact, byte-stable prompt for one model call
         in four cache zones, with prior-turn tool results elided, plus request
-        bodies for the Anthropic Messages and OpenAI Chat Completions APIs.
+        bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+        prompt always fits the context budget: when the current turn's results
+        in full would not, the largest are elided too (context_guard says so),
+        and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -37,12 +37,17 @@ class TurnServiceStub:
     """ResolveTurn resolves a Run's tool surface from the current state: the
     tenant's connections, their catalogues, the grants and restrictions.
     Call it at the start of every turn; a server connected mid-Run is on
-    the next turn's surface.
+    the next turn's surface. The surface is pinned per turn (a turn starts
+    at a user message): every call within the turn, on any sidecar sharing
+    the database, answers the surface of the turn's first resolution.
     """
     AssemblePrompt: _grpc.UnaryUnaryMultiCallable[_turn_service_pb2.AssemblePromptRequest, _turn_service_pb2.AssemblePromptResponse]
     """AssemblePrompt builds the exact, byte-stable prompt for one model call
     in four cache zones, with prior-turn tool results elided, plus request
-    bodies for the Anthropic Messages and OpenAI Chat Completions APIs.
+    bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+    prompt always fits the context budget: when the current turn's results
+    in full would not, the largest are elided too (context_guard says so),
+    and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
     """
 
 @_typing.type_check_only
@@ -54,12 +59,17 @@ class TurnServiceAsyncStub(TurnServiceStub):
     """ResolveTurn resolves a Run's tool surface from the current state: the
     tenant's connections, their catalogues, the grants and restrictions.
     Call it at the start of every turn; a server connected mid-Run is on
-    the next turn's surface.
+    the next turn's surface. The surface is pinned per turn (a turn starts
+    at a user message): every call within the turn, on any sidecar sharing
+    the database, answers the surface of the turn's first resolution.
     """
     AssemblePrompt: _aio.UnaryUnaryMultiCallable[_turn_service_pb2.AssemblePromptRequest, _turn_service_pb2.AssemblePromptResponse]  # type: ignore[assignment]
     """AssemblePrompt builds the exact, byte-stable prompt for one model call
     in four cache zones, with prior-turn tool results elided, plus request
-    bodies for the Anthropic Messages and OpenAI Chat Completions APIs.
+    bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+    prompt always fits the context budget: when the current turn's results
+    in full would not, the largest are elided too (context_guard says so),
+    and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
     """
 
 class TurnServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -74,7 +84,9 @@ class TurnServiceServicer(metaclass=_abc_1.ABCMeta):
         """ResolveTurn resolves a Run's tool surface from the current state: the
         tenant's connections, their catalogues, the grants and restrictions.
         Call it at the start of every turn; a server connected mid-Run is on
-        the next turn's surface.
+        the next turn's surface. The surface is pinned per turn (a turn starts
+        at a user message): every call within the turn, on any sidecar sharing
+        the database, answers the surface of the turn's first resolution.
         """
 
     @_abc_1.abstractmethod
@@ -85,7 +97,10 @@ class TurnServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_turn_service_pb2.AssemblePromptResponse, _abc.Awaitable[_turn_service_pb2.AssemblePromptResponse]]:
         """AssemblePrompt builds the exact, byte-stable prompt for one model call
         in four cache zones, with prior-turn tool results elided, plus request
-        bodies for the Anthropic Messages and OpenAI Chat Completions APIs.
+        bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+        prompt always fits the context budget: when the current turn's results
+        in full would not, the largest are elided too (context_guard says so),
+        and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
         """
 
 def add_TurnServiceServicer_to_server(servicer: TurnServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/connection.proto.
  */
 export const file_psych_sidecar_v1_connection: GenFile = /*@__PURE__*/
-  fileDesc("CiFwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb24ucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEi7QMKCkNvbm5lY3Rpb24SFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISNwoFc3RkaW8YAyABKAsyIC5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0QgTiQQEBSAASNQoEaHR0cBgEIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydEIE4kEBAUgAEhoKB3ByZWxvYWQYBSABKAhCBOJBAQFIAYgBARIZCgtlYWdlcl90b29scxgGIAMoCUIE4kEBARIZCgtkZXNjcmlwdGlvbhgHIAEoCUIE4kEBARIZCgthbGxvd190b29scxgIIAMoCUIE4kEBARIYCgpkZW55X3Rvb2xzGAkgAygJQgTiQQEBEjYKBXN0YXRlGAogASgOMiEucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uU3RhdGVCBOJBAQMSGAoKbGFzdF9lcnJvchgLIAEoCUIE4kEBAxI0CgpzdGF0ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIdCg9jYXRhbG9nX3ZlcnNpb24YDSABKANCBOJBAQNCCwoJdHJhbnNwb3J0QgoKCF9wcmVsb2FkIqUBCg5TdGRpb1RyYW5zcG9ydBIVCgdjb21tYW5kGAEgASgJQgTiQQECEhIKBGFyZ3MYAiADKAlCBOJBAQESPAoDZW52GAMgAygLMikucHN5Y2guc2lkZWNhci52MS5TdGRpb1RyYW5zcG9ydC5FbnZFbnRyeUIE4kEBBBoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIs8BCg1IdHRwVHJhbnNwb3J0EhEKA3VybBgBIAEoCUIE4kEBAhJDCgdoZWFkZXJzGAIgAygLMiwucHN5Y2guc2lkZWNhci52MS5IdHRwVHJhbnNwb3J0LkhlYWRlcnNFbnRyeUIE4kEBBBI2Cghwcm90b2NvbBgDIAEoDjIeLnBzeWNoLnNpZGVjYXIudjEuSHR0cFByb3RvY29sQgTiQQECGi4KDEhlYWRlcnNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIsYBCgtDYXRhbG9nVG9vbBIOCgZzZXJ2ZXIYASABKAkSDAoEbmFtZRgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoDBIaChJvdXRwdXRfc2NoZW1hX2pzb24YBSABKAwSGAoQYW5ub3RhdGlvbnNfanNvbhgGIAEoDBIXCg9jYXRhbG9nX3ZlcnNpb24YByABKAMSGgoScmVtb3ZlZF9pbl92ZXJzaW9uGAggASgDKmcKDEh0dHBQcm90b2NvbBIdChlIVFRQX1BST1RPQ09MX1VOU1BFQ0lGSUVEEAASIQodSFRUUF9QUk9UT0NPTF9TVFJFQU1BQkxFX0hUVFAQARIVChFIVFRQX1BST1RPQ09MX1NTRRACKpYBCg9Db25uZWN0aW9uU3RhdGUSIAocQ09OTkVDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEh8KG0NPTk5FQ1RJT05fU1RBVEVfQ09OTkVDVElORxABEh4KGkNPTk5FQ1RJT05fU1RBVEVfQ09OTkVDVEVEEAISIAocQ09OTkVDVElPTl9TVEFURV9VTlJFQUNIQUJMRRADQroBChRkZXYucHN5Y2guc2lkZWNhci52MUIPQ29ubmVjdGlvblByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
+  fileDesc("CiFwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb24ucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEiigQKCkNvbm5lY3Rpb24SFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISNwoFc3RkaW8YAyABKAsyIC5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0QgTiQQEBSAASNQoEaHR0cBgEIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydEIE4kEBAUgAEhoKB3ByZWxvYWQYBSABKAhCBOJBAQFIAYgBARIZCgtlYWdlcl90b29scxgGIAMoCUIE4kEBARIZCgtkZXNjcmlwdGlvbhgHIAEoCUIE4kEBARIZCgthbGxvd190b29scxgIIAMoCUIE4kEBARIYCgpkZW55X3Rvb2xzGAkgAygJQgTiQQEBEjYKBXN0YXRlGAogASgOMiEucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uU3RhdGVCBOJBAQMSGAoKbGFzdF9lcnJvchgLIAEoCUIE4kEBAxI0CgpzdGF0ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIdCg9jYXRhbG9nX3ZlcnNpb24YDSABKANCBOJBAQMSGwoNcmVjZW50X291dHB1dBgOIAEoCUIE4kEBA0ILCgl0cmFuc3BvcnRCCgoIX3ByZWxvYWQipQEKDlN0ZGlvVHJhbnNwb3J0EhUKB2NvbW1hbmQYASABKAlCBOJBAQISEgoEYXJncxgCIAMoCUIE4kEBARI8CgNlbnYYAyADKAsyKS5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0LkVudkVudHJ5QgTiQQEEGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEizwEKDUh0dHBUcmFuc3BvcnQSEQoDdXJsGAEgASgJQgTiQQECEkMKB2hlYWRlcnMYAiADKAsyLC5wc3ljaC5zaWRlY2FyLnYxLkh0dHBUcmFuc3BvcnQuSGVhZGVyc0VudHJ5QgTiQQEEEjYKCHByb3RvY29sGAMgASgOMh4ucHN5Y2guc2lkZWNhci52MS5IdHRwUHJvdG9jb2xCBOJBAQIaLgoMSGVhZGVyc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEilgEKDkNhdGFsb2dWZXJzaW9uEh0KD2NhdGFsb2dfdmVyc2lvbhgBIAEoA0IE4kEBAxIYCgp0b29sX2NvdW50GAIgASgFQgTiQQEDEhQKBnNoYTI1NhgDIAEoCUIE4kEBAxI1CgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMixgEKC0NhdGFsb2dUb29sEg4KBnNlcnZlchgBIAEoCRIMCgRuYW1lGAIgASgJEhMKC2Rlc2NyaXB0aW9uGAMgASgJEhkKEWlucHV0X3NjaGVtYV9qc29uGAQgASgMEhoKEm91dHB1dF9zY2hlbWFfanNvbhgFIAEoDBIYChBhbm5vdGF0aW9uc19qc29uGAYgASgMEhcKD2NhdGFsb2dfdmVyc2lvbhgHIAEoAxIaChJyZW1vdmVkX2luX3ZlcnNpb24YCCABKAMqZwoMSHR0cFByb3RvY29sEh0KGUhUVFBfUFJPVE9DT0xfVU5TUEVDSUZJRUQQABIhCh1IVFRQX1BST1RPQ09MX1NUUkVBTUFCTEVfSFRUUBABEhUKEUhUVFBfUFJPVE9DT0xfU1NFEAIqlgEKD0Nvbm5lY3Rpb25TdGF0ZRIgChxDT05ORUNUSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHwobQ09OTkVDVElPTl9TVEFURV9DT05ORUNUSU5HEAESHgoaQ09OTkVDVElPTl9TVEFURV9DT05ORUNURUQQAhIgChxDT05ORUNUSU9OX1NUQVRFX1VOUkVBQ0hBQkxFEANCugEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQg9Db25uZWN0aW9uUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
 
 /**
  * Connection is one MCP server a tenant connected. Its name is the server
@@ -127,6 +127,18 @@ export type Connection = Message<"psych.sidecar.v1.Connection"> & {
    * @generated from field: int64 catalog_version = 13;
    */
   catalogVersion: bigint;
+
+  /**
+   * What a stdio server last wrote to its stderr, as this sidecar's session
+   * saw it: at most the last 4 KiB (cut at a line start when it can be),
+   * decoded as UTF-8 with replacement, the connection's secrets replaced by
+   * REDACTED; kept across restarts of the process, so the output of one
+   * that crashed stays visible. Empty for HTTP servers and until a stdio
+   * server writes.
+   *
+   * @generated from field: string recent_output = 14;
+   */
+  recentOutput: string;
 };
 
 /**
@@ -160,6 +172,8 @@ export type StdioTransport = Message<"psych.sidecar.v1.StdioTransport"> & {
 
   /**
    * Environment values for the process. Secret: never returned or logged.
+   * Only the names the operator's entry allows (its allowed_env) may be set;
+   * any other is PERMISSION_DENIED with reason COMMAND_NOT_ALLOWED.
    *
    * @generated from field: map<string, string> env = 3;
    */
@@ -180,7 +194,9 @@ export const StdioTransportSchema: GenMessage<StdioTransport> = /*@__PURE__*/
  */
 export type HttpTransport = Message<"psych.sidecar.v1.HttpTransport"> & {
   /**
-   * The endpoint, for example "http://127.0.0.1:3001/mcp".
+   * The endpoint, for example "http://127.0.0.1:3001/mcp". Returned with
+   * its user-info and every query value replaced by REDACTED: they may hold
+   * credentials, which are never returned or logged.
    *
    * @generated from field: string url = 1;
    */
@@ -208,6 +224,49 @@ export type HttpTransport = Message<"psych.sidecar.v1.HttpTransport"> & {
  */
 export const HttpTransportSchema: GenMessage<HttpTransport> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_connection, 2);
+
+/**
+ * CatalogVersion is one version of a connection's catalogue: written by a
+ * refresh whose listing differed from the version before.
+ *
+ * @generated from message psych.sidecar.v1.CatalogVersion
+ */
+export type CatalogVersion = Message<"psych.sidecar.v1.CatalogVersion"> & {
+  /**
+   * The version, 1 for the first listing, increasing by one per change.
+   *
+   * @generated from field: int64 catalog_version = 1;
+   */
+  catalogVersion: bigint;
+
+  /**
+   * How many tools the listing had.
+   *
+   * @generated from field: int32 tool_count = 2;
+   */
+  toolCount: number;
+
+  /**
+   * The SHA-256 of the listing (lowercase hex): equal listings, equal hashes.
+   *
+   * @generated from field: string sha256 = 3;
+   */
+  sha256: string;
+
+  /**
+   * When the version was written.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 4;
+   */
+  createTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.CatalogVersion.
+ * Use `create(CatalogVersionSchema)` to create a new message.
+ */
+export const CatalogVersionSchema: GenMessage<CatalogVersion> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection, 3);
 
 /**
  * CatalogTool is one tool of a connection's catalogue at one version.
@@ -277,7 +336,7 @@ export type CatalogTool = Message<"psych.sidecar.v1.CatalogTool"> & {
  * Use `create(CatalogToolSchema)` to create a new message.
  */
 export const CatalogToolSchema: GenMessage<CatalogTool> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection, 3);
+  messageDesc(file_psych_sidecar_v1_connection, 4);
 
 /**
  * HttpProtocol is the HTTP flavour of MCP a server speaks.

@@ -5,7 +5,7 @@
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
-import type { CatalogTool, Connection } from "./connection_pb.js";
+import type { CatalogTool, CatalogVersion, Connection } from "./connection_pb.js";
 import { file_psych_sidecar_v1_connection } from "./connection_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/connection_service.proto.
  */
 export const file_psych_sidecar_v1_connection_service: GenFile = /*@__PURE__*/
-  fileDesc("Cilwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb25fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSJOChRQdXRDb25uZWN0aW9uUmVxdWVzdBI2Cgpjb25uZWN0aW9uGAEgASgLMhwucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uQgTiQQECIkkKFVB1dENvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uIkMKF0RlbGV0ZUNvbm5lY3Rpb25SZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECIhoKGERlbGV0ZUNvbm5lY3Rpb25SZXNwb25zZSJhChZMaXN0Q29ubmVjdGlvbnNSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhIXCglwYWdlX3NpemUYAiABKAVCBOJBAQESGAoKcGFnZV90b2tlbhgDIAEoCUIE4kEBASJlChdMaXN0Q29ubmVjdGlvbnNSZXNwb25zZRIxCgtjb25uZWN0aW9ucxgBIAMoCzIcLnBzeWNoLnNpZGVjYXIudjEuQ29ubmVjdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQQoVUmVmcmVzaENhdGFsb2dSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECIkUKFlJlZnJlc2hDYXRhbG9nUmVzcG9uc2USFwoPY2F0YWxvZ192ZXJzaW9uGAEgASgDEhIKCnRvb2xfY291bnQYAiABKAUilQEKF0xpc3RDYXRhbG9nVG9vbHNSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECEh0KD2NhdGFsb2dfdmVyc2lvbhgDIAEoA0IE4kEBARIXCglwYWdlX3NpemUYBCABKAVCBOJBAQESGAoKcGFnZV90b2tlbhgFIAEoCUIE4kEBASJhChhMaXN0Q2F0YWxvZ1Rvb2xzUmVzcG9uc2USLAoFdG9vbHMYASADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJ0ChJEaWZmQ2F0YWxvZ1JlcXVlc3QSFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISGgoMZnJvbV92ZXJzaW9uGAMgASgDQgTiQQECEhgKCnRvX3ZlcnNpb24YBCABKANCBOJBAQEiowEKE0RpZmZDYXRhbG9nUmVzcG9uc2USLAoFYWRkZWQYASADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sEi4KB2NoYW5nZWQYAiADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sEi4KB3JlbW92ZWQYAyADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sMvQEChFDb25uZWN0aW9uU2VydmljZRJgCg1QdXRDb25uZWN0aW9uEiYucHN5Y2guc2lkZWNhci52MS5QdXRDb25uZWN0aW9uUmVxdWVzdBonLnBzeWNoLnNpZGVjYXIudjEuUHV0Q29ubmVjdGlvblJlc3BvbnNlEmkKEERlbGV0ZUNvbm5lY3Rpb24SKS5wc3ljaC5zaWRlY2FyLnYxLkRlbGV0ZUNvbm5lY3Rpb25SZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5EZWxldGVDb25uZWN0aW9uUmVzcG9uc2USZgoPTGlzdENvbm5lY3Rpb25zEigucHN5Y2guc2lkZWNhci52MS5MaXN0Q29ubmVjdGlvbnNSZXF1ZXN0GikucHN5Y2guc2lkZWNhci52MS5MaXN0Q29ubmVjdGlvbnNSZXNwb25zZRJjCg5SZWZyZXNoQ2F0YWxvZxInLnBzeWNoLnNpZGVjYXIudjEuUmVmcmVzaENhdGFsb2dSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5SZWZyZXNoQ2F0YWxvZ1Jlc3BvbnNlEmkKEExpc3RDYXRhbG9nVG9vbHMSKS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RDYXRhbG9nVG9vbHNSZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5MaXN0Q2F0YWxvZ1Rvb2xzUmVzcG9uc2USWgoLRGlmZkNhdGFsb2cSJC5wc3ljaC5zaWRlY2FyLnYxLkRpZmZDYXRhbG9nUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuRGlmZkNhdGFsb2dSZXNwb25zZULBAQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCFkNvbm5lY3Rpb25TZXJ2aWNlUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_psych_sidecar_v1_connection]);
+  fileDesc("Cilwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb25fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSJOChRQdXRDb25uZWN0aW9uUmVxdWVzdBI2Cgpjb25uZWN0aW9uGAEgASgLMhwucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uQgTiQQECIkkKFVB1dENvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uIkMKF0RlbGV0ZUNvbm5lY3Rpb25SZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECIhoKGERlbGV0ZUNvbm5lY3Rpb25SZXNwb25zZSJhChZMaXN0Q29ubmVjdGlvbnNSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhIXCglwYWdlX3NpemUYAiABKAVCBOJBAQESGAoKcGFnZV90b2tlbhgDIAEoCUIE4kEBASJlChdMaXN0Q29ubmVjdGlvbnNSZXNwb25zZRIxCgtjb25uZWN0aW9ucxgBIAMoCzIcLnBzeWNoLnNpZGVjYXIudjEuQ29ubmVjdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQQoVUmVmcmVzaENhdGFsb2dSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECIkUKFlJlZnJlc2hDYXRhbG9nUmVzcG9uc2USFwoPY2F0YWxvZ192ZXJzaW9uGAEgASgDEhIKCnRvb2xfY291bnQYAiABKAUilQEKF0xpc3RDYXRhbG9nVG9vbHNSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECEh0KD2NhdGFsb2dfdmVyc2lvbhgDIAEoA0IE4kEBARIXCglwYWdlX3NpemUYBCABKAVCBOJBAQESGAoKcGFnZV90b2tlbhgFIAEoCUIE4kEBASJhChhMaXN0Q2F0YWxvZ1Rvb2xzUmVzcG9uc2USLAoFdG9vbHMYASADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJ0ChJEaWZmQ2F0YWxvZ1JlcXVlc3QSFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISGgoMZnJvbV92ZXJzaW9uGAMgASgDQgTiQQECEhgKCnRvX3ZlcnNpb24YBCABKANCBOJBAQEiowEKE0RpZmZDYXRhbG9nUmVzcG9uc2USLAoFYWRkZWQYASADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sEi4KB2NoYW5nZWQYAiADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sEi4KB3JlbW92ZWQYAyADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sInkKGkxpc3RDYXRhbG9nVmVyc2lvbnNSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECEhcKCXBhZ2Vfc2l6ZRgDIAEoBUIE4kEBARIYCgpwYWdlX3Rva2VuGAQgASgJQgTiQQEBImoKG0xpc3RDYXRhbG9nVmVyc2lvbnNSZXNwb25zZRIyCgh2ZXJzaW9ucxgBIAMoCzIgLnBzeWNoLnNpZGVjYXIudjEuQ2F0YWxvZ1ZlcnNpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJMugFChFDb25uZWN0aW9uU2VydmljZRJgCg1QdXRDb25uZWN0aW9uEiYucHN5Y2guc2lkZWNhci52MS5QdXRDb25uZWN0aW9uUmVxdWVzdBonLnBzeWNoLnNpZGVjYXIudjEuUHV0Q29ubmVjdGlvblJlc3BvbnNlEmkKEERlbGV0ZUNvbm5lY3Rpb24SKS5wc3ljaC5zaWRlY2FyLnYxLkRlbGV0ZUNvbm5lY3Rpb25SZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5EZWxldGVDb25uZWN0aW9uUmVzcG9uc2USZgoPTGlzdENvbm5lY3Rpb25zEigucHN5Y2guc2lkZWNhci52MS5MaXN0Q29ubmVjdGlvbnNSZXF1ZXN0GikucHN5Y2guc2lkZWNhci52MS5MaXN0Q29ubmVjdGlvbnNSZXNwb25zZRJjCg5SZWZyZXNoQ2F0YWxvZxInLnBzeWNoLnNpZGVjYXIudjEuUmVmcmVzaENhdGFsb2dSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5SZWZyZXNoQ2F0YWxvZ1Jlc3BvbnNlEmkKEExpc3RDYXRhbG9nVG9vbHMSKS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RDYXRhbG9nVG9vbHNSZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5MaXN0Q2F0YWxvZ1Rvb2xzUmVzcG9uc2USWgoLRGlmZkNhdGFsb2cSJC5wc3ljaC5zaWRlY2FyLnYxLkRpZmZDYXRhbG9nUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuRGlmZkNhdGFsb2dSZXNwb25zZRJyChNMaXN0Q2F0YWxvZ1ZlcnNpb25zEiwucHN5Y2guc2lkZWNhci52MS5MaXN0Q2F0YWxvZ1ZlcnNpb25zUmVxdWVzdBotLnBzeWNoLnNpZGVjYXIudjEuTGlzdENhdGFsb2dWZXJzaW9uc1Jlc3BvbnNlQsEBChRkZXYucHN5Y2guc2lkZWNhci52MUIWQ29ubmVjdGlvblNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_psych_sidecar_v1_connection]);
 
 /**
  * PutConnectionRequest is the request of ConnectionService.PutConnection.
@@ -375,6 +375,77 @@ export const DiffCatalogResponseSchema: GenMessage<DiffCatalogResponse> = /*@__P
   messageDesc(file_psych_sidecar_v1_connection_service, 11);
 
 /**
+ * ListCatalogVersionsRequest is the request of ConnectionService.ListCatalogVersions.
+ *
+ * @generated from message psych.sidecar.v1.ListCatalogVersionsRequest
+ */
+export type ListCatalogVersionsRequest = Message<"psych.sidecar.v1.ListCatalogVersionsRequest"> & {
+  /**
+   * The tenant.
+   *
+   * @generated from field: string tenant = 1;
+   */
+  tenant: string;
+
+  /**
+   * The connection's name.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * At most this many per page; 0 means 100, above 1000 is read as 1000.
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * The next_page_token of a previous call for the same connection; empty
+   * for the first page.
+   *
+   * @generated from field: string page_token = 4;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ListCatalogVersionsRequest.
+ * Use `create(ListCatalogVersionsRequestSchema)` to create a new message.
+ */
+export const ListCatalogVersionsRequestSchema: GenMessage<ListCatalogVersionsRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection_service, 12);
+
+/**
+ * ListCatalogVersionsResponse is the response of ConnectionService.ListCatalogVersions.
+ *
+ * @generated from message psych.sidecar.v1.ListCatalogVersionsResponse
+ */
+export type ListCatalogVersionsResponse = Message<"psych.sidecar.v1.ListCatalogVersionsResponse"> & {
+  /**
+   * The versions, newest first.
+   *
+   * @generated from field: repeated psych.sidecar.v1.CatalogVersion versions = 1;
+   */
+  versions: CatalogVersion[];
+
+  /**
+   * An opaque token for the next page; empty when this is the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ListCatalogVersionsResponse.
+ * Use `create(ListCatalogVersionsResponseSchema)` to create a new message.
+ */
+export const ListCatalogVersionsResponseSchema: GenMessage<ListCatalogVersionsResponse> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection_service, 13);
+
+/**
  * ConnectionService manages a tenant's MCP connections and their versioned
  * catalogues.
  *
@@ -444,6 +515,17 @@ export const ConnectionService: GenService<{
     methodKind: "unary";
     input: typeof DiffCatalogRequestSchema;
     output: typeof DiffCatalogResponseSchema;
+  },
+  /**
+   * ListCatalogVersions pages through a connection's catalogue versions,
+   * newest first (a deleted connection's too). Read-only.
+   *
+   * @generated from rpc psych.sidecar.v1.ConnectionService.ListCatalogVersions
+   */
+  listCatalogVersions: {
+    methodKind: "unary";
+    input: typeof ListCatalogVersionsRequestSchema;
+    output: typeof ListCatalogVersionsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_psych_sidecar_v1_connection_service, 0);

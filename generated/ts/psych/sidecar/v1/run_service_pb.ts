@@ -15,7 +15,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/run_service.proto.
  */
 export const file_psych_sidecar_v1_run_service: GenFile = /*@__PURE__*/
-  fileDesc("CiJwc3ljaC9zaWRlY2FyL3YxL3J1bl9zZXJ2aWNlLnByb3RvEhBwc3ljaC5zaWRlY2FyLnYxIpsBChBDcmVhdGVSdW5SZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhIXCglzcGVjX25hbWUYAiABKAlCBOJBAQISGgoMc3BlY192ZXJzaW9uGAMgASgDQgTiQQECEjwKEXRvb2xfcmVzdHJpY3Rpb25zGAQgAygLMhsucHN5Y2guc2lkZWNhci52MS5Ub29sR3JhbnRCBOJBAQEiNwoRQ3JlYXRlUnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhUucHN5Y2guc2lkZWNhci52MS5SdW4iJQoNR2V0UnVuUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQIiNAoOR2V0UnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhUucHN5Y2guc2lkZWNhci52MS5SdW4idwoUQXBwZW5kUmVjb3Jkc1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhgKCnJlcXVlc3RfaWQYAiABKAlCBOJBAQESLwoHcmVjb3JkcxgDIAMoCzIYLnBzeWNoLnNpZGVjYXIudjEuUmVjb3JkQgTiQQECIkoKFUFwcGVuZFJlY29yZHNSZXNwb25zZRIxCgdyZWNvcmRzGAEgAygLMiAucHN5Y2guc2lkZWNhci52MS5BcHBlbmRlZFJlY29yZCIyCg5BcHBlbmRlZFJlY29yZBIQCghzZXF1ZW5jZRgBIAEoAxIOCgZoYW5kbGUYAiABKAkikAEKEkxpc3RSZWNvcmRzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFwoJcGFnZV9zaXplGAIgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YAyABKAlCBOJBAQESMQoFa2luZHMYBCADKA4yHC5wc3ljaC5zaWRlY2FyLnYxLlJlY29yZEtpbmRCBOJBAQEiWQoTTGlzdFJlY29yZHNSZXNwb25zZRIpCgdyZWNvcmRzGAEgAygLMhgucHN5Y2guc2lkZWNhci52MS5SZWNvcmQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJMu0CCgpSdW5TZXJ2aWNlElQKCUNyZWF0ZVJ1bhIiLnBzeWNoLnNpZGVjYXIudjEuQ3JlYXRlUnVuUmVxdWVzdBojLnBzeWNoLnNpZGVjYXIudjEuQ3JlYXRlUnVuUmVzcG9uc2USSwoGR2V0UnVuEh8ucHN5Y2guc2lkZWNhci52MS5HZXRSdW5SZXF1ZXN0GiAucHN5Y2guc2lkZWNhci52MS5HZXRSdW5SZXNwb25zZRJgCg1BcHBlbmRSZWNvcmRzEiYucHN5Y2guc2lkZWNhci52MS5BcHBlbmRSZWNvcmRzUmVxdWVzdBonLnBzeWNoLnNpZGVjYXIudjEuQXBwZW5kUmVjb3Jkc1Jlc3BvbnNlEloKC0xpc3RSZWNvcmRzEiQucHN5Y2guc2lkZWNhci52MS5MaXN0UmVjb3Jkc1JlcXVlc3QaJS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RSZWNvcmRzUmVzcG9uc2VCugEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQg9SdW5TZXJ2aWNlUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_psych_sidecar_v1_run, file_psych_sidecar_v1_spec]);
+  fileDesc("CiJwc3ljaC9zaWRlY2FyL3YxL3J1bl9zZXJ2aWNlLnByb3RvEhBwc3ljaC5zaWRlY2FyLnYxIpsBChBDcmVhdGVSdW5SZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhIXCglzcGVjX25hbWUYAiABKAlCBOJBAQISGgoMc3BlY192ZXJzaW9uGAMgASgDQgTiQQECEjwKEXRvb2xfcmVzdHJpY3Rpb25zGAQgAygLMhsucHN5Y2guc2lkZWNhci52MS5Ub29sR3JhbnRCBOJBAQEiNwoRQ3JlYXRlUnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhUucHN5Y2guc2lkZWNhci52MS5SdW4iJQoNR2V0UnVuUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQIiNAoOR2V0UnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhUucHN5Y2guc2lkZWNhci52MS5SdW4idwoUQXBwZW5kUmVjb3Jkc1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhgKCnJlcXVlc3RfaWQYAiABKAlCBOJBAQESLwoHcmVjb3JkcxgDIAMoCzIYLnBzeWNoLnNpZGVjYXIudjEuUmVjb3JkQgTiQQECIkoKFUFwcGVuZFJlY29yZHNSZXNwb25zZRIxCgdyZWNvcmRzGAEgAygLMiAucHN5Y2guc2lkZWNhci52MS5BcHBlbmRlZFJlY29yZCIyCg5BcHBlbmRlZFJlY29yZBIQCghzZXF1ZW5jZRgBIAEoAxIOCgZoYW5kbGUYAiABKAkikAEKEkxpc3RSZWNvcmRzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFwoJcGFnZV9zaXplGAIgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YAyABKAlCBOJBAQESMQoFa2luZHMYBCADKA4yHC5wc3ljaC5zaWRlY2FyLnYxLlJlY29yZEtpbmRCBOJBAQEiWQoTTGlzdFJlY29yZHNSZXNwb25zZRIpCgdyZWNvcmRzGAEgAygLMhgucHN5Y2guc2lkZWNhci52MS5SZWNvcmQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIloKD0xpc3RSdW5zUmVxdWVzdBIUCgZ0ZW5hbnQYASABKAlCBOJBAQISFwoJcGFnZV9zaXplGAIgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YAyABKAlCBOJBAQEiUAoQTGlzdFJ1bnNSZXNwb25zZRIjCgRydW5zGAEgAygLMhUucHN5Y2guc2lkZWNhci52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJMsADCgpSdW5TZXJ2aWNlElQKCUNyZWF0ZVJ1bhIiLnBzeWNoLnNpZGVjYXIudjEuQ3JlYXRlUnVuUmVxdWVzdBojLnBzeWNoLnNpZGVjYXIudjEuQ3JlYXRlUnVuUmVzcG9uc2USSwoGR2V0UnVuEh8ucHN5Y2guc2lkZWNhci52MS5HZXRSdW5SZXF1ZXN0GiAucHN5Y2guc2lkZWNhci52MS5HZXRSdW5SZXNwb25zZRJgCg1BcHBlbmRSZWNvcmRzEiYucHN5Y2guc2lkZWNhci52MS5BcHBlbmRSZWNvcmRzUmVxdWVzdBonLnBzeWNoLnNpZGVjYXIudjEuQXBwZW5kUmVjb3Jkc1Jlc3BvbnNlEloKC0xpc3RSZWNvcmRzEiQucHN5Y2guc2lkZWNhci52MS5MaXN0UmVjb3Jkc1JlcXVlc3QaJS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RSZWNvcmRzUmVzcG9uc2USUQoITGlzdFJ1bnMSIS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RSdW5zUmVxdWVzdBoiLnBzeWNoLnNpZGVjYXIudjEuTGlzdFJ1bnNSZXNwb25zZUK6AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCD1J1blNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_psych_sidecar_v1_run, file_psych_sidecar_v1_spec]);
 
 /**
  * CreateRunRequest is the request of RunService.CreateRun.
@@ -285,6 +285,70 @@ export const ListRecordsResponseSchema: GenMessage<ListRecordsResponse> = /*@__P
   messageDesc(file_psych_sidecar_v1_run_service, 8);
 
 /**
+ * ListRunsRequest is the request of RunService.ListRuns.
+ *
+ * @generated from message psych.sidecar.v1.ListRunsRequest
+ */
+export type ListRunsRequest = Message<"psych.sidecar.v1.ListRunsRequest"> & {
+  /**
+   * The tenant whose Runs are listed. 1–128 characters of [A-Za-z0-9._-].
+   *
+   * @generated from field: string tenant = 1;
+   */
+  tenant: string;
+
+  /**
+   * At most this many per page; 0 means 100, above 1000 is read as 1000.
+   *
+   * @generated from field: int32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * The next_page_token of a previous call for the same tenant; empty for
+   * the first page. A token of another tenant is FIELD_INVALID.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ListRunsRequest.
+ * Use `create(ListRunsRequestSchema)` to create a new message.
+ */
+export const ListRunsRequestSchema: GenMessage<ListRunsRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_run_service, 9);
+
+/**
+ * ListRunsResponse is the response of RunService.ListRuns.
+ *
+ * @generated from message psych.sidecar.v1.ListRunsResponse
+ */
+export type ListRunsResponse = Message<"psych.sidecar.v1.ListRunsResponse"> & {
+  /**
+   * The tenant's Runs, newest first (by create_time, then run_id).
+   *
+   * @generated from field: repeated psych.sidecar.v1.Run runs = 1;
+   */
+  runs: Run[];
+
+  /**
+   * An opaque token for the next page; empty when this is the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ListRunsResponse.
+ * Use `create(ListRunsResponseSchema)` to create a new message.
+ */
+export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_run_service, 10);
+
+/**
  * RunService creates Runs and keeps their append-only logs.
  *
  * @generated from service psych.sidecar.v1.RunService
@@ -331,6 +395,17 @@ export const RunService: GenService<{
     methodKind: "unary";
     input: typeof ListRecordsRequestSchema;
     output: typeof ListRecordsResponseSchema;
+  },
+  /**
+   * ListRuns pages through a tenant's Runs, newest first. Read-only; for
+   * operators' tools such as `psych-sidecar inspect`.
+   *
+   * @generated from rpc psych.sidecar.v1.RunService.ListRuns
+   */
+  listRuns: {
+    methodKind: "unary";
+    input: typeof ListRunsRequestSchema;
+    output: typeof ListRunsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_psych_sidecar_v1_run_service, 0);

@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/spec.proto.
  */
 export const file_psych_sidecar_v1_spec: GenFile = /*@__PURE__*/
-  fileDesc("Chtwc3ljaC9zaWRlY2FyL3YxL3NwZWMucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEiswMKBFNwZWMSEgoEbmFtZRgBIAEoCUIE4kEBAhIVCgd2ZXJzaW9uGAIgASgDQgTiQQECEhoKDGluc3RydWN0aW9ucxgDIAEoCUIE4kEBARItCgZza2lsbHMYBCADKAsyFy5wc3ljaC5zaWRlY2FyLnYxLlNraWxsQgTiQQEBEjMKCXN1YmFnZW50cxgFIAMoCzIaLnBzeWNoLnNpZGVjYXIudjEuU3ViYWdlbnRCBOJBAQESHgoQY2FwYWJpbGl0eV9ub3RlcxgGIAMoCUIE4kEBARI2Cgp0aHJlc2hvbGRzGAcgASgLMhwucHN5Y2guc2lkZWNhci52MS5UaHJlc2hvbGRzQgTiQQEBEj4KCmRpc2Nsb3N1cmUYCCABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLkRpc2Nsb3N1cmVTZXR0aW5nc0IE4kEBARIxCgZncmFudHMYCSADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xHcmFudEIE4kEBARI1CgtjcmVhdGVfdGltZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMiSgoFU2tpbGwSEgoEbmFtZRgBIAEoCUIE4kEBAhIZCgtkZXNjcmlwdGlvbhgCIAEoCUIE4kEBARISCgRib2R5GAMgASgJQgTiQQEBIjkKCFN1YmFnZW50EhIKBG5hbWUYASABKAlCBOJBAQISGQoLZGVzY3JpcHRpb24YAiABKAlCBOJBAQEiyAIKClRocmVzaG9sZHMSJAoRcGVyX3Jlc3VsdF90b2tlbnMYASABKANCBOJBAQFIAIgBARIjChBwZXJfYmF0Y2hfdG9rZW5zGAIgASgDQgTiQQEBSAGIAQESJQoScHJldmlld19oZWFkX2NoYXJzGAMgASgFQgTiQQEBSAKIAQESJQoScHJldmlld190YWlsX2NoYXJzGAQgASgFQgTiQQEBSAOIAQESKwoYZmFpbHVyZV90cnVuY2F0aW9uX2NoYXJzGAUgASgFQgTiQQEBSASIAQFCFAoSX3Blcl9yZXN1bHRfdG9rZW5zQhMKEV9wZXJfYmF0Y2hfdG9rZW5zQhUKE19wcmV2aWV3X2hlYWRfY2hhcnNCFQoTX3ByZXZpZXdfdGFpbF9jaGFyc0IbChlfZmFpbHVyZV90cnVuY2F0aW9uX2NoYXJzIs4BChJEaXNjbG9zdXJlU2V0dGluZ3MSKQoWYXV0b19wcmVsb2FkX21heF90b29scxgBIAEoBUIE4kEBAUgAiAEBEiMKEGRpcmVjdF9tYXhfdG9vbHMYAiABKAVCBOJBAQFIAYgBARIjChBmYWNhZGVfbWF4X3Rvb2xzGAMgASgFQgTiQQEBSAKIAQFCGQoXX2F1dG9fcHJlbG9hZF9tYXhfdG9vbHNCEwoRX2RpcmVjdF9tYXhfdG9vbHNCEwoRX2ZhY2FkZV9tYXhfdG9vbHMiRQoJVG9vbEdyYW50EhwKDnNlcnZlcl9wYXR0ZXJuGAEgASgJQgTiQQECEhoKDHRvb2xfcGF0dGVybhgCIAEoCUIE4kEBAkK0AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCCVNwZWNQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
+  fileDesc("Chtwc3ljaC9zaWRlY2FyL3YxL3NwZWMucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEi8gMKBFNwZWMSEgoEbmFtZRgBIAEoCUIE4kEBAhIVCgd2ZXJzaW9uGAIgASgDQgTiQQECEhoKDGluc3RydWN0aW9ucxgDIAEoCUIE4kEBARItCgZza2lsbHMYBCADKAsyFy5wc3ljaC5zaWRlY2FyLnYxLlNraWxsQgTiQQEBEjMKCXN1YmFnZW50cxgFIAMoCzIaLnBzeWNoLnNpZGVjYXIudjEuU3ViYWdlbnRCBOJBAQESHgoQY2FwYWJpbGl0eV9ub3RlcxgGIAMoCUIE4kEBARI2Cgp0aHJlc2hvbGRzGAcgASgLMhwucHN5Y2guc2lkZWNhci52MS5UaHJlc2hvbGRzQgTiQQEBEj4KCmRpc2Nsb3N1cmUYCCABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLkRpc2Nsb3N1cmVTZXR0aW5nc0IE4kEBARIxCgZncmFudHMYCSADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xHcmFudEIE4kEBARI1CgtjcmVhdGVfdGltZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMSPQoOY29udGV4dF9idWRnZXQYCyABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRCdWRnZXRCBOJBAQEilwEKDUNvbnRleHRCdWRnZXQSKAoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDQgTiQQEBSACIAQESKAoVb3V0cHV0X3Jlc2VydmVfdG9rZW5zGAIgASgDQgTiQQEBSAGIAQFCGAoWX2NvbnRleHRfd2luZG93X3Rva2Vuc0IYChZfb3V0cHV0X3Jlc2VydmVfdG9rZW5zIkoKBVNraWxsEhIKBG5hbWUYASABKAlCBOJBAQISGQoLZGVzY3JpcHRpb24YAiABKAlCBOJBAQESEgoEYm9keRgDIAEoCUIE4kEBASI5CghTdWJhZ2VudBISCgRuYW1lGAEgASgJQgTiQQECEhkKC2Rlc2NyaXB0aW9uGAIgASgJQgTiQQEBIsgCCgpUaHJlc2hvbGRzEiQKEXBlcl9yZXN1bHRfdG9rZW5zGAEgASgDQgTiQQEBSACIAQESIwoQcGVyX2JhdGNoX3Rva2VucxgCIAEoA0IE4kEBAUgBiAEBEiUKEnByZXZpZXdfaGVhZF9jaGFycxgDIAEoBUIE4kEBAUgCiAEBEiUKEnByZXZpZXdfdGFpbF9jaGFycxgEIAEoBUIE4kEBAUgDiAEBEisKGGZhaWx1cmVfdHJ1bmNhdGlvbl9jaGFycxgFIAEoBUIE4kEBAUgEiAEBQhQKEl9wZXJfcmVzdWx0X3Rva2Vuc0ITChFfcGVyX2JhdGNoX3Rva2Vuc0IVChNfcHJldmlld19oZWFkX2NoYXJzQhUKE19wcmV2aWV3X3RhaWxfY2hhcnNCGwoZX2ZhaWx1cmVfdHJ1bmNhdGlvbl9jaGFycyLOAQoSRGlzY2xvc3VyZVNldHRpbmdzEikKFmF1dG9fcHJlbG9hZF9tYXhfdG9vbHMYASABKAVCBOJBAQFIAIgBARIjChBkaXJlY3RfbWF4X3Rvb2xzGAIgASgFQgTiQQEBSAGIAQESIwoQZmFjYWRlX21heF90b29scxgDIAEoBUIE4kEBAUgCiAEBQhkKF19hdXRvX3ByZWxvYWRfbWF4X3Rvb2xzQhMKEV9kaXJlY3RfbWF4X3Rvb2xzQhMKEV9mYWNhZGVfbWF4X3Rvb2xzIkUKCVRvb2xHcmFudBIcCg5zZXJ2ZXJfcGF0dGVybhgBIAEoCUIE4kEBAhIaCgx0b29sX3BhdHRlcm4YAiABKAlCBOJBAQJCtAEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQglTcGVjUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
 
 /**
  * Spec is one immutable version of an agent's configuration: what goes in
@@ -98,6 +98,16 @@ export type Spec = Message<"psych.sidecar.v1.Spec"> & {
    * @generated from field: google.protobuf.Timestamp create_time = 10;
    */
   createTime?: Timestamp | undefined;
+
+  /**
+   * The model's context window and the room kept for its answer: the
+   * context guard of AssemblePrompt keeps every prompt inside them. Unset
+   * fields take the documented defaults; AssemblePrompt may override them
+   * per call.
+   *
+   * @generated from field: psych.sidecar.v1.ContextBudget context_budget = 11;
+   */
+  contextBudget?: ContextBudget | undefined;
 };
 
 /**
@@ -106,6 +116,38 @@ export type Spec = Message<"psych.sidecar.v1.Spec"> & {
  */
 export const SpecSchema: GenMessage<Spec> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_spec, 0);
+
+/**
+ * ContextBudget is the room a prompt has: the model's context window, less
+ * what is kept free for the model's output. Counted in estimated tokens
+ * (the sidecar's cheap estimator: UTF-8 bytes / 4 of the request body).
+ *
+ * @generated from message psych.sidecar.v1.ContextBudget
+ */
+export type ContextBudget = Message<"psych.sidecar.v1.ContextBudget"> & {
+  /**
+   * The model's context window. Default 200000. Must be greater than 0 and
+   * than output_reserve_tokens.
+   *
+   * @generated from field: optional int64 context_window_tokens = 1;
+   */
+  contextWindowTokens?: bigint | undefined;
+
+  /**
+   * Tokens kept free for the model's output. Default: the request's
+   * max_tokens (4096 when unset). Must not be negative.
+   *
+   * @generated from field: optional int64 output_reserve_tokens = 2;
+   */
+  outputReserveTokens?: bigint | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ContextBudget.
+ * Use `create(ContextBudgetSchema)` to create a new message.
+ */
+export const ContextBudgetSchema: GenMessage<ContextBudget> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_spec, 1);
 
 /**
  * Skill is one entry of the skills index.
@@ -140,7 +182,7 @@ export type Skill = Message<"psych.sidecar.v1.Skill"> & {
  * Use `create(SkillSchema)` to create a new message.
  */
 export const SkillSchema: GenMessage<Skill> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 1);
+  messageDesc(file_psych_sidecar_v1_spec, 2);
 
 /**
  * Subagent is one entry of the subagent roster.
@@ -168,7 +210,7 @@ export type Subagent = Message<"psych.sidecar.v1.Subagent"> & {
  * Use `create(SubagentSchema)` to create a new message.
  */
 export const SubagentSchema: GenMessage<Subagent> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 2);
+  messageDesc(file_psych_sidecar_v1_spec, 3);
 
 /**
  * Thresholds governs how large tool results are elided from prior turns.
@@ -221,7 +263,7 @@ export type Thresholds = Message<"psych.sidecar.v1.Thresholds"> & {
  * Use `create(ThresholdsSchema)` to create a new message.
  */
 export const ThresholdsSchema: GenMessage<Thresholds> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 3);
+  messageDesc(file_psych_sidecar_v1_spec, 4);
 
 /**
  * DisclosureSettings sets the catalogue-size thresholds that decide how a
@@ -262,7 +304,7 @@ export type DisclosureSettings = Message<"psych.sidecar.v1.DisclosureSettings"> 
  * Use `create(DisclosureSettingsSchema)` to create a new message.
  */
 export const DisclosureSettingsSchema: GenMessage<DisclosureSettings> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 4);
+  messageDesc(file_psych_sidecar_v1_spec, 5);
 
 /**
  * ToolGrant permits the MCP tools whose server and tool names both match.
@@ -292,5 +334,5 @@ export type ToolGrant = Message<"psych.sidecar.v1.ToolGrant"> & {
  * Use `create(ToolGrantSchema)` to create a new message.
  */
 export const ToolGrantSchema: GenMessage<ToolGrant> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 5);
+  messageDesc(file_psych_sidecar_v1_spec, 6);
 

@@ -32,7 +32,8 @@ export type ToolSurface = Message<"psych.sidecar.v1.ToolSurface"> & {
 
   /**
    * One line per connection the Run can see, sorted by server name,
-   * including unreachable ones (never silently absent).
+   * including unreachable ones (never silently absent): the tool-server
+   * roster of the prompt's zone 2.
    *
    * @generated from field: repeated psych.sidecar.v1.ServerLine servers = 2;
    */
@@ -104,7 +105,9 @@ export const ExposedToolSchema: GenMessage<ExposedTool> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_turn, 1);
 
 /**
- * ServerLine is the prompt line that says a server is there.
+ * ServerLine is the prompt line that says a server is there. Its text
+ * carries no connection state: a server that is not connected is named in
+ * the transient message instead, so a flapping server changes no cached zone.
  *
  * @generated from message psych.sidecar.v1.ServerLine
  */
@@ -166,7 +169,9 @@ export type Prompt = Message<"psych.sidecar.v1.Prompt"> & {
   staticSections: SystemSection[];
 
   /**
-   * The zone 2 dynamic tail; empty when the host sent none.
+   * The zone 2 dynamic tail: "# Tool servers" and the roster lines (when
+   * the Run can see any server), then the request's dynamic_tail; empty
+   * when there is neither.
    *
    * @generated from field: string dynamic_tail = 2;
    */
@@ -534,14 +539,16 @@ export enum PromptZone {
   /**
    * The static system sections: instructions, skills index, subagent
    * roster, capability notes (and the tool surface, which providers cache
-   * ahead of the system prompt).
+   * ahead of the system prompt). Nothing per tenant: it changes only with
+   * the Spec (and the tools at most once per turn).
    *
    * @generated from enum value: PROMPT_ZONE_STATIC_SYSTEM = 1;
    */
   STATIC_SYSTEM = 1,
 
   /**
-   * The system prompt's single dynamic tail, supplied by the host.
+   * The system prompt's single dynamic tail: the turn's tool-server roster,
+   * then what the host supplied.
    *
    * @generated from enum value: PROMPT_ZONE_DYNAMIC_TAIL = 2;
    */
@@ -555,8 +562,8 @@ export enum PromptZone {
   HISTORY = 3,
 
   /**
-   * The trailing transient message: date and time and any per-call note.
-   * Never persisted.
+   * The trailing transient message: date and time, the state of any tool
+   * server not connected right now, and any per-call note. Never persisted.
    *
    * @generated from enum value: PROMPT_ZONE_TRANSIENT = 4;
    */

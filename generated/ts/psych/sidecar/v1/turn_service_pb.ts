@@ -7,6 +7,8 @@ import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { ContextBudget } from "./spec_pb.js";
+import { file_psych_sidecar_v1_spec } from "./spec_pb.js";
 import type { Prompt, ToolSurface, ZoneDigest } from "./turn_pb.js";
 import { file_psych_sidecar_v1_turn } from "./turn_pb.js";
 import type { Message } from "@bufbuild/protobuf";
@@ -15,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/turn_service.proto.
  */
 export const file_psych_sidecar_v1_turn_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2UixQEKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBASKsAQoWQXNzZW1ibGVQcm9tcHRSZXNwb25zZRIoCgZwcm9tcHQYASABKAsyGC5wc3ljaC5zaWRlY2FyLnYxLlByb21wdBIrCgV6b25lcxgCIAMoCzIcLnBzeWNoLnNpZGVjYXIudjEuWm9uZURpZ2VzdBIeChZhbnRocm9waWNfcmVxdWVzdF9qc29uGAMgASgMEhsKE29wZW5haV9yZXF1ZXN0X2pzb24YBCABKAwyzgEKC1R1cm5TZXJ2aWNlEloKC1Jlc29sdmVUdXJuEiQucHN5Y2guc2lkZWNhci52MS5SZXNvbHZlVHVyblJlcXVlc3QaJS5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVzcG9uc2USYwoOQXNzZW1ibGVQcm9tcHQSJy5wc3ljaC5zaWRlY2FyLnYxLkFzc2VtYmxlUHJvbXB0UmVxdWVzdBooLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXNwb25zZUK7AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCEFR1cm5TZXJ2aWNlUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_turn]);
+  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2UimwIKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBIuMBChZBc3NlbWJsZVByb21wdFJlc3BvbnNlEigKBnByb21wdBgBIAEoCzIYLnBzeWNoLnNpZGVjYXIudjEuUHJvbXB0EisKBXpvbmVzGAIgAygLMhwucHN5Y2guc2lkZWNhci52MS5ab25lRGlnZXN0Eh4KFmFudGhyb3BpY19yZXF1ZXN0X2pzb24YAyABKAwSGwoTb3BlbmFpX3JlcXVlc3RfanNvbhgEIAEoDBI1Cg1jb250ZXh0X2d1YXJkGAUgASgLMh4ucHN5Y2guc2lkZWNhci52MS5Db250ZXh0R3VhcmQixgEKDENvbnRleHRHdWFyZBIdChVjb250ZXh0X3dpbmRvd190b2tlbnMYASABKAMSHQoVb3V0cHV0X3Jlc2VydmVfdG9rZW5zGAIgASgDEhgKEGVzdGltYXRlZF90b2tlbnMYAyABKAMSHQoVZnVsbF9lc3RpbWF0ZWRfdG9rZW5zGAQgASgDEi8KBmVsaWRlZBgFIAMoCzIfLnBzeWNoLnNpZGVjYXIudjEuR3VhcmRlZFJlc3VsdBIOCgZyZWFzb24YBiABKAkiWgoNR3VhcmRlZFJlc3VsdBIPCgdjYWxsX2lkGAEgASgJEg4KBmhhbmRsZRgCIAEoCRITCgtmdWxsX3Rva2VucxgDIAEoAxITCgt2aWV3X3Rva2VucxgEIAEoAzLOAQoLVHVyblNlcnZpY2USWgoLUmVzb2x2ZVR1cm4SJC5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuUmVzb2x2ZVR1cm5SZXNwb25zZRJjCg5Bc3NlbWJsZVByb21wdBInLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5Bc3NlbWJsZVByb21wdFJlc3BvbnNlQrsBChRkZXYucHN5Y2guc2lkZWNhci52MUIQVHVyblNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
 
 /**
  * ResolveTurnRequest is the request of TurnService.ResolveTurn.
@@ -96,7 +98,8 @@ export type AssemblePromptRequest = Message<"psych.sidecar.v1.AssemblePromptRequ
   now?: Timestamp | undefined;
 
   /**
-   * The model id to put in the provider request bodies.
+   * The model id to put in the provider request bodies; when empty, the
+   * bodies have no "model" key and the host sets it before sending.
    *
    * @generated from field: string model = 5;
    */
@@ -108,6 +111,25 @@ export type AssemblePromptRequest = Message<"psych.sidecar.v1.AssemblePromptRequ
    * @generated from field: int32 max_tokens = 6;
    */
   maxTokens: number;
+
+  /**
+   * Overrides the Spec's context budget for this call, field by field: a
+   * field set here wins over the Spec's, an unset one takes the Spec's (or
+   * the default).
+   *
+   * @generated from field: psych.sidecar.v1.ContextBudget context_budget = 7;
+   */
+  contextBudget?: ContextBudget | undefined;
+
+  /**
+   * When true, the prompt is assembled exactly as otherwise but not counted
+   * as one of the Run's model calls: no assembly-journal row (the Run
+   * inspector's timeline) and no prompt metrics. For operators' tools such
+   * as `psych-sidecar inspect`; a host leaves it false.
+   *
+   * @generated from field: bool preview = 8;
+   */
+  preview: boolean;
 };
 
 /**
@@ -151,6 +173,15 @@ export type AssemblePromptResponse = Message<"psych.sidecar.v1.AssemblePromptRes
    * @generated from field: bytes openai_request_json = 4;
    */
   openaiRequestJson: Uint8Array;
+
+  /**
+   * What the context guard decided: the budget, the prompt's estimate, and
+   * the current turn's results it elided to fit (none when the prompt fits
+   * with the current turn in full, which is the usual case).
+   *
+   * @generated from field: psych.sidecar.v1.ContextGuard context_guard = 5;
+   */
+  contextGuard?: ContextGuard | undefined;
 };
 
 /**
@@ -159,6 +190,113 @@ export type AssemblePromptResponse = Message<"psych.sidecar.v1.AssemblePromptRes
  */
 export const AssemblePromptResponseSchema: GenMessage<AssemblePromptResponse> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_turn_service, 3);
+
+/**
+ * ContextGuard reports the context guard's decision for one AssemblePrompt.
+ * The spec sends the current turn's results in full; when that would not
+ * fit the model's context window, the guard elides the largest of them
+ * (the same preview and handle as a prior-turn elision), largest first,
+ * until the prompt fits. When even that cannot fit, AssemblePrompt fails
+ * with CONTEXT_BUDGET_EXCEEDED instead.
+ *
+ * @generated from message psych.sidecar.v1.ContextGuard
+ */
+export type ContextGuard = Message<"psych.sidecar.v1.ContextGuard"> & {
+  /**
+   * The context window used for this call, in estimated tokens.
+   *
+   * @generated from field: int64 context_window_tokens = 1;
+   */
+  contextWindowTokens: bigint;
+
+  /**
+   * The output reserve used for this call, in estimated tokens.
+   *
+   * @generated from field: int64 output_reserve_tokens = 2;
+   */
+  outputReserveTokens: bigint;
+
+  /**
+   * The prompt's estimate as assembled (the larger of the two request
+   * bodies, UTF-8 bytes / 4). At most context_window_tokens -
+   * output_reserve_tokens.
+   *
+   * @generated from field: int64 estimated_tokens = 3;
+   */
+  estimatedTokens: bigint;
+
+  /**
+   * The estimate with the current turn's results in full; equal to
+   * estimated_tokens when nothing was elided.
+   *
+   * @generated from field: int64 full_estimated_tokens = 4;
+   */
+  fullEstimatedTokens: bigint;
+
+  /**
+   * The current turn's results the guard elided, in the order it elided
+   * them (largest first). Empty when the prompt fits.
+   *
+   * @generated from field: repeated psych.sidecar.v1.GuardedResult elided = 5;
+   */
+  elided: GuardedResult[];
+
+  /**
+   * Why they were elided, in one sentence; empty when nothing was.
+   *
+   * @generated from field: string reason = 6;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ContextGuard.
+ * Use `create(ContextGuardSchema)` to create a new message.
+ */
+export const ContextGuardSchema: GenMessage<ContextGuard> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_turn_service, 4);
+
+/**
+ * GuardedResult is one current-turn result the context guard elided.
+ *
+ * @generated from message psych.sidecar.v1.GuardedResult
+ */
+export type GuardedResult = Message<"psych.sidecar.v1.GuardedResult"> & {
+  /**
+   * The tool call it answers.
+   *
+   * @generated from field: string call_id = 1;
+   */
+  callId: string;
+
+  /**
+   * Its handle: read_tool_output reads the whole result.
+   *
+   * @generated from field: string handle = 2;
+   */
+  handle: string;
+
+  /**
+   * Its estimate in full (what the model sees of it, see docs/prompt.md).
+   *
+   * @generated from field: int64 full_tokens = 3;
+   */
+  fullTokens: bigint;
+
+  /**
+   * The estimate of its elided view.
+   *
+   * @generated from field: int64 view_tokens = 4;
+   */
+  viewTokens: bigint;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.GuardedResult.
+ * Use `create(GuardedResultSchema)` to create a new message.
+ */
+export const GuardedResultSchema: GenMessage<GuardedResult> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_turn_service, 5);
 
 /**
  * TurnService decides what the model sees on each turn and call.
@@ -170,7 +308,9 @@ export const TurnService: GenService<{
    * ResolveTurn resolves a Run's tool surface from the current state: the
    * tenant's connections, their catalogues, the grants and restrictions.
    * Call it at the start of every turn; a server connected mid-Run is on
-   * the next turn's surface.
+   * the next turn's surface. The surface is pinned per turn (a turn starts
+   * at a user message): every call within the turn, on any sidecar sharing
+   * the database, answers the surface of the turn's first resolution.
    *
    * @generated from rpc psych.sidecar.v1.TurnService.ResolveTurn
    */
@@ -182,7 +322,10 @@ export const TurnService: GenService<{
   /**
    * AssemblePrompt builds the exact, byte-stable prompt for one model call
    * in four cache zones, with prior-turn tool results elided, plus request
-   * bodies for the Anthropic Messages and OpenAI Chat Completions APIs.
+   * bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+   * prompt always fits the context budget: when the current turn's results
+   * in full would not, the largest are elided too (context_guard says so),
+   * and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
    *
    * @generated from rpc psych.sidecar.v1.TurnService.AssemblePrompt
    */

@@ -1,23 +1,36 @@
-"""ConnectionService's use cases: put, delete, list, refresh, read and diff catalogues."""
+"""ConnectionService's use cases: put, delete, list, refresh, read and diff catalogues.
+
+The MCP layer is reached through :class:`ConnectionSupervisor` (``McpManager`` implements it),
+storage through :class:`ConnectionRepository`."""
 
 from __future__ import annotations
 
-from psych_sidecar.domain.catalog import (
-    CatalogDiff,
+from psych_sidecar.domain.catalog.connections import (
     CatalogTool,
-    CatalogWrite,
     Connection,
-    ConnectionRepository,
     ConnectionStatus,
+)
+from psych_sidecar.domain.catalog.rules import (
+    CatalogDiff,
+    CatalogVersion,
+    CatalogWrite,
+    ConnectionRepository,
+    ConnectionSupervisor,
     StoredConnection,
     catalog_version_not_found,
     connection_not_found,
     diff_catalog,
     validate_connection_name,
 )
+from psych_sidecar.domain.catalog.secrets import without_secrets
 from psych_sidecar.domain.errors import field_invalid, field_required
-from psych_sidecar.domain.runlog import decode_token, encode_token, page_size, validate_name
-from psych_sidecar.mcp.manager import McpManager, RunBlocking, without_secrets
+from psych_sidecar.domain.runlog import (
+    RunBlocking,
+    decode_token,
+    encode_token,
+    page_size,
+    validate_name,
+)
 
 
 def _tool_bytes(tool: CatalogTool) -> int:
@@ -32,7 +45,7 @@ def _tool_bytes(tool: CatalogTool) -> int:
 
 class ConnectionService:
     def __init__(
-        self, manager: McpManager, store: ConnectionRepository, blocking: RunBlocking
+        self, manager: ConnectionSupervisor, store: ConnectionRepository, blocking: RunBlocking
     ) -> None:
         self._manager = manager
         self._store = store
@@ -107,6 +120,25 @@ class ConnectionService:
         _, older = await self._read(tenant, name, from_version)
         _, newer = await self._read(tenant, name, to_version)
         return diff_catalog(older, newer)
+
+    async def list_versions(
+        self, tenant: str, name: str, requested_page_size: int, page_token: str
+    ) -> tuple[list[CatalogVersion], str]:
+        """A page of a connection's catalogue versions, newest first."""
+        _validate_key(tenant, name)
+        size = page_size(requested_page_size)
+        scope = f"catalog-versions/{tenant}/{name}"
+        before = decode_token(page_token, scope)
+        if before is not None and (not isinstance(before, int) or before < 1):
+            raise field_invalid("page_token", "not a token this sidecar issued")
+        read: tuple[list[CatalogVersion], bool] | None = await self._blocking(
+            self._store.catalog_versions, tenant, name, before or 0, size
+        )
+        if read is None:
+            raise connection_not_found(tenant, name)
+        versions, more = read
+        next_token = encode_token(scope, versions[-1].catalog_version) if more and versions else ""
+        return versions, next_token
 
     async def _read(self, tenant: str, name: str, version: int) -> tuple[int, list[CatalogTool]]:
         read: tuple[int, list[CatalogTool]] | None = await self._blocking(

@@ -1,0 +1,89 @@
+"""What of a connection is secret, and how it is kept out of replies, logs and errors.
+
+Secret: env and header values (never returned at all), and the URL's user-info and query
+values (an API key in `?key=` is as secret as one in a header). The URL comes back with
+those parts replaced by REDACTED; every error text and log line about a connection goes
+through `Scrubber`, which also catches a secret quoted by a library (an HTTP client's error
+quoting the URL, a server echoing a token).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import replace
+
+from psych_sidecar.domain.catalog.connections import Connection
+
+REDACTED = "REDACTED"
+# Secrets shorter than this are not searched for in free text: "1" or "on" would blank out
+# unrelated characters, and are no secret worth the name.
+_MIN_SCRUBBED_CHARS = 4
+
+
+def redact_url(url: str) -> str:
+    """The URL without its user-info and with every query value replaced by REDACTED.
+    Idempotent; a URL that does not parse is replaced whole."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return REDACTED
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    if parts.username is not None or parts.password is not None:
+        netloc = f"{REDACTED}@{netloc}"
+    query = "&".join(
+        f"{name}={REDACTED}" if separator else name
+        for name, separator, _value in (item.partition("=") for item in parts.query.split("&"))
+        if name or separator
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def without_secrets(connection: Connection) -> Connection:
+    """The connection as it may be shown: no env, no headers, the URL redacted."""
+    url = redact_url(connection.url) if connection.url else ""
+    return replace(connection, env={}, headers={}, url=url)
+
+
+def _url_secrets(url: str) -> set[str]:
+    found: set[str] = set()
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return {url}
+    userinfo, at, _host = parts.netloc.rpartition("@")
+    if at:
+        found.add(userinfo)
+        found.update(userinfo.split(":", 1))
+    for item in parts.query.split("&"):
+        _name, separator, value = item.partition("=")
+        if separator and value:
+            found.update({value, urllib.parse.unquote_plus(value)})
+    found.update({urllib.parse.unquote(value) for value in list(found)})
+    return found
+
+
+class Scrubber:
+    """Removes a connection's secrets from free text (errors, log lines, server output)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._url = connection.url
+        self._redacted_url = redact_url(connection.url) if connection.url else ""
+        secrets = {*connection.env.values(), *connection.headers.values()}
+        if connection.url:
+            secrets |= _url_secrets(connection.url)
+        # Longest first, so a secret containing another is replaced whole.
+        self._secrets = sorted(
+            (s for s in secrets if len(s) >= _MIN_SCRUBBED_CHARS), key=len, reverse=True
+        )
+
+    def __call__(self, text: str) -> str:
+        if self._url and self._url in text:
+            text = text.replace(self._url, self._redacted_url)
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        return text

@@ -1,0 +1,39 @@
+"""The Run inspector's reads: Runs, a Run's model calls with their usage and cache misses,
+its tool results, a reader over one of them, and a tenant's connections.
+
+Owns :class:`RunInspector` (read-only, over the other concerns' services and ports) and the
+cache-miss explainer (:func:`explain_miss`). Storage implements :class:`RunDirectory`.
+"""
+
+from __future__ import annotations
+
+from psych_sidecar.domain.inspect.explain import CacheMiss, MissCause, Reason, explain_miss
+from psych_sidecar.domain.inspect.service import (
+    CatalogVersionView,
+    ConnectionView,
+    ModelCall,
+    RecordSummary,
+    ResultRow,
+    RunDirectory,
+    RunInspector,
+    RunSummary,
+    Timeline,
+    pair_usage,
+)
+
+__all__ = [
+    "CacheMiss",
+    "CatalogVersionView",
+    "ConnectionView",
+    "MissCause",
+    "ModelCall",
+    "Reason",
+    "RecordSummary",
+    "ResultRow",
+    "RunDirectory",
+    "RunInspector",
+    "RunSummary",
+    "Timeline",
+    "explain_miss",
+    "pair_usage",
+]

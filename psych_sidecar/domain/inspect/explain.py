@@ -1,0 +1,153 @@
+"""Why a model call's cached prefix missed: compare its journal entry with the previous call's.
+
+The cacheable prefix is zones 1-3 in that order (zone 4, the transient message, is always new
+and always after the last cache breakpoint). History normally grows by appending, which
+keeps the prefix; it is rewritten only when elision changes (at the start of a turn, or by the
+context guard). So a call misses from the first of:
+
+1. zone 1 changed: the Spec's version, or the tools (a connection added or removed, a
+   catalogue version moved, a tier changed; at most once per turn, the surface is pinned);
+2. zone 2 changed: the tool-server roster (the same causes, for a server whose tools are not
+   all in zone 1, such as a deferred one) or the host's dynamic tail;
+3. the history was rewritten: results newly elided, or the context guard decided otherwise.
+
+The bytes the miss cost are the current call's bytes from that zone through the history:
+what the provider had to take at the full (or cache-write) rate again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from psych_sidecar.domain.estimate import estimate_tokens
+from psych_sidecar.domain.prompt import AssemblyEntry, SurfaceServer, Zone
+
+_PREFIX_ZONES = (Zone.STATIC_SYSTEM, Zone.DYNAMIC_TAIL, Zone.HISTORY)
+UNREACHABLE = "unreachable"
+
+
+class MissCause(StrEnum):
+    SPEC_VERSION = "spec_version"
+    CONNECTION_ADDED = "connection_added"
+    CONNECTION_REMOVED = "connection_removed"
+    CONNECTION_UNREACHABLE = "connection_unreachable"
+    CONNECTION_STATE = "connection_state"
+    CATALOG_VERSION = "catalog_version"
+    TIER = "tier"
+    SURFACE = "surface"
+    DYNAMIC_TAIL = "dynamic_tail"
+    ELISION = "elision"
+    CONTEXT_GUARD = "context_guard"
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    cause: MissCause
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMiss:
+    first_zone: Zone
+    reasons: tuple[Reason, ...]
+    # The current call's bytes from the first changed zone through the history.
+    bytes_missed: int
+
+    @property
+    def tokens_missed(self) -> int:
+        return estimate_tokens(self.bytes_missed)
+
+
+def _surface_reasons(before: AssemblyEntry, after: AssemblyEntry) -> list[Reason]:
+    old: dict[str, SurfaceServer] = {s.server: s for s in before.servers}
+    new: dict[str, SurfaceServer] = {s.server: s for s in after.servers}
+    reasons = []
+    for name in sorted(new.keys() - old.keys()):
+        server = new[name]
+        reasons.append(
+            Reason(
+                MissCause.CONNECTION_ADDED,
+                f"connection {name} added ({server.state}, catalogue v{server.catalog_version}, "
+                f"{server.permitted_tool_count} tools, {server.tier})",
+            )
+        )
+    for name in sorted(old.keys() - new.keys()):
+        reasons.append(Reason(MissCause.CONNECTION_REMOVED, f"connection {name} removed"))
+    for name in sorted(old.keys() & new.keys()):
+        was, now = old[name], new[name]
+        if was.state != now.state:
+            cause = (
+                MissCause.CONNECTION_UNREACHABLE
+                if now.state == UNREACHABLE
+                else MissCause.CONNECTION_STATE
+            )
+            text = (
+                f"connection {name} became unreachable"
+                if now.state == UNREACHABLE
+                else f"connection {name}: {was.state} → {now.state}"
+            )
+            reasons.append(Reason(cause, text))
+        if was.catalog_version != now.catalog_version:
+            reasons.append(
+                Reason(
+                    MissCause.CATALOG_VERSION,
+                    f"connection {name}: catalogue v{was.catalog_version} → v{now.catalog_version}",
+                )
+            )
+        if was.tier != now.tier:
+            reasons.append(
+                Reason(MissCause.TIER, f"connection {name}: tier {was.tier} → {now.tier}")
+            )
+    return reasons
+
+
+def explain_miss(before: AssemblyEntry | None, after: AssemblyEntry) -> CacheMiss | None:
+    """Why `after` could not reuse `before`'s cached prefix; None when it could (or when
+    there is no previous call: a cold start is not a miss to explain)."""
+    if before is None:
+        return None
+    reasons: list[Reason] = []
+    first: Zone | None = None
+    if before.zone(Zone.STATIC_SYSTEM).sha256 != after.zone(Zone.STATIC_SYSTEM).sha256:
+        first = Zone.STATIC_SYSTEM
+        if before.spec_version != after.spec_version or before.spec_name != after.spec_name:
+            reasons.append(
+                Reason(
+                    MissCause.SPEC_VERSION,
+                    f"Spec {before.spec_name} v{before.spec_version} → "
+                    f"{after.spec_name} v{after.spec_version}",
+                )
+            )
+        reasons.extend(_surface_reasons(before, after))
+        if not reasons:
+            reasons.append(
+                Reason(MissCause.SURFACE, "the tool surface changed (tools or server lines)")
+            )
+    if before.zone(Zone.DYNAMIC_TAIL).sha256 != after.zone(Zone.DYNAMIC_TAIL).sha256:
+        # Zone 2 holds the tool-server roster, then the host's tail.
+        roster = []
+        if first is None:
+            states = (MissCause.CONNECTION_UNREACHABLE, MissCause.CONNECTION_STATE)
+            roster = [r for r in _surface_reasons(before, after) if r.cause not in states]
+        first = first or Zone.DYNAMIC_TAIL
+        reasons.extend(roster)
+        if not roster:
+            reasons.append(Reason(MissCause.DYNAMIC_TAIL, "the dynamic tail changed"))
+    newly = [e for e in after.elided if e.sequence not in {b.sequence for b in before.elided}]
+    if newly:
+        first = first or Zone.HISTORY
+        listed = ", ".join(f"#{e.sequence} ({e.rule.value})" for e in newly)
+        reasons.append(
+            Reason(
+                MissCause.ELISION,
+                f"elision at the start of turn {after.turn}: {listed} elided",
+            )
+        )
+    if after.context_guard != before.context_guard and after.context_guard is not None:
+        first = first or Zone.HISTORY
+        reasons.append(Reason(MissCause.CONTEXT_GUARD, f"context guard: {after.context_guard}"))
+    if first is None:
+        return None
+    cost = sum(after.zone(z).byte_length for z in _PREFIX_ZONES if z >= first)
+    return CacheMiss(first, tuple(reasons), cost)

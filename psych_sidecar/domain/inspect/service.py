@@ -1,0 +1,235 @@
+"""RunInspector: the read-only views of the Run inspector, from domain services and ports.
+
+Everything here reads; nothing writes. Sizes come from the assembly journal (estimated
+tokens: a budget view) and usage from RecordUsage (provider-reported numbers), shown side by
+side and never mixed: the inspector adds no number of one kind to a number of the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from psych_sidecar.domain.calls import ReadResult, ToolOutputReader
+from psych_sidecar.domain.catalog import (
+    CatalogDiff,
+    CatalogTool,
+    CatalogView,
+    Connection,
+    ConnectionRepository,
+    ConnectionStatus,
+    diff_catalog,
+)
+from psych_sidecar.domain.inspect.explain import CacheMiss, explain_miss
+from psych_sidecar.domain.prompt import AssemblyEntry, AssemblyJournal, ElidedResult
+from psych_sidecar.domain.runlog import RecordKind, Run, RunService, validate_name
+from psych_sidecar.domain.usage import UsageEvent, UsageRepository
+
+# Bounds of one page: the newest calls, runs and catalogue versions shown.
+MAX_CALLS = 500
+MAX_RUNS = 200
+MAX_VERSIONS = 8
+READ_MAX_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run_id: str
+    tenant: str
+    spec_name: str
+    spec_version: int
+    create_time: datetime
+    records: int
+    last_activity: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSummary:
+    """A record's metadata: no content."""
+
+    sequence: int
+    kind: RecordKind
+    server: str
+    tool: str
+    call_id: str
+    is_error: bool
+    content_bytes: int
+    handle: str
+    create_time: datetime
+
+
+class RunDirectory(Protocol):
+    """Reads across Runs, for the inspector; storage implements it."""
+
+    def list_runs(self, tenant: str, limit: int) -> list[RunSummary]:
+        """The newest Runs first, of one tenant or (empty) of all."""
+        ...
+
+    def tenants(self, limit: int) -> list[str]:
+        """Tenants that have Runs, sorted."""
+        ...
+
+    def record_summaries(self, run_id: str) -> list[RecordSummary]:
+        """Every record of the Run in order, without content."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One AssemblePrompt, with the usage recorded after it (when the host recorded one) and
+    why its cached prefix missed (when it did)."""
+
+    index: int
+    entry: AssemblyEntry
+    usage: UsageEvent | None
+    miss: CacheMiss | None
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    run: Run
+    calls: tuple[ModelCall, ...]
+    # Whether older calls fell out of the page or the journal's retention.
+    truncated: bool
+    journal_enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRow:
+    record: RecordSummary
+    turn: int
+    # How the newest journalled prompt showed it: elided (and by which rule) or not.
+    elided: ElidedResult | None
+    current_turn: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogVersionView:
+    version: int
+    tool_count: int
+    # Against the version before it (the first version: everything added; None when the
+    # version before it is not readable).
+    diff: CatalogDiff | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionView:
+    connection: Connection  # secrets emptied
+    status: ConnectionStatus
+    versions: tuple[CatalogVersionView, ...]
+
+
+def pair_usage(entries: Sequence[AssemblyEntry], events: Sequence[UsageEvent]) -> list[int | None]:
+    """For each entry, the index of the usage event recorded after it and before the next
+    entry (the host's loop: AssemblePrompt, call the provider, RecordUsage); None when the
+    host recorded none for that call."""
+    paired: list[int | None] = []
+    position = 0
+    for index, entry in enumerate(entries):
+        following = entries[index + 1].time if index + 1 < len(entries) else None
+        while position < len(events) and events[position].time < entry.time:
+            position += 1
+        if position < len(events) and (following is None or events[position].time < following):
+            paired.append(position)
+            position += 1
+        else:
+            paired.append(None)
+    return paired
+
+
+class RunInspector:
+    def __init__(
+        self,
+        runs: RunService,
+        directory: RunDirectory,
+        journal: AssemblyJournal | None,
+        usage: UsageRepository,
+        reader: ToolOutputReader,
+        catalog: CatalogView,
+        connections: ConnectionRepository,
+    ) -> None:
+        self._runs = runs
+        self._directory = directory
+        self._journal = journal
+        self._usage = usage
+        self._reader = reader
+        self._catalog = catalog
+        self._connections = connections
+
+    def runs(self, tenant: str) -> list[RunSummary]:
+        if tenant:
+            validate_name(tenant, "tenant")
+        return self._directory.list_runs(tenant, MAX_RUNS)
+
+    def tenants(self) -> list[str]:
+        return self._directory.tenants(MAX_RUNS)
+
+    def run(self, run_id: str) -> Run:
+        return self._runs.get(run_id)
+
+    def timeline(self, run_id: str) -> Timeline:
+        run = self._runs.get(run_id)
+        if self._journal is None:
+            return Timeline(run, (), False, False)
+        entries = self._journal.entries(run_id, MAX_CALLS + 1)
+        truncated = len(entries) > MAX_CALLS
+        entries = entries[-MAX_CALLS:]
+        events = self._usage.usage_events(run_id, 2 * MAX_CALLS)
+        pairs = pair_usage(entries, events)
+        calls = []
+        previous: AssemblyEntry | None = None
+        for index, (entry, event) in enumerate(zip(entries, pairs, strict=True)):
+            calls.append(
+                ModelCall(
+                    index + 1,
+                    entry,
+                    None if event is None else events[event],
+                    explain_miss(previous, entry),
+                )
+            )
+            previous = entry
+        return Timeline(run, tuple(calls), truncated, True)
+
+    def tool_results(self, run_id: str) -> list[ResultRow]:
+        self._runs.get(run_id)
+        records = self._directory.record_summaries(run_id)
+        latest = self._journal.entries(run_id, 1) if self._journal is not None else []
+        elided = {e.sequence: e for e in latest[0].elided} if latest else {}
+        turns = sum(1 for r in records if r.kind is RecordKind.USER_MESSAGE)
+        rows = []
+        turn = 0
+        for record in records:
+            if record.kind is RecordKind.USER_MESSAGE:
+                turn += 1
+            elif record.kind is RecordKind.TOOL_RESULT:
+                rows.append(ResultRow(record, turn, elided.get(record.sequence), turn == turns))
+        return rows
+
+    def read(self, run_id: str, handle: str, offset: int, limit: int, grep: str) -> ReadResult:
+        """ReadToolOutput's semantics exactly: the same reader, the same errors."""
+        return self._reader.read(run_id, handle, offset, limit, grep, READ_MAX_BYTES)
+
+    def connections(self, tenant: str) -> list[ConnectionView]:
+        validate_name(tenant, "tenant")
+        views = []
+        for connection, status in self._catalog.tenant_connections(tenant):
+            versions: list[CatalogVersionView] = []
+            newest = status.catalog_version
+            oldest = max(1, newest - MAX_VERSIONS + 1)
+            previous: list[CatalogTool] | None = [] if oldest == 1 else None
+            if oldest > 1:
+                read = self._connections.catalog_tools(tenant, connection.name, oldest - 1)
+                previous = read[1] if read is not None else None
+            for version in range(oldest, newest + 1):
+                read = self._connections.catalog_tools(tenant, connection.name, version)
+                if read is None:
+                    previous = None
+                    continue
+                tools = read[1]
+                diff = diff_catalog(previous, tools) if previous is not None else None
+                versions.append(CatalogVersionView(version, len(tools), diff))
+                previous = tools
+            views.append(ConnectionView(connection, status, tuple(reversed(versions))))
+        return views

@@ -1,0 +1,82 @@
+"""SqlVectorStore: tool search's sentence vectors in SQL, shared by every sidecar on the
+database (search/embeddings.py's VectorStore port)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from sqlalchemy import Engine, delete, select, tuple_
+from sqlalchemy.dialects import postgresql, sqlite
+
+from psych_sidecar.storage import tables
+from psych_sidecar.storage.db import transaction
+
+# Keys per SELECT ... IN and rows per INSERT or DELETE: a 1,409-tool listing (2,818 texts)
+# reads in six round trips, well under SQLite's limit on bound parameters.
+_BATCH = 500
+# Distinct catalogue texts fetched per round trip while the collection scans them.
+_SCAN_BATCH = 2000
+
+
+class SqlVectorStore:
+    """Vectors by (encoder identity, text hash); inserts never overwrite (the same key always
+    holds the same vector), so sidecars writing the same text at once do not conflict."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+        self._insert = dialect.insert(tables.search_vectors).on_conflict_do_nothing()
+
+    def read_vectors(self, encoder: str, keys: Sequence[str]) -> dict[str, bytes]:
+        table = tables.search_vectors
+        found: dict[str, bytes] = {}
+        if not keys:
+            return found
+        with transaction(self._engine, write=False) as conn:
+            for start in range(0, len(keys), _BATCH):
+                rows = conn.execute(
+                    select(table.c.text_hash, table.c.vector).where(
+                        table.c.encoder == encoder,
+                        table.c.text_hash.in_(keys[start : start + _BATCH]),
+                    )
+                )
+                found.update((key, bytes(vector)) for key, vector in rows)
+        return found
+
+    def write_vectors(self, encoder: str, rows: Sequence[tuple[str, bytes]]) -> None:
+        if not rows:
+            return
+        now = tables.now_us()
+        values = [
+            {"encoder": encoder, "text_hash": key, "vector": vector, "create_time_us": now}
+            for key, vector in rows
+        ]
+        with transaction(self._engine, write=True) as conn:
+            for start in range(0, len(values), _BATCH):
+                conn.execute(self._insert, values[start : start + _BATCH])
+
+    def vector_keys(self) -> list[tuple[str, str]]:
+        table = tables.search_vectors
+        with transaction(self._engine, write=False) as conn:
+            return [(e, k) for e, k in conn.execute(select(table.c.encoder, table.c.text_hash))]
+
+    def catalogue_texts(self) -> Iterator[tuple[str, str]]:
+        """Every distinct (tool name, description) of every catalogue version, current or
+        not, of every tenant, streamed."""
+        catalog = tables.catalog_tools
+        query = select(catalog.c.name, catalog.c.description).distinct()
+        with transaction(self._engine, write=False) as conn:
+            result = conn.execution_options(yield_per=_SCAN_BATCH).execute(query)
+            yield from ((name, description) for name, description in result)
+
+    def delete_vectors(self, keys: Sequence[tuple[str, str]]) -> int:
+        table = tables.search_vectors
+        deleted = 0
+        with transaction(self._engine, write=True) as conn:
+            for start in range(0, len(keys), _BATCH):
+                batch = list(keys[start : start + _BATCH])
+                result = conn.execute(
+                    delete(table).where(tuple_(table.c.encoder, table.c.text_hash).in_(batch))
+                )
+                deleted += result.rowcount
+        return deleted

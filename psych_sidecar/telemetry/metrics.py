@@ -1,0 +1,326 @@
+"""Prometheus metrics: every series the sidecar exports, in one registry, and /metrics.
+
+Recorded at the edges (servicers, the RPC wrapper, the MCP layer, the storage thread pool);
+the domain never sees this module. Labels are bounded: method, status code, connection
+name, outcome, trigger, zone, kind; never a Run id, a handle or a tenant-supplied free text.
+
+This module must not import the token estimator (the metering contract in pyproject.toml):
+estimated tokens arrive here as numbers computed by the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+PREFIX = "psych_sidecar"
+# No `_created` series beside every counter and histogram: they double the exposition and
+# no dashboard here uses them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+# Latency buckets (seconds): sub-millisecond RPCs up to a minute-long tool call.
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_BYTES = tuple(float(4**i) for i in range(4, 14))  # 256 B .. 64 MiB
+_TOKENS = tuple(float(4**i) for i in range(2, 12))  # 16 .. 4 Mi tokens
+
+RPCS = Counter(
+    f"{PREFIX}_rpcs",
+    "gRPC calls answered, by full method name and status code.",
+    ["method", "code"],
+    registry=REGISTRY,
+)
+RPC_SECONDS = Histogram(
+    f"{PREFIX}_rpc_seconds",
+    "Time to answer a gRPC call in the sidecar (from the handler's start to its answer), "
+    "by method and status code.",
+    ["method", "code"],
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+TOOL_CALLS = Counter(
+    f"{PREFIX}_mcp_tool_calls",
+    "MCP tool calls, by connection name and outcome: ok, tool_error (the server answered "
+    "with an error), timeout, refused (the server was not connected or the connection closed).",
+    ["connection", "outcome"],
+    registry=REGISTRY,
+)
+TOOL_CALL_SECONDS = Histogram(
+    f"{PREFIX}_mcp_tool_call_seconds",
+    "Time of an MCP tool call, by connection name and outcome.",
+    ["connection", "outcome"],
+    buckets=_SLOW,
+    registry=REGISTRY,
+)
+CATALOG_REFRESHES = Counter(
+    f"{PREFIX}_catalog_refreshes",
+    "Catalogue refreshes (a full tools/list), by trigger (connect, ttl, on_demand, "
+    "list_changed) and outcome (changed: a new version was written, unchanged, failed).",
+    ["trigger", "outcome"],
+    registry=REGISTRY,
+)
+PROMPT_BYTES = Histogram(
+    f"{PREFIX}_prompt_zone_bytes",
+    "Canonical bytes of each zone of an assembled prompt, by zone.",
+    ["zone"],
+    buckets=_BYTES,
+    registry=REGISTRY,
+)
+PROMPT_TOKENS = Histogram(
+    f"{PREFIX}_prompt_zone_estimated_tokens",
+    "Estimated tokens (ceil(bytes / 4)) of each zone of an assembled prompt, by zone.",
+    ["zone"],
+    buckets=_TOKENS,
+    registry=REGISTRY,
+)
+RESULTS_ELIDED = Counter(
+    f"{PREFIX}_results_elided",
+    "Tool results sent elided in an assembled prompt, by reason: prior_turn (the elision "
+    "rules), context_guard (the current turn's, to fit the context budget).",
+    ["reason"],
+    registry=REGISTRY,
+)
+ELIDED_BYTES_SAVED = Counter(
+    f"{PREFIX}_elided_bytes_saved",
+    "Bytes of tool results left out of assembled prompts by elision (full size minus what "
+    "the elided view shows), by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+USAGE_TOKENS = Counter(
+    f"{PREFIX}_usage_tokens",
+    "Provider-reported tokens recorded with RecordUsage, by kind: input (uncached input), "
+    "cache_read, cache_write, output.",
+    ["kind"],
+    registry=REGISTRY,
+)
+SEARCH_SECONDS = Histogram(
+    f"{PREFIX}_search_seconds",
+    "Time of a tool search (SearchTools), ranking included.",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+STORAGE_WAIT_SECONDS = Histogram(
+    f"{PREFIX}_storage_wait_seconds",
+    "Time a storage call waited for a worker thread, and so for its database connection "
+    "(the pool has one connection per thread).",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+DB_POOL_WAIT_SECONDS = Histogram(
+    f"{PREFIX}_db_pool_wait_seconds",
+    "Time a transaction waited for a connection from the database pool.",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+LOOP_LAG_SECONDS = Histogram(
+    f"{PREFIX}_event_loop_lag_seconds",
+    "How late the event loop ran a timer that was due (sampled twice a second).",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+
+
+class StateSource(Protocol):
+    """What a running sidecar tells the scrape about its current state."""
+
+    def connection_states(self) -> Iterable[tuple[str, str]]:
+        """(connection name, state name) of every connection this sidecar holds."""
+        ...
+
+    def catalog_sizes(self) -> Iterable[tuple[str, int]]:
+        """(connection name, tools in its current catalogue) as last listed."""
+        ...
+
+    def warmup_backlog(self) -> int:
+        """Listings waiting to be encoded for search."""
+        ...
+
+
+CONNECTION_STATES = ("CONNECTING", "CONNECTED", "UNREACHABLE")
+
+
+class _StateCollector(Collector):
+    """Gauges read at scrape time from every live sidecar of the process."""
+
+    def __init__(self) -> None:
+        self.sources: weakref.WeakSet[StateSource] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[Metric]:
+        states = GaugeMetricFamily(
+            f"{PREFIX}_connection_state",
+            "MCP connections of each name in each state (CONNECTING, CONNECTED, UNREACHABLE): "
+            "1 for the state a connection is in, 0 for the others (names shared by several "
+            "tenants add up).",
+            labels=["connection", "state"],
+        )
+        sizes = GaugeMetricFamily(
+            f"{PREFIX}_catalog_tools",
+            "Tools in each connection's current catalogue, by connection name.",
+            labels=["connection"],
+        )
+        backlog = GaugeMetricFamily(
+            f"{PREFIX}_search_warmup_backlog",
+            "Catalogue listings waiting to be encoded for semantic search.",
+        )
+        counts: dict[str, dict[str, int]] = {}
+        tools: dict[str, int] = {}
+        total_backlog = 0
+        for source in list(self.sources):
+            for connection, current in source.connection_states():
+                per_state = counts.setdefault(connection, dict.fromkeys(CONNECTION_STATES, 0))
+                per_state[current] = per_state.get(current, 0) + 1
+            for connection, size in source.catalog_sizes():
+                tools[connection] = tools.get(connection, 0) + size
+            total_backlog += source.warmup_backlog()
+        for connection, per_state in sorted(counts.items()):
+            for state, count in per_state.items():
+                states.add_metric([connection, state], float(count))
+        for connection, size in sorted(tools.items()):
+            sizes.add_metric([connection], float(size))
+        backlog.add_metric([], float(total_backlog))
+        yield states
+        yield sizes
+        yield backlog
+
+
+_STATE = _StateCollector()
+REGISTRY.register(_STATE)
+
+
+def watch(source: StateSource) -> Callable[[], None]:
+    """Report a running sidecar's state at every scrape; call the result to stop."""
+    _STATE.sources.add(source)
+    return lambda: _STATE.sources.discard(source)
+
+
+# Recording is off until a sidecar with an admin listener enables it (nothing would read
+# the numbers otherwise); process-wide, and never turned off again.
+_enabled = False
+
+
+def enable() -> None:
+    global _enabled
+    _enabled = True
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+# Recording helpers, so callers need not know label names; each costs one check when off.
+
+
+# (method, code) -> its counter and histogram children: labels() takes a lock and builds a
+# key on every call; the set of pairs is bounded by the contract.
+_rpc_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+
+
+def record_rpc(method: str, code: str, seconds: float) -> None:
+    if not _enabled:
+        return
+    children = _rpc_children.get((method, code))
+    if children is None:
+        children = RPCS.labels(method, code), RPC_SECONDS.labels(method, code)
+        _rpc_children[(method, code)] = children
+    children[0].inc()
+    children[1].observe(seconds)
+
+
+def record_tool_call(connection: str, outcome: str, seconds: float) -> None:
+    if not _enabled:
+        return
+    TOOL_CALLS.labels(connection, outcome).inc()
+    TOOL_CALL_SECONDS.labels(connection, outcome).observe(seconds)
+
+
+def record_refresh(trigger: str, outcome: str) -> None:
+    if not _enabled:
+        return
+    CATALOG_REFRESHES.labels(trigger, outcome).inc()
+
+
+def record_prompt(
+    zones: Sequence[tuple[str, int, int]], elisions: Mapping[str, tuple[int, int]]
+) -> None:
+    """Zones as (zone, bytes, estimated tokens); elisions as reason -> (results, bytes saved),
+    the reasons being prior_turn and context_guard."""
+    if not _enabled:
+        return
+    for zone, size, tokens in zones:
+        PROMPT_BYTES.labels(zone).observe(size)
+        PROMPT_TOKENS.labels(zone).observe(tokens)
+    for reason, (count, saved) in elisions.items():
+        if count:
+            RESULTS_ELIDED.labels(reason).inc(count)
+            ELIDED_BYTES_SAVED.labels(reason).inc(saved)
+
+
+def record_usage(input_tokens: int, cache_read: int, cache_write: int, output: int) -> None:
+    if not _enabled:
+        return
+    for kind, value in (
+        ("input", input_tokens),
+        ("cache_read", cache_read),
+        ("cache_write", cache_write),
+        ("output", output),
+    ):
+        if value > 0:
+            USAGE_TOKENS.labels(kind).inc(value)
+
+
+def observe(histogram: Histogram, seconds: float) -> None:
+    if _enabled:
+        histogram.observe(seconds)
+
+
+@contextlib.contextmanager
+def timed(histogram: Histogram) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        observe(histogram, time.perf_counter() - started)
+
+
+async def watch_loop_lag(interval: float = 0.5) -> None:
+    """Runs until cancelled: how late each timer fires is the loop's lag."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + interval
+        await asyncio.sleep(interval)
+        LOOP_LAG_SECONDS.observe(max(0.0, loop.time() - due))
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def admin_routes() -> list[BaseRoute]:
+    """GET /metrics: the Prometheus text exposition of REGISTRY."""
+    return [Route("/metrics", _metrics, methods=["GET"])]

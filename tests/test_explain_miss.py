@@ -1,0 +1,137 @@
+"""The cache-miss explainer and the usage pairing, on journal entries built by hand (pure
+functions: no server needed)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from psych_sidecar.domain.inspect import MissCause, explain_miss, pair_usage
+from psych_sidecar.domain.prompt import (
+    AssemblyEntry,
+    ElidedResult,
+    ElisionRule,
+    SurfaceServer,
+    Zone,
+    ZoneSize,
+)
+from psych_sidecar.domain.usage import ModelCallUsage, UsageEvent
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+DOCS = SurfaceServer("docs", "connected", "deferred", 1, 12)
+
+
+def entry(
+    static: str = "s1",
+    tail: str = "t1",
+    history: str = "h1",
+    *,
+    servers: tuple[SurfaceServer, ...] = (DOCS,),
+    elided: tuple[ElidedResult, ...] = (),
+    spec_version: int = 1,
+    guard: str | None = None,
+    turn: int = 1,
+    seconds: int = 0,
+) -> AssemblyEntry:
+    digests = {Zone.STATIC_SYSTEM: static, Zone.DYNAMIC_TAIL: tail, Zone.HISTORY: history}
+    sizes = {Zone.STATIC_SYSTEM: 4000, Zone.DYNAMIC_TAIL: 400, Zone.HISTORY: 10_000}
+    return AssemblyEntry(
+        run_id="run_x",
+        time=T0 + timedelta(seconds=seconds),
+        model="m",
+        spec_name="agent",
+        spec_version=spec_version,
+        turn=turn,
+        step=0,
+        last_sequence=1,
+        zones=tuple(
+            ZoneSize(z, sizes.get(z, 80), sizes.get(z, 80) // 4, digests.get(z, f"x{seconds}"))
+            for z in Zone
+        ),
+        tool_count=4,
+        servers=servers,
+        elided=elided,
+        context_guard=guard,
+    )
+
+
+def causes(before: AssemblyEntry | None, after: AssemblyEntry) -> list[MissCause] | None:
+    miss = explain_miss(before, after)
+    return None if miss is None else [reason.cause for reason in miss.reasons]
+
+
+def test_a_first_call_and_a_history_that_only_grew_are_not_misses() -> None:
+    assert explain_miss(None, entry()) is None
+    assert explain_miss(entry(), entry(history="h2")) is None
+
+
+def test_a_changed_tool_surface_names_what_changed_and_costs_zones_one_to_three() -> None:
+    before = entry()
+    gone = entry("s2", servers=(replace(DOCS, state="unreachable"),))
+    miss = explain_miss(before, gone)
+    assert miss is not None
+    assert miss.first_zone is Zone.STATIC_SYSTEM
+    assert [r.text for r in miss.reasons] == ["connection docs became unreachable"]
+    assert miss.bytes_missed == 4000 + 400 + 10_000
+    assert causes(before, entry("s2", servers=())) == [MissCause.CONNECTION_REMOVED]
+    moved = entry("s2", servers=(replace(DOCS, catalog_version=2),))
+    assert causes(before, moved) == [MissCause.CATALOG_VERSION]
+    added = entry("s2", servers=(DOCS, SurfaceServer("crm", "connected", "direct", 3, 5)))
+    assert causes(before, added) == [MissCause.CONNECTION_ADDED]
+    assert causes(before, entry("s2", spec_version=2)) == [MissCause.SPEC_VERSION]
+    assert causes(before, entry("s2")) == [MissCause.SURFACE]
+
+
+def test_a_changed_tail_misses_from_zone_two() -> None:
+    miss = explain_miss(entry(), entry(tail="t2"))
+    assert miss is not None
+    assert miss.first_zone is Zone.DYNAMIC_TAIL
+    assert [r.cause for r in miss.reasons] == [MissCause.DYNAMIC_TAIL]
+    assert miss.bytes_missed == 400 + 10_000
+    assert miss.tokens_missed == 2600
+
+
+def test_elision_at_a_turn_start_and_the_context_guard_rewrite_the_history() -> None:
+    elided = (ElidedResult(3, "h_a", ElisionRule.PER_RESULT),)
+    miss = explain_miss(entry(), entry(history="h2", elided=elided, turn=2))
+    assert miss is not None
+    assert miss.first_zone is Zone.HISTORY
+    assert [r.text for r in miss.reasons] == [
+        "elision at the start of turn 2: #3 (per_result) elided"
+    ]
+    assert miss.bytes_missed == 10_000
+    # The same elisions on the next step are no miss: views are stable within a turn.
+    assert explain_miss(entry(elided=elided), entry(history="h3", elided=elided)) is None
+    assert causes(entry(), entry(history="h2", guard="elided #5 to fit")) == [
+        MissCause.CONTEXT_GUARD
+    ]
+
+
+def usage_at(seconds: int) -> UsageEvent:
+    return UsageEvent(
+        f"u{seconds}", ModelCallUsage("m", 1, 1, 0, 0), T0 + timedelta(seconds=seconds)
+    )
+
+
+def test_usage_goes_to_the_call_it_follows_and_missing_usage_stays_missing() -> None:
+    calls = [entry(seconds=0), entry(seconds=10), entry(seconds=20)]
+    # Usage after calls 1 and 3 only; one event older than every call is ignored.
+    events = [usage_at(-5), usage_at(1), usage_at(21)]
+    assert pair_usage(calls, events) == [1, None, 2]
+    assert pair_usage(calls, []) == [None, None, None]
+
+
+def test_a_roster_change_in_zone_2_names_the_connection_and_a_flap_is_no_miss() -> None:
+    # A deferred server connected: only the roster (zone 2) changed, not the tools.
+    wiki = SurfaceServer("wiki", "connected", "deferred", 1, 40)
+    added = entry(tail="t2", servers=(DOCS, wiki))
+    miss = explain_miss(entry(), added)
+    assert miss is not None
+    assert miss.first_zone is Zone.DYNAMIC_TAIL
+    assert [r.cause for r in miss.reasons] == [MissCause.CONNECTION_ADDED]
+    # The host's tail alone.
+    assert causes(entry(), entry(tail="t2")) == [MissCause.DYNAMIC_TAIL]
+    # A server gone unreachable changes no cached zone (its state is in the transient
+    # message): nothing to explain.
+    flapped = entry(servers=(replace(DOCS, state="unreachable"),))
+    assert explain_miss(entry(), flapped) is None

@@ -1,0 +1,228 @@
+"""`psych-sidecar inspect` against the real server: each view prints what the gRPC reads
+answer, as JSON and as a table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import struct_pb2
+
+from psych.sidecar.v1 import (
+    connection_pb2,
+    connection_service_pb2,
+    run_service_pb2,
+    spec_pb2,
+    tool_service_pb2,
+    turn_pb2,
+    turn_service_pb2,
+)
+from psych_sidecar import cli
+from psych_sidecar.inspect import content_bytes
+from tests.conftest import RunningSidecar, Stubs
+from tests.helpers import user
+from tests.prompt_helpers import append, assistant, history_results, run_with, thresholds
+
+FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
+TENANT = "inspect-tenant"
+
+
+@pytest.fixture(scope="module")
+def sidecar_overrides() -> dict[str, Any]:
+    """The fixture MCP server as an allowed stdio command."""
+    return {"mcp_commands": {"fixture": {"argv": [sys.executable, str(FIXTURE_SERVER), "stdio"]}}}
+
+
+@pytest.fixture(scope="module")
+def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One transport is enough: inspect is a client like any other."""
+    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+
+
+@pytest.fixture(scope="module")
+def scripted(stubs: Stubs) -> dict[str, str]:
+    """Two Runs; the second with a deferred call whose big result is elided next turn; a
+    connection whose catalogue has two versions."""
+    connection = connection_pb2.Connection(
+        tenant=TENANT, name="fx", stdio=connection_pb2.StdioTransport(command="fixture")
+    )
+    stubs.connections.PutConnection(
+        connection_service_pb2.PutConnectionRequest(connection=connection)
+    )
+    grants = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
+    spec = thresholds(per_result_tokens=1000)
+    first = run_with(stubs, "inspect-a", tenant=TENANT, grants=grants, thresholds=spec)
+    run_id = run_with(stubs, "inspect-b", tenant=TENANT, grants=grants, thresholds=spec)
+    append(stubs, run_id, user("fetch"), assistant("", ("c1", "fx__huge_text", "{}")))
+    arguments = struct_pb2.Struct()
+    arguments.update({"size": 40_000})
+    stubs.tools.CallDeferredTool(
+        tool_service_pb2.CallDeferredToolRequest(
+            run_id=run_id, server="fx", tool="huge_text", arguments=arguments, call_id="c1"
+        )
+    )
+    added = struct_pb2.Struct()
+    added.update({"name": "added_tool", "notify": False})
+    stubs.tools.CallDeferredTool(
+        tool_service_pb2.CallDeferredToolRequest(
+            run_id=run_id, server="fx", tool="add_tool", arguments=added, call_id="c2"
+        )
+    )
+    stubs.connections.RefreshCatalog(
+        connection_service_pb2.RefreshCatalogRequest(tenant=TENANT, name="fx")
+    )
+    append(stubs, run_id, user("look closer"))
+    return {"first": first, "run": run_id}
+
+
+def inspect(
+    grpc_server: RunningSidecar, capsys: pytest.CaptureFixture[str], *arguments: str
+) -> tuple[int, str]:
+    code = cli.main(["inspect", *arguments, "--address", grpc_server.sidecar.bound[0]])
+    return code, capsys.readouterr().out
+
+
+def as_json(
+    grpc_server: RunningSidecar, capsys: pytest.CaptureFixture[str], *arguments: str
+) -> Any:
+    code, out = inspect(grpc_server, capsys, *arguments, "--json")
+    assert code == 0
+    return json.loads(out)
+
+
+def test_runs_lists_the_tenants_runs_newest_first(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    data = as_json(grpc_server, capsys, "runs", TENANT)
+    answer = stubs.runs.ListRuns(run_service_pb2.ListRunsRequest(tenant=TENANT))
+    assert [row["run_id"] for row in data["runs"]] == [run.run_id for run in answer.runs]
+    assert [row["run_id"] for row in data["runs"]] == [scripted["run"], scripted["first"]]
+    assert data["runs"][0]["spec"] == "inspect-b@1"
+    code, table = inspect(grpc_server, capsys, "runs", TENANT)
+    assert code == 0
+    assert table.splitlines()[0].split() == ["run_id", "spec", "created"]
+    assert scripted["run"] in table.splitlines()[1]
+    code, table = inspect(grpc_server, capsys, "runs", TENANT, "--limit", "1")
+    assert "more than 1" in table
+
+
+def test_log_summarises_records_tool_results_and_what_is_elided(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    run_id = scripted["run"]
+    data = as_json(grpc_server, capsys, "log", run_id)
+    records = stubs.runs.ListRecords(run_service_pb2.ListRecordsRequest(run_id=run_id)).records
+    results = [r for r in records if r.WhichOneof("kind") == "tool_result"]
+    assert data["records"] == len(records)
+    assert data["records_by_kind"] == {
+        "ASSISTANT_MESSAGE": 1,
+        "TOOL_RESULT": 2,
+        "USER_MESSAGE": 2,
+    }
+    prompt = stubs.turns.AssemblePrompt(turn_service_pb2.AssemblePromptRequest(run_id=run_id))
+    elided = history_results(prompt)
+    assert [
+        (row["sequence"], row["handle"], row["bytes"], row["elided_now"])
+        for row in data["tool_results"]
+    ] == [
+        (
+            r.sequence,
+            r.handle,
+            content_bytes(r.tool_result.content),
+            elided[r.tool_result.call_id].elided,
+        )
+        for r in results
+    ]
+    assert data["tool_results"][0]["bytes"] == 40_000
+    assert data["elided_now"] == 1
+    code, table = inspect(grpc_server, capsys, "log", run_id)
+    assert code == 0
+    assert results[0].handle in table
+
+
+def test_prompt_shows_zone_sizes_and_hashes(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    data = as_json(grpc_server, capsys, "prompt", scripted["run"])
+    prompt = stubs.turns.AssemblePrompt(
+        turn_service_pb2.AssemblePromptRequest(run_id=scripted["run"])
+    )
+    assert [(z["bytes"], z["sha256"]) for z in data["zones"]] == [
+        (z.byte_length, z.sha256) for z in prompt.zones
+    ]
+    assert [z["zone"] for z in data["zones"]] == [
+        turn_pb2.PromptZone.Name(z.zone).removeprefix("PROMPT_ZONE_").lower() for z in prompt.zones
+    ]
+    assert data["requests"]["anthropic"]["bytes"] == len(prompt.anthropic_request_json)
+    code, table = inspect(grpc_server, capsys, "prompt", scripted["run"])
+    assert code == 0
+    assert prompt.zones[0].sha256 in table
+
+
+def test_catalog_lists_versions_and_diffs_two(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    data = as_json(grpc_server, capsys, "catalog", TENANT, "fx")
+    answer = stubs.connections.ListCatalogVersions(
+        connection_service_pb2.ListCatalogVersionsRequest(tenant=TENANT, name="fx")
+    )
+    assert [(v["version"], v["tools"], v["sha256"]) for v in data["versions"]] == [
+        (v.catalog_version, v.tool_count, v.sha256) for v in answer.versions
+    ]
+    assert [v["version"] for v in data["versions"]] == [2, 1]
+    diff = as_json(grpc_server, capsys, "catalog", TENANT, "fx", "--diff", "1", "2")
+    assert diff["changes"] == [{"change": "added", "tool": "added_tool", "version": 2}]
+    code, table = inspect(grpc_server, capsys, "catalog", TENANT, "fx", "--diff", "1", "0")
+    assert code == 0
+    assert "added_tool" in table
+
+
+def test_connections_shows_states(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    data = as_json(grpc_server, capsys, "connections", TENANT)
+    answer = stubs.connections.ListConnections(
+        connection_service_pb2.ListConnectionsRequest(tenant=TENANT)
+    )
+    assert [(c["name"], c["state"], c["catalog_version"]) for c in data["connections"]] == [
+        (
+            c.name,
+            connection_pb2.ConnectionState.Name(c.state).removeprefix("CONNECTION_STATE_"),
+            c.catalog_version,
+        )
+        for c in answer.connections
+    ]
+    assert data["connections"][0]["state"] == "CONNECTED"
+    code, table = inspect(grpc_server, capsys, "connections", TENANT)
+    assert code == 0
+    assert "CONNECTED" in table
+
+
+def test_a_refused_read_is_reported_and_exits_1(
+    grpc_server: RunningSidecar, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["inspect", "log", "run_unknown", "--address", grpc_server.sidecar.bound[0]])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "NOT_FOUND" in captured.err
+    assert captured.out == ""
+
+
+def test_inspect_previews_leave_no_journal_row(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    """The views that assemble the prompt do it as a preview: the Run inspector's timeline
+    (the assembly journal) shows only the host's model calls."""
+    journal = grpc_server.sidecar.journal
+    assert journal is not None
+    run_id = scripted["run"]
+    before = len(journal.entries(run_id, 1000))
+    for view in ("log", "prompt"):
+        assert inspect(grpc_server, capsys, view, run_id)[0] == 0
+    assert len(journal.entries(run_id, 1000)) == before
+    # A host's AssemblePrompt is journaled.
+    stubs.turns.AssemblePrompt(turn_service_pb2.AssemblePromptRequest(run_id=run_id))
+    assert len(journal.entries(run_id, 1000)) == before + 1

@@ -1,0 +1,47 @@
+"""A server without subscriptions/listen: the session falls back to unprompted list_changed
+notifications quietly (once, at DEBUG) and notes the protocol era in its state."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import RunningSidecar, Stubs
+from tests.mcp_helpers import catalog_names, fixture_commands, put_stdio, wait_for
+
+
+@pytest.fixture(scope="module")
+def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One listener: this is about MCP, not the gRPC transport."""
+    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+
+
+@pytest.fixture(scope="module")
+def sidecar_overrides() -> dict[str, Any]:
+    """The fixture server is an allowed command; a short debounce so a change shows quickly."""
+    return {"mcp_commands": fixture_commands(), "mcp_list_changed_debounce_seconds": 0.05}
+
+
+@pytest.mark.parametrize(("args", "era"), [(["--no-listen"], "2025"), ([], "2026")])
+def test_the_listen_fallback_is_quiet_and_the_era_is_noted(
+    grpc_server: RunningSidecar,
+    stubs: Stubs,
+    unique: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+    args: list[str],
+    era: str,
+) -> None:
+    tenant = unique("era")
+    with caplog.at_level(logging.DEBUG, logger="psych_sidecar.mcp.session"):
+        put_stdio(stubs, tenant, "srv", args=["--tools", "2", *args])
+        session = grpc_server.sidecar.mcp._running[(tenant, "srv")].session
+        wait_for(lambda: session.protocol_era, "the protocol era")
+        assert session.protocol_era == era
+        wait_for(lambda: "bulk_000" in catalog_names(stubs, tenant, "srv"), "the listing")
+    mine = [r for r in caplog.records if f"{tenant}/srv" in r.getMessage()]
+    assert not [r for r in mine if "listen ended" in r.getMessage()]
+    fallback = [r for r in mine if "no subscriptions/listen" in r.getMessage()]
+    assert [r.levelno for r in fallback] == ([logging.DEBUG] if era == "2025" else [])

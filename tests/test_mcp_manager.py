@@ -1,0 +1,70 @@
+"""McpManager owns every task it starts: after stop() nothing starts, and a deleted
+connection leaves nothing behind. Against a real sidecar on a real SQLite file and the
+project's fixture MCP server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from psych_sidecar.config import Settings
+from psych_sidecar.domain.catalog import Connection, TransportKind
+from tests.conftest import RunningSidecar
+from tests.mcp_helpers import fixture_commands, on_loop
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(
+        listen=[f"unix://{tmp_path / 's.sock'}"],
+        database_url=f"sqlite:///{tmp_path / 'sidecar.db'}",
+        data_dir=tmp_path,
+        mcp_commands=fixture_commands(),
+        shutdown_grace_seconds=2,
+    )
+
+
+def _fixture(tenant: str, name: str) -> Connection:
+    return Connection(tenant=tenant, name=name, transport=TransportKind.STDIO, command="fixture")
+
+
+def _session_tasks(running: RunningSidecar) -> list[str]:
+    async def names() -> list[str]:
+        await asyncio.sleep(0.2)  # let callbacks scheduled from other threads run first
+        return sorted(
+            task.get_name() for task in asyncio.all_tasks() if task.get_name().startswith("mcp-")
+        )
+
+    return on_loop(running, names())
+
+
+def test_nothing_starts_after_stop(tmp_path: Path) -> None:
+    with RunningSidecar(_settings(tmp_path)) as running:
+        sidecar = running.sidecar
+        on_loop(running, sidecar.mcp.stop())
+        assert _session_tasks(running) == []
+        # Another sidecar on the same database stores a connection; this one notices it when
+        # a storage thread lists the tenant's connections, and would start its session.
+        sidecar._connection_store.put_connection(_fixture("acme", "late"))
+        listed = sidecar.mcp.tenant_connections("acme")
+        assert [connection.name for connection, _ in listed] == ["late"]
+        assert _session_tasks(running) == []
+
+
+def test_stop_ends_every_task_it_started(tmp_path: Path) -> None:
+    with RunningSidecar(_settings(tmp_path)) as running:
+        sidecar = running.sidecar
+        on_loop(running, sidecar.mcp.put_connection(_fixture("acme", "first")))
+        assert _session_tasks(running) == ["mcp-catalog-sweep", "mcp-session first"]
+        on_loop(running, sidecar.mcp.stop())
+        assert _session_tasks(running) == []
+
+
+def test_a_deleted_connection_leaves_no_lock_behind(tmp_path: Path) -> None:
+    with RunningSidecar(_settings(tmp_path)) as running:
+        manager = running.sidecar.mcp
+        for index in range(5):
+            on_loop(running, manager.put_connection(_fixture("acme", f"c{index}")))
+            on_loop(running, manager.delete_connection("acme", f"c{index}"))
+        # Per-name locks exist only for live connections: the map does not grow with every
+        # name ever used.
+        assert manager._key_locks == {}
