@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from psych_sidecar.domain import bounded_json
 from psych_sidecar.domain.calls.executor import (
     KindHandler,
     PendingResult,
@@ -30,6 +29,7 @@ from psych_sidecar.domain.calls.executor import (
     tool_error,
 )
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
+from psych_sidecar.domain.canonical import bounded_loads
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     MAX_IDENTIFIER_LENGTH,
@@ -88,7 +88,7 @@ class _ArgumentError(Exception):
 def _arguments(call: ToolCall, fields: dict[str, type], required: set[str]) -> dict[str, Any]:
     """Arguments as the schema says, or an _ArgumentError naming what is wrong."""
     try:
-        value = bounded_json.loads(call.arguments_json or "{}")
+        value = bounded_loads(call.arguments_json or "{}")
     except ValueError as error:
         raise _ArgumentError(f"the arguments are not valid JSON ({error})") from None
     if not isinstance(value, dict):

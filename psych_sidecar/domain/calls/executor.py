@@ -23,9 +23,8 @@ import jsonschema.validators
 import referencing
 import referencing.exceptions
 
-from psych_sidecar.domain import bounded_json
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.canonical import canonical_json, sorted_keys
+from psych_sidecar.domain.canonical import bounded_loads, canonical_json, sorted_keys
 from psych_sidecar.domain.catalog import CatalogTool, ToolCallFailed, ToolRunner
 from psych_sidecar.domain.errors import Reason, SidecarError, field_required
 from psych_sidecar.domain.runlog import (
@@ -520,7 +519,7 @@ def parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
     if not arguments_json.strip():
         return {}, ""
     try:
-        arguments = bounded_json.loads(arguments_json)
+        arguments = bounded_loads(arguments_json)
     except ValueError as error:
         return None, f"The arguments are not valid JSON ({error}); send a JSON object."
     if not isinstance(arguments, dict):

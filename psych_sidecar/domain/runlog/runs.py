@@ -10,7 +10,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
-from psych_sidecar.domain import bounded_json
+from psych_sidecar.domain.canonical import bounded_loads
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog.specs import ToolGrant
 
@@ -169,7 +169,7 @@ def validate_record(record: Record, field_path: str) -> None:
         if part.kind is PartKind.JSON:
             try:
                 # Decode first: json.loads would also accept UTF-16 and UTF-32 bytes.
-                bounded_json.loads(part.data.decode())
+                bounded_loads(part.data.decode())
             except ValueError as error:
                 raise field_invalid(f"{part_path}.json", f"not UTF-8 JSON: {error}") from None
 
