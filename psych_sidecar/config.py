@@ -171,6 +171,37 @@ class Settings(BaseSettings):
     worker_threads: int = Field(
         default=8, ge=1, le=256, description="Threads (and database connections) for storage."
     )
+    database_busy_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description=(
+            "Longest wait for the database: a SQLite write lock, a PostgreSQL row lock, a "
+            "connection; past it the call fails UNAVAILABLE (STORAGE_UNAVAILABLE)."
+        ),
+    )
+    cpu_threads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Threads for CPU-heavy steps (tool search and its index builds, schema "
+            "validation), apart from the storage threads so they never hold a database worker."
+        ),
+    )
+    search_index_cache_bytes: int = Field(
+        default=256 * MIB,
+        ge=MIB,
+        description=(
+            "Memory for tool-search indexes, shared by every Run and turn that reaches the "
+            "same tools of the same catalogue versions; least recently used go first."
+        ),
+    )
+    resolution_cache_bytes: int = Field(
+        default=128 * MIB,
+        ge=MIB,
+        description="Memory for catalogues read and resolved turns (surfaces), by bytes.",
+    )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
     log_format: Literal["text", "json"] = Field(

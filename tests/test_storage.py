@@ -17,7 +17,7 @@ from psych_sidecar.storage.db import (
 )
 from psych_sidecar.storage.tables import metadata
 
-HEAD_REVISION = "0006_issue16"
+HEAD_REVISION = "0012"
 
 
 def test_migrations_build_exactly_the_declared_schema(database_url: str) -> None:

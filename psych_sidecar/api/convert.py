@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from psych.sidecar.v1 import content_pb2, run_pb2, spec_pb2
@@ -50,6 +50,38 @@ def timestamp(value: datetime) -> timestamp_pb2.Timestamp:
     message = timestamp_pb2.Timestamp()
     message.FromDatetime(value)
     return message
+
+
+# google.protobuf.Timestamp's documented range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
+_TIMESTAMP_MIN_SECONDS = -62_135_596_800
+_TIMESTAMP_MAX_SECONDS = 253_402_300_799
+
+
+def timestamp_from_proto(message: timestamp_pb2.Timestamp, field: str) -> datetime:
+    """A host's Timestamp as an aware datetime; outside the Timestamp range, or with nanos
+    outside [0, 999,999,999], it is FIELD_INVALID."""
+    if not 0 <= message.nanos <= 999_999_999:
+        raise field_invalid(field, f"nanos {message.nanos} is outside [0, 999999999]")
+    if not _TIMESTAMP_MIN_SECONDS <= message.seconds <= _TIMESTAMP_MAX_SECONDS:
+        raise field_invalid(
+            field, f"seconds {message.seconds} is outside 0001-01-01 .. 9999-12-31 (UTC)"
+        )
+    return message.ToDatetime(tzinfo=UTC)
+
+
+# google.protobuf.Duration's documented range is about ±10,000 years; a call timeout longer
+# than a day is a mistake, not a wish.
+MAX_TIMEOUT_SECONDS = 86_400
+
+
+def timeout_from_proto(message: duration_pb2.Duration, field: str) -> float:
+    """A host's timeout in seconds: positive, at most a day, nanos with the seconds' sign."""
+    if not -999_999_999 <= message.nanos <= 999_999_999 or (message.seconds * message.nanos < 0):
+        raise field_invalid(field, f"nanos {message.nanos} is not a valid Duration part")
+    seconds = message.seconds + message.nanos / 1e9
+    if not 0 < seconds <= MAX_TIMEOUT_SECONDS:
+        raise field_invalid(field, f"must be positive and at most {MAX_TIMEOUT_SECONDS} s")
+    return seconds
 
 
 def grants_from_proto(grants: list[spec_pb2.ToolGrant]) -> tuple[ToolGrant, ...]:

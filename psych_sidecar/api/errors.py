@@ -7,7 +7,7 @@ from typing import Any, NoReturn
 import google.rpc.error_details_pb2 as error_details_pb2
 import google.rpc.status_pb2 as status_pb2
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 
 from psych_sidecar.domain.errors import Reason, SidecarError
 
@@ -33,6 +33,8 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.PATTERN_TOO_COMPLEX: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.NOT_IMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
     Reason.INTERNAL: grpc.StatusCode.INTERNAL,
+    Reason.STORAGE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -63,7 +65,15 @@ def status_for(error: SidecarError) -> tuple[grpc.StatusCode, str, bytes]:
     )
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    details = [detail]
+    if error.retry_delay_seconds is not None:
+        # Retry advice beside the one ErrorInfo: how long to wait before trying again.
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(error.retry_delay_seconds * 1e9))
+        retry = any_pb2.Any()
+        retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(retry)
+    status = status_pb2.Status(code=code.value[0], message=message, details=details)
     return code, message, status.SerializeToString()
 
 

@@ -123,6 +123,30 @@ def _unimplemented(method: str) -> Behaviour:
     return behaviour
 
 
+class InFlight:
+    """The calls being handled, so that shutdown can answer those still running when the
+    grace ends with UNAVAILABLE / SHUTTING_DOWN instead of a bare CANCELLED."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.shutting_down: SidecarError | None = None
+
+    async def settle(self, grace_seconds: float) -> None:
+        """Wait up to the grace for in-flight calls, then cut the rest short."""
+        self.shutting_down = SidecarError(
+            Reason.SHUTTING_DOWN,
+            f"the sidecar is shutting down; the call did not finish within {grace_seconds:g} s",
+            grace_seconds=grace_seconds,
+        )
+        waiting = set(self.tasks)
+        if waiting:
+            await asyncio.wait(waiting, timeout=grace_seconds)
+        for task in self.tasks:
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=5)
+
+
 def _log_fields(request_class: type[Message], service: str) -> list[tuple[str, str]]:
     """(log field, request field) pairs this method's requests carry: the Run id, tenant
     and connection a log line of the call is about."""
@@ -133,12 +157,17 @@ def _log_fields(request_class: type[Message], service: str) -> list[tuple[str, s
 
 
 def _guarded(
-    method: str, behaviour: Behaviour, log_fields: Sequence[tuple[str, str]] = ()
+    method: str,
+    behaviour: Behaviour,
+    log_fields: Sequence[tuple[str, str]] = (),
+    in_flight: InFlight | None = None,
 ) -> Behaviour:
     """Every RPC goes through here: one ErrorInfo per error, no stack trace to the client;
-    its metric, its span (continuing the caller's traceparent) and its log context."""
+    its metric, its span (continuing the caller's traceparent) and its log context. A call
+    still running when shutdown's grace ends is answered UNAVAILABLE / SHUTTING_DOWN."""
 
     label = method.lstrip("/")
+    tracked = in_flight or InFlight()
 
     async def handle(request: Any, context: Context) -> Message:
         started = time.perf_counter()
@@ -149,6 +178,9 @@ def _guarded(
         bound = logs.bind(**fields)
         span = tracing.start_rpc(method, context.invocation_metadata)
         failure: SidecarError | None = None
+        task = asyncio.current_task()
+        assert task is not None
+        tracked.tasks.add(task)
         try:
             if isinstance(request, _Rejected):
                 raise request.error
@@ -158,8 +190,11 @@ def _guarded(
             code = STATUS_CODES[error.reason]
             failure = error
         except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
+            if tracked.shutting_down is None:
+                code = grpc.StatusCode.CANCELLED
+                raise  # the client cancelled, or its deadline passed: nobody to answer
+            code = grpc.StatusCode.UNAVAILABLE
+            failure = tracked.shutting_down
         except Exception:
             code = grpc.StatusCode.INTERNAL
             correlation_id = uuid.uuid4().hex
@@ -175,6 +210,7 @@ def _guarded(
                 correlation_id=correlation_id,
             )
         finally:
+            tracked.tasks.discard(task)
             # Recorded before the answer leaves: a client that saw it finds it counted.
             elapsed = time.perf_counter() - started
             metrics.record_rpc(label, code.name, elapsed)
@@ -189,7 +225,7 @@ def _guarded(
     return handle
 
 
-def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
+def _generic_handler(binding: _Binding, limit: int, in_flight: InFlight) -> grpc.GenericRpcHandler:
     handlers = {}
     for method in binding.service.methods:
         assert not method.client_streaming, "the contract has only unary RPCs"
@@ -200,7 +236,12 @@ def _generic_handler(binding: _Binding, limit: int) -> grpc.GenericRpcHandler:
         request_class = message_factory.GetMessageClass(method.input_type)
         response_class = message_factory.GetMessageClass(method.output_type)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(full_name, behaviour, _log_fields(request_class, binding.service.full_name)),
+            _guarded(
+                full_name,
+                behaviour,
+                _log_fields(request_class, binding.service.full_name),
+                in_flight,
+            ),
             request_deserializer=_deserializer(request_class, limit),
             response_serializer=response_class.SerializeToString,
         )
@@ -288,10 +329,17 @@ class Sidecar:
         self._owns_tracer_provider = False
         self._addresses = settings.listen_addresses()
         self._engine = create_database_engine(
-            settings.resolved_database_url(), pool_size=settings.worker_threads
+            settings.resolved_database_url(),
+            pool_size=settings.worker_threads,
+            busy_timeout_seconds=settings.database_busy_timeout_seconds,
         )
         self._executor = ThreadPoolExecutor(
             max_workers=settings.worker_threads, thread_name_prefix="storage"
+        )
+        # CPU-heavy steps (search, schema validation) get their own threads: a burst of index
+        # builds must not hold every database worker.
+        self._cpu_executor = ThreadPoolExecutor(
+            max_workers=settings.cpu_threads, thread_name_prefix="cpu"
         )
         self._health = health.aio.HealthServicer()
         self._connection_store = SqlConnectionStore(self._engine)
@@ -309,6 +357,9 @@ class Sidecar:
         )
         self.catalog = self.mcp
         self.tool_runner = self.mcp
+        self._in_flight = InFlight()
+        # The turn resolver, once the services are bound (its caches are inspectable).
+        self.resolver: TurnResolver | None = None
         # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
         self.journal = (
             SqlAssemblyJournal(self._engine, settings.assembly_journal_retention_hours * 3600)
@@ -345,10 +396,24 @@ class Sidecar:
         runs = RunService(store, store)
         specs = SpecLookup(store)
         resolver = TurnResolver(
-            runs, specs, self.catalog, log, embeddings=self._embeddings, pins=store
+            runs,
+            specs,
+            self.catalog,
+            log,
+            embeddings=self._embeddings,
+            pins=store,
+            search_index_cache_bytes=self.settings.search_index_cache_bytes,
+            resolution_cache_bytes=self.settings.resolution_cache_bytes,
         )
+        self.resolver = resolver
         executor = ToolExecutor(
-            resolver, runs, self.tool_runner, blocking, self.settings.tool_call_timeout_seconds
+            resolver,
+            runs,
+            self.tool_runner,
+            blocking,
+            self.settings.tool_call_timeout_seconds,
+            log=log,
+            cpu=Blocking(self._cpu_executor),
         )
         reader = ToolOutputReader(runs, log)
         self._inspector = RunInspector(
@@ -393,6 +458,7 @@ class Sidecar:
                     blocking,
                     limit,
                     grep_threads=self.settings.worker_threads // 2,
+                    cpu=Blocking(self._cpu_executor),
                 ),
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),
@@ -431,7 +497,9 @@ class Sidecar:
             ]
         )
         bindings = self._bindings()
-        server.add_generic_rpc_handlers([_generic_handler(b, limit) for b in bindings])
+        server.add_generic_rpc_handlers(
+            [_generic_handler(b, limit, self._in_flight) for b in bindings]
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         service_names = [b.service.full_name for b in bindings]
         reflection.enable_server_reflection(
@@ -545,12 +613,18 @@ class Sidecar:
             self._embeddings.warm_in_background([(t.name, t.description) for t in tools])
 
     async def stop(self) -> None:
-        """NOT_SERVING first, then stop taking calls and let in-flight ones finish."""
+        """NOT_SERVING first, then stop taking calls and let in-flight ones finish; those
+        still running when the grace ends are answered UNAVAILABLE / SHUTTING_DOWN."""
         await self._health.enter_graceful_shutdown()
         if self.settings.drain_delay_seconds and self._server is not None:
             await asyncio.sleep(self.settings.drain_delay_seconds)
         if self._server is not None:
-            await self._server.stop(self.settings.shutdown_grace_seconds)
+            grace = self.settings.shutdown_grace_seconds
+            # New calls are refused at once (bare UNAVAILABLE); in-flight ones get the grace,
+            # and an answer of ours when it ends, before the transport would cancel them.
+            stopping = asyncio.ensure_future(self._server.stop(grace + 5))
+            await self._in_flight.settle(grace)
+            await stopping
         if self._health_server is not None:
             await self._health_server.stop(None)
         if self.admin is not None:
@@ -577,6 +651,7 @@ class Sidecar:
                 done.vectors_collected,
             )
         self._executor.shutdown(wait=True)
+        self._cpu_executor.shutdown(wait=True)
         self._engine.dispose()
         if self._tracer_provider is not None:
             tracing.uninstall()

@@ -15,10 +15,17 @@ from typing import Any
 from google.protobuf import json_format
 
 from psych.sidecar.v1 import tool_service_pb2
+from psych_sidecar.api import convert
 from psych_sidecar.api.connections import catalog_tool_to_proto
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.servicers import Blocking, Context
-from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutcome, ToolOutputReader
+from psych_sidecar.domain.calls import (
+    DispatchService,
+    ToolExecutor,
+    ToolOutcome,
+    ToolOutputReader,
+    fitted,
+)
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import READ_TOOL_OUTPUT, TurnResolver
@@ -48,7 +55,9 @@ def _integral_floats_as_ints(value: Any) -> Any:
     return value
 
 
-def outcome_to_proto(outcome: ToolOutcome) -> tool_service_pb2.ToolOutcome:
+def outcome_to_proto(outcome: ToolOutcome, max_bytes: int) -> tool_service_pb2.ToolOutcome:
+    """The outcome, elided when its result would not fit in a response (`fitted`)."""
+    outcome = fitted(outcome, max_bytes)
     return tool_service_pb2.ToolOutcome(
         is_error=outcome.is_error,
         result_json=outcome.result_json,
@@ -66,9 +75,12 @@ class ToolServicer:
         dispatcher: DispatchService,
         blocking: Blocking,
         max_message_bytes: int,
+        cpu: Blocking | None = None,
         grep_threads: int = 1,
     ) -> None:
         self._resolver = resolver
+        # Searching (which may build an index) is CPU work: its own threads, not storage's.
+        self._cpu = cpu or blocking
         self._executor = executor
         self._reader = reader
         self._dispatcher = dispatcher
@@ -85,18 +97,23 @@ class ToolServicer:
             raise field_required("run_id")
         timeout = None
         if request.HasField("timeout"):
-            timeout = request.timeout.ToTimedelta().total_seconds()
-            if timeout <= 0:
-                raise field_invalid("timeout", "must be positive")
+            timeout = convert.timeout_from_proto(request.timeout, "timeout")
+        try:
+            arguments = json_format.MessageToDict(request.arguments)
+        except ValueError as error:
+            # NaN and infinities have no JSON form.
+            raise field_invalid("arguments", str(error)) from None
         outcome = await self._executor.call_tool(
             request.run_id,
             request.server,
             request.tool,
-            _integral_floats_as_ints(json_format.MessageToDict(request.arguments)),
+            _integral_floats_as_ints(arguments),
             request.call_id,
             timeout,
         )
-        return tool_service_pb2.CallDeferredToolResponse(outcome=outcome_to_proto(outcome))
+        return tool_service_pb2.CallDeferredToolResponse(
+            outcome=outcome_to_proto(outcome, self._page_bytes)
+        )
 
     async def ListServerTools(
         self, request: tool_service_pb2.ListServerToolsRequest, context: Context
@@ -122,7 +139,8 @@ class ToolServicer:
         self, request: tool_service_pb2.SearchToolsRequest, context: Context
     ) -> tool_service_pb2.SearchToolsResponse:
         with metrics.timed(metrics.SEARCH_SECONDS):
-            hits, token, partial = await self._blocking(
+            # Searching (which may build an index) is CPU work: its own threads.
+            hits, token, partial = await self._cpu(
                 self._resolver.search_tools,
                 request.run_id,
                 request.query,
@@ -194,5 +212,5 @@ class ToolServicer:
             )
         return tool_service_pb2.DispatchToolCallResponse(
             disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED,
-            outcome=outcome_to_proto(outcome),
+            outcome=outcome_to_proto(outcome, self._page_bytes),
         )

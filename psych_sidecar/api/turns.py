@@ -215,7 +215,11 @@ class TurnServicer:
     async def AssemblePrompt(
         self, request: turn_service_pb2.AssemblePromptRequest, context: Context
     ) -> turn_service_pb2.AssemblePromptResponse:
-        now = request.now.ToDatetime(tzinfo=UTC) if request.HasField("now") else datetime.now(UTC)
+        now = (
+            convert.timestamp_from_proto(request.now, "now")
+            if request.HasField("now")
+            else datetime.now(UTC)
+        )
         with tracing.span("prompt.assemble") as span:
             assembled = await self._blocking(
                 self._assembler.assemble,

@@ -1,4 +1,5 @@
-"""A bounded cache for values that never change once stored (Runs, Spec versions).
+"""Bounded caches for values that never change once stored (Runs, Spec versions, resolved
+catalogues and their search indexes).
 
 Caching immutable rows is safe even with many sidecars on one database: no other sidecar
 can change them, so there is nothing to invalidate.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -35,3 +37,47 @@ class ImmutableCache(Generic[K, V]):
             self._entries.move_to_end(key)
             if len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)
+
+
+class ByteBudgetCache(Generic[K, V]):
+    """Least-recently-used and thread-safe like ImmutableCache, but bounded by the bytes its
+    values take (as `size_of` estimates them), not by their count: one index over a large
+    catalogue weighs as much as thousands over small ones. A value larger than the whole
+    budget is not kept."""
+
+    def __init__(self, budget_bytes: int, size_of: Callable[[V], int]) -> None:
+        self._budget = budget_bytes
+        self._size_of = size_of
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        """What the kept values weigh now."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: K, value: V) -> None:
+        size = self._size_of(value)
+        with self._lock:
+            previous = self._entries.pop(key, None)
+            if previous is not None:
+                self._bytes -= previous[1]
+            if size > self._budget:
+                return
+            self._entries[key] = (value, size)
+            self._bytes += size
+            while self._bytes > self._budget:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self._bytes -= evicted

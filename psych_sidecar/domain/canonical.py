@@ -1,4 +1,5 @@
-"""The sidecar's one JSON spelling, for every byte it hands a host or a provider.
+"""The sidecar's one JSON spelling, for every byte it hands a host or a provider; and the one
+bounded parse of JSON it is handed by untrusted parties (:func:`bounded_loads`).
 
 Key order is decided once, here: **keys stay in the order the value holds them**. Every object
 the sidecar builds itself is built in a fixed order, and that order is chosen: a provider body
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["canonical_json", "sorted_keys"]
+__all__ = ["MAX_JSON_DEPTH", "JsonTooDeep", "bounded_loads", "canonical_json", "sorted_keys"]
 
 
 def canonical_json(value: Any) -> bytes:
@@ -31,3 +32,49 @@ def sorted_keys(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [sorted_keys(item) for item in value]
     return value
+
+
+# Deeper than any tool schema or argument object a person writes; far below the recursion limit.
+MAX_JSON_DEPTH = 64
+
+
+class JsonTooDeep(ValueError):
+    """The document nests objects and arrays deeper than MAX_JSON_DEPTH."""
+
+
+def bounded_loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads for JSON from untrusted parties (a host's json parts, a model's tool
+    arguments), refusing documents nested deeper than `max_depth` with JsonTooDeep — a
+    ValueError, so callers that turn malformed JSON into a typed answer (FIELD_INVALID, a tool
+    error) treat it alike. CPython's parser recurses per level: 100,000 levels would raise
+    RecursionError, a few hundred parse but break whatever walks them. Size needs no bound
+    here: every document arrived in a message already bounded by max_message_bytes."""
+    if isinstance(text, bytes | bytearray):
+        text = text.decode()
+    # Counting brackets is C-speed: a document with fewer openers than the limit cannot be
+    # too deep, and needs no walk.
+    openers = text.count("[") + text.count("{")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JsonTooDeep(f"nested deeper than {max_depth} levels") from None
+    if openers > max_depth and _depth_exceeds(value, max_depth):
+        raise JsonTooDeep(f"nested deeper than {max_depth} levels")
+    return value
+
+
+def _depth_exceeds(value: Any, max_depth: int) -> bool:
+    """Whether containers nest deeper than max_depth; iterative, so any depth is safe."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth + 1 > max_depth:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False

@@ -28,6 +28,8 @@ class Reason(StrEnum):
     PATTERN_TOO_COMPLEX = "PATTERN_TOO_COMPLEX"
     NOT_IMPLEMENTED = "NOT_IMPLEMENTED"
     INTERNAL = "INTERNAL"
+    STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
     CONTEXT_BUDGET_EXCEEDED = "CONTEXT_BUDGET_EXCEEDED"
 
 
@@ -50,6 +52,9 @@ def quoted(value: object) -> str:
 
 class SidecarError(Exception):
     """An error the caller can act on: a reason, a message, and metadata for ErrorInfo."""
+
+    # Set on errors a caller may retry: how long to wait first (google.rpc.RetryInfo).
+    retry_delay_seconds: float | None = None
 
     def __init__(self, reason: Reason, message: str, **metadata: object) -> None:
         super().__init__(message)
@@ -77,3 +82,17 @@ def spec_not_found(name: str, version: int) -> SidecarError:
 
 def run_not_found(run_id: str) -> SidecarError:
     return SidecarError(Reason.RUN_NOT_FOUND, f"no run {short(run_id)}", run_id=short(run_id))
+
+
+# How long a caller should wait before retrying after STORAGE_UNAVAILABLE.
+STORAGE_RETRY_DELAY_SECONDS = 0.5
+
+
+def storage_unavailable(detail: str) -> SidecarError:
+    """The database could not be used just now (down, locked, a lost serialization race);
+    nothing was stored, and the same request may be retried."""
+    error = SidecarError(
+        Reason.STORAGE_UNAVAILABLE, f"storage unavailable: {detail}", detail=detail
+    )
+    error.retry_delay_seconds = STORAGE_RETRY_DELAY_SECONDS
+    return error

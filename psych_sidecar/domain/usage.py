@@ -16,6 +16,9 @@ from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import RunService, new_id, validate_request_id
 
 MAX_MODEL_LENGTH = 256
+# The contract's totals are int64: a Run's sum of any one count must stay at or below this.
+MAX_TOTAL = 2**63 - 1
+_TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,24 @@ class UsageTotals:
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+
+    def plus(self, usage: ModelCallUsage) -> UsageTotals:
+        """These totals with one more model call; a total that would pass int64's maximum
+        (what the contract's fields hold) is FIELD_INVALID on the field that would overflow,
+        and nothing is stored."""
+        added = UsageTotals(
+            self.model_calls + 1,
+            self.input_tokens + usage.input_tokens,
+            self.output_tokens + usage.output_tokens,
+            self.cache_read_tokens + usage.cache_read_tokens,
+            self.cache_write_tokens + usage.cache_write_tokens,
+        )
+        for name in _TOKEN_FIELDS:
+            if getattr(added, name) > MAX_TOTAL:
+                raise field_invalid(
+                    name, f"the Run's {name} total would exceed {MAX_TOTAL} (int64)"
+                )
+        return added
 
     @property
     def cache_hit_ratio(self) -> float:
@@ -82,7 +103,7 @@ class UsageService:
             raise field_required("model")
         if len(usage.model) > MAX_MODEL_LENGTH or "\x00" in usage.model:
             raise field_invalid("model", f"must be at most {MAX_MODEL_LENGTH} characters, no NUL")
-        for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
+        for name in _TOKEN_FIELDS:
             if getattr(usage, name) < 0:
                 raise field_invalid(name, "must not be negative")
         self._runs.get(run_id)

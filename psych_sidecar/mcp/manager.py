@@ -108,7 +108,6 @@ class McpManager:
         self._key_locks: dict[Key, asyncio.Lock] = {}
         # Caches for CatalogView, filled on storage threads. Entries are replaced whole.
         self._public: dict[Key, StoredConnection] = {}
-        self._seen_versions: dict[Key, int] = {}
         self._tools: dict[Key, tuple[int, tuple[CatalogTool, ...]]] = {}
 
     # Lifecycle
@@ -180,10 +179,8 @@ class McpManager:
                 stored.revision,
                 tools,
             )
-            if write is not None:
-                self._seen_versions[key] = write.catalog_version
-                if self._on_listed is not None:
-                    self._on_listed(tools)
+            if write is not None and self._on_listed is not None:
+                self._on_listed(tools)
             return write
 
         session = ConnectionSession(stored, self._commands, self._timings, write_catalog)
@@ -333,7 +330,6 @@ class McpManager:
 
     def _forget(self, key: Key) -> None:
         self._public.pop(key, None)
-        self._seen_versions.pop(key, None)
         self._tools.pop(key, None)
 
     # For the metrics scrape (on the loop). Connections are labelled by name only: the same
@@ -367,7 +363,6 @@ class McpManager:
                     continue
                 cached = dataclasses.replace(stored, connection=without_secrets(stored.connection))
                 self._public[key] = cached
-            self._seen_versions[key] = catalog_version
             status = self._status_of(key, revision, catalog_version, cached.update_time)
             if status.state is ConnectionState.CONNECTING and self._session_lags(key, revision):
                 # Stored or replaced by another sidecar: have this one catch up.
@@ -403,17 +398,21 @@ class McpManager:
 
         loop.call_soon_threadsafe(reconcile)
 
-    def current_tools(self, tenant: str, server: str) -> list[CatalogTool]:
+    def current_tools(self, tenant: str, server: str, version: int = 0) -> list[CatalogTool]:
+        """The tools of catalogue `version` (0: the newest). The caller names the version it
+        read with the connection, so the tools always belong to it: no shared "last seen
+        version" that another storage thread could overwrite with an older read meanwhile."""
         key = (tenant, server)
-        version = self._seen_versions.get(key)
         cached = self._tools.get(key)
-        if cached is not None and version is not None and cached[0] == version:
+        if cached is not None and version and cached[0] == version:
             return list(cached[1])
-        read = self._store.catalog_tools(tenant, server, 0)
+        read = self._store.catalog_tools(tenant, server, version)
         if read is None:
             return []
         read_version, tools = read
-        self._tools[key] = (read_version, tuple(tools))
+        # Only ever replaced by a newer version: an older read landing late does not evict it.
+        if cached is None or read_version >= cached[0]:
+            self._tools[key] = (read_version, tuple(tools))
         return tools
 
     # ToolRunner

@@ -12,13 +12,17 @@ import logging
 import math
 import random
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import anyio.to_thread
+import httpx2
 import mcp_types as types
+import pydantic
 from anyio.abc import TaskStatus
 from mcp import Client, MCPError
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
@@ -40,6 +44,29 @@ from psych_sidecar.mcp.transport import open_transport
 from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
+
+# How a call fails when the server or the connection does: each is told to the model as what
+# it is. Anything else raised during a call is a bug, and is logged as one.
+_EXPECTED_CALL_FAILURES = (
+    MCPError,
+    TimeoutError,
+    OSError,
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    httpx2.TransportError,
+    httpx2.HTTPStatusError,
+    # A result that is not a CallToolResult: the server's garbage, not the sidecar's bug.
+    pydantic.ValidationError,
+)
+
+
+def _expected(error: BaseException) -> bool:
+    """Whether a call's failure is the server's or the connection's (every leaf of a group)."""
+    if isinstance(error, BaseExceptionGroup):
+        return all(_expected(leaf) for leaf in error.exceptions)
+    return isinstance(error, _EXPECTED_CALL_FAILURES)
+
 
 # A tools/list walk stops here: a server whose cursors never end cannot hang a refresh.
 MAX_LIST_PAGES = 10_000
@@ -424,11 +451,29 @@ class ConnectionSession:
                 result = await client.call_tool(
                     tool, dict(arguments), read_timeout_seconds=timeout_seconds
                 )
+            # Converting a large result (base64 decoding, JSON of tens of MB) is CPU work:
+            # off the event loop, so health checks and other calls are answered meanwhile.
+            return await anyio.to_thread.run_sync(tool_result, result)
         except Exception as error:
+            if _expected(error):
+                raise _CallFailed(
+                    self._call_failure_text(tool, timeout_seconds, error), _outcome(error)
+                ) from None
+            # A bug (here or in the SDK), not the server's failure: logged with its stack
+            # under a correlation id; the model still gets a tool error naming that id.
+            correlation_id = uuid.uuid4().hex
+            log.exception(
+                "unexpected error calling %r on MCP server %r, correlation id %s",
+                tool,
+                self.stored.connection.name,
+                correlation_id,
+                extra={"correlation_id": correlation_id},
+            )
             raise _CallFailed(
-                self._call_failure_text(tool, timeout_seconds, error), _outcome(error)
+                f"The call to {tool!r} on MCP server {self.stored.connection.name!r} failed "
+                f"inside the sidecar ({type(error).__name__}); correlation id {correlation_id}.",
+                "refused",
             ) from None
-        return tool_result(result)
 
     def _unreachable_text(self) -> str:
         status = self._status

@@ -33,6 +33,8 @@ Item = SessionMessage | Exception
 Streams = tuple[Any, Any]
 # The SDK's defaults for HTTP: a server may hold a response stream open for a long time.
 _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+# The largest server-sent event (one MCP message over streamable HTTP) the sidecar reads.
+MAX_SSE_EVENT_BYTES = 256 * 1024 * 1024
 
 
 class _WatchedReadStream:
@@ -111,8 +113,11 @@ def stdio_parameters(
 async def _streamable_http(url: str, headers: Mapping[str, str]) -> AsyncIterator[Streams]:
     async with (
         httpx2.AsyncClient(headers=dict(headers), timeout=_HTTP_TIMEOUT) as http_client,
-        # Tool results of many megabytes are ordinary here: no cap on one SSE event.
-        streamable_http_client(url, http_client=http_client, max_sse_event_size=None) as streams,
+        # Tool results of many megabytes are ordinary here, but one event is still bounded:
+        # a server streaming without end must not take the sidecar's memory with it.
+        streamable_http_client(
+            url, http_client=http_client, max_sse_event_size=MAX_SSE_EVENT_BYTES
+        ) as streams,
     ):
         yield streams
 

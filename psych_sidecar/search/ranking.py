@@ -365,6 +365,22 @@ class SearchIndex:
             self._vectors, self._have = self._embeddings.known_vectors(self._texts)
 
     @property
+    def approximate_bytes(self) -> int:
+        """About what the index keeps in memory: its vectors, its postings (a tuple per
+        document and term, ~90 bytes with its list slot and float), its terms and documents.
+        An estimate for byte-bounded caches, within a small factor of tracemalloc's figure."""
+        postings = sum(len(posting) for posting in self._tools.postings.values())
+        documents = sum(300 + len(d.description) for d in self._documents)
+        return (
+            self._vectors.nbytes
+            + self._have.nbytes
+            + sum(len(text) + 50 for text in self._texts)
+            + 90 * postings
+            + 150 * len(self._tools.postings)
+            + documents
+        )
+
+    @property
     def semantic(self) -> bool:
         """Whether the ranking fuses sentence embeddings with the keywords."""
         return self._embeddings is not None

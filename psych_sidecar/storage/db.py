@@ -4,23 +4,43 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
+import math
+import sqlite3
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
+from psych_sidecar.domain.errors import SidecarError, storage_unavailable
 from psych_sidecar.telemetry import metrics, tracing
+
+log = logging.getLogger(__name__)
 
 # Any constant works; it only has to be the same in every sidecar sharing a database.
 _MIGRATION_LOCK_KEY = 0x7073_6964_6563_6172  # "psidecar"
 _WRITE_OPTION = "psych_write"
 _SQLITE_MMAP_BYTES = 2**31
+DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
+# SQLite result codes (primary, before the extended part) that mean "not now", not "wrong":
+# another writer holds the lock, the file cannot be opened or written at the moment.
+_SQLITE_TRANSIENT = (
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_IOERR",
+    "SQLITE_CANTOPEN",
+    "SQLITE_FULL",
+    "SQLITE_PROTOCOL",
+    "SQLITE_READONLY",
+)
 
 
 def normalize_url(database_url: str) -> URL:
@@ -35,7 +55,14 @@ def normalize_url(database_url: str) -> URL:
     return url
 
 
-def create_database_engine(database_url: str, pool_size: int) -> Engine:
+def create_database_engine(
+    database_url: str,
+    pool_size: int,
+    busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+) -> Engine:
+    """An engine whose waits are bounded by `busy_timeout_seconds`: a SQLite writer waiting
+    for the lock, a PostgreSQL statement waiting for a row lock, a connection attempt and a
+    wait for a pooled connection each give up after about that long (STORAGE_UNAVAILABLE)."""
     url = normalize_url(database_url)
     if url.get_backend_name() == "sqlite":
         assert url.database is not None
@@ -44,14 +71,26 @@ def create_database_engine(database_url: str, pool_size: int) -> Engine:
             url,
             pool_size=pool_size,
             max_overflow=0,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_timeout=busy_timeout_seconds,
+            connect_args={"check_same_thread": False, "timeout": busy_timeout_seconds},
         )
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, busy_timeout_seconds)
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    lock_ms = max(1, int(busy_timeout_seconds * 1000))
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        pool_timeout=busy_timeout_seconds,
+        connect_args={
+            "connect_timeout": max(1, math.ceil(busy_timeout_seconds)),
+            "options": f"-c lock_timeout={lock_ms}",
+        },
+    )
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, busy_timeout_seconds: float) -> None:
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control from pysqlite so writes can BEGIN IMMEDIATE: a deferred
@@ -61,7 +100,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={max(0, int(busy_timeout_seconds * 1000))}")
         cursor.execute("PRAGMA foreign_keys=ON")
         # Memory-map the file (up to SQLite's compile-time cap, 2 GiB by default): reading a
         # slice near the end of a long part then follows its overflow-page chain in memory
@@ -75,9 +114,73 @@ def _configure_sqlite(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
+def unavailable_error(error: BaseException) -> SidecarError | None:
+    """The typed error for a driver failure that means "the database cannot be used just
+    now", or None for one that means a bug (bad SQL, a missing table, a constraint).
+
+    The one place that reads SQLAlchemy's, psycopg's and sqlite3's exceptions, as httpx's
+    map_httpcore_exceptions does for its transport."""
+    if isinstance(error, sa_exc.TimeoutError | sa_exc.DisconnectionError):
+        # No pooled connection came free in time, or the connection was lost.
+        return storage_unavailable(_short(error))
+    if isinstance(error, sqlite3.OperationalError):
+        # Raised bare by code that uses the driver directly (raw_connection).
+        name = getattr(error, "sqlite_errorname", "") or ""
+        return storage_unavailable(_short(error)) if name.startswith(_SQLITE_TRANSIENT) else None
+    if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+        return storage_unavailable(_short(error))
+    if not isinstance(error, sa_exc.DBAPIError):
+        return None
+    original = error.orig
+    if error.connection_invalidated or isinstance(error, sa_exc.InterfaceError):
+        return storage_unavailable(_short(original or error))
+    if not isinstance(error, sa_exc.OperationalError):
+        return None
+    if isinstance(original, sqlite3.Error):
+        name = getattr(original, "sqlite_errorname", "") or ""
+        if not name.startswith(_SQLITE_TRANSIENT):
+            return None
+    # psycopg: every OperationalError is a connection, resource, operator-intervention,
+    # lock-timeout or serialization failure (SQLSTATE classes 08, 40, 53, 55P03, 57, 58).
+    return storage_unavailable(_short(original or error))
+
+
+def _short(error: BaseException) -> str:
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return first_line[:200]
+
+
+_MAPPED = (
+    sa_exc.DBAPIError,
+    sa_exc.TimeoutError,
+    sa_exc.DisconnectionError,
+    sqlite3.OperationalError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+
+@contextlib.contextmanager
+def unavailable_as_typed_errors() -> Iterator[None]:
+    """Driver failures inside the block that mean "the database cannot be used just now" leave
+    as STORAGE_UNAVAILABLE (see `unavailable_error`); others pass through unchanged."""
+    try:
+        yield
+    except _MAPPED as error:
+        mapped = unavailable_error(error)
+        if mapped is None:
+            raise
+        log.warning("database unavailable: %s", mapped.metadata["detail"])
+        raise mapped from error
+
+
 @contextlib.contextmanager
 def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
     """A transaction; `write=True` takes SQLite's write lock up front (PostgreSQL ignores it).
+
+    Every driver failure that means the database is unavailable (down, restarting, locked
+    past the busy timeout, a serialization failure) leaves here as STORAGE_UNAVAILABLE;
+    nothing was committed by this transaction unless the failure came after its commit.
     Its wait for a pooled connection is a metric; the transaction is a span when tracing."""
     attributes: dict[str, str | bool] = {
         "db.system.name": engine.dialect.name,
@@ -87,7 +190,7 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
         # The repository method that opened it (frames: this body, contextlib's __enter__,
         # the caller), so a slow transaction is named in the trace.
         attributes["code.function"] = sys._getframe(2).f_code.co_qualname
-    with tracing.span("db.transaction", attributes):
+    with tracing.span("db.transaction", attributes), unavailable_as_typed_errors():
         started = time.perf_counter()
         with engine.connect() as connection:
             metrics.observe(metrics.DB_POOL_WAIT_SECONDS, time.perf_counter() - started)
@@ -101,15 +204,21 @@ def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[
     """Rows of one SELECT run straight on a pooled DB-API connection, for the reads every
     ResolveTurn and tool call makes: SQLAlchemy's statement and transaction machinery costs
     several times the query itself there, and one SELECT is atomic on its own on both
-    databases. `sql` uses the dialect's placeholder (:func:`placeholder`)."""
-    dbapi_connection = engine.raw_connection()
-    try:
-        cursor = dbapi_connection.cursor()
-        cursor.execute(sql, parameters)
-        rows = cursor.fetchall()
-        cursor.close()
-    finally:
-        dbapi_connection.close()
+    databases. `sql` uses the dialect's placeholder (:func:`placeholder`). The driver's
+    "not now" failures leave as STORAGE_UNAVAILABLE, as from `transaction`."""
+    with unavailable_as_typed_errors():
+        dbapi_connection = engine.raw_connection()
+        try:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(sql, parameters)
+            rows = cursor.fetchall()
+            cursor.close()
+        except Exception:
+            # A connection that failed under us is not handed to the next caller.
+            dbapi_connection.invalidate()
+            raise
+        finally:
+            dbapi_connection.close()
     return list(rows)
 
 

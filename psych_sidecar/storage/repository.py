@@ -17,6 +17,7 @@ from psych_sidecar.domain.runlog import (
     PartKind,
     PublishedSpec,
     Record,
+    RecordedCall,
     RecordKind,
     Run,
     Spec,
@@ -141,6 +142,7 @@ class SqlStore:
         handles: Sequence[str],
         request_id: str,
         fingerprint: str,
+        call_result_json: bytes | None = None,
     ) -> list[AppendedRecord]:
         runs, requests = tables.runs, tables.append_requests
         try:
@@ -168,6 +170,7 @@ class SqlStore:
                             request_id=request_id,
                             fingerprint=fingerprint,
                             result=json.dumps([[e.sequence, e.handle] for e in appended]),
+                            call_result_json=call_result_json,
                         )
                         .returning(requests.c.request_id)
                     ).first()
@@ -189,6 +192,26 @@ class SqlStore:
                 ) from None
             return [AppendedRecord(s, h) for s, h in json.loads(retry.result)]
         return appended
+
+    def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
+        requests, records = tables.append_requests, tables.records
+        with transaction(self._engine, write=False) as conn:
+            row = conn.execute(
+                select(requests.c.result, requests.c.call_result_json).where(
+                    requests.c.run_id == run_id,
+                    requests.c.request_id == request_id,
+                    requests.c.call_result_json.is_not(None),
+                )
+            ).first()
+            if row is None:
+                return None
+            ((sequence, handle),) = json.loads(row.result)
+            is_error = conn.execute(
+                select(records.c.is_error).where(
+                    records.c.run_id == run_id, records.c.sequence == sequence
+                )
+            ).scalar_one()
+        return RecordedCall(sequence, handle, bool(is_error), bytes(row.call_result_json))
 
     def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
         pins = tables.turn_surfaces

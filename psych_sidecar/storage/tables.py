@@ -115,6 +115,9 @@ append_requests = Table(
     Column("fingerprint", String(64), nullable=False),
     # JSON list of [sequence, handle]: the answer a retry gets back.
     Column("result", Text, nullable=False),
+    # A tool call's MCP result JSON, as its first answer gave it: a retried call is answered
+    # with it and does not run the tool again. NULL for other appends.
+    Column("call_result_json", LargeBinary, nullable=True),
     ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
 )
 

@@ -26,6 +26,9 @@ class SqlUsageStore:
             with transaction(self._engine, write=True) as conn:
                 inserted = not self._already_recorded(conn, run_id, event_id, fingerprint)
                 if inserted:
+                    # Checked before storing: a Run whose totals overflowed int64 could never
+                    # answer RecordUsage or GetUsage again.
+                    totals = self._totals(conn, run_id).plus(usage)
                     conn.execute(
                         insert(events).values(
                             run_id=run_id,
@@ -39,7 +42,8 @@ class SqlUsageStore:
                             create_time_us=tables.now_us(),
                         )
                     )
-                totals = self._totals(conn, run_id)
+                else:
+                    totals = self._totals(conn, run_id)
             if inserted:
                 # Counted once the event is stored: a retry of it adds nothing.
                 metrics.record_usage(

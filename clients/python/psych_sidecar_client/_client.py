@@ -51,12 +51,15 @@ class SidecarError(Exception):
         message: str,
         reason_name: str = "",
         metadata: dict[str, str] | None = None,
+        retry_delay: float | None = None,
     ) -> None:
         super().__init__(f"{code.name}: {message}" + (f" ({reason_name})" if reason_name else ""))
         self.code = code
         self.message = message
         self.reason_name = reason_name
         self.metadata = metadata or {}
+        # Seconds the sidecar advises waiting before a retry (its google.rpc.RetryInfo).
+        self.retry_delay = retry_delay
         known = _REASON_PREFIX + reason_name in errors_pb2.ErrorReason.keys()  # noqa: SIM118
         self.reason: errors_pb2.ErrorReason.ValueType = (
             errors_pb2.ErrorReason.Value(_REASON_PREFIX + reason_name)
@@ -69,10 +72,17 @@ class SidecarError(Exception):
         """The sidecar's single ErrorInfo, decoded; any other failure keeps its code only."""
         call: Any = error
         status = rpc_status.from_call(call)
+        found: error_details_pb2.ErrorInfo | None = None
+        retry_delay: float | None = None
         for detail in status.details if status is not None else []:
             info = error_details_pb2.ErrorInfo()
+            retry = error_details_pb2.RetryInfo()
             if detail.Unpack(info) and info.domain == _ERROR_DOMAIN:
-                return cls(call.code(), status.message, info.reason, dict(info.metadata))
+                found = info
+            elif detail.Unpack(retry):
+                retry_delay = retry.retry_delay.ToNanoseconds() / 1e9
+        if found is not None and status is not None:
+            return cls(call.code(), status.message, found.reason, dict(found.metadata), retry_delay)
         return cls(call.code(), call.details() or "")
 
 
@@ -112,8 +122,9 @@ class SidecarClient:
         attempts: int = DEFAULT_APPEND_ATTEMPTS,
         timeout: float | None = None,
     ) -> run_service_pb2.AppendRecordsResponse:
-        """AppendRecords, retried up to `attempts` times in all on UNAVAILABLE or
-        DEADLINE_EXCEEDED with the same request id (a fresh one when the request has none):
+        """AppendRecords, retried up to `attempts` times in all on UNAVAILABLE (including the
+        sidecar's STORAGE_UNAVAILABLE, after its advised delay) or DEADLINE_EXCEEDED with the
+        same request id (a fresh one when the request has none):
         the sidecar stores the records once and answers every attempt with the first answer."""
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
@@ -128,7 +139,8 @@ class SidecarClient:
             except SidecarError as error:
                 if error.code not in RETRYABLE_CODES or attempt == attempts:
                     raise
-            time.sleep(_RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                delay = max(_RETRY_BACKOFF_SECONDS * 2 ** (attempt - 1), error.retry_delay or 0)
+            time.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def close(self) -> None:

@@ -54,7 +54,20 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     """`psych-sidecar serve` on a Unix socket and loopback TCP, SQLite in a temporary
     directory. Waited for with the client's own connect(), right after the process starts:
     that is the readiness wait under test."""
-    directory = tmp_path_factory.mktemp("client")
+    yield from _serve(tmp_path_factory.mktemp("client"), {})
+
+
+@pytest.fixture(scope="module")
+def impatient_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
+    """A sidecar that waits only 0.2 s for a held write lock before answering
+    STORAGE_UNAVAILABLE, so the client sees that answer rather than its own deadline."""
+    yield from _serve(
+        tmp_path_factory.mktemp("impatient"),
+        {"PSYCH_SIDECAR_DATABASE_BUSY_TIMEOUT_SECONDS": "0.2"},
+    )
+
+
+def _serve(directory: Path, extra_env: dict[str, str]) -> Iterator[Sidecar]:
     socket_path = directory / "s.sock"
     tcp = f"127.0.0.1:{_free_loopback_port()}"
     database = directory / "sidecar.db"
@@ -73,7 +86,10 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
                 "--data-dir",
                 str(directory),
             ],
-            env={k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")},
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")},
+                **extra_env,
+            },
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -112,7 +128,7 @@ def new_run(client: SidecarClient, name: str) -> str:
 
 
 class WriteLock:
-    """Holds the sidecar's SQLite write lock: its appends wait (up to its 30 s busy timeout)
+    """Holds the sidecar's SQLite write lock: its appends wait (up to its 5 s busy timeout)
     until release(), so a client's deadline expires while the append is still to be stored."""
 
     def __init__(self, database: Path) -> None:
@@ -167,7 +183,10 @@ class AppendAttempts(grpc.UnaryUnaryClientInterceptor):
         if str(client_call_details.method).endswith("/AppendRecords"):
             assert isinstance(request, run_service_pb2.AppendRecordsRequest)
             self.attempts.append(Attempt(request.request_id, outcome.code()))
-            if self.lock is not None and outcome.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            if self.lock is not None and outcome.code() in (
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.UNAVAILABLE,
+            ):
                 self.lock.release()
         return outcome
 
@@ -300,6 +319,36 @@ def test_append_retries_are_bounded_and_never_store_twice(
         answer = client.append_records(request)
         assert [r.sequence for r in answer.records] == [1]
         assert [r.sequence for r in _stored(client, run_id)] == [1]
+
+
+def test_storage_unavailable_is_retried_after_the_advised_delay_and_stored_once(
+    impatient_sidecar: Sidecar, unique: Callable[[str], str]
+) -> None:
+    spy = AppendAttempts()
+    with connect(impatient_sidecar.unix_address, interceptors=[spy]) as client:
+        run_id = new_run(client, unique("agent"))
+        spy.lock = WriteLock(impatient_sidecar.database)
+        try:
+            request = run_service_pb2.AppendRecordsRequest(
+                run_id=run_id, request_id="turn-1", records=[_user("hi")]
+            )
+            with pytest.raises(SidecarError) as caught:
+                client.call(client.runs.AppendRecords, request)
+            assert caught.value.reason == ErrorReason.ERROR_REASON_STORAGE_UNAVAILABLE
+            assert caught.value.code == grpc.StatusCode.UNAVAILABLE
+            assert caught.value.retry_delay is not None
+            assert caught.value.retry_delay > 0
+            spy.attempts.clear()
+            spy.lock = WriteLock(impatient_sidecar.database)
+            answer = client.append_records(request, attempts=3)
+        finally:
+            spy.lock.release()
+        assert [a.code for a in spy.attempts] == [
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.OK,
+        ]
+        assert [r.sequence for r in answer.records] == [1]
+        assert len(_stored(client, run_id)) == 1
 
 
 def test_an_error_the_sidecar_answered_is_not_retried(

@@ -9,7 +9,7 @@ in-process over the log).
 from __future__ import annotations
 
 from psych_sidecar.domain.calls.dispatch import DispatchService
-from psych_sidecar.domain.calls.executor import ToolExecutor, ToolOutcome
+from psych_sidecar.domain.calls.executor import ToolExecutor, ToolOutcome, fitted
 from psych_sidecar.domain.calls.tool_output import GrepMatch, ReadResult, ToolOutputReader
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "ToolExecutor",
     "ToolOutcome",
     "ToolOutputReader",
+    "fitted",
 ]

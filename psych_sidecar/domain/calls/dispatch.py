@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from psych_sidecar.domain.calls.executor import (
     KindHandler,
+    PendingResult,
     ToolExecutor,
     ToolOutcome,
     parse_arguments,
     tool_error,
 )
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
+from psych_sidecar.domain.canonical import bounded_loads
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     MAX_IDENTIFIER_LENGTH,
@@ -87,7 +88,7 @@ class _ArgumentError(Exception):
 def _arguments(call: ToolCall, fields: dict[str, type], required: set[str]) -> dict[str, Any]:
     """Arguments as the schema says, or an _ArgumentError naming what is wrong."""
     try:
-        value = json.loads(call.arguments_json or "{}")
+        value = bounded_loads(call.arguments_json or "{}")
     except ValueError as error:
         raise _ArgumentError(f"the arguments are not valid JSON ({error})") from None
     if not isinstance(value, dict):
@@ -158,16 +159,21 @@ class DispatchService:
         async def run(
             context: RunContext, resolved: ResolvedTurn, route: ExposedTool, call: ToolCall
         ) -> ToolOutcome:
-            arguments, problem = parse_arguments(call.arguments_json)
-            if arguments is None:
-                result = tool_error(problem, route.server, route.tool or route.name)
-            else:
-                timeout = self._executor.default_timeout
-                result = await handler(context, resolved, route, arguments, timeout)
-            if not result.server and not result.tool:
-                # A result not tied to one MCP tool is recorded under the tool the model called.
-                result = dataclasses.replace(result, server=route.server, tool=route.name)
-            return await self._executor.record(context, call.call_id, result)
+            async def produce() -> PendingResult:
+                arguments, problem = parse_arguments(call.arguments_json)
+                if arguments is None:
+                    result = tool_error(problem, route.server, route.tool or route.name)
+                else:
+                    timeout = self._executor.default_timeout
+                    result = await handler(context, resolved, route, arguments, timeout)
+                if not result.server and not result.tool:
+                    # A result not tied to one MCP tool is recorded under the tool the model
+                    # called.
+                    result = dataclasses.replace(result, server=route.server, tool=route.name)
+                return result
+
+            # Once per (Run, assistant step, call id): a retry gets the recorded result.
+            return await self._executor.once(context, call.call_id, produce)
 
         return run
 

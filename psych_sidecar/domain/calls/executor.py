@@ -10,6 +10,8 @@ result, errors included, is appended to the log in full before the call returns.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -22,13 +24,15 @@ import referencing
 import referencing.exceptions
 
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.canonical import canonical_json, sorted_keys
+from psych_sidecar.domain.canonical import bounded_loads, canonical_json, sorted_keys
 from psych_sidecar.domain.catalog import CatalogTool, ToolCallFailed, ToolRunner
-from psych_sidecar.domain.errors import field_required
+from psych_sidecar.domain.errors import Reason, SidecarError, field_required
 from psych_sidecar.domain.runlog import (
     ContentPart,
+    LogReader,
     PartKind,
     Record,
+    RecordedCall,
     RecordKind,
     RunBlocking,
     RunService,
@@ -156,9 +160,17 @@ class ToolExecutor:
         runner: ToolRunner,
         blocking: RunBlocking,
         default_timeout_seconds: float,
+        log: LogReader | None = None,
+        cpu: RunBlocking | None = None,
     ) -> None:
         self._resolver = resolver
         self._runs = runs
+        self._log = log
+        # CPU-heavy steps (search, schema validation) run here, never on the storage threads.
+        self._cpu = cpu or blocking
+        # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
+        # after a lost response) waits for the first and gets its answer.
+        self._in_flight: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
         self._runner = runner
         self._blocking = blocking
         self._default_timeout = default_timeout_seconds
@@ -202,8 +214,62 @@ class ToolExecutor:
             raise field_required("tool")
         context, resolved = await self._blocking(self._resolver.resolved, run_id)
         timeout = timeout_seconds or self._default_timeout
-        result = await self._call_mcp(resolved, server, tool, arguments, timeout)
-        return await self.record(context, call_id, result)
+
+        async def run() -> PendingResult:
+            return await self._call_mcp(resolved, server, tool, arguments, timeout)
+
+        return await self.once(context, call_id, run)
+
+    async def once(
+        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[PendingResult]]
+    ) -> ToolOutcome:
+        """Runs a call and records its result, once per (Run, assistant step, call id): a
+        retry — after a lost response, concurrent or later — gets the recorded answer and
+        the tool does not run again."""
+        key = (context.run.run_id, call_id)
+        task = self._in_flight.get(key)
+        if task is None:
+            # Not tied to this RPC: a call whose client gave up (a deadline) still finishes
+            # and records its result, which the client's retry then finds.
+            task = asyncio.ensure_future(self._run_once(context, call_id, run))
+            self._in_flight[key] = task
+            task.add_done_callback(lambda done: self._finished(key, done))
+        return await asyncio.shield(task)
+
+    def _finished(self, key: tuple[str, str], task: asyncio.Task[ToolOutcome]) -> None:
+        if self._in_flight.get(key) is task:
+            del self._in_flight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter may have gone
+
+    async def _run_once(
+        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[PendingResult]]
+    ) -> ToolOutcome:
+        run_id = context.run.run_id
+        request_id, recorded = await self._blocking(self._recorded, run_id, call_id)
+        if recorded is not None:
+            return _outcome(recorded)
+        result = await run()
+        try:
+            return await self.record(context, call_id, result, request_id)
+        except SidecarError as error:
+            if error.reason is not Reason.REQUEST_ID_REUSED:
+                raise
+            # Another sidecar ran the same call meanwhile and recorded first: its answer
+            # stands (this result is not recorded).
+            _, recorded = await self._blocking(self._recorded, run_id, call_id)
+            if recorded is None:
+                raise
+            return _outcome(recorded)
+
+    def _recorded(self, run_id: str, call_id: str) -> tuple[str, RecordedCall | None]:
+        """The request id naming this call in its assistant step, and its recorded result."""
+        if self._log is None:
+            return "", None
+        step = self._log.latest_assistant_sequence(run_id)
+        digest = hashlib.sha256(f"{step}\x00{call_id}".encode()).hexdigest()
+        request_id = f"call-{digest[:48]}"
+        return request_id, self._runs.recorded_call(run_id, request_id)
 
     def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:
         """The exposed tool a name stands for: on the current surface, or — for a name the
@@ -346,7 +412,7 @@ class ToolExecutor:
             return tool_error("Pass the keywords, or a tool's exact name, as `query`.")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
             return tool_error("`limit` must be an integer from 1 to 50.")
-        hits = await self._blocking(resolved.search, query, limit)
+        hits = await self._cpu(resolved.search, query, limit)
         return _structured(
             {
                 "query": query,
@@ -383,7 +449,7 @@ class ToolExecutor:
             return tool_error(
                 f"The arguments of {server}/{tool} must be a JSON object.", server, tool
             )
-        problems = await self._blocking(self._validators.errors, found.input_schema_json, arguments)
+        problems = await self._cpu(self._validators.errors, found.input_schema_json, arguments)
         if problems:
             shown = problems[:MAX_VALIDATION_ERRORS]
             more = len(problems) - len(shown)
@@ -406,7 +472,9 @@ class ToolExecutor:
             return tool_error(f"{server}/{tool} did not answer: {failure}", server, tool)
         return PendingResult(result.is_error, result.result_json, result.content, server, tool)
 
-    async def record(self, context: RunContext, call_id: str, result: PendingResult) -> ToolOutcome:
+    async def record(
+        self, context: RunContext, call_id: str, result: PendingResult, request_id: str = ""
+    ) -> ToolOutcome:
         record = Record(
             RecordKind.TOOL_RESULT,
             content=result.content,
@@ -415,8 +483,35 @@ class ToolExecutor:
             tool=result.tool,
             is_error=result.is_error,
         )
-        (appended,) = await self._blocking(self._runs.append, context.run.run_id, "", (record,))
+        (appended,) = await self._blocking(
+            self._runs.append, context.run.run_id, request_id, (record,), result.result_json
+        )
         return ToolOutcome(result.is_error, result.result_json, appended.sequence, appended.handle)
+
+
+def fitted(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
+    """The outcome as a response carries it: whole when its result JSON fits in `max_bytes`,
+    else an elided view — a text saying how large the result is and how to read it through
+    its handle — with the handle. The log always keeps the whole result."""
+    size = len(outcome.result_json)
+    if size <= max_bytes:
+        return outcome
+    note = (
+        f"[This tool result is {size} bytes of JSON, more than one response carries. It is "
+        f"stored in full: read it in pages with read_tool_output (handle {outcome.handle}).]"
+    )
+    view = {
+        "content": [{"type": "text", "text": note}],
+        "isError": outcome.is_error,
+        "_meta": {"psych.sidecar/elided": {"result_json_bytes": size, "handle": outcome.handle}},
+    }
+    return ToolOutcome(
+        outcome.is_error, canonical_json(sorted_keys(view)), outcome.sequence, outcome.handle
+    )
+
+
+def _outcome(recorded: RecordedCall) -> ToolOutcome:
+    return ToolOutcome(recorded.is_error, recorded.result_json, recorded.sequence, recorded.handle)
 
 
 def parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
@@ -424,7 +519,7 @@ def parse_arguments(arguments_json: str) -> tuple[dict[str, Any] | None, str]:
     if not arguments_json.strip():
         return {}, ""
     try:
-        arguments = json.loads(arguments_json)
+        arguments = bounded_loads(arguments_json)
     except ValueError as error:
         return None, f"The arguments are not valid JSON ({error}); send a JSON object."
     if not isinstance(arguments, dict):

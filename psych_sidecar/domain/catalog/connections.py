@@ -106,9 +106,10 @@ class CatalogView(Protocol):
         """Every connection of the tenant (secrets emptied), sorted by name."""
         ...
 
-    def current_tools(self, tenant: str, server: str) -> list[CatalogTool]:
-        """The tools of the connection's newest catalogue version (removed_in_version == 0),
-        sorted by name; the last known tools when the server is unreachable."""
+    def current_tools(self, tenant: str, server: str, version: int = 0) -> list[CatalogTool]:
+        """The tools of catalogue version `version` — the one `tenant_connections` reported —
+        or of the newest (removed_in_version == 0) for 0, sorted by name; the last known tools
+        when the server is unreachable."""
         ...
 
 

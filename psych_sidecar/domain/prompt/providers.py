@@ -26,7 +26,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from psych_sidecar.domain.canonical import canonical_json
+from psych_sidecar.domain.canonical import bounded_loads, canonical_json
 from psych_sidecar.domain.prompt.zones import (
     Prompt,
     PromptMessage,
@@ -63,7 +63,7 @@ def _tool_arguments(call: ToolCall) -> dict[str, Any]:
     if not call.arguments_json.strip():
         return {}
     try:
-        value = json.loads(call.arguments_json)
+        value = bounded_loads(call.arguments_json)
     except ValueError:
         value = None
     if isinstance(value, dict):

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from psych_sidecar.domain.runlog.runs import AppendedRecord, Record, RecordKind, Run, StoredRecord
+from psych_sidecar.domain.runlog.runs import (
+    AppendedRecord,
+    Record,
+    RecordedCall,
+    RecordKind,
+    Run,
+    StoredRecord,
+)
 from psych_sidecar.domain.runlog.specs import PublishedSpec, Spec, ToolGrant
 
 T = TypeVar("T")
@@ -54,13 +61,19 @@ class RunRepository(Protocol):
         handles: Sequence[str],
         request_id: str,
         fingerprint: str,
+        call_result_json: bytes | None = None,
     ) -> list[AppendedRecord]:
         """Append atomically with gap-free sequences.
 
         With a request id already used in the Run, stores nothing and raises
         REQUEST_ID_REUSED unless the fingerprint matches, in which case it returns the
-        first answer. Raises RUN_NOT_FOUND for an unknown Run.
+        first answer. Raises RUN_NOT_FOUND for an unknown Run. `call_result_json` (one tool
+        result appended under a request id) is kept for `recorded_call`.
         """
+        ...
+
+    def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
+        """The tool result appended under this request id with its call_result_json."""
         ...
 
     def list_records(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
+from psych_sidecar.domain.canonical import bounded_loads
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog.specs import ToolGrant
 
@@ -124,6 +124,16 @@ class AppendedRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordedCall:
+    """A tool call's result as first recorded: what a retry of the call gets back."""
+
+    sequence: int
+    handle: str
+    is_error: bool
+    result_json: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     run_id: str
     tenant: str
@@ -159,7 +169,7 @@ def validate_record(record: Record, field_path: str) -> None:
         if part.kind is PartKind.JSON:
             try:
                 # Decode first: json.loads would also accept UTF-16 and UTF-32 bytes.
-                json.loads(part.data.decode())
+                bounded_loads(part.data.decode())
             except ValueError as error:
                 raise field_invalid(f"{part_path}.json", f"not UTF-8 JSON: {error}") from None
 

@@ -18,6 +18,7 @@ from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository
 from psych_sidecar.domain.runlog.runs import (
     AppendedRecord,
     Record,
+    RecordedCall,
     RecordKind,
     Run,
     StoredRecord,
@@ -143,8 +144,14 @@ class RunService:
         return run
 
     def append(
-        self, run_id: str, request_id: str, records: tuple[Record, ...]
+        self,
+        run_id: str,
+        request_id: str,
+        records: tuple[Record, ...],
+        call_result_json: bytes | None = None,
     ) -> list[AppendedRecord]:
+        """Append records; `call_result_json` (with one tool result and a request id) keeps
+        what a retried tool call is answered with (`recorded_call`)."""
         if not run_id:
             raise field_required("run_id")
         validate_request_id(request_id)
@@ -156,8 +163,12 @@ class RunService:
             new_id("h_") if record.kind is RecordKind.TOOL_RESULT else "" for record in records
         ]
         return self._runs.append_records(
-            run_id, records, handles, request_id, records_fingerprint(records)
+            run_id, records, handles, request_id, records_fingerprint(records), call_result_json
         )
+
+    def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
+        """A tool call's first recorded result, if one was appended under `request_id`."""
+        return self._runs.recorded_call(run_id, request_id)
 
     def list_records(
         self,

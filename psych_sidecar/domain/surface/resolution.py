@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.cache import ByteBudgetCache, ImmutableCache
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogView,
@@ -50,6 +50,43 @@ from psych_sidecar.search.ranking import Embeddings, SearchDocument, SearchIndex
 
 SEARCH_PAGE_SIZE = 10
 MAX_SEARCH_PAGE_SIZE = 100
+DEFAULT_SEARCH_INDEX_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_RESOLUTION_CACHE_BYTES = 128 * 1024 * 1024
+
+# A search index with the (server, tool) of each of its documents.
+IndexedTools = tuple[SearchIndex, list[tuple[str, CatalogTool]]]
+
+
+def _tool_bytes(tool: CatalogTool) -> int:
+    """About what one catalogued tool keeps in memory (its texts, schemas, the objects)."""
+    return (
+        200
+        + len(tool.name)
+        + len(tool.description)
+        + len(tool.input_schema_json)
+        + len(tool.output_schema_json)
+        + len(tool.annotations_json)
+    )
+
+
+def _tools_bytes(tools: tuple[CatalogTool, ...]) -> int:
+    return 100 + sum(_tool_bytes(tool) for tool in tools)
+
+
+def _snapshot_bytes(snapshot: CatalogSnapshot) -> int:
+    # The tools are shared with the tools cache; the snapshot holds references to them.
+    return 500 + sum(300 + 8 * len(server.tools) for server in snapshot.servers.values())
+
+
+def _turn_bytes(resolved: ResolvedTurn) -> int:
+    """The surface (its exposed tools carry canonical schemas) and the permitted maps; the
+    tools themselves belong to the snapshot, the index to the index cache."""
+    surface = sum(
+        200 + len(tool.name) + len(tool.description) + len(tool.input_schema_json)
+        for tool in resolved.surface.tools
+    )
+    permitted = sum(200 + 100 * len(tools) for tools in resolved.permitted.values())
+    return 1000 + surface + permitted
 
 
 class SurfacePins(Protocol):
@@ -110,6 +147,9 @@ class ResolvedTurn:
     permitted: dict[str, dict[str, CatalogTool]]  # server -> tool name -> tool, sorted
     snapshot: CatalogSnapshot
     embeddings: Embeddings | None = None
+    # Where the search index comes from: the resolver's byte-bounded cache, shared by every
+    # Run and turn that may reach the same tools of the same catalogue versions.
+    index_source: Callable[[ResolvedTurn], IndexedTools] | None = None
     _index: SearchIndex | None = None
     _entries: list[tuple[str, CatalogTool]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -119,32 +159,49 @@ class ResolvedTurn:
     def __post_init__(self) -> None:
         self.routes = {tool.name: tool for tool in self.surface.tools}
 
+    @property
+    def index_key(self) -> Hashable:
+        """What the search index depends on: the catalogue versions read and the tools this
+        turn may reach (Runs of different Specs with the same reach share one index)."""
+        return (
+            self.snapshot.key,
+            tuple((server, tuple(tools)) for server, tools in self.permitted.items()),
+        )
+
+    def build_index(self) -> IndexedTools:
+        """A new search index over the permitted tools (the expensive step: tokenizing and,
+        with embeddings, encoding every text not encoded before)."""
+        documents, entries = [], []
+        for server, tools in self.permitted.items():
+            description = self.snapshot.servers[server].connection.description
+            for tool in tools.values():
+                entries.append((server, tool))
+                documents.append(
+                    SearchDocument(
+                        server,
+                        tool.name,
+                        tool.description,
+                        _parameter_names(tool.input_schema_json),
+                        description,
+                    )
+                )
+        return SearchIndex(documents, self.embeddings), entries
+
     def search(self, query: str, limit: int) -> list[SearchResult]:
         return self.ranked_search(query, limit)[0]
 
     def ranked_search(self, query: str, limit: int) -> tuple[list[SearchResult], bool]:
         """The hits, and whether the ranking was partial (some tools' vectors, or the model
         for the query, not ready yet: those were ranked by keywords). Never encodes a tool."""
-        with self._lock:
-            if self._index is not None:
-                self._index = self._index.refreshed()
-            else:
-                documents = []
-                for server, tools in self.permitted.items():
-                    description = self.snapshot.servers[server].connection.description
-                    for tool in tools.values():
-                        self._entries.append((server, tool))
-                        documents.append(
-                            SearchDocument(
-                                server,
-                                tool.name,
-                                tool.description,
-                                _parameter_names(tool.input_schema_json),
-                                description,
-                            )
-                        )
-                self._index = SearchIndex(documents, self.embeddings)
-            index, entries = self._index, self._entries
+        if self.index_source is not None:
+            index, entries = self.index_source(self)
+        else:
+            with self._lock:
+                if self._index is not None:
+                    self._index = self._index.refreshed()
+                else:
+                    self._index, self._entries = self.build_index()
+                index, entries = self._index, self._entries
         ranking = index.rank(query, limit)
         results = [
             SearchResult(entries[hit.index][0], entries[hit.index][1], hit.score)
@@ -184,6 +241,8 @@ class TurnResolver:
         log: LogReader,
         cache_size: int = 1024,
         embeddings: Embeddings | None = None,
+        search_index_cache_bytes: int = DEFAULT_SEARCH_INDEX_CACHE_BYTES,
+        resolution_cache_bytes: int = DEFAULT_RESOLUTION_CACHE_BYTES,
         pins: SurfacePins | None = None,
     ) -> None:
         self._runs = runs
@@ -194,11 +253,24 @@ class TurnResolver:
         self._catalog = catalog
         # Keyed by content read from the database: an entry never goes stale, it just stops
         # being asked for.
-        self._tools_cache = ImmutableCache[tuple[str, str, int], tuple[CatalogTool, ...]](
-            cache_size * 16
+        # Bounded by bytes, not counts: one catalogue of 10,000 tools weighs as much as
+        # thousands of small ones. Half the budget for catalogues, half for resolved turns.
+        self._tools_cache = ByteBudgetCache[tuple[str, str, int], tuple[CatalogTool, ...]](
+            resolution_cache_bytes // 2, _tools_bytes
         )
-        self._snapshot_cache = ImmutableCache[Hashable, CatalogSnapshot](cache_size)
-        self._turn_cache = ImmutableCache[Hashable, ResolvedTurn](cache_size)
+        self._snapshot_cache = ByteBudgetCache[Hashable, CatalogSnapshot](
+            resolution_cache_bytes // 8, _snapshot_bytes
+        )
+        self._turn_cache = ByteBudgetCache[Hashable, ResolvedTurn](
+            resolution_cache_bytes * 3 // 8, _turn_bytes
+        )
+        # Search indexes, shared per catalogue versions and reach. An index of catalogue
+        # versions no longer current is no longer asked for and is the first to go.
+        self._index_cache = ByteBudgetCache[Hashable, IndexedTools](
+            search_index_cache_bytes, lambda indexed: indexed[0].approximate_bytes
+        )
+        self._index_builds: dict[Hashable, threading.Lock] = {}
+        self._index_builds_lock = threading.Lock()
         # The surface each (Run, turn) was first resolved with: what the model sees for the
         # whole turn. A turn's records never change, so its pin never goes stale.
         self._pins = ImmutableCache[tuple[str, int], ToolSurface](cache_size * 16)
@@ -221,7 +293,10 @@ class TurnResolver:
             tools_key = (tenant, connection.name, status.catalog_version)
             tools = self._tools_cache.get(tools_key)
             if tools is None:
-                tools = tuple(self._catalog.current_tools(tenant, connection.name))
+                # The tools of the very version read above, so the cache key is honest.
+                tools = tuple(
+                    self._catalog.current_tools(tenant, connection.name, status.catalog_version)
+                )
                 self._tools_cache.put(tools_key, tools)
             servers[connection.name] = TenantServer(connection, status, tools)
         snapshot = CatalogSnapshot(tenant, key, servers)
@@ -257,9 +332,40 @@ class TurnResolver:
         # never collide with an MCP tool's.
         tools = sorted((*mcp_surface.tools, *sidecar_tools(spec)), key=lambda tool: tool.name)
         surface = ToolSurface(tuple(tools), mcp_surface.servers)
-        resolved = ResolvedTurn(surface, permitted, snapshot, self._embeddings)
+        resolved = ResolvedTurn(
+            surface, permitted, snapshot, self._embeddings, index_source=self._search_index
+        )
         self._turn_cache.put(key, resolved)
         return resolved
+
+    def _search_index(self, resolved: ResolvedTurn) -> IndexedTools:
+        """The shared index for this reach, built once even when many searches ask at once,
+        and refreshed with the tool vectors that became known since."""
+        key = resolved.index_key
+        cached = self._index_cache.get(key)
+        if cached is None:
+            with self._index_builds_lock:
+                building = self._index_builds.setdefault(key, threading.Lock())
+            try:
+                with building:
+                    cached = self._index_cache.get(key)
+                    if cached is None:
+                        cached = resolved.build_index()
+                        self._index_cache.put(key, cached)
+            finally:
+                with self._index_builds_lock:
+                    if self._index_builds.get(key) is building and not building.locked():
+                        del self._index_builds[key]
+        refreshed = cached[0].refreshed()
+        if refreshed is not cached[0]:
+            cached = (refreshed, cached[1])
+            self._index_cache.put(key, cached)
+        return cached
+
+    @property
+    def search_indexes(self) -> tuple[int, int]:
+        """How many search indexes are cached and what they weigh (an estimate)."""
+        return len(self._index_cache), self._index_cache.bytes
 
     def server_states(self, run_id: str) -> dict[str, ConnectionState]:
         """The state of each of the Run's tenant's connections, as the database has it now

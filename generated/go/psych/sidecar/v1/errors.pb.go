@@ -115,6 +115,20 @@ const (
 	// `output_reserve_tokens`, `budget_tokens` (window less reserve),
 	// `full_estimated_tokens` (with the current turn in full).
 	ErrorReason_ERROR_REASON_CONTEXT_BUDGET_EXCEEDED ErrorReason = 19
+	// The database could not be used just now: unreachable, restarting, locked
+	// by another writer past the busy timeout, or a transaction that lost a
+	// serialization conflict. Nothing of the request was stored (a commit whose
+	// answer was lost may have been: retry with the same request id). Safe to
+	// retry after the delay in the google.rpc.RetryInfo detail.
+	// Status UNAVAILABLE. Metadata: `detail` (the driver's short message).
+	// Example: {reason: "STORAGE_UNAVAILABLE", metadata: {detail: "database is locked"}}.
+	ErrorReason_ERROR_REASON_STORAGE_UNAVAILABLE ErrorReason = 18
+	// The sidecar is shutting down and this call did not finish within its
+	// shutdown grace. What the call had stored stays stored; a tool call cut
+	// short here may or may not have reached its MCP server. Safe to retry on
+	// another sidecar (appends and tool calls with the same ids are answered
+	// once). Status UNAVAILABLE. Metadata: `grace_seconds`.
+	ErrorReason_ERROR_REASON_SHUTTING_DOWN ErrorReason = 22
 )
 
 // Enum value maps for ErrorReason.
@@ -139,6 +153,8 @@ var (
 		16: "ERROR_REASON_INTERNAL",
 		17: "ERROR_REASON_PATTERN_TOO_COMPLEX",
 		19: "ERROR_REASON_CONTEXT_BUDGET_EXCEEDED",
+		18: "ERROR_REASON_STORAGE_UNAVAILABLE",
+		22: "ERROR_REASON_SHUTTING_DOWN",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                0,
@@ -160,6 +176,8 @@ var (
 		"ERROR_REASON_INTERNAL":                   16,
 		"ERROR_REASON_PATTERN_TOO_COMPLEX":        17,
 		"ERROR_REASON_CONTEXT_BUDGET_EXCEEDED":    19,
+		"ERROR_REASON_STORAGE_UNAVAILABLE":        18,
+		"ERROR_REASON_SHUTTING_DOWN":              22,
 	}
 )
 
@@ -194,7 +212,7 @@ var File_psych_sidecar_v1_errors_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xc3\x05\n" +
+	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\x89\x06\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_REASON_FIELD_REQUIRED\x10\x01\x12\x1e\n" +
@@ -215,7 +233,9 @@ const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\x1cERROR_REASON_NOT_IMPLEMENTED\x10\x0f\x12\x19\n" +
 	"\x15ERROR_REASON_INTERNAL\x10\x10\x12$\n" +
 	" ERROR_REASON_PATTERN_TOO_COMPLEX\x10\x11\x12(\n" +
-	"$ERROR_REASON_CONTEXT_BUDGET_EXCEEDED\x10\x13B\xb6\x01\n" +
+	"$ERROR_REASON_CONTEXT_BUDGET_EXCEEDED\x10\x13\x12$\n" +
+	" ERROR_REASON_STORAGE_UNAVAILABLE\x10\x12\x12\x1e\n" +
+	"\x1aERROR_REASON_SHUTTING_DOWN\x10\x16B\xb6\x01\n" +
 	"\x14dev.psych.sidecar.v1B\vErrorsProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (

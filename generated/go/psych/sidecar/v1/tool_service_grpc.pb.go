@@ -38,7 +38,9 @@ type ToolServiceClient interface {
 	// CallDeferredTool runs one MCP tool addressed as a plain (server, tool)
 	// pair. What the model can get wrong — an unknown server, an unknown or
 	// unpermitted tool, malformed arguments, an unreachable or timed-out
-	// server — is a tool result with is_error set, not an RPC error.
+	// server — is a tool result with is_error set, not an RPC error. A retry
+	// with the same call id before the Run's next assistant message returns
+	// the recorded result and does not run the tool again.
 	CallDeferredTool(ctx context.Context, in *CallDeferredToolRequest, opts ...grpc.CallOption) (*CallDeferredToolResponse, error)
 	// ReadToolOutput reads a stored tool result through its handle, in-process
 	// over the log. A handle that does not resolve, or resolves into another
@@ -55,7 +57,9 @@ type ToolServiceClient interface {
 	SearchTools(ctx context.Context, in *SearchToolsRequest, opts ...grpc.CallOption) (*SearchToolsResponse, error)
 	// DispatchToolCall takes a model's tool call as emitted and routes it
 	// through the Run's resolved surface. A name the sidecar does not own is
-	// returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run.
+	// returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run. A retry
+	// with the same call id before the Run's next assistant message returns
+	// the recorded result and does not run the tool again.
 	DispatchToolCall(ctx context.Context, in *DispatchToolCallRequest, opts ...grpc.CallOption) (*DispatchToolCallResponse, error)
 }
 
@@ -138,7 +142,9 @@ type ToolServiceServer interface {
 	// CallDeferredTool runs one MCP tool addressed as a plain (server, tool)
 	// pair. What the model can get wrong — an unknown server, an unknown or
 	// unpermitted tool, malformed arguments, an unreachable or timed-out
-	// server — is a tool result with is_error set, not an RPC error.
+	// server — is a tool result with is_error set, not an RPC error. A retry
+	// with the same call id before the Run's next assistant message returns
+	// the recorded result and does not run the tool again.
 	CallDeferredTool(context.Context, *CallDeferredToolRequest) (*CallDeferredToolResponse, error)
 	// ReadToolOutput reads a stored tool result through its handle, in-process
 	// over the log. A handle that does not resolve, or resolves into another
@@ -155,7 +161,9 @@ type ToolServiceServer interface {
 	SearchTools(context.Context, *SearchToolsRequest) (*SearchToolsResponse, error)
 	// DispatchToolCall takes a model's tool call as emitted and routes it
 	// through the Run's resolved surface. A name the sidecar does not own is
-	// returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run.
+	// returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run. A retry
+	// with the same call id before the Run's next assistant message returns
+	// the recorded result and does not run the tool again.
 	DispatchToolCall(context.Context, *DispatchToolCallRequest) (*DispatchToolCallResponse, error)
 	mustEmbedUnimplementedToolServiceServer()
 }

@@ -119,6 +119,22 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     `output_reserve_tokens`, `budget_tokens` (window less reserve),
     `full_estimated_tokens` (with the current turn in full).
     """
+    ERROR_REASON_STORAGE_UNAVAILABLE: _ErrorReason.ValueType  # 18
+    """The database could not be used just now: unreachable, restarting, locked
+    by another writer past the busy timeout, or a transaction that lost a
+    serialization conflict. Nothing of the request was stored (a commit whose
+    answer was lost may have been: retry with the same request id). Safe to
+    retry after the delay in the google.rpc.RetryInfo detail.
+    Status UNAVAILABLE. Metadata: `detail` (the driver's short message).
+    Example: {reason: "STORAGE_UNAVAILABLE", metadata: {detail: "database is locked"}}.
+    """
+    ERROR_REASON_SHUTTING_DOWN: _ErrorReason.ValueType  # 22
+    """The sidecar is shutting down and this call did not finish within its
+    shutdown grace. What the call had stored stays stored; a tool call cut
+    short here may or may not have reached its MCP server. Safe to retry on
+    another sidecar (appends and tool calls with the same ids are answered
+    once). Status UNAVAILABLE. Metadata: `grace_seconds`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -230,5 +246,21 @@ Status RESOURCE_EXHAUSTED. Metadata: `estimated_tokens` (the smallest
 prompt the guard could make), `context_window_tokens`,
 `output_reserve_tokens`, `budget_tokens` (window less reserve),
 `full_estimated_tokens` (with the current turn in full).
+"""
+ERROR_REASON_STORAGE_UNAVAILABLE: ErrorReason.ValueType  # 18
+"""The database could not be used just now: unreachable, restarting, locked
+by another writer past the busy timeout, or a transaction that lost a
+serialization conflict. Nothing of the request was stored (a commit whose
+answer was lost may have been: retry with the same request id). Safe to
+retry after the delay in the google.rpc.RetryInfo detail.
+Status UNAVAILABLE. Metadata: `detail` (the driver's short message).
+Example: {reason: "STORAGE_UNAVAILABLE", metadata: {detail: "database is locked"}}.
+"""
+ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 22
+"""The sidecar is shutting down and this call did not finish within its
+shutdown grace. What the call had stored stays stored; a tool call cut
+short here may or may not have reached its MCP server. Safe to retry on
+another sidecar (appends and tool calls with the same ids are answered
+once). Status UNAVAILABLE. Metadata: `grace_seconds`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -40,7 +40,9 @@ class ToolServiceStub:
     """CallDeferredTool runs one MCP tool addressed as a plain (server, tool)
     pair. What the model can get wrong — an unknown server, an unknown or
     unpermitted tool, malformed arguments, an unreachable or timed-out
-    server — is a tool result with is_error set, not an RPC error.
+    server — is a tool result with is_error set, not an RPC error. A retry
+    with the same call id before the Run's next assistant message returns
+    the recorded result and does not run the tool again.
     """
     ReadToolOutput: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.ReadToolOutputRequest, _tool_service_pb2.ReadToolOutputResponse]
     """ReadToolOutput reads a stored tool result through its handle, in-process
@@ -61,7 +63,9 @@ class ToolServiceStub:
     DispatchToolCall: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.DispatchToolCallRequest, _tool_service_pb2.DispatchToolCallResponse]
     """DispatchToolCall takes a model's tool call as emitted and routes it
     through the Run's resolved surface. A name the sidecar does not own is
-    returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run.
+    returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run. A retry
+    with the same call id before the Run's next assistant message returns
+    the recorded result and does not run the tool again.
     """
 
 @_typing.type_check_only
@@ -76,7 +80,9 @@ class ToolServiceAsyncStub(ToolServiceStub):
     """CallDeferredTool runs one MCP tool addressed as a plain (server, tool)
     pair. What the model can get wrong — an unknown server, an unknown or
     unpermitted tool, malformed arguments, an unreachable or timed-out
-    server — is a tool result with is_error set, not an RPC error.
+    server — is a tool result with is_error set, not an RPC error. A retry
+    with the same call id before the Run's next assistant message returns
+    the recorded result and does not run the tool again.
     """
     ReadToolOutput: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.ReadToolOutputRequest, _tool_service_pb2.ReadToolOutputResponse]  # type: ignore[assignment]
     """ReadToolOutput reads a stored tool result through its handle, in-process
@@ -97,7 +103,9 @@ class ToolServiceAsyncStub(ToolServiceStub):
     DispatchToolCall: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.DispatchToolCallRequest, _tool_service_pb2.DispatchToolCallResponse]  # type: ignore[assignment]
     """DispatchToolCall takes a model's tool call as emitted and routes it
     through the Run's resolved surface. A name the sidecar does not own is
-    returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run.
+    returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run. A retry
+    with the same call id before the Run's next assistant message returns
+    the recorded result and does not run the tool again.
     """
 
 class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -115,7 +123,9 @@ class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
         """CallDeferredTool runs one MCP tool addressed as a plain (server, tool)
         pair. What the model can get wrong — an unknown server, an unknown or
         unpermitted tool, malformed arguments, an unreachable or timed-out
-        server — is a tool result with is_error set, not an RPC error.
+        server — is a tool result with is_error set, not an RPC error. A retry
+        with the same call id before the Run's next assistant message returns
+        the recorded result and does not run the tool again.
         """
 
     @_abc_1.abstractmethod
@@ -166,7 +176,9 @@ class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_tool_service_pb2.DispatchToolCallResponse, _abc.Awaitable[_tool_service_pb2.DispatchToolCallResponse]]:
         """DispatchToolCall takes a model's tool call as emitted and routes it
         through the Run's resolved surface. A name the sidecar does not own is
-        returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run.
+        returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run. A retry
+        with the same call id before the Run's next assistant message returns
+        the recorded result and does not run the tool again.
         """
 
 def add_ToolServiceServicer_to_server(servicer: ToolServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -632,7 +632,9 @@ export const ToolService: GenService<{
    * CallDeferredTool runs one MCP tool addressed as a plain (server, tool)
    * pair. What the model can get wrong — an unknown server, an unknown or
    * unpermitted tool, malformed arguments, an unreachable or timed-out
-   * server — is a tool result with is_error set, not an RPC error.
+   * server — is a tool result with is_error set, not an RPC error. A retry
+   * with the same call id before the Run's next assistant message returns
+   * the recorded result and does not run the tool again.
    *
    * @generated from rpc psych.sidecar.v1.ToolService.CallDeferredTool
    */
@@ -689,7 +691,9 @@ export const ToolService: GenService<{
   /**
    * DispatchToolCall takes a model's tool call as emitted and routes it
    * through the Run's resolved surface. A name the sidecar does not own is
-   * returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run.
+   * returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run. A retry
+   * with the same call id before the Run's next assistant message returns
+   * the recorded result and does not run the tool again.
    *
    * @generated from rpc psych.sidecar.v1.ToolService.DispatchToolCall
    */

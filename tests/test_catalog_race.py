@@ -1,0 +1,87 @@
+"""The stale-catalogue race, forced: a storage thread that read an older catalogue version and
+finishes late must not make another thread, which read the newer version, get the older
+version's tools (the resolver would then cache them under the newer version)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from psych_sidecar.mcp.manager import McpManager
+from tests.conftest import RunningSidecar, Stubs
+from tests.mcp_helpers import FIXTURE_SERVER, on_loop, put_stdio, wait_for
+
+
+@pytest.fixture(scope="module")
+def grpc_addr() -> str:
+    """Loopback TCP: the race is in the MCP layer's caches."""
+    return "127.0.0.1:0"
+
+
+@pytest.fixture(scope="module")
+def sidecar_overrides() -> dict[str, Any]:
+    """The fixture MCP server over stdio."""
+    return {
+        "mcp_commands": {
+            "fixture": {
+                "argv": [sys.executable, str(FIXTURE_SERVER), "stdio"],
+                "allow_extra_args": True,
+            }
+        }
+    }
+
+
+def test_a_late_stale_read_does_not_serve_an_older_catalogue(
+    grpc_server: RunningSidecar,
+    stubs: Stubs,
+    unique: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    view = grpc_server.sidecar.catalog
+    assert isinstance(view, McpManager)
+    store = view._store
+    tenant = unique("tenant")
+    put_stdio(stubs, tenant, "fx", args=["--tools", "0"])
+
+    def stored_version() -> int:
+        return int(store.connection_versions(tenant).get("fx", (0, 0))[1])
+
+    wait_for(lambda: stored_version() == 1, "catalogue version 1")
+    ((_, status),) = view.tenant_connections(tenant)
+    assert status.catalog_version == 1
+    assert "late_tool" not in {t.name for t in view.current_tools(tenant, "fx", 1)}
+
+    # Thread B reads the versions (1) and is held before it finishes.
+    original = store.connection_versions
+    stale: dict[str, threading.Thread] = {}
+    read, release = threading.Event(), threading.Event()
+
+    def held(asked: str) -> Any:
+        versions = original(asked)
+        if threading.current_thread() is stale.get("thread"):
+            read.set()
+            release.wait(30)
+        return versions
+
+    monkeypatch.setattr(store, "connection_versions", held)
+    stale["thread"] = threading.Thread(target=lambda: view.tenant_connections(tenant))
+    stale["thread"].start()
+    assert read.wait(30)
+
+    # The catalogue moves on: a tool added at runtime, announced, re-listed as version 2.
+    runner = grpc_server.sidecar.tool_runner
+    on_loop(grpc_server, runner.call_tool(tenant, "fx", "add_tool", {"name": "late_tool"}, 10))
+    wait_for(lambda: stored_version() == 2, "catalogue version 2")
+
+    # Thread A (this one) reads version 2; then B's stale read of version 1 completes.
+    ((_, status),) = view.tenant_connections(tenant)
+    assert status.catalog_version == 2
+    release.set()
+    stale["thread"].join(30)
+
+    tools = view.current_tools(tenant, "fx", status.catalog_version)
+    assert "late_tool" in {tool.name for tool in tools}

@@ -1,0 +1,181 @@
+"""MCP servers behaving badly, with the project's fixture server over stdio: what the host sees
+is a clean tool result (or a connection state), the result is in the log, and health and GetRun
+answer while it happens. Results larger than a response come back elided with their handle.
+
+SQLite and one transport: the faults are the MCP server's; storage faults have their own tests
+(test_storage_faults.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from psych.sidecar.v1 import (
+    connection_pb2,
+    connection_service_pb2,
+    run_service_pb2,
+    spec_pb2,
+    tool_service_pb2,
+)
+from psych_sidecar.config import MIB
+from psych_sidecar.mcp import session as mcp_session
+from tests.conftest import RunningSidecar, Stubs
+from tests.helpers import all_records, publish
+from tests.mcp_helpers import fixture_commands
+
+LIMIT = MIB
+
+
+@pytest.fixture(scope="module")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """SQLite: the faults here are the MCP server's."""
+    return f"sqlite:///{tmp_path_factory.mktemp('faults') / 'sidecar.db'}"
+
+
+@pytest.fixture(scope="module")
+def grpc_addr() -> str:
+    """Loopback TCP."""
+    return "127.0.0.1:0"
+
+
+@pytest.fixture(scope="module")
+def sidecar_overrides() -> dict[str, Any]:
+    """The smallest message limit, so a few-MB result is already larger than a response."""
+    return {
+        "mcp_commands": fixture_commands(),
+        "max_message_bytes": LIMIT,
+        "mcp_reconnect_min_seconds": 0.2,
+        "mcp_reconnect_max_seconds": 1.0,
+    }
+
+
+@pytest.fixture
+def run_id(stubs: Stubs, unique: Callable[[str], str]) -> str:
+    """A Run of a fresh tenant with its own fixture server connected (no bulk tools)."""
+    tenant = unique("tenant")
+    connection = connection_pb2.Connection(
+        tenant=tenant,
+        name="fx",
+        stdio=connection_pb2.StdioTransport(command="fixture", args=["--tools", "0"]),
+        preload=True,
+    )
+    stubs.connections.PutConnection(
+        connection_service_pb2.PutConnectionRequest(connection=connection)
+    )
+    spec = unique("spec")
+    publish(stubs, spec, grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")])
+    return stubs.runs.CreateRun(
+        run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec, spec_version=1)
+    ).run.run_id
+
+
+def call(
+    stubs: Stubs, run_id: str, tool: str, call_id: str, **arguments: Any
+) -> tool_service_pb2.ToolOutcome:
+    struct = struct_pb2.Struct()
+    struct.update(arguments)
+    request = tool_service_pb2.CallDeferredToolRequest(
+        run_id=run_id, server="fx", tool=tool, arguments=struct, call_id=call_id
+    )
+    return stubs.tools.CallDeferredTool(request, timeout=120).outcome
+
+
+def text(outcome: tool_service_pb2.ToolOutcome) -> str:
+    return "".join(part.get("text", "") for part in json.loads(outcome.result_json)["content"])
+
+
+def stored_length(stubs: Stubs, run_id: str, handle: str) -> int:
+    request = tool_service_pb2.ReadToolOutputRequest(run_id=run_id, handle=handle, limit=1)
+    return stubs.tools.ReadToolOutput(request).total_length
+
+
+def answering(grpc_server: RunningSidecar, stubs: Stubs, run_id: str) -> None:
+    """Health and GetRun answer (each within a generous deadline: liveness, not speed)."""
+    channel = grpc.insecure_channel(grpc_server.sidecar.bound[0])
+    try:
+        health = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=10
+        )
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        channel.close()
+    assert stubs.runs.GetRun(run_service_pb2.GetRunRequest(run_id=run_id), timeout=10).run.run_id
+
+
+def test_a_result_larger_than_a_response_is_elided_with_its_handle_and_kept_whole(
+    stubs: Stubs, run_id: str
+) -> None:
+    size = 3 * LIMIT
+    outcome = call(stubs, run_id, "huge_text", "c1", size=size)
+    assert not outcome.is_error
+    assert len(outcome.result_json) < LIMIT
+    meta = json.loads(outcome.result_json)["_meta"]["psych.sidecar/elided"]
+    assert meta["handle"] == outcome.handle
+    assert meta["result_json_bytes"] > size
+    assert outcome.handle in text(outcome)
+    assert stored_length(stubs, run_id, outcome.handle) == size
+
+
+def test_health_and_get_run_answer_while_a_large_result_lands(
+    grpc_server: RunningSidecar, stubs: Stubs, run_id: str
+) -> None:
+    outcomes: list[tool_service_pb2.ToolOutcome] = []
+    landing = threading.Thread(
+        target=lambda: outcomes.append(call(stubs, run_id, "huge_text", "big", size=30 * MIB))
+    )
+    landing.start()
+    checks = 0
+    while landing.is_alive():
+        answering(grpc_server, stubs, run_id)
+        checks += 1
+    landing.join()
+    (outcome,) = outcomes
+    assert checks > 0
+    assert stored_length(stubs, run_id, outcome.handle) == 30 * MIB
+
+
+def test_a_server_exiting_mid_call_is_a_tool_error_in_the_log(
+    grpc_server: RunningSidecar, stubs: Stubs, run_id: str
+) -> None:
+    outcome = call(stubs, run_id, "exit", "c1")
+    assert outcome.is_error
+    (record,) = [r for r in all_records(stubs, run_id) if r.WhichOneof("kind") == "tool_result"]
+    assert record.tool_result.is_error
+    assert record.tool_result.call_id == "c1"
+    answering(grpc_server, stubs, run_id)
+
+
+def test_a_bug_during_a_call_is_logged_with_its_stack_and_the_model_gets_a_tool_error(
+    stubs: Stubs,
+    run_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Stands in for a bug in the sidecar's own result conversion: nothing in a real server
+    # can make correct code raise this.
+    def broken(result: Any) -> Any:
+        raise KeyError("a bug")
+
+    call(stubs, run_id, "echo", "warm", text="connected")
+    monkeypatch.setattr(mcp_session, "tool_result", broken)
+    with caplog.at_level(logging.ERROR, logger="psych_sidecar.mcp.session"):
+        outcome = call(stubs, run_id, "echo", "c1", text="hi")
+    assert outcome.is_error
+    (logged,) = [r for r in caplog.records if "unexpected error calling" in r.getMessage()]
+    assert logged.exc_info is not None
+    correlation_id = logged.getMessage().rsplit(" ", 1)[-1]
+    assert correlation_id in text(outcome)
+    assert any(
+        r.tool_result.call_id == "c1" and r.tool_result.is_error
+        for r in all_records(stubs, run_id)
+        if r.WhichOneof("kind") == "tool_result"
+    )

@@ -1,0 +1,277 @@
+"""A database that cannot be used just now is UNAVAILABLE / STORAGE_UNAVAILABLE with retry
+advice, never INTERNAL; the sidecar recovers by itself when the database is back.
+
+SQLite: another process holds the write lock past the busy timeout. PostgreSQL: another
+session holds the Run's row lock past the lock timeout, and the database refuses connections
+(its backends terminated) for a while.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import sqlite3
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from sqlalchemy import create_engine, make_url, text
+
+from psych.sidecar.v1 import run_service_pb2
+from psych_sidecar.storage.db import normalize_url
+from tests.conftest import RunningSidecar, Stubs, postgres_admin_url, rpc_failure
+from tests.helpers import all_records, new_run, user
+
+BUSY_TIMEOUT = 0.3
+
+
+@pytest.fixture(scope="module")
+def grpc_addr() -> str:
+    """One transport is enough here: the faults are in the database, not the socket."""
+    return "127.0.0.1:0"
+
+
+@pytest.fixture(scope="module")
+def sidecar_overrides() -> dict[str, Any]:
+    """A short busy timeout, so a held lock answers within the test's patience."""
+    return {"database_busy_timeout_seconds": BUSY_TIMEOUT, "worker_threads": 2}
+
+
+def _append(stubs: Stubs, run_id: str, request_id: str, text_value: str) -> Any:
+    return stubs.runs.AppendRecords(
+        run_service_pb2.AppendRecordsRequest(
+            run_id=run_id, request_id=request_id, records=[user(text_value)]
+        ),
+        timeout=30,
+    )
+
+
+def _assert_storage_unavailable(call: Any) -> None:
+    failure = rpc_failure(call)
+    assert failure.code == grpc.StatusCode.UNAVAILABLE
+    assert failure.info.reason == "STORAGE_UNAVAILABLE"
+    assert failure.info.metadata["detail"]
+    # The retry advice travels beside the one ErrorInfo.
+    assert failure.detail_count == 2
+
+
+def _retry_info(call: Any) -> error_details_pb2.RetryInfo:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    status = rpc_status.from_call(caught.value)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        info = error_details_pb2.RetryInfo()
+        if detail.Unpack(info):
+            return info
+    raise AssertionError("no RetryInfo")
+
+
+@contextlib.contextmanager
+def _lock_held(grpc_server: RunningSidecar, run_id: str) -> Iterator[None]:
+    """Another client holds the lock an append needs, for as long as the block runs."""
+    url = normalize_url(grpc_server.settings.database_url)
+    if url.get_backend_name() == "sqlite":
+        holder = sqlite3.connect(str(url.database), isolation_level=None, timeout=30)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        return
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        connection.execute(
+            text("SELECT 1 FROM runs WHERE run_id = :run_id FOR UPDATE"), {"run_id": run_id}
+        )
+        try:
+            yield
+        finally:
+            connection.rollback()
+    engine.dispose()
+
+
+def test_lock_held_past_the_busy_timeout_is_retryable_and_the_retry_stores_once(
+    grpc_server: RunningSidecar, stubs: Stubs, unique: Any
+) -> None:
+    run_id = new_run(stubs, unique("spec"))
+    with _lock_held(grpc_server, run_id):
+        _assert_storage_unavailable(lambda: _append(stubs, run_id, "r1", "hello"))
+        delay = _retry_info(lambda: _append(stubs, run_id, "r1", "hello")).retry_delay
+        assert delay.ToNanoseconds() > 0
+        # Reads are not blocked by a writer.
+        assert stubs.runs.GetRun(run_service_pb2.GetRunRequest(run_id=run_id)).run.run_id
+    first = _append(stubs, run_id, "r1", "hello")
+    again = _append(stubs, run_id, "r1", "hello")
+    assert [r.sequence for r in first.records] == [r.sequence for r in again.records] == [1]
+    assert len(all_records(stubs, run_id)) == 1
+
+
+def test_postgresql_refusing_connections_is_unavailable_then_recovers(
+    grpc_server: RunningSidecar, stubs: Stubs, unique: Any
+) -> None:
+    url = make_url(grpc_server.settings.database_url)
+    if url.get_backend_name() != "postgresql":
+        pytest.skip("a PostgreSQL outage")
+    run_id = new_run(stubs, unique("spec"))
+    _append(stubs, run_id, "before", "one")
+    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
+    name = url.database
+
+    def set_allowed(allowed: bool) -> None:
+        with admin.connect() as connection:
+            connection.execute(
+                text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+            )
+            if not allowed:
+                connection.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = :name AND pid <> pg_backend_pid()"
+                    ),
+                    {"name": name},
+                )
+
+    set_allowed(False)
+    try:
+        for request_id in ("during-1", "during-2", "during-3"):
+            _assert_storage_unavailable(lambda r=request_id: _append(stubs, run_id, r, "two"))
+    finally:
+        set_allowed(True)
+        admin.dispose()
+    # Back without restarting the sidecar: the retry with the same request id stores once.
+    _append(stubs, run_id, "during-1", "two")
+    _append(stubs, run_id, "during-1", "two")
+    assert [len(r.user_message.content) for r in all_records(stubs, run_id)] == [1, 1]
+
+
+def test_concurrent_appends_under_a_held_lock_all_answer(
+    grpc_server: RunningSidecar, stubs: Stubs, unique: Any
+) -> None:
+    """Every waiting append answers (stored or STORAGE_UNAVAILABLE), none INTERNAL."""
+    run_id = new_run(stubs, unique("spec"))
+    codes: list[grpc.StatusCode] = []
+
+    def append(index: int) -> None:
+        try:
+            _append(stubs, run_id, f"c{index}", "x")
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as error:
+            codes.append(error.code())  # type: ignore[attr-defined]
+
+    with _lock_held(grpc_server, run_id):
+        threads = [threading.Thread(target=append, args=(i,)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert len(codes) == 6
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
+    stored = all_records(stubs, run_id)
+    assert len(stored) == codes.count(grpc.StatusCode.OK)
+
+
+def _pg_ctl() -> str:
+    configured = os.environ.get("PSYCH_PG_BIN")
+    for candidate in (
+        os.path.join(configured, "pg_ctl") if configured else None,
+        shutil.which("pg_ctl"),
+        "/usr/lib/postgresql/15/bin/pg_ctl",
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.skip("pg_ctl not found")
+
+
+def _as_owner(path: str) -> list[str]:
+    """Run as the cluster's owner: PostgreSQL refuses to run as root."""
+    owner = os.stat(path).st_uid
+    if os.geteuid() == 0 and owner != 0:
+        return ["runuser", "-u", pwd.getpwuid(owner).pw_name, "--"]
+    return []
+
+
+def test_postgresql_stopped_and_restarted_during_appends(
+    grpc_server: RunningSidecar, stubs: Stubs, unique: Any
+) -> None:
+    """The test cluster itself is stopped while a client appends: UNAVAILABLE /
+    STORAGE_UNAVAILABLE during the outage, then appends succeed again without restarting the
+    sidecar; every acknowledged record is stored once, sequences gap-free."""
+    url = make_url(grpc_server.settings.database_url)
+    if url.get_backend_name() != "postgresql":
+        pytest.skip("a PostgreSQL outage")
+    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        data = str(connection.execute(text("SHOW data_directory")).scalar())
+    admin.dispose()
+    pg_ctl, as_owner = _pg_ctl(), _as_owner(data)
+    log_file = os.path.join(os.path.dirname(data), "postgres.log")
+    run_id = new_run(stubs, unique("spec"))
+    acknowledged: dict[str, int] = {}
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def append() -> None:
+        number = 0
+        while not stop.is_set():
+            number += 1
+            request_id = f"a{number}"
+            while not stop.is_set():
+                try:
+                    answer = _append(stubs, run_id, request_id, request_id)
+                except grpc.RpcError as error:
+                    failure = rpc_status.from_call(error)  # type: ignore[arg-type]
+                    outcomes.append(f"{error.code().name}")  # type: ignore[attr-defined]
+                    assert failure is not None, "an error without a google.rpc.Status"
+                    time.sleep(0.05)
+                    continue  # retried with the same request id
+                acknowledged[request_id] = answer.records[0].sequence
+                outcomes.append("OK")
+                break
+
+    appender = threading.Thread(target=append)
+    appender.start()
+    try:
+        wait_until(lambda: len(acknowledged) >= 5)
+        subprocess.run(
+            [*as_owner, pg_ctl, "-D", data, "-m", "fast", "-w", "-t", "60", "stop"],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            wait_until(lambda: outcomes.count("UNAVAILABLE") >= 3)
+        finally:
+            subprocess.run(
+                [*as_owner, pg_ctl, "-D", data, "-l", log_file, "-w", "-t", "60", "start"],
+                check=True,
+                capture_output=True,
+            )
+        recovered = len(acknowledged)
+        wait_until(lambda: len(acknowledged) >= recovered + 5)
+    finally:
+        stop.set()
+        appender.join(60)
+    assert set(outcomes) <= {"OK", "UNAVAILABLE"}, set(outcomes)
+    stored = all_records(stubs, run_id)
+    assert [r.sequence for r in stored] == list(range(1, len(stored) + 1))
+    texts = [r.user_message.content[0].text for r in stored]
+    assert len(set(texts)) == len(texts)
+    by_text = dict(zip(texts, (r.sequence for r in stored), strict=True))
+    for request_id, sequence in acknowledged.items():
+        assert by_text[request_id] == sequence
+
+
+def wait_until(condition: Any, within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.02)
