@@ -454,7 +454,7 @@ class Sidecar:
                     resolver,
                     executor,
                     reader,
-                    DispatchService(runs, log, reader, resolver, executor, blocking),
+                    DispatchService(reader, resolver, executor, blocking),
                     blocking,
                     limit,
                     grep_threads=self.settings.worker_threads // 2,

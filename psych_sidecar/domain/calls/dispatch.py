@@ -15,7 +15,6 @@ model error but a protocol violation: INVALID_DEFERRED_HANDLE, and nothing is ap
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,13 +33,9 @@ from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, fie
 from psych_sidecar.domain.runlog import (
     MAX_IDENTIFIER_LENGTH,
     ContentPart,
-    LogReader,
     PartKind,
-    Record,
-    RecordKind,
     Run,
     RunBlocking,
-    RunService,
     Spec,
     ToolCall,
     binary_marker,
@@ -115,15 +110,11 @@ def _arguments(call: ToolCall, fields: dict[str, type], required: set[str]) -> d
 class DispatchService:
     def __init__(
         self,
-        runs: RunService,
-        log: LogReader,
         reader: ToolOutputReader,
         resolver: TurnResolver,
         executor: ToolExecutor,
         blocking: RunBlocking,
     ) -> None:
-        self._runs = runs
-        self._log = log
         self._reader = reader
         self._resolver = resolver
         self._executor = executor
@@ -181,32 +172,16 @@ class DispatchService:
         async def run(
             context: RunContext, resolved: ResolvedTurn, route: ExposedTool, call: ToolCall
         ) -> ToolOutcome:
-            outcome: ToolOutcome = await self._blocking(self._run_own, handler, context, call)
-            return outcome
+            async def produce() -> PendingResult:
+                execution: ToolExecution = await self._blocking(handler, context, call)
+                return PendingResult(
+                    execution.is_error, execution.result_json, execution.content, "", call.name
+                )
+
+            # Once per (Run, assistant step, call id), like the MCP kinds.
+            return await self._executor.once(context, call.call_id, produce)
 
         return run
-
-    def _run_own(self, handler: OwnHandler, context: RunContext, call: ToolCall) -> ToolOutcome:
-        run_id = context.run.run_id
-        execution = handler(context, call)
-        record = Record(
-            RecordKind.TOOL_RESULT,
-            content=execution.content,
-            call_id=call.call_id,
-            tool=call.name,
-            is_error=execution.is_error,
-        )
-        (appended,) = self._runs.append(run_id, self._request_id(run_id, call), (record,))
-        return ToolOutcome(
-            execution.is_error, execution.result_json, appended.sequence, appended.handle
-        )
-
-    def _request_id(self, run_id: str, call: ToolCall) -> str:
-        """The same call dispatched again (a retry after a lost response) appends once: the
-        id names the call within the assistant message that made it."""
-        step = self._log.latest_assistant_sequence(run_id)
-        digest = hashlib.sha256(f"{step}\x00{call.call_id}".encode()).hexdigest()
-        return f"dispatch-{digest[:48]}"
 
     def _read_tool_output(self, run: Run, call: ToolCall) -> ToolExecution:
         try:
