@@ -480,9 +480,10 @@ class Sidecar:
         if self.settings.migrate_on_start:
             await asyncio.get_running_loop().run_in_executor(self._executor, migrate, self._engine)
         await self.mcp.start()
-        if self._embeddings is not None and await self._has_catalogues():
-            # Searches are coming over stored catalogues: load the model now, in the
-            # background, rather than with the first reconnected server's listing.
+        if self._embeddings is not None:
+            # The model loads in the background from the start (`serve` began it beside the
+            # imports: search.encoder.preload), so a restarted sidecar ranks its stored
+            # catalogues by meaning as soon as it serves.
             self._embeddings.prepare()
         limit = self.settings.max_message_bytes
         # The transport admits up to twice the limit so that a request over the limit
@@ -596,12 +597,6 @@ class Sidecar:
     def warmup_backlog(self) -> int:
         """Texts queued for the search warm-up and not encoded or read yet."""
         return self._embeddings.counters().backlog if self._embeddings is not None else 0
-
-    async def _has_catalogues(self) -> bool:
-        connections = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._connection_store.all_connections
-        )
-        return any(stored.catalog_version > 0 for stored in connections)
 
     @property
     def search_counters(self) -> EmbeddingCounters | None:

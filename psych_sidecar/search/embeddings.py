@@ -105,9 +105,9 @@ class EmbeddingCounters:
 class ToolEmbeddings:
     """Sentence vectors of tool texts and queries for every search index of the process.
 
-    The encoder loads with the first listing to warm, or earlier through :meth:`prepare`: a
-    sidecar with no catalogue never loads the model. If loading fails, search stays lexical
-    (logged once) rather than failing.
+    The encoder loads on a thread of its own through :meth:`prepare` (the server calls it at
+    start), or with the first listing to warm. If loading fails, search stays lexical (logged
+    once) rather than failing.
     """
 
     def __init__(

