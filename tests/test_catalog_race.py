@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from psych.sidecar.v1 import run_service_pb2, spec_pb2, spec_service_pb2
 from psych_sidecar.mcp.manager import McpManager
 from tests.conftest import RunningSidecar, Stubs
 from tests.mcp_helpers import FIXTURE_SERVER, on_loop, put_stdio, wait_for
@@ -85,3 +86,44 @@ def test_a_late_stale_read_does_not_serve_an_older_catalogue(
 
     tools = view.current_tools(tenant, "fx", status.catalog_version)
     assert "late_tool" in {tool.name for tool in tools}
+
+
+def test_a_version_superseded_between_its_two_reads_still_permits_its_tools(
+    grpc_server: RunningSidecar,
+    stubs: Stubs,
+    unique: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A resolution reads the connection's version, then that version's tools. When another
+    # sidecar writes a newer version in between, the rows read carry its removal marker; the
+    # Run must still reach them (it once found no tool at all: scale-out CI, issue 12).
+    view = grpc_server.sidecar.catalog
+    assert isinstance(view, McpManager)
+    store = view._store
+    tenant = unique("tenant")
+    put_stdio(stubs, tenant, "fx", args=["--tools", "0"])
+    wait_for(lambda: store.connection_versions(tenant).get("fx", (0, 0))[1] == 1, "version 1")
+    grants = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
+    spec = spec_pb2.Spec(name=unique("spec"), version=1, grants=grants)
+    stubs.specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec))
+    run_id = stubs.runs.CreateRun(
+        run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec.name, spec_version=1)
+    ).run.run_id
+
+    original = store.catalog_tools
+    stored = store.get_connection(tenant, "fx")
+    assert stored is not None
+
+    def superseded_first(asked_tenant: str, server: str, version: int) -> Any:
+        if asked_tenant == tenant and version == 1:
+            # Version 2 lands after the connection row (version 1) was read.
+            store.write_catalog(tenant, "fx", stored.revision, [])
+        return original(asked_tenant, server, version)
+
+    monkeypatch.setattr(store, "catalog_tools", superseded_first)
+    resolver = grpc_server.sidecar.resolver
+    assert resolver is not None
+    _, resolved = resolver.resolved(run_id)
+    assert resolved.snapshot.servers["fx"].status.catalog_version == 1
+    assert all(tool.removed_in_version == 2 for tool in resolved.snapshot.servers["fx"].tools)
+    assert "add_tool" in resolved.permitted["fx"]

@@ -299,16 +299,19 @@ def test_concurrent_catalogue_refreshes_across_sidecars_stay_consistent(
 
         reader = threading.Thread(target=read_current)
         reader.start()
-        with ThreadPoolExecutor(max_workers=5) as pool:
-            futures = [pool.submit(refresh, index) for index in range(4)]
-            futures.append(pool.submit(add_tools))
-            for future in futures:
-                future.result()
-        sidecars[1].connections.RefreshCatalog(
-            connection_service_pb2.RefreshCatalogRequest(tenant=tenant, name="fx")
-        )
-        stop.set()
-        reader.join()
+        try:
+            with ThreadPoolExecutor(max_workers=5) as pool:
+                futures = [pool.submit(refresh, index) for index in range(4)]
+                futures.append(pool.submit(add_tools))
+                for future in futures:
+                    future.result()
+            sidecars[1].connections.RefreshCatalog(
+                connection_service_pb2.RefreshCatalogRequest(tenant=tenant, name="fx")
+            )
+        finally:
+            # Stopped on failure too, or it would fail the next test's teardown.
+            stop.set()
+            reader.join()
 
     assert torn_reads == []
     newest = max(tool.catalog_version for tool in _catalog(sidecars[0], tenant))

@@ -1,9 +1,10 @@
 """Narrowing: which of a connection's tools a Run may reach.
 
-The permitted set is the not-removed catalogue, narrowed by the connection's own allow/deny,
-then by the Spec's grants (no grant: nothing), then by the Run's restrictions (when it has
-any). Every path to a tool — the surface, the meta tools, search, a call — goes through here,
-and a call re-runs it against the current catalogue, so a stale surface reaches nothing more.
+The permitted set is one catalogue version's tools (the newest, read with its connection),
+narrowed by the connection's own allow/deny, then by the Spec's grants (no grant: nothing),
+then by the Run's restrictions (when it has any). Every path to a tool — the surface, the meta
+tools, search, a call — goes through here, and a call re-runs it against the current
+catalogue, so a stale surface reaches nothing more.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ class Grants:
     run_restrictions: tuple[ToolGrant, ...]
 
     def permits(self, connection: Connection, tool: CatalogTool) -> bool:
-        if tool.removed_in_version:
-            return False
+        # Not `tool.removed_in_version`: the tools come from the catalogue version the
+        # caller read, and a newer version written since (by any sidecar) marks that
+        # version's rows removed; as of the version read they are all there.
         if connection.allow_tools and not any(
             glob_match(pattern, tool.name) for pattern in connection.allow_tools
         ):
