@@ -80,3 +80,19 @@ class SqlRunDirectory:
             ) in rows
         ]
 
+
+class StoredSurfacePins:
+    """The domain's SurfacePins for a reader that must not write: the turn's stored pin when
+    a sidecar made one, else the surface just resolved, stored nowhere."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
+        pins = tables.turn_surfaces
+        query = select(pins.c.surface).where(
+            pins.c.run_id == run_id, pins.c.turn_start == turn_start
+        )
+        with transaction(self._engine, write=False) as conn:
+            stored = conn.execute(query).scalar()
+        return surface_json if stored is None else str(stored).encode()
