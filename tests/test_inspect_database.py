@@ -4,6 +4,7 @@ themselves are compared with the gRPC mode's in tests/test_inspect.py."""
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,3 +161,14 @@ def test_the_help_names_both_sources(capsys: pytest.CaptureFixture[str]) -> None
     text = " ".join(capsys.readouterr().out.split())
     assert "--address" in text
     assert "--database-url URL" in text
+
+
+def test_an_unreachable_database_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as probe:
+        # A loopback port nothing listens on: bound, never listened.
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        code, out, err = inspect_runs(f"postgresql://nobody@127.0.0.1:{port}/none", capsys)
+    assert code == 1
+    assert out == ""
+    assert err.startswith("psych-sidecar: cannot use the database postgresql+psycopg://")

@@ -16,7 +16,7 @@ class SqlRunDirectory:
         self._engine = engine
 
     def list_runs(self, tenant: str, limit: int) -> list[RunSummary]:
-        rows, _ = select_runs(self._engine, tenant, "", limit)
+        rows, _ = select_runs(self._engine, tenant, "", limit, activity=True)
         return [
             RunSummary(
                 row.run_id,

@@ -338,23 +338,28 @@ class SqlStore:
 
 
 def select_runs(
-    engine: Engine, tenant: str, after_run_id: str, limit: int
+    engine: Engine, tenant: str, after_run_id: str, limit: int, activity: bool = False
 ) -> tuple[list[Row[Any]], bool]:
     """The one query that lists Runs (ListRuns' pages and the inspectors' lists): a tenant's
     Runs, or (tenant empty) every tenant's, newest first (create time, then id, descending),
     at most `limit` of them after the Run `after_run_id` in that order (from the first when
-    empty), and whether more remain. Each row is the Run's row plus `last_activity_us`, the
-    time of its last record (its create time before any): one primary-key lookup per Run."""
+    empty), and whether more remain. Each row is the Run's row; with `activity`, plus
+    `last_activity_us`, the time of its last record (its create time before any): one
+    primary-key lookup per Run, which ListRuns does not pay (~50% more per page on SQLite)."""
     runs, records = tables.runs, tables.records
-    query = select(
-        runs,
-        func.coalesce(records.c.create_time_us, runs.c.create_time_us).label("last_activity_us"),
-    ).select_from(
-        runs.outerjoin(
-            records,
-            and_(records.c.run_id == runs.c.run_id, records.c.sequence == runs.c.last_sequence),
+    if activity:
+        last = func.coalesce(records.c.create_time_us, runs.c.create_time_us)
+        query = select(runs, last.label("last_activity_us")).select_from(
+            runs.outerjoin(
+                records,
+                and_(
+                    records.c.run_id == runs.c.run_id,
+                    records.c.sequence == runs.c.last_sequence,
+                ),
+            )
         )
-    )
+    else:
+        query = select(runs)
     if tenant:
         query = query.where(runs.c.tenant == tenant)
     with transaction(engine, write=False) as conn:
