@@ -349,3 +349,38 @@ def test_a_refused_read_from_the_database_is_reported_and_exits_1(
     assert code == 1
     assert "RUN_NOT_FOUND" in captured.err
     assert captured.out == ""
+
+
+def test_a_turn_no_sidecar_pinned_is_previewed_from_the_database_and_not_pinned(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    """From the database, a turn without a stored surface is resolved for the preview and
+    stored nowhere; over gRPC the same preview pins it (a sidecar's turn starts there)."""
+    from sqlalchemy import func, select
+
+    from psych_sidecar.storage import tables
+    from psych_sidecar.storage.db import create_database_engine
+
+    grants = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
+    run_id = run_with(stubs, "inspect-c", tenant=TENANT, grants=grants)
+    append(stubs, run_id, user("hello"))
+    pins = select(func.count()).where(tables.turn_surfaces.c.run_id == run_id)
+
+    def pinned() -> int:
+        engine = create_database_engine(grpc_server.settings.resolved_database_url(), 1)
+        try:
+            with engine.connect() as connection:
+                return int(connection.execute(pins).scalar_one())
+        finally:
+            engine.dispose()
+
+    assert pinned() == 0
+    code, out = from_database(grpc_server, capsys, "prompt", run_id, "--json")
+    assert code == 0
+    assert [zone["zone"] for zone in json.loads(out)["zones"]][:2] == [
+        "static_system",
+        "dynamic_tail",
+    ]
+    assert pinned() == 0
+    as_json(grpc_server, capsys, "prompt", run_id)
+    assert pinned() == 1
