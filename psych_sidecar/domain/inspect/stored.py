@@ -27,7 +27,8 @@ from psych_sidecar.domain.surface import ToolSurface, TurnResolver
 
 def _read_only() -> SidecarError:
     return SidecarError(
-        Reason.FIELD_INVALID, "this reader only reads: it runs no MCP sessions and writes nothing"
+        Reason.NOT_IMPLEMENTED,
+        "this reader only reads: it runs no MCP sessions and writes nothing",
     )
 
 
