@@ -186,6 +186,12 @@ def _migrate(settings: Settings) -> None:
 
 
 def _inspect(arguments: argparse.Namespace) -> int:
+    """Exit 2 for a bad address or database URL, a missing SQLite file or a schema revision
+    this version does not know; 1 when the source refused a read or cannot be reached."""
+    if arguments.database_url is not None:
+        return _inspect_database(arguments)
+    from psych_sidecar.inspect.remote import GrpcSource
+
     try:
         address = arguments.address
         target = (
@@ -196,7 +202,32 @@ def _inspect(arguments: argparse.Namespace) -> int:
     except (ValidationError, ValueError) as error:
         print(f"psych-sidecar: invalid configuration: {error}", file=sys.stderr)
         return 2
-    return inspect.run(arguments, target)
+    source = GrpcSource(target, arguments.timeout)
+    try:
+        return inspect.run(arguments, source)
+    finally:
+        source.close()
+
+
+def _inspect_database(arguments: argparse.Namespace) -> int:
+    from psych_sidecar.inspect.database import DatabaseSource
+    from psych_sidecar.storage.db import DatabaseRefused
+
+    try:
+        where = normalize_url(arguments.database_url).render_as_string(hide_password=True)
+        source = DatabaseSource(arguments.database_url, arguments.timeout)
+    except (ValueError, ArgumentError) as error:
+        return _fail(f"invalid database URL: {_one_line(error)}", 2)
+    except DatabaseRefused as error:
+        return _fail(str(error), 2)
+    except SQLAlchemyError as error:
+        return _fail(f"cannot use the database {where}: {_one_line(error)}", 1)
+    try:
+        return inspect.run(arguments, source)
+    except SQLAlchemyError as error:
+        return _fail(f"cannot use the database {where}: {_one_line(error)}", 1)
+    finally:
+        source.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,8 +32,12 @@ TENANT = "inspect-tenant"
 
 @pytest.fixture(scope="module")
 def sidecar_overrides() -> dict[str, Any]:
-    """The fixture MCP server as an allowed stdio command."""
-    return {"mcp_commands": {"fixture": {"argv": [sys.executable, str(FIXTURE_SERVER), "stdio"]}}}
+    """The fixture MCP server as an allowed stdio command; no search vectors, whose
+    background warm-up would write while a test compares the database before and after."""
+    return {
+        "mcp_commands": {"fixture": {"argv": [sys.executable, str(FIXTURE_SERVER), "stdio"]}},
+        "semantic_search": "off",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +230,157 @@ def test_inspect_previews_leave_no_journal_row(
     # A host's AssemblePrompt is journaled.
     stubs.turns.AssemblePrompt(turn_service_pb2.AssemblePromptRequest(run_id=run_id))
     assert len(journal.entries(run_id, 1000)) == before + 1
+
+
+# The database mode: the same views read from the sidecar's database, read-only.
+
+NOW = "2026-01-02T03:04:05.678901Z"
+DATABASE_VIEWS = {
+    "runs": ["runs", TENANT],
+    "runs-limit": ["runs", TENANT, "--limit", "1"],
+    "log": ["log", "{run}", "--now", NOW],
+    "prompt": ["prompt", "{run}", "--now", NOW],
+    "catalog": ["catalog", TENANT, "fx"],
+    "diff": ["catalog", TENANT, "fx", "--diff", "1", "2"],
+    "diff-current": ["catalog", TENANT, "fx", "--diff", "1", "0"],
+    "connections": ["connections", TENANT],
+}
+
+
+def from_database(
+    grpc_server: RunningSidecar, capsys: pytest.CaptureFixture[str], *arguments: str
+) -> tuple[int, str]:
+    url = grpc_server.settings.resolved_database_url()
+    code = cli.main(["inspect", *arguments, "--database-url", url])
+    return code, capsys.readouterr().out
+
+
+def view_arguments(view: str, scripted: dict[str, str]) -> list[str]:
+    return [argument.format(run=scripted["run"]) for argument in DATABASE_VIEWS[view]]
+
+
+@pytest.mark.parametrize("view", DATABASE_VIEWS)
+def test_the_database_mode_prints_what_the_grpc_mode_prints(
+    grpc_server: RunningSidecar, scripted: dict[str, str], capsys: Any, view: str
+) -> None:
+    arguments = view_arguments(view, scripted)
+    over_grpc = as_json(grpc_server, capsys, *arguments)
+    code, out = from_database(grpc_server, capsys, *arguments, "--json")
+    assert code == 0
+    stored = json.loads(out)
+    if view == "connections":
+        # No MCP session runs in the database mode: the states are the stored ones, said so.
+        assert over_grpc["live"] is True
+        assert stored["live"] is False
+        assert [c["state"] for c in stored["connections"]] == ["STORED"]
+        live_only = ("state", "since", "last_error")
+        for document in (over_grpc, stored):
+            del document["live"]
+            for connection in document["connections"]:
+                for key in live_only:
+                    del connection[key]
+    assert stored == over_grpc
+    if view != "connections":
+        # The tables are the same too: one formatter for both.
+        assert from_database(grpc_server, capsys, *arguments) == inspect(
+            grpc_server, capsys, *arguments
+        )
+
+
+def test_the_database_mode_says_connection_states_are_stored(
+    grpc_server: RunningSidecar, scripted: dict[str, str], capsys: Any
+) -> None:
+    code, table = from_database(grpc_server, capsys, "connections", TENANT)
+    assert code == 0
+    assert "STORED" in table.splitlines()[1]
+    assert "not live" in table
+
+
+def _snapshot(url: str) -> dict[str, Any]:
+    """Every table's rows, and for SQLite the database file's bytes."""
+    from sqlalchemy import create_engine, select
+
+    from psych_sidecar.storage import tables
+
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as connection:
+            state: dict[str, Any] = {
+                table.name: sorted(map(repr, connection.execute(select(table))))
+                for table in tables.metadata.sorted_tables
+            }
+    finally:
+        engine.dispose()
+    if url.startswith("sqlite:///"):
+        state["file"] = Path(url.removeprefix("sqlite:///")).read_bytes()
+    return state
+
+
+def test_the_database_mode_changes_nothing(
+    grpc_server: RunningSidecar, scripted: dict[str, str], capsys: Any
+) -> None:
+    """Every view, then the database holds what it held: the same rows (no journal row, no
+    pin, no migration) and, for SQLite, the same file bytes."""
+    # Everything the views read is in place (the turn's pin) before the snapshot.
+    for view in DATABASE_VIEWS:
+        as_json(grpc_server, capsys, *view_arguments(view, scripted))
+    url = grpc_server.settings.resolved_database_url()
+    before = _snapshot(url)
+    assert before["assembly_journal"]
+    for view in DATABASE_VIEWS:
+        assert from_database(grpc_server, capsys, *view_arguments(view, scripted))[0] == 0
+    assert from_database(grpc_server, capsys, "log", "run_unknown")[0] == 1
+    assert _snapshot(url) == before
+
+
+def test_a_refused_read_from_the_database_is_reported_and_exits_1(
+    grpc_server: RunningSidecar, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(
+        [
+            "inspect",
+            "log",
+            "run_unknown",
+            "--database-url",
+            grpc_server.settings.resolved_database_url(),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "RUN_NOT_FOUND" in captured.err
+    assert captured.out == ""
+
+
+def test_a_turn_no_sidecar_pinned_is_previewed_from_the_database_and_not_pinned(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    """From the database, a turn without a stored surface is resolved for the preview and
+    stored nowhere; over gRPC the same preview pins it (a sidecar's turn starts there)."""
+    from sqlalchemy import func, select
+
+    from psych_sidecar.storage import tables
+    from psych_sidecar.storage.db import create_database_engine
+
+    grants = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
+    run_id = run_with(stubs, "inspect-c", tenant=TENANT, grants=grants)
+    append(stubs, run_id, user("hello"))
+    pins = select(func.count()).where(tables.turn_surfaces.c.run_id == run_id)
+
+    def pinned() -> int:
+        engine = create_database_engine(grpc_server.settings.resolved_database_url(), 1)
+        try:
+            with engine.connect() as connection:
+                return int(connection.execute(pins).scalar_one())
+        finally:
+            engine.dispose()
+
+    assert pinned() == 0
+    code, out = from_database(grpc_server, capsys, "prompt", run_id, "--json")
+    assert code == 0
+    assert [zone["zone"] for zone in json.loads(out)["zones"]][:2] == [
+        "static_system",
+        "dynamic_tail",
+    ]
+    assert pinned() == 0
+    as_json(grpc_server, capsys, "prompt", run_id)
+    assert pinned() == 1

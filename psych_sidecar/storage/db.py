@@ -9,6 +9,7 @@ import math
 import sqlite3
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,84 @@ def create_database_engine(
     )
 
 
-def _configure_sqlite(engine: Engine, busy_timeout_seconds: float) -> None:
+class DatabaseRefused(Exception):
+    """A database a read-only reader will not use: no such SQLite file, or a schema this code
+    does not know. The message says which, in one line."""
+
+
+def open_read_only(
+    database_url: str, busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS
+) -> Engine:
+    """An engine that cannot write, for `psych-sidecar inspect --database-url`: a SQLite file
+    opened with ``mode=ro`` (and ``query_only``), a PostgreSQL session whose transactions are
+    all READ ONLY (``default_transaction_read_only``). It never creates a file and never
+    migrates: a missing SQLite file, or a schema revision other than the one this code's
+    migrations end at, raises :class:`DatabaseRefused`.
+
+    SQLite, like for any reader of a WAL database, may create the empty ``-wal`` and ``-shm``
+    files beside it when no sidecar has it open; the database file itself is never written."""
+    url = normalize_url(database_url)
+    timeout_ms = max(1, int(busy_timeout_seconds * 1000))
+    if url.get_backend_name() == "sqlite":
+        assert url.database is not None
+        path = Path(url.database).resolve()
+        if not path.is_file():
+            raise DatabaseRefused(f"no SQLite database at {path} (it is not created)")
+        uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
+
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(
+                uri, uri=True, check_same_thread=False, timeout=busy_timeout_seconds
+            )
+
+        engine = create_engine(url, creator=connect, pool_size=1, max_overflow=0)
+        _configure_sqlite(engine, busy_timeout_seconds, read_only=True)
+    else:
+        engine = create_engine(
+            url,
+            pool_size=1,
+            max_overflow=0,
+            connect_args={
+                "connect_timeout": max(1, math.ceil(busy_timeout_seconds)),
+                "options": f"-c default_transaction_read_only=on -c lock_timeout={timeout_ms}",
+            },
+        )
+    try:
+        check_revision(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+def expected_revision() -> str | None:
+    """The revision this code's migrations end at."""
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", "psych_sidecar.storage:migrations")
+    return ScriptDirectory.from_config(config).get_current_head()
+
+
+def check_revision(engine: Engine) -> None:
+    """Raise :class:`DatabaseRefused` unless the database's schema is at this code's revision
+    (read from alembic_version; nothing is created or migrated)."""
+    expected = expected_revision()
+    found = current_revision(engine)
+    if found != expected:
+        where = engine.url.render_as_string(hide_password=True)
+        if found is None:
+            raise DatabaseRefused(
+                f"{where} has no psych-sidecar schema (no alembic_version revision); "
+                "run `psych-sidecar migrate` on it first"
+            )
+        raise DatabaseRefused(
+            f"{where} is at schema revision {found!r}, this psych-sidecar knows {expected!r}: "
+            "use the psych-sidecar version that runs on it"
+        )
+
+
+def _configure_sqlite(engine: Engine, busy_timeout_seconds: float, read_only: bool = False) -> None:
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control from pysqlite so writes can BEGIN IMMEDIATE: a deferred
@@ -98,8 +176,12 @@ def _configure_sqlite(engine: Engine, busy_timeout_seconds: float) -> None:
         # of waiting.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        if read_only:
+            # Refuse any write in SQL too (the file is opened read-only already).
+            cursor.execute("PRAGMA query_only=ON")
+        else:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute(f"PRAGMA busy_timeout={max(0, int(busy_timeout_seconds * 1000))}")
         cursor.execute("PRAGMA foreign_keys=ON")
         # Memory-map the file (up to SQLite's compile-time cap, 2 GiB by default): reading a

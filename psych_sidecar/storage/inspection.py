@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, and_, func, select
+from sqlalchemy import Engine, select
 
 from psych_sidecar.domain.inspect import RecordSummary, RunSummary
 from psych_sidecar.domain.runlog import RecordKind
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import transaction
+from psych_sidecar.storage.repository import select_runs
 
 
 class SqlRunDirectory:
@@ -15,53 +16,18 @@ class SqlRunDirectory:
         self._engine = engine
 
     def list_runs(self, tenant: str, limit: int) -> list[RunSummary]:
-        runs, records = tables.runs, tables.records
-        # The last record's time is the Run's last activity: one primary-key lookup per Run.
-        query = (
-            select(
-                runs.c.run_id,
-                runs.c.tenant,
-                runs.c.spec_name,
-                runs.c.spec_version,
-                runs.c.create_time_us,
-                runs.c.last_sequence,
-                func.coalesce(records.c.create_time_us, runs.c.create_time_us),
-            )
-            .select_from(
-                runs.outerjoin(
-                    records,
-                    and_(
-                        records.c.run_id == runs.c.run_id,
-                        records.c.sequence == runs.c.last_sequence,
-                    ),
-                )
-            )
-            .order_by(runs.c.create_time_us.desc(), runs.c.run_id)
-            .limit(limit)
-        )
-        if tenant:
-            query = query.where(runs.c.tenant == tenant)
-        with transaction(self._engine, write=False) as conn:
-            rows = conn.execute(query).all()
+        rows, _ = select_runs(self._engine, tenant, "", limit, activity=True)
         return [
             RunSummary(
-                run_id,
-                run_tenant,
-                spec_name,
-                int(spec_version),
-                tables.from_us(created),
-                int(last_sequence),
-                tables.from_us(int(last_activity)),
+                row.run_id,
+                row.tenant,
+                row.spec_name,
+                int(row.spec_version),
+                tables.from_us(row.create_time_us),
+                int(row.last_sequence),
+                tables.from_us(int(row.last_activity_us)),
             )
-            for (
-                run_id,
-                run_tenant,
-                spec_name,
-                spec_version,
-                created,
-                last_sequence,
-                last_activity,
-            ) in rows
+            for row in rows
         ]
 
     def tenants(self, limit: int) -> list[str]:
@@ -113,3 +79,20 @@ class SqlRunDirectory:
                 created,
             ) in rows
         ]
+
+
+class StoredSurfacePins:
+    """The domain's SurfacePins for a reader that must not write: the turn's stored pin when
+    a sidecar made one, else the surface just resolved, stored nowhere."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
+        pins = tables.turn_surfaces
+        query = select(pins.c.surface).where(
+            pins.c.run_id == run_id, pins.c.turn_start == turn_start
+        )
+        with transaction(self._engine, write=False) as conn:
+            stored = conn.execute(query).scalar()
+        return surface_json if stored is None else str(stored).encode()

@@ -6,7 +6,19 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Insert, Row, Table, and_, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Insert,
+    Row,
+    Table,
+    and_,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -114,26 +126,8 @@ class SqlStore:
         return None if row is None else _run(row)
 
     def list_runs(self, tenant: str, after_run_id: str, limit: int) -> tuple[list[Run], bool]:
-        runs = tables.runs
-        query = select(runs).where(runs.c.tenant == tenant)
-        with transaction(self._engine, write=False) as conn:
-            if after_run_id:
-                after = conn.execute(
-                    select(runs.c.create_time_us).where(
-                        runs.c.tenant == tenant, runs.c.run_id == after_run_id
-                    )
-                ).scalar()
-                if after is None:
-                    return [], False
-                query = query.where(
-                    or_(
-                        runs.c.create_time_us < after,
-                        and_(runs.c.create_time_us == after, runs.c.run_id < after_run_id),
-                    )
-                )
-            order = (runs.c.create_time_us.desc(), runs.c.run_id.desc())
-            rows = conn.execute(query.order_by(*order).limit(limit + 1)).all()
-        return [_run(row) for row in rows[:limit]], len(rows) > limit
+        rows, more = select_runs(self._engine, tenant, after_run_id, limit)
+        return [_run(row) for row in rows], more
 
     def append_records(
         self,
@@ -341,6 +335,50 @@ class SqlStore:
             )
             for row in rows
         ], more
+
+
+def select_runs(
+    engine: Engine, tenant: str, after_run_id: str, limit: int, activity: bool = False
+) -> tuple[list[Row[Any]], bool]:
+    """The one query that lists Runs (ListRuns' pages and the inspectors' lists): a tenant's
+    Runs, or (tenant empty) every tenant's, newest first (create time, then id, descending),
+    at most `limit` of them after the Run `after_run_id` in that order (from the first when
+    empty), and whether more remain. Each row is the Run's row; with `activity`, plus
+    `last_activity_us`, the time of its last record (its create time before any): one
+    primary-key lookup per Run, which ListRuns does not pay (~50% more per page on SQLite)."""
+    runs, records = tables.runs, tables.records
+    if activity:
+        last = func.coalesce(records.c.create_time_us, runs.c.create_time_us)
+        query = select(runs, last.label("last_activity_us")).select_from(
+            runs.outerjoin(
+                records,
+                and_(
+                    records.c.run_id == runs.c.run_id,
+                    records.c.sequence == runs.c.last_sequence,
+                ),
+            )
+        )
+    else:
+        query = select(runs)
+    if tenant:
+        query = query.where(runs.c.tenant == tenant)
+    with transaction(engine, write=False) as conn:
+        if after_run_id:
+            position = select(runs.c.create_time_us).where(runs.c.run_id == after_run_id)
+            if tenant:
+                position = position.where(runs.c.tenant == tenant)
+            after = conn.execute(position).scalar()
+            if after is None:
+                return [], False
+            query = query.where(
+                or_(
+                    runs.c.create_time_us < after,
+                    and_(runs.c.create_time_us == after, runs.c.run_id < after_run_id),
+                )
+            )
+        order = (runs.c.create_time_us.desc(), runs.c.run_id.desc())
+        rows = conn.execute(query.order_by(*order).limit(limit + 1)).all()
+    return list(rows[:limit]), len(rows) > limit
 
 
 def _run(row: Row[Any]) -> Run:

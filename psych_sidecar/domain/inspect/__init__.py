@@ -3,6 +3,8 @@ its tool results, a reader over one of them, and a tenant's connections.
 
 Owns :class:`RunInspector` (read-only, over the other concerns' services and ports) and the
 cache-miss explainer (:func:`explain_miss`). Storage implements :class:`RunDirectory`.
+:class:`StoredCatalog` and :class:`PinnedStates` let a reader with no MCP sessions (``inspect
+--database-url``) run the other concerns' services over the database as stored.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from psych_sidecar.domain.inspect.service import (
     Timeline,
     pair_usage,
 )
+from psych_sidecar.domain.inspect.stored import PinnedStates, StoredCatalog
 
 __all__ = [
     "CacheMiss",
@@ -27,12 +30,14 @@ __all__ = [
     "ConnectionView",
     "MissCause",
     "ModelCall",
+    "PinnedStates",
     "Reason",
     "RecordSummary",
     "ResultRow",
     "RunDirectory",
     "RunInspector",
     "RunSummary",
+    "StoredCatalog",
     "Timeline",
     "explain_miss",
     "pair_usage",

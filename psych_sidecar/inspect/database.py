@@ -1,0 +1,181 @@
+"""The database source of `psych-sidecar inspect --database-url`: the same reads as the gRPC
+source, made by the services the servicers use (RunService, ConnectionService, TurnResolver
+and PromptAssembler as a preview) over storage opened read-only (``open_read_only``: never
+a write, never a migration, a known schema revision only).
+
+No MCP session runs here: connection states are the stored ones (STORED, since the
+connection was last put), and a prompt's server states are those pinned with the turn's
+surface (:class:`PinnedStates`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from psych_sidecar.domain.catalog import ConnectionService, TransportKind
+from psych_sidecar.domain.errors import SidecarError
+from psych_sidecar.domain.inspect import PinnedStates, StoredCatalog
+from psych_sidecar.domain.prompt import PromptAssembler, ToolResultView
+from psych_sidecar.domain.runlog import RunService, SpecLookup
+from psych_sidecar.domain.surface import TurnResolver
+from psych_sidecar.inspect.views import (
+    ChangeRow,
+    ConnectionRow,
+    PromptPreview,
+    RecordRow,
+    Refused,
+    RunRow,
+    VersionRow,
+    ZoneRow,
+)
+from psych_sidecar.storage.connections import SqlConnectionStore
+from psych_sidecar.storage.db import open_read_only
+from psych_sidecar.storage.inspection import SqlRunDirectory, StoredSurfacePins
+from psych_sidecar.storage.log_reads import SqlLogReader
+from psych_sidecar.storage.repository import SqlStore
+
+T = TypeVar("T")
+
+
+async def _inline(function: Callable[..., T], *args: Any) -> T:
+    """The services' RunBlocking, for a one-shot reader: the call, on this thread."""
+    return function(*args)
+
+
+class DatabaseSource:
+    live = False
+
+    def __init__(self, database_url: str, timeout: float) -> None:
+        """Raises DatabaseRefused (no such SQLite file, an unknown schema revision)."""
+        self._engine = open_read_only(database_url, timeout)
+        self.where = self._engine.url.render_as_string(hide_password=True)
+        store = SqlStore(self._engine)
+        log = SqlLogReader(self._engine)
+        connections = SqlConnectionStore(self._engine)
+        catalog = StoredCatalog(connections)
+        self._runs = RunService(store, store)
+        specs = SpecLookup(store)
+        self._directory = SqlRunDirectory(self._engine)
+        self._connections = ConnectionService(catalog, connections, _inline)
+        resolver = TurnResolver(
+            self._runs, specs, catalog, log, pins=StoredSurfacePins(self._engine)
+        )
+        # No journal: a preview writes no row anyway, and this reader writes nothing.
+        self._assembler = PromptAssembler(self._runs, specs, log, PinnedStates(resolver))
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def _read(self, function: Callable[..., T], *args: Any) -> T:
+        try:
+            return function(*args)
+        except SidecarError as error:
+            raise Refused(f"{error.reason}: {error.message}") from error
+
+    def _await(self, function: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """One of ConnectionService's async use cases, run to its end here."""
+
+        async def run() -> T:
+            return await function(*args)
+
+        try:
+            return asyncio.run(run())
+        except SidecarError as error:
+            raise Refused(f"{error.reason}: {error.message}") from error
+
+    def runs(self, tenant: str, limit: int) -> tuple[list[RunRow], bool]:
+        rows: list[RunRow] = []
+        token = ""
+        while len(rows) < limit:
+            page, token = self._read(
+                self._runs.list_runs, tenant, min(limit - len(rows), 1000), token
+            )
+            rows.extend(RunRow(r.run_id, r.spec_name, r.spec_version, r.create_time) for r in page)
+            if not token:
+                break
+        return rows, bool(token)
+
+    def records(self, run_id: str) -> list[RecordRow]:
+        self._read(self._runs.get, run_id)
+        return [
+            RecordRow(
+                r.sequence,
+                r.kind.name,
+                r.call_id,
+                r.server,
+                r.tool,
+                r.is_error,
+                r.content_bytes,
+                r.handle,
+            )
+            for r in self._read(self._directory.record_summaries, run_id)
+        ]
+
+    def prompt(self, run_id: str, now: datetime | None) -> PromptPreview:
+        # AssemblePrompt's defaults (no tail, note, model, max_tokens or budget), as a preview.
+        assembled = self._read(
+            self._assembler.assemble,
+            run_id,
+            "",
+            "",
+            now or datetime.now(UTC),
+            "",
+            0,
+            None,
+            False,
+        )
+        elided = frozenset(
+            part.handle
+            for message in assembled.prompt.history
+            for part in message.parts
+            if isinstance(part, ToolResultView) and part.elided
+        )
+        zones = tuple(
+            ZoneRow(zone.zone.name.lower(), zone.byte_length, zone.sha256)
+            for zone in assembled.zones
+        )
+        return PromptPreview(zones, elided, assembled.anthropic_json, assembled.openai_json)
+
+    def catalog_versions(self, tenant: str, name: str) -> list[VersionRow]:
+        rows: list[VersionRow] = []
+        token = ""
+        while True:
+            page, token = self._await(self._connections.list_versions, tenant, name, 0, token)
+            rows.extend(
+                VersionRow(v.catalog_version, v.tool_count, v.sha256, v.create_time) for v in page
+            )
+            if not token:
+                return rows
+
+    def catalog_diff(self, tenant: str, name: str, older: int, newer: int) -> list[ChangeRow]:
+        diff = self._await(self._connections.diff, tenant, name, older, newer)
+        return [
+            ChangeRow(change, tool.name, tool.catalog_version)
+            for change, tools in (
+                ("added", diff.added),
+                ("changed", diff.changed),
+                ("removed", diff.removed),
+            )
+            for tool in tools
+        ]
+
+    def connections(self, tenant: str) -> list[ConnectionRow]:
+        rows: list[ConnectionRow] = []
+        token = ""
+        while True:
+            page, token = self._await(self._connections.list_connections, tenant, 0, token)
+            rows.extend(
+                ConnectionRow(
+                    connection.name,
+                    "stdio" if connection.transport is TransportKind.STDIO else "http",
+                    "STORED",
+                    status.state_time,
+                    status.catalog_version,
+                    "",
+                )
+                for connection, status in page
+            )
+            if not token:
+                return rows
