@@ -182,3 +182,26 @@ def test_without_an_encoder_the_index_is_lexical() -> None:
     without = ToolEmbeddings(lambda: None)
     assert not without.load()
     assert not SearchIndex(DOCUMENTS, without).semantic
+
+
+def test_a_leading_sentence_shared_by_a_servers_tools_is_not_their_summary() -> None:
+    from psych_sidecar.search.ranking import _summaries
+
+    template = "Acme - Api: This is the public Acme REST API."
+    documents = [
+        SearchDocument("acme", "CreateMessage", f"{template} Send a message. Costs apply."),
+        SearchDocument("acme", "DeleteMessage", f"{template} Delete a message."),
+        SearchDocument("acme", "ListCalls", f"{template}\nList calls."),
+        SearchDocument("acme", "Ping", template),
+        # The same sentence under another server is that server's own (one tool: no template).
+        SearchDocument("other", "Hello", f"{template} Say hello."),
+        SearchDocument("other", "Bye", "Say bye. Then leave."),
+    ]
+    assert _summaries(documents) == [
+        "Send a message.",
+        "Delete a message.",
+        "List calls.",
+        template,  # nothing but the template: it stays
+        template,
+        "Say bye.",
+    ]

@@ -22,7 +22,9 @@ been released since 2022.
   own, so "trending news" finds a tool described as 获取热榜 (and a Chinese query is glossed
   to meet English descriptions);
 - a description's first sentence is a field too: it says what the tool is for, while the
-  usage notes after it (some run to pages) dilute the whole description;
+  usage notes after it (some run to pages) dilute the whole description. A leading sentence
+  that opens the descriptions of several tools of one server is template text and is skipped
+  for the next (``_summaries``);
 - fields are weighted and length-normalised separately (BM25F), so a query word in a tool's
   name counts more than the same word deep in a long description.
 
@@ -79,6 +81,10 @@ _FIELDS: dict[str, tuple[float, float]] = {
     "description_gloss": (1.0, 0.75),
     "parameters": (0.6, 0.5),
 }
+# A leading sentence shared by this many tools of one server is template text, and how many
+# such sentences in a row are skipped looking for a tool's own summary (see _summaries).
+_BOILERPLATE_TOOLS = 3
+_BOILERPLATE_DEPTH = 3
 # Reciprocal rank fusion's constant: a document's fused score is the sum of 1 / (10 + rank).
 # Cormack et al. used 60 for long web rankings; a tool search is read in its first five to
 # ten results, and a smaller constant lets a strong first place in either ranking count
@@ -474,7 +480,9 @@ class SearchIndex:
         self, documents: Sequence[SearchDocument], embeddings: Embeddings | None = None
     ) -> None:
         self._documents = list(documents)
-        self._tools = _Bm25F([self._fields(document) for document in self._documents], _FIELDS)
+        summaries = _summaries(self._documents)
+        fields = [self._fields(d, s) for d, s in zip(self._documents, summaries, strict=True)]
+        self._tools = _Bm25F(fields, _FIELDS)
         self._exact: dict[str, list[int]] = {}
         for index, document in enumerate(self._documents):
             for key in (
@@ -544,8 +552,7 @@ class SearchIndex:
         return fresh
 
     @staticmethod
-    def _fields(document: SearchDocument) -> dict[str, list[str]]:
-        summary = first_sentence(document.description)
+    def _fields(document: SearchDocument, summary: str) -> dict[str, list[str]]:
         return {
             "name": _name_terms(document.name),
             "server": _name_terms(document.server),
@@ -617,6 +624,34 @@ def first_sentence(text: str) -> str:
     for, before the usage notes, examples and caveats that follow it in long descriptions."""
     line = text.strip().split("\n", 1)[0]
     return _SENTENCE_END.split(line, maxsplit=1)[0]
+
+
+def _summaries(documents: Sequence[SearchDocument]) -> list[str]:
+    """Each tool's summary: the first sentence of its description that is not boilerplate.
+    A sentence that opens the descriptions of at least _BOILERPLATE_TOOLS tools of one server
+    is the server's template, not what a tool does (a generated catalogue prefixes every tool
+    with "Twilio - Api: This is the public Twilio REST API."; template detection by repetition,
+    as web indexing drops navigation text repeated across a site's pages). It stays in the
+    description field; a description that is nothing but boilerplate keeps it as its summary."""
+    texts = [document.description.strip() for document in documents]
+    summaries = [first_sentence(text) for text in texts]
+    for _ in range(_BOILERPLATE_DEPTH):
+        counts = Counter(
+            (document.server, summary)
+            for document, summary in zip(documents, summaries, strict=True)
+            if summary
+        )
+        changed = False
+        for index, document in enumerate(documents):
+            summary = summaries[index]
+            if counts[document.server, summary] < _BOILERPLATE_TOOLS:
+                continue
+            rest = texts[index][texts[index].find(summary) + len(summary) :].strip()
+            if first_sentence(rest):
+                texts[index], summaries[index], changed = rest, first_sentence(rest), True
+        if not changed:
+            break
+    return summaries
 
 
 def identifier_words(name: str) -> str:
