@@ -10,6 +10,7 @@ from psych_sidecar.search import (
     SearchIndex,
     ToolEmbeddings,
     identifier_words,
+    normalise_query,
     tokenize,
 )
 from psych_sidecar.search.encoder import tool_embeddings
@@ -28,6 +29,41 @@ def test_english_is_stemmed_and_stop_words_dropped() -> None:
 def test_cjk_runs_become_characters_and_bigrams() -> None:
     assert tokenize("获取热榜") == ["获", "取", "热", "榜", "获取", "取热", "热榜"]
     assert tokenize("微博 trending") == ["微", "博", "微博", "trend"]
+
+
+def test_identifier_abbreviations_also_read_as_the_word_they_stand_for() -> None:
+    assert tokenize("get_repo_info") == ["get", "repo", "repositori", "info", "inform"]
+    # Both ways: a query's abbreviation meets a description's word.
+    assert set(tokenize("repository information")) <= set(tokenize("getRepoInfo"))
+    assert set(tokenize("list dir")) >= set(tokenize("directory"))
+    # Ordinary words are left alone.
+    assert tokenize("information") == ["inform"]
+
+
+def test_urls_and_file_paths_in_a_query_become_the_kind_of_argument() -> None:
+    assert normalise_query("save it to /root/markdown/cv.md") == "save it to file path"
+    assert normalise_query("fetch https://example.org/team/ now") == "fetch URL now"
+    assert normalise_query("open www.example.org") == "open URL"
+    assert normalise_query("read ~/notes/today and ./src/main.py") == (
+        "read file path and file path"
+    )
+    assert normalise_query("summarise report.pdf") == "summarise file path"
+    assert normalise_query(r"copy C:\Users\me\a.txt") == "copy file path"
+    # Not paths: a server/tool name, a single root folder, a sentence with full stops.
+    for unchanged in ("files/write_file", "list /tmp", "Send a message. Then wait."):
+        assert normalise_query(unchanged) == unchanged
+
+
+def test_a_path_in_the_query_does_not_match_tools_about_its_folder_names() -> None:
+    documents = [
+        SearchDocument("files", "write_file", "Write content to a file at the given path."),
+        SearchDocument("convert", "html_to_markdown", "Convert HTML to markdown text."),
+        SearchDocument("notes", "read_note", "Read a markdown note from the root of the vault."),
+    ]
+    index = SearchIndex(documents)
+    hits = index.search("write it to /root/markdown/daily.md", 3)
+    assert documents[hits[0].index].name == "write_file"
+    assert len(hits) == 1
 
 
 def test_names_read_as_words_for_the_encoder() -> None:
@@ -146,3 +182,26 @@ def test_without_an_encoder_the_index_is_lexical() -> None:
     without = ToolEmbeddings(lambda: None)
     assert not without.load()
     assert not SearchIndex(DOCUMENTS, without).semantic
+
+
+def test_a_leading_sentence_shared_by_a_servers_tools_is_not_their_summary() -> None:
+    from psych_sidecar.search.ranking import _summaries
+
+    template = "Acme - Api: This is the public Acme REST API."
+    documents = [
+        SearchDocument("acme", "CreateMessage", f"{template} Send a message. Costs apply."),
+        SearchDocument("acme", "DeleteMessage", f"{template} Delete a message."),
+        SearchDocument("acme", "ListCalls", f"{template}\nList calls."),
+        SearchDocument("acme", "Ping", template),
+        # The same sentence under another server is that server's own (one tool: no template).
+        SearchDocument("other", "Hello", f"{template} Say hello."),
+        SearchDocument("other", "Bye", "Say bye. Then leave."),
+    ]
+    assert _summaries(documents) == [
+        "Send a message.",
+        "Delete a message.",
+        "List calls.",
+        template,  # nothing but the template: it stays
+        template,
+        "Say bye.",
+    ]

@@ -26,6 +26,7 @@ from psych_sidecar.search.ranking import (
     SearchIndex,
     first_sentence,
     identifier_words,
+    normalise_query,
     tokenize,
     tool_texts,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "english_gloss",
     "first_sentence",
     "identifier_words",
+    "normalise_query",
     "tokenize",
     "tool_texts",
 ]

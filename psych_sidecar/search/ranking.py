@@ -11,13 +11,20 @@ been released since 2022.
 - identifiers are split: ``get_current_time``, ``getCurrentTime`` and ``get-current-time`` all
   give ``get current time`` (and the whole name is kept as one more term);
 - English words are lowercased, stop words dropped, and stemmed (Snowball, ``snowballstemmer``);
+- common identifier abbreviations (``info``, ``repo``, ``dir``, ``msg``…) also count as the word
+  they stand for, so ``get_repo_info`` meets "repository information";
+- a query's URLs and file paths are read as the kind of argument they are ("URL", "file path"),
+  not as words: ``/root/markdown/cv.md`` asks for no tool about markdown (both rankings read
+  the query this way);
 - runs of CJK characters become overlapping character bigrams (plus each character), the
   usual dictionary-free way to index Chinese and Japanese;
 - Chinese text is also glossed into English (CC-CEDICT, ``search/gloss.py``) as fields of its
   own, so "trending news" finds a tool described as 获取热榜 (and a Chinese query is glossed
   to meet English descriptions);
 - a description's first sentence is a field too: it says what the tool is for, while the
-  usage notes after it (some run to pages) dilute the whole description;
+  usage notes after it (some run to pages) dilute the whole description. A leading sentence
+  that opens the descriptions of several tools of one server is template text and is skipped
+  for the next (``_summaries``);
 - fields are weighted and length-normalised separately (BM25F), so a query word in a tool's
   name counts more than the same word deep in a long description.
 
@@ -74,6 +81,10 @@ _FIELDS: dict[str, tuple[float, float]] = {
     "description_gloss": (1.0, 0.75),
     "parameters": (0.6, 0.5),
 }
+# A leading sentence shared by this many tools of one server is template text, and how many
+# such sentences in a row are skipped looking for a tool's own summary (see _summaries).
+_BOILERPLATE_TOOLS = 3
+_BOILERPLATE_DEPTH = 3
 # Reciprocal rank fusion's constant: a document's fused score is the sum of 1 / (10 + rank).
 # Cormack et al. used 60 for long web rankings; a tool search is read in its first five to
 # ten results, and a smaller constant lets a strong first place in either ranking count
@@ -205,6 +216,121 @@ _STOP_WORDS = frozenset(
     ]
 )
 
+# Abbreviations common in identifiers, read as the word they stand for as well (the abbreviation
+# stays a term too): a tool named `get_repo_info` matches a query asking for "repository
+# information", and a query saying "dir" matches a description saying "directory". The usual
+# identifier expansion of code search (Lawrie & Binkley 2011, "Expanding identifiers to
+# normalize source code vocabulary"), here as a fixed list of unambiguous programming
+# abbreviations, not learned from any benchmark.
+_ABBREVIATIONS: dict[str, str] = {
+    "addr": "address",
+    "arg": "argument",
+    "args": "arguments",
+    "auth": "authentication",
+    "btn": "button",
+    "calc": "calculate",
+    "cfg": "configuration",
+    "char": "character",
+    "cmd": "command",
+    "col": "column",
+    "cols": "columns",
+    "conf": "configuration",
+    "config": "configuration",
+    "coord": "coordinate",
+    "coords": "coordinates",
+    "cur": "current",
+    "curr": "current",
+    "db": "database",
+    "del": "delete",
+    "desc": "description",
+    "dest": "destination",
+    "dir": "directory",
+    "dirs": "directories",
+    "doc": "document",
+    "docs": "documents",
+    "dst": "destination",
+    "env": "environment",
+    "err": "error",
+    "exec": "execute",
+    "fmt": "format",
+    "fn": "function",
+    "func": "function",
+    "gen": "generate",
+    "hist": "history",
+    "idx": "index",
+    "img": "image",
+    "imgs": "images",
+    "info": "information",
+    "init": "initialize",
+    "lang": "language",
+    "len": "length",
+    "lib": "library",
+    "libs": "libraries",
+    "loc": "location",
+    "mem": "memory",
+    "mgr": "manager",
+    "msg": "message",
+    "msgs": "messages",
+    "nav": "navigation",
+    "num": "number",
+    "obj": "object",
+    "opt": "option",
+    "opts": "options",
+    "org": "organization",
+    "param": "parameter",
+    "params": "parameters",
+    "pic": "picture",
+    "pics": "pictures",
+    "pkg": "package",
+    "pkgs": "packages",
+    "pos": "position",
+    "prev": "previous",
+    "proc": "process",
+    "pwd": "password",
+    "qty": "quantity",
+    "rand": "random",
+    "ref": "reference",
+    "refs": "references",
+    "repo": "repository",
+    "repos": "repositories",
+    "req": "request",
+    "resp": "response",
+    "sched": "schedule",
+    "seq": "sequence",
+    "src": "source",
+    "stat": "statistic",
+    "stats": "statistics",
+    "str": "string",
+    "sys": "system",
+    "tbl": "table",
+    "temp": "temporary",
+    "tmp": "temporary",
+    "txt": "text",
+    "tz": "timezone",
+    "usr": "user",
+    "util": "utility",
+    "utils": "utilities",
+    "val": "value",
+    "vals": "values",
+    "var": "variable",
+    "vars": "variables",
+    "ver": "version",
+}
+
+# A query's literal arguments: URLs, and file paths (absolute, home- or dot-relative, Windows, or
+# a file name with a common extension). Their parts (`/root/markdown/cv.md`: root, markdown,
+# cv, md) are the values a tool is called with, not what the tool does, and as keywords they
+# match tools that merely mention those words; a tool's description names the kind of argument
+# instead ("the URL to fetch", "path of the file to write"). See normalise_query.
+_QUERY_URL = re.compile(r"\b(?:https?|ftp)://\S+|\bwww\.\S+", re.IGNORECASE)
+_QUERY_PATH = re.compile(
+    r"(?<![\w/])(?:~|\.{1,2})?(?:/[\w.\-]+){2,}/?"
+    r"|\b[a-z]:\\\S+"
+    r"|\b[\w\-]+\.(?:md|txt|pdf|docx?|xlsx?|pptx?|csv|tsv|json|ya?ml|xml|html?|png|jpe?g|gif"
+    r"|svg|zip|py|js|ts|log)\b",
+    re.IGNORECASE,
+)
+
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _CJK = r"\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _TOKEN = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
@@ -234,7 +360,18 @@ def tokenize(text: str) -> list[str]:
         word = token.lower()
         if word not in _STOP_WORDS:
             terms.append(_stem(word))
+            expansion = _ABBREVIATIONS.get(word)
+            if expansion is not None:
+                terms.append(_stem(expansion))
     return terms
+
+
+def normalise_query(query: str) -> str:
+    """The query both rankings read: URLs become the word "URL" and file paths "file path"
+    (see _QUERY_URL), so "save it to /root/markdown/cv.md" asks for a tool that saves to a
+    file rather than for tools about markdown. An exact tool name is matched on the query as
+    sent, before this."""
+    return _QUERY_PATH.sub("file path", _QUERY_URL.sub("URL", query))
 
 
 def _name_terms(name: str) -> list[str]:
@@ -343,7 +480,9 @@ class SearchIndex:
         self, documents: Sequence[SearchDocument], embeddings: Embeddings | None = None
     ) -> None:
         self._documents = list(documents)
-        self._tools = _Bm25F([self._fields(document) for document in self._documents], _FIELDS)
+        summaries = _summaries(self._documents)
+        fields = [self._fields(d, s) for d, s in zip(self._documents, summaries, strict=True)]
+        self._tools = _Bm25F(fields, _FIELDS)
         self._exact: dict[str, list[int]] = {}
         for index, document in enumerate(self._documents):
             for key in (
@@ -413,8 +552,7 @@ class SearchIndex:
         return fresh
 
     @staticmethod
-    def _fields(document: SearchDocument) -> dict[str, list[str]]:
-        summary = first_sentence(document.description)
+    def _fields(document: SearchDocument, summary: str) -> dict[str, list[str]]:
         return {
             "name": _name_terms(document.name),
             "server": _name_terms(document.server),
@@ -433,12 +571,14 @@ class SearchIndex:
     def rank(self, query: str, limit: int) -> Ranking:
         """The best `limit` documents for the query, best first; ties by catalogue order.
         Documents matching no query term and no close meaning are left out."""
+        exact = self._exact.get(query.strip().lower(), [])
+        text = normalise_query(query)
         # A Chinese query's gloss lets it match English descriptions too.
-        terms = set(tokenize(query)) | set(tokenize(english_gloss(query))) | {query.strip().lower()}
+        terms = set(tokenize(text)) | set(tokenize(english_gloss(text))) | {query.strip().lower()}
         lexical = self._tools.scores(terms)
         query_vector = None
         if self._embeddings is not None and self._documents:
-            query_vector = self._embeddings.query_vector(query)
+            query_vector = self._embeddings.query_vector(text)
         if query_vector is not None and self._vectors.shape[1] == query_vector.shape[0]:
             scores = self._fused(lexical, query_vector)
             partial = not self.complete
@@ -446,7 +586,6 @@ class SearchIndex:
             scores = np.zeros(len(self._documents))
             scores[list(lexical)] = list(lexical.values())
             partial = self._embeddings is not None and bool(self._documents)
-        exact = self._exact.get(query.strip().lower(), [])
         if exact:
             scores[exact] = scores.max() + 1.0
         candidates = np.flatnonzero(scores)
@@ -485,6 +624,34 @@ def first_sentence(text: str) -> str:
     for, before the usage notes, examples and caveats that follow it in long descriptions."""
     line = text.strip().split("\n", 1)[0]
     return _SENTENCE_END.split(line, maxsplit=1)[0]
+
+
+def _summaries(documents: Sequence[SearchDocument]) -> list[str]:
+    """Each tool's summary: the first sentence of its description that is not boilerplate.
+    A sentence that opens the descriptions of at least _BOILERPLATE_TOOLS tools of one server
+    is the server's template, not what a tool does (a generated catalogue prefixes every tool
+    with "Twilio - Api: This is the public Twilio REST API."; template detection by repetition,
+    as web indexing drops navigation text repeated across a site's pages). It stays in the
+    description field; a description that is nothing but boilerplate keeps it as its summary."""
+    texts = [document.description.strip() for document in documents]
+    summaries = [first_sentence(text) for text in texts]
+    for _ in range(_BOILERPLATE_DEPTH):
+        counts = Counter(
+            (document.server, summary)
+            for document, summary in zip(documents, summaries, strict=True)
+            if summary
+        )
+        changed = False
+        for index, document in enumerate(documents):
+            summary = summaries[index]
+            if counts[document.server, summary] < _BOILERPLATE_TOOLS:
+                continue
+            rest = texts[index][texts[index].find(summary) + len(summary) :].strip()
+            if first_sentence(rest):
+                texts[index], summaries[index], changed = rest, first_sentence(rest), True
+        if not changed:
+            break
+    return summaries
 
 
 def identifier_words(name: str) -> str:
