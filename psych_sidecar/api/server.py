@@ -675,7 +675,7 @@ async def serve(settings: Settings) -> None:
         raise
     # What start-up made (modules, schemas, servers, pools) lives as long as the process: kept
     # out of the cyclic collector's sight, a full collection no longer walks it. On a busy
-    # sidecar one full collection otherwise held the GIL for 100-300 ms, stalling the loop.
+    # sidecar one full collection otherwise held the GIL for ~100 ms, stalling the loop.
     gc.freeze()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
