@@ -127,9 +127,11 @@ def _too_long(size: int, limit: int) -> str:
 
 @asynccontextmanager
 async def stdio_transport(
-    server: StdioServerParameters, errlog: TextIO, max_line_bytes: int = MAX_LINE_BYTES
+    server: StdioServerParameters, errlog: TextIO, max_line_bytes: int | None = None
 ) -> AsyncIterator[tuple[MemoryObjectReceiveStream[Item], MemoryObjectSendStream[SessionMessage]]]:
-    """The SDK's `stdio_client` (mcp/client/stdio.py) with the reader above."""
+    """The SDK's `stdio_client` (mcp/client/stdio.py) with the reader above; lines up to
+    `max_line_bytes` (default MAX_LINE_BYTES, read when the transport opens)."""
+    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     command = await _get_executable_command(server.command)
     process = await _create_platform_compatible_process(
         command=command,
@@ -157,7 +159,7 @@ async def stdio_transport(
             async with read_stream_writer:
                 try:
                     # One line at a time; no read-ahead while a delivery is blocked.
-                    async for line in read_lines(chunks(), max_line_bytes):
+                    async for line in read_lines(chunks(), limit):
                         try:
                             if isinstance(line, LineTooLong):
                                 # The session logs it, naming the connection.
