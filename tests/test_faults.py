@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,9 +29,10 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.config import MIB
 from psych_sidecar.mcp import session as mcp_session
+from psych_sidecar.mcp import stdio as mcp_stdio
 from tests.conftest import RunningSidecar, Stubs
 from tests.helpers import all_records, publish
-from tests.mcp_helpers import fixture_commands
+from tests.mcp_helpers import fixture_commands, wait_for
 
 LIMIT = MIB
 
@@ -178,4 +180,37 @@ def test_a_bug_during_a_call_is_logged_with_its_stack_and_the_model_gets_a_tool_
         r.tool_result.call_id == "c1" and r.tool_result.is_error
         for r in all_records(stubs, run_id)
         if r.WhichOneof("kind") == "tool_result"
+    )
+
+
+def test_a_stdio_line_over_the_limit_is_a_tool_error_and_the_server_comes_back(
+    stubs: Stubs,
+    run_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server's line longer than the sidecar reads (256 MiB; 1 MiB here, so a 2 MiB result
+    crosses it) closes the connection: the call is a tool error in the log, the reason is
+    logged, and the server is reconnected."""
+    monkeypatch.setattr(mcp_stdio, "MAX_LINE_BYTES", MIB)
+    # The limit is read when a transport opens: end the one opened before the patch.
+    assert call(stubs, run_id, "exit", "restart").is_error
+    wait_for(
+        lambda: not call(stubs, run_id, "echo", f"up-{time.monotonic()}", text="hi").is_error,
+        "the server to be reconnected",
+    )
+    with caplog.at_level(logging.WARNING, logger="psych_sidecar.mcp.session"):
+        outcome = call(stubs, run_id, "huge_text", "big", size=2 * MIB)
+    assert outcome.is_error
+    assert "closed" in text(outcome)
+    assert any(f"more than {MIB} bytes" in r.getMessage() for r in caplog.records)
+    logged = [
+        r.tool_result
+        for r in all_records(stubs, run_id)
+        if r.WhichOneof("kind") == "tool_result" and r.tool_result.call_id == "big"
+    ]
+    assert [result.is_error for result in logged] == [True]
+    wait_for(
+        lambda: not call(stubs, run_id, "echo", f"back-{time.monotonic()}", text="hi").is_error,
+        "the server to be reconnected after the long line",
     )

@@ -2,21 +2,19 @@
 advice, never INTERNAL; the sidecar recovers by itself when the database is back.
 
 SQLite: another process holds the write lock past the busy timeout. PostgreSQL: another
-session holds the Run's row lock past the lock timeout, and the database refuses connections
-(its backends terminated) for a while.
+session holds the Run's row lock past the lock timeout, the database refuses connections (its
+backends terminated) for a while, and a durable cluster of the test's own crashes and restarts
+during appends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import pwd
-import shutil
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,10 +23,19 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from sqlalchemy import create_engine, make_url, text
 
-from psych.sidecar.v1 import run_service_pb2
+from psych.sidecar.v1 import (
+    connection_service_pb2_grpc,
+    run_service_pb2,
+    run_service_pb2_grpc,
+    spec_service_pb2_grpc,
+    tool_service_pb2_grpc,
+    turn_service_pb2_grpc,
+)
+from psych_sidecar.config import Settings
 from psych_sidecar.storage.db import normalize_url
 from tests.conftest import RunningSidecar, Stubs, postgres_admin_url, rpc_failure
 from tests.helpers import all_records, new_run, user
+from tests.postgres_cluster import Cluster, own_cluster
 
 BUSY_TIMEOUT = 0.3
 
@@ -180,44 +187,45 @@ def test_concurrent_appends_under_a_held_lock_all_answer(
     assert len(stored) == codes.count(grpc.StatusCode.OK)
 
 
-def _pg_ctl() -> str:
-    configured = os.environ.get("PSYCH_PG_BIN")
-    for candidate in (
-        os.path.join(configured, "pg_ctl") if configured else None,
-        shutil.which("pg_ctl"),
-        "/usr/lib/postgresql/15/bin/pg_ctl",
-    ):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    pytest.skip("pg_ctl not found")
+def test_postgresql_crashed_and_restarted_during_appends(tmp_path: Path) -> None:
+    """A cluster of the test's own, durable (fsync, synchronous_commit, full_page_writes on),
+    is crashed (`pg_ctl stop -m immediate`: no shutdown checkpoint) while a client appends,
+    then started again (crash recovery): UNAVAILABLE / STORAGE_UNAVAILABLE during the
+    outage, then appends succeed again without restarting the sidecar; every acknowledged
+    record is stored once, sequences gap-free."""
+    with own_cluster(durable=True) as cluster:
+        engine = create_engine(cluster.url)
+        with engine.connect() as connection:
+            for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+                assert connection.execute(text(f"SHOW {setting}")).scalar() == "on", setting
+        engine.dispose()
+        settings = Settings(
+            listen=["127.0.0.1:0"],
+            database_url=cluster.url,
+            data_dir=tmp_path,
+            shutdown_grace_seconds=5,
+            database_busy_timeout_seconds=BUSY_TIMEOUT,
+            worker_threads=2,
+        )
+        with (
+            RunningSidecar(settings) as running,
+            grpc.insecure_channel(running.sidecar.bound[0]) as channel,
+        ):
+            stubs = Stubs(
+                specs=spec_service_pb2_grpc.SpecServiceStub(channel),
+                runs=run_service_pb2_grpc.RunServiceStub(channel),
+                turns=turn_service_pb2_grpc.TurnServiceStub(channel),
+                tools=tool_service_pb2_grpc.ToolServiceStub(channel),
+                connections=connection_service_pb2_grpc.ConnectionServiceStub(channel),
+            )
+            _appends_through_a_crash(stubs, cluster)
 
 
-def _as_owner(path: str) -> list[str]:
-    """Run as the cluster's owner: PostgreSQL refuses to run as root."""
-    owner = os.stat(path).st_uid
-    if os.geteuid() == 0 and owner != 0:
-        return ["runuser", "-u", pwd.getpwuid(owner).pw_name, "--"]
-    return []
-
-
-def test_postgresql_stopped_and_restarted_during_appends(
-    grpc_server: RunningSidecar, stubs: Stubs, unique: Any
-) -> None:
-    """The test cluster itself is stopped while a client appends: UNAVAILABLE /
-    STORAGE_UNAVAILABLE during the outage, then appends succeed again without restarting the
-    sidecar; every acknowledged record is stored once, sequences gap-free."""
-    url = make_url(grpc_server.settings.database_url)
-    if url.get_backend_name() != "postgresql":
-        pytest.skip("a PostgreSQL outage")
-    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        data = str(connection.execute(text("SHOW data_directory")).scalar())
-    admin.dispose()
-    pg_ctl, as_owner = _pg_ctl(), _as_owner(data)
-    log_file = os.path.join(os.path.dirname(data), "postgres.log")
-    run_id = new_run(stubs, unique("spec"))
+def _appends_through_a_crash(stubs: Stubs, cluster: Cluster) -> None:
+    run_id = new_run(stubs, "crash-spec")
     acknowledged: dict[str, int] = {}
     outcomes: list[str] = []
+    reasons: set[str] = set()
     stop = threading.Event()
 
     def append() -> None:
@@ -232,6 +240,8 @@ def test_postgresql_stopped_and_restarted_during_appends(
                     failure = rpc_status.from_call(error)  # type: ignore[arg-type]
                     outcomes.append(f"{error.code().name}")  # type: ignore[attr-defined]
                     assert failure is not None, "an error without a google.rpc.Status"
+                    if error.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                        reasons.add(_reason(failure))
                     time.sleep(0.05)
                     continue  # retried with the same request id
                 acknowledged[request_id] = answer.records[0].sequence
@@ -242,24 +252,17 @@ def test_postgresql_stopped_and_restarted_during_appends(
     appender.start()
     try:
         wait_until(lambda: len(acknowledged) >= 5)
-        subprocess.run(
-            [*as_owner, pg_ctl, "-D", data, "-m", "fast", "-w", "-t", "60", "stop"],
-            check=True,
-            capture_output=True,
-        )
+        cluster.crash()
         try:
             wait_until(lambda: outcomes.count("UNAVAILABLE") >= 3)
         finally:
-            subprocess.run(
-                [*as_owner, pg_ctl, "-D", data, "-l", log_file, "-w", "-t", "60", "start"],
-                check=True,
-                capture_output=True,
-            )
+            cluster.start()
         recovered = len(acknowledged)
         wait_until(lambda: len(acknowledged) >= recovered + 5)
     finally:
         stop.set()
         appender.join(60)
+    assert reasons == {"STORAGE_UNAVAILABLE"}, reasons
     assert set(outcomes) <= {"OK", "UNAVAILABLE"}, set(outcomes)
     stored = all_records(stubs, run_id)
     assert [r.sequence for r in stored] == list(range(1, len(stored) + 1))
@@ -268,6 +271,14 @@ def test_postgresql_stopped_and_restarted_during_appends(
     by_text = dict(zip(texts, (r.sequence for r in stored), strict=True))
     for request_id, sequence in acknowledged.items():
         assert by_text[request_id] == sequence
+
+
+def _reason(status: Any) -> str:
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason
+    return ""
 
 
 def wait_until(condition: Any, within: float = 60) -> None:

@@ -11,9 +11,11 @@ import contextvars
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from psych.sidecar.v1 import (
     run_service_pb2,
@@ -29,6 +31,23 @@ from psych_sidecar.telemetry import metrics
 
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Serialized:
+    """A response a servicer has already serialized, on a worker thread: encoding a response
+    of tens of MB takes tens of milliseconds, which the event loop must not spend (the
+    server's serializer passes these bytes through, `serialize_response`)."""
+
+    data: bytes
+
+
+def serialize_response(response: Message | Serialized) -> bytes:
+    """A response's wire bytes: a message is serialized here (on the event loop), a
+    Serialized one is already."""
+    if isinstance(response, Serialized):
+        return response.data
+    return response.SerializeToString()
 
 
 class Blocking:

@@ -10,15 +10,17 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from psych.sidecar.v1 import tool_service_pb2
 from psych_sidecar.api import convert
 from psych_sidecar.api.connections import catalog_tool_to_proto
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
-from psych_sidecar.api.servicers import Blocking, Context
+from psych_sidecar.api.servicers import Blocking, Context, Serialized
 from psych_sidecar.domain.calls import (
     DispatchService,
     ToolExecutor,
@@ -30,6 +32,8 @@ from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import READ_TOOL_OUTPUT, TurnResolver
 from psych_sidecar.telemetry import metrics
+
+M = TypeVar("M", bound=Message)
 
 
 def caller_gone(context: Context) -> Callable[[], bool]:
@@ -55,15 +59,86 @@ def _integral_floats_as_ints(value: Any) -> Any:
     return value
 
 
-def outcome_to_proto(outcome: ToolOutcome, max_bytes: int) -> tool_service_pb2.ToolOutcome:
-    """The outcome, elided when its result would not fit in a response (`fitted`)."""
+def fill_outcome(
+    target: tool_service_pb2.ToolOutcome, outcome: ToolOutcome, max_bytes: int
+) -> None:
+    """The outcome into `target` (a response's field, filled in place: no copy of the
+    message), elided when its result would not fit in a response (`fitted`)."""
     outcome = fitted(outcome, max_bytes)
-    return tool_service_pb2.ToolOutcome(
-        is_error=outcome.is_error,
-        result_json=outcome.result_json,
-        sequence=outcome.sequence,
-        handle=outcome.handle,
+    target.is_error = outcome.is_error
+    target.result_json = outcome.result_json
+    target.sequence = outcome.sequence
+    target.handle = outcome.handle
+
+
+def _call_response(
+    outcome: ToolOutcome, max_bytes: int
+) -> tool_service_pb2.CallDeferredToolResponse:
+    response = tool_service_pb2.CallDeferredToolResponse()
+    fill_outcome(response.outcome, outcome, max_bytes)
+    return response
+
+
+def _dispatch_response(
+    outcome: ToolOutcome, max_bytes: int
+) -> tool_service_pb2.DispatchToolCallResponse:
+    response = tool_service_pb2.DispatchToolCallResponse(
+        disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED
     )
+    fill_outcome(response.outcome, outcome, max_bytes)
+    return response
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_LENGTH_DELIMITED = 2
+_RESULT_JSON_TAG = _varint(
+    tool_service_pb2.ToolOutcome.DESCRIPTOR.fields_by_name["result_json"].number << 3
+    | _LENGTH_DELIMITED
+)
+
+
+def serialized_with_result(
+    build: Callable[[ToolOutcome, int], Message], outcome: ToolOutcome, max_bytes: int
+) -> Serialized:
+    """The response `build` makes, serialized, with a large result's JSON spliced in at the
+    wire level. Setting tens of MB on a message and serializing it are two long calls that
+    hold the GIL (stalling the event loop though they run on a worker thread); the wire
+    format lets the response be written without the result, and the result added as a
+    second occurrence of the `outcome` field, which parsers merge into the first (protobuf
+    encoding, "Last One Wins" and merging of embedded messages). The one copy of the result
+    is a bytes join, which releases the GIL."""
+    shown = fitted(outcome, max_bytes)
+    if shown is not outcome:  # elided: small
+        return Serialized(build(outcome, max_bytes).SerializeToString())
+    head = build(replace(outcome, result_json=b""), max_bytes)
+    field = head.DESCRIPTOR.fields_by_name["outcome"].number
+    result = outcome.result_json
+    inner_length = len(_RESULT_JSON_TAG) + len(_varint(len(result))) + len(result)
+    return Serialized(
+        b"".join(
+            (
+                head.SerializeToString(),
+                _varint(field << 3 | _LENGTH_DELIMITED),
+                _varint(inner_length),
+                _RESULT_JSON_TAG,
+                _varint(len(result)),
+                result,
+            )
+        )
+    )
+
+
+# A result up to this size is put in its response on the event loop; a larger one on the
+# CPU threads, spliced into the response's bytes (`serialized_with_result`).
+INLINE_OUTCOME_BYTES = 256 * 1024
 
 
 class ToolServicer:
@@ -92,7 +167,7 @@ class ToolServicer:
 
     async def CallDeferredTool(
         self, request: tool_service_pb2.CallDeferredToolRequest, context: Context
-    ) -> tool_service_pb2.CallDeferredToolResponse:
+    ) -> tool_service_pb2.CallDeferredToolResponse | Serialized:
         if not request.run_id:
             raise field_required("run_id")
         timeout = None
@@ -111,9 +186,14 @@ class ToolServicer:
             request.call_id,
             timeout,
         )
-        return tool_service_pb2.CallDeferredToolResponse(
-            outcome=outcome_to_proto(outcome, self._page_bytes)
-        )
+        return await self._respond(_call_response, outcome)
+
+    async def _respond(
+        self, build: Callable[[ToolOutcome, int], M], outcome: ToolOutcome
+    ) -> M | Serialized:
+        if len(outcome.result_json) <= INLINE_OUTCOME_BYTES:
+            return build(outcome, self._page_bytes)
+        return await self._cpu(serialized_with_result, build, outcome, self._page_bytes)
 
     async def ListServerTools(
         self, request: tool_service_pb2.ListServerToolsRequest, context: Context
@@ -193,7 +273,7 @@ class ToolServicer:
 
     async def DispatchToolCall(
         self, request: tool_service_pb2.DispatchToolCallRequest, context: Context
-    ) -> tool_service_pb2.DispatchToolCallResponse:
+    ) -> tool_service_pb2.DispatchToolCallResponse | Serialized:
         if not request.run_id:
             raise field_required("run_id")
         if not request.HasField("call"):
@@ -210,7 +290,4 @@ class ToolServicer:
             return tool_service_pb2.DispatchToolCallResponse(
                 disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
             )
-        return tool_service_pb2.DispatchToolCallResponse(
-            disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED,
-            outcome=outcome_to_proto(outcome, self._page_bytes),
-        )
+        return await self._respond(_dispatch_response, outcome)

@@ -9,7 +9,7 @@ from opentelemetry.trace import Span
 
 from psych.sidecar.v1 import connection_pb2, content_pb2, turn_pb2, turn_service_pb2
 from psych_sidecar.api import convert
-from psych_sidecar.api.servicers import Blocking, Context
+from psych_sidecar.api.servicers import Blocking, Context, Serialized
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
 from psych_sidecar.domain.errors import Reason, SidecarError
@@ -135,6 +135,10 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
     )
 
 
+def _serialized_prompt(assembled: AssembledPrompt) -> Serialized:
+    return Serialized(assembled_to_proto(assembled).SerializeToString())
+
+
 def _guard_to_proto(guard: GuardDecision | None) -> turn_service_pb2.ContextGuard | None:
     if guard is None:
         return None
@@ -214,7 +218,7 @@ class TurnServicer:
 
     async def AssemblePrompt(
         self, request: turn_service_pb2.AssemblePromptRequest, context: Context
-    ) -> turn_service_pb2.AssemblePromptResponse:
+    ) -> Serialized:
         now = (
             convert.timestamp_from_proto(request.now, "now")
             if request.HasField("now")
@@ -236,8 +240,10 @@ class TurnServicer:
             )
             if not request.preview:
                 _observe(assembled, span)
-        response = await self._blocking(assembled_to_proto, assembled)
-        size = response.ByteSize()
+        # The response holds the prompt three times (parts and both providers' JSON): built and
+        # encoded on a worker thread, which a prompt of MBs would otherwise cost the loop.
+        response = await self._blocking(_serialized_prompt, assembled)
+        size = len(response.data)
         if size > self._max_message_bytes:
             # The current turn's results go in full; a prompt this large cannot be answered.
             raise SidecarError(

@@ -40,6 +40,7 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.mcp.results import tool_result
 from psych_sidecar.mcp.stderr import StderrTail
+from psych_sidecar.mcp.stdio import LineTooLong
 from psych_sidecar.mcp.transport import open_transport
 from psych_sidecar.telemetry import logs, metrics, tracing
 
@@ -189,6 +190,8 @@ class ConnectionSession:
         # How the server delivers tools/list_changed, learnt on connect: "2026" on a
         # subscriptions/listen stream, "2025" unprompted (no listen); "" until known.
         self.protocol_era = ""
+        # Why the transport ended, when it said so (a stdio line over the limit).
+        self._close_reason = ""
 
     def _describe(self, error: BaseException) -> str:
         return self._scrub(describe_error(error))
@@ -270,7 +273,9 @@ class ConnectionSession:
                 if self._stopping.is_set():
                     break
                 delay = self._timings.reconnect_min
-                self._set_status(ConnectionState.UNREACHABLE, "the connection closed")
+                self._set_status(
+                    ConnectionState.UNREACHABLE, self._close_reason or "the connection closed"
+                )
             # Jitter keeps many sidecars from reconnecting to one server in lockstep.
             with anyio.move_on_after(delay * random.uniform(0.8, 1.2)):
                 async with anyio.create_task_group() as group:
@@ -282,6 +287,7 @@ class ConnectionSession:
 
     async def _connect_and_serve(self) -> None:
         closed = anyio.Event()
+        self._close_reason = ""
         self._broken = anyio.Event()
         self._changed = anyio.Event()
         transport = open_transport(self.stored.connection, self._commands, closed, self.stderr)
@@ -313,6 +319,10 @@ class ConnectionSession:
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             self._changed.set()
+        elif isinstance(message, LineTooLong):
+            # The transport ends after it: the reason the connection closed.
+            self._close_reason = self._describe(message)
+            log.warning("MCP connection %s/%s: %s", *self.key, self._close_reason)
         elif isinstance(message, Exception):
             log.info(
                 "MCP connection %s/%s transport error: %s",

@@ -15,13 +15,14 @@ from typing import Any, Self
 import anyio
 import httpx2
 from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
 from psych_sidecar.config import StdioCommand
 from psych_sidecar.domain.catalog import Connection, TransportKind, env_name_allowed
 from psych_sidecar.mcp.stderr import StderrTail
+from psych_sidecar.mcp.stdio import stdio_transport
 
 # These libraries' INFO and DEBUG lines quote request URLs, whose user-info and query may hold
 # secrets (docs/security.md): they log from WARNING on, whatever the sidecar's level.
@@ -127,7 +128,8 @@ async def _stdio(parameters: StdioServerParameters, stderr: StderrTail) -> Async
     # The server's stderr goes to a pipe read into its connection's bounded tail, never
     # straight into the sidecar's own stderr (mcp/stderr.py).
     with stderr.pipe() as errlog:
-        async with stdio_client(parameters, errlog=errlog) as streams:
+        # The SDK's process handling with a linear, bounded reader (mcp/stdio.py).
+        async with stdio_transport(parameters, errlog) as streams:
             yield streams
 
 

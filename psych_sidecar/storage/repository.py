@@ -270,7 +270,7 @@ class SqlStore:
                 "kind": part.kind.value,
                 "mime_type": part.mime_type,
                 "data": part.data,
-                "char_count": None if part.kind is PartKind.BINARY else len(part.data.decode()),
+                "char_count": None if part.kind is PartKind.BINARY else _char_count(part.data),
             }
             for record, entry in zip(records, appended, strict=True)
             for index, part in enumerate(record.content)
@@ -390,3 +390,9 @@ def _run(row: Row[Any]) -> Run:
         tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
         create_time=tables.from_us(row.create_time_us),
     )
+
+
+def _char_count(data: bytes) -> int:
+    """The characters in UTF-8 text; ASCII (the usual case) is counted without decoding
+    what may be tens of MB."""
+    return len(data) if data.isascii() else len(data.decode())
