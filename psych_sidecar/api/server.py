@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -671,6 +672,11 @@ async def serve(settings: Settings) -> None:
     except BaseException:
         await sidecar.stop()
         raise
+    # What starting made (modules, the contract's descriptors, the settings, the servicers)
+    # lives as long as the process: moved out of the cyclic garbage collector's reach, so
+    # its full collections scan what calls create rather than ~200k permanent objects
+    # (a pause of tens of ms each, paid more often the more a call allocates: spans).
+    gc.freeze()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -23,8 +23,9 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.api import convert
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
+from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.errors import field_required
-from psych_sidecar.domain.runlog import RunService, SpecService
+from psych_sidecar.domain.runlog import Run, RunService, SpecService
 from psych_sidecar.telemetry import metrics
 
 T = TypeVar("T")
@@ -71,10 +72,19 @@ class SpecServicer(spec_service_pb2_grpc.SpecServiceServicer):
 
 
 class RunServicer(run_service_pb2_grpc.RunServiceServicer):
-    def __init__(self, runs: RunService, blocking: Blocking, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        runs: RunService,
+        blocking: Blocking,
+        max_message_bytes: int,
+        response_cache_size: int = 10_000,
+    ) -> None:
         self._runs = runs
         self._blocking = blocking
         self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
+        self._responses = ImmutableCache[str, tuple[Run, run_service_pb2.GetRunResponse]](
+            response_cache_size
+        )
 
     async def CreateRun(
         self, request: run_service_pb2.CreateRunRequest, context: Context
@@ -91,11 +101,18 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
     async def GetRun(
         self, request: run_service_pb2.GetRunRequest, context: Context
     ) -> run_service_pb2.GetRunResponse:
-        # A Run never changes, so one this process has read is answered without a thread hop.
+        # A Run never changes, so one this process has read is answered without a thread hop,
+        # with the response built for it before (responses are never mutated once built).
         run = self._runs.cached(request.run_id)
         if run is None:
             run = await self._blocking(self._runs.get, request.run_id)
-        return run_service_pb2.GetRunResponse(run=convert.run_to_proto(run))
+        else:
+            built = self._responses.get(run.run_id)
+            if built is not None and built[0] is run:
+                return built[1]
+        response = run_service_pb2.GetRunResponse(run=convert.run_to_proto(run))
+        self._responses.put(run.run_id, (run, response))
+        return response
 
     async def AppendRecords(
         self, request: run_service_pb2.AppendRecordsRequest, context: Context
