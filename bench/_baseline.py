@@ -72,8 +72,9 @@ def ratio_to_echo(ctx: BenchContext, rates: dict[str, list[float]], calls: int) 
 
 
 # The sidecar variants the overhead cases measure side by side: both off (no admin listener,
-# no tracing), metrics only, and metrics with tracing (spans made, ended and dropped:
-# OTEL_TRACES_EXPORTER=none). The case's value is the last one's ratio.
+# no tracing), metrics only, and metrics with tracing (spans made, ended and handed to the
+# batch span processor as in production, whose exporter drops them: OTEL_TRACES_EXPORTER=none).
+# The case's value is the last one's ratio.
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "sidecar": ([], {}),
     "metrics": (["--admin-listen", "127.0.0.1:0"], {}),

@@ -32,8 +32,8 @@ async def rpc_overhead_ratio(ctx: BenchContext) -> float:
     servers to the other. After a warm-up of each, rounds alternate between
     the targets (ABAB then BABA order) and the medians are compared. Three sidecars are
     measured beside the echo server: both off, metrics only (--admin-listen), and metrics with
-    tracing (--tracing otlp, OTEL_TRACES_EXPORTER=none: spans made and dropped); the value is
-    the last one's ratio, the details give each one's and the costs against both off.
+    tracing (--tracing otlp, OTEL_TRACES_EXPORTER=none: spans made, batched and dropped); the
+    value is the last one's ratio, the details give each one's and the costs against both off.
     """
     calls = ctx.pick(full=6000, quick=1500)
     warmup = ctx.pick(full=1500, quick=500)

@@ -25,8 +25,9 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.api import convert
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
+from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.errors import field_required
-from psych_sidecar.domain.runlog import RunService, SpecService
+from psych_sidecar.domain.runlog import Run, RunService, SpecService
 from psych_sidecar.telemetry import metrics
 
 T = TypeVar("T")
@@ -52,21 +53,61 @@ def serialize_response(response: Message | Serialized) -> bytes:
 
 class Blocking:
     """Runs synchronous domain calls on the storage thread pool, in the caller's context
-    (its span and log fields), recording how long each waited for a thread."""
+    (its span and log fields), recording how long each waited for a thread.
+
+    The hop is `loop.run_in_executor`'s minus its second future: the worker settles the
+    awaited asyncio future itself (one `call_soon_threadsafe`), rather than a
+    concurrent.futures future chained to an asyncio one by callbacks both ways. A call
+    cancelled before a worker took it does not run, as with run_in_executor."""
 
     def __init__(self, executor: Executor) -> None:
         self._executor = executor
 
     async def __call__(self, function: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
         context = contextvars.copy_context()
         submitted = time.perf_counter()
 
-        def run() -> T:
+        def run() -> None:
             metrics.observe(metrics.STORAGE_WAIT_SECONDS, time.perf_counter() - submitted)
-            return context.run(function, *args)
+            try:
+                result = context.run(function, *args)
+            except BaseException as error:
+                _settle_soon(loop, future, None, error)
+            else:
+                _settle_soon(loop, future, result, None)
 
-        return await loop.run_in_executor(self._executor, run)
+        work = self._executor.submit(run)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+
+
+def _settle_soon(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[T],
+    result: T | None,
+    error: BaseException | None,
+) -> None:
+    """From a worker thread: settle `future` on its loop (unless the loop is gone: nobody
+    awaits it any more)."""
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, error)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
+
+
+def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+    if future.done():  # cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]
 
 
 class SpecServicer(spec_service_pb2_grpc.SpecServiceServicer):
@@ -90,10 +131,19 @@ class SpecServicer(spec_service_pb2_grpc.SpecServiceServicer):
 
 
 class RunServicer(run_service_pb2_grpc.RunServiceServicer):
-    def __init__(self, runs: RunService, blocking: Blocking, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        runs: RunService,
+        blocking: Blocking,
+        max_message_bytes: int,
+        response_cache_size: int = 10_000,
+    ) -> None:
         self._runs = runs
         self._blocking = blocking
         self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
+        self._responses = ImmutableCache[str, tuple[Run, run_service_pb2.GetRunResponse]](
+            response_cache_size
+        )
 
     async def CreateRun(
         self, request: run_service_pb2.CreateRunRequest, context: Context
@@ -110,11 +160,18 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
     async def GetRun(
         self, request: run_service_pb2.GetRunRequest, context: Context
     ) -> run_service_pb2.GetRunResponse:
-        # A Run never changes, so one this process has read is answered without a thread hop.
+        # A Run never changes, so one this process has read is answered without a thread hop,
+        # with the response built for it before (responses are never mutated once built).
         run = self._runs.cached(request.run_id)
         if run is None:
             run = await self._blocking(self._runs.get, request.run_id)
-        return run_service_pb2.GetRunResponse(run=convert.run_to_proto(run))
+        else:
+            built = self._responses.get(run.run_id)
+            if built is not None and built[0] is run:
+                return built[1]
+        response = run_service_pb2.GetRunResponse(run=convert.run_to_proto(run))
+        self._responses.put(run.run_id, (run, response))
+        return response
 
     async def AppendRecords(
         self, request: run_service_pb2.AppendRecordsRequest, context: Context

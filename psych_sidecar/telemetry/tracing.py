@@ -11,9 +11,9 @@ thread pool carries the context across: `api/servicers.Blocking`).
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -21,7 +21,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
-    SimpleSpanProcessor,
     SpanExporter,
     SpanExportResult,
 )
@@ -64,9 +63,10 @@ def otlp_provider() -> TracerProvider:
     provider = TracerProvider(resource=resource)
     exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
     if exporter == "none":
-        # Spans are made, ended and handed to a sink that drops them: the instrumentation's
-        # own cost, with nothing to batch or send.
-        provider.add_span_processor(SimpleSpanProcessor(_Discard()))
+        # Spans are made, ended and handed in batches to a sink that drops them: the cost
+        # of tracing as production runs it (the same batch processor as OTLP), minus
+        # encoding and sending.
+        provider.add_span_processor(BatchSpanProcessor(_Discard()))
     elif exporter in ("", "otlp"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -79,6 +79,21 @@ def otlp_provider() -> TracerProvider:
 class _Discard(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         return SpanExportResult.SUCCESS
+
+
+# Per RPC method: its span's name and constant attributes, made once (the set of methods is
+# the contract's). The SDK copies attributes into the span, so one dict serves every call.
+_rpc_spans: dict[str, tuple[str, dict[str, AttributeValue]]] = {}
+
+
+def _rpc_span(method: str) -> tuple[str, dict[str, AttributeValue]]:
+    named = _rpc_spans.get(method)
+    if named is None:
+        name = method.lstrip("/")
+        service, _, rpc_method = name.partition("/")
+        named = name, {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc_method}
+        _rpc_spans[method] = named
+    return named
 
 
 def start_rpc(
@@ -98,13 +113,12 @@ def start_rpc(
             carrier = {k: v for k, v in pairs if isinstance(v, str)}
             parent = _PROPAGATOR.extract(carrier)
             break
-    name = method.lstrip("/")
-    service, _, rpc_method = name.partition("/")
+    name, attributes = _rpc_span(method)
     span = current.start_span(
         name,
         context=parent,
         kind=SpanKind.SERVER,
-        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc_method},
+        attributes=attributes,
         record_exception=False,
         set_status_on_exception=False,
     )
@@ -122,18 +136,51 @@ def end_rpc(opened: tuple[Span, object] | None, code_name: str, code_value: int)
     otel_context.detach(token)  # type: ignore[arg-type]
 
 
-@contextlib.contextmanager
-def span(
-    name: str, attributes: Mapping[str, AttributeValue] | None = None
-) -> Iterator[Span | None]:
-    """An internal span (a child of the current one), or nothing when tracing is off.
-    An exception escaping it marks it as an error."""
-    current = _tracer
-    if current is None:
-        yield None
-        return
-    with current.start_as_current_span(name, attributes=attributes) as opened:
-        yield opened
+class _Internal:
+    """The context manager of `span`: what the SDK's `start_as_current_span` does (the span
+    current for the block, an escaping exception recorded and marking it an error, the span
+    ended on exit), without its two generator-based context managers per span."""
+
+    __slots__ = ("_attributes", "_name", "_span", "_token")
+
+    def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None) -> None:
+        self._name = name
+        self._attributes = attributes
+        self._span: Span | None = None
+        self._token: object = None
+
+    def __enter__(self) -> Span | None:
+        current = _tracer
+        if current is None:
+            return None
+        opened = current.start_span(self._name, attributes=self._attributes)
+        self._span = opened
+        self._token = otel_context.attach(trace.set_span_in_context(opened))
+        return opened
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        opened = self._span
+        if opened is None:
+            return
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+        # Like the SDK: an Exception is an error; GeneratorExit, a cancellation (BaseException)
+        # is not.
+        if isinstance(error, Exception) and opened.is_recording():
+            opened.record_exception(error)
+            opened.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        opened.end()
+
+
+def span(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> _Internal:
+    """An internal span (a child of the current one), or nothing when tracing is off: a
+    context manager giving the span (None when off). An exception escaping it marks it as an
+    error."""
+    return _Internal(name, attributes)
 
 
 def new_root() -> None:

@@ -1,0 +1,99 @@
+"""The span helpers of `telemetry.tracing` keep the SDK's semantics with their cheaper plumbing:
+an internal span is current inside its block and nests under the RPC span, an escaping
+exception marks it an error with the exception recorded (a cancellation does not), and with
+tracing off nothing is made. Real SDK provider, in-memory exporter."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from psych_sidecar.telemetry import tracing
+
+METHOD = "/psych.sidecar.v1.RunService/GetRun"
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def exported() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.uninstall()
+        provider.shutdown()
+
+
+def test_internal_spans_nest_under_the_rpc_span_which_continues_the_traceparent(
+    exported: InMemorySpanExporter,
+) -> None:
+    opened = tracing.start_rpc(METHOD, lambda: (("traceparent", TRACEPARENT),))
+    with tracing.span("db.transaction", {"psych.write": False}) as inner:
+        assert inner is not None
+        assert trace.get_current_span() is inner
+    tracing.end_rpc(opened, "OK", 0)
+    assert not trace.get_current_span().get_span_context().is_valid
+
+    inner_span, server = exported.get_finished_spans()
+    assert server.name == "psych.sidecar.v1.RunService/GetRun"
+    assert server.kind == SpanKind.SERVER
+    assert dict(server.attributes or {}) == {
+        "rpc.system": "grpc",
+        "rpc.service": "psych.sidecar.v1.RunService",
+        "rpc.method": "GetRun",
+        "rpc.grpc.status_code": 0,
+    }
+    assert format(server.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert inner_span.parent is not None
+    assert inner_span.parent.span_id == server.context.span_id
+    assert dict(inner_span.attributes or {}) == {"psych.write": False}
+    assert inner_span.status.status_code == StatusCode.UNSET
+
+
+def test_an_escaping_exception_marks_the_span_an_error_and_is_recorded(
+    exported: InMemorySpanExporter,
+) -> None:
+    with pytest.raises(ValueError, match="no such zone"), tracing.span("prompt.assemble"):
+        raise ValueError("no such zone")
+    (failed,) = exported.get_finished_spans()
+    assert failed.status.status_code == StatusCode.ERROR
+    assert failed.status.description == "ValueError: no such zone"
+    assert [event.name for event in failed.events] == ["exception"]
+    assert not trace.get_current_span().get_span_context().is_valid
+
+
+def test_a_cancellation_is_not_an_error(exported: InMemorySpanExporter) -> None:
+    with pytest.raises(asyncio.CancelledError), tracing.span("mcp.call_tool"):
+        raise asyncio.CancelledError
+    (cancelled,) = exported.get_finished_spans()
+    assert cancelled.status.status_code == StatusCode.UNSET
+    assert not cancelled.events
+
+
+def test_an_rpc_answered_with_an_error_code_is_an_error_span(
+    exported: InMemorySpanExporter,
+) -> None:
+    tracing.end_rpc(tracing.start_rpc(METHOD, lambda: None), "NOT_FOUND", 5)
+    (server,) = exported.get_finished_spans()
+    assert server.parent is None
+    assert server.status.status_code == StatusCode.ERROR
+    assert server.status.description == "NOT_FOUND"
+    assert (server.attributes or {})["rpc.grpc.status_code"] == 5
+
+
+def test_tracing_off_makes_nothing() -> None:
+    assert tracing.tracer() is None
+    assert tracing.start_rpc(METHOD, lambda: (("traceparent", TRACEPARENT),)) is None
+    with tracing.span("db.transaction") as nothing:
+        assert nothing is None
+    tracing.end_rpc(None, "OK", 0)
