@@ -15,14 +15,86 @@ NaN/Infinity refused: they are not JSON, and a provider rejects a body holding t
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH", "JsonTooDeep", "bounded_loads", "canonical_json", "sorted_keys"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "JsonTooDeep",
+    "bounded_loads",
+    "canonical_json",
+    "canonical_json_sliced",
+    "sorted_keys",
+    "utf8_sliced",
+]
 
 
 def canonical_json(value: Any) -> bytes:
     """`value` as canonical JSON bytes (see the module docstring for the key order)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+# One C call over a string of tens of MB holds the GIL for tens of ms: every other thread,
+# the event loop's included, waits that long. Strings longer than this are handled slice by
+# slice, a few ms each, and the GIL can change hands between slices.
+SLICE_CHARS = 1 << 20
+# How deep canonical_json_sliced looks for long strings: an MCP result's text sits at
+# result → content → block → text; deeper data is encoded in one call as usual.
+_SLICED_DEPTH = 4
+
+
+def utf8_sliced(text: str) -> bytes:
+    """`text.encode()`, a slice at a time when it is long (see SLICE_CHARS)."""
+    if len(text) <= SLICE_CHARS:
+        return text.encode()
+    return b"".join(
+        text[start : start + SLICE_CHARS].encode() for start in range(0, len(text), SLICE_CHARS)
+    )
+
+
+def canonical_json_sliced(value: Any) -> bytes:
+    """canonical_json(value), the same bytes, for values that may carry very long strings
+    near the top (an MCP tool result's text): each is escaped and encoded slice by slice,
+    the rest in one call. Escaping is per character, so slices join to the whole string's
+    escaping."""
+    long: list[str] = []
+    # Each long string is swapped for one placeholder no party can predict, found again in
+    # the encoded skeleton (JSON spells the NULs as \u0000) and replaced in order.
+    placeholder = f"\x00{secrets.token_hex(16)}\x00"
+    skeleton = _swap_long_strings(value, placeholder, long, _SLICED_DEPTH)
+    if not long:
+        return canonical_json(value)
+    pieces = canonical_json(skeleton).split(canonical_json(placeholder))
+    out = [pieces[0]]
+    for text, after in zip(long, pieces[1:], strict=True):
+        out.append(b'"')
+        out.extend(
+            json.dumps(text[start : start + SLICE_CHARS], ensure_ascii=False)[1:-1].encode()
+            for start in range(0, len(text), SLICE_CHARS)
+        )
+        out.append(b'"')
+        out.append(after)
+    return b"".join(out)
+
+
+def _swap_long_strings(value: Any, placeholder: str, long: list[str], depth: int) -> Any:
+    """`value` with strings over SLICE_CHARS (within `depth` levels) replaced by
+    `placeholder`, collected into `long` in the order json.dumps writes them."""
+    if isinstance(value, str):
+        if len(value) > SLICE_CHARS:
+            long.append(value)
+            return placeholder
+        return value
+    if depth == 0:
+        return value
+    if isinstance(value, dict):
+        return {
+            key: _swap_long_strings(item, placeholder, long, depth - 1)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_swap_long_strings(item, placeholder, long, depth - 1) for item in value]
+    return value
 
 
 def sorted_keys(value: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import mcp_types as types
 from pydantic import BaseModel
 
-from psych_sidecar.domain.canonical import canonical_json
+from psych_sidecar.domain.canonical import canonical_json, canonical_json_sliced
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind
 
@@ -53,6 +53,8 @@ def tool_result(result: types.CallToolResult) -> McpToolResult:
         parts.append(ContentPart.structured(canonical_json(result.structured_content)))
     return McpToolResult(
         is_error=bool(result.is_error),
-        result_json=canonical_json(_dump(result)),
+        # The whole result, its texts included: a result of tens of MB is encoded in slices
+        # (this runs on a worker thread, and the event loop needs the GIL meanwhile).
+        result_json=canonical_json_sliced(_dump(result)),
         content=tuple(parts),
     )

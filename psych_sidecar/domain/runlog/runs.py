@@ -10,7 +10,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
-from psych_sidecar.domain.canonical import bounded_loads
+from psych_sidecar.domain.canonical import bounded_loads, utf8_sliced
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog.specs import ToolGrant
 
@@ -67,7 +67,7 @@ class ContentPart:
 
     @classmethod
     def text(cls, value: str) -> ContentPart:
-        return cls(PartKind.TEXT, value.encode())
+        return cls(PartKind.TEXT, utf8_sliced(value))
 
     def as_text(self) -> str:
         return self.data.decode()
