@@ -36,22 +36,33 @@ def sidecar_overrides() -> dict[str, Any]:
     }
 
 
+def _listed_once(
+    grpc_server: RunningSidecar, stubs: Stubs, unique: Callable[[str], str]
+) -> tuple[McpManager, str]:
+    """The sidecar's catalogue view and a new tenant whose connection `fx` is at version 1."""
+    view = grpc_server.sidecar.catalog
+    assert isinstance(view, McpManager)
+    tenant = unique("tenant")
+    put_stdio(stubs, tenant, "fx", args=["--tools", "0"])
+    wait_for(
+        lambda: view._store.connection_versions(tenant).get("fx", (0, 0))[1] == 1,
+        "catalogue version 1",
+    )
+    return view, tenant
+
+
 def test_a_late_stale_read_does_not_serve_an_older_catalogue(
     grpc_server: RunningSidecar,
     stubs: Stubs,
     unique: Callable[[str], str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    view = grpc_server.sidecar.catalog
-    assert isinstance(view, McpManager)
+    view, tenant = _listed_once(grpc_server, stubs, unique)
     store = view._store
-    tenant = unique("tenant")
-    put_stdio(stubs, tenant, "fx", args=["--tools", "0"])
 
     def stored_version() -> int:
         return int(store.connection_versions(tenant).get("fx", (0, 0))[1])
 
-    wait_for(lambda: stored_version() == 1, "catalogue version 1")
     ((_, status),) = view.tenant_connections(tenant)
     assert status.catalog_version == 1
     assert "late_tool" not in {t.name for t in view.current_tools(tenant, "fx", 1)}
@@ -97,12 +108,8 @@ def test_a_version_superseded_between_its_two_reads_still_permits_its_tools(
     # A resolution reads the connection's version, then that version's tools. When another
     # sidecar writes a newer version in between, the rows read carry its removal marker; the
     # Run must still reach them (it once found no tool at all: scale-out CI, issue 12).
-    view = grpc_server.sidecar.catalog
-    assert isinstance(view, McpManager)
+    view, tenant = _listed_once(grpc_server, stubs, unique)
     store = view._store
-    tenant = unique("tenant")
-    put_stdio(stubs, tenant, "fx", args=["--tools", "0"])
-    wait_for(lambda: store.connection_versions(tenant).get("fx", (0, 0))[1] == 1, "version 1")
     grants = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
     spec = spec_pb2.Spec(name=unique("spec"), version=1, grants=grants)
     stubs.specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec))

@@ -29,6 +29,7 @@ from psych_sidecar.inspect.views import (
     RunRow,
     VersionRow,
     ZoneRow,
+    change_rows,
 )
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import open_read_only
@@ -151,15 +152,7 @@ class DatabaseSource:
 
     def catalog_diff(self, tenant: str, name: str, older: int, newer: int) -> list[ChangeRow]:
         diff = self._await(self._connections.diff, tenant, name, older, newer)
-        return [
-            ChangeRow(change, tool.name, tool.catalog_version)
-            for change, tools in (
-                ("added", diff.added),
-                ("changed", diff.changed),
-                ("removed", diff.removed),
-            )
-            for tool in tools
-        ]
+        return change_rows(diff)
 
     def connections(self, tenant: str) -> list[ConnectionRow]:
         rows: list[ConnectionRow] = []

@@ -33,6 +33,7 @@ from psych_sidecar.inspect.views import (
     RunRow,
     VersionRow,
     ZoneRow,
+    change_rows,
 )
 
 # Responses may be as large as the sidecar's own limit allows.
@@ -178,15 +179,7 @@ class GrpcSource:
                 tenant=tenant, name=name, from_version=older, to_version=newer
             ),
         )
-        return [
-            ChangeRow(change, tool.name, tool.catalog_version)
-            for change, tools in (
-                ("added", diff.added),
-                ("changed", diff.changed),
-                ("removed", diff.removed),
-            )
-            for tool in tools
-        ]
+        return change_rows(diff)
 
     def connections(self, tenant: str) -> list[ConnectionRow]:
         connections: list[connection_pb2.Connection] = []

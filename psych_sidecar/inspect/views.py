@@ -79,6 +79,20 @@ class ChangeRow:
     version: int
 
 
+def change_rows(diff: Any) -> list[ChangeRow]:
+    """The rows of a catalogue diff, from either source: anything with `added`, `changed`
+    and `removed` lists of tools that have a `name` and a `catalog_version`."""
+    return [
+        ChangeRow(change, tool.name, tool.catalog_version)
+        for change, tools in (
+            ("added", diff.added),
+            ("changed", diff.changed),
+            ("removed", diff.removed),
+        )
+        for tool in tools
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionRow:
     name: str
