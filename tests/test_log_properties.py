@@ -66,3 +66,26 @@ def test_the_log_reads_back_exactly_what_was_appended(
         kind = want.WhichOneof("kind")
         assert got.WhichOneof("kind") == kind
         assert getattr(got, kind) == getattr(want, kind)
+
+
+def test_parts_over_a_mib_read_back_exactly(stubs: Stubs, unique: Callable[[str], str]) -> None:
+    # On SQLite these are streamed into their rows a MiB at a time (storage/repository.py);
+    # multi-byte characters straddle the slice boundaries.
+    run_id = new_run(stubs, unique("agent"))
+    text = ("é😀x" * 700_000)[: 2 * 1024 * 1024 + 5]
+    data = bytes(range(256)) * (5 * 4096 + 1)
+    record = run_pb2.Record(
+        tool_result=run_pb2.ToolResult(
+            call_id="big",
+            content=[
+                content_pb2.ContentPart(text=text),
+                content_pb2.ContentPart(text="small"),
+                content_pb2.ContentPart(
+                    binary=content_pb2.BinaryContent(mime_type="application/zip", data=data)
+                ),
+            ],
+        )
+    )
+    stubs.runs.AppendRecords(run_service_pb2.AppendRecordsRequest(run_id=run_id, records=[record]))
+    (stored,) = all_records(stubs, run_id)
+    assert stored.tool_result == record.tool_result
