@@ -202,6 +202,17 @@ class Settings(BaseSettings):
         ge=MIB,
         description="Memory for catalogues read and resolved turns (surfaces), by bytes.",
     )
+    large_buffer_reuse_bytes: int = Field(
+        default=256 * MIB,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "Freed memory blocks up to this size are kept for reuse rather than handed back "
+            "to the system at once (glibc malloc's mmap and trim thresholds): a large tool "
+            "result is copied several times with the GIL held, ~10x faster into reused pages. "
+            "Memory stays nearer its peak; 0 leaves malloc as configured."
+        ),
+    )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     log_level: str = Field(default="INFO", description="Python logging level.")
     log_format: Literal["text", "json"] = Field(

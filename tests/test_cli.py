@@ -481,3 +481,10 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1, result.stderr
     assert "max_message_bytes" in lines[0]
     assert "worker_threads" in lines[0]
+
+
+def test_serve_tunes_glibc_malloc_to_reuse_large_buffers() -> None:
+    # This machine's C library is glibc (Debian); a value of 0 leaves malloc alone.
+    assert os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    assert cli._reuse_large_buffers(Settings().large_buffer_reuse_bytes) is True
+    assert cli._reuse_large_buffers(0) is False
