@@ -3,7 +3,7 @@ For each fault: what the host sees (a clean tool result or a connection state, n
 error), that the result is in the Run's log, and that health and GetRun answer meanwhile.
 
 A list_changed flood is debounced into a few re-listings. Faults covered elsewhere, with the
-fixture server: a hanging call (test_turns), a server exiting mid-call, a 30 MB result and
+fixture server: a hanging call (test_turns), a server exiting mid-call, a 50 MB result and
 results larger than a response (test_faults), image, audio and blob results (test_turns, every
 result kind).
 """
