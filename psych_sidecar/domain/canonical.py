@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -43,13 +44,16 @@ SLICE_CHARS = 1 << 20
 _SLICED_DEPTH = 4
 
 
+def _slices(text: str) -> Iterator[str]:
+    """`text` in consecutive slices of SLICE_CHARS characters."""
+    return (text[start : start + SLICE_CHARS] for start in range(0, len(text), SLICE_CHARS))
+
+
 def utf8_sliced(text: str) -> bytes:
     """`text.encode()`, a slice at a time when it is long (see SLICE_CHARS)."""
     if len(text) <= SLICE_CHARS:
         return text.encode()
-    return b"".join(
-        text[start : start + SLICE_CHARS].encode() for start in range(0, len(text), SLICE_CHARS)
-    )
+    return b"".join(piece.encode() for piece in _slices(text))
 
 
 def canonical_json_sliced(value: Any) -> bytes:
@@ -68,10 +72,7 @@ def canonical_json_sliced(value: Any) -> bytes:
     out = [pieces[0]]
     for text, after in zip(long, pieces[1:], strict=True):
         out.append(b'"')
-        out.extend(
-            json.dumps(text[start : start + SLICE_CHARS], ensure_ascii=False)[1:-1].encode()
-            for start in range(0, len(text), SLICE_CHARS)
-        )
+        out.extend(json.dumps(piece, ensure_ascii=False)[1:-1].encode() for piece in _slices(text))
         out.append(b'"')
         out.append(after)
     return b"".join(out)
