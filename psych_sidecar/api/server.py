@@ -63,7 +63,7 @@ from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
 from psych_sidecar.storage.inspection import SqlRunDirectory
 from psych_sidecar.storage.journal import SqlAssemblyJournal
-from psych_sidecar.storage.log_reads import SqlLogReader
+from psych_sidecar.storage.log_reads import SqliteTurnStartsNow, SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.search_vectors import SqlVectorStore
 from psych_sidecar.storage.usage import SqlUsageStore
@@ -338,6 +338,10 @@ class Sidecar:
             pool_size=settings.worker_threads,
             busy_timeout_seconds=settings.database_busy_timeout_seconds,
         )
+        # SQLite answers the turn-start read of ResolveTurn on the loop when it need not wait.
+        self._turn_starts_now = (
+            SqliteTurnStartsNow(self._engine) if self._engine.dialect.name == "sqlite" else None
+        )
         self._executor = ThreadPoolExecutor(
             max_workers=settings.worker_threads, thread_name_prefix="storage"
         )
@@ -407,6 +411,7 @@ class Sidecar:
             log,
             embeddings=self._embeddings,
             pins=store,
+            log_now=self._turn_starts_now,
             search_index_cache_bytes=self.settings.search_index_cache_bytes,
             resolution_cache_bytes=self.settings.resolution_cache_bytes,
         )
@@ -652,6 +657,8 @@ class Sidecar:
             )
         self._executor.shutdown(wait=True)
         self._cpu_executor.shutdown(wait=True)
+        if self._turn_starts_now is not None:
+            self._turn_starts_now.close()
         self._engine.dispose()
         if self._tracer_provider is not None:
             tracing.uninstall()

@@ -199,22 +199,25 @@ class TurnServicer:
         self._blocking = blocking
         self._max_message_bytes = max_message_bytes
         # A resolution returns the same surface object while nothing changed, so its response
-        # is built once per surface. Entries hold their surface, so an id cannot be reused
-        # while its entry lives; responses are never mutated after they are built.
-        self._responses = ImmutableCache[
-            int, tuple[ToolSurface, turn_service_pb2.ResolveTurnResponse]
-        ](cache_size)
+        # is encoded once per surface. Entries hold their surface, so an id cannot be reused
+        # while its entry lives.
+        self._responses = ImmutableCache[int, tuple[ToolSurface, Serialized]](cache_size)
 
     async def ResolveTurn(
         self, request: turn_service_pb2.ResolveTurnRequest, context: Context
-    ) -> turn_service_pb2.ResolveTurnResponse:
-        surface = await self._blocking(self._resolver.resolve_turn, request.run_id)
+    ) -> Serialized:
+        # A later step of a pinned turn is answered on the loop (TurnResolver.pinned_now);
+        # the turn's first step, or one that would wait for the database, on a worker.
+        surface = self._resolver.pinned_now(request.run_id)
+        if surface is None:
+            surface = await self._blocking(self._resolver.resolve_turn, request.run_id)
         cached = self._responses.get(id(surface))
         if cached is not None and cached[0] is surface:
             return cached[1]
         response = turn_service_pb2.ResolveTurnResponse(surface=surface_to_proto(surface))
-        self._responses.put(id(surface), (surface, response))
-        return response
+        encoded = Serialized(response.SerializeToString())
+        self._responses.put(id(surface), (surface, encoded))
+        return encoded
 
     async def AssemblePrompt(
         self, request: turn_service_pb2.AssemblePromptRequest, context: Context

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # Any constant works; it only has to be the same in every sidecar sharing a database.
 _MIGRATION_LOCK_KEY = 0x7073_6964_6563_6172  # "psidecar"
 _WRITE_OPTION = "psych_write"
-_SQLITE_MMAP_BYTES = 2**31
+SQLITE_MMAP_BYTES = 2**31
 DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
 # SQLite result codes (primary, before the extended part) that mean "not now", not "wrong":
 # another writer holds the lock, the file cannot be opened or written at the moment.
@@ -187,7 +187,7 @@ def _configure_sqlite(engine: Engine, busy_timeout_seconds: float, read_only: bo
         # Memory-map the file (up to SQLite's compile-time cap, 2 GiB by default): reading a
         # slice near the end of a long part then follows its overflow-page chain in memory
         # instead of with one read() call per page.
-        cursor.execute(f"PRAGMA mmap_size={_SQLITE_MMAP_BYTES}")
+        cursor.execute(f"PRAGMA mmap_size={SQLITE_MMAP_BYTES}")
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -109,6 +109,16 @@ class LogReader(Protocol):
         ...
 
 
+class NonWaitingTurnStarts(Protocol):
+    """`LogReader.turn_start` for the event loop's thread: an answer only when the database
+    gives one without waiting for a lock, a connection or the network."""
+
+    def turn_start_now(self, run_id: str) -> int | None:
+        """As `LogReader.turn_start`, or None when it would wait (or failed: the caller then
+        asks `LogReader.turn_start` on a worker, whose errors are typed)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class CharSlice:
     """Characters [start, end) of one text or JSON part, and the bytes that hold them."""

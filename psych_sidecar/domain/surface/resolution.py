@@ -29,6 +29,7 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     LogReader,
+    NonWaitingTurnStarts,
     Run,
     RunService,
     Spec,
@@ -244,9 +245,11 @@ class TurnResolver:
         search_index_cache_bytes: int = DEFAULT_SEARCH_INDEX_CACHE_BYTES,
         resolution_cache_bytes: int = DEFAULT_RESOLUTION_CACHE_BYTES,
         pins: SurfacePins | None = None,
+        log_now: NonWaitingTurnStarts | None = None,
     ) -> None:
         self._runs = runs
         self._log = log
+        self._log_now = log_now
         self._pin_store = pins
         self._embeddings = embeddings
         self._specs = specs
@@ -398,6 +401,18 @@ class TurnResolver:
                 self._pins.put(key, surface)
                 pinned = surface
         return pinned
+
+    def pinned_now(self, run_id: str) -> ToolSurface | None:
+        """What `resolve_turn` answers, when it is at hand without waiting: the turn start
+        from the non-waiting reader, the surface pinned to that turn from memory. None
+        otherwise (no such reader, it would wait, or the turn is not pinned here yet): call
+        `resolve_turn`. Every step of a turn after its first is answered here, without a
+        worker thread. The pins in memory are keyed by the turns they pinned, so a Run that
+        is unknown or was never resolved here just misses."""
+        if self._log_now is None:
+            return None
+        start = self._log_now.turn_start_now(run_id)
+        return None if start is None else self._pins.get((run_id, start))
 
     def resolved(self, run_id: str) -> tuple[RunContext, ResolvedTurn]:
         context = self.context(run_id)
