@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import descriptor, message_factory
@@ -24,7 +24,6 @@ from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
-from starlette.routing import BaseRoute
 
 from psych.sidecar.v1 import (
     connection_service_pb2,
@@ -34,7 +33,6 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     usage_service_pb2,
 )
-from psych_sidecar.admin import AdminServer, ui
 from psych_sidecar.api.connections import ConnectionServicer
 from psych_sidecar.api.errors import STATUS_CODES, abort
 from psych_sidecar.api.servicers import (
@@ -68,6 +66,11 @@ from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.search_vectors import SqlVectorStore
 from psych_sidecar.storage.usage import SqlUsageStore
 from psych_sidecar.telemetry import logs, metrics, tracing
+
+if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
+    from psych_sidecar.admin import AdminServer
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +393,10 @@ class Sidecar:
         """Everything the admin listener serves; a module serving a page there adds its
         `admin_routes(...)` here."""
         assert self._inspector is not None, "routes are built after the bindings"
+        # Imported only with the admin listener on: uvicorn and the inspector's templates are
+        # a fifth of a start's imports.
+        from psych_sidecar.admin import ui
+
         return [
             *metrics.admin_routes(),
             *ui.admin_routes(
@@ -545,6 +552,8 @@ class Sidecar:
             self._health_server = health_server
             self._restrict_sockets(self.settings.health_listen_addresses())
         if self.settings.admin_listen:
+            from psych_sidecar.admin import AdminServer
+
             self.admin = AdminServer(self.settings.admin_listen_addresses(), self._admin_routes())
             await self.admin.start()
             self._unwatch = metrics.watch(self)
