@@ -160,6 +160,15 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(
         default=64 * MIB, ge=MIB, le=1024 * MIB, description="Largest request or response."
     )
+    inline_result_bytes: int = Field(
+        default=4 * MIB,
+        ge=64 * 1024,
+        le=1024 * MIB,
+        description=(
+            "Largest tool result a tool-call response carries whole; a larger one comes as an "
+            "elided view with its handle (all of it is in the log)."
+        ),
+    )
     shutdown_grace_seconds: float = Field(
         default=20.0, ge=0, description="How long in-flight calls may finish after SIGTERM."
     )

@@ -35,6 +35,8 @@ from tests.helpers import all_records, publish
 from tests.mcp_helpers import fixture_commands, wait_for
 
 LIMIT = MIB
+# The largest result a tool-call response carries whole here (below the message limit).
+INLINE = 512 * 1024
 # The fault matrix's large result (issue 12): 50 MB of text.
 FIFTY_MB = 50 * 1000 * 1000
 
@@ -57,6 +59,7 @@ def sidecar_overrides() -> dict[str, Any]:
     return {
         "mcp_commands": fixture_commands(),
         "max_message_bytes": LIMIT,
+        "inline_result_bytes": INLINE,
         "mcp_reconnect_min_seconds": 0.2,
         "mcp_reconnect_max_seconds": 1.0,
     }
@@ -127,6 +130,19 @@ def test_a_result_larger_than_a_response_is_elided_with_its_handle_and_kept_whol
     assert meta["result_json_bytes"] > size
     assert outcome.handle in text(outcome)
     assert stored_length(stubs, run_id, outcome.handle) == size
+
+
+def test_a_result_over_the_inline_size_is_elided_though_a_message_could_carry_it(
+    stubs: Stubs, run_id: str
+) -> None:
+    small = call(stubs, run_id, "huge_text", "small", size=INLINE // 2)
+    assert text(small) == "x" * (INLINE // 2)
+    over = call(stubs, run_id, "huge_text", "over", size=INLINE + 1000)
+    assert len(over.result_json) < INLINE < LIMIT - 64 * 1024
+    meta = json.loads(over.result_json)["_meta"]["psych.sidecar/elided"]
+    assert meta == {"handle": over.handle, "result_json_bytes": meta["result_json_bytes"]}
+    assert meta["result_json_bytes"] > INLINE
+    assert stored_length(stubs, run_id, over.handle) == INLINE + 1000
 
 
 def test_a_retried_large_call_is_answered_from_the_log_byte_for_byte(

@@ -98,6 +98,20 @@ def test_offset_past_the_end_is_an_empty_result(stubs: Stubs, unique: Callable[[
         assert (list(grepped.matches), grepped.next_offset) == ([], 12)
 
 
+def test_a_long_text_of_many_scripts_counts_and_reads_by_characters(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    # Over 256 KiB of UTF-8, the stored text's characters are counted slice by slice.
+    run_id = run_with(stubs, unique("agent"))
+    content = "abc é ✓ 中 😀\n" * 30_000
+    assert 256 * 1024 < len(content.encode()) < 1024 * 1024 - 64 * 1024
+    handle = stored(stubs, run_id, content)
+    middle = len(content) // 2 + 3
+    got = read(stubs, run_id, handle, offset=middle, limit=20)
+    assert got.total_length == len(content)
+    assert got.text == content[middle : middle + 20]
+
+
 def test_grep_returns_matching_lines_with_numbers_and_character_offsets(
     stubs: Stubs, unique: Callable[[str], str]
 ) -> None:

@@ -474,6 +474,7 @@ class Sidecar:
                     DispatchService(reader, resolver, executor, blocking),
                     blocking,
                     limit,
+                    inline_result_bytes=self.settings.inline_result_bytes,
                     grep_threads=self.settings.worker_threads // 2,
                     cpu=Blocking(self._cpu_executor),
                 ),

@@ -497,7 +497,7 @@ def fitted(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
     if size <= max_bytes:
         return outcome
     note = (
-        f"[This tool result is {size} bytes of JSON, more than one response carries. It is "
+        f"[This tool result is {size} bytes of JSON, more than a tool-call response carries. It is "
         f"stored in full: read it in pages with read_tool_output (handle {outcome.handle}).]"
     )
     view = {
