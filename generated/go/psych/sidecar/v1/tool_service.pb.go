@@ -82,7 +82,10 @@ type ToolOutcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Whether the call failed, as the model should see it.
 	IsError bool `protobuf:"varint,1,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
-	// The result as MCP-spec CallToolResult JSON (UTF-8).
+	// The result as MCP-spec CallToolResult JSON (UTF-8). A result larger than the sidecar's
+	// inline_result_bytes (or than a response can carry) comes as an elided view instead: a
+	// text naming its size and handle, with _meta["psych.sidecar/elided"] = {result_json_bytes,
+	// handle}; the log keeps it whole (ReadToolOutput).
 	ResultJson []byte `protobuf:"bytes,2,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
 	// The sequence number of the tool-result record appended to the log.
 	Sequence int64 `protobuf:"varint,3,opt,name=sequence,proto3" json:"sequence,omitempty"`

@@ -60,7 +60,11 @@ class ToolOutcome(_message.Message):
     is_error: _builtins.bool
     """Whether the call failed, as the model should see it."""
     result_json: _builtins.bytes
-    """The result as MCP-spec CallToolResult JSON (UTF-8)."""
+    """The result as MCP-spec CallToolResult JSON (UTF-8). A result larger than the sidecar's
+    inline_result_bytes (or than a response can carry) comes as an elided view instead: a
+    text naming its size and handle, with _meta["psych.sidecar/elided"] = {result_json_bytes,
+    handle}; the log keeps it whole (ReadToolOutput).
+    """
     sequence: _builtins.int
     """The sequence number of the tool-result record appended to the log."""
     handle: _builtins.str

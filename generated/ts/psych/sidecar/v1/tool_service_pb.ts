@@ -33,7 +33,10 @@ export type ToolOutcome = Message<"psych.sidecar.v1.ToolOutcome"> & {
   isError: boolean;
 
   /**
-   * The result as MCP-spec CallToolResult JSON (UTF-8).
+   * The result as MCP-spec CallToolResult JSON (UTF-8). A result larger than the sidecar's
+   * inline_result_bytes (or than a response can carry) comes as an elided view instead: a
+   * text naming its size and handle, with _meta["psych.sidecar/elided"] = {result_json_bytes,
+   * handle}; the log keeps it whole (ReadToolOutput).
    *
    * @generated from field: bytes result_json = 2;
    */
