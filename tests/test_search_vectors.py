@@ -27,6 +27,7 @@ from psych.sidecar.v1 import (
     connection_pb2,
     connection_service_pb2,
     connection_service_pb2_grpc,
+    content_pb2,
     run_service_pb2,
     run_service_pb2_grpc,
     spec_pb2,
@@ -273,6 +274,73 @@ class _Client:
                 return response
             assert time.monotonic() < deadline, "the ranking stayed partial"
             time.sleep(0.05)
+
+
+def test_the_model_is_told_when_its_search_was_ranked_before_the_tools_were_indexed(
+    tmp_path: Any, unique: Any
+) -> None:
+    """mcp_search_tools, the model's search, says what SearchTools' `partial` says: here the
+    sentence model is held back from loading, so the ranking is keywords only until it is."""
+    loading = threading.Event()
+    running = RunningSidecar(_settings(f"sqlite:///{tmp_path / 'sidecar.db'}", tmp_path))
+    embeddings = running.sidecar._embeddings
+    assert embeddings is not None
+    load = embeddings._load_encoder
+
+    def held_load() -> Any:
+        assert loading.wait(SETTLE_SECONDS), "the test never let the model load"
+        return load()
+
+    embeddings._load_encoder = held_load
+    with running:
+        client = _Client(running)
+        tenant = unique("told")
+        spec = spec_pb2.Spec(
+            name=unique("spec"),
+            version=1,
+            grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")],
+        )
+        client.specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec))
+        run_id = client.runs.CreateRun(
+            run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec.name, spec_version=1)
+        ).run.run_id
+        client.connections.PutConnection(
+            connection_service_pb2.PutConnectionRequest(
+                connection=connection_pb2.Connection(
+                    tenant=tenant,
+                    name="big",
+                    stdio=connection_pb2.StdioTransport(command="fixture", args=["--tools", "250"]),
+                    preload=True,
+                )
+            )
+        )
+
+        def model_search(call_id: str) -> dict[str, Any]:
+            call = content_pb2.ToolCall(
+                call_id=call_id,
+                name="mcp_search_tools",
+                arguments_json=json.dumps({"query": "echo the text back"}),
+            )
+            outcome = client.tools.DispatchToolCall(
+                tool_service_pb2.DispatchToolCallRequest(run_id=run_id, call=call)
+            ).outcome
+            assert not outcome.is_error, outcome.result_json
+            found: dict[str, Any] = json.loads(outcome.result_json)["structuredContent"]
+            return found
+
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while not client.search(run_id, "echo").hits:  # listed: the search tier is there
+            assert time.monotonic() < deadline, "the fixture server was never listed"
+            time.sleep(0.05)
+        held = model_search("held")
+        assert held["results"]
+        assert "indexed" in held["note"]
+        loading.set()
+        client.fully_ranked(run_id, "echo the text back")
+        ready = model_search("ready")
+        assert "note" not in ready
+        assert ready["results"][0]["tool"] == "echo"
+        client.channel.close()
 
 
 @pytest.fixture

@@ -54,6 +54,12 @@ T = TypeVar("T")
 MAX_VALIDATION_ERRORS = 5
 SEARCH_RESULT_LIMIT = 10
 SEARCH_DESCRIPTION_CHARS = 300
+# What the model is told when its search was ranked before every tool was indexed (the host's
+# SearchTools says the same with `partial`).
+PARTIAL_RANKING_NOTE = (
+    "Ranked while tool descriptions are still being indexed: some tools matched by keywords "
+    "only. Searching again shortly may rank better."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,22 +418,22 @@ class ToolExecutor:
             return tool_error("Pass the keywords, or a tool's exact name, as `query`.")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
             return tool_error("`limit` must be an integer from 1 to 50.")
-        hits = await self._cpu(resolved.search, query, limit)
-        return _structured(
-            {
-                "query": query,
-                "results": [
-                    {
-                        "name": naming.tool_name(hit.server, hit.tool.name),
-                        "server": hit.server,
-                        "tool": hit.tool.name,
-                        "description": one_line(hit.tool.description, SEARCH_DESCRIPTION_CHARS),
-                    }
-                    for hit in hits
-                ],
-            },
-            route.name,
-        )
+        hits, partial = await self._cpu(resolved.ranked_search, query, limit)
+        found: dict[str, Any] = {
+            "query": query,
+            "results": [
+                {
+                    "name": naming.tool_name(hit.server, hit.tool.name),
+                    "server": hit.server,
+                    "tool": hit.tool.name,
+                    "description": one_line(hit.tool.description, SEARCH_DESCRIPTION_CHARS),
+                }
+                for hit in hits
+            ],
+        }
+        if partial:
+            found["note"] = PARTIAL_RANKING_NOTE
+        return _structured(found, route.name)
 
     # The one path to an MCP tool
 

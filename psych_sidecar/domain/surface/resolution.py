@@ -188,9 +188,6 @@ class ResolvedTurn:
                 )
         return SearchIndex(documents, self.embeddings), entries
 
-    def search(self, query: str, limit: int) -> list[SearchResult]:
-        return self.ranked_search(query, limit)[0]
-
     def ranked_search(self, query: str, limit: int) -> tuple[list[SearchResult], bool]:
         """The hits, and whether the ranking was partial (some tools' vectors, or the model
         for the query, not ready yet: those were ranked by keywords). Never encodes a tool."""
