@@ -51,16 +51,19 @@ def _chunks(values: Sequence[Any]) -> Iterator[Sequence[Any]]:
         yield values[start : start + _CHUNK]
 
 
+def _turn_start_sql(marker: str) -> str:
+    """The turn start's query (the Run's last user message), with the driver's parameter
+    marker: run by the pooled reader and by SQLite's non-waiting one."""
+    return f"SELECT MAX(sequence) FROM records WHERE run_id = {marker} AND kind = {marker}"
+
+
 class SqlLogReader:
     """Implements the domain's LogReader over SQLAlchemy Core."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._sqlite = engine.dialect.name == "sqlite"
-        self._turn_start_sql = (
-            "SELECT MAX(sequence) FROM records "
-            f"WHERE run_id = {placeholder(engine)} AND kind = {placeholder(engine)}"
-        )
+        self._turn_start_sql = _turn_start_sql(placeholder(engine))
 
     def record_skeletons(self, run_id: str) -> list[RecordSkeleton]:
         r = tables.records
@@ -246,7 +249,7 @@ class SqliteTurnStartsNow:
             raise ValueError("a SQLite file's engine is needed")
         path = Path(engine.url.database).resolve()
         self._uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
-        self._sql = "SELECT MAX(sequence) FROM records WHERE run_id = ? AND kind = ?"
+        self._sql = _turn_start_sql("?")
         self._user_message = RecordKind.USER_MESSAGE.value
         self._connection: sqlite3.Connection | None = None
         self._lock = threading.Lock()
