@@ -114,7 +114,7 @@ def open_read_only(
         path = Path(url.database).resolve()
         if not path.is_file():
             raise DatabaseRefused(f"no SQLite database at {path} (it is not created)")
-        uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
+        uri = sqlite_read_only_uri(path)
 
         def connect() -> sqlite3.Connection:
             return sqlite3.connect(
@@ -139,6 +139,11 @@ def open_read_only(
         engine.dispose()
         raise
     return engine
+
+
+def sqlite_read_only_uri(database: str | Path) -> str:
+    """The URI that opens a SQLite file read-only (``mode=ro``): it never creates the file."""
+    return f"file:{urllib.parse.quote(str(Path(database).resolve()))}?mode=ro"
 
 
 def expected_revision() -> str | None:

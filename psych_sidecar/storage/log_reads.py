@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import urllib.parse
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
@@ -40,7 +38,13 @@ from psych_sidecar.domain.runlog import (
     ToolCall,
 )
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import SQLITE_MMAP_BYTES, placeholder, plain_select, transaction
+from psych_sidecar.storage.db import (
+    SQLITE_MMAP_BYTES,
+    placeholder,
+    plain_select,
+    sqlite_read_only_uri,
+    transaction,
+)
 
 # Bound the number of bound parameters per statement (SQLite allows 32766).
 _CHUNK = 500
@@ -247,8 +251,7 @@ class SqliteTurnStartsNow:
     def __init__(self, engine: Engine) -> None:
         if engine.dialect.name != "sqlite" or not engine.url.database:
             raise ValueError("a SQLite file's engine is needed")
-        path = Path(engine.url.database).resolve()
-        self._uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
+        self._uri = sqlite_read_only_uri(engine.url.database)
         self._sql = _turn_start_sql("?")
         self._user_message = RecordKind.USER_MESSAGE.value
         self._connection: sqlite3.Connection | None = None
