@@ -7,8 +7,9 @@ connection holding the database in exclusive locking mode.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,19 +37,26 @@ from tests.helpers import user
 from tests.mcp_helpers import free_port
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[RunningSidecar, grpc.Channel, Path]]:
-    path = tmp_path / "sidecar.db"
+@contextlib.contextmanager
+def _serving(path: Path, data_dir: Path) -> Iterator[tuple[RunningSidecar, grpc.Channel]]:
+    """A sidecar on the SQLite file at `path`, and a channel to it."""
     settings = Settings(
         listen=["127.0.0.1:0"],
         database_url=f"sqlite:///{path}",
-        data_dir=tmp_path,
+        data_dir=data_dir,
         shutdown_grace_seconds=5,
     )
     with (
         RunningSidecar(settings) as running,
         grpc.insecure_channel(running.sidecar.bound[0]) as channel,
     ):
+        yield running, channel
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[RunningSidecar, grpc.Channel, Path]]:
+    path = tmp_path / "sidecar.db"
+    with _serving(path, tmp_path) as (running, channel):
         yield running, channel, path
 
 
@@ -59,12 +67,17 @@ def engine(served: tuple[RunningSidecar, grpc.Channel, Path]) -> Iterator[Engine
     created.dispose()
 
 
-def _new_run(channel: grpc.Channel, unique: Any) -> str:
-    spec = spec_pb2.Spec(name=unique("spec"), version=1)
+def _new_run(
+    channel: grpc.Channel,
+    unique: Any,
+    tenant: str = "t",
+    grants: Sequence[spec_pb2.ToolGrant] = (),
+) -> str:
+    spec = spec_pb2.Spec(name=unique("spec"), version=1, grants=grants)
     spec_service_pb2_grpc.SpecServiceStub(channel).PublishSpec(
         spec_service_pb2.PublishSpecRequest(spec=spec)
     )
-    request = run_service_pb2.CreateRunRequest(tenant="t", spec_name=spec.name, spec_version=1)
+    request = run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec.name, spec_version=1)
     return run_service_pb2_grpc.RunServiceStub(channel).CreateRun(request).run.run_id
 
 
@@ -98,16 +111,7 @@ def test_it_answers_what_the_pooled_reader_answers_and_sees_each_commit_at_once(
 
 def test_it_says_none_rather_than_wait_for_a_lock(tmp_path: Path, unique: Any) -> None:
     path = tmp_path / "sidecar.db"
-    settings = Settings(
-        listen=["127.0.0.1:0"],
-        database_url=f"sqlite:///{path}",
-        data_dir=tmp_path,
-        shutdown_grace_seconds=5,
-    )
-    with (
-        RunningSidecar(settings) as running,
-        grpc.insecure_channel(running.sidecar.bound[0]) as channel,
-    ):
+    with _serving(path, tmp_path) as (_, channel):
         run_id = _new_run(channel, unique)
         _say(channel, run_id, "hello")
     engine = create_database_engine(f"sqlite:///{path}", pool_size=1)
@@ -136,17 +140,7 @@ def test_resolve_turn_answers_a_new_turn_written_by_another_sidecar_on_the_same_
     starts the next turn; the first must see it (its loop read is not a cache)."""
     _, channel, path = served
     grants = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
-    spec = spec_pb2.Spec(name=unique("spec"), version=1, grants=grants)
-    spec_service_pb2_grpc.SpecServiceStub(channel).PublishSpec(
-        spec_service_pb2.PublishSpecRequest(spec=spec)
-    )
-    run_id = (
-        run_service_pb2_grpc.RunServiceStub(channel)
-        .CreateRun(
-            run_service_pb2.CreateRunRequest(tenant="t2", spec_name=spec.name, spec_version=1)
-        )
-        .run.run_id
-    )
+    run_id = _new_run(channel, unique, tenant="t2", grants=grants)
     turns = turn_service_pb2_grpc.TurnServiceStub(channel)
     request = turn_service_pb2.ResolveTurnRequest(run_id=run_id)
     _say(channel, run_id, "first")
@@ -154,16 +148,7 @@ def test_resolve_turn_answers_a_new_turn_written_by_another_sidecar_on_the_same_
     assert list(before.servers) == []
     assert turns.ResolveTurn(request).surface == before  # pinned: now answered on the loop
 
-    settings = Settings(
-        listen=["127.0.0.1:0"],
-        database_url=f"sqlite:///{path}",
-        data_dir=tmp_path / "second",
-        shutdown_grace_seconds=5,
-    )
-    with (
-        RunningSidecar(settings) as second,
-        grpc.insecure_channel(second.sidecar.bound[0]) as other,
-    ):
+    with _serving(path, tmp_path / "second") as (_, other):
         connection = connection_pb2.Connection(
             tenant="t2",
             name="late",
