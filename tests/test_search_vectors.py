@@ -259,6 +259,32 @@ class _Client:
         self.connections = connection_service_pb2_grpc.ConnectionServiceStub(self.channel)
         self.tools = tool_service_pb2_grpc.ToolServiceStub(self.channel)
 
+    def fixture_run(self, tenant: str, spec_name: str, tools: int, preload: bool) -> str:
+        """A Run of `tenant` that may use every tool, with the fixture server (`tools`
+        generated tools) connected as "gen"."""
+        spec = spec_pb2.Spec(
+            name=spec_name,
+            version=1,
+            grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")],
+        )
+        self.specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec))
+        run_id: str = self.runs.CreateRun(
+            run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec.name, spec_version=1)
+        ).run.run_id
+        self.connections.PutConnection(
+            connection_service_pb2.PutConnectionRequest(
+                connection=connection_pb2.Connection(
+                    tenant=tenant,
+                    name="gen",
+                    stdio=connection_pb2.StdioTransport(
+                        command="fixture", args=["--tools", str(tools)]
+                    ),
+                    preload=preload,
+                )
+            )
+        )
+        return run_id
+
     def search(self, run_id: str, query: str) -> tool_service_pb2.SearchToolsResponse:
         request = tool_service_pb2.SearchToolsRequest(run_id=run_id, query=query, page_size=5)
         response: tool_service_pb2.SearchToolsResponse = self.tools.SearchTools(request)
@@ -294,26 +320,7 @@ def test_the_model_is_told_when_its_search_was_ranked_before_the_tools_were_inde
     embeddings._load_encoder = held_load
     with running:
         client = _Client(running)
-        tenant = unique("told")
-        spec = spec_pb2.Spec(
-            name=unique("spec"),
-            version=1,
-            grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")],
-        )
-        client.specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec))
-        run_id = client.runs.CreateRun(
-            run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec.name, spec_version=1)
-        ).run.run_id
-        client.connections.PutConnection(
-            connection_service_pb2.PutConnectionRequest(
-                connection=connection_pb2.Connection(
-                    tenant=tenant,
-                    name="big",
-                    stdio=connection_pb2.StdioTransport(command="fixture", args=["--tools", "250"]),
-                    preload=True,
-                )
-            )
-        )
+        run_id = client.fixture_run(unique("told"), unique("spec"), tools=250, preload=True)
 
         def model_search(call_id: str) -> dict[str, Any]:
             call = content_pb2.ToolCall(
@@ -362,25 +369,7 @@ def test_a_second_sidecar_searches_without_encoding_anything(
     tenant = unique("shared")
     with RunningSidecar(_settings(database_url, tmp_path_factory.mktemp("a"))) as first:
         a = _Client(first)
-        spec = spec_pb2.Spec(
-            name=unique("spec"),
-            version=1,
-            grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")],
-        )
-        a.specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec))
-        run_id = a.runs.CreateRun(
-            run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec.name, spec_version=1)
-        ).run.run_id
-        a.connections.PutConnection(
-            connection_service_pb2.PutConnectionRequest(
-                connection=connection_pb2.Connection(
-                    tenant=tenant,
-                    name="gen",
-                    stdio=connection_pb2.StdioTransport(command="fixture", args=["--tools", "30"]),
-                    preload=False,
-                )
-            )
-        )
+        run_id = a.fixture_run(tenant, unique("spec"), tools=30, preload=False)
         hit = a.fully_ranked(run_id, "echo the text back").hits[0]
         counters = first.sidecar.search_counters
         assert counters is not None
