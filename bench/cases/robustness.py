@@ -119,7 +119,11 @@ def _call_request(run_id: str, call_id: str, tool: str, **arguments: Any) -> Any
 async def loop_stall_ratio(ctx: BenchContext) -> float:
     """Health-check p99 while 50 MB MCP tool results are received, converted and recorded,
     divided by the idle health-check p99 of the same sidecar in the same run. A sidecar that
-    converts results on its event loop answers health checks only between conversions."""
+    converts results on its event loop answers health checks only between conversions.
+
+    A second sidecar that does nothing (the control) is checked alternately with the first,
+    idle and under the same load: its ratio is what the machine alone does to a health check
+    while the MCP server writes, and the sidecar stores, 50 MB results on the same cores."""
     results = ctx.pick(full=4, quick=2)
     size = 50 * 1000 * 1000
     # Without tool search's model, which a sidecar starts loading in the background as it
@@ -127,20 +131,25 @@ async def loop_stall_ratio(ctx: BenchContext) -> float:
     quiet = [*_config(ctx.tmp_dir), "--semantic-search", "off"]
     async with (
         sidecar(ctx.tmp_dir, extra_args=quiet) as server,
+        sidecar(ctx.tmp_dir, extra_args=quiet, name="control") as control,
         channel(server.target) as ch,
+        channel(control.target) as control_ch,
     ):
         (run_id,) = await _setup(ch, runs=1, tools=0)
-        health = health_pb2_grpc.HealthStub(ch)
+        stubs = (health_pb2_grpc.HealthStub(ch), health_pb2_grpc.HealthStub(control_ch))
 
-        async def check() -> float:
-            start = time.perf_counter()
-            await health.Check(health_pb2.HealthCheckRequest(), timeout=30)
-            return time.perf_counter() - start
+        async def check_both(into: tuple[list[float], list[float]]) -> None:
+            for stub, times in zip(stubs, into, strict=True):
+                start = time.perf_counter()
+                await stub.Check(health_pb2.HealthCheckRequest(), timeout=30)
+                times.append(time.perf_counter() - start)
 
         for _ in range(50):  # warm-up
-            await check()
-        idle = [await check() for _ in range(ctx.pick(full=600, quick=300))]
-        loaded: list[float] = []
+            await check_both(([], []))
+        idle: tuple[list[float], list[float]] = ([], [])
+        for _ in range(ctx.pick(full=600, quick=300)):
+            await check_both(idle)
+        loaded: tuple[list[float], list[float]] = ([], [])
         # The results are fetched by another process: receiving 50 MB responses in this one
         # would stall the loop that times the health checks, not the sidecar's.
         lander = await asyncio.create_subprocess_exec(
@@ -155,23 +164,34 @@ async def loop_stall_ratio(ctx: BenchContext) -> float:
         )
         waiting = asyncio.create_task(lander.wait())
         while not waiting.done():
-            loaded.append(await check())
+            await check_both(loaded)
             await asyncio.sleep(0.005)
         if await waiting != 0:
             raise RuntimeError("the process landing the 50 MB results failed")
-        idle_p99, loaded_p99 = _percentile(idle, 0.99), _percentile(loaded, 0.99)
+        ratio, figures = _stall_figures(idle[0], loaded[0])
+        control_ratio, control_figures = _stall_figures(idle[1], loaded[1])
         ctx.details.update(
-            idle_p50_ms=round(_percentile(idle, 0.5) * 1000, 2),
-            idle_p99_ms=round(idle_p99 * 1000, 2),
-            loaded_p50_ms=round(_percentile(loaded, 0.5) * 1000, 2),
-            loaded_p99_ms=round(loaded_p99 * 1000, 2),
-            loaded_max_ms=round(max(loaded) * 1000, 2),
-            loaded_checks=len(loaded),
+            figures,
+            loaded_checks=len(loaded[0]),
             results=results,
             result_bytes=size,
             peak_rss_mib=round(_peak_rss_mib(server.process.pid), 1),
+            control_ratio=round(control_ratio, 2),
+            **{f"control_{name}": value for name, value in control_figures.items()},
         )
-        return loaded_p99 / idle_p99
+        return ratio
+
+
+def _stall_figures(idle: list[float], loaded: list[float]) -> tuple[float, dict[str, float]]:
+    """Loaded p99 ÷ idle p99, and the percentiles behind it in milliseconds."""
+    idle_p99, loaded_p99 = _percentile(idle, 0.99), _percentile(loaded, 0.99)
+    return loaded_p99 / idle_p99, {
+        "idle_p50_ms": round(_percentile(idle, 0.5) * 1000, 2),
+        "idle_p99_ms": round(idle_p99 * 1000, 2),
+        "loaded_p50_ms": round(_percentile(loaded, 0.5) * 1000, 2),
+        "loaded_p99_ms": round(loaded_p99 * 1000, 2),
+        "loaded_max_ms": round(max(loaded) * 1000, 2),
+    }
 
 
 @case("load_mixed_32_clients", unit="errors", target="<= 0")
