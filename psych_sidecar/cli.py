@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import logging
 import sys
@@ -19,7 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import ValidationError
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from psych_sidecar import __version__, inspect
+from psych_sidecar import __version__, heap, inspect
 from psych_sidecar.config import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,
@@ -175,36 +174,6 @@ def _begin_search_model_load() -> None:
     threading.Thread(target=load, name="search-model-preload", daemon=True).start()
 
 
-# glibc's mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
-
-
-def _reuse_large_buffers(limit: int) -> bool:
-    """Have glibc's malloc keep freed blocks up to `limit` bytes for reuse (its mmap and trim
-    thresholds; by default a block over 32 MiB is mapped fresh and unmapped when freed), in
-    one arena, so whichever thread allocates next reuses them rather than each thread keeping
-    its own. A tool result of 50 MB is copied several times on its way to the log, each copy
-    with the GIL held: into pages fresh from the kernel (faulted in one by one) a copy took
-    ~19 ms, into reused ones ~2 ms. Called before any thread starts. False where there is
-    nothing to tune (not glibc, or 0)."""
-    if limit == 0 or not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # musl, or no C library by that name
-        return False
-    return all(
-        mallopt(parameter, value)
-        for parameter, value in (
-            (_M_ARENA_MAX, 1),
-            (_M_MMAP_THRESHOLD, limit),
-            (_M_TRIM_THRESHOLD, limit),
-        )
-    )
-
-
 def _migrate(settings: Settings) -> None:
     from psych_sidecar.storage.db import create_database_engine, current_revision, migrate
 
@@ -280,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     # Alembic narrates every plugin it loads at INFO; migrations still log their upgrades.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     if arguments.command == "serve":
-        _reuse_large_buffers(settings.large_buffer_reuse_bytes)
+        heap.reuse_large_blocks(settings.large_buffer_reuse_bytes)
         if settings.semantic_search != "off":
             _begin_search_model_load()
     from psych_sidecar.api.server import StartupError, serve

@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
-from psych_sidecar import __version__, cli
+from psych_sidecar import __version__, cli, heap
 from psych_sidecar.config import ENV_PREFIX, Settings, load_settings, parse_listen_address
 from tests.mcp_helpers import free_port
 from tests.test_storage import HEAD_REVISION
@@ -486,5 +486,5 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
 def test_serve_tunes_glibc_malloc_to_reuse_large_buffers() -> None:
     # This machine's C library is glibc (Debian); a value of 0 leaves malloc alone.
     assert os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
-    assert cli._reuse_large_buffers(Settings().large_buffer_reuse_bytes) is True
-    assert cli._reuse_large_buffers(0) is False
+    assert heap.reuse_large_blocks(Settings().large_buffer_reuse_bytes) is True
+    assert heap.reuse_large_blocks(0) is False

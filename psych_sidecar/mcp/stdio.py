@@ -13,7 +13,8 @@ SDK's own helpers, and replaces the read side only:
   not take the sidecar's memory. A longer line ends the connection (its pending calls fail
   with CONNECTION_CLOSED, the session reconnects) after a transport error naming the limit;
 - a large line is parsed and validated on a worker thread, small ones inline (a thread hop
-  costs more than parsing a few KiB);
+  costs more than parsing a few KiB), after a block its size is left in malloc's keeping with
+  its pages in memory (`heap.leave_touched_block`), for the parse's strings;
 - a line that is not JSON-RPC is what the SDK makes of it: the validation error is delivered
   to the session (which logs it) and the reading goes on.
 """
@@ -41,6 +42,8 @@ from mcp.client.stdio import (
     get_default_environment,
 )
 from mcp.shared.message import SessionMessage
+
+from psych_sidecar import heap
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,10 @@ def parse_line(line: bytes) -> Item:
 
 def _parse_pieces(pieces: list[bytes]) -> Item:
     # A bytes join of megabytes releases the GIL while it copies.
-    return parse_line(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+    line = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    # The parse holds the GIL throughout: its strings go into pages already in memory.
+    heap.leave_touched_block(line)
+    return parse_line(line)
 
 
 async def _parse(pieces: list[bytes], size: int) -> Item:
