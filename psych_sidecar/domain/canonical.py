@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "SLICE_CHARS",
     "JsonTooDeep",
     "bounded_loads",
     "canonical_json",

@@ -9,7 +9,12 @@ from typing import Any
 import mcp_types as types
 from pydantic import BaseModel
 
-from psych_sidecar.domain.canonical import canonical_json, canonical_json_sliced
+from psych_sidecar.domain.canonical import (
+    SLICE_CHARS,
+    canonical_json,
+    canonical_json_sliced,
+    offer_gil,
+)
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind
 
@@ -22,11 +27,30 @@ def _dump(model: BaseModel) -> Any:
 
 def _binary(data: str, mime_type: str | None, block: Any) -> ContentPart:
     try:
-        decoded = base64.b64decode(data, validate=True)
+        decoded = b64decode_sliced(data)
     except (binascii.Error, ValueError):
         # Not base64 after all: keep exactly what the server sent, as JSON.
-        return ContentPart(PartKind.JSON, canonical_json(_dump(block)))
+        return ContentPart(PartKind.JSON, canonical_json_sliced(_dump(block)))
     return ContentPart(PartKind.BINARY, decoded, mime_type or DEFAULT_BINARY_MIME_TYPE)
+
+
+def b64decode_sliced(data: str) -> bytes:
+    """`base64.b64decode(data, validate=True)`: the same bytes, and the same data refused
+    (binascii.Error or ValueError), decoded SLICE_CHARS characters at a time with the GIL
+    offered between slices. One call over a 50 MB image or blob held the GIL ~145 ms, and
+    the event loop with it; a slice takes under a millisecond. Every slice but the last is
+    a whole number of 4-character groups, so it decodes alone to exactly its share of the
+    bytes; padding anywhere but in the last slice is refused, as it is in the whole."""
+    if len(data) <= SLICE_CHARS:
+        return base64.b64decode(data, validate=True)
+    pieces = []
+    for start in range(0, len(data), SLICE_CHARS):
+        piece = data[start : start + SLICE_CHARS]
+        if "=" in piece and start + SLICE_CHARS < len(data):
+            raise binascii.Error("base64 padding before the end of the data")
+        pieces.append(base64.b64decode(piece, validate=True))
+        offer_gil()
+    return b"".join(pieces)
 
 
 def content_part(block: Any) -> ContentPart:

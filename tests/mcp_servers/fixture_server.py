@@ -11,7 +11,8 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
 - a paginated tools/list (`--tools` generated tools `bulk_000`…, `--page-size` per page);
 - `add_tool` / `remove_tool`, which change the listing at runtime and announce it with
   notifications/tools/list_changed in either era (unless `notify` is false);
-- results of every content kind: `huge_text` (any size), `image`, `audio`, `blob`,
+- results of every content kind: `huge_text` (any size), `image`, `audio`, `blob` (optional
+  `size` in bytes),
   `resource_text`, `resource_link`, `structured` (optional `size`, `text: false` for
   no text block, `image: true` for an image block);
 - failures: `fail` (a plain exception: is_error with the message withheld), `tool_error`
@@ -44,6 +45,13 @@ BLOB_BYTES = bytes(range(256))
 WAV_BYTES = b"RIFF\x24\x00\x00\x00WAVEfmt "
 
 _OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def _blob_bytes(size: int | None) -> bytes:
+    """BLOB_BYTES, or `size` bytes of it repeated."""
+    if size is None:
+        return BLOB_BYTES
+    return (BLOB_BYTES * (int(size) // len(BLOB_BYTES) + 1))[: int(size)]
 
 
 def _schema(**properties: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +102,12 @@ FIXED_TOOLS = [
     types.Tool(name="image", description="Returns a PNG image.", input_schema=_OBJECT),
     types.Tool(name="audio", description="Returns WAV audio.", input_schema=_OBJECT),
     types.Tool(
-        name="blob", description="Returns an embedded binary resource.", input_schema=_OBJECT
+        name="blob",
+        description="Returns an embedded binary resource (of `size` bytes when given).",
+        input_schema={
+            "type": "object",
+            "properties": {"size": {"type": "integer", "minimum": 0}},
+        },
     ),
     types.Tool(
         name="resource_text", description="Returns an embedded text resource.", input_schema=_OBJECT
@@ -188,7 +201,7 @@ def build_server(tool_count: int, page_size: int, listen: bool = True) -> Server
                 resource = types.BlobResourceContents(
                     uri="file:///blob.bin",
                     mime_type="application/octet-stream",
-                    blob=base64.b64encode(BLOB_BYTES).decode(),
+                    blob=base64.b64encode(_blob_bytes(arguments.get("size"))).decode(),
                 )
                 return types.CallToolResult(
                     content=[types.EmbeddedResource(type="resource", resource=resource)]
