@@ -3,6 +3,7 @@ the same bytes, whatever the slice boundaries cut through."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -10,7 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from psych_sidecar.domain import canonical
-from psych_sidecar.domain.canonical import canonical_json, canonical_json_sliced, utf8_sliced
+from psych_sidecar.domain.canonical import (
+    b64encode_sliced,
+    canonical_json,
+    canonical_json_sliced,
+    utf8_sliced,
+)
 
 # Small slices, so that short generated strings are "long" and every boundary is exercised.
 SLICE = 7
@@ -38,6 +44,12 @@ def test_sliced_is_byte_for_byte_canonical(value: Any) -> None:
 @given(st.text())
 def test_utf8_sliced_is_encode(text: str) -> None:
     assert utf8_sliced(text) == text.encode()
+
+
+@given(st.binary(max_size=60))
+def test_b64encode_sliced_is_b64encode(raw: bytes) -> None:
+    # SLICE characters of base64 are 3 whole bytes a slice.
+    assert b64encode_sliced(raw) == base64.b64encode(raw).decode()
 
 
 def test_a_result_with_long_texts_escapes_across_slice_boundaries() -> None:

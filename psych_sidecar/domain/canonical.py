@@ -14,6 +14,7 @@ NaN/Infinity refused: they are not JSON, and a provider rejects a body holding t
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import time
@@ -24,6 +25,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "SLICE_CHARS",
     "JsonTooDeep",
+    "b64encode_sliced",
     "bounded_loads",
     "canonical_json",
     "canonical_json_sliced",
@@ -67,6 +69,22 @@ def utf8_sliced(text: str) -> bytes:
     if len(text) <= SLICE_CHARS:
         return text.encode()
     return b"".join(piece.encode() for piece in _slices(text))
+
+
+def b64encode_sliced(data: bytes) -> str:
+    """`base64.b64encode(data).decode()`, a slice at a time when it is long: one call over a
+    37.5 MB image held the GIL ~60 ms to encode and ~30 ms to make the string. Every slice
+    but the last is a whole number of 3-byte groups, so the pieces join to the whole's
+    encoding; only their final join (a copy) is one call."""
+    step = SLICE_CHARS // 4 * 3
+    if len(data) <= step:
+        return base64.b64encode(data).decode()
+    view = memoryview(data)
+    pieces = []
+    for start in range(0, len(data), step):
+        pieces.append(base64.b64encode(view[start : start + step]).decode())
+        offer_gil()
+    return "".join(pieces)
 
 
 def canonical_json_sliced(value: Any) -> bytes:

@@ -21,12 +21,11 @@ shown as text, so the request stays valid.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from psych_sidecar.domain.canonical import bounded_loads, canonical_json
+from psych_sidecar.domain.canonical import b64encode_sliced, bounded_loads, canonical_json
 from psych_sidecar.domain.prompt.zones import (
     Prompt,
     PromptMessage,
@@ -93,7 +92,7 @@ def _anthropic_content(part: ContentPart) -> dict[str, Any] | None:
     if part.kind is not PartKind.BINARY:
         text = part.as_text()
         return {"type": "text", "text": text} if text else None
-    data = base64.b64encode(part.data).decode()
+    data = b64encode_sliced(part.data)
     if part.mime_type in IMAGE_TYPES:
         source = {"type": "base64", "media_type": part.mime_type, "data": data}
         return {"type": "image", "source": source}
@@ -221,7 +220,7 @@ def _openai_content(part: ContentPart) -> dict[str, Any] | None:
         text = part.as_text()
         return {"type": "text", "text": text} if text else None
     if part.mime_type in IMAGE_TYPES:
-        url = f"data:{part.mime_type};base64,{base64.b64encode(part.data).decode()}"
+        url = f"data:{part.mime_type};base64,{b64encode_sliced(part.data)}"
         return {"type": "image_url", "image_url": {"url": url}}
     return {"type": "text", "text": binary_marker(part.mime_type, len(part.data))}
 

@@ -16,7 +16,6 @@ writes them (documented in docs/prompt.md), no whitespace, UTF-8, non-ASCII unes
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from psych_sidecar.domain.canonical import canonical_json
+from psych_sidecar.domain.canonical import b64encode_sliced, canonical_json
 from psych_sidecar.domain.runlog import ContentPart, PartKind, RecordKind, Spec, ToolCall
 from psych_sidecar.domain.surface import ExposedTool, ServerLine, ToolSurface
 
@@ -209,7 +208,7 @@ def content_json(part: ContentPart) -> dict[str, Any]:
         return {"text": part.as_text()}
     if part.kind is PartKind.JSON:
         return {"json": part.as_text()}
-    data = base64.b64encode(part.data).decode()
+    data = b64encode_sliced(part.data)
     return {"binary": {"mime_type": part.mime_type, "data": data}}
 
 

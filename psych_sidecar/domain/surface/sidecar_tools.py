@@ -7,10 +7,9 @@ whitespace) and the order of tools is by name.
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
-from psych_sidecar.domain.canonical import canonical_json
+from psych_sidecar.domain.canonical import b64encode_sliced, canonical_json
 from psych_sidecar.domain.runlog import ContentPart, PartKind, Spec
 from psych_sidecar.domain.surface.tiers import ExposedKind, ExposedTool, canonical_schema
 
@@ -114,7 +113,7 @@ def mcp_result_json(
         if part.kind is not PartKind.BINARY:
             blocks.append({"type": "text", "text": part.as_text()})
             continue
-        data = base64.b64encode(part.data).decode()
+        data = b64encode_sliced(part.data)
         if part.mime_type.startswith("image/"):
             blocks.append({"type": "image", "data": data, "mimeType": part.mime_type})
         elif part.mime_type.startswith("audio/"):
