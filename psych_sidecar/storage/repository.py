@@ -15,9 +15,11 @@ from sqlalchemy import (
     Row,
     Table,
     and_,
+    case,
     func,
     insert,
     literal_column,
+    null,
     or_,
     select,
     text,
@@ -204,7 +206,7 @@ class SqlStore:
         requests, records = tables.append_requests, tables.records
         with transaction(self._engine, write=False) as conn:
             row = conn.execute(
-                select(requests.c.result, requests.c.call_result_json).where(
+                select(requests.c.result, *_blob_read(conn, requests.c.call_result_json)).where(
                     requests.c.run_id == run_id,
                     requests.c.request_id == request_id,
                     requests.c.call_result_json.is_not(None),
@@ -218,7 +220,8 @@ class SqlStore:
                     records.c.run_id == run_id, records.c.sequence == sequence
                 )
             ).scalar_one()
-        return RecordedCall(sequence, handle, bool(is_error), bytes(row.call_result_json))
+            result_json = _blob_value(conn, requests.c.call_result_json, row)
+        return RecordedCall(sequence, handle, bool(is_error), result_json)
 
     def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
         pins = tables.turn_surfaces
@@ -335,15 +338,21 @@ class SqlStore:
                 return [], False
             content: dict[int, list[ContentPart]] = {row.sequence: [] for row in rows}
             for part in conn.execute(
-                select(parts.c.sequence, parts.c.kind, parts.c.mime_type, parts.c.data)
+                select(
+                    parts.c.sequence,
+                    parts.c.kind,
+                    parts.c.mime_type,
+                    *_blob_read(conn, parts.c.data),
+                )
                 .where(
                     parts.c.run_id == run_id,
                     parts.c.sequence.in_([row.sequence for row in rows]),
                 )
                 .order_by(parts.c.sequence, parts.c.part_index)
-            ):
+            ).all():
+                data = _blob_value(conn, parts.c.data, part)
                 content[part.sequence].append(
-                    ContentPart(PartKind(part.kind), bytes(part.data), part.mime_type)
+                    ContentPart(PartKind(part.kind), data, part.mime_type)
                 )
         return [
             StoredRecord(
@@ -486,6 +495,35 @@ def _stream_blob_postgresql(
     incoming: ColumnElement[bytes] = literal_column(f"(SELECT value FROM {_INCOMING})")
     conn.execute(update(column.table).where(*where).values({column.name: incoming}))
     conn.execute(text(f"DELETE FROM {_INCOMING}"))
+
+
+def _blob_read(conn: Connection, column: Column[bytes]) -> list[ColumnElement[Any]]:
+    """The columns that read `column` as `value`. On SQLite a value over a MiB is not read
+    with the row: fetching it copies it whole with the GIL held (~27 ms for 50 MB). Its row
+    gives its size and rowid instead, and `_blob_value` reads it through a blob handle, a MiB
+    per call. (On PostgreSQL the bytea loader slices it, storage/db.py.)"""
+    if conn.dialect.name != "sqlite":
+        return [column.label("value")]
+    size = func.length(column)
+    return [
+        case((size > _STREAMED_BLOB_BYTES, null()), else_=column).label("value"),
+        size.label("size"),
+        literal_column(f"{column.table.name}.rowid").label("rowid"),
+    ]
+
+
+def _blob_value(conn: Connection, column: Column[bytes], row: Row[Any]) -> bytes:
+    """The value a row selected with `_blob_read` holds, read now if it was left out."""
+    if row.value is not None:
+        return bytes(row.value)
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    table = column.table
+    pieces = []
+    with driver.blobopen(table.name, column.name, row.rowid, readonly=True) as blob:
+        for _ in range(0, row.size, _STREAMED_BLOB_BYTES):
+            pieces.append(blob.read(_STREAMED_BLOB_BYTES))
+    return b"".join(pieces)
 
 
 # Text longer than this is counted a slice at a time, the GIL offered between slices.
