@@ -11,16 +11,19 @@ import stat
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy import create_engine, make_url, text
 
 from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
 from psych_sidecar import __version__, cli, heap
 from psych_sidecar.config import ENV_PREFIX, Settings, load_settings, parse_listen_address
+from tests.conftest import postgres_admin_url, postgres_database
 from tests.mcp_helpers import free_port
 from tests.test_storage import HEAD_REVISION
 
@@ -466,6 +469,31 @@ def test_an_unreachable_database_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert migrate.returncode == 1
     assert "Traceback" not in migrate.stderr
     assert len(migrate.stderr.strip().splitlines()) == 1, migrate.stderr
+
+
+def test_a_postgresql_role_without_temporary_tables_is_refused_at_start(tmp_path: Path) -> None:
+    # Values over 1 MiB are written through a temporary table (storage/repository.py): a role
+    # that may not create one is told at start, not by the first large tool result.
+    role = "r_" + uuid.uuid4().hex[:10]
+    admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")
+    try:
+        with postgres_database() as url:
+            database = make_url(url).database
+            with admin.connect() as connection:
+                connection.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+                connection.execute(text(f'ALTER DATABASE "{database}" OWNER TO "{role}"'))
+                connection.execute(
+                    text(f'REVOKE TEMPORARY ON DATABASE "{database}" FROM PUBLIC, "{role}"')
+                )
+            as_role = make_url(url).set(username=role).render_as_string(hide_password=False)
+            process = _serve("--database-url", as_role, "--data-dir", str(tmp_path))
+            line = _failure(process, only_line=False)
+            assert "may not create temporary tables" in line
+            assert "GRANT TEMPORARY" in line
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        admin.dispose()
 
 
 def test_bad_configuration_is_one_line(tmp_path: Path) -> None:

@@ -58,7 +58,12 @@ from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.search import EmbeddingCounters
 from psych_sidecar.search.encoder import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
-from psych_sidecar.storage.db import create_database_engine, migrate
+from psych_sidecar.storage.db import (
+    DatabaseRefused,
+    check_writable_values,
+    create_database_engine,
+    migrate,
+)
 from psych_sidecar.storage.inspection import SqlRunDirectory
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqliteTurnStartsNow, SqlLogReader
@@ -495,8 +500,13 @@ class Sidecar:
             self._owns_tracer_provider = True
         if self._tracer_provider is not None:
             tracing.install(self._tracer_provider)
+        loop = asyncio.get_running_loop()
         if self.settings.migrate_on_start:
-            await asyncio.get_running_loop().run_in_executor(self._executor, migrate, self._engine)
+            await loop.run_in_executor(self._executor, migrate, self._engine)
+        try:
+            await loop.run_in_executor(self._executor, check_writable_values, self._engine)
+        except DatabaseRefused as error:
+            raise StartupError(str(error)) from None
         await self.mcp.start()
         if self._embeddings is not None:
             # The model loads in the background from the start (`serve` began it beside the

@@ -180,6 +180,26 @@ def check_revision(engine: Engine) -> None:
         )
 
 
+def check_writable_values(engine: Engine) -> None:
+    """Raise :class:`DatabaseRefused` when the sidecar could not store a large value: on
+    PostgreSQL, values over 1 MiB are written through a temporary table (storage/repository.py)
+    and need the TEMPORARY privilege on the database (PostgreSQL grants it to every role unless
+    it was revoked). Found at start, not by the first large tool result."""
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.connect() as connection:
+        allowed = connection.execute(
+            text("SELECT has_database_privilege(current_database(), 'TEMPORARY')")
+        ).scalar_one()
+    if not allowed:
+        where = engine.url.render_as_string(hide_password=True)
+        raise DatabaseRefused(
+            f"the PostgreSQL role of {where} may not create temporary tables there (the "
+            "TEMPORARY privilege), which storing values over 1 MiB needs: GRANT TEMPORARY ON "
+            "DATABASE to it"
+        )
+
+
 # A bytea value arrives as text: "\x" and two hex digits a byte. psycopg's loader unescapes it
 # in one call that holds the GIL: ~100-118 ms for a 50 MB value (a retried call answered from
 # the log, a large part listed), every other thread, the event loop's included, waiting. Hex
