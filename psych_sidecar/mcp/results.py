@@ -13,7 +13,7 @@ from psych_sidecar.domain.canonical import (
     SLICE_CHARS,
     canonical_json,
     canonical_json_sliced,
-    offer_gil,
+    sliced,
 )
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind
@@ -44,12 +44,11 @@ def b64decode_sliced(data: str) -> bytes:
     if len(data) <= SLICE_CHARS:
         return base64.b64decode(data, validate=True)
     pieces = []
-    for start in range(0, len(data), SLICE_CHARS):
-        piece = data[start : start + SLICE_CHARS]
-        if "=" in piece and start + SLICE_CHARS < len(data):
+    last = (len(data) - 1) // SLICE_CHARS
+    for index, piece in enumerate(sliced(data, SLICE_CHARS)):
+        if "=" in piece and index < last:
             raise binascii.Error("base64 padding before the end of the data")
         pieces.append(base64.b64decode(piece, validate=True))
-        offer_gil()
     return b"".join(pieces)
 
 

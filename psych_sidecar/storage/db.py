@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
-from psych_sidecar.domain.canonical import offer_gil
+from psych_sidecar.domain.canonical import sliced
 from psych_sidecar.domain.errors import SidecarError, storage_unavailable
 from psych_sidecar.telemetry import metrics, tracing
 
@@ -218,11 +218,7 @@ class _SlicedByteaLoader(psycopg.adapt.Loader):
         if len(view) <= _SLICED_HEX_BYTES or bytes(view[:2]) != b"\\x":
             # libpq's unescaping takes bytes; psycopg hands a loader a memoryview.
             return self._escaping.unescape_bytea(bytes(view))
-        pieces = []
-        for start in range(2, len(view), _SLICED_HEX_BYTES):
-            pieces.append(binascii.unhexlify(view[start : start + _SLICED_HEX_BYTES]))
-            offer_gil()
-        return b"".join(pieces)
+        return b"".join(binascii.unhexlify(piece) for piece in sliced(view[2:], _SLICED_HEX_BYTES))
 
 
 def _configure_postgresql(engine: Engine) -> None:

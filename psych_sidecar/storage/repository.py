@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from psych_sidecar.domain.canonical import offer_gil
+from psych_sidecar.domain.canonical import sliced
 from psych_sidecar.domain.errors import Reason, SidecarError, run_not_found
 from psych_sidecar.domain.runlog import (
     AppendedRecord,
@@ -538,11 +538,9 @@ def _char_count(data: bytes) -> int:
     bytes less its continuation bytes: one scan of it held the GIL for milliseconds."""
     if len(data) <= _COUNTED_SLICE_BYTES:
         return len(data) if data.isascii() else len(data.decode())
-    view = memoryview(data)
     continuation = 0
-    for start in range(0, len(data), _COUNTED_SLICE_BYTES):
-        piece = view[start : start + _COUNTED_SLICE_BYTES].tobytes()
+    for view in sliced(memoryview(data), _COUNTED_SLICE_BYTES):
+        piece = view.tobytes()
         if not piece.isascii():
             continuation += len(piece) - len(piece.translate(None, _CONTINUATION_BYTES))
-        offer_gil()
     return len(data) - continuation
