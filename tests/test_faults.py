@@ -162,12 +162,14 @@ def test_a_retried_large_call_is_answered_from_the_log_byte_for_byte(
     assert read.text == "x" * 6
 
 
-def test_health_and_get_run_answer_while_a_large_result_lands(
-    grpc_server: RunningSidecar, stubs: Stubs, run_id: str
-) -> None:
+def call_while_answering(
+    grpc_server: RunningSidecar, stubs: Stubs, run_id: str, tool: str, call_id: str, size: int
+) -> tool_service_pb2.ToolOutcome:
+    """The outcome of `tool(size=size)`, called on another thread while health and GetRun are
+    checked, again and again, until it lands (at least once)."""
     outcomes: list[tool_service_pb2.ToolOutcome] = []
     landing = threading.Thread(
-        target=lambda: outcomes.append(call(stubs, run_id, "huge_text", "big", size=FIFTY_MB))
+        target=lambda: outcomes.append(call(stubs, run_id, tool, call_id, size=size))
     )
     landing.start()
     checks = 0
@@ -175,8 +177,15 @@ def test_health_and_get_run_answer_while_a_large_result_lands(
         answering(grpc_server, stubs, run_id)
         checks += 1
     landing.join()
-    (outcome,) = outcomes
     assert checks > 0
+    (outcome,) = outcomes
+    return outcome
+
+
+def test_health_and_get_run_answer_while_a_large_result_lands(
+    grpc_server: RunningSidecar, stubs: Stubs, run_id: str
+) -> None:
+    outcome = call_while_answering(grpc_server, stubs, run_id, "huge_text", "big", FIFTY_MB)
     assert stored_length(stubs, run_id, outcome.handle) == FIFTY_MB
 
 
@@ -186,19 +195,8 @@ def test_a_large_blob_is_stored_as_its_bytes_while_health_and_get_run_answer(
     # Its base64 (~21 MB here) is decoded in slices (mcp/results.py): one decode of 50 MB held
     # the GIL ~145 ms.
     size = 16 * MIB
-    outcomes: list[tool_service_pb2.ToolOutcome] = []
-    landing = threading.Thread(
-        target=lambda: outcomes.append(call(stubs, run_id, "blob", "big-blob", size=size))
-    )
-    landing.start()
-    checks = 0
-    while landing.is_alive():
-        answering(grpc_server, stubs, run_id)
-        checks += 1
-    landing.join()
-    (outcome,) = outcomes
+    outcome = call_while_answering(grpc_server, stubs, run_id, "blob", "big-blob", size)
     assert not outcome.is_error
-    assert checks > 0
     read = stubs.tools.ReadToolOutput(
         tool_service_pb2.ReadToolOutputRequest(
             run_id=run_id, handle=outcome.handle, offset=size - 300, limit=300
