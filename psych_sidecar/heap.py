@@ -60,7 +60,7 @@ def leave_touched_block(data: bytes) -> bool:
     take. The copy releases the GIL (a bytes join of megabytes); the parse that follows, which
     creates its strings holding the GIL, then writes into those pages instead of faulting in
     fresh ones: beside the first 50 MB result after a start, the worst health check fell from
-    34-35 ms to 10-14 ms. False (nothing done) for a block under a MiB, or one malloc would
+    30-41 ms to 10-14 ms. False (nothing done) for a block under a MiB, or one malloc would
     not keep."""
     if not _UNLOCKED_JOIN_BYTES <= len(data) <= _kept_bytes - _HEADER_ROOM:
         return False
