@@ -18,7 +18,8 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import ValidationError
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from psych_sidecar import __version__, heap, inspect
+from psych_sidecar import __version__, inspect
+from psych_sidecar.bulk import heap
 from psych_sidecar.config import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,

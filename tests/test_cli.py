@@ -21,7 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import create_engine, make_url, text
 
 from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
-from psych_sidecar import __version__, cli, heap
+from psych_sidecar import __version__, cli
+from psych_sidecar.bulk import heap
 from psych_sidecar.config import ENV_PREFIX, Settings, load_settings, parse_listen_address
 from tests.conftest import postgres_admin_url, postgres_database
 from tests.mcp_helpers import free_port

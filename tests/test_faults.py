@@ -192,7 +192,7 @@ def test_health_and_get_run_answer_while_a_large_result_lands(
 def test_a_large_blob_is_stored_as_its_bytes_while_health_and_get_run_answer(
     grpc_server: RunningSidecar, stubs: Stubs, run_id: str
 ) -> None:
-    # Its base64 (~21 MB here) is decoded in slices (mcp/results.py): one decode of 50 MB held
+    # Its base64 (~21 MB here) is decoded in slices (bulk/slices.py): one decode of 50 MB held
     # the GIL ~145 ms.
     size = 16 * MIB
     outcome = call_while_answering(grpc_server, stubs, run_id, "blob", "big-blob", size)

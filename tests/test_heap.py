@@ -14,7 +14,7 @@ import pytest
 # bytes) or without them (0).
 _PROBE = """
 import sys
-from psych_sidecar import heap
+from psych_sidecar.bulk import heap
 
 def resident() -> int:
     with open("/proc/self/statm") as statm:
@@ -50,6 +50,6 @@ def test_the_parse_after_it_writes_into_pages_already_in_memory() -> None:
 
 
 def test_a_small_or_unkept_block_is_not_touched() -> None:
-    from psych_sidecar import heap
+    from psych_sidecar.bulk import heap
 
     assert not heap.leave_touched_block(b"x" * 1000)

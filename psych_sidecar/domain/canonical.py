@@ -9,126 +9,28 @@ input schema, a Spec's stored content — is passed through :func:`sorted_keys` 
 servers (or two sidecars) spelling the same schema differently give the same bytes.
 
 No whitespace, UTF-8 (not ``\\u`` escapes: fewer bytes, and the estimator counts bytes), and
-NaN/Infinity refused: they are not JSON, and a provider rejects a body holding them.
+NaN/Infinity refused: they are not JSON, and a provider rejects a body holding them. A value
+carrying texts of tens of MB is spelled the same, a slice at a time, by
+``psych_sidecar.bulk.slices.json_sliced(value, canonical_json)``.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import secrets
-import time
-from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 __all__ = [
     "MAX_JSON_DEPTH",
-    "SLICE_CHARS",
     "JsonTooDeep",
-    "b64encode_sliced",
     "bounded_loads",
     "canonical_json",
-    "canonical_json_sliced",
-    "sliced",
     "sorted_keys",
-    "utf8_sliced",
 ]
 
 
 def canonical_json(value: Any) -> bytes:
     """`value` as canonical JSON bytes (see the module docstring for the key order)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-# One C call over a string of tens of MB holds the GIL for tens of ms: every other thread,
-# the event loop's included, waits that long. Strings longer than this are handled slice by
-# slice, a fraction of a millisecond each, and the GIL is offered between slices.
-SLICE_CHARS = 1 << 18
-# How deep canonical_json_sliced looks for long strings: an MCP result's text sits at
-# result → content → block → text; deeper data is encoded in one call as usual.
-_SLICED_DEPTH = 4
-
-
-Sliceable = TypeVar("Sliceable", str, bytes, memoryview)
-
-
-def sliced(value: Sliceable, step: int) -> Iterator[Sliceable]:
-    """`value` in consecutive slices of `step` items, the GIL offered after each (once the
-    caller has handled the slice). Left to the interpreter, a thread that wants the GIL gets
-    it only after the switch interval, and with several threads waiting not necessarily the
-    event loop's: a loop waited 4-8 ms at a time beside a 50 MB result's encoding, ~0.5 ms
-    with the offer."""
-    for start in range(0, len(value), step):
-        yield value[start : start + step]
-        offer_gil()
-
-
-def offer_gil() -> None:
-    """Let any thread waiting for the GIL take it now (a zero sleep releases it)."""
-    time.sleep(0)
-
-
-def utf8_sliced(text: str) -> bytes:
-    """`text.encode()`, a slice at a time when it is long (see SLICE_CHARS)."""
-    if len(text) <= SLICE_CHARS:
-        return text.encode()
-    return b"".join(piece.encode() for piece in sliced(text, SLICE_CHARS))
-
-
-def b64encode_sliced(data: bytes) -> str:
-    """`base64.b64encode(data).decode()`, a slice at a time when it is long: one call over a
-    37.5 MB image held the GIL ~60 ms to encode and ~30 ms to make the string. Every slice
-    but the last is a whole number of 3-byte groups, so the pieces join to the whole's
-    encoding; only their final join (a copy) is one call."""
-    step = SLICE_CHARS // 4 * 3
-    if len(data) <= step:
-        return base64.b64encode(data).decode()
-    return "".join(base64.b64encode(piece).decode() for piece in sliced(memoryview(data), step))
-
-
-def canonical_json_sliced(value: Any) -> bytes:
-    """canonical_json(value), the same bytes, for values that may carry very long strings
-    near the top (an MCP tool result's text): each is escaped and encoded slice by slice,
-    the rest in one call. Escaping is per character, so slices join to the whole string's
-    escaping."""
-    long: list[str] = []
-    # Each long string is swapped for one placeholder no party can predict, found again in
-    # the encoded skeleton (JSON spells the NULs as \u0000) and replaced in order.
-    placeholder = f"\x00{secrets.token_hex(16)}\x00"
-    skeleton = _swap_long_strings(value, placeholder, long, _SLICED_DEPTH)
-    if not long:
-        return canonical_json(value)
-    pieces = canonical_json(skeleton).split(canonical_json(placeholder))
-    out = [pieces[0]]
-    for text, after in zip(long, pieces[1:], strict=True):
-        out.append(b'"')
-        out.extend(
-            json.dumps(piece, ensure_ascii=False)[1:-1].encode()
-            for piece in sliced(text, SLICE_CHARS)
-        )
-        out.append(b'"')
-        out.append(after)
-    return b"".join(out)
-
-
-def _swap_long_strings(value: Any, placeholder: str, long: list[str], depth: int) -> Any:
-    """`value` with strings over SLICE_CHARS (within `depth` levels) replaced by
-    `placeholder`, collected into `long` in the order json.dumps writes them."""
-    if isinstance(value, str):
-        if len(value) > SLICE_CHARS:
-            long.append(value)
-            return placeholder
-        return value
-    if depth == 0:
-        return value
-    if isinstance(value, dict):
-        return {
-            key: _swap_long_strings(item, placeholder, long, depth - 1)
-            for key, item in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [_swap_long_strings(item, placeholder, long, depth - 1) for item in value]
-    return value
 
 
 def sorted_keys(value: Any) -> Any:

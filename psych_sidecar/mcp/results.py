@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import base64
 import binascii
 from typing import Any
 
 import mcp_types as types
 from pydantic import BaseModel
 
-from psych_sidecar.domain.canonical import (
-    SLICE_CHARS,
-    canonical_json,
-    canonical_json_sliced,
-    sliced,
-)
+from psych_sidecar.bulk.slices import b64decode_sliced, json_sliced
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind
 
@@ -30,26 +25,8 @@ def _binary(data: str, mime_type: str | None, block: Any) -> ContentPart:
         decoded = b64decode_sliced(data)
     except (binascii.Error, ValueError):
         # Not base64 after all: keep exactly what the server sent, as JSON.
-        return ContentPart(PartKind.JSON, canonical_json_sliced(_dump(block)))
+        return ContentPart(PartKind.JSON, json_sliced(_dump(block), canonical_json))
     return ContentPart(PartKind.BINARY, decoded, mime_type or DEFAULT_BINARY_MIME_TYPE)
-
-
-def b64decode_sliced(data: str) -> bytes:
-    """`base64.b64decode(data, validate=True)`: the same bytes, and the same data refused
-    (binascii.Error or ValueError), decoded SLICE_CHARS characters at a time with the GIL
-    offered between slices. One call over a 50 MB image or blob held the GIL ~145 ms, and
-    the event loop with it; a slice takes under a millisecond. Every slice but the last is
-    a whole number of 4-character groups, so it decodes alone to exactly its share of the
-    bytes; padding anywhere but in the last slice is refused, as it is in the whole."""
-    if len(data) <= SLICE_CHARS:
-        return base64.b64decode(data, validate=True)
-    pieces = []
-    last = (len(data) - 1) // SLICE_CHARS
-    for index, piece in enumerate(sliced(data, SLICE_CHARS)):
-        if "=" in piece and index < last:
-            raise binascii.Error("base64 padding before the end of the data")
-        pieces.append(base64.b64decode(piece, validate=True))
-    return b"".join(pieces)
 
 
 def content_part(block: Any) -> ContentPart:
@@ -78,6 +55,6 @@ def tool_result(result: types.CallToolResult) -> McpToolResult:
         is_error=bool(result.is_error),
         # The whole result, its texts included: a result of tens of MB is encoded in slices
         # (this runs on a worker thread, and the event loop needs the GIL meanwhile).
-        result_json=canonical_json_sliced(_dump(result)),
+        result_json=json_sliced(_dump(result), canonical_json),
         content=tuple(parts),
     )

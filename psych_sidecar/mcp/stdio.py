@@ -43,7 +43,7 @@ from mcp.client.stdio import (
 )
 from mcp.shared.message import SessionMessage
 
-from psych_sidecar import heap
+from psych_sidecar.bulk import heap
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
-from psych_sidecar.domain.canonical import sliced
+from psych_sidecar.bulk.slices import sliced
 from psych_sidecar.domain.errors import SidecarError, storage_unavailable
 from psych_sidecar.telemetry import metrics, tracing
 

@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from psych_sidecar.domain.canonical import sliced
+from psych_sidecar.bulk.slices import utf8_char_count
 from psych_sidecar.domain.errors import Reason, SidecarError, run_not_found
 from psych_sidecar.domain.runlog import (
     AppendedRecord,
@@ -296,7 +296,7 @@ class SqlStore:
                         "data": b"" if later else part.data,
                         "char_count": None
                         if part.kind is PartKind.BINARY
-                        else _char_count(part.data),
+                        else utf8_char_count(part.data),
                     }
                 )
         if part_rows:
@@ -524,23 +524,3 @@ def _blob_value(conn: Connection, column: Column[bytes], row: Row[Any]) -> bytes
         for _ in range(0, row.size, _STREAMED_BLOB_BYTES):
             pieces.append(blob.read(_STREAMED_BLOB_BYTES))
     return b"".join(pieces)
-
-
-# Text longer than this is counted a slice at a time, the GIL offered between slices.
-_COUNTED_SLICE_BYTES = 1 << 18
-# UTF-8 continuation bytes: every other byte of valid UTF-8 starts a character.
-_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
-
-
-def _char_count(data: bytes) -> int:
-    """The characters in UTF-8 text (valid: it was encoded from a string); ASCII, the usual
-    case, is counted without decoding. A text of tens of MB is counted in slices, as its
-    bytes less its continuation bytes: one scan of it held the GIL for milliseconds."""
-    if len(data) <= _COUNTED_SLICE_BYTES:
-        return len(data) if data.isascii() else len(data.decode())
-    continuation = 0
-    for view in sliced(memoryview(data), _COUNTED_SLICE_BYTES):
-        piece = view.tobytes()
-        if not piece.isascii():
-            continuation += len(piece) - len(piece.translate(None, _CONTINUATION_BYTES))
-    return len(data) - continuation

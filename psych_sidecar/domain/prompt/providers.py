@@ -25,7 +25,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from psych_sidecar.domain.canonical import b64encode_sliced, bounded_loads, canonical_json
+from psych_sidecar.bulk.slices import b64encode_sliced
+from psych_sidecar.domain.canonical import bounded_loads, canonical_json
 from psych_sidecar.domain.prompt.zones import (
     Prompt,
     PromptMessage,

@@ -24,7 +24,8 @@ from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from psych_sidecar.domain.canonical import b64encode_sliced, canonical_json
+from psych_sidecar.bulk.slices import b64encode_sliced
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.runlog import ContentPart, PartKind, RecordKind, Spec, ToolCall
 from psych_sidecar.domain.surface import ExposedTool, ServerLine, ToolSurface
 

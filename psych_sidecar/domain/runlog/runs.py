@@ -10,7 +10,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
-from psych_sidecar.domain.canonical import bounded_loads, utf8_sliced
+from psych_sidecar.bulk.slices import utf8_sliced
+from psych_sidecar.domain.canonical import bounded_loads
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog.specs import ToolGrant
 

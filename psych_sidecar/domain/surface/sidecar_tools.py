@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from psych_sidecar.domain.canonical import b64encode_sliced, canonical_json
+from psych_sidecar.bulk.slices import b64encode_sliced
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.runlog import ContentPart, PartKind, Spec
 from psych_sidecar.domain.surface.tiers import ExposedKind, ExposedTool, canonical_schema
 
