@@ -473,7 +473,7 @@ def test_an_unreachable_database_is_one_line_and_exit_1(tmp_path: Path) -> None:
 
 
 def test_a_postgresql_role_without_temporary_tables_is_refused_at_start(tmp_path: Path) -> None:
-    # Values over 1 MiB are written through a temporary table (storage/repository.py): a role
+    # Values over 1 MiB are written through a temporary table (storage/bulk_values.py): a role
     # that may not create one is told at start, not by the first large tool result.
     role = "r_" + uuid.uuid4().hex[:10]
     admin = create_engine(postgres_admin_url(), isolation_level="AUTOCOMMIT")

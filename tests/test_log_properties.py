@@ -69,7 +69,7 @@ def test_the_log_reads_back_exactly_what_was_appended(
 
 
 def test_parts_over_a_mib_read_back_exactly(stubs: Stubs, unique: Callable[[str], str]) -> None:
-    # These are streamed into their rows a MiB at a time (storage/repository.py: an SQLite blob
+    # These are streamed into their rows a MiB at a time (storage/bulk_values.py: an SQLite blob
     # handle, a PostgreSQL binary COPY);
     # multi-byte characters straddle the slice boundaries.
     run_id = new_run(stubs, unique("agent"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import binascii
 import contextlib
 import fcntl
 import logging
@@ -16,16 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import psycopg.adapt
-import psycopg.pq
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
-from psych_sidecar.bulk.slices import sliced
 from psych_sidecar.domain.errors import SidecarError, storage_unavailable
+from psych_sidecar.storage.bulk_values import SlicedByteaLoader
 from psych_sidecar.telemetry import metrics, tracing
 
 log = logging.getLogger(__name__)
@@ -182,7 +179,7 @@ def check_revision(engine: Engine) -> None:
 
 def check_writable_values(engine: Engine) -> None:
     """Raise :class:`DatabaseRefused` when the sidecar could not store a large value: on
-    PostgreSQL, values over 1 MiB are written through a temporary table (storage/repository.py)
+    PostgreSQL, values over 1 MiB are written through a temporary table (storage/bulk_values.py)
     and need the TEMPORARY privilege on the database (PostgreSQL grants it to every role unless
     it was revoked). Found at start, not by the first large tool result."""
     if engine.dialect.name != "postgresql":
@@ -200,31 +197,10 @@ def check_writable_values(engine: Engine) -> None:
         )
 
 
-# A bytea value arrives as text: "\x" and two hex digits a byte. psycopg's loader unescapes it
-# in one call that holds the GIL: ~100-118 ms for a 50 MB value (a retried call answered from
-# the log, a large part listed), every other thread, the event loop's included, waiting. Hex
-# longer than this is unescaped a slice at a time (~0.35 ms each), the GIL offered between.
-_SLICED_HEX_BYTES = 1 << 20
-
-
-class _SlicedByteaLoader(psycopg.adapt.Loader):
-    """psycopg's text bytea loader, a slice at a time for a large value in hex (the server's
-    default `bytea_output`); anything else goes to libpq's unescaping as before."""
-
-    _escaping = psycopg.pq.Escaping()
-
-    def load(self, data: psycopg.abc.Buffer) -> bytes:
-        view = memoryview(data)
-        if len(view) <= _SLICED_HEX_BYTES or bytes(view[:2]) != b"\\x":
-            # libpq's unescaping takes bytes; psycopg hands a loader a memoryview.
-            return self._escaping.unescape_bytea(bytes(view))
-        return b"".join(binascii.unhexlify(piece) for piece in sliced(view[2:], _SLICED_HEX_BYTES))
-
-
 def _configure_postgresql(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.adapters.register_loader("bytea", _SlicedByteaLoader)
+        dbapi_connection.adapters.register_loader("bytea", SlicedByteaLoader)
 
 
 def _configure_sqlite(engine: Engine, busy_timeout_seconds: float, read_only: bool = False) -> None:

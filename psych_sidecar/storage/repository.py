@@ -7,22 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
-    Column,
-    ColumnElement,
     Connection,
     Engine,
     Insert,
     Row,
     Table,
     and_,
-    case,
     func,
     insert,
-    literal_column,
-    null,
     or_,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -45,6 +39,12 @@ from psych_sidecar.domain.runlog import (
     ToolGrant,
 )
 from psych_sidecar.storage import tables
+from psych_sidecar.storage.bulk_values import (
+    large_value,
+    large_value_columns,
+    stream_into_row,
+    streamed_later,
+)
 from psych_sidecar.storage.db import transaction
 
 
@@ -164,7 +164,7 @@ class SqlStore:
                     for offset, handle in enumerate(handles, start=1)
                 ]
                 if request_id:
-                    streamed = _streamed_later(call_result_json)
+                    streamed = streamed_later(call_result_json)
                     claimed = conn.execute(
                         self._insert_ignoring_conflicts(requests)
                         .values(
@@ -184,7 +184,7 @@ class SqlStore:
                         ).one()
                         raise _AlreadyAppended(prior.fingerprint, prior.result)
                     if streamed and call_result_json is not None:
-                        _stream_blob(
+                        stream_into_row(
                             conn,
                             requests.c.call_result_json,
                             (requests.c.run_id == run_id, requests.c.request_id == request_id),
@@ -205,8 +205,9 @@ class SqlStore:
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
         requests, records = tables.append_requests, tables.records
         with transaction(self._engine, write=False) as conn:
+            value = large_value_columns(conn, requests.c.call_result_json)
             row = conn.execute(
-                select(requests.c.result, *_blob_read(conn, requests.c.call_result_json)).where(
+                select(requests.c.result, *value).where(
                     requests.c.run_id == run_id,
                     requests.c.request_id == request_id,
                     requests.c.call_result_json.is_not(None),
@@ -220,7 +221,7 @@ class SqlStore:
                     records.c.run_id == run_id, records.c.sequence == sequence
                 )
             ).scalar_one()
-            result_json = _blob_value(conn, requests.c.call_result_json, row)
+            result_json = large_value(conn, requests.c.call_result_json, row)
         return RecordedCall(sequence, handle, bool(is_error), result_json)
 
     def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
@@ -283,7 +284,7 @@ class SqlStore:
         streamed: list[tuple[int, int, bytes]] = []
         for record, entry in zip(records, appended, strict=True):
             for index, part in enumerate(record.content):
-                later = _streamed_later(part.data)
+                later = streamed_later(part.data)
                 if later:
                     streamed.append((entry.sequence, index, part.data))
                 part_rows.append(
@@ -307,7 +308,7 @@ class SqlStore:
                 parts.c.sequence == sequence,
                 parts.c.part_index == index,
             )
-            _stream_blob(conn, parts.c.data, where, data)
+            stream_into_row(conn, parts.c.data, where, data)
 
     def list_records(
         self,
@@ -342,7 +343,7 @@ class SqlStore:
                     parts.c.sequence,
                     parts.c.kind,
                     parts.c.mime_type,
-                    *_blob_read(conn, parts.c.data),
+                    *large_value_columns(conn, parts.c.data),
                 )
                 .where(
                     parts.c.run_id == run_id,
@@ -350,7 +351,7 @@ class SqlStore:
                 )
                 .order_by(parts.c.sequence, parts.c.part_index)
             ).all():
-                data = _blob_value(conn, parts.c.data, part)
+                data = large_value(conn, parts.c.data, part)
                 content[part.sequence].append(
                     ContentPart(PartKind(part.kind), data, part.mime_type)
                 )
@@ -427,100 +428,3 @@ def _run(row: Row[Any]) -> Run:
         tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
         create_time=tables.from_us(row.create_time_us),
     )
-
-
-# A bound value is copied while its caller holds the GIL: binding 50 MB stalled every other
-# thread, the event loop's included, for ~25 ms on SQLite, and 25-30 ms through psycopg on
-# PostgreSQL. A value this large is bound empty and written into its row after, a MiB per
-# call, each call short (worst pause of a 1 ms ticker beside 50 MB writes: SQLite ~28 ms ->
-# ~8 ms; PostgreSQL 26-32 ms -> 1.4-4.8 ms, and the write ~15 % quicker).
-_STREAMED_BLOB_BYTES = 1 << 20
-# PostgreSQL's binary COPY format around one row of one bytea field.
-_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
-_COPY_TRAILER = (-1).to_bytes(2, "big", signed=True)
-# Where a large value waits on PostgreSQL before the UPDATE that moves it into its row: one
-# per session, emptied by that UPDATE's DELETE and, failing that, at commit.
-_INCOMING = "psych_incoming_value"
-
-
-def _streamed_later(data: bytes | None) -> bool:
-    """Whether `data` is bound empty now and streamed into its row after (_stream_blob)."""
-    return data is not None and len(data) > _STREAMED_BLOB_BYTES
-
-
-def _stream_blob(
-    conn: Connection, column: Column[bytes], where: Sequence[ColumnElement[bool]], data: bytes
-) -> None:
-    """Writes `data` into `column` of the one row `where` selects, in this transaction, a MiB
-    per call. SQLite: sized with zeroblob() (SQLite fills it in, GIL released), then written
-    through an incremental blob handle. PostgreSQL: copied (binary COPY) into a temporary
-    table of this session, then moved into the row by the server."""
-    if conn.dialect.name == "postgresql":
-        _stream_blob_postgresql(conn, column, where, data)
-        return
-    table = column.table
-    conn.execute(update(table).where(*where).values({column.name: func.zeroblob(len(data))}))
-    rowid: int = conn.execute(
-        select(literal_column("rowid")).select_from(table).where(*where)
-    ).scalar_one()
-    driver = conn.connection.driver_connection
-    assert driver is not None
-    view = memoryview(data)
-    with driver.blobopen(table.name, column.name, rowid) as blob:
-        for start in range(0, len(data), _STREAMED_BLOB_BYTES):
-            blob.write(view[start : start + _STREAMED_BLOB_BYTES])
-
-
-def _stream_blob_postgresql(
-    conn: Connection, column: Column[bytes], where: Sequence[ColumnElement[bool]], data: bytes
-) -> None:
-    conn.execute(
-        text(
-            f"CREATE TEMPORARY TABLE IF NOT EXISTS {_INCOMING} (value bytea NOT NULL) "
-            "ON COMMIT DELETE ROWS"
-        )
-    )
-    driver = conn.connection.driver_connection
-    assert driver is not None
-    view = memoryview(data)
-    one_field_of = (1).to_bytes(2, "big") + len(data).to_bytes(4, "big")
-    with (
-        driver.cursor() as cursor,
-        cursor.copy(f"COPY {_INCOMING} (value) FROM STDIN (FORMAT BINARY)") as copy,
-    ):
-        copy.write(_COPY_SIGNATURE + one_field_of)
-        for start in range(0, len(data), _STREAMED_BLOB_BYTES):
-            copy.write(view[start : start + _STREAMED_BLOB_BYTES])
-        copy.write(_COPY_TRAILER)
-    incoming: ColumnElement[bytes] = literal_column(f"(SELECT value FROM {_INCOMING})")
-    conn.execute(update(column.table).where(*where).values({column.name: incoming}))
-    conn.execute(text(f"DELETE FROM {_INCOMING}"))
-
-
-def _blob_read(conn: Connection, column: Column[bytes]) -> list[ColumnElement[Any]]:
-    """The columns that read `column` as `value`. On SQLite a value over a MiB is not read
-    with the row: fetching it copies it whole with the GIL held (~27 ms for 50 MB). Its row
-    gives its size and rowid instead, and `_blob_value` reads it through a blob handle, a MiB
-    per call. (On PostgreSQL the bytea loader slices it, storage/db.py.)"""
-    if conn.dialect.name != "sqlite":
-        return [column.label("value")]
-    size = func.length(column)
-    return [
-        case((size > _STREAMED_BLOB_BYTES, null()), else_=column).label("value"),
-        size.label("size"),
-        literal_column(f"{column.table.name}.rowid").label("rowid"),
-    ]
-
-
-def _blob_value(conn: Connection, column: Column[bytes], row: Row[Any]) -> bytes:
-    """The value a row selected with `_blob_read` holds, read now if it was left out."""
-    if row.value is not None:
-        return bytes(row.value)
-    driver = conn.connection.driver_connection
-    assert driver is not None
-    table = column.table
-    pieces = []
-    with driver.blobopen(table.name, column.name, row.rowid, readonly=True) as blob:
-        for _ in range(0, row.size, _STREAMED_BLOB_BYTES):
-            pieces.append(blob.read(_STREAMED_BLOB_BYTES))
-    return b"".join(pieces)
