@@ -21,6 +21,7 @@ from psych_sidecar.api import convert
 from psych_sidecar.api.connections import catalog_tool_to_proto
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.servicers import Blocking, Context, Serialized
+from psych_sidecar.bulk.protobuf_splice import with_nested_bytes
 from psych_sidecar.domain.calls import (
     DispatchService,
     ToolExecutor,
@@ -89,49 +90,26 @@ def _dispatch_response(
     return response
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_LENGTH_DELIMITED = 2
-_RESULT_JSON_TAG = _varint(
-    tool_service_pb2.ToolOutcome.DESCRIPTOR.fields_by_name["result_json"].number << 3
-    | _LENGTH_DELIMITED
-)
+# The field of ToolOutcome a large result is spliced into (`serialized_with_result`).
+_RESULT_JSON_FIELD = tool_service_pb2.ToolOutcome.DESCRIPTOR.fields_by_name["result_json"].number
 
 
 def serialized_with_result(
     build: Callable[[ToolOutcome, int], Message], outcome: ToolOutcome, max_bytes: int
 ) -> Serialized:
     """The response `build` makes, serialized, with a large result's JSON spliced in at the
-    wire level. Setting tens of MB on a message and serializing it are two long calls that
-    hold the GIL (stalling the event loop though they run on a worker thread); the wire
-    format lets the response be written without the result, and the result added as a
-    second occurrence of the `outcome` field, which parsers merge into the first (protobuf
-    encoding, "Last One Wins" and merging of embedded messages). The one copy of the result
-    is a bytes join, which releases the GIL."""
+    wire level (`bulk.protobuf_splice`): the response is serialized without it, on a worker
+    thread, and the result's one copy is a join that releases the GIL."""
     shown = fitted(outcome, max_bytes)
     if shown is not outcome:  # elided: small
         return Serialized(build(outcome, max_bytes).SerializeToString())
     head = build(replace(outcome, result_json=b""), max_bytes)
-    field = head.DESCRIPTOR.fields_by_name["outcome"].number
-    result = outcome.result_json
-    inner_length = len(_RESULT_JSON_TAG) + len(_varint(len(result))) + len(result)
     return Serialized(
-        b"".join(
-            (
-                head.SerializeToString(),
-                _varint(field << 3 | _LENGTH_DELIMITED),
-                _varint(inner_length),
-                _RESULT_JSON_TAG,
-                _varint(len(result)),
-                result,
-            )
+        with_nested_bytes(
+            head.SerializeToString(),
+            head.DESCRIPTOR.fields_by_name["outcome"].number,
+            _RESULT_JSON_FIELD,
+            outcome.result_json,
         )
     )
 
