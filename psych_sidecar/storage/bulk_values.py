@@ -12,7 +12,7 @@ part or recorded call result (a tool result of tens of MB) is therefore:
   and read through a blob handle; on PostgreSQL it arrives as bytea hex text, unescaped a
   slice at a time by `SlicedByteaLoader` (registered on every PostgreSQL connection).
 
-Reading a range of one part (`storage/log_reads.py`) is another matter: only the range is read.
+Reading a range of one part needs none of this: only the range is read.
 """
 
 from __future__ import annotations
