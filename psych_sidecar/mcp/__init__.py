@@ -1,2 +1,3 @@
 """The MCP client layer: one owned session per connection, the catalogue's refresh triggers,
-and tool execution. It implements the seam in `psych_sidecar.domain.connections`."""
+and tool execution. It implements the catalogue's ports (`CatalogView`, `ToolRunner`,
+`ConnectionSupervisor`, exported by `psych_sidecar.domain.catalog`)."""
