@@ -38,6 +38,7 @@ from psych_sidecar.admin.charts import ZONE_NAMES, timeline_chart
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.inspect import RunInspector
 from psych_sidecar.domain.prompt import Zone
+from psych_sidecar.domain.runlog import ALL_TENANTS
 
 T = TypeVar("T")
 Blocking = Callable[..., Awaitable[Any]]
@@ -161,7 +162,8 @@ class InspectorPages:
     async def runs(self, request: Request) -> Response:
         async def build() -> HTMLResponse:
             tenant = _text_param(request, "tenant")
-            runs = await self._blocking(self._inspector.runs, tenant)
+            # The form's first option, and a bare /ui, send no tenant: every tenant's Runs.
+            runs = await self._blocking(self._inspector.runs, tenant or ALL_TENANTS)
             tenants = await self._blocking(self._inspector.tenants)
             return self._render("runs.html", runs=runs, tenants=tenants, tenant=tenant)
 

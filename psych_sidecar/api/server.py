@@ -64,7 +64,6 @@ from psych_sidecar.storage.db import (
     create_database_engine,
     migrate,
 )
-from psych_sidecar.storage.inspection import SqlRunDirectory
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqliteTurnStartsNow, SqlLogReader
 from psych_sidecar.storage.repository import SqlStore
@@ -440,7 +439,7 @@ class Sidecar:
         reader = ToolOutputReader(runs, log)
         self._inspector = RunInspector(
             runs,
-            SqlRunDirectory(self._engine),
+            log,
             self.journal,
             SqlUsageStore(self._engine),
             reader,

@@ -213,5 +213,5 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
             self._runs.list_runs, request.tenant, request.page_size, request.page_token
         )
         return run_service_pb2.ListRunsResponse(
-            runs=[convert.run_to_proto(run) for run in runs], next_page_token=next_token
+            runs=[convert.run_to_proto(listed.run) for listed in runs], next_page_token=next_token
         )

@@ -33,9 +33,8 @@ from psych_sidecar.inspect.views import (
 )
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import open_read_only
-from psych_sidecar.storage.inspection import SqlRunDirectory, StoredSurfacePins
 from psych_sidecar.storage.log_reads import SqlLogReader
-from psych_sidecar.storage.repository import SqlStore
+from psych_sidecar.storage.repository import SqlStore, StoredSurfacePins
 
 T = TypeVar("T")
 
@@ -53,12 +52,11 @@ class DatabaseSource:
         self._engine = open_read_only(database_url, timeout)
         self.where = self._engine.url.render_as_string(hide_password=True)
         store = SqlStore(self._engine)
-        log = SqlLogReader(self._engine)
+        self._log = log = SqlLogReader(self._engine)
         connections = SqlConnectionStore(self._engine)
         catalog = StoredCatalog(connections)
         self._runs = RunService(store, store)
         specs = SpecLookup(store)
-        self._directory = SqlRunDirectory(self._engine)
         self._connections = ConnectionService(catalog, connections, _inline)
         resolver = TurnResolver(
             self._runs, specs, catalog, log, pins=StoredSurfacePins(self._engine)
@@ -93,7 +91,10 @@ class DatabaseSource:
             page, token = self._read(
                 self._runs.list_runs, tenant, min(limit - len(rows), 1000), token
             )
-            rows.extend(RunRow(r.run_id, r.spec_name, r.spec_version, r.create_time) for r in page)
+            rows.extend(
+                RunRow(r.run.run_id, r.run.spec_name, r.run.spec_version, r.run.create_time)
+                for r in page
+            )
             if not token:
                 break
         return rows, bool(token)
@@ -111,7 +112,7 @@ class DatabaseSource:
                 r.content_bytes,
                 r.handle,
             )
-            for r in self._read(self._directory.record_summaries, run_id)
+            for r in self._read(self._log.record_skeletons, run_id)
         ]
 
     def prompt(self, run_id: str, now: datetime | None) -> PromptPreview:

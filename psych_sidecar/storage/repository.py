@@ -25,8 +25,10 @@ from sqlalchemy.exc import IntegrityError
 from psych_sidecar.bulk.slices import utf8_char_count
 from psych_sidecar.domain.errors import Reason, SidecarError, run_not_found
 from psych_sidecar.domain.runlog import (
+    AllTenants,
     AppendedRecord,
     ContentPart,
+    ListedRun,
     PartKind,
     PublishedSpec,
     Record,
@@ -132,9 +134,24 @@ class SqlStore:
             row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
         return None if row is None else _run(row)
 
-    def list_runs(self, tenant: str, after_run_id: str, limit: int) -> tuple[list[Run], bool]:
-        rows, more = select_runs(self._engine, tenant, after_run_id, limit)
-        return [_run(row) for row in rows], more
+    def list_runs(
+        self, tenant: str | AllTenants, after_run_id: str, limit: int, with_activity: bool
+    ) -> tuple[list[ListedRun], bool]:
+        rows, more = _select_runs(self._engine, tenant, after_run_id, limit, with_activity)
+        return [
+            ListedRun(
+                _run(row),
+                int(row.last_sequence),
+                tables.from_us(int(row.last_activity_us)) if with_activity else None,
+            )
+            for row in rows
+        ], more
+
+    def tenants(self, limit: int) -> list[str]:
+        runs = tables.runs
+        query = select(runs.c.tenant).distinct().order_by(runs.c.tenant).limit(limit)
+        with transaction(self._engine, write=False) as conn:
+            return [str(tenant) for (tenant,) in conn.execute(query)]
 
     def append_records(
         self,
@@ -375,17 +392,33 @@ class SqlStore:
         ], more
 
 
-def select_runs(
-    engine: Engine, tenant: str, after_run_id: str, limit: int, activity: bool = False
+class StoredSurfacePins:
+    """The domain's SurfacePins for a reader that must not write (``inspect
+    --database-url``): the turn's stored pin when a sidecar made one (SqlStore.pin_surface),
+    else the surface just resolved, stored nowhere."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
+        pins = tables.turn_surfaces
+        query = select(pins.c.surface).where(
+            pins.c.run_id == run_id, pins.c.turn_start == turn_start
+        )
+        with transaction(self._engine, write=False) as conn:
+            stored = conn.execute(query).scalar()
+        return surface_json if stored is None else str(stored).encode()
+
+
+def _select_runs(
+    engine: Engine, tenant: str | AllTenants, after_run_id: str, limit: int, with_activity: bool
 ) -> tuple[list[Row[Any]], bool]:
-    """The one query that lists Runs (ListRuns' pages and the inspectors' lists): a tenant's
-    Runs, or (tenant empty) every tenant's, newest first (create time, then id, descending),
-    at most `limit` of them after the Run `after_run_id` in that order (from the first when
-    empty), and whether more remain. Each row is the Run's row; with `activity`, plus
-    `last_activity_us`, the time of its last record (its create time before any): one
-    primary-key lookup per Run, which ListRuns does not pay (~50% more per page on SQLite)."""
+    """The rows of `list_runs`: the Run's row; `with_activity`, plus `last_activity_us`, the
+    time of its last record (its create time before any): one primary-key lookup per Run,
+    which ListRuns does not pay (~50% more per page on SQLite)."""
     runs, records = tables.runs, tables.records
-    if activity:
+    one_tenant = tenant if isinstance(tenant, str) else None
+    if with_activity:
         last = func.coalesce(records.c.create_time_us, runs.c.create_time_us)
         query = select(runs, last.label("last_activity_us")).select_from(
             runs.outerjoin(
@@ -398,13 +431,13 @@ def select_runs(
         )
     else:
         query = select(runs)
-    if tenant:
-        query = query.where(runs.c.tenant == tenant)
+    if one_tenant is not None:
+        query = query.where(runs.c.tenant == one_tenant)
     with transaction(engine, write=False) as conn:
         if after_run_id:
             position = select(runs.c.create_time_us).where(runs.c.run_id == after_run_id)
-            if tenant:
-                position = position.where(runs.c.tenant == tenant)
+            if one_tenant is not None:
+                position = position.where(runs.c.tenant == one_tenant)
             after = conn.execute(position).scalar()
             if after is None:
                 return [], False

@@ -1,8 +1,9 @@
 """The Run inspector's reads: Runs, a Run's model calls with their usage and cache misses,
 its tool results, a reader over one of them, and a tenant's connections.
 
-Owns :class:`RunInspector` (read-only, over the other concerns' services and ports) and the
-cache-miss explainer (:func:`explain_miss`). Storage implements :class:`RunDirectory`.
+Owns :class:`RunInspector` (read-only, over the other concerns' services and ports: Runs are
+the RunService's one listing, records the LogReader's summaries) and the cache-miss
+explainer (:func:`explain_miss`).
 :class:`StoredCatalog` and :class:`PinnedStates` let a reader with no MCP sessions (``inspect
 --database-url``) run the other concerns' services over the database as stored.
 """
@@ -14,11 +15,8 @@ from psych_sidecar.domain.inspect.service import (
     CatalogVersionView,
     ConnectionView,
     ModelCall,
-    RecordSummary,
     ResultRow,
-    RunDirectory,
     RunInspector,
-    RunSummary,
     Timeline,
     pair_usage,
 )
@@ -32,11 +30,8 @@ __all__ = [
     "ModelCall",
     "PinnedStates",
     "Reason",
-    "RecordSummary",
     "ResultRow",
-    "RunDirectory",
     "RunInspector",
-    "RunSummary",
     "StoredCatalog",
     "Timeline",
     "explain_miss",

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol
 
 from psych_sidecar.domain.calls import ReadResult, ToolOutputReader
 from psych_sidecar.domain.catalog import (
@@ -24,7 +22,16 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.domain.inspect.explain import CacheMiss, explain_miss
 from psych_sidecar.domain.prompt import AssemblyEntry, AssemblyJournal, ElidedResult
-from psych_sidecar.domain.runlog import RecordKind, Run, RunService, validate_name
+from psych_sidecar.domain.runlog import (
+    AllTenants,
+    ListedRun,
+    LogReader,
+    RecordKind,
+    RecordSkeleton,
+    Run,
+    RunService,
+    validate_name,
+)
 from psych_sidecar.domain.usage import UsageEvent, UsageRepository
 
 # Bounds of one page: the newest calls, runs and catalogue versions shown.
@@ -32,48 +39,6 @@ MAX_CALLS = 500
 MAX_RUNS = 200
 MAX_VERSIONS = 8
 READ_MAX_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    run_id: str
-    tenant: str
-    spec_name: str
-    spec_version: int
-    create_time: datetime
-    records: int
-    last_activity: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class RecordSummary:
-    """A record's metadata: no content."""
-
-    sequence: int
-    kind: RecordKind
-    server: str
-    tool: str
-    call_id: str
-    is_error: bool
-    content_bytes: int
-    handle: str
-    create_time: datetime
-
-
-class RunDirectory(Protocol):
-    """Reads across Runs, for the inspector; storage implements it."""
-
-    def list_runs(self, tenant: str, limit: int) -> list[RunSummary]:
-        """The newest Runs first, of one tenant or (empty) of all."""
-        ...
-
-    def tenants(self, limit: int) -> list[str]:
-        """Tenants that have Runs, sorted."""
-        ...
-
-    def record_summaries(self, run_id: str) -> list[RecordSummary]:
-        """Every record of the Run in order, without content."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +63,7 @@ class Timeline:
 
 @dataclass(frozen=True, slots=True)
 class ResultRow:
-    record: RecordSummary
+    record: RecordSkeleton
     turn: int
     # How the newest journalled prompt showed it: elided (and by which rule) or not.
     elided: ElidedResult | None
@@ -143,7 +108,7 @@ class RunInspector:
     def __init__(
         self,
         runs: RunService,
-        directory: RunDirectory,
+        log: LogReader,
         journal: AssemblyJournal | None,
         usage: UsageRepository,
         reader: ToolOutputReader,
@@ -151,20 +116,20 @@ class RunInspector:
         connections: ConnectionRepository,
     ) -> None:
         self._runs = runs
-        self._directory = directory
+        self._log = log
         self._journal = journal
         self._usage = usage
         self._reader = reader
         self._catalog = catalog
         self._connections = connections
 
-    def runs(self, tenant: str) -> list[RunSummary]:
-        if tenant:
-            validate_name(tenant, "tenant")
-        return self._directory.list_runs(tenant, MAX_RUNS)
+    def runs(self, tenant: str | AllTenants) -> list[ListedRun]:
+        """The newest Runs (of a tenant, or of ALL_TENANTS) with their last activity."""
+        listed, _ = self._runs.list_runs(tenant, MAX_RUNS, "", with_activity=True)
+        return listed
 
     def tenants(self) -> list[str]:
-        return self._directory.tenants(MAX_RUNS)
+        return self._runs.tenants(MAX_RUNS)
 
     def run(self, run_id: str) -> Run:
         return self._runs.get(run_id)
@@ -194,7 +159,7 @@ class RunInspector:
 
     def tool_results(self, run_id: str) -> list[ResultRow]:
         self._runs.get(run_id)
-        records = self._directory.record_summaries(run_id)
+        records = self._log.record_skeletons(run_id)
         latest = self._journal.entries(run_id, 1) if self._journal is not None else []
         elided = {e.sequence: e for e in latest[0].elided} if latest else {}
         turns = sum(1 for r in records if r.kind is RecordKind.USER_MESSAGE)

@@ -24,10 +24,13 @@ from psych_sidecar.domain.runlog.content import (
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
 from psych_sidecar.domain.runlog.ports import RunBlocking, RunRepository, SpecRepository
 from psych_sidecar.domain.runlog.runs import (
+    ALL_TENANTS,
     MAX_IDENTIFIER_LENGTH,
     STRUCTURED_CONTENT_MIME,
+    AllTenants,
     AppendedRecord,
     ContentPart,
+    ListedRun,
     PartKind,
     Record,
     RecordedCall,
@@ -55,16 +58,19 @@ from psych_sidecar.domain.runlog.specs import (
 )
 
 __all__ = [
+    "ALL_TENANTS",
     "DEFAULT_CONTEXT_WINDOW_TOKENS",
     "MAX_IDENTIFIER_LENGTH",
     "SEPARATOR",
     "STRUCTURED_CONTENT_MIME",
+    "AllTenants",
     "AppendedRecord",
     "ByteRange",
     "ContentPart",
     "ContextBudget",
     "DisclosureSettings",
     "EffectiveThresholds",
+    "ListedRun",
     "LogReader",
     "NonWaitingTurnStarts",
     "PartKind",

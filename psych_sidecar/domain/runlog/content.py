@@ -53,12 +53,15 @@ class PartMeta:
 
 @dataclass(frozen=True, slots=True)
 class RecordSkeleton:
-    """A record without its content: enough to find turns, batches and sizes."""
+    """A record without its content: enough for assembly to find turns, batches and sizes,
+    and the one record summary the inspectors list (``inspect log``, the web inspector)."""
 
     sequence: int
     kind: RecordKind
     handle: str
     call_id: str
+    server: str
+    tool: str
     is_error: bool
     tool_calls: tuple[ToolCall, ...]
     content_bytes: int

@@ -6,7 +6,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from psych_sidecar.domain.runlog.runs import (
+    AllTenants,
     AppendedRecord,
+    ListedRun,
     Record,
     RecordedCall,
     RecordKind,
@@ -48,10 +50,17 @@ class RunRepository(Protocol):
 
     def get_run(self, run_id: str) -> Run | None: ...
 
-    def list_runs(self, tenant: str, after_run_id: str, limit: int) -> tuple[list[Run], bool]:
-        """A tenant's Runs newest first (create time, then id, descending): at most `limit`
-        of them, those after the Run `after_run_id` in that order (from the first when
-        empty); and whether more remain."""
+    def list_runs(
+        self, tenant: str | AllTenants, after_run_id: str, limit: int, with_activity: bool
+    ) -> tuple[list[ListedRun], bool]:
+        """The one Run listing: a tenant's Runs (or every tenant's) newest first (create
+        time, then id, descending), at most `limit` of them, those after the Run
+        `after_run_id` in that order (from the first when empty); and whether more remain.
+        Each Run's last activity only `with_activity`: one more lookup per Run."""
+        ...
+
+    def tenants(self, limit: int) -> list[str]:
+        """Tenants that have Runs, sorted, at most `limit`."""
         ...
 
     def append_records(

@@ -7,8 +7,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
-from typing import Protocol, TypeVar
+from enum import Enum, StrEnum
+from typing import Final, Protocol, TypeVar
 
 from psych_sidecar.bulk.slices import utf8_sliced
 from psych_sidecar.domain.canonical import bounded_loads
@@ -142,6 +142,27 @@ class Run:
     spec_version: int
     tool_restrictions: tuple[ToolGrant, ...]
     create_time: datetime
+
+
+class AllTenants(Enum):
+    """Its one value, :data:`ALL_TENANTS`, lists every tenant's Runs (the inspectors' view); a
+    tenant's name lists that tenant's only. Never the empty string, which a request leaves
+    when it omits the tenant."""
+
+    ALL_TENANTS = "all tenants"
+
+
+ALL_TENANTS: Final = AllTenants.ALL_TENANTS
+
+
+@dataclass(frozen=True, slots=True)
+class ListedRun:
+    """A Run as listed: the Run, its record count and, when the listing was asked for it,
+    the time of its last record (its create time before any)."""
+
+    run: Run
+    records: int
+    last_activity: datetime | None
 
 
 def validate_record(record: Record, field_path: str) -> None:

@@ -16,7 +16,9 @@ from psych_sidecar.domain.errors import (
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
 from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository
 from psych_sidecar.domain.runlog.runs import (
+    AllTenants,
     AppendedRecord,
+    ListedRun,
     Record,
     RecordedCall,
     RecordKind,
@@ -120,19 +122,34 @@ class RunService:
         return self._cache.get(run_id)
 
     def list_runs(
-        self, tenant: str, requested_page_size: int, page_token: str
-    ) -> tuple[list[Run], str]:
-        """A page of a tenant's Runs, newest first, and the next page's token."""
-        validate_name(tenant, "tenant")
+        self,
+        tenant: str | AllTenants,
+        requested_page_size: int,
+        page_token: str,
+        with_activity: bool = False,
+    ) -> tuple[list[ListedRun], str]:
+        """A page of a tenant's Runs (or, with ALL_TENANTS, of every tenant's), newest first,
+        and the next page's token; each Run's last activity too when asked (ListRuns does
+        not show it, so does not pay for it)."""
+        if isinstance(tenant, str):
+            validate_name(tenant, "tenant")
+            scope = f"runs/{tenant}"
+        else:
+            # "*" is no tenant name, so the scopes of the two listings never meet.
+            scope = "runs/*"
         size = page_size(requested_page_size)
-        scope = f"runs/{tenant}"
         position = decode_token(page_token, scope)
         if position is not None and (not isinstance(position, str) or not position):
             raise field_invalid("page_token", "not a token this sidecar issued")
-        runs, more = self._runs.list_runs(tenant, position or "", size)
-        for run in runs:
-            self._cache.put(run.run_id, run)
-        return runs, encode_token(scope, runs[-1].run_id) if more and runs else ""
+        listed, more = self._runs.list_runs(tenant, position or "", size, with_activity)
+        for entry in listed:
+            self._cache.put(entry.run.run_id, entry.run)
+        token = encode_token(scope, listed[-1].run.run_id) if more and listed else ""
+        return listed, token
+
+    def tenants(self, limit: int) -> list[str]:
+        """Tenants that have Runs, sorted, at most `limit`."""
+        return self._runs.tenants(limit)
 
     def get(self, run_id: str) -> Run:
         if not run_id:
