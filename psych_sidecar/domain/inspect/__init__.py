@@ -10,7 +10,7 @@ explainer (:func:`explain_miss`).
 
 from __future__ import annotations
 
-from psych_sidecar.domain.inspect.explain import CacheMiss, MissCause, Reason, explain_miss
+from psych_sidecar.domain.inspect.explain import CacheMiss, MissCause, MissReason, explain_miss
 from psych_sidecar.domain.inspect.service import (
     CatalogVersionView,
     ConnectionView,
@@ -27,9 +27,9 @@ __all__ = [
     "CatalogVersionView",
     "ConnectionView",
     "MissCause",
+    "MissReason",
     "ModelCall",
     "PinnedStates",
-    "Reason",
     "ResultRow",
     "RunInspector",
     "StoredCatalog",

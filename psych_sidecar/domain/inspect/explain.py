@@ -42,7 +42,9 @@ class MissCause(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Reason:
+class MissReason:
+    """One reason a call's cached prefix missed: its cause and the sentence shown for it."""
+
     cause: MissCause
     text: str
 
@@ -50,7 +52,7 @@ class Reason:
 @dataclass(frozen=True, slots=True)
 class CacheMiss:
     first_zone: Zone
-    reasons: tuple[Reason, ...]
+    reasons: tuple[MissReason, ...]
     # The current call's bytes from the first changed zone through the history.
     bytes_missed: int
 
@@ -59,21 +61,21 @@ class CacheMiss:
         return estimate_tokens(self.bytes_missed)
 
 
-def _surface_reasons(before: AssemblyEntry, after: AssemblyEntry) -> list[Reason]:
+def _surface_reasons(before: AssemblyEntry, after: AssemblyEntry) -> list[MissReason]:
     old: dict[str, SurfaceServer] = {s.server: s for s in before.servers}
     new: dict[str, SurfaceServer] = {s.server: s for s in after.servers}
     reasons = []
     for name in sorted(new.keys() - old.keys()):
         server = new[name]
         reasons.append(
-            Reason(
+            MissReason(
                 MissCause.CONNECTION_ADDED,
                 f"connection {name} added ({server.state}, catalogue v{server.catalog_version}, "
                 f"{server.permitted_tool_count} tools, {server.tier})",
             )
         )
     for name in sorted(old.keys() - new.keys()):
-        reasons.append(Reason(MissCause.CONNECTION_REMOVED, f"connection {name} removed"))
+        reasons.append(MissReason(MissCause.CONNECTION_REMOVED, f"connection {name} removed"))
     for name in sorted(old.keys() & new.keys()):
         was, now = old[name], new[name]
         if was.state != now.state:
@@ -87,17 +89,17 @@ def _surface_reasons(before: AssemblyEntry, after: AssemblyEntry) -> list[Reason
                 if now.state == UNREACHABLE
                 else f"connection {name}: {was.state} → {now.state}"
             )
-            reasons.append(Reason(cause, text))
+            reasons.append(MissReason(cause, text))
         if was.catalog_version != now.catalog_version:
             reasons.append(
-                Reason(
+                MissReason(
                     MissCause.CATALOG_VERSION,
                     f"connection {name}: catalogue v{was.catalog_version} → v{now.catalog_version}",
                 )
             )
         if was.tier != now.tier:
             reasons.append(
-                Reason(MissCause.TIER, f"connection {name}: tier {was.tier} → {now.tier}")
+                MissReason(MissCause.TIER, f"connection {name}: tier {was.tier} → {now.tier}")
             )
     return reasons
 
@@ -107,13 +109,13 @@ def explain_miss(before: AssemblyEntry | None, after: AssemblyEntry) -> CacheMis
     there is no previous call: a cold start is not a miss to explain)."""
     if before is None:
         return None
-    reasons: list[Reason] = []
+    reasons: list[MissReason] = []
     first: Zone | None = None
     if before.zone(Zone.STATIC_SYSTEM).sha256 != after.zone(Zone.STATIC_SYSTEM).sha256:
         first = Zone.STATIC_SYSTEM
         if before.spec_version != after.spec_version or before.spec_name != after.spec_name:
             reasons.append(
-                Reason(
+                MissReason(
                     MissCause.SPEC_VERSION,
                     f"Spec {before.spec_name} v{before.spec_version} → "
                     f"{after.spec_name} v{after.spec_version}",
@@ -122,7 +124,7 @@ def explain_miss(before: AssemblyEntry | None, after: AssemblyEntry) -> CacheMis
         reasons.extend(_surface_reasons(before, after))
         if not reasons:
             reasons.append(
-                Reason(MissCause.SURFACE, "the tool surface changed (tools or server lines)")
+                MissReason(MissCause.SURFACE, "the tool surface changed (tools or server lines)")
             )
     if before.zone(Zone.DYNAMIC_TAIL).sha256 != after.zone(Zone.DYNAMIC_TAIL).sha256:
         # Zone 2 holds the tool-server roster, then the host's tail.
@@ -133,20 +135,20 @@ def explain_miss(before: AssemblyEntry | None, after: AssemblyEntry) -> CacheMis
         first = first or Zone.DYNAMIC_TAIL
         reasons.extend(roster)
         if not roster:
-            reasons.append(Reason(MissCause.DYNAMIC_TAIL, "the dynamic tail changed"))
+            reasons.append(MissReason(MissCause.DYNAMIC_TAIL, "the dynamic tail changed"))
     newly = [e for e in after.elided if e.sequence not in {b.sequence for b in before.elided}]
     if newly:
         first = first or Zone.HISTORY
         listed = ", ".join(f"#{e.sequence} ({e.rule.value})" for e in newly)
         reasons.append(
-            Reason(
+            MissReason(
                 MissCause.ELISION,
                 f"elision at the start of turn {after.turn}: {listed} elided",
             )
         )
     if after.context_guard != before.context_guard and after.context_guard is not None:
         first = first or Zone.HISTORY
-        reasons.append(Reason(MissCause.CONTEXT_GUARD, f"context guard: {after.context_guard}"))
+        reasons.append(MissReason(MissCause.CONTEXT_GUARD, f"context guard: {after.context_guard}"))
     if first is None:
         return None
     cost = sum(after.zone(z).byte_length for z in _PREFIX_ZONES if z >= first)
