@@ -247,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, ValueError, ArgumentError) as error:
         return _fail(f"invalid configuration: {_one_line(error)}", 2)
     logs.configure(settings.log_level, settings.log_format)
-    # Alembic narrates every plugin it loads at INFO; migrations still log their upgrades.
+    # Alembic narrates every plugin it loads and names each upgrade by its revision id at
+    # INFO; the migrations' environment logs each applied migration by name instead.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
     if arguments.command == "serve":
         heap.reuse_large_blocks(settings.large_buffer_reuse_bytes)
         if settings.semantic_search != "off":

@@ -115,6 +115,12 @@ def test_migrate_applies_the_schema(tmp_path: Path) -> None:
     )
     assert f"revision {HEAD_REVISION}" in first.stdout
     assert f"revision {HEAD_REVISION}" in again.stdout
+    # Operators see each migration by its file's name, never alembic's revision ids.
+    applied = re.findall(r"applied schema migration (\w+): ", first.stderr)
+    migrations = Path(cli.__file__).parent / "storage" / "migrations" / "versions"
+    assert applied == sorted(path.stem for path in migrations.glob("[0-9]*.py"))
+    assert "Running upgrade" not in first.stderr
+    assert "applied schema migration" not in again.stderr
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Tool calls answer their retries: append_requests keeps a tool call's MCP result JSON.
 
-Revision ID: 0012
+Revision ID: 0012 (kept: databases migrated before the files were renamed store it in
+alembic_version)
 Revises: 0006_issue16
 Create Date: 2026-11-30
 """

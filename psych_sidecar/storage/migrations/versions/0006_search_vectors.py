@@ -1,7 +1,8 @@
-"""Stored sentence vectors for tool search (issue 16).
+"""Stored sentence vectors for tool search.
 
-Revision ID: 0016
-Revises: 0003
+Revision ID: 0006_issue16 (kept: databases migrated before the files were renamed store it in
+alembic_version)
+Revises: 0005_issue13
 Create Date: 2026-11-30
 """
 

@@ -1,6 +1,7 @@
-"""The tool surface each turn of a Run is pinned with, shared by every sidecar (issue 13).
+"""The tool surface each turn of a Run is pinned with, shared by every sidecar.
 
-Revision ID: 0005_issue13
+Revision ID: 0005_issue13 (kept: databases migrated before the files were renamed store it in
+alembic_version)
 Revises: 0004_issue15
 Create Date: 2026-11-30
 """

@@ -1,6 +1,7 @@
-"""The assembly journal: one row of metadata per AssemblePrompt (issue 15).
+"""The assembly journal: one row of metadata per AssemblePrompt.
 
-Revision ID: 0004_issue15
+Revision ID: 0004_issue15 (kept: databases migrated before the files were renamed store it in
+alembic_version)
 Revises: 0003
 Create Date: 2026-11-30
 """
