@@ -212,7 +212,7 @@ var File_psych_sidecar_v1_errors_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\x89\x06\n" +
+	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\x95\x06\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_REASON_FIELD_REQUIRED\x10\x01\x12\x1e\n" +
@@ -235,7 +235,7 @@ const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	" ERROR_REASON_PATTERN_TOO_COMPLEX\x10\x11\x12(\n" +
 	"$ERROR_REASON_CONTEXT_BUDGET_EXCEEDED\x10\x13\x12$\n" +
 	" ERROR_REASON_STORAGE_UNAVAILABLE\x10\x12\x12\x1e\n" +
-	"\x1aERROR_REASON_SHUTTING_DOWN\x10\x16B\xb6\x01\n" +
+	"\x1aERROR_REASON_SHUTTING_DOWN\x10\x16\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
 	"\x14dev.psych.sidecar.v1B\vErrorsProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
