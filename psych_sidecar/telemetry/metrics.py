@@ -229,10 +229,6 @@ def enable() -> None:
     _enabled = True
 
 
-def enabled() -> bool:
-    return _enabled
-
-
 # Recording helpers, so callers need not know label names; each costs one check when off.
 
 

@@ -78,10 +78,6 @@ class ContentPart:
         """An MCP result's `structuredContent`, as its JSON (see `model_view`)."""
         return cls(PartKind.JSON, data, STRUCTURED_CONTENT_MIME)
 
-    @property
-    def is_structured(self) -> bool:
-        return self.kind is PartKind.JSON and self.mime_type == STRUCTURED_CONTENT_MIME
-
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
