@@ -12,23 +12,25 @@ from __future__ import annotations
 from psych_sidecar.domain.catalog.connections import (
     DESCRIPTION_PROMPT_CHARS,
     CatalogTool,
-    CatalogView,
     Connection,
     ConnectionState,
     ConnectionStatus,
     McpToolResult,
     ToolCallFailed,
-    ToolRunner,
     TransportKind,
 )
 from psych_sidecar.domain.catalog.narrowing import Grants, glob_match
+from psych_sidecar.domain.catalog.ports import (
+    CatalogView,
+    ConnectionRepository,
+    ConnectionSupervisor,
+    ToolRunner,
+)
 from psych_sidecar.domain.catalog.rules import (
     AllowedCommand,
     CatalogDiff,
     CatalogVersion,
     CatalogWrite,
-    ConnectionRepository,
-    ConnectionSupervisor,
     StoredConnection,
     catalog_version_not_found,
     connection_not_found,

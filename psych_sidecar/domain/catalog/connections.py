@@ -3,7 +3,7 @@
 This module is the seam between two parts of psych-sidecar:
 
 - the MCP layer (sessions, owner tasks, transports, catalogue refresh), which implements
-  `CatalogView`, `ToolRunner` and `ConnectionSupervisor` (catalog/rules.py);
+  `CatalogView`, `ToolRunner` and `ConnectionSupervisor` (catalog/ports.py);
 - the tool surface (narrowing, ResolveTurn, CallDeferredTool, dispatch, search), which uses
   them and never touches an MCP session or SQL directly.
 """
@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
 
 from psych_sidecar.domain.runlog import ContentPart
 
@@ -97,32 +96,3 @@ class McpToolResult:
 class ToolCallFailed(Exception):
     """A call that reached no result: the server is unreachable, timed out or died.
     The message is written for the model, which gets it as a tool error."""
-
-
-class CatalogView(Protocol):
-    """Reads of connections and current catalogues, for resolving a turn. Synchronous."""
-
-    def tenant_connections(self, tenant: str) -> list[tuple[Connection, ConnectionStatus]]:
-        """Every connection of the tenant (secrets emptied), sorted by name."""
-        ...
-
-    def current_tools(self, tenant: str, server: str, version: int = 0) -> list[CatalogTool]:
-        """The tools of catalogue version `version` — the one `tenant_connections` reported —
-        or of the newest (removed_in_version == 0) for 0, sorted by name; the last known tools
-        when the server is unreachable."""
-        ...
-
-
-class ToolRunner(Protocol):
-    """Executes one tool on a live session. Asynchronous: runs on the server's event loop."""
-
-    async def call_tool(
-        self,
-        tenant: str,
-        server: str,
-        tool: str,
-        arguments: Mapping[str, object],
-        timeout_seconds: float,
-    ) -> McpToolResult:
-        """Raises ToolCallFailed when no result came back (unreachable, timeout, closed)."""
-        ...

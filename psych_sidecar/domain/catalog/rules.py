@@ -1,4 +1,4 @@
-"""Rules for connections and their versioned catalogues, and what they need from storage.
+"""Rules for connections and their versioned catalogues.
 
 The catalogue is a versioned, soft-delete table: a refresh writes every tool it saw at a new
 version and marks every older current tool removed as of that version; nothing is ever
@@ -13,12 +13,10 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 from psych_sidecar.domain.catalog.connections import (
     CatalogTool,
     Connection,
-    ConnectionStatus,
     TransportKind,
 )
 from psych_sidecar.domain.errors import (
@@ -305,78 +303,3 @@ def _content(tool: CatalogTool) -> tuple[str, bytes, bytes, bytes]:
         tool.output_schema_json,
         tool.annotations_json,
     )
-
-
-class ConnectionSupervisor(Protocol):
-    """What the connection use cases need of the MCP layer (``McpManager``): it owns the
-    sessions, so putting, deleting and refreshing a connection go through it."""
-
-    async def put_connection(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:
-        """Validate and store the connection, then (re)start its session."""
-        ...
-
-    async def delete_connection(self, tenant: str, name: str) -> None:
-        """Stop its session and soft-delete it."""
-        ...
-
-    async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
-        """Re-list its tools now and store the listing."""
-        ...
-
-    def status(self, stored: StoredConnection) -> ConnectionStatus:
-        """Its state as this sidecar sees it."""
-        ...
-
-
-class ConnectionRepository(Protocol):
-    """Connections and catalogues in storage. Every method is one transaction."""
-
-    def put_connection(self, connection: Connection) -> StoredConnection:
-        """Create or replace (also revive a deleted one); bumps the revision."""
-        ...
-
-    def delete_connection(self, tenant: str, name: str) -> bool:
-        """Mark deleted, wipe its secrets, and remove its tools from the current catalogue
-        at a new, empty version. False when there was no such live connection."""
-        ...
-
-    def get_connection(self, tenant: str, name: str) -> StoredConnection | None:
-        """A live connection, secrets included."""
-        ...
-
-    def list_connections(
-        self, tenant: str, after_name: str, limit: int
-    ) -> tuple[list[StoredConnection], bool]:
-        """Live connections by name after `after_name`, and whether more follow."""
-        ...
-
-    def all_connections(self) -> list[StoredConnection]:
-        """Every live connection of every tenant, secrets included."""
-        ...
-
-    def connection_versions(self, tenant: str) -> dict[str, tuple[int, int]]:
-        """name -> (revision, catalog_version) of the tenant's live connections: one cheap
-        read that tells a cache what changed."""
-        ...
-
-    def write_catalog(
-        self, tenant: str, server: str, revision: int, tools: Sequence[CatalogTool]
-    ) -> CatalogWrite | None:
-        """Record one complete listing made by a session of that revision; None when the
-        connection is gone or was replaced since (a stale session must not write)."""
-        ...
-
-    def catalog_tools(
-        self, tenant: str, server: str, version: int
-    ) -> tuple[int, list[CatalogTool]] | None:
-        """The version read (0 asks for the current one) and its tools, sorted by name;
-        None when the connection has no such version. Works for deleted connections too."""
-        ...
-
-    def catalog_versions(
-        self, tenant: str, server: str, before_version: int, limit: int
-    ) -> tuple[list[CatalogVersion], bool] | None:
-        """The connection's versions newest first, at most `limit` of them below
-        `before_version` (0: from the newest), and whether more remain; None when no such
-        connection was ever stored. Works for deleted connections too."""
-        ...

@@ -10,12 +10,11 @@ from psych_sidecar.domain.catalog.connections import (
     Connection,
     ConnectionStatus,
 )
+from psych_sidecar.domain.catalog.ports import ConnectionRepository, ConnectionSupervisor
 from psych_sidecar.domain.catalog.rules import (
     CatalogDiff,
     CatalogVersion,
     CatalogWrite,
-    ConnectionRepository,
-    ConnectionSupervisor,
     StoredConnection,
     catalog_version_not_found,
     connection_not_found,

@@ -13,16 +13,15 @@ from psych_sidecar.domain.prompt.assembly import (
     GuardDecision,
     GuardedResult,
     PromptAssembler,
-    TurnSurfaces,
 )
 from psych_sidecar.domain.prompt.journal import (
     AssemblyEntry,
-    AssemblyJournal,
     ElidedResult,
     ElisionRule,
     SurfaceServer,
     ZoneSize,
 )
+from psych_sidecar.domain.prompt.ports import AssemblyJournal, TurnSurfaces
 from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView, Zone
 
 __all__ = [

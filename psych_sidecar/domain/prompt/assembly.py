@@ -15,10 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Protocol
 
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.catalog import ConnectionState
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
 from psych_sidecar.domain.prompt.elision import (
@@ -28,7 +26,8 @@ from psych_sidecar.domain.prompt.elision import (
     plan_batch,
     plan_view,
 )
-from psych_sidecar.domain.prompt.journal import AssemblyJournal, assembly_entry
+from psych_sidecar.domain.prompt.journal import assembly_entry
+from psych_sidecar.domain.prompt.ports import AssemblyJournal, TurnSurfaces
 from psych_sidecar.domain.prompt.providers import anthropic_body, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
@@ -56,21 +55,9 @@ from psych_sidecar.domain.runlog import (
     model_view,
     validate_context_budget,
 )
-from psych_sidecar.domain.surface import ToolSurface, status_note
+from psych_sidecar.domain.surface import status_note
 
 DEFAULT_MAX_TOKENS = 4096
-
-
-class TurnSurfaces(Protocol):
-    """What assembly needs of the tool surface (TurnResolver implements it)."""
-
-    def resolve_turn(self, run_id: str) -> ToolSurface:
-        """The Run's tool surface for this turn."""
-        ...
-
-    def server_states(self, run_id: str) -> Mapping[str, ConnectionState]:
-        """The current state of each of the Run's tenant's connections."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
 
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt.zones import Zone, ZoneDigest
@@ -86,18 +85,6 @@ class AssemblyEntry:
 
     def zone(self, zone: Zone) -> ZoneSize:
         return next(z for z in self.zones if z.zone is zone)
-
-
-class AssemblyJournal(Protocol):
-    """Where the assembler reports each prompt's metadata; storage implements it."""
-
-    def record(self, entry: AssemblyEntry) -> None:
-        """Keep one entry (and drop entries older than the retention)."""
-        ...
-
-    def entries(self, run_id: str, limit: int) -> list[AssemblyEntry]:
-        """A Run's entries, oldest first: at most the newest `limit`."""
-        ...
 
 
 def turn_and_step(skeletons: Sequence[RecordSkeleton]) -> tuple[int, int]:

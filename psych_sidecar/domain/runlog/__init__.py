@@ -12,8 +12,6 @@ from __future__ import annotations
 from psych_sidecar.domain.runlog.content import (
     SEPARATOR,
     ByteRange,
-    LogReader,
-    NonWaitingTurnStarts,
     PartMeta,
     Piece,
     RecordSkeleton,
@@ -22,7 +20,13 @@ from psych_sidecar.domain.runlog.content import (
     fetch_text,
 )
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
-from psych_sidecar.domain.runlog.ports import RunBlocking, RunRepository, SpecRepository
+from psych_sidecar.domain.runlog.ports import (
+    LogReader,
+    NonWaitingTurnStarts,
+    RunBlocking,
+    RunRepository,
+    SpecRepository,
+)
 from psych_sidecar.domain.runlog.runs import (
     ALL_TENANTS,
     MAX_IDENTIFIER_LENGTH,

@@ -16,9 +16,13 @@ from __future__ import annotations
 import codecs
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from psych_sidecar.domain.runlog.runs import ContentPart, PartKind, RecordKind, ToolCall
+from psych_sidecar.domain.runlog.runs import PartKind, RecordKind, ToolCall
+
+if TYPE_CHECKING:
+    # ports.py imports this module's shapes; here the port is only an annotation.
+    from psych_sidecar.domain.runlog.ports import LogReader
 
 SEPARATOR = "\n"
 MAX_UTF8_BYTES_PER_CHAR = 4
@@ -75,51 +79,6 @@ class ByteRange:
     part_index: int
     start: int
     length: int
-
-
-class LogReader(Protocol):
-    """Reads of the Run log that fetch only what a caller will send or return."""
-
-    def record_skeletons(self, run_id: str) -> list[RecordSkeleton]:
-        """Every record of the Run, in sequence order, without content."""
-        ...
-
-    def part_metas(self, run_id: str, sequences: Sequence[int]) -> dict[int, list[PartMeta]]:
-        """The parts' shapes of the given records, in part order."""
-        ...
-
-    def read_ranges(self, run_id: str, ranges: Sequence[ByteRange]) -> list[bytes]:
-        """The bytes of each range, in the order asked; ranges stay within their part."""
-        ...
-
-    def record_contents(
-        self, run_id: str, sequences: Sequence[int]
-    ) -> dict[int, tuple[ContentPart, ...]]:
-        """The full content of the given records."""
-        ...
-
-    def resolve_handle(self, handle: str) -> tuple[str, int] | None:
-        """The (run id, sequence) of the tool result with this handle, if any."""
-        ...
-
-    def turn_start(self, run_id: str) -> int:
-        """The sequence of the Run's last user message (where the current turn starts), 0
-        when there is none."""
-        ...
-
-    def latest_assistant_sequence(self, run_id: str) -> int:
-        """The sequence of the Run's last assistant message, 0 when there is none."""
-        ...
-
-
-class NonWaitingTurnStarts(Protocol):
-    """`LogReader.turn_start` for the event loop's thread: an answer only when the database
-    gives one without waiting for a lock, a connection or the network."""
-
-    def turn_start_now(self, run_id: str) -> int | None:
-        """As `LogReader.turn_start`, or None when it would wait (or failed: the caller then
-        asks `LogReader.turn_start` on a worker, whose errors are typed)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

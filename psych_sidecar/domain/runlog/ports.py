@@ -1,13 +1,16 @@
-"""What Specs and Runs need from storage. Implemented in storage/; the domain never sees SQL."""
+"""What Specs, Runs and reads of the log need from storage. Implemented in storage/; the domain
+never sees SQL."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from psych_sidecar.domain.runlog.content import ByteRange, PartMeta, RecordSkeleton
 from psych_sidecar.domain.runlog.runs import (
     AllTenants,
     AppendedRecord,
+    ContentPart,
     ListedRun,
     Record,
     RecordedCall,
@@ -96,4 +99,49 @@ class RunRepository(Protocol):
         """Records after a sequence, in order, of the given kinds (all when empty): at most
         `limit`, stopping before `max_bytes` of content is exceeded but always returning at
         least one when any remain; and whether more remain after them."""
+        ...
+
+
+class LogReader(Protocol):
+    """Reads of the Run log that fetch only what a caller will send or return."""
+
+    def record_skeletons(self, run_id: str) -> list[RecordSkeleton]:
+        """Every record of the Run, in sequence order, without content."""
+        ...
+
+    def part_metas(self, run_id: str, sequences: Sequence[int]) -> dict[int, list[PartMeta]]:
+        """The parts' shapes of the given records, in part order."""
+        ...
+
+    def read_ranges(self, run_id: str, ranges: Sequence[ByteRange]) -> list[bytes]:
+        """The bytes of each range, in the order asked; ranges stay within their part."""
+        ...
+
+    def record_contents(
+        self, run_id: str, sequences: Sequence[int]
+    ) -> dict[int, tuple[ContentPart, ...]]:
+        """The full content of the given records."""
+        ...
+
+    def resolve_handle(self, handle: str) -> tuple[str, int] | None:
+        """The (run id, sequence) of the tool result with this handle, if any."""
+        ...
+
+    def turn_start(self, run_id: str) -> int:
+        """The sequence of the Run's last user message (where the current turn starts), 0
+        when there is none."""
+        ...
+
+    def latest_assistant_sequence(self, run_id: str) -> int:
+        """The sequence of the Run's last assistant message, 0 when there is none."""
+        ...
+
+
+class NonWaitingTurnStarts(Protocol):
+    """`LogReader.turn_start` for the event loop's thread: an answer only when the database
+    gives one without waiting for a lock, a connection or the network."""
+
+    def turn_start_now(self, run_id: str) -> int | None:
+        """As `LogReader.turn_start`, or None when it would wait (or failed: the caller then
+        asks `LogReader.turn_start` on a worker, whose errors are typed)."""
         ...

@@ -8,10 +8,10 @@ provider-legal exposed names, and the definitions of the sidecar's own tools
 
 from __future__ import annotations
 
+from psych_sidecar.domain.surface.ports import SurfacePins
 from psych_sidecar.domain.surface.resolution import (
     ResolvedTurn,
     RunContext,
-    SurfacePins,
     TurnResolver,
     qualified_names,
 )

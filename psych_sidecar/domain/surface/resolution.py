@@ -14,7 +14,6 @@ import json
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from psych_sidecar.domain.cache import ByteBudgetCache, ImmutableCache
 from psych_sidecar.domain.catalog import (
@@ -39,6 +38,7 @@ from psych_sidecar.domain.runlog import (
     page_size,
 )
 from psych_sidecar.domain.surface import naming
+from psych_sidecar.domain.surface.ports import SurfacePins
 from psych_sidecar.domain.surface.sidecar_tools import sidecar_tools
 from psych_sidecar.domain.surface.tiers import (
     DisclosureLimits,
@@ -88,16 +88,6 @@ def _turn_bytes(resolved: ResolvedTurn) -> int:
     )
     permitted = sum(200 + 100 * len(tools) for tools in resolved.permitted.values())
     return 1000 + surface + permitted
-
-
-class SurfacePins(Protocol):
-    """Where each (Run, turn)'s surface is pinned, shared by every sidecar on the database.
-    Implemented in storage/."""
-
-    def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
-        """Store the surface of a turn unless one is stored already; return the stored one
-        (the first pin wins, whichever sidecar made it)."""
-        ...
 
 
 def connection_key(connection: Connection, status: ConnectionStatus) -> Hashable:

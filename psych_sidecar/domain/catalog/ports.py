@@ -1,0 +1,120 @@
+"""What the catalogue concern needs from outside the domain: the MCP
+layer implements :class:`ConnectionSupervisor`, :class:`CatalogView` and :class:`ToolRunner`
+(``McpManager``); storage implements :class:`ConnectionRepository`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from psych_sidecar.domain.catalog.connections import (
+    CatalogTool,
+    Connection,
+    ConnectionStatus,
+    McpToolResult,
+)
+from psych_sidecar.domain.catalog.rules import CatalogVersion, CatalogWrite, StoredConnection
+
+
+class CatalogView(Protocol):
+    """Reads of connections and current catalogues, for resolving a turn. Synchronous."""
+
+    def tenant_connections(self, tenant: str) -> list[tuple[Connection, ConnectionStatus]]:
+        """Every connection of the tenant (secrets emptied), sorted by name."""
+        ...
+
+    def current_tools(self, tenant: str, server: str, version: int = 0) -> list[CatalogTool]:
+        """The tools of catalogue version `version` — the one `tenant_connections` reported —
+        or of the newest (removed_in_version == 0) for 0, sorted by name; the last known tools
+        when the server is unreachable."""
+        ...
+
+
+class ToolRunner(Protocol):
+    """Executes one tool on a live session. Asynchronous: runs on the server's event loop."""
+
+    async def call_tool(
+        self,
+        tenant: str,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, object],
+        timeout_seconds: float,
+    ) -> McpToolResult:
+        """Raises ToolCallFailed when no result came back (unreachable, timeout, closed)."""
+        ...
+
+
+class ConnectionSupervisor(Protocol):
+    """What the connection use cases need of the MCP layer (``McpManager``): it owns the
+    sessions, so putting, deleting and refreshing a connection go through it."""
+
+    async def put_connection(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:
+        """Validate and store the connection, then (re)start its session."""
+        ...
+
+    async def delete_connection(self, tenant: str, name: str) -> None:
+        """Stop its session and soft-delete it."""
+        ...
+
+    async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
+        """Re-list its tools now and store the listing."""
+        ...
+
+    def status(self, stored: StoredConnection) -> ConnectionStatus:
+        """Its state as this sidecar sees it."""
+        ...
+
+
+class ConnectionRepository(Protocol):
+    """Connections and catalogues in storage. Every method is one transaction."""
+
+    def put_connection(self, connection: Connection) -> StoredConnection:
+        """Create or replace (also revive a deleted one); bumps the revision."""
+        ...
+
+    def delete_connection(self, tenant: str, name: str) -> bool:
+        """Mark deleted, wipe its secrets, and remove its tools from the current catalogue
+        at a new, empty version. False when there was no such live connection."""
+        ...
+
+    def get_connection(self, tenant: str, name: str) -> StoredConnection | None:
+        """A live connection, secrets included."""
+        ...
+
+    def list_connections(
+        self, tenant: str, after_name: str, limit: int
+    ) -> tuple[list[StoredConnection], bool]:
+        """Live connections by name after `after_name`, and whether more follow."""
+        ...
+
+    def all_connections(self) -> list[StoredConnection]:
+        """Every live connection of every tenant, secrets included."""
+        ...
+
+    def connection_versions(self, tenant: str) -> dict[str, tuple[int, int]]:
+        """name -> (revision, catalog_version) of the tenant's live connections: one cheap
+        read that tells a cache what changed."""
+        ...
+
+    def write_catalog(
+        self, tenant: str, server: str, revision: int, tools: Sequence[CatalogTool]
+    ) -> CatalogWrite | None:
+        """Record one complete listing made by a session of that revision; None when the
+        connection is gone or was replaced since (a stale session must not write)."""
+        ...
+
+    def catalog_tools(
+        self, tenant: str, server: str, version: int
+    ) -> tuple[int, list[CatalogTool]] | None:
+        """The version read (0 asks for the current one) and its tools, sorted by name;
+        None when the connection has no such version. Works for deleted connections too."""
+        ...
+
+    def catalog_versions(
+        self, tenant: str, server: str, before_version: int, limit: int
+    ) -> tuple[list[CatalogVersion], bool] | None:
+        """The connection's versions newest first, at most `limit` of them below
+        `before_version` (0: from the newest), and whether more remain; None when no such
+        connection was ever stored. Works for deleted connections too."""
+        ...
