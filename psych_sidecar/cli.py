@@ -176,12 +176,17 @@ def _begin_search_model_load() -> None:
 
 
 def _migrate(settings: Settings) -> None:
-    from psych_sidecar.storage.db import create_database_engine, current_revision, migrate
+    from psych_sidecar.storage.db import (
+        create_database_engine,
+        current_revision,
+        migrate,
+        schema_name,
+    )
 
     engine = create_database_engine(settings.resolved_database_url(), pool_size=1)
     try:
         migrate(engine)
-        print(f"database at revision {current_revision(engine)}")
+        print(f"database at schema {schema_name(current_revision(engine))}")
     finally:
         engine.dispose()
 

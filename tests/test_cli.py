@@ -24,6 +24,7 @@ from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
 from psych_sidecar import __version__, cli
 from psych_sidecar.bulk import heap
 from psych_sidecar.config import ENV_PREFIX, Settings, load_settings, parse_listen_address
+from psych_sidecar.storage.db import schema_name
 from tests.conftest import postgres_admin_url, postgres_database
 from tests.mcp_helpers import free_port
 from tests.test_storage import HEAD_REVISION
@@ -113,8 +114,10 @@ def test_migrate_applies_the_schema(tmp_path: Path) -> None:
     again = subprocess.run(
         [*COMMAND, "migrate", "--database-url", url], capture_output=True, text=True, check=True
     )
-    assert f"revision {HEAD_REVISION}" in first.stdout
-    assert f"revision {HEAD_REVISION}" in again.stdout
+    # The schema is named by the migration file that made it, not by alembic's revision id.
+    assert first.stdout.strip() == f"database at schema {schema_name(HEAD_REVISION)}"
+    assert again.stdout.strip() == first.stdout.strip()
+    assert schema_name(HEAD_REVISION) == "0007_tool_call_results"
     # Operators see each migration by its file's name, never alembic's revision ids.
     applied = re.findall(r"applied schema migration (\w+): ", first.stderr)
     migrations = Path(cli.__file__).parent / "storage" / "migrations" / "versions"

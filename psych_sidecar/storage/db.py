@@ -12,7 +12,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from alembic import command
@@ -24,6 +24,9 @@ from sqlalchemy.engine import URL
 from psych_sidecar.domain.errors import SidecarError, storage_unavailable
 from psych_sidecar.storage.bulk_values import SlicedByteaLoader
 from psych_sidecar.telemetry import metrics, tracing
+
+if TYPE_CHECKING:
+    from alembic.script import ScriptDirectory
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +153,32 @@ def sqlite_read_only_uri(database: str | Path) -> str:
     return f"file:{urllib.parse.quote(str(Path(database).resolve()))}?mode=ro"
 
 
-def expected_revision() -> str | None:
-    """The revision this code's migrations end at."""
+def _migration_scripts() -> ScriptDirectory:
     from alembic.script import ScriptDirectory
 
     config = Config()
     config.set_main_option("script_location", "psych_sidecar.storage:migrations")
-    return ScriptDirectory.from_config(config).get_current_head()
+    return ScriptDirectory.from_config(config)
+
+
+def expected_revision() -> str | None:
+    """The revision this code's migrations end at."""
+    return _migration_scripts().get_current_head()
+
+
+def schema_name(revision: str | None) -> str:
+    """What an operator is shown for a schema revision: the name of the migration file that
+    made it (the early revision ids predate the files' descriptive names and mean nothing to
+    an operator); a revision this code does not know is shown as stored."""
+    if revision is None:
+        return "none"
+    from alembic.util import CommandError
+
+    try:
+        script = _migration_scripts().get_revision(revision)
+    except CommandError:  # no such revision
+        script = None
+    return Path(script.path).stem if script is not None else revision
 
 
 def check_revision(engine: Engine) -> None:
@@ -172,7 +194,8 @@ def check_revision(engine: Engine) -> None:
                 "run `psych-sidecar migrate` on it first"
             )
         raise DatabaseRefused(
-            f"{where} is at schema revision {found!r}, this psych-sidecar knows {expected!r}: "
+            f"{where} is at schema {schema_name(found)!r}, "
+            f"this psych-sidecar knows {schema_name(expected)!r}: "
             "use the psych-sidecar version that runs on it"
         )
 
