@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import RunningSidecar
+from tests.support.sidecar import RunningSidecar
 
 
 def get(url: str) -> tuple[int, str, str]:
@@ -20,10 +20,8 @@ def get(url: str) -> tuple[int, str, str]:
         return error.code, error.headers["content-type"], error.read().decode()
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """An admin listener on a free loopback port."""
-    return {"admin_listen": ["127.0.0.1:0"]}
+# An admin listener on a free loopback port.
+SIDECAR_OVERRIDES: dict[str, Any] = {"admin_listen": ["127.0.0.1:0"]}
 
 
 def test_metrics_are_served_on_the_admin_listener(grpc_server: RunningSidecar) -> None:

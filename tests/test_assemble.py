@@ -12,9 +12,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from psych.sidecar.v1 import content_pb2, spec_pb2, turn_pb2
-from tests.conftest import Stubs, rpc_failure
-from tests.helpers import user
-from tests.prompt_helpers import (
+from tests.support.prompts import (
     NOON,
     append,
     assemble,
@@ -26,6 +24,8 @@ from tests.prompt_helpers import (
     valid_anthropic,
     valid_openai,
 )
+from tests.support.requests import user
+from tests.support.sidecar import Stubs, rpc_failure
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/5+hHgAHggJ/PchI7wAAAABJRU5ErkJggg=="

@@ -4,7 +4,6 @@ version's tools (the resolver would then cache them under the newer version)."""
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -13,8 +12,9 @@ import pytest
 
 from psych.sidecar.v1 import run_service_pb2, spec_pb2, spec_service_pb2
 from psych_sidecar.mcp.manager import McpManager
-from tests.conftest import RunningSidecar, Stubs
-from tests.mcp_helpers import FIXTURE_SERVER, on_loop, put_stdio, wait_for
+from tests.support.connections import fixture_commands, put_stdio
+from tests.support.polling import wait_for
+from tests.support.sidecar import RunningSidecar, Stubs, on_loop
 
 
 @pytest.fixture(scope="module")
@@ -23,17 +23,8 @@ def grpc_addr() -> str:
     return "127.0.0.1:0"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The fixture MCP server over stdio."""
-    return {
-        "mcp_commands": {
-            "fixture": {
-                "argv": [sys.executable, str(FIXTURE_SERVER), "stdio"],
-                "allow_extra_args": True,
-            }
-        }
-    }
+# The fixture MCP server over stdio.
+SIDECAR_OVERRIDES: dict[str, Any] = {"mcp_commands": fixture_commands()}
 
 
 def _listed_once(

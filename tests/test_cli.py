@@ -9,15 +9,13 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from sqlalchemy import create_engine, make_url, text
 
 from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
@@ -25,31 +23,9 @@ from psych_sidecar import __version__, cli
 from psych_sidecar.bulk import heap
 from psych_sidecar.config import ENV_PREFIX, Settings, load_settings, parse_listen_address
 from psych_sidecar.storage.db import schema_name
-from tests.conftest import postgres_admin_url, postgres_database
-from tests.mcp_helpers import free_port
-from tests.test_storage import HEAD_REVISION
-
-COMMAND = [sys.executable, "-m", "psych_sidecar"]
-
-
-def _health(target: str) -> int | None:
-    with grpc.insecure_channel(target) as channel:
-        try:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=1
-            )
-        except grpc.RpcError:
-            return None
-        return response.status
-
-
-def _wait_for(target: str, status: int, within: float) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if _health(target) == status:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{target} did not report {status} within {within}s")
+from tests.support.databases import HEAD_REVISION, postgres_admin_url, postgres_database
+from tests.support.polling import wait_for
+from tests.support.processes import COMMAND, ServedSidecar, free_port, health_status, served
 
 
 def test_version_prints_the_package_version() -> None:
@@ -58,40 +34,33 @@ def test_version_prints_the_package_version() -> None:
 
 
 def test_serve_with_defaults_is_serving_on_a_unix_socket_and_sqlite_file(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")}
-    process = subprocess.Popen([*COMMAND, "serve"], cwd=tmp_path, env=env, stderr=subprocess.PIPE)
-    try:
-        socket_path = tmp_path / "psych-sidecar-data" / "sidecar.sock"
-        _wait_for(f"unix:{socket_path}", health_pb2.HealthCheckResponse.SERVING, within=10)
+    socket_path = tmp_path / "psych-sidecar-data" / "sidecar.sock"
+    with served(health=f"unix:{socket_path}", cwd=tmp_path):
         assert (tmp_path / "psych-sidecar-data" / "sidecar.db").exists()
         assert stat.S_IMODE(socket_path.stat().st_mode) == 0o660
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr.decode()
     assert not socket_path.exists()
 
 
-def test_sigterm_reports_not_serving_then_exits(tmp_path: Path) -> None:
-    socket_path = tmp_path / "s.sock"
-    env = {**os.environ, "PSYCH_SIDECAR_DRAIN_DELAY_SECONDS": "3"}
-    process = subprocess.Popen(
-        [
-            *COMMAND,
-            "serve",
-            "--listen",
-            f"unix://{socket_path}",
-            "--database-url",
-            f"sqlite:///{tmp_path / 'db'}",
-        ],
-        env=env,
-        stderr=subprocess.PIPE,
+def _drains(target: str) -> None:
+    """SIGTERM was sent: `target` reports NOT_SERVING within the drain delay (3 s here)."""
+    wait_for(
+        lambda: health_status(target) == health_pb2.HealthCheckResponse.NOT_SERVING,
+        f"{target} to report NOT_SERVING",
+        within=3,
     )
-    target = f"unix:{socket_path}"
-    try:
-        _wait_for(target, health_pb2.HealthCheckResponse.SERVING, within=10)
-        process.send_signal(signal.SIGTERM)
-        _wait_for(target, health_pb2.HealthCheckResponse.NOT_SERVING, within=3)
+
+
+def test_sigterm_reports_not_serving_then_exits(tmp_path: Path) -> None:
+    target = f"unix://{tmp_path / 's.sock'}"
+    with served(
+        "--listen",
+        target,
+        "--database-url",
+        f"sqlite:///{tmp_path / 'db'}",
+        env={"PSYCH_SIDECAR_DRAIN_DELAY_SECONDS": "3"},
+    ) as sidecar:
+        sidecar.process.send_signal(signal.SIGTERM)
+        _drains(target)
         # Still answering calls while it drains.
         with grpc.insecure_channel(target) as channel:
             with pytest.raises(grpc.RpcError) as caught:
@@ -99,11 +68,7 @@ def test_sigterm_reports_not_serving_then_exits(tmp_path: Path) -> None:
                     run_service_pb2.GetRunRequest(run_id="run_x"), timeout=2
                 )
             assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-        assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
+        assert sidecar.exit_status() == 0
 
 
 def test_migrate_applies_the_schema(tmp_path: Path) -> None:
@@ -179,23 +144,16 @@ def test_listen_addresses_parse() -> None:
 def test_a_health_only_listener_serves_health_and_nothing_else(tmp_path: Path) -> None:
     socket_path = tmp_path / "s.sock"
     health_address = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "PSYCH_SIDECAR_DRAIN_DELAY_SECONDS": "3"}
-    process = subprocess.Popen(
-        [
-            *COMMAND,
-            "serve",
-            "--listen",
-            f"unix://{socket_path}",
-            "--health-listen",
-            health_address,
-            "--database-url",
-            f"sqlite:///{tmp_path / 'db'}",
-        ],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        _wait_for(health_address, health_pb2.HealthCheckResponse.SERVING, within=10)
+    with served(
+        "--listen",
+        f"unix://{socket_path}",
+        "--health-listen",
+        health_address,
+        "--database-url",
+        f"sqlite:///{tmp_path / 'db'}",
+        health=health_address,
+        env={"PSYCH_SIDECAR_DRAIN_DELAY_SECONDS": "3"},
+    ) as sidecar:
         probe = subprocess.run(
             [*COMMAND, "health", "--address", health_address], capture_output=True, text=True
         )
@@ -207,17 +165,13 @@ def test_a_health_only_listener_serves_health_and_nothing_else(tmp_path: Path) -
                     run_service_pb2.GetRunRequest(run_id="run_x"), timeout=2
                 )
             assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        process.send_signal(signal.SIGTERM)
-        _wait_for(health_address, health_pb2.HealthCheckResponse.NOT_SERVING, within=3)
+        sidecar.process.send_signal(signal.SIGTERM)
+        _drains(health_address)
         draining = subprocess.run(
             [*COMMAND, "health", "--address", health_address], capture_output=True, text=True
         )
         assert draining.returncode == 1
-        assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
+        assert sidecar.exit_status() == 0
     nobody = subprocess.run(
         [*COMMAND, "health", "--address", f"unix://{socket_path}"], capture_output=True, text=True
     )
@@ -364,40 +318,16 @@ def test_operations_doc_lists_every_setting_once() -> None:
 # Expected start-up failures: one line, no traceback -----------------------------------------
 
 
-def _serve(*arguments: str, cwd: Path | None = None) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    return subprocess.Popen(
-        [*COMMAND, "serve", *arguments],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _stop(process: subprocess.Popen[str]) -> str:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
-    return stderr
-
-
-def _failure(process: subprocess.Popen[str], *, only_line: bool = True) -> str:
+def _failure(sidecar: ServedSidecar, *, only_line: bool = True) -> str:
     """The one line an expected start-up failure prints (after the start-up log, if
     `only_line` is false), exit status 1 and no traceback."""
-    try:
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:  # it started after all: leave nothing running
-            process.kill()
-            process.communicate()
-    assert process.returncode == 1, stderr
-    assert "Traceback" not in stderr, stderr
-    lines = stderr.strip().splitlines()
+    status = sidecar.exit_status()
+    assert status == 1, sidecar.log
+    assert "Traceback" not in sidecar.log, sidecar.log
+    lines = sidecar.log.strip().splitlines()
     if only_line:
-        assert len(lines) == 1, stderr
-    assert lines[-1].startswith("psych-sidecar: "), stderr
+        assert len(lines) == 1, sidecar.log
+    assert lines[-1].startswith("psych-sidecar: "), sidecar.log
     return lines[-1]
 
 
@@ -405,32 +335,25 @@ def test_a_second_sidecar_on_a_live_socket_says_so_in_one_line_and_exits_1(
     tmp_path: Path,
 ) -> None:
     socket_path = tmp_path / "s.sock"
-    first = _serve("--listen", f"unix://{socket_path}", "--data-dir", str(tmp_path / "one"))
-    try:
-        _wait_for(f"unix:{socket_path}", health_pb2.HealthCheckResponse.SERVING, within=30)
-        second = _serve("--listen", f"unix://{socket_path}", "--data-dir", str(tmp_path / "two"))
-        line = _failure(second)
+    listen = f"unix://{socket_path}"
+    with served("--listen", listen, "--data-dir", str(tmp_path / "one")) as first:
+        line = _failure(ServedSidecar("--listen", listen, "--data-dir", str(tmp_path / "two")))
         assert "another sidecar is already serving on" in line
         assert str(socket_path) in line
         # The second one neither migrated a database nor touched the first one's socket.
         assert not (tmp_path / "two").exists()
-        assert _health(f"unix:{socket_path}") == health_pb2.HealthCheckResponse.SERVING
-    finally:
-        assert "Traceback" not in _stop(first)
-    assert first.returncode == 0
+        assert health_status(listen) == health_pb2.HealthCheckResponse.SERVING
+    assert "Traceback" not in first.log
 
 
 def test_a_stale_socket_of_a_crashed_sidecar_is_reclaimed(tmp_path: Path) -> None:
-    crashed = _serve(cwd=tmp_path)
     socket_path = tmp_path / "psych-sidecar-data" / "sidecar.sock"
-    _wait_for(f"unix:{socket_path}", health_pb2.HealthCheckResponse.SERVING, within=30)
+    crashed = ServedSidecar(health=f"unix:{socket_path}", cwd=tmp_path)
+    crashed.wait_serving()
     crashed.kill()
-    crashed.communicate(timeout=30)
     assert stat.S_ISSOCK(socket_path.stat().st_mode)  # left behind
 
-    again = _serve(cwd=tmp_path)
-    try:
-        _wait_for(f"unix:{socket_path}", health_pb2.HealthCheckResponse.SERVING, within=30)
+    with served(health=f"unix:{socket_path}", cwd=tmp_path) as again:
         # `health` finds it through the same settings (here: the default data_dir).
         probe = subprocess.run(
             [*COMMAND, "health", "--data-dir", str(tmp_path / "psych-sidecar-data")],
@@ -438,10 +361,7 @@ def test_a_stale_socket_of_a_crashed_sidecar_is_reclaimed(tmp_path: Path) -> Non
             text=True,
         )
         assert probe.returncode == 0, probe.stderr
-    finally:
-        stderr = _stop(again)
-    assert again.returncode == 0, stderr
-    assert "removed the stale socket file" in stderr
+    assert "removed the stale socket file" in again.log
 
 
 def test_a_tcp_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
@@ -449,28 +369,24 @@ def test_a_tcp_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        process = _serve("--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path))
-        line = _failure(process)
+        line = _failure(ServedSidecar("--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path)))
     assert f"cannot listen on 127.0.0.1:{port}" in line
     assert not (tmp_path / "sidecar.db").exists()
 
 
 def test_a_second_sidecar_on_a_live_tcp_port_does_not_share_it(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
-    first = _serve("--listen", address, "--data-dir", str(tmp_path / "one"))
-    try:
-        _wait_for(address, health_pb2.HealthCheckResponse.SERVING, within=30)
-        line = _failure(_serve("--listen", address, "--data-dir", str(tmp_path / "two")))
+    with served("--listen", address, "--data-dir", str(tmp_path / "one")):
+        line = _failure(ServedSidecar("--listen", address, "--data-dir", str(tmp_path / "two")))
         assert f"cannot listen on {address}" in line
-    finally:
-        _stop(first)
 
 
 def test_an_unreachable_database_is_one_line_and_exit_1(tmp_path: Path) -> None:
     url = f"postgresql://psych:s3cret@127.0.0.1:{free_port()}/psych"
-    process = _serve("--database-url", url, "--data-dir", str(tmp_path))
     # After the start-up log, which says which tool search is in force.
-    line = _failure(process, only_line=False)
+    line = _failure(
+        ServedSidecar("--database-url", url, "--data-dir", str(tmp_path)), only_line=False
+    )
     assert "cannot use the database postgresql+psycopg://psych:***@127.0.0.1" in line
     assert "s3cret" not in line
     migrate = subprocess.run(
@@ -496,8 +412,10 @@ def test_a_postgresql_role_without_temporary_tables_is_refused_at_start(tmp_path
                     text(f'REVOKE TEMPORARY ON DATABASE "{database}" FROM PUBLIC, "{role}"')
                 )
             as_role = make_url(url).set(username=role).render_as_string(hide_password=False)
-            process = _serve("--database-url", as_role, "--data-dir", str(tmp_path))
-            line = _failure(process, only_line=False)
+            line = _failure(
+                ServedSidecar("--database-url", as_role, "--data-dir", str(tmp_path)),
+                only_line=False,
+            )
             assert "may not create temporary tables" in line
             assert "GRANT TEMPORARY" in line
     finally:

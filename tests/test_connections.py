@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,20 +17,18 @@ from psych.sidecar.v1 import connection_pb2, connection_service_pb2
 from psych_sidecar.config import Settings
 from psych_sidecar.domain.catalog import ConnectionState, McpToolResult, ToolCallFailed
 from psych_sidecar.domain.runlog import PartKind
-from tests.conftest import RunningSidecar, Stubs, rpc_failure
-from tests.mcp_helpers import (
+from tests.mcp_servers.fixture_server import BLOB_BYTES, FIXED_TOOLS, PNG_BYTES, WAV_BYTES
+from tests.support.connections import (
     catalog_names,
     fixture_commands,
     fixture_http,
-    free_port,
     listed,
-    on_loop,
     put_http,
     put_stdio,
-    running,
-    wait_for,
 )
-from tests.mcp_servers.fixture_server import BLOB_BYTES, FIXED_TOOLS, PNG_BYTES, WAV_BYTES
+from tests.support.polling import wait_for
+from tests.support.processes import free_port, running
+from tests.support.sidecar import RunningSidecar, Stubs, on_loop, rpc_failure
 
 FIXED_NAMES = sorted(tool.name for tool in FIXED_TOOLS)
 SMALL = ["--tools", "3"]
@@ -43,30 +41,16 @@ def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The fixture server is an allowed command; reconnects, debounce and the TTL are short so
-    that background behaviour shows up quickly."""
-    return {
-        "mcp_commands": fixture_commands(),
-        "mcp_reconnect_min_seconds": 0.1,
-        "mcp_reconnect_max_seconds": 0.5,
-        "mcp_list_changed_debounce_seconds": 0.05,
-        "mcp_connect_timeout_seconds": 20,
-        "catalog_ttl_seconds": 1.0,
-    }
-
-
-@pytest.fixture
-def tenant(unique: Callable[[str], str], stubs: Stubs) -> Iterator[str]:
-    """A fresh tenant whose connections are deleted after the test, so that no session
-    outlives it."""
-    name = unique("tenant")
-    yield name
-    for connection in listed(stubs, name):
-        stubs.connections.DeleteConnection(
-            connection_service_pb2.DeleteConnectionRequest(tenant=name, name=connection)
-        )
+# The fixture server is an allowed command; reconnects, debounce and the TTL are short so that
+# background behaviour shows up quickly.
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "mcp_commands": fixture_commands(),
+    "mcp_reconnect_min_seconds": 0.1,
+    "mcp_reconnect_max_seconds": 0.5,
+    "mcp_list_changed_debounce_seconds": 0.05,
+    "mcp_connect_timeout_seconds": 20,
+    "catalog_ttl_seconds": 1.0,
+}
 
 
 def call(

@@ -7,10 +7,6 @@ acknowledged record is stored exactly once and the Run's sequences are gap-free.
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,24 +14,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc, spec_service_pb2_grpc
-from tests.conftest import Stubs
-from tests.helpers import all_records, new_run, user
-from tests.mcp_helpers import free_port
+from psych.sidecar.v1 import run_service_pb2
+from tests.support.polling import wait_for
+from tests.support.processes import ServedSidecar, free_port
+from tests.support.requests import all_records, new_run, user
+from tests.support.sidecar import Stubs
 
 CYCLES = 10
 # Appends acknowledged between two kills: enough for the kill to land mid-append.
 APPENDS_PER_CYCLE = 15
-
-
-def _command() -> list[str]:
-    beside = Path(sys.executable).parent / "psych-sidecar"
-    if beside.exists():
-        return [str(beside)]
-    found = shutil.which("psych-sidecar")
-    return [found] if found else [sys.executable, "-m", "psych_sidecar"]
 
 
 class Sidecar:
@@ -44,52 +32,29 @@ class Sidecar:
     def __init__(self, database_url: str, data_dir: Path) -> None:
         self.database_url = database_url
         self.data_dir = data_dir
-        self.process: subprocess.Popen[bytes] | None = None
+        self.served: ServedSidecar | None = None
         self.address = ""
 
     def start(self) -> None:
         self.address = f"127.0.0.1:{free_port()}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")}
-        env["PSYCH_SIDECAR_SEMANTIC_SEARCH"] = "off"
-        self.process = subprocess.Popen(
-            [
-                *_command(),
-                "serve",
-                "--listen",
-                self.address,
-                "--database-url",
-                self.database_url,
-                "--data-dir",
-                str(self.data_dir),
-            ],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        self.served = ServedSidecar(
+            "--listen",
+            self.address,
+            "--database-url",
+            self.database_url,
+            "--data-dir",
+            str(self.data_dir),
+            env={"PSYCH_SIDECAR_SEMANTIC_SEARCH": "off"},
         )
-        deadline = time.monotonic() + 60
-        with grpc.insecure_channel(self.address) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                assert self.process.poll() is None, "the sidecar exited while starting"
-                try:
-                    answer = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                assert time.monotonic() < deadline, "the sidecar did not become ready"
-                time.sleep(0.05)
+        self.served.wait_serving()
 
     def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
+        assert self.served is not None
+        self.served.kill()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(30)
+        if self.served is not None:
+            self.served.stop()
 
 
 @pytest.fixture
@@ -103,14 +68,7 @@ def sidecar(database_url: str, tmp_path: Path) -> Iterator[Sidecar]:
 
 def _stubs(address: str) -> tuple[grpc.Channel, Stubs]:
     channel = grpc.insecure_channel(address)
-    stubs = Stubs(
-        specs=spec_service_pb2_grpc.SpecServiceStub(channel),
-        runs=run_service_pb2_grpc.RunServiceStub(channel),
-        turns=None,  # type: ignore[arg-type]
-        tools=None,  # type: ignore[arg-type]
-        connections=None,  # type: ignore[arg-type]
-    )
-    return channel, stubs
+    return channel, Stubs.on(channel)
 
 
 def test_kill_9_during_appends_loses_and_duplicates_nothing_acknowledged(
@@ -149,8 +107,14 @@ def test_kill_9_during_appends_loses_and_duplicates_nothing_acknowledged(
         appender = threading.Thread(target=append_until_killed)
         target = len(acknowledged) + APPENDS_PER_CYCLE
         appender.start()
-        while len(acknowledged) < target and appender.is_alive():
-            time.sleep(0.002)
+        wait_for(
+            lambda target=target, appender=appender: (
+                len(acknowledged) >= target or not appender.is_alive()
+            ),
+            f"{APPENDS_PER_CYCLE} appends acknowledged",
+            within=60,
+            every=0.002,
+        )
         sidecar.kill()
         stop.set()
         appender.join(30)

@@ -10,9 +10,7 @@ from collections.abc import Callable
 import grpc
 
 from psych.sidecar.v1 import spec_pb2, tool_service_pb2
-from tests.conftest import Stubs, rpc_failure
-from tests.helpers import all_records, user
-from tests.prompt_helpers import (
+from tests.support.prompts import (
     append,
     assemble,
     assistant,
@@ -25,6 +23,8 @@ from tests.prompt_helpers import (
     valid_anthropic,
     valid_openai,
 )
+from tests.support.requests import all_records, user
+from tests.support.sidecar import Stubs, rpc_failure
 
 EXECUTED = tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED
 HOST_TOOL = tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL

@@ -10,9 +10,7 @@ import re
 from collections.abc import Callable
 
 from psych.sidecar.v1 import content_pb2
-from tests.conftest import Stubs
-from tests.helpers import user
-from tests.prompt_helpers import (
+from tests.support.prompts import (
     append,
     assemble,
     assistant,
@@ -25,6 +23,8 @@ from tests.prompt_helpers import (
     valid_anthropic,
     valid_openai,
 )
+from tests.support.requests import user
+from tests.support.sidecar import Stubs
 
 LIMITS = thresholds(
     per_result_tokens=1000,

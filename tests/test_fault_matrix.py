@@ -31,9 +31,9 @@ from psych.sidecar.v1 import (
     spec_pb2,
     tool_service_pb2,
 )
-from tests.conftest import RunningSidecar, Stubs
-from tests.helpers import all_records, publish
-from tests.mcp_helpers import wait_for
+from tests.support.polling import wait_for
+from tests.support.requests import all_records, publish
+from tests.support.sidecar import RunningSidecar, Stubs
 
 FAULT_SERVER = Path(__file__).parent / "mcp_servers" / "fault_server.py"
 
@@ -50,19 +50,17 @@ def grpc_addr() -> str:
     return "127.0.0.1:0"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The fault server; short connect and call timeouts so the faults show quickly."""
-    return {
-        "mcp_commands": {
-            "faults": {"argv": [sys.executable, str(FAULT_SERVER)], "allow_extra_args": True}
-        },
-        "mcp_connect_timeout_seconds": 10.0,
-        "tool_call_timeout_seconds": 3.0,
-        "mcp_reconnect_min_seconds": 0.2,
-        "mcp_reconnect_max_seconds": 1.0,
-        "semantic_search": "off",
-    }
+# The fault server; short connect and call timeouts so the faults show quickly.
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "mcp_commands": {
+        "faults": {"argv": [sys.executable, str(FAULT_SERVER)], "allow_extra_args": True}
+    },
+    "mcp_connect_timeout_seconds": 10.0,
+    "tool_call_timeout_seconds": 3.0,
+    "mcp_reconnect_min_seconds": 0.2,
+    "mcp_reconnect_max_seconds": 1.0,
+    "semantic_search": "off",
+}
 
 
 class Tenant:

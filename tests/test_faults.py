@@ -30,9 +30,10 @@ from psych.sidecar.v1 import (
 from psych_sidecar.config import MIB
 from psych_sidecar.mcp import session as mcp_session
 from psych_sidecar.mcp import stdio as mcp_stdio
-from tests.conftest import RunningSidecar, Stubs
-from tests.helpers import all_records, publish
-from tests.mcp_helpers import fixture_commands, wait_for
+from tests.support.connections import fixture_commands
+from tests.support.polling import wait_for
+from tests.support.requests import all_records, publish
+from tests.support.sidecar import RunningSidecar, Stubs
 
 LIMIT = MIB
 # The largest result a tool-call response carries whole here (below the message limit).
@@ -53,16 +54,14 @@ def grpc_addr() -> str:
     return "127.0.0.1:0"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The smallest message limit, so a few-MB result is already larger than a response."""
-    return {
-        "mcp_commands": fixture_commands(),
-        "max_message_bytes": LIMIT,
-        "inline_result_bytes": INLINE,
-        "mcp_reconnect_min_seconds": 0.2,
-        "mcp_reconnect_max_seconds": 1.0,
-    }
+# The smallest message limit, so a few-MB result is already larger than a response.
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "mcp_commands": fixture_commands(),
+    "max_message_bytes": LIMIT,
+    "inline_result_bytes": INLINE,
+    "mcp_reconnect_min_seconds": 0.2,
+    "mcp_reconnect_max_seconds": 1.0,
+}
 
 
 @pytest.fixture

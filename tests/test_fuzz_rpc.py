@@ -36,9 +36,10 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     usage_service_pb2,
 )
-from tests.conftest import RunningSidecar, Stubs
-from tests.helpers import new_run, tool_result, user
-from tests.mcp_helpers import fixture_commands, put_stdio, wait_for
+from tests.support.connections import fixture_commands, put_stdio
+from tests.support.polling import wait_for
+from tests.support.requests import new_run, tool_result, user
+from tests.support.sidecar import RunningSidecar, Stubs
 
 SERVICES = [
     module.DESCRIPTOR.services_by_name[name]
@@ -103,10 +104,11 @@ def grpc_addr() -> str:
     return "127.0.0.1:0"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The fixture MCP server may be connected; tool calls give up after 3 s."""
-    return {"mcp_commands": fixture_commands(), "tool_call_timeout_seconds": 3.0}
+# The fixture MCP server may be connected; tool calls give up after 3 s.
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "mcp_commands": fixture_commands(),
+    "tool_call_timeout_seconds": 3.0,
+}
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ answer, as JSON and as a table."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +21,20 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar import cli
 from psych_sidecar.inspect import content_bytes
-from tests.conftest import RunningSidecar, Stubs
-from tests.helpers import user
-from tests.prompt_helpers import append, assistant, history_results, run_with, thresholds
+from tests.support.connections import fixture_commands
+from tests.support.prompts import append, assistant, history_results, run_with, thresholds
+from tests.support.requests import user
+from tests.support.sidecar import RunningSidecar, Stubs
 
-FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
 TENANT = "inspect-tenant"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The fixture MCP server as an allowed stdio command; no search vectors, whose
-    background warm-up would write while a test compares the database before and after."""
-    return {
-        "mcp_commands": {"fixture": {"argv": [sys.executable, str(FIXTURE_SERVER), "stdio"]}},
-        "semantic_search": "off",
-    }
+# The fixture MCP server as an allowed stdio command; no search vectors, whose background
+# warm-up would write while a test compares the database before and after.
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "mcp_commands": fixture_commands(),
+    "semantic_search": "off",
+}
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from psych_sidecar.storage.db import (
     schema_name,
     transaction,
 )
-from tests.conftest import postgres_database
+from tests.support.databases import postgres_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -45,17 +45,12 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.admin import ui
 from psych_sidecar.admin.ui import CONTENT_SECURITY_POLICY
-from tests.conftest import RunningSidecar, Stubs
-from tests.helpers import user
-from tests.mcp_helpers import (
-    fixture_commands,
-    free_port,
-    listed,
-    put_http,
-    put_stdio,
-    wait_for,
-)
-from tests.prompt_helpers import append, assemble, assistant, dispatch, run_with, thresholds
+from tests.support.connections import fixture_commands, listed, put_http, put_stdio
+from tests.support.polling import wait_for
+from tests.support.processes import free_port
+from tests.support.prompts import append, assemble, assistant, dispatch, run_with, thresholds
+from tests.support.requests import user
+from tests.support.sidecar import RunningSidecar, Stubs
 
 # The first browser test may wait for apt-get to install chromium (a minute or two).
 pytestmark = pytest.mark.timeout(900)
@@ -79,10 +74,11 @@ def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The admin listener on a free loopback port, and the fixture MCP server allowed."""
-    return {"admin_listen": ["127.0.0.1:0"], "mcp_commands": fixture_commands()}
+# The admin listener on a free loopback port, and the fixture MCP server allowed.
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "admin_listen": ["127.0.0.1:0"],
+    "mcp_commands": fixture_commands(),
+}
 
 
 @dataclass

@@ -15,12 +15,7 @@ import pytest
 from sqlalchemy import Engine, MetaData, create_engine, select, text
 
 from psych.sidecar.v1 import (
-    connection_service_pb2_grpc,
-    run_service_pb2_grpc,
-    spec_service_pb2_grpc,
-    tool_service_pb2_grpc,
     turn_pb2,
-    turn_service_pb2_grpc,
 )
 from psych_sidecar.config import Settings
 from psych_sidecar.domain.prompt import (
@@ -32,9 +27,9 @@ from psych_sidecar.domain.prompt import (
 )
 from psych_sidecar.storage.db import normalize_url
 from psych_sidecar.storage.journal import SqlAssemblyJournal
-from tests.conftest import RunningSidecar, Stubs
-from tests.helpers import user
-from tests.prompt_helpers import append, assemble, assistant, result, run_with, thresholds
+from tests.support.prompts import append, assemble, assistant, result, run_with, thresholds
+from tests.support.requests import user
+from tests.support.sidecar import RunningSidecar, Stubs
 
 ZONES = {
     turn_pb2.PROMPT_ZONE_STATIC_SYSTEM: Zone.STATIC_SYSTEM,
@@ -150,16 +145,6 @@ def test_nothing_of_the_transient_message_or_the_tail_is_stored_in_any_table(
                         assert secret.encode() not in stored, (table.name, secret)
 
 
-def _stubs(channel: grpc.Channel) -> Stubs:
-    return Stubs(
-        spec_service_pb2_grpc.SpecServiceStub(channel),
-        run_service_pb2_grpc.RunServiceStub(channel),
-        turn_service_pb2_grpc.TurnServiceStub(channel),
-        tool_service_pb2_grpc.ToolServiceStub(channel),
-        connection_service_pb2_grpc.ConnectionServiceStub(channel),
-    )
-
-
 def test_the_journal_can_be_turned_off(tmp_path: Path) -> None:
     settings = Settings(
         listen=[f"unix://{tmp_path / 's.sock'}"],
@@ -170,7 +155,7 @@ def test_the_journal_can_be_turned_off(tmp_path: Path) -> None:
     with RunningSidecar(settings) as running:
         assert running.sidecar.journal is None
         with grpc.insecure_channel(running.sidecar.bound[0]) as channel:
-            stubs = _stubs(channel)
+            stubs = Stubs.on(channel)
             run_id = run_with(stubs, "agent")
             append(stubs, run_id, user("hello"))
             assemble(stubs, run_id)
@@ -195,7 +180,7 @@ def test_a_journal_that_cannot_write_does_not_fail_the_prompt(
             conn.execute(text("DROP TABLE assembly_journal"))
         engine.dispose()
         with grpc.insecure_channel(running.sidecar.bound[0]) as channel:
-            stubs = _stubs(channel)
+            stubs = Stubs.on(channel)
             run_id = run_with(stubs, "agent")
             append(stubs, run_id, user("hello"))
             with caplog.at_level(logging.WARNING, logger="psych_sidecar.storage.journal"):

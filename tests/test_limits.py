@@ -11,16 +11,14 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from psych.sidecar.v1 import content_pb2, run_service_pb2
-from tests.conftest import RunningSidecar, Stubs, rpc_failure
-from tests.helpers import all_records, new_run, text_part, tool_result, user
+from tests.support.requests import all_records, new_run, text_part, tool_result, user
+from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 MIB = 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The smallest configurable message limit keeps the oversized requests small."""
-    return {"max_message_bytes": MIB}
+# The smallest configurable message limit keeps the oversized requests small.
+SIDECAR_OVERRIDES: dict[str, Any] = {"max_message_bytes": MIB}
 
 
 def test_a_request_over_the_configured_maximum_is_refused_with_error_info(

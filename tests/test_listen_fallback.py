@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import RunningSidecar, Stubs
-from tests.mcp_helpers import catalog_names, fixture_commands, put_stdio, wait_for
+from tests.support.connections import catalog_names, fixture_commands, put_stdio
+from tests.support.polling import wait_for
+from tests.support.sidecar import RunningSidecar, Stubs
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +20,11 @@ def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The fixture server is an allowed command; a short debounce so a change shows quickly."""
-    return {"mcp_commands": fixture_commands(), "mcp_list_changed_debounce_seconds": 0.05}
+# The fixture server is an allowed command; a short debounce so a change shows quickly.
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "mcp_commands": fixture_commands(),
+    "mcp_list_changed_debounce_seconds": 0.05,
+}
 
 
 @pytest.mark.parametrize(("args", "era"), [(["--no-listen"], "2025"), ([], "2026")])

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2
-from tests.conftest import Stubs
-from tests.helpers import all_records, new_run
+from tests.support.requests import all_records, new_run
+from tests.support.sidecar import Stubs
 
 _parts = st.one_of(
     st.text(max_size=200).map(lambda text: content_pb2.ContentPart(text=text)),

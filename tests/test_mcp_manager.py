@@ -9,8 +9,8 @@ from pathlib import Path
 
 from psych_sidecar.config import Settings
 from psych_sidecar.domain.catalog import Connection, TransportKind
-from tests.conftest import RunningSidecar
-from tests.mcp_helpers import fixture_commands, on_loop
+from tests.support.connections import fixture_commands
+from tests.support.sidecar import RunningSidecar, on_loop
 
 
 def _settings(tmp_path: Path) -> Settings:

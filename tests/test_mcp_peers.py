@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +16,9 @@ import pytest
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import PartKind
-from tests.conftest import RunningSidecar, Stubs
-from tests.mcp_helpers import (
-    PEERS_DIR,
-    HttpServer,
-    catalog_names,
-    free_port,
-    listed,
-    on_loop,
-    put_http,
-    put_stdio,
-    running,
-)
+from tests.support.connections import PEERS_DIR, catalog_names, put_http, put_stdio
+from tests.support.processes import HttpServer, free_port, running
+from tests.support.sidecar import RunningSidecar, Stubs, on_loop
 
 VENV_BIN = Path(sys.executable).parent
 EVERYTHING = PEERS_DIR / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
@@ -106,17 +96,6 @@ def sidecar_overrides(repository: Path) -> dict[str, Any]:
         },
         "mcp_connect_timeout_seconds": 60,
     }
-
-
-@pytest.fixture
-def tenant(unique: Callable[[str], str], stubs: Stubs) -> Iterator[str]:
-    """A fresh tenant whose connections are deleted after the test."""
-    name = unique("tenant")
-    yield name
-    for connection in listed(stubs, name):
-        stubs.connections.DeleteConnection(
-            connection_service_pb2.DeleteConnectionRequest(tenant=name, name=connection)
-        )
 
 
 def call(

@@ -4,9 +4,7 @@ first when the budget is spent."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,11 +17,10 @@ from psych.sidecar.v1 import (
     tool_service_pb2,
 )
 from psych_sidecar.domain.cache import ByteBudgetCache
-from tests.conftest import RunningSidecar, Stubs
-from tests.helpers import publish
-from tests.mcp_helpers import wait_for
-
-FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
+from tests.support.connections import fixture_commands
+from tests.support.polling import wait_for
+from tests.support.requests import publish
+from tests.support.sidecar import RunningSidecar, Stubs
 
 
 def test_a_byte_budget_keeps_the_most_recent_values_that_fit() -> None:
@@ -48,13 +45,11 @@ def grpc_addr() -> str:
     return "127.0.0.1:0"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The fixture MCP server; keyword search (the memory question is the same with vectors)."""
-    return {
-        "mcp_commands": {"fixture": {"argv": [sys.executable, str(FIXTURE_SERVER), "stdio"]}},
-        "semantic_search": "off",
-    }
+# The fixture MCP server; keyword search (the memory question is the same with vectors).
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "mcp_commands": fixture_commands(),
+    "semantic_search": "off",
+}
 
 
 def test_runs_of_different_specs_with_the_same_reach_share_one_search_index(

@@ -8,10 +8,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import urllib.request
@@ -44,12 +41,13 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.config import Settings, StdioCommand
 from psych_sidecar.telemetry.logs import JsonFormatter
-from tests.conftest import RunningSidecar, Stubs, rpc_failure
-from tests.helpers import user
-from tests.mcp_helpers import free_port, wait_for, wait_for_port
-from tests.prompt_helpers import append, assistant, history_results, run_with, thresholds
+from tests.support.connections import FIXTURE_SERVER
+from tests.support.polling import wait_for
+from tests.support.processes import free_port, served, wait_for_port
+from tests.support.prompts import append, assistant, history_results, run_with, thresholds
+from tests.support.requests import user
+from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
-FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
 ALL_TOOLS = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
 BIG = 40_000
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -370,29 +368,20 @@ def test_serve_writes_json_lines_and_serves_metrics_from_its_flags(tmp_path: Pat
     socket_path = tmp_path / "s.sock"
     port = free_port()
     # Tracing on, spans made and dropped (no collector here): the log lines carry trace ids.
-    env = {**os.environ, "PSYCH_SIDECAR_LOG_LEVEL": "DEBUG", "OTEL_TRACES_EXPORTER": "none"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "psych_sidecar",
-            "serve",
-            "--listen",
-            f"unix://{socket_path}",
-            "--database-url",
-            f"sqlite:///{tmp_path / 'db'}",
-            "--log-format",
-            "json",
-            "--admin-listen",
-            f"127.0.0.1:{port}",
-            "--tracing",
-            "otlp",
-        ],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_for_port(port, process)
+    with served(
+        "--listen",
+        f"unix://{socket_path}",
+        "--database-url",
+        f"sqlite:///{tmp_path / 'db'}",
+        "--log-format",
+        "json",
+        "--admin-listen",
+        f"127.0.0.1:{port}",
+        "--tracing",
+        "otlp",
+        env={"PSYCH_SIDECAR_LOG_LEVEL": "DEBUG", "OTEL_TRACES_EXPORTER": "none"},
+    ) as sidecar:
+        wait_for_port(port, sidecar.process)
         with grpc.insecure_channel(f"unix:{socket_path}") as channel:
             failure = rpc_failure(
                 lambda: run_service_pb2_grpc.RunServiceStub(channel).GetRun(
@@ -411,11 +400,7 @@ def test_serve_writes_json_lines_and_serves_metrics_from_its_flags(tmp_path: Pat
         }
         labels = {"method": f"{RPC}.RunService/GetRun", "code": "NOT_FOUND"}
         assert value(samples, "psych_sidecar_rpcs_total", **labels) == 1
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0
-    lines = [json.loads(line) for line in stderr.decode().splitlines()]
+    lines = [json.loads(line) for line in sidecar.log.splitlines()]
     assert {"time", "level", "logger", "message"} <= set(lines[0])
     [answered] = [line for line in lines if line.get("run_id") == "run_unknown"]
     assert answered["rpc"] == f"{RPC}.RunService/GetRun"
@@ -531,32 +516,26 @@ def test_serve_exports_spans_by_otlp_to_the_collector_the_environment_names(
     server.start()
     socket_path = tmp_path / "s.sock"
     env = {
-        **os.environ,
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_SERVICE_NAME": "sidecar-under-test",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_TRACES_EXPORTER": None,
     }
-    env.pop("OTEL_TRACES_EXPORTER", None)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "psych_sidecar",
-            "serve",
-            "--listen",
-            f"unix://{socket_path}",
-            "--database-url",
-            f"sqlite:///{tmp_path / 'db'}",
-            "--tracing",
-            "otlp",
-        ],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
     try:
-        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=60)
+        # Stopping flushes the batch of spans to the collector.
+        with (
+            served(
+                "--listen",
+                f"unix://{socket_path}",
+                "--database-url",
+                f"sqlite:///{tmp_path / 'db'}",
+                "--tracing",
+                "otlp",
+                env=env,
+            ),
+            grpc.insecure_channel(f"unix:{socket_path}") as channel,
+        ):
             rpc_failure(
                 lambda: run_service_pb2_grpc.RunServiceStub(channel).GetRun(
                     run_service_pb2.GetRunRequest(run_id="run_traced"),
@@ -565,11 +544,7 @@ def test_serve_exports_spans_by_otlp_to_the_collector_the_environment_names(
                 )
             )
     finally:
-        # Stopping flushes the batch of spans to the collector.
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
         server.stop(None)
-    assert process.returncode == 0, stderr.decode()
     exported = [
         (resource, span)
         for resource, span in collector.spans

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,10 +22,10 @@ from psych.sidecar.v1 import (
     turn_pb2,
     turn_service_pb2,
 )
-from tests.conftest import Stubs, rpc_failure
-from tests.helpers import all_records, publish, user
-from tests.mcp_helpers import listed, wait_for
-from tests.prompt_helpers import (
+from tests.support.connections import listed
+from tests.support.host import HOST_SIDECAR_OVERRIDES, Host, result_text
+from tests.support.polling import wait_for
+from tests.support.prompts import (
     NOON,
     anthropic_blocks,
     append,
@@ -39,31 +38,15 @@ from tests.prompt_helpers import (
     valid_anthropic,
     valid_openai,
 )
-from tests.test_turns import FIXTURE_SERVER, Host, result_text
+from tests.support.requests import all_records, publish, user
+from tests.support.sidecar import Stubs, rpc_failure
 
-
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    return {
-        "mcp_commands": {
-            "fixture": {
-                "argv": [sys.executable, str(FIXTURE_SERVER), "stdio"],
-                "allow_extra_args": True,
-            }
-        },
-        "mcp_reconnect_min_seconds": 0.2,
-        "mcp_reconnect_max_seconds": 1.0,
-    }
+SIDECAR_OVERRIDES = HOST_SIDECAR_OVERRIDES
 
 
 @pytest.fixture(scope="module")
 def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
-
-
-@pytest.fixture
-def host(stubs: Stubs, unique: Callable[[str], str]) -> Host:
-    return Host(stubs, unique("tenant"))
 
 
 def assemble(host: Host, run_id: str, **fields: Any) -> turn_service_pb2.AssemblePromptResponse:

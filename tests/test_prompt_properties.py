@@ -15,9 +15,7 @@ from hypothesis import strategies as st
 
 from psych.sidecar.v1 import content_pb2, run_service_pb2, turn_pb2, turn_service_pb2
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
-from tests.conftest import Stubs
-from tests.helpers import user
-from tests.prompt_helpers import (
+from tests.support.prompts import (
     append,
     assemble,
     assistant,
@@ -30,6 +28,8 @@ from tests.prompt_helpers import (
     valid_anthropic,
     valid_openai,
 )
+from tests.support.requests import user
+from tests.support.sidecar import Stubs
 
 SERVER_SETTINGS = settings(
     max_examples=15,

@@ -7,21 +7,18 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import pytest
 
 from psych.sidecar.v1 import content_pb2
-from tests.conftest import Stubs, rpc_failure
-from tests.helpers import user
-from tests.prompt_helpers import append, assemble, assistant, binary, read, result, run_with
+from tests.support.prompts import append, assemble, assistant, binary, read, result, run_with
+from tests.support.requests import user
+from tests.support.sidecar import Stubs, rpc_failure
 
 MIB = 1024 * 1024
 PAGE_BYTES = MIB - 64 * 1024
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The smallest message limit, so that results larger than a message stay small."""
-    return {"max_message_bytes": MIB}
+# The smallest message limit, so that results larger than a message stay small.
+SIDECAR_OVERRIDES: dict[str, Any] = {"max_message_bytes": MIB}
 
 
 def stored(stubs: Stubs, run_id: str, *parts: content_pb2.ContentPart | str) -> str:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import grpc
 
 from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2
-from tests.conftest import Stubs, rpc_failure
-from tests.helpers import all_records, new_run, publish, text_part, tool_result, user
+from tests.support.requests import all_records, new_run, publish, text_part, tool_result, user
+from tests.support.sidecar import Stubs, rpc_failure
 
 MIB = 1024 * 1024
 

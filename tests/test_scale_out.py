@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,78 +11,48 @@ import grpc
 import pytest
 from google.protobuf.struct_pb2 import Struct
 from google.protobuf.timestamp_pb2 import Timestamp
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import text
 
 from psych.sidecar.v1 import (
     connection_pb2,
     connection_service_pb2,
-    connection_service_pb2_grpc,
     run_pb2,
     run_service_pb2,
-    run_service_pb2_grpc,
     spec_pb2,
     spec_service_pb2,
-    spec_service_pb2_grpc,
     tool_service_pb2,
-    tool_service_pb2_grpc,
     turn_pb2,
     turn_service_pb2,
-    turn_service_pb2_grpc,
 )
 from psych_sidecar.storage.db import create_database_engine
-from tests.conftest import UNLIMITED_CHANNEL, postgres_database
-from tests.helpers import text_part, tool_result, user
-from tests.mcp_helpers import fixture_http, free_port, running
-from tests.test_storage import HEAD_REVISION
+from tests.support.connections import fixture_http
+from tests.support.databases import HEAD_REVISION, postgres_database
+from tests.support.processes import ServedSidecar, free_port, running
+from tests.support.requests import text_part, tool_result, user
+from tests.support.sidecar import UNLIMITED_CHANNEL, Stubs
 
 SIDECARS = 3
 
 
 class SidecarProcess:
-    def __init__(self, socket_path: Path, database_url: str) -> None:
-        self.target = f"unix:{socket_path}"
-        self.database_url = database_url
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "psych_sidecar",
-                "serve",
-                "--listen",
-                f"unix://{socket_path}",
-                "--database-url",
-                database_url,
-            ],
-            env={k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")},
-            stderr=subprocess.PIPE,
-        )
-        self.channel = grpc.insecure_channel(self.target, options=UNLIMITED_CHANNEL)
-        self.runs = run_service_pb2_grpc.RunServiceStub(self.channel)
-        self.specs = spec_service_pb2_grpc.SpecServiceStub(self.channel)
-        self.connections = connection_service_pb2_grpc.ConnectionServiceStub(self.channel)
-        self.tools = tool_service_pb2_grpc.ToolServiceStub(self.channel)
-        self.turns = turn_service_pb2_grpc.TurnServiceStub(self.channel)
+    """A `psych-sidecar serve` process on a Unix socket, and stubs on a channel to it."""
 
-    def wait_serving(self, within: float) -> None:
-        health = health_pb2_grpc.HealthStub(self.channel)
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.process.communicate()[1].decode()
-            try:
-                status = health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-            except grpc.RpcError:
-                status = None
-            if status == health_pb2.HealthCheckResponse.SERVING:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"{self.target} not SERVING within {within}s")
+    def __init__(self, socket_path: Path, database_url: str) -> None:
+        self.database_url = database_url
+        self.served = ServedSidecar(
+            "--listen", f"unix://{socket_path}", "--database-url", database_url
+        )
+        self.channel = grpc.insecure_channel(f"unix:{socket_path}", options=UNLIMITED_CHANNEL)
+        stubs = Stubs.on(self.channel)
+        self.runs = stubs.runs
+        self.specs = stubs.specs
+        self.connections = stubs.connections
+        self.tools = stubs.tools
+        self.turns = stubs.turns
 
     def stop(self) -> None:
         self.channel.close()
-        self.process.terminate()
-        _, stderr = self.process.communicate(timeout=30)
-        assert self.process.returncode == 0, stderr.decode()
+        self.served.stop_cleanly()
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +64,7 @@ def sidecars(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SidecarP
         started = [SidecarProcess(directory / f"s{i}.sock", url) for i in range(SIDECARS)]
         try:
             for sidecar in started:
-                sidecar.wait_serving(within=60)
+                sidecar.served.wait_serving()
             yield started
         finally:
             for sidecar in started:

@@ -8,12 +8,8 @@ what it is asked to encode or to hold it back; the databases are real SQLite and
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,8 +45,11 @@ from psych_sidecar.search.encoder import MiniLmEncoder, encoder_identity, load_p
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
 from psych_sidecar.storage.search_vectors import SqlVectorStore
-from tests.conftest import RunningSidecar, postgres_database
-from tests.mcp_helpers import SETTLE_SECONDS, fixture_commands
+from tests.support.connections import fixture_commands
+from tests.support.databases import postgres_database
+from tests.support.polling import SETTLE_SECONDS, wait_for
+from tests.support.processes import served
+from tests.support.sidecar import RunningSidecar
 
 TOOLS = [
     ("get_current_time", "Current time in a timezone."),
@@ -293,13 +292,14 @@ class _Client:
     def fully_ranked(self, run_id: str, query: str) -> tool_service_pb2.SearchToolsResponse:
         """Search until the answer is not partial (the warm-up and model load run in the
         background); fails after SETTLE_SECONDS."""
-        deadline = time.monotonic() + SETTLE_SECONDS
-        while True:
+
+        def ranked() -> tool_service_pb2.SearchToolsResponse | None:
             response = self.search(run_id, query)
-            if not response.partial:
-                return response
-            assert time.monotonic() < deadline, "the ranking stayed partial"
-            time.sleep(0.05)
+            return None if response.partial else response
+
+        found = wait_for(ranked, "a ranking that is not partial")
+        assert found is not None
+        return found
 
 
 def test_the_model_is_told_when_its_search_was_ranked_before_the_tools_were_indexed(
@@ -335,10 +335,8 @@ def test_the_model_is_told_when_its_search_was_ranked_before_the_tools_were_inde
             found: dict[str, Any] = json.loads(outcome.result_json)["structuredContent"]
             return found
 
-        deadline = time.monotonic() + SETTLE_SECONDS
-        while not client.search(run_id, "echo").hits:  # listed: the search tier is there
-            assert time.monotonic() < deadline, "the fixture server was never listed"
-            time.sleep(0.05)
+        # Listed: the search tier is there.
+        wait_for(lambda: client.search(run_id, "echo").hits, "the fixture server listed")
         held = model_search("held")
         assert held["results"]
         assert "indexed" in held["note"]
@@ -398,50 +396,28 @@ def test_a_second_sidecar_searches_without_encoding_anything(
 
     # And a separate `psych-sidecar serve` process, whose counters are in its stop line.
     socket_path = tmp_path_factory.mktemp("d") / "s.sock"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")}
-    env["PSYCH_SIDECAR_MCP_COMMANDS"] = json.dumps(fixture_commands())
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "psych_sidecar",
-            "serve",
+    with (
+        served(
             "--listen",
             f"unix://{socket_path}",
             "--database-url",
             database_url,
-        ],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        channel = grpc.insecure_channel(f"unix:{socket_path}")
+            env={"PSYCH_SIDECAR_MCP_COMMANDS": json.dumps(fixture_commands())},
+        ) as process,
+        grpc.insecure_channel(f"unix:{socket_path}") as channel,
+    ):
         stub = tool_service_pb2_grpc.ToolServiceStub(channel)
         request = tool_service_pb2.SearchToolsRequest(
             run_id=run_id, query="echo the text back", page_size=5
         )
-        deadline = time.monotonic() + SETTLE_SECONDS
-        while True:
-            assert process.poll() is None, "the sidecar process exited"
-            answer: tool_service_pb2.SearchToolsResponse | grpc.RpcError
-            try:
-                answer = stub.SearchTools(request, timeout=5)
-            except grpc.RpcError as error:
-                answer = error
-            if isinstance(answer, grpc.RpcError):
-                assert answer.code() == grpc.StatusCode.UNAVAILABLE, answer  # not serving yet
-            elif not answer.partial:
-                break
-            assert time.monotonic() < deadline, "no fully-ranked search from the process"
-            time.sleep(0.05)
-        channel.close()
-    finally:
-        process.terminate()
-        _, stderr = process.communicate(timeout=60)
+        wait_for(
+            lambda: not stub.SearchTools(request, timeout=5).partial,
+            "a fully-ranked search from the process",
+        )
+    log = process.log
     stopped = re.search(
-        r"search vectors this run: (\d+) texts encoded, \d+ queries encoded, (\d+) read",
-        stderr.decode(),
+        r"search vectors this run: (\d+) texts encoded, \d+ queries encoded, (\d+) read", log
     )
-    assert stopped is not None, stderr.decode()[-2000:]
-    assert int(stopped.group(1)) == 0, stderr.decode()[-4000:]
-    assert int(stopped.group(2)) > 0, stderr.decode()[-4000:]
+    assert stopped is not None, log[-2000:]
+    assert int(stopped.group(1)) == 0, log[-4000:]
+    assert int(stopped.group(2)) > 0, log[-4000:]

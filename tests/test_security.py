@@ -38,18 +38,11 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
 )
 from psych_sidecar.config import Settings
-from tests.conftest import RunningSidecar, Stubs, rpc_failure
-from tests.helpers import publish
-from tests.mcp_helpers import (
-    fixture_commands,
-    fixture_http,
-    free_port,
-    listed,
-    put_http,
-    put_stdio,
-    running,
-)
-from tests.prompt_helpers import append, dispatch, result, run_with
+from tests.support.connections import fixture_commands, fixture_http, listed, put_http, put_stdio
+from tests.support.processes import free_port, running
+from tests.support.prompts import append, dispatch, result, run_with
+from tests.support.requests import publish
+from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 MIB = 1024 * 1024
 HOSTILE_SERVER = Path(__file__).parent / "mcp_servers" / "hostile_server.py"

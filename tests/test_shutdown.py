@@ -16,29 +16,15 @@ from google.protobuf import struct_pb2
 from psych.sidecar.v1 import (
     connection_pb2,
     connection_service_pb2,
-    connection_service_pb2_grpc,
     run_service_pb2,
-    run_service_pb2_grpc,
     spec_pb2,
-    spec_service_pb2_grpc,
     tool_service_pb2,
-    tool_service_pb2_grpc,
-    turn_service_pb2_grpc,
 )
 from psych_sidecar.config import Settings
-from tests.conftest import UNLIMITED_CHANNEL, RunningSidecar, Stubs, rpc_failure
-from tests.helpers import publish
-from tests.mcp_helpers import fixture_commands, wait_for
-
-
-def _stubs(channel: grpc.Channel) -> Stubs:
-    return Stubs(
-        specs=spec_service_pb2_grpc.SpecServiceStub(channel),
-        runs=run_service_pb2_grpc.RunServiceStub(channel),
-        turns=turn_service_pb2_grpc.TurnServiceStub(channel),
-        tools=tool_service_pb2_grpc.ToolServiceStub(channel),
-        connections=connection_service_pb2_grpc.ConnectionServiceStub(channel),
-    )
+from tests.support.connections import fixture_commands
+from tests.support.polling import wait_for
+from tests.support.requests import publish
+from tests.support.sidecar import UNLIMITED_CHANNEL, RunningSidecar, Stubs, rpc_failure
 
 
 def _call(stubs: Stubs, run_id: str, tool: str, call_id: str) -> Any:
@@ -64,7 +50,7 @@ def test_calls_running_past_the_grace_are_unavailable_shutting_down(
     stopped = False
     try:
         channel = grpc.insecure_channel(running.sidecar.bound[0], options=UNLIMITED_CHANNEL)
-        stubs = _stubs(channel)
+        stubs = Stubs.on(channel)
         connection = connection_pb2.Connection(
             tenant="t",
             name="fx",

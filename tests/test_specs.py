@@ -7,8 +7,8 @@ from collections.abc import Callable
 import grpc
 
 from psych.sidecar.v1 import spec_pb2, spec_service_pb2
-from tests.conftest import Stubs, rpc_failure
-from tests.helpers import publish
+from tests.support.requests import publish
+from tests.support.sidecar import Stubs, rpc_failure
 
 
 def _get(stubs: Stubs, name: str, version: int) -> spec_pb2.Spec:

@@ -24,18 +24,15 @@ from grpc_status import rpc_status
 from sqlalchemy import create_engine, make_url, text
 
 from psych.sidecar.v1 import (
-    connection_service_pb2_grpc,
     run_service_pb2,
-    run_service_pb2_grpc,
-    spec_service_pb2_grpc,
-    tool_service_pb2_grpc,
-    turn_service_pb2_grpc,
 )
 from psych_sidecar.config import Settings
 from psych_sidecar.storage.db import normalize_url
-from tests.conftest import RunningSidecar, Stubs, postgres_admin_url, rpc_failure
-from tests.helpers import all_records, new_run, user
-from tests.postgres_cluster import Cluster, own_cluster
+from tests.support.databases import postgres_admin_url
+from tests.support.polling import wait_for
+from tests.support.postgres_cluster import Cluster, own_cluster
+from tests.support.requests import all_records, new_run, user
+from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 BUSY_TIMEOUT = 0.3
 
@@ -46,10 +43,11 @@ def grpc_addr() -> str:
     return "127.0.0.1:0"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """A short busy timeout, so a held lock answers within the test's patience."""
-    return {"database_busy_timeout_seconds": BUSY_TIMEOUT, "worker_threads": 2}
+# A short busy timeout, so a held lock answers within the test's patience.
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "database_busy_timeout_seconds": BUSY_TIMEOUT,
+    "worker_threads": 2,
+}
 
 
 def _append(stubs: Stubs, run_id: str, request_id: str, text_value: str) -> Any:
@@ -211,13 +209,7 @@ def test_postgresql_crashed_and_restarted_during_appends(tmp_path: Path) -> None
             RunningSidecar(settings) as running,
             grpc.insecure_channel(running.sidecar.bound[0]) as channel,
         ):
-            stubs = Stubs(
-                specs=spec_service_pb2_grpc.SpecServiceStub(channel),
-                runs=run_service_pb2_grpc.RunServiceStub(channel),
-                turns=turn_service_pb2_grpc.TurnServiceStub(channel),
-                tools=tool_service_pb2_grpc.ToolServiceStub(channel),
-                connections=connection_service_pb2_grpc.ConnectionServiceStub(channel),
-            )
+            stubs = Stubs.on(channel)
             _appends_through_a_crash(stubs, cluster)
 
 
@@ -251,14 +243,18 @@ def _appends_through_a_crash(stubs: Stubs, cluster: Cluster) -> None:
     appender = threading.Thread(target=append)
     appender.start()
     try:
-        wait_until(lambda: len(acknowledged) >= 5)
+        wait_for(lambda: len(acknowledged) >= 5, "5 appends acknowledged", within=60)
         cluster.crash()
         try:
-            wait_until(lambda: outcomes.count("UNAVAILABLE") >= 3)
+            wait_for(lambda: outcomes.count("UNAVAILABLE") >= 3, "3 appends refused", within=60)
         finally:
             cluster.start()
         recovered = len(acknowledged)
-        wait_until(lambda: len(acknowledged) >= recovered + 5)
+        wait_for(
+            lambda: len(acknowledged) >= recovered + 5,
+            "5 more appends acknowledged after the restart",
+            within=60,
+        )
     finally:
         stop.set()
         appender.join(60)
@@ -279,10 +275,3 @@ def _reason(status: Any) -> str:
         if detail.Unpack(info):
             return info.reason
     return ""
-
-
-def wait_until(condition: Any, within: float = 60) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "gave up waiting"
-        time.sleep(0.02)

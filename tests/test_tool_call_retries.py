@@ -25,17 +25,17 @@ from psych.sidecar.v1 import (
     spec_pb2,
     tool_service_pb2,
 )
-from tests.conftest import Stubs
-from tests.helpers import all_records, publish, user
+from tests.support.requests import all_records, publish, user
+from tests.support.sidecar import Stubs
 
 COUNTING_SERVER = Path(__file__).parent / "mcp_servers" / "counting_server.py"
 SERVER = "cnt"
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """The counting MCP server as an allowed stdio command."""
-    return {"mcp_commands": {"counting": {"argv": [sys.executable, str(COUNTING_SERVER)]}}}
+# The counting MCP server as an allowed stdio command.
+SIDECAR_OVERRIDES: dict[str, Any] = {
+    "mcp_commands": {"counting": {"argv": [sys.executable, str(COUNTING_SERVER)]}}
+}
 
 
 @pytest.fixture(scope="module")

@@ -32,9 +32,9 @@ from psych.sidecar.v1 import (
 from psych_sidecar.config import Settings
 from psych_sidecar.storage.db import create_database_engine
 from psych_sidecar.storage.log_reads import SqliteTurnStartsNow, SqlLogReader
-from tests.conftest import RunningSidecar
-from tests.helpers import user
-from tests.mcp_helpers import free_port
+from tests.support.processes import free_port
+from tests.support.requests import user
+from tests.support.sidecar import RunningSidecar
 
 
 @contextlib.contextmanager

@@ -7,126 +7,33 @@ import json
 import logging
 import os
 import signal
-import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, struct_pb2
 
 from psych.sidecar.v1 import (
     connection_pb2,
-    connection_service_pb2,
-    content_pb2,
     run_pb2,
-    run_service_pb2,
     spec_pb2,
     tool_service_pb2,
     turn_pb2,
-    turn_service_pb2,
 )
-from tests.conftest import Stubs, rpc_failure
-from tests.helpers import all_records, publish, user
+from tests.support.host import HOST_SIDECAR_OVERRIDES, Host, result_text
+from tests.support.polling import wait_for
+from tests.support.requests import all_records
+from tests.support.sidecar import Stubs, rpc_failure
 
-FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
 PNG_PREFIX = b"\x89PNG\r\n\x1a\n"
-ALL_TOOLS = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
 
 
-@pytest.fixture(scope="module")
-def sidecar_overrides() -> dict[str, Any]:
-    """Allow the fixture MCP server as a stdio command, and reconnect quickly after a kill."""
-    return {
-        "mcp_commands": {
-            "fixture": {
-                "argv": [sys.executable, str(FIXTURE_SERVER), "stdio"],
-                "allow_extra_args": True,
-            }
-        },
-        "mcp_reconnect_min_seconds": 0.2,
-        "mcp_reconnect_max_seconds": 1.0,
-    }
+SIDECAR_OVERRIDES = HOST_SIDECAR_OVERRIDES
 
 
 @pytest.fixture(scope="module")
 def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One transport is enough here (the transports have their own tests); both databases run."""
     return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
-
-
-class Host:
-    """What an agent host does, in the few calls these tests repeat."""
-
-    def __init__(self, stubs: Stubs, tenant: str) -> None:
-        self.stubs = stubs
-        self.tenant = tenant
-        self.calls = 0
-
-    def connect(self, name: str, *args: str, **fields: Any) -> connection_pb2.Connection:
-        connection = connection_pb2.Connection(
-            tenant=self.tenant,
-            name=name,
-            stdio=connection_pb2.StdioTransport(command="fixture", args=list(args)),
-            **fields,
-        )
-        request = connection_service_pb2.PutConnectionRequest(connection=connection)
-        return self.stubs.connections.PutConnection(request).connection
-
-    def run(self, spec: str, grants: list[spec_pb2.ToolGrant] | None = None, **fields: Any) -> str:
-        publish(self.stubs, spec, grants=ALL_TOOLS if grants is None else grants, **fields)
-        request = run_service_pb2.CreateRunRequest(
-            tenant=self.tenant, spec_name=spec, spec_version=1
-        )
-        return self.stubs.runs.CreateRun(request).run.run_id
-
-    def new_turn(self, run_id: str, text: str = "next") -> None:
-        """A user message: the next ResolveTurn resolves the surface anew (it is pinned per
-        turn)."""
-        request = run_service_pb2.AppendRecordsRequest(run_id=run_id, records=[user(text)])
-        self.stubs.runs.AppendRecords(request)
-
-    def resolve(self, run_id: str) -> turn_pb2.ToolSurface:
-        request = turn_service_pb2.ResolveTurnRequest(run_id=run_id)
-        return self.stubs.turns.ResolveTurn(request).surface
-
-    def dispatch(
-        self, run_id: str, name: str, arguments: Any = None, raw: str | None = None
-    ) -> tool_service_pb2.DispatchToolCallResponse:
-        self.calls += 1
-        call = content_pb2.ToolCall(
-            call_id=f"call-{self.calls}",
-            name=name,
-            arguments_json=raw if raw is not None else json.dumps(arguments or {}),
-        )
-        request = tool_service_pb2.DispatchToolCallRequest(run_id=run_id, call=call)
-        return self.stubs.tools.DispatchToolCall(request)
-
-    def call(
-        self, run_id: str, server: str, tool: str, timeout: float | None = None, **arguments: Any
-    ) -> tool_service_pb2.ToolOutcome:
-        self.calls += 1
-        struct = struct_pb2.Struct()
-        struct.update(arguments)
-        request = tool_service_pb2.CallDeferredToolRequest(
-            run_id=run_id, server=server, tool=tool, arguments=struct, call_id=f"c{self.calls}"
-        )
-        if timeout is not None:
-            request.timeout.CopyFrom(duration_pb2.Duration(nanos=int(timeout * 1e9)))
-        return self.stubs.tools.CallDeferredTool(request).outcome
-
-
-@pytest.fixture
-def host(stubs: Stubs, unique: Callable[[str], str]) -> Host:
-    """A host of a fresh tenant, so tests sharing a module's sidecar never see each other."""
-    return Host(stubs, unique("tenant"))
-
-
-def result_text(outcome: tool_service_pb2.ToolOutcome) -> str:
-    result = json.loads(outcome.result_json)
-    return "".join(part.get("text", "") for part in result["content"])
 
 
 def tool_result_record(stubs: Stubs, run_id: str, sequence: int) -> run_pb2.Record:
@@ -139,14 +46,20 @@ def wait_for_state(
     host: Host, run_id: str, server: str, state: int, within: float = 30
 ) -> turn_pb2.ServerLine:
     """Resolve turns until the server's line shows the state (a bounded wait, not a timing test)."""
-    deadline = time.monotonic() + within
-    while True:
+    seen: dict[str, turn_pb2.ServerLine] = {}
+
+    def reached() -> turn_pb2.ServerLine | None:
         host.new_turn(run_id)
-        lines = {line.server: line for line in host.resolve(run_id).servers}
-        if server in lines and lines[server].state == state:
-            return lines[server]
-        assert time.monotonic() < deadline, f"{server} never reached state {state}: {lines}"
-        time.sleep(0.1)
+        seen.clear()
+        seen.update((line.server, line) for line in host.resolve(run_id).servers)
+        line = seen.get(server)
+        return line if line is not None and line.state == state else None
+
+    line = wait_for(
+        reached, lambda: f"{server} to reach state {state}: {seen}", within=within, every=0.1
+    )
+    assert line is not None
+    return line
 
 
 def test_a_server_connected_between_two_turns_is_usable_on_the_second(
@@ -236,18 +149,16 @@ def test_a_removed_tool_is_refused_through_narrowing_not_handed_to_the_host(host
     host.connect("fx", "--tools", "0", preload=True)
     run_id = host.run(host.tenant)
     assert not host.dispatch(run_id, "fx__add_tool", {"name": "extra"}).outcome.is_error
-    deadline = time.monotonic() + 30
-    while "fx__extra" not in [tool.name for tool in host.resolve(run_id).tools]:
-        assert time.monotonic() < deadline, "list_changed never reached the surface"
-        time.sleep(0.1)
+
+    def offered() -> bool:
         host.new_turn(run_id)
+        return "fx__extra" in [tool.name for tool in host.resolve(run_id).tools]
+
+    wait_for(offered, "list_changed to reach the surface", every=0.1)
     assert result_text(host.dispatch(run_id, "fx__extra").outcome) == "extra ran"
 
     assert not host.dispatch(run_id, "fx__remove_tool", {"name": "extra"}).outcome.is_error
-    while "fx__extra" in [tool.name for tool in host.resolve(run_id).tools]:
-        assert time.monotonic() < deadline, "the removal never reached the surface"
-        time.sleep(0.1)
-        host.new_turn(run_id)
+    wait_for(lambda: not offered(), "the removal to reach the surface", every=0.1)
     stale = host.dispatch(run_id, "fx__extra")
     assert stale.disposition == tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED
     assert stale.outcome.is_error
@@ -494,10 +405,7 @@ def test_a_tool_listed_at_runtime_is_encoded_for_search_before_any_search(
                 for r in caplog.records
             )
 
-        deadline = time.monotonic() + 60
-        while not warmed():
-            assert time.monotonic() < deadline, "the new tool was never encoded"
-            time.sleep(0.1)
+        wait_for(warmed, "the new tool to be encoded", within=60, every=0.1)
     hits = host.stubs.tools.SearchTools(
         tool_service_pb2.SearchToolsRequest(run_id=run_id, query="what hour is it", page_size=3)
     )

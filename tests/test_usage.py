@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from psych.sidecar.v1 import usage_service_pb2, usage_service_pb2_grpc
-from tests.conftest import Stubs, rpc_failure
-from tests.helpers import new_run
+from tests.support.requests import new_run
+from tests.support.sidecar import Stubs, rpc_failure
 
 
 @pytest.fixture(scope="module")

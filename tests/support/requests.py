@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2, spec_service_pb2
-from tests.conftest import Stubs
+from tests.support.sidecar import Stubs
 
 
 def text_part(value: str) -> content_pb2.ContentPart:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-WITH_POSTGRES = Path(__file__).resolve().parent.parent / "scripts" / "with-postgres"
+WITH_POSTGRES = Path(__file__).resolve().parents[2] / "scripts" / "with-postgres"
 # What scripts/with-postgres exports, reported by the command it runs, which then waits for
 # its stdin to close (the test's end) before the script stops the cluster and cleans up.
 _REPORT = (

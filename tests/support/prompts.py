@@ -19,8 +19,8 @@ from psych.sidecar.v1 import (
     tool_service_pb2,
     turn_service_pb2,
 )
-from tests.conftest import Stubs
-from tests.helpers import publish, text_part
+from tests.support.requests import publish, text_part
+from tests.support.sidecar import Stubs
 
 ANTHROPIC_REQUEST = TypeAdapter(MessageCreateParamsNonStreaming)
 OPENAI_REQUEST = TypeAdapter(CompletionCreateParamsNonStreaming)
