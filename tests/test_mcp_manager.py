@@ -8,8 +8,9 @@ import asyncio
 from pathlib import Path
 
 from psych_sidecar.config import Settings
-from psych_sidecar.domain.catalog import Connection, TransportKind
+from psych_sidecar.domain.catalog import Connection, ConnectionState, TransportKind
 from tests.support.connections import fixture_commands
+from tests.support.polling import wait_for
 from tests.support.sidecar import RunningSidecar, on_loop
 
 
@@ -28,8 +29,10 @@ def _fixture(tenant: str, name: str) -> Connection:
 
 
 def _session_tasks(running: RunningSidecar) -> list[str]:
+    """The manager's tasks, read on the sidecar's loop. That loop runs callbacks in the order
+    they were scheduled: whatever another thread scheduled before this call has run."""
+
     async def names() -> list[str]:
-        await asyncio.sleep(0.2)  # let callbacks scheduled from other threads run first
         return sorted(
             task.get_name() for task in asyncio.all_tasks() if task.get_name().startswith("mcp-")
         )
@@ -40,13 +43,24 @@ def _session_tasks(running: RunningSidecar) -> list[str]:
 def test_nothing_starts_after_stop(tmp_path: Path) -> None:
     with RunningSidecar(_settings(tmp_path)) as running:
         sidecar = running.sidecar
+        # Another sidecar on the same database stores a connection; this one notices it when
+        # a storage thread lists the tenant's connections, and starts its session.
+        sidecar._connection_store.put_connection(_fixture("acme", "early"))
+        sidecar.mcp.tenant_connections("acme")
+        wait_for(
+            lambda: "mcp-session early" in _session_tasks(running),
+            "the session of a connection another sidecar stored",
+        )
         on_loop(running, sidecar.mcp.stop())
         assert _session_tasks(running) == []
-        # Another sidecar on the same database stores a connection; this one notices it when
-        # a storage thread lists the tenant's connections, and would start its session.
+        # After stop the same notice starts nothing: listed as not running here yet (the
+        # state that would have started its session), and no task.
         sidecar._connection_store.put_connection(_fixture("acme", "late"))
         listed = sidecar.mcp.tenant_connections("acme")
-        assert [connection.name for connection, _ in listed] == ["late"]
+        assert [(connection.name, status.state) for connection, status in listed] == [
+            ("early", ConnectionState.CONNECTING),
+            ("late", ConnectionState.CONNECTING),
+        ]
         assert _session_tasks(running) == []
 
 
