@@ -92,8 +92,23 @@ def test_an_rpc_answered_with_an_error_code_is_an_error_span(
 
 
 def test_tracing_off_makes_nothing() -> None:
-    assert tracing.tracer() is None
-    assert tracing.start_rpc(METHOD, lambda: (("traceparent", TRACEPARENT),)) is None
-    with tracing.span("db.transaction") as nothing:
-        assert nothing is None
-    tracing.end_rpc(None, "OK", 0)
+    # Tracing off (no provider installed) inside a span of the host's own, from a provider of
+    # its own: the helpers must neither make a span nor touch the one that is current.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("host").start_as_current_span("host.work") as outer:
+        assert tracing.tracer() is None
+        assert tracing.start_rpc(METHOD, lambda: (("traceparent", TRACEPARENT),)) is None
+        assert trace.get_current_span() is outer
+        with tracing.span("db.transaction") as nothing:
+            assert nothing is None
+            assert trace.get_current_span() is outer
+        tracing.end_rpc(None, "NOT_FOUND", 5)
+        assert trace.get_current_span() is outer
+        assert outer.is_recording()
+    (host_span,) = exporter.get_finished_spans()
+    provider.shutdown()
+    assert host_span.name == "host.work"
+    assert dict(host_span.attributes or {}) == {}
+    assert host_span.status.status_code == StatusCode.UNSET
