@@ -16,8 +16,7 @@ from psych_sidecar.storage.db import (
     migrate,
 )
 from psych_sidecar.storage.tables import metadata
-
-HEAD_REVISION = "0012"
+from tests.support.databases import HEAD_REVISION
 
 
 def test_migrations_build_exactly_the_declared_schema(database_url: str) -> None:
