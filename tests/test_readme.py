@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from pathlib import Path
 
 from psych_sidecar.config import load_settings
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
+FIRST_CALLS = "### First calls from Go or TypeScript, in your own project"
+GO = "#### Go"
+TYPESCRIPT = "#### TypeScript"
+# How the README names the reader's clone in its set-up commands.
+CLONE = "/path/to/psych-sidecar"
 
 
 def _blocks(language: str, heading: str) -> list[str]:
@@ -59,7 +66,47 @@ def _region(path: str) -> str:
 
 def test_the_go_and_typescript_snippets_are_the_files_ci_runs() -> None:
     """tests/go (TestReadmeSnippet) and tests/ts (readme.test.ts) build and run these files
-    against a sidecar; the README must show them as they are."""
-    section = "## Using it from a host"
-    assert _blocks("go", section) == [_region("tests/go/readme/main.go")]
-    assert _blocks("ts", section) == [_region("tests/ts/src/readme.ts")]
+    against a sidecar, and scripts/test-examples from scratch projects made by the README's
+    set-up commands; the README must show them as they are."""
+    assert _blocks("go", GO) == [_region("tests/go/readme/main.go")]
+    assert _blocks("ts", TYPESCRIPT) == [_region("tests/ts/src/readme.ts")]
+
+
+def test_the_go_set_up_replaces_the_generated_module_and_states_its_go_version() -> None:
+    go_mod = (ROOT / "generated" / "go" / "go.mod").read_text()
+    module = re.search(r"^module (\S+)$", go_mod, re.MULTILINE)
+    go = re.search(r"^go (\d+\.\d+)", go_mod, re.MULTILINE)
+    assert module is not None and go is not None
+    create, run = _blocks("sh", GO)
+    assert "go mod init " in create
+    assert f"go mod edit -replace {module.group(1)}={CLONE}/generated/go\n" in create
+    assert run.splitlines() == ["go mod tidy", "go run ."]
+    assert f"Needs Go {go.group(1)} or later" in README
+
+
+def test_the_typescript_set_up_is_an_es_module_with_the_client_s_own_pins() -> None:
+    """One @bufbuild/protobuf in the host's project: it installs the versions the client pins
+    (scripts/test-examples also counts the copies npm installed)."""
+    client = json.loads((ROOT / "clients" / "ts" / "package.json").read_text())
+    create, run = _blocks("sh", TYPESCRIPT)
+    assert "npm pkg set type=module" in create
+    assert f"{CLONE}/clients/ts/psych-sidecar-client-{client['version']}.tgz" in create
+    for name, version in {**client["dependencies"], **client["devDependencies"]}.items():
+        assert f"{name}@{version}" in create
+    assert run.splitlines()[-1] == "node main.js"
+    node = re.fullmatch(r">=(\d+)", client["engines"]["node"])
+    assert node is not None
+    assert f"Needs Node.js {node.group(1)} or later" in README
+
+
+def test_the_address_comes_from_the_environment_as_scripts_serve_prints_it() -> None:
+    (export,) = _blocks("sh", FIRST_CALLS)
+    assert export == f"export PSYCH_SIDECAR_ADDRESS=unix:{CLONE}/psych-sidecar-data/sidecar.sock\n"
+    for path in ("tests/go/readme/main.go", "tests/ts/src/readme.ts"):
+        assert "PSYCH_SIDECAR_ADDRESS" in _region(path)
+
+
+if __name__ == "__main__":
+    # scripts/test-examples: one block, `python tests/test_readme.py LANGUAGE HEADING INDEX`.
+    language, heading, index = sys.argv[1:]
+    sys.stdout.write(_blocks(language, heading)[int(index)])

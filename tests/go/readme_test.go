@@ -12,8 +12,8 @@ import (
 
 // TestReadmeSnippet builds the README's Go snippet (readme/main.go) and runs
 // it, as a newcomer would, beside a sidecar started on scripts/serve's
-// defaults (psych-sidecar-data/sidecar.sock under the working directory). The
-// snippet waits for SERVING itself.
+// defaults (psych-sidecar-data/sidecar.sock under the working directory), with
+// PSYCH_SIDECAR_ADDRESS naming that socket. The snippet waits for SERVING itself.
 func TestReadmeSnippet(t *testing.T) {
 	bin := os.Getenv("PSYCH_SIDECAR_BIN")
 	if bin == "" {
@@ -59,6 +59,7 @@ func TestReadmeSnippet(t *testing.T) {
 
 	run := exec.Command(program)
 	run.Dir = dir
+	run.Env = append(os.Environ(), "PSYCH_SIDECAR_ADDRESS=unix:"+filepath.Join(dir, "psych-sidecar-data", "sidecar.sock"))
 	got, err := run.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the README's Go snippet failed: %v\n%s", err, got)

@@ -1,6 +1,7 @@
 // The README's Go snippet, verbatim from "README begin" to "README end"
 // (tests/test_readme.py checks they agree); TestReadmeSnippet runs it against a
-// sidecar on scripts/serve's defaults.
+// sidecar on scripts/serve's defaults, and scripts/test-examples from a scratch
+// module outside the clone, made as the README says.
 
 // README begin
 package main
@@ -9,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
 	"time"
 
 	sidecarv1 "github.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1"
@@ -21,7 +23,12 @@ import (
 )
 
 func main() {
-	conn, err := grpc.NewClient("unix:psych-sidecar-data/sidecar.sock",
+	// The address scripts/serve printed ("serve: SERVING on unix:/…/sidecar.sock").
+	address := os.Getenv("PSYCH_SIDECAR_ADDRESS")
+	if address == "" {
+		log.Fatal("set PSYCH_SIDECAR_ADDRESS to the address scripts/serve printed (unix:/…/sidecar.sock)")
+	}
+	conn, err := grpc.NewClient(address,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
 	if err != nil {
@@ -39,7 +46,7 @@ func main() {
 			break
 		}
 		if ctx.Err() != nil {
-			log.Fatalf("sidecar not SERVING: %v", err)
+			log.Fatalf("sidecar at %s not SERVING: %v", address, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -1,7 +1,7 @@
 // Runs the README's TypeScript snippet (readme.ts, compiled to dist/readme.js)
 // as a newcomer would, beside a sidecar started on scripts/serve's defaults
-// (psych-sidecar-data/sidecar.sock under the working directory). The snippet
-// waits for SERVING itself.
+// (psych-sidecar-data/sidecar.sock under the working directory), with
+// PSYCH_SIDECAR_ADDRESS naming that socket. The snippet waits for SERVING itself.
 
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
@@ -29,6 +29,7 @@ test("the README's TypeScript snippet runs against a sidecar", async () => {
   try {
     const { stdout } = await promisify(execFile)(process.execPath, [snippet], {
       cwd: dir,
+      env: { ...process.env, PSYCH_SIDECAR_ADDRESS: `unix:${join(dir, "psych-sidecar-data", "sidecar.sock")}` },
       timeout: 60_000,
     });
     assert.match(stdout, /^appended at sequence 1n$/m);

@@ -1,6 +1,7 @@
 // The README's TypeScript snippet, verbatim from "README begin" to "README end"
 // (tests/test_readme.py checks they agree); readme.test.ts runs it against a
-// sidecar on scripts/serve's defaults.
+// sidecar on scripts/serve's defaults, and scripts/test-examples from a scratch
+// project outside the clone, made as the README says.
 
 // README begin
 import net from "node:net";
@@ -13,10 +14,17 @@ import { Health, HealthCheckResponse_ServingStatus } from "@psych-sidecar/client
 import { RunService } from "@psych-sidecar/client/proto/psych/sidecar/v1/run_service_pb";
 import { SpecService } from "@psych-sidecar/client/proto/psych/sidecar/v1/spec_service_pb";
 
+// The address scripts/serve printed ("serve: SERVING on unix:/…/sidecar.sock").
+const address = process.env.PSYCH_SIDECAR_ADDRESS;
+if (!address?.startsWith("unix:")) {
+  throw new Error("set PSYCH_SIDECAR_ADDRESS to the address scripts/serve printed (unix:/…/sidecar.sock)");
+}
+const socket = address.replace(/^unix:(\/\/)?/, "");
+
 // gRPC over HTTP/2 on the Unix socket: the URL only names the authority.
 const transport = createGrpcTransport({
   baseUrl: "http://localhost",
-  nodeOptions: { createConnection: () => net.connect("psych-sidecar-data/sidecar.sock") },
+  nodeOptions: { createConnection: () => net.connect(socket) },
   readMaxBytes: 64 << 20,
   writeMaxBytes: 64 << 20,
   defaultTimeoutMs: 10_000,
@@ -27,7 +35,7 @@ const health = createClient(Health, transport);
 for (const deadline = Date.now() + 20_000; ; await sleep(100)) {
   const status = await health.check({}).then((r) => r.status, () => undefined);
   if (status === HealthCheckResponse_ServingStatus.SERVING) break;
-  if (Date.now() > deadline) throw new Error("sidecar not SERVING");
+  if (Date.now() > deadline) throw new Error(`sidecar at ${address} not SERVING`);
 }
 const specs = createClient(SpecService, transport);
 const runs = createClient(RunService, transport);
