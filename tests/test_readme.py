@@ -76,7 +76,8 @@ def test_the_go_set_up_replaces_the_generated_module_and_states_its_go_version()
     go_mod = (ROOT / "generated" / "go" / "go.mod").read_text()
     module = re.search(r"^module (\S+)$", go_mod, re.MULTILINE)
     go = re.search(r"^go (\d+\.\d+)", go_mod, re.MULTILINE)
-    assert module is not None and go is not None
+    assert module is not None
+    assert go is not None
     create, run = _blocks("sh", GO)
     assert "go mod init " in create
     assert f"go mod edit -replace {module.group(1)}={CLONE}/generated/go\n" in create
