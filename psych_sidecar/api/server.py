@@ -46,7 +46,7 @@ from psych_sidecar.api.tools import ToolServicer
 from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.config import ListenAddress, Settings
-from psych_sidecar.domain.calls import DispatchService, ToolExecutor, ToolOutputReader
+from psych_sidecar.domain.calls import ToolOutputReader, ToolRouter
 from psych_sidecar.domain.catalog import CatalogTool, ConnectionService
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
 from psych_sidecar.domain.inspect import RunInspector
@@ -427,16 +427,17 @@ class Sidecar:
             resolution_cache_bytes=self.settings.resolution_cache_bytes,
         )
         self.resolver = resolver
-        executor = ToolExecutor(
+        reader = ToolOutputReader(runs, log)
+        router = ToolRouter(
             resolver,
             runs,
+            log,
             self.tool_runner,
+            reader,
             blocking,
             self.settings.tool_call_timeout_seconds,
-            log=log,
             cpu=Blocking(self._cpu_executor),
         )
-        reader = ToolOutputReader(runs, log)
         self._inspector = RunInspector(
             runs,
             log,
@@ -473,9 +474,8 @@ class Sidecar:
             _Binding(
                 ToolServicer(
                     resolver,
-                    executor,
+                    router,
                     reader,
-                    DispatchService(reader, resolver, executor, blocking),
                     blocking,
                     limit,
                     inline_result_bytes=self.settings.inline_result_bytes,

@@ -22,13 +22,8 @@ from psych_sidecar.api.connections import catalog_tool_to_proto
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.servicers import Blocking, Context, Serialized
 from psych_sidecar.bulk.protobuf_splice import with_nested_bytes
-from psych_sidecar.domain.calls import (
-    DispatchService,
-    ToolExecutor,
-    ToolOutcome,
-    ToolOutputReader,
-    fitted,
-)
+from psych_sidecar.domain.calls import ToolOutcome, ToolOutputReader, ToolRouter
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import READ_TOOL_OUTPUT, TurnResolver
@@ -58,6 +53,27 @@ def _integral_floats_as_ints(value: Any) -> Any:
     if isinstance(value, list):
         return [_integral_floats_as_ints(item) for item in value]
     return value
+
+
+def fitted(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
+    """The outcome as a response carries it: whole when its result JSON fits in `max_bytes`,
+    else an elided view — a text saying how large the result is and how to read it through
+    its handle — with the handle. The log always keeps the whole result."""
+    size = len(outcome.result_json)
+    if size <= max_bytes:
+        return outcome
+    note = (
+        f"[This tool result is {size} bytes of JSON, more than a tool-call response carries. It is "
+        f"stored in full: read it in pages with read_tool_output (handle {outcome.handle}).]"
+    )
+    view = {
+        "content": [{"type": "text", "text": note}],
+        "isError": outcome.is_error,
+        "_meta": {"psych.sidecar/elided": {"result_json_bytes": size, "handle": outcome.handle}},
+    }
+    return ToolOutcome(
+        outcome.is_error, canonical_json(sorted_keys(view)), outcome.sequence, outcome.handle
+    )
 
 
 def fill_outcome(
@@ -123,9 +139,8 @@ class ToolServicer:
     def __init__(
         self,
         resolver: TurnResolver,
-        executor: ToolExecutor,
+        router: ToolRouter,
         reader: ToolOutputReader,
-        dispatcher: DispatchService,
         blocking: Blocking,
         max_message_bytes: int,
         cpu: Blocking | None = None,
@@ -135,9 +150,8 @@ class ToolServicer:
         self._resolver = resolver
         # Searching (which may build an index) is CPU work: its own threads, not storage's.
         self._cpu = cpu or blocking
-        self._executor = executor
+        self._router = router
         self._reader = reader
-        self._dispatcher = dispatcher
         self._blocking = blocking
         self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
         # A tool-call response carries its result whole up to this size. gRPC's core copies
@@ -161,7 +175,7 @@ class ToolServicer:
         except ValueError as error:
             # NaN and infinities have no JSON form.
             raise field_invalid("arguments", str(error)) from None
-        outcome = await self._executor.call_tool(
+        outcome = await self._router.call_tool(
             request.run_id,
             request.server,
             request.tool,
@@ -266,9 +280,9 @@ class ToolServicer:
             # The model's grep takes a grep slot like ReadToolOutput's (a cheap, conservative
             # test: a call that merely mentions "grep" waits for a slot too).
             async with self._grep_slots:
-                outcome = await self._dispatcher.dispatch(request.run_id, call)
+                outcome = await self._router.dispatch(request.run_id, call)
         else:
-            outcome = await self._dispatcher.dispatch(request.run_id, call)
+            outcome = await self._router.dispatch(request.run_id, call)
         if outcome is None:
             return tool_service_pb2.DispatchToolCallResponse(
                 disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL

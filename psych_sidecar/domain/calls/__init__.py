@@ -1,23 +1,22 @@
-"""Tool calls: running the tools the sidecar owns, routing a model's call, reading results.
+"""Tool calls: running the tools the sidecar owns, and reading stored results.
 
-Owns :class:`ToolExecutor` (membership re-checked at call time, every result recorded in the
-log), :class:`DispatchService` (a model's tool call as emitted, routed through the resolved
-surface) and :class:`ToolOutputReader` (``read_tool_output``: handle, offset, limit, grep,
-in-process over the log).
+:class:`ToolRouter` is the one way a call runs (a model's call as emitted, routed through the
+resolved surface; a host's call of one MCP tool): membership re-checked at call time, once per
+(Run, assistant step, call id), every result recorded in the log. :class:`ToolOutputReader`
+reads stored results (``ReadToolOutput`` and ``read_tool_output``: handle, offset, limit,
+grep, in-process over the log).
 """
 
 from __future__ import annotations
 
-from psych_sidecar.domain.calls.dispatch import DispatchService
-from psych_sidecar.domain.calls.executor import ToolExecutor, ToolOutcome, fitted
+from psych_sidecar.domain.calls.results import ToolOutcome
+from psych_sidecar.domain.calls.router import ToolRouter
 from psych_sidecar.domain.calls.tool_output import GrepMatch, ReadResult, ToolOutputReader
 
 __all__ = [
-    "DispatchService",
     "GrepMatch",
     "ReadResult",
-    "ToolExecutor",
     "ToolOutcome",
     "ToolOutputReader",
-    "fitted",
+    "ToolRouter",
 ]

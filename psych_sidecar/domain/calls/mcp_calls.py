@@ -1,0 +1,96 @@
+"""The one path to an MCP tool, whichever way the call came (a surface tool, a facade, a meta
+tool, CallDeferredTool).
+
+A call is checked against the Run's permitted set as of *now* (the current catalogue, the
+connection's allow/deny, the Spec's grants, the Run's restrictions) whatever surface the model
+saw, so a permission change or a removed tool takes effect on the next call. What a model can
+get wrong — an unknown server, an unknown or unpermitted tool, arguments its input schema
+refuses, an unreachable or timed-out server — comes back as a tool result with is_error set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from psych_sidecar.domain.calls.results import ToolResult
+from psych_sidecar.domain.calls.validation import SchemaValidators
+from psych_sidecar.domain.catalog import ToolCallFailed, ToolRunner
+from psych_sidecar.domain.runlog import RunBlocking
+from psych_sidecar.domain.surface import ExposedTool, ResolvedTurn, naming
+
+# How many schema violations a validation error lists.
+MAX_VALIDATION_ERRORS = 5
+
+
+class McpCalls:
+    def __init__(self, runner: ToolRunner, cpu: RunBlocking) -> None:
+        self._runner = runner
+        # Schema validation is CPU work: on the CPU threads, never the storage ones.
+        self._cpu = cpu
+        self._validators = SchemaValidators()
+
+    async def direct(
+        self,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> ToolResult:
+        """An MCP tool exposed on the surface under its own name."""
+        return await self.call(resolved, route.server, route.tool, arguments, timeout_seconds)
+
+    async def call(
+        self,
+        resolved: ResolvedTurn,
+        server: str,
+        tool: str,
+        arguments: Any,
+        timeout_seconds: float,
+    ) -> ToolResult:
+        tools = resolved.permitted.get(server)
+        if tools is None:
+            return unknown_server(resolved, server)
+        found = tools.get(tool)
+        if found is None:
+            return refused(server, tool)
+        if not isinstance(arguments, dict):
+            return ToolResult.error(
+                f"The arguments of {server}/{tool} must be a JSON object.", server, tool
+            )
+        problems = await self._cpu(self._validators.errors, found.input_schema_json, arguments)
+        if problems:
+            shown = problems[:MAX_VALIDATION_ERRORS]
+            more = len(problems) - len(shown)
+            message = (
+                f"Invalid arguments for {server}/{tool}; nothing was run. "
+                + "; ".join(shown)
+                + (f"; and {more} more" if more else "")
+                + f". Read its input schema with {naming.DESCRIBE_TOOL}."
+            )
+            return ToolResult.error(message, server, tool)
+        try:
+            result = await self._runner.call_tool(
+                resolved.snapshot.servers[server].connection.tenant,
+                server,
+                tool,
+                arguments,
+                timeout_seconds,
+            )
+        except ToolCallFailed as failure:
+            return ToolResult.error(f"{server}/{tool} did not answer: {failure}", server, tool)
+        return ToolResult(result.is_error, result.result_json, result.content, server, tool)
+
+
+def unknown_server(resolved: ResolvedTurn, server: object) -> ToolResult:
+    known = ", ".join(sorted(resolved.permitted)) or "none"
+    return ToolResult.error(f"There is no MCP server {server!r}. Servers: {known}.")
+
+
+def refused(server: str, tool: object) -> ToolResult:
+    return ToolResult.error(
+        f"There is no tool {tool!r} on {server} that you may use. List the ones you may use "
+        f"with {naming.LIST_TOOLS}.",
+        server,
+        tool if isinstance(tool, str) else "",
+    )

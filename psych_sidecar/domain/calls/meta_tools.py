@@ -1,0 +1,169 @@
+"""The meta tools: how a model reaches tools that are not on its surface — a server's facade,
+list / describe / call of a deferred server's tools, and the search pair (search, then call a
+hit by name). Discovery is a door, not a bypass: every call goes through `McpCalls`, narrowed
+like any other."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from psych_sidecar.domain.calls.mcp_calls import McpCalls, refused, unknown_server
+from psych_sidecar.domain.calls.results import ToolResult
+from psych_sidecar.domain.catalog import CatalogTool
+from psych_sidecar.domain.runlog import RunBlocking
+from psych_sidecar.domain.surface import (
+    ExposedTool,
+    ResolvedTurn,
+    naming,
+    one_line,
+    qualified_names,
+)
+
+SEARCH_RESULT_LIMIT = 10
+SEARCH_DESCRIPTION_CHARS = 300
+# What the model is told when its search was ranked before every tool was indexed (the host's
+# SearchTools says the same with `partial`).
+PARTIAL_RANKING_NOTE = (
+    "Ranked while tool descriptions are still being indexed: some tools matched by keywords "
+    "only. Searching again shortly may rank better."
+)
+
+
+class MetaTools:
+    def __init__(self, mcp: McpCalls, cpu: RunBlocking) -> None:
+        self._mcp = mcp
+        # Ranking (which may build an index) is CPU work: on the CPU threads.
+        self._cpu = cpu
+
+    async def facade(
+        self,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> ToolResult:
+        tool = arguments.get("tool")
+        if not isinstance(tool, str) or not tool:
+            return ToolResult.error(
+                "Pass the tool's name as `tool` (a string) and its arguments as `input`."
+            )
+        return await self._mcp.call(
+            resolved, route.server, tool, arguments.get("input", {}), timeout_seconds
+        )
+
+    async def call_deferred(
+        self,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> ToolResult:
+        server, tool = arguments.get("server"), arguments.get("tool")
+        if not isinstance(server, str) or not isinstance(tool, str) or not server or not tool:
+            return ToolResult.error(
+                "Pass `server` and `tool` as strings, and the arguments as `input`."
+            )
+        return await self._mcp.call(
+            resolved, server, tool, arguments.get("input", {}), timeout_seconds
+        )
+
+    async def call_by_name(
+        self,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> ToolResult:
+        name = arguments.get("name")
+        if not isinstance(name, str) or not name:
+            return ToolResult.error(f"Pass a tool's name from {naming.SEARCH_TOOLS} as `name`.")
+        target = qualified_names(resolved).get(name)
+        if target is None and "/" in name:
+            server, _, tool = name.partition("/")
+            target = (server, tool)
+        if target is None:
+            return ToolResult.error(
+                f"There is no tool named {name!r} you may use; find one with {naming.SEARCH_TOOLS}."
+            )
+        return await self._mcp.call(resolved, *target, arguments.get("input", {}), timeout_seconds)
+
+    async def list_tools(
+        self,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> ToolResult:
+        server = arguments.get("server")
+        tools = resolved.permitted.get(server) if isinstance(server, str) else None
+        if tools is None:
+            return unknown_server(resolved, server)
+        return ToolResult.structured({"server": server, "tools": sorted(tools)})
+
+    async def describe_tool(
+        self,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> ToolResult:
+        server, name = arguments.get("server"), arguments.get("tool")
+        tools = resolved.permitted.get(server) if isinstance(server, str) else None
+        if tools is None:
+            return unknown_server(resolved, server)
+        tool = tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            return refused(str(server), name)
+        return ToolResult.structured(_description(str(server), tool))
+
+    async def search(
+        self,
+        resolved: ResolvedTurn,
+        route: ExposedTool,
+        arguments: Mapping[str, Any],
+        timeout_seconds: float,
+    ) -> ToolResult:
+        query, limit = arguments.get("query"), arguments.get("limit", SEARCH_RESULT_LIMIT)
+        if not isinstance(query, str) or not query.strip():
+            return ToolResult.error("Pass the keywords, or a tool's exact name, as `query`.")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
+            return ToolResult.error("`limit` must be an integer from 1 to 50.")
+        hits, partial = await self._cpu(resolved.ranked_search, query, limit)
+        found: dict[str, Any] = {
+            "query": query,
+            "results": [
+                {
+                    "name": naming.tool_name(hit.server, hit.tool.name),
+                    "server": hit.server,
+                    "tool": hit.tool.name,
+                    "description": one_line(hit.tool.description, SEARCH_DESCRIPTION_CHARS),
+                }
+                for hit in hits
+            ],
+        }
+        if partial:
+            found["note"] = PARTIAL_RANKING_NOTE
+        return ToolResult.structured(found)
+
+
+def _description(server: str, tool: CatalogTool) -> dict[str, Any]:
+    described: dict[str, Any] = {
+        "server": server,
+        "tool": tool.name,
+        "description": tool.description,
+        "input_schema": _json_or_empty(tool.input_schema_json),
+    }
+    if tool.output_schema_json:
+        described["output_schema"] = _json_or_empty(tool.output_schema_json)
+    if tool.annotations_json:
+        described["annotations"] = _json_or_empty(tool.annotations_json)
+    return described
+
+
+def _json_or_empty(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {}

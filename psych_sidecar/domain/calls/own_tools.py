@@ -1,0 +1,102 @@
+"""The sidecar's own tools, as a model calls them: read_tool_output (pages and greps of a
+stored result, in-process over the log) and load_skill (a skill's full text). Their
+definitions are in domain/surface/sidecar_tools.py. Synchronous: they read the log.
+
+What the model can get wrong (arguments that miss a field or have a wrong type, a bad grep
+pattern, an unknown skill) is a tool result with is_error set. A handle that does not resolve
+in this Run is not a model error but a protocol violation: INVALID_DEFERRED_HANDLE, raised.
+"""
+
+from __future__ import annotations
+
+from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
+from psych_sidecar.domain.calls.results import ToolResult
+from psych_sidecar.domain.calls.tool_output import ToolOutputReader
+from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.runlog import ContentPart, PartKind, Run, ToolCall, binary_marker
+from psych_sidecar.domain.surface import (
+    MODEL_DEFAULT_LIMIT_CHARS,
+    MODEL_MAX_BINARY_BYTES,
+    MODEL_MAX_LIMIT_CHARS,
+    RunContext,
+)
+
+
+class OwnTools:
+    def __init__(self, reader: ToolOutputReader) -> None:
+        self._reader = reader
+
+    def read_tool_output(self, context: RunContext, call: ToolCall) -> ToolResult:
+        run = context.run
+        try:
+            arguments = parse_arguments(
+                call.arguments_json,
+                {"handle": str, "offset": int, "limit": int, "grep": str},
+                {"handle"},
+            )
+        except ArgumentError as error:
+            return ToolResult.error(
+                f'read_tool_output: {error}. Expected {{"handle": string, "offset": '
+                'integer >= 0, "limit": integer >= 0, "grep": string}; only handle is '
+                "required."
+            )
+        offset = arguments.get("offset", 0)
+        limit = min(arguments.get("limit") or MODEL_DEFAULT_LIMIT_CHARS, MODEL_MAX_LIMIT_CHARS)
+        grep = arguments.get("grep", "")
+        handle = arguments["handle"]
+        try:
+            result = self._reader.read_in(
+                run, handle, offset, limit, grep, 4 * MODEL_MAX_LIMIT_CHARS
+            )
+        except SidecarError as error:
+            if error.reason in (Reason.PATTERN_INVALID, Reason.PATTERN_TOO_COMPLEX):
+                return ToolResult.error(f"read_tool_output: grep {error.metadata['detail']}")
+            raise
+        if result.binary:
+            return self._binary_for_model(run, handle, result.total_length, result.mime_type)
+        end = result.next_offset
+        grep_found_nothing = grep and not result.matches and end >= result.total_length
+        if grep_found_nothing or (not grep and offset >= result.total_length):
+            # The spec's boundary behaviour: past the end, or no match, is an empty result.
+            return ToolResult.of(())
+        if grep:
+            lines = [f"{m.line_number}: {m.line}" for m in result.matches]
+            if not lines:
+                # The bounded scan stopped before the end: say where to go on.
+                lines.append(f"[No line matches from offset {offset} to {end}.]")
+            if end < result.total_length:
+                lines.append(f"[More lines may match: continue with offset {end}.]")
+            return ToolResult.of((ContentPart.text("\n".join(lines)),))
+        text = result.text
+        if end < result.total_length:
+            text += (
+                f"\n[Characters {offset} to {end} of {result.total_length}: continue with "
+                f"offset {end}.]"
+            )
+        return ToolResult.of((ContentPart.text(text),))
+
+    def _binary_for_model(self, run: Run, handle: str, total: int, mime_type: str) -> ToolResult:
+        """A model cannot use a byte range: it gets the whole content (an image it can see)
+        when small enough, with a line saying what it is."""
+        marker = binary_marker(mime_type, total)
+        if total > MODEL_MAX_BINARY_BYTES:
+            note = f"{marker} Too large to show (over {MODEL_MAX_BINARY_BYTES} bytes)."
+            return ToolResult.of((ContentPart.text(note),))
+        whole = self._reader.read_in(run, handle, 0, total, "", MODEL_MAX_BINARY_BYTES)
+        note = f"{marker} offset, limit and grep do not apply to binary content."
+        content = (ContentPart.text(note), ContentPart(PartKind.BINARY, whole.data, mime_type))
+        return ToolResult.of(content, source_handle=handle)
+
+    def load_skill(self, context: RunContext, call: ToolCall) -> ToolResult:
+        skills = context.spec.skills
+        try:
+            arguments = parse_arguments(call.arguments_json, {"name": str}, {"name"})
+        except ArgumentError as error:
+            return ToolResult.error(f'load_skill: {error}. Expected {{"name": string}}.')
+        for skill in skills:
+            if skill.name == arguments["name"]:
+                return ToolResult.of((ContentPart.text(skill.body or "(This skill is empty.)"),))
+        names = ", ".join(skill.name for skill in skills)
+        return ToolResult.error(
+            f"load_skill: no skill named {arguments['name']!r}. Skills: {names}."
+        )

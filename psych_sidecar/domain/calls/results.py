@@ -1,0 +1,67 @@
+"""A tool call's result: before it is recorded (:class:`ToolResult`), and as recorded
+(:class:`ToolOutcome`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
+from psych_sidecar.domain.runlog import ContentPart, PartKind, RecordedCall
+from psych_sidecar.domain.surface import mcp_result_json
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A result before it is recorded: what the model sees (`content`), the MCP
+    CallToolResult JSON the host gets, and the MCP tool it is recorded under (empty for a
+    result no one MCP tool gave; the router then records it under the name the model
+    called)."""
+
+    is_error: bool
+    result_json: bytes
+    content: tuple[ContentPart, ...]
+    server: str = ""
+    tool: str = ""
+
+    @classmethod
+    def of(
+        cls, content: tuple[ContentPart, ...], is_error: bool = False, source_handle: str = ""
+    ) -> ToolResult:
+        """A result the sidecar made (see `mcp_result_json` for `source_handle`)."""
+        return cls(is_error, mcp_result_json(content, is_error, source_handle), content)
+
+    @classmethod
+    def error(cls, message: str, server: str = "", tool: str = "") -> ToolResult:
+        """What the model got wrong, or what went wrong for it: a tool result with is_error
+        set, the one way every tool says so."""
+        content = (ContentPart.text(message),)
+        return cls(True, mcp_result_json(content, True), content, server, tool)
+
+    @classmethod
+    def structured(cls, value: Any) -> ToolResult:
+        """A JSON value the sidecar answers with (a meta tool's listing, description or
+        search): canonical JSON, as text and as structured content."""
+        text = canonical_json(sorted_keys(value)).decode()
+        result = {
+            "content": [{"type": "text", "text": text}],
+            "isError": False,
+            "structuredContent": value,
+        }
+        return cls(
+            False, canonical_json(sorted_keys(result)), (ContentPart(PartKind.JSON, text.encode()),)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """A result as recorded in the Run's log: what the host gets for a call."""
+
+    is_error: bool
+    result_json: bytes
+    sequence: int
+    handle: str
+
+    @classmethod
+    def of(cls, recorded: RecordedCall) -> ToolOutcome:
+        return cls(recorded.is_error, recorded.result_json, recorded.sequence, recorded.handle)

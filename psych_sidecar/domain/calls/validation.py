@@ -1,0 +1,60 @@
+"""Checking a call's arguments against its MCP tool's input schema, with the validators cached
+per schema: checking a schema costs more than using it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
+import referencing
+import referencing.exceptions
+
+from psych_sidecar.domain.cache import ImmutableCache
+
+# Schemas come from MCP servers (untrusted): a `$ref` resolves within the schema itself and the
+# JSON Schema metaschemas, never over the network (jsonschema's default registry fetches
+# remote `$ref`s, with no timeout). An empty registry: whatever else is unresolvable.
+_NO_RETRIEVAL = referencing.Registry()
+
+
+class SchemaValidators:
+    """JSON Schema validators per schema, each built once."""
+
+    def __init__(self) -> None:
+        # (validator,) or (None,) for a schema that cannot be used.
+        self._cache = ImmutableCache[bytes, tuple[Any]](4096)
+
+    def errors(self, schema_json: bytes, arguments: Mapping[str, Any]) -> list[str] | None:
+        """The violations, or None when the server's schema itself is unusable (then the
+        server judges the arguments)."""
+        cached = self._cache.get(schema_json)
+        if cached is None:
+            try:
+                schema = json.loads(schema_json) if schema_json else {}
+                cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+                cls.check_schema(schema)
+                cached = (cls(schema, registry=_NO_RETRIEVAL),)
+            except (ValueError, jsonschema.exceptions.SchemaError, TypeError):
+                cached = (None,)
+            self._cache.put(schema_json, cached)
+        validator = cached[0]
+        if validator is None:
+            return None
+        try:
+            found = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+        except referencing.exceptions.Unresolvable as error:
+            ref = getattr(error, "ref", "")
+            return [
+                f"(schema): the input schema's $ref {ref[:200]!r} cannot be resolved (the "
+                "sidecar resolves references within the schema only and never fetches one)"
+            ]
+        except jsonschema.exceptions.SchemaError:
+            return None
+        return [
+            f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+            for error in found
+        ]
