@@ -11,6 +11,7 @@ refuses, an unreachable or timed-out server — comes back as a tool result with
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from psych_sidecar.domain.calls.results import ToolResult
@@ -23,6 +24,18 @@ from psych_sidecar.domain.surface import ExposedTool, ResolvedTurn, naming
 MAX_VALIDATION_ERRORS = 5
 
 
+@dataclass(frozen=True, slots=True)
+class RoutedCall:
+    """A model's call of a tool that takes any JSON object (an MCP tool, a facade, a meta
+    tool): what the Run may reach, the tool its name routed to, the arguments, and the
+    timeout of the MCP tool it reaches."""
+
+    resolved: ResolvedTurn
+    route: ExposedTool
+    arguments: Mapping[str, Any]
+    timeout_seconds: float
+
+
 class McpCalls:
     def __init__(self, runner: ToolRunner, cpu: RunBlocking) -> None:
         self._runner = runner
@@ -30,15 +43,12 @@ class McpCalls:
         self._cpu = cpu
         self._validators = SchemaValidators()
 
-    async def direct(
-        self,
-        resolved: ResolvedTurn,
-        route: ExposedTool,
-        arguments: Mapping[str, Any],
-        timeout_seconds: float,
-    ) -> ToolResult:
+    async def direct(self, call: RoutedCall) -> ToolResult:
         """An MCP tool exposed on the surface under its own name."""
-        return await self.call(resolved, route.server, route.tool, arguments, timeout_seconds)
+        route = call.route
+        return await self.call(
+            call.resolved, route.server, route.tool, call.arguments, call.timeout_seconds
+        )
 
     async def call(
         self,

@@ -6,20 +6,13 @@ like any other."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
-from psych_sidecar.domain.calls.mcp_calls import McpCalls, refused, unknown_server
+from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall, refused, unknown_server
 from psych_sidecar.domain.calls.results import ToolResult
 from psych_sidecar.domain.catalog import CatalogTool
 from psych_sidecar.domain.runlog import RunBlocking
-from psych_sidecar.domain.surface import (
-    ExposedTool,
-    ResolvedTurn,
-    naming,
-    one_line,
-    qualified_names,
-)
+from psych_sidecar.domain.surface import naming, one_line, qualified_names
 
 SEARCH_RESULT_LIMIT = 10
 SEARCH_DESCRIPTION_CHARS = 300
@@ -37,49 +30,27 @@ class MetaTools:
         # Ranking (which may build an index) is CPU work: on the CPU threads.
         self._cpu = cpu
 
-    async def facade(
-        self,
-        resolved: ResolvedTurn,
-        route: ExposedTool,
-        arguments: Mapping[str, Any],
-        timeout_seconds: float,
-    ) -> ToolResult:
-        tool = arguments.get("tool")
+    async def facade(self, call: RoutedCall) -> ToolResult:
+        tool = call.arguments.get("tool")
         if not isinstance(tool, str) or not tool:
             return ToolResult.error(
                 "Pass the tool's name as `tool` (a string) and its arguments as `input`."
             )
-        return await self._mcp.call(
-            resolved, route.server, tool, arguments.get("input", {}), timeout_seconds
-        )
+        return await self._call_input(call, call.route.server, tool)
 
-    async def call_deferred(
-        self,
-        resolved: ResolvedTurn,
-        route: ExposedTool,
-        arguments: Mapping[str, Any],
-        timeout_seconds: float,
-    ) -> ToolResult:
-        server, tool = arguments.get("server"), arguments.get("tool")
+    async def call_deferred(self, call: RoutedCall) -> ToolResult:
+        server, tool = call.arguments.get("server"), call.arguments.get("tool")
         if not isinstance(server, str) or not isinstance(tool, str) or not server or not tool:
             return ToolResult.error(
                 "Pass `server` and `tool` as strings, and the arguments as `input`."
             )
-        return await self._mcp.call(
-            resolved, server, tool, arguments.get("input", {}), timeout_seconds
-        )
+        return await self._call_input(call, server, tool)
 
-    async def call_by_name(
-        self,
-        resolved: ResolvedTurn,
-        route: ExposedTool,
-        arguments: Mapping[str, Any],
-        timeout_seconds: float,
-    ) -> ToolResult:
-        name = arguments.get("name")
+    async def call_by_name(self, call: RoutedCall) -> ToolResult:
+        name = call.arguments.get("name")
         if not isinstance(name, str) or not name:
             return ToolResult.error(f"Pass a tool's name from {naming.SEARCH_TOOLS} as `name`.")
-        target = qualified_names(resolved).get(name)
+        target = qualified_names(call.resolved).get(name)
         if target is None and "/" in name:
             server, _, tool = name.partition("/")
             target = (server, tool)
@@ -87,50 +58,38 @@ class MetaTools:
             return ToolResult.error(
                 f"There is no tool named {name!r} you may use; find one with {naming.SEARCH_TOOLS}."
             )
-        return await self._mcp.call(resolved, *target, arguments.get("input", {}), timeout_seconds)
+        return await self._call_input(call, *target)
 
-    async def list_tools(
-        self,
-        resolved: ResolvedTurn,
-        route: ExposedTool,
-        arguments: Mapping[str, Any],
-        timeout_seconds: float,
-    ) -> ToolResult:
-        server = arguments.get("server")
-        tools = resolved.permitted.get(server) if isinstance(server, str) else None
+    async def _call_input(self, call: RoutedCall, server: str, tool: str) -> ToolResult:
+        """The MCP tool a meta tool names, called with the meta tool's `input`."""
+        arguments = call.arguments.get("input", {})
+        return await self._mcp.call(call.resolved, server, tool, arguments, call.timeout_seconds)
+
+    async def list_tools(self, call: RoutedCall) -> ToolResult:
+        server = call.arguments.get("server")
+        tools = call.resolved.permitted.get(server) if isinstance(server, str) else None
         if tools is None:
-            return unknown_server(resolved, server)
+            return unknown_server(call.resolved, server)
         return ToolResult.structured({"server": server, "tools": sorted(tools)})
 
-    async def describe_tool(
-        self,
-        resolved: ResolvedTurn,
-        route: ExposedTool,
-        arguments: Mapping[str, Any],
-        timeout_seconds: float,
-    ) -> ToolResult:
-        server, name = arguments.get("server"), arguments.get("tool")
-        tools = resolved.permitted.get(server) if isinstance(server, str) else None
+    async def describe_tool(self, call: RoutedCall) -> ToolResult:
+        server, name = call.arguments.get("server"), call.arguments.get("tool")
+        tools = call.resolved.permitted.get(server) if isinstance(server, str) else None
         if tools is None:
-            return unknown_server(resolved, server)
+            return unknown_server(call.resolved, server)
         tool = tools.get(name) if isinstance(name, str) else None
         if tool is None:
             return refused(str(server), name)
         return ToolResult.structured(_description(str(server), tool))
 
-    async def search(
-        self,
-        resolved: ResolvedTurn,
-        route: ExposedTool,
-        arguments: Mapping[str, Any],
-        timeout_seconds: float,
-    ) -> ToolResult:
-        query, limit = arguments.get("query"), arguments.get("limit", SEARCH_RESULT_LIMIT)
+    async def search(self, call: RoutedCall) -> ToolResult:
+        query = call.arguments.get("query")
+        limit = call.arguments.get("limit", SEARCH_RESULT_LIMIT)
         if not isinstance(query, str) or not query.strip():
             return ToolResult.error("Pass the keywords, or a tool's exact name, as `query`.")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
             return ToolResult.error("`limit` must be an integer from 1 to 50.")
-        hits, partial = await self._cpu(resolved.ranked_search, query, limit)
+        hits, partial = await self._cpu(call.resolved.ranked_search, query, limit)
         found: dict[str, Any] = {
             "query": query,
             "results": [

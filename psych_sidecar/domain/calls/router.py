@@ -21,7 +21,7 @@ from typing import Any
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
 from psych_sidecar.domain.calls.ledger import CallLedger
-from psych_sidecar.domain.calls.mcp_calls import McpCalls
+from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall
 from psych_sidecar.domain.calls.meta_tools import MetaTools
 from psych_sidecar.domain.calls.own_tools import OwnTools
 from psych_sidecar.domain.calls.results import ToolOutcome, ToolResult
@@ -44,10 +44,8 @@ from psych_sidecar.domain.surface import (
     naming,
 )
 
-McpKindHandler = Callable[
-    [ResolvedTurn, ExposedTool, Mapping[str, Any], float], Awaitable[ToolResult]
-]
-"""Runs a kind of tool that takes any JSON object (an MCP tool, a meta tool)."""
+McpKindHandler = Callable[[RoutedCall], Awaitable[ToolResult]]
+"""Runs a kind of tool that takes any JSON object (an MCP tool, a facade, a meta tool)."""
 
 OwnToolHandler = Callable[[RunContext, ToolCall], ToolResult]
 """Runs one of the sidecar's own tools, which check their arguments themselves."""
@@ -185,7 +183,7 @@ class ToolRouter:
                 return ToolResult.error(
                     f"{problem[:1].upper()}{problem[1:]}.", route.server, route.tool or route.name
                 )
-            return await handler(resolved, route, arguments, self._default_timeout)
+            return await handler(RoutedCall(resolved, route, arguments, self._default_timeout))
 
         return run
 
