@@ -18,8 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import ValidationError
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from psych_sidecar import __version__, inspect
-from psych_sidecar.bulk import heap
+from psych_sidecar import __version__, inspect_command
 from psych_sidecar.config import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,
@@ -106,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         help="unix:///path or HOST:PORT (default: the first listen address of the settings)",
     )
     check.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
-    inspect.add_parser(commands)
+    inspect_command.add_parser(commands)
     commands.add_parser("version", help="print the version")
     return parser
 
@@ -196,7 +195,7 @@ def _inspect(arguments: argparse.Namespace) -> int:
     this version does not know; 1 when the source refused a read or cannot be reached."""
     if arguments.database_url is not None:
         return _inspect_database(arguments)
-    from psych_sidecar.inspect.remote import GrpcSource
+    from psych_sidecar.inspect_command.remote import GrpcSource
 
     try:
         address = arguments.address
@@ -210,13 +209,13 @@ def _inspect(arguments: argparse.Namespace) -> int:
         return 2
     source = GrpcSource(target, arguments.timeout)
     try:
-        return inspect.run(arguments, source)
+        return inspect_command.run(arguments, source)
     finally:
         source.close()
 
 
 def _inspect_database(arguments: argparse.Namespace) -> int:
-    from psych_sidecar.inspect.database import DatabaseSource
+    from psych_sidecar.inspect_command.database import DatabaseSource
     from psych_sidecar.storage.db import DatabaseRefused
 
     try:
@@ -229,7 +228,7 @@ def _inspect_database(arguments: argparse.Namespace) -> int:
     except SQLAlchemyError as error:
         return _fail(f"cannot use the database {where}: {_one_line(error)}", 1)
     try:
-        return inspect.run(arguments, source)
+        return inspect_command.run(arguments, source)
     except SQLAlchemyError as error:
         return _fail(f"cannot use the database {where}: {_one_line(error)}", 1)
     finally:
@@ -257,10 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
     if arguments.command == "serve":
-        heap.reuse_large_blocks(settings.large_buffer_reuse_bytes)
+        from psych_sidecar.app import process
+
+        process.before_threads(settings)
         if settings.semantic_search != "off":
             _begin_search_model_load()
-    from psych_sidecar.api.server import StartupError, serve
+    from psych_sidecar.app.sidecar import StartupError, serve
 
     # Expected reasons not to start are one line and exit 1; anything else is a bug and
     # keeps its traceback.

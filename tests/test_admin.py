@@ -65,3 +65,49 @@ def test_the_admin_listener_stops_with_the_sidecar(tmp_path: Any) -> None:
         assert get(url + "/metrics")[0] == 200
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "/metrics", timeout=5)
+
+
+def test_an_admin_unix_socket_gets_the_api_sockets_policy(tmp_path: Any) -> None:
+    """Its mode is unix_socket_mode; a live socket is refused, never taken over; a stale one
+    (nobody accepting) is replaced."""
+    import asyncio
+    import socket
+    import stat
+
+    from psych_sidecar.app.sidecar import Sidecar
+    from psych_sidecar.config import Settings
+    from psych_sidecar.listeners import StartupError, check_listeners
+
+    admin_path = tmp_path / "admin.sock"
+    settings = Settings(
+        listen=["127.0.0.1:0"],
+        admin_listen=[f"unix://{admin_path}"],
+        unix_socket_mode=0o600,
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        data_dir=tmp_path,
+    )
+    with RunningSidecar(settings):
+        assert stat.S_IMODE(admin_path.stat().st_mode) == 0o600
+    assert not admin_path.exists()
+
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(str(admin_path))
+    live.listen(1)
+    try:
+        with pytest.raises(StartupError, match="already serving"):
+            check_listeners(settings)
+        with pytest.raises(StartupError, match="already serving"):
+            asyncio.run(_start_and_stop(Sidecar(settings)))
+        assert stat.S_ISSOCK(admin_path.stat().st_mode)
+    finally:
+        live.close()
+    # Closed, its file stays: stale, so the next start takes the address.
+    with RunningSidecar(settings):
+        assert stat.S_IMODE(admin_path.stat().st_mode) == 0o600
+
+
+async def _start_and_stop(sidecar: Any) -> None:
+    try:
+        await sidecar.start()
+    finally:
+        await sidecar.stop()

@@ -342,7 +342,7 @@ def test_json_logs_carry_the_rpc_run_id_and_trace_id(
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("psych_sidecar.api.server")
+    logger = logging.getLogger("psych_sidecar.api.rpc")
     previous = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)

@@ -2,8 +2,8 @@
 
 Off by default (`admin_listen`). An ASGI app (Starlette) served by uvicorn inside the
 sidecar's own event loop, started and stopped with the sidecar. Routes come from a list the
-sidecar assembles (`Sidecar._admin_routes`); a module that serves something here exposes an
-`admin_routes(...)` function returning Starlette routes.
+sidecar assembles (`app.sidecar.Sidecar._admin_routes`); a module that serves something here
+exposes an `admin_routes(...)` function returning Starlette routes.
 """
 
 from psych_sidecar.admin._server import AdminServer

@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from psych_sidecar.config import ListenAddress
+from psych_sidecar.listeners import prepare_unix_socket, restrict_unix_sockets
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +29,7 @@ class _EmbeddedServer(uvicorn.Server):
 
 def _bind(address: ListenAddress) -> socket.socket:
     if address.unix_path is not None:
-        os.makedirs(os.path.dirname(os.path.abspath(address.unix_path)), exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(address.unix_path)
+        prepare_unix_socket(address.unix_path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(address.unix_path)
     else:
@@ -51,11 +50,18 @@ def _describe(sock: socket.socket, address: ListenAddress) -> str:
 
 
 class AdminServer:
-    """Serves `routes` on `addresses` until stopped. `bound` lists the URLs actually bound
-    (a TCP port 0 resolved)."""
+    """Serves `routes` on `addresses` until stopped, its Unix sockets with permissions
+    `unix_socket_mode`, as the API's. `bound` lists the URLs actually bound (a TCP port 0
+    resolved)."""
 
-    def __init__(self, addresses: Sequence[ListenAddress], routes: Sequence[BaseRoute]) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[ListenAddress],
+        routes: Sequence[BaseRoute],
+        unix_socket_mode: int,
+    ) -> None:
         self._addresses = list(addresses)
+        self._unix_socket_mode = unix_socket_mode
         self.app = Starlette(routes=list(routes))
         self._server = _EmbeddedServer(
             uvicorn.Config(
@@ -79,6 +85,7 @@ class AdminServer:
             sock = _bind(address)
             self._sockets.append(sock)
             self.bound.append(_describe(sock, address))
+        restrict_unix_sockets(self._addresses, self._unix_socket_mode)
         self._task = asyncio.create_task(self._server.serve(sockets=self._sockets))
         while not self._server.started:
             if self._task.done():

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
-
 from psych.sidecar.v1 import (
     connection_pb2,
     connection_service_pb2,
     connection_service_pb2_grpc,
 )
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES, timestamp
+from psych_sidecar.api.plumbing import Context
 from psych_sidecar.api.turns import STATES
 from psych_sidecar.domain.catalog import (
     CatalogTool,
@@ -22,9 +21,6 @@ from psych_sidecar.domain.catalog import (
     redact_url,
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
-
-Context = grpc.aio.ServicerContext[Any, Any]
-
 
 _HTTP_PROTOCOLS = {
     connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP: TransportKind.STREAMABLE_HTTP,

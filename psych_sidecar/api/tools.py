@@ -20,7 +20,7 @@ from psych.sidecar.v1 import tool_service_pb2
 from psych_sidecar.api import convert
 from psych_sidecar.api.connections import catalog_tool_to_proto
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
-from psych_sidecar.api.servicers import Blocking, Context, Serialized
+from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.bulk.protobuf_splice import with_nested_bytes
 from psych_sidecar.domain.calls import ToolOutcome, ToolOutputReader, ToolRouter
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys

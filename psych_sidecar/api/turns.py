@@ -9,7 +9,7 @@ from opentelemetry.trace import Span
 
 from psych.sidecar.v1 import connection_pb2, content_pb2, turn_pb2, turn_service_pb2
 from psych_sidecar.api import convert
-from psych_sidecar.api.servicers import Blocking, Context, Serialized
+from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
 from psych_sidecar.domain.errors import Reason, SidecarError

@@ -4,7 +4,7 @@ reach the token estimator (checked by import-linter)."""
 from __future__ import annotations
 
 from psych.sidecar.v1 import usage_service_pb2, usage_service_pb2_grpc
-from psych_sidecar.api.servicers import Blocking, Context
+from psych_sidecar.api.plumbing import Blocking, Context
 from psych_sidecar.domain.usage import ModelCallUsage, UsageService, UsageTotals
 
 

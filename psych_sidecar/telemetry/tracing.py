@@ -6,7 +6,7 @@ With tracing off, `tracer()` is None and every helper is a no-op costing one che
 
 A W3C `traceparent` in a call's gRPC metadata makes the call's server span a child of the
 host's span; storage transactions, MCP calls and prompt assembly nest under it (the storage
-thread pool carries the context across: `api/servicers.Blocking`).
+thread pool carries the context across: `api/plumbing.Blocking`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from psych.sidecar.v1 import (
     tool_service_pb2_grpc,
     turn_service_pb2_grpc,
 )
-from psych_sidecar.api.server import Sidecar
+from psych_sidecar.app.sidecar import Sidecar
 from psych_sidecar.config import Settings
 
 T = TypeVar("T")

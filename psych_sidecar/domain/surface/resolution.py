@@ -51,8 +51,6 @@ from psych_sidecar.search.ranking import Embeddings, SearchDocument, SearchIndex
 
 SEARCH_PAGE_SIZE = 10
 MAX_SEARCH_PAGE_SIZE = 100
-DEFAULT_SEARCH_INDEX_CACHE_BYTES = 256 * 1024 * 1024
-DEFAULT_RESOLUTION_CACHE_BYTES = 128 * 1024 * 1024
 
 # A search index with the (server, tool) of each of its documents.
 IndexedTools = tuple[SearchIndex, list[tuple[str, CatalogTool]]]
@@ -229,8 +227,9 @@ class TurnResolver:
         log: LogReader,
         cache_size: int = 1024,
         embeddings: Embeddings | None = None,
-        search_index_cache_bytes: int = DEFAULT_SEARCH_INDEX_CACHE_BYTES,
-        resolution_cache_bytes: int = DEFAULT_RESOLUTION_CACHE_BYTES,
+        *,
+        search_index_cache_bytes: int,
+        resolution_cache_bytes: int,
         pins: SurfacePins | None = None,
         log_now: NonWaitingTurnStarts | None = None,
     ) -> None:

@@ -14,8 +14,8 @@ import sys
 from datetime import datetime
 from typing import Any, TextIO
 
-from psych_sidecar.inspect.remote import content_bytes
-from psych_sidecar.inspect.views import Refused, Source, render
+from psych_sidecar.inspect_command.remote import content_bytes
+from psych_sidecar.inspect_command.views import Refused, Source, render
 
 __all__ = ["add_parser", "content_bytes", "run"]
 

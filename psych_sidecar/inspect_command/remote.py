@@ -24,7 +24,7 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     turn_service_pb2_grpc,
 )
-from psych_sidecar.inspect.views import (
+from psych_sidecar.inspect_command.views import (
     ChangeRow,
     ConnectionRow,
     PromptPreview,

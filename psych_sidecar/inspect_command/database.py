@@ -1,7 +1,8 @@
 """The database source of `psych-sidecar inspect --database-url`: the same reads as the gRPC
 source, made by the services the servicers use (RunService, ConnectionService, TurnResolver
-and PromptAssembler as a preview) over storage opened read-only (``open_read_only``: never
-a write, never a migration, a known schema revision only).
+and PromptAssembler as a preview), built by the composition root over storage opened
+read-only (``app.graph.open_database_reader``: never a write, never a migration, a known
+schema revision only).
 
 No MCP session runs here: connection states are the stored ones (STORED, since the
 connection was last put), and a prompt's server states are those pinned with the turn's
@@ -14,13 +15,11 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from psych_sidecar.domain.catalog import ConnectionService, TransportKind
+from psych_sidecar.app.graph import open_database_reader
+from psych_sidecar.domain.catalog import TransportKind
 from psych_sidecar.domain.errors import SidecarError
-from psych_sidecar.domain.inspect import PinnedStates, StoredCatalog
-from psych_sidecar.domain.prompt import PromptAssembler, ToolResultView
-from psych_sidecar.domain.runlog import RunService, SpecLookup
-from psych_sidecar.domain.surface import TurnResolver
-from psych_sidecar.inspect.views import (
+from psych_sidecar.domain.prompt import ToolResultView
+from psych_sidecar.inspect_command.views import (
     ChangeRow,
     ConnectionRow,
     PromptPreview,
@@ -31,17 +30,8 @@ from psych_sidecar.inspect.views import (
     ZoneRow,
     change_rows,
 )
-from psych_sidecar.storage.connections import SqlConnectionStore
-from psych_sidecar.storage.db import open_read_only
-from psych_sidecar.storage.log_reads import SqlLogReader
-from psych_sidecar.storage.repository import SqlStore, StoredSurfacePins
 
 T = TypeVar("T")
-
-
-async def _inline(function: Callable[..., T], *args: Any) -> T:
-    """The services' RunBlocking, for a one-shot reader: the call, on this thread."""
-    return function(*args)
 
 
 class DatabaseSource:
@@ -49,23 +39,16 @@ class DatabaseSource:
 
     def __init__(self, database_url: str, timeout: float) -> None:
         """Raises DatabaseRefused (no such SQLite file, an unknown schema revision)."""
-        self._engine = open_read_only(database_url, timeout)
-        self.where = self._engine.url.render_as_string(hide_password=True)
-        store = SqlStore(self._engine)
-        self._log = log = SqlLogReader(self._engine)
-        connections = SqlConnectionStore(self._engine)
-        catalog = StoredCatalog(connections)
-        self._runs = RunService(store, store)
-        specs = SpecLookup(store)
-        self._connections = ConnectionService(catalog, connections, _inline)
-        resolver = TurnResolver(
-            self._runs, specs, catalog, log, pins=StoredSurfacePins(self._engine)
-        )
-        # No journal: a preview writes no row anyway, and this reader writes nothing.
-        self._assembler = PromptAssembler(self._runs, specs, log, PinnedStates(resolver))
+        self._reader = open_database_reader(database_url, timeout)
+        self.where = self._reader.engine.url.render_as_string(hide_password=True)
+        services = self._reader.services
+        self._runs = services.runs
+        self._log = services.log
+        self._connections = services.connections
+        self._assembler = services.assembler
 
     def close(self) -> None:
-        self._engine.dispose()
+        self._reader.close()
 
     def _read(self, function: Callable[..., T], *args: Any) -> T:
         try:

@@ -1,0 +1,97 @@
+"""RunService: create and read Runs, append and list their records."""
+
+from __future__ import annotations
+
+from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
+from psych_sidecar.api import convert
+from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
+from psych_sidecar.api.plumbing import Blocking, Context
+from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.runlog import Run, RunService
+
+
+class RunServicer(run_service_pb2_grpc.RunServiceServicer):
+    def __init__(
+        self,
+        runs: RunService,
+        blocking: Blocking,
+        max_message_bytes: int,
+        response_cache_size: int = 10_000,
+    ) -> None:
+        self._runs = runs
+        self._blocking = blocking
+        self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
+        self._responses = ImmutableCache[str, tuple[Run, run_service_pb2.GetRunResponse]](
+            response_cache_size
+        )
+
+    async def CreateRun(
+        self, request: run_service_pb2.CreateRunRequest, context: Context
+    ) -> run_service_pb2.CreateRunResponse:
+        run = await self._blocking(
+            self._runs.create,
+            request.tenant,
+            request.spec_name,
+            request.spec_version,
+            convert.grants_from_proto(list(request.tool_restrictions)),
+        )
+        return run_service_pb2.CreateRunResponse(run=convert.run_to_proto(run))
+
+    async def GetRun(
+        self, request: run_service_pb2.GetRunRequest, context: Context
+    ) -> run_service_pb2.GetRunResponse:
+        # A Run never changes, so one this process has read is answered without a thread hop,
+        # with the response built for it before (responses are never mutated once built).
+        run = self._runs.cached(request.run_id)
+        if run is None:
+            run = await self._blocking(self._runs.get, request.run_id)
+        else:
+            built = self._responses.get(run.run_id)
+            if built is not None and built[0] is run:
+                return built[1]
+        response = run_service_pb2.GetRunResponse(run=convert.run_to_proto(run))
+        self._responses.put(run.run_id, (run, response))
+        return response
+
+    async def AppendRecords(
+        self, request: run_service_pb2.AppendRecordsRequest, context: Context
+    ) -> run_service_pb2.AppendRecordsResponse:
+        records = tuple(
+            convert.record_from_proto(record, f"records[{index}]")
+            for index, record in enumerate(request.records)
+        )
+        appended = await self._blocking(
+            self._runs.append, request.run_id, request.request_id, records
+        )
+        return run_service_pb2.AppendRecordsResponse(
+            records=[
+                run_service_pb2.AppendedRecord(sequence=entry.sequence, handle=entry.handle)
+                for entry in appended
+            ]
+        )
+
+    async def ListRecords(
+        self, request: run_service_pb2.ListRecordsRequest, context: Context
+    ) -> run_service_pb2.ListRecordsResponse:
+        records, next_token = await self._blocking(
+            self._runs.list_records,
+            request.run_id,
+            convert.record_kinds_from_proto(list(request.kinds)),
+            request.page_size,
+            request.page_token,
+            self._page_bytes,
+        )
+        return run_service_pb2.ListRecordsResponse(
+            records=[convert.record_to_proto(record) for record in records],
+            next_page_token=next_token,
+        )
+
+    async def ListRuns(
+        self, request: run_service_pb2.ListRunsRequest, context: Context
+    ) -> run_service_pb2.ListRunsResponse:
+        runs, next_token = await self._blocking(
+            self._runs.list_runs, request.tenant, request.page_size, request.page_token
+        )
+        return run_service_pb2.ListRunsResponse(
+            runs=[convert.run_to_proto(listed.run) for listed in runs], next_page_token=next_token
+        )

@@ -1,0 +1,291 @@
+"""The one builder of the sidecar's object graph: storage, domain services, MCP sessions, search
+and the servicers bound to the contract's services.
+
+`build_sidecar` wires everything `serve` runs on; `open_database_reader` wires the same domain
+services read-only, without sessions, for `psych-sidecar inspect --database-url`. Both go through
+`_domain_services`, so a service gains a dependency in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import Engine
+
+from psych.sidecar.v1 import (
+    connection_service_pb2,
+    run_service_pb2,
+    spec_service_pb2,
+    tool_service_pb2,
+    turn_service_pb2,
+    usage_service_pb2,
+)
+from psych_sidecar.api.connections import ConnectionServicer
+from psych_sidecar.api.plumbing import Blocking
+from psych_sidecar.api.rpc import Binding
+from psych_sidecar.api.runs import RunServicer
+from psych_sidecar.api.specs import SpecServicer
+from psych_sidecar.api.tools import ToolServicer
+from psych_sidecar.api.turns import TurnServicer
+from psych_sidecar.api.usage import UsageServicer
+from psych_sidecar.config import Settings
+from psych_sidecar.domain.calls import ToolOutputReader, ToolRouter
+from psych_sidecar.domain.catalog import (
+    CatalogTool,
+    CatalogView,
+    ConnectionService,
+    ConnectionSupervisor,
+)
+from psych_sidecar.domain.inspect import PinnedStates, RunInspector, StoredCatalog
+from psych_sidecar.domain.prompt import PromptAssembler
+from psych_sidecar.domain.runlog import RunService, SpecLookup, SpecService
+from psych_sidecar.domain.surface import TurnResolver
+from psych_sidecar.domain.usage import UsageService
+from psych_sidecar.mcp.manager import McpManager
+from psych_sidecar.search import ToolEmbeddings
+from psych_sidecar.search.encoder import tool_embeddings
+from psych_sidecar.storage.connections import SqlConnectionStore
+from psych_sidecar.storage.db import create_database_engine, open_read_only
+from psych_sidecar.storage.journal import SqlAssemblyJournal
+from psych_sidecar.storage.log_reads import SqliteTurnStartsNow, SqlLogReader
+from psych_sidecar.storage.repository import SqlStore, StoredSurfacePins
+from psych_sidecar.storage.search_vectors import SqlVectorStore
+from psych_sidecar.storage.usage import SqlUsageStore
+
+if TYPE_CHECKING:
+    from psych_sidecar.domain.prompt import AssemblyJournal
+    from psych_sidecar.domain.runlog import NonWaitingTurnStarts, RunBlocking
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class DomainServices:
+    """The domain's use cases over one database."""
+
+    store: SqlStore
+    log: SqlLogReader
+    connection_store: SqlConnectionStore
+    runs: RunService
+    specs: SpecLookup
+    resolver: TurnResolver
+    assembler: PromptAssembler
+    connections: ConnectionService
+
+
+def _domain_services(
+    engine: Engine,
+    catalog: CatalogView,
+    supervisor: ConnectionSupervisor,
+    blocking: RunBlocking,
+    connection_store: SqlConnectionStore,
+    *,
+    search_index_cache_bytes: int,
+    resolution_cache_bytes: int,
+    live: bool,
+    journal: AssemblyJournal | None = None,
+    embeddings: ToolEmbeddings | None = None,
+    log_now: NonWaitingTurnStarts | None = None,
+) -> DomainServices:
+    """`live`: sessions run and surfaces are pinned as turns resolve; otherwise a turn's surface
+    and its servers' states are the stored pin's."""
+    store = SqlStore(engine)
+    log = SqlLogReader(engine)
+    runs = RunService(store, store)
+    specs = SpecLookup(store)
+    resolver = TurnResolver(
+        runs,
+        specs,
+        catalog,
+        log,
+        embeddings=embeddings,
+        search_index_cache_bytes=search_index_cache_bytes,
+        resolution_cache_bytes=resolution_cache_bytes,
+        pins=store if live else StoredSurfacePins(engine),
+        log_now=log_now,
+    )
+    assembler = PromptAssembler(
+        runs, specs, log, resolver if live else PinnedStates(resolver), journal=journal
+    )
+    return DomainServices(
+        store=store,
+        log=log,
+        connection_store=connection_store,
+        runs=runs,
+        specs=specs,
+        resolver=resolver,
+        assembler=assembler,
+        connections=ConnectionService(supervisor, connection_store, blocking),
+    )
+
+
+class SidecarGraph:
+    """Everything a serving sidecar runs on, built from its settings; `close` releases the
+    thread pools and the database once nothing uses them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.engine = create_database_engine(
+            settings.resolved_database_url(),
+            pool_size=settings.worker_threads,
+            busy_timeout_seconds=settings.database_busy_timeout_seconds,
+        )
+        # SQLite answers the turn-start read of ResolveTurn on the loop when it need not wait.
+        self.turn_starts_now = (
+            SqliteTurnStartsNow(self.engine) if self.engine.dialect.name == "sqlite" else None
+        )
+        self.executor = ThreadPoolExecutor(
+            max_workers=settings.worker_threads, thread_name_prefix="storage"
+        )
+        # CPU-heavy steps (search, schema validation) get their own threads: a burst of index
+        # builds must not hold every database worker.
+        self.cpu_executor = ThreadPoolExecutor(
+            max_workers=settings.cpu_threads, thread_name_prefix="cpu"
+        )
+        self.blocking = Blocking(self.executor)
+        cpu = Blocking(self.cpu_executor)
+        # Sentence vectors for tool search (None: keywords only), shared by every Run, and
+        # through the database by every sidecar on it.
+        self.embeddings = tool_embeddings(settings.semantic_search, SqlVectorStore(self.engine))
+        # The MCP layer: one session per connection. It is the CatalogView, the
+        # ConnectionSupervisor and the ToolRunner of domain/catalog. Each listing it stores is
+        # encoded for search in the background, so the first search does not pay for it.
+        connection_store = SqlConnectionStore(self.engine)
+        self.mcp = McpManager(
+            connection_store,
+            self.blocking,
+            settings,
+            on_listed=self._warm_search if self.embeddings is not None else None,
+        )
+        # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
+        self.journal = (
+            SqlAssemblyJournal(self.engine, settings.assembly_journal_retention_hours * 3600)
+            if settings.assembly_journal
+            else None
+        )
+        services = _domain_services(
+            self.engine,
+            self.mcp,
+            self.mcp,
+            self.blocking,
+            connection_store,
+            live=True,
+            search_index_cache_bytes=settings.search_index_cache_bytes,
+            resolution_cache_bytes=settings.resolution_cache_bytes,
+            journal=self.journal,
+            embeddings=self.embeddings,
+            log_now=self.turn_starts_now,
+        )
+        self.resolver = services.resolver
+        limit = settings.max_message_bytes
+        reader = ToolOutputReader(services.runs, services.log)
+        router = ToolRouter(
+            services.resolver,
+            services.runs,
+            services.log,
+            self.mcp,
+            reader,
+            self.blocking,
+            settings.tool_call_timeout_seconds,
+            cpu=cpu,
+        )
+        usage = SqlUsageStore(self.engine)
+        self.inspector = RunInspector(
+            services.runs,
+            services.log,
+            self.journal,
+            usage,
+            reader,
+            self.mcp,
+            services.connection_store,
+        )
+        self.bindings = [
+            Binding(
+                SpecServicer(SpecService(services.store), self.blocking),
+                spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"],
+            ),
+            Binding(
+                RunServicer(services.runs, self.blocking, limit),
+                run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
+            ),
+            Binding(
+                ConnectionServicer(services.connections, limit),
+                connection_service_pb2.DESCRIPTOR.services_by_name["ConnectionService"],
+            ),
+            Binding(
+                TurnServicer(services.resolver, services.assembler, self.blocking, limit),
+                turn_service_pb2.DESCRIPTOR.services_by_name["TurnService"],
+            ),
+            Binding(
+                ToolServicer(
+                    services.resolver,
+                    router,
+                    reader,
+                    self.blocking,
+                    limit,
+                    inline_result_bytes=settings.inline_result_bytes,
+                    grep_threads=settings.worker_threads // 2,
+                    cpu=cpu,
+                ),
+                tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
+            ),
+            Binding(
+                UsageServicer(UsageService(services.runs, usage), self.blocking),
+                usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"],
+            ),
+        ]
+
+    def _warm_search(self, tools: Sequence[CatalogTool]) -> None:
+        if self.embeddings is not None:
+            self.embeddings.warm_in_background([(t.name, t.description) for t in tools])
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+        self.cpu_executor.shutdown(wait=True)
+        if self.turn_starts_now is not None:
+            self.turn_starts_now.close()
+        self.engine.dispose()
+
+
+async def _inline(function: Callable[..., T], *args: Any) -> T:
+    """RunBlocking for a one-shot reader: the call, on this thread."""
+    return function(*args)
+
+
+# The cache sizes a reader without settings uses: the settings' defaults.
+_DEFAULT = {name: field.default for name, field in Settings.model_fields.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseReader:
+    """The domain services over a database opened read-only: never a write, never a
+    migration, a known schema revision only. No MCP session runs: connection states are the
+    stored ones, a prompt's server states those pinned with the turn's surface."""
+
+    engine: Engine
+    services: DomainServices
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def open_database_reader(database_url: str, timeout: float) -> DatabaseReader:
+    """Raises DatabaseRefused (no such SQLite file, an unknown schema revision)."""
+    engine = open_read_only(database_url, timeout)
+    connection_store = SqlConnectionStore(engine)
+    catalog = StoredCatalog(connection_store)
+    # No journal: a preview writes no row anyway, and this reader writes nothing.
+    services = _domain_services(
+        engine,
+        catalog,
+        catalog,
+        _inline,
+        connection_store,
+        live=False,
+        search_index_cache_bytes=_DEFAULT["search_index_cache_bytes"],
+        resolution_cache_bytes=_DEFAULT["resolution_cache_bytes"],
+    )
+    return DatabaseReader(engine, services)
