@@ -1,8 +1,8 @@
 """psych-sidecar serve | migrate | health | inspect | version.
 
-Every field of `Settings` is a flag of serve, migrate and health (`--data-dir` for `data_dir`),
-generated from the model, so a setting reads the same from a flag, the environment
-(PSYCH_SIDECAR_DATA_DIR) and the TOML file (`data_dir = …`).
+Every setting of `Settings` is a flag of serve, migrate and health (`--data-dir` for `data_dir`),
+generated from the model under its flat key (`SETTING_KEYS`), so a setting reads the same from a
+flag, the environment (PSYCH_SIDECAR_DATA_DIR) and the TOML file (`data_dir = …`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from psych_sidecar import __version__, inspect_command
 from psych_sidecar.config import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,
+    SETTING_KEYS,
     Settings,
     load_settings,
     parse_listen_address,
@@ -42,7 +43,7 @@ def _json_value(text: str) -> Any:
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per field of `Settings`, generated from the model: `--data-dir` for `data_dir`.
+    """One flag per setting, generated from the model: `--data-dir` for `data_dir`.
 
     A list setting takes its flag once per item (`--listen A --listen B`), a true/false one is
     `--x` / `--no-x`, a table (`mcp_commands`) takes JSON, as in the environment. The value
@@ -51,7 +52,8 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "settings (a flag beats the environment, which beats the file)"
     )
-    for name, field in Settings.model_fields.items():
+    for name, setting in SETTING_KEYS.items():
+        field = setting.field
         environment = ENV_PREFIX + name.upper()
         shown = field.default if field.default != "" else '""'
         default = "" if field.default_factory is not None else f"; default {shown}"
@@ -116,7 +118,7 @@ def settings_from_arguments(argv: list[str]) -> Settings:
 
 
 def _settings(arguments: argparse.Namespace) -> Settings:
-    flags = {name: getattr(arguments, name) for name in Settings.model_fields}
+    flags = {name: getattr(arguments, name) for name in SETTING_KEYS}
     return load_settings(arguments.config, **flags)
 
 
@@ -124,12 +126,21 @@ def _one_line(error: Exception) -> str:
     """A configuration or start-up error as one line: each invalid field, or the first line."""
     if isinstance(error, ValidationError):
         return "; ".join(
-            f"{'.'.join(str(part) for part in problem['loc']) or 'settings'}: {problem['msg']}"
+            f"{'.'.join(str(part) for part in _as_keyed(problem['loc'])) or 'settings'}: "
+            f"{problem['msg']}"
             for problem in error.errors()
         )
     # A database driver's message (SQLAlchemy wraps it, adding the statement and a link).
     cause = getattr(error, "orig", None) or error
     return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+
+
+def _as_keyed(location: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """An invalid value's place as the operator wrote it: under its flat key, not the group
+    it is kept in (`max_message_bytes`, not `listeners.max_message_bytes`)."""
+    if len(location) > 1 and location[0] in Settings.model_fields and location[1] in SETTING_KEYS:
+        return location[1:]
+    return location
 
 
 def _fail(message: str, status: int) -> int:
@@ -250,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         database = normalize_url(settings.resolved_database_url())
     except (ValidationError, ValueError, ArgumentError) as error:
         return _fail(f"invalid configuration: {_one_line(error)}", 2)
-    logs.configure(settings.log_level, settings.log_format)
+    logs.configure(settings.telemetry.log_level, settings.telemetry.log_format)
     # Alembic narrates every plugin it loads and names each upgrade by its revision id at
     # INFO; the migrations' environment logs each applied migration by name instead.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
@@ -259,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         from psych_sidecar.app import process
 
         process.before_threads(settings)
-        if settings.semantic_search != "off":
+        if settings.search.semantic_search != "off":
             _begin_search_model_load()
     from psych_sidecar.app.sidecar import StartupError, serve
 

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -95,35 +97,32 @@ class StdioCommand(BaseModel):
         return values
 
 
-class Settings(BaseSettings):
-    """Every setting can come from the TOML file, the environment or the CLI."""
+class _Group(BaseModel):
+    """Settings of one concern. A field's key in the file, the environment and the flags is
+    its alias where it has one (`mcp_commands` for `McpSettings.commands`), else its name:
+    the keys are flat, as they always were."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    data_dir: Path = Field(
-        default=DEFAULT_DATA_DIR,
-        description="Home of the default socket and SQLite file; relative to the cwd.",
-    )
+
+def _valid_addresses(values: list[str]) -> list[str]:
+    for value in values:
+        parse_listen_address(value)
+    return values
+
+
+class ListenerSettings(_Group):
+    """The gRPC API and health listeners: addresses, sockets, TLS, message size, shutdown."""
+
     listen: list[str] = Field(
         default_factory=list,
         description="Addresses to serve on; default: the Unix socket DATA_DIR/sidecar.sock.",
-    )
-    database_url: str = Field(
-        default="",
-        description="SQLAlchemy URL; default: the SQLite file DATA_DIR/sidecar.db.",
     )
     health_listen: list[str] = Field(
         default_factory=list,
         description=(
             "Addresses serving only grpc.health.v1, for probes that cannot reach the API "
             "listeners (a kubelet on the pod IP); any interface is allowed here."
-        ),
-    )
-    admin_listen: list[str] = Field(
-        default_factory=list,
-        description=(
-            "Addresses of the admin HTTP listener (/metrics, for Prometheus); off when empty. "
-            "Loopback, or the pod IP so Prometheus can scrape it: any interface is allowed."
         ),
     )
     unix_socket_mode: int = Field(
@@ -160,15 +159,6 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(
         default=64 * MIB, ge=MIB, le=1024 * MIB, description="Largest request or response."
     )
-    inline_result_bytes: int = Field(
-        default=4 * MIB,
-        ge=64 * 1024,
-        le=1024 * MIB,
-        description=(
-            "Largest tool result a tool-call response carries whole; a larger one comes as an "
-            "elided view with its handle (all of it is in the log)."
-        ),
-    )
     shutdown_grace_seconds: float = Field(
         default=20.0, ge=0, description="How long in-flight calls may finish after SIGTERM."
     )
@@ -176,6 +166,28 @@ class Settings(BaseSettings):
         default=0.0,
         ge=0,
         description="NOT_SERVING is reported this long before the listeners close.",
+    )
+
+    @field_validator("unix_socket_mode", mode="before")
+    @classmethod
+    def _octal_mode(cls, value: object) -> object:
+        # The file can write 0o660; a flag or the environment may too.
+        if isinstance(value, str) and value.strip().lower().startswith("0o"):
+            return int(value.strip(), 8)
+        return value
+
+    @field_validator("listen", "health_listen")
+    @classmethod
+    def _valid_addresses(cls, values: list[str]) -> list[str]:
+        return _valid_addresses(values)
+
+
+class StorageSettings(_Group):
+    """The database and the threads that use it."""
+
+    database_url: str = Field(
+        default="",
+        description="SQLAlchemy URL; default: the SQLite file DATA_DIR/sidecar.db.",
     )
     worker_threads: int = Field(
         default=8, ge=1, le=256, description="Threads (and database connections) for storage."
@@ -189,52 +201,14 @@ class Settings(BaseSettings):
             "connection; past it the call fails UNAVAILABLE (STORAGE_UNAVAILABLE)."
         ),
     )
-    cpu_threads: int = Field(
-        default=2,
-        ge=1,
-        le=64,
-        description=(
-            "Threads for CPU-heavy steps (tool search and its index builds, schema "
-            "validation), apart from the storage threads so they never hold a database worker."
-        ),
-    )
-    search_index_cache_bytes: int = Field(
-        default=256 * MIB,
-        ge=MIB,
-        description=(
-            "Memory for tool-search indexes, shared by every Run and turn that reaches the "
-            "same tools of the same catalogue versions; least recently used go first."
-        ),
-    )
-    resolution_cache_bytes: int = Field(
-        default=128 * MIB,
-        ge=MIB,
-        description="Memory for catalogues read and resolved turns (surfaces), by bytes.",
-    )
-    large_buffer_reuse_bytes: int = Field(
-        default=256 * MIB,
-        ge=0,
-        le=2**31 - 1,
-        description=(
-            "Freed memory blocks up to this size are kept for reuse rather than handed back "
-            "to the system at once (glibc malloc's mmap and trim thresholds): a large tool "
-            "result is copied several times with the GIL held, ~10x faster into reused pages. "
-            "Memory stays nearer its peak; 0 leaves malloc as configured."
-        ),
-    )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
-    log_level: str = Field(default="INFO", description="Python logging level.")
-    log_format: Literal["text", "json"] = Field(
-        default="text",
-        description="Log lines as text, or as JSON objects one per line (with the RPC, tenant, "
-        "Run id, connection, correlation id and trace id of the call they belong to).",
-    )
-    tracing: Literal["off", "otlp"] = Field(
-        default="off",
-        description="OpenTelemetry traces: off, or exported by OTLP/gRPC as the standard "
-        "OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...).",
-    )
-    mcp_commands: dict[str, StdioCommand] = Field(
+
+
+class McpSettings(_Group):
+    """MCP sessions: the stdio commands allowed, catalogue refreshes, tool calls, reconnection."""
+
+    commands: dict[str, StdioCommand] = Field(
+        alias="mcp_commands",
         default_factory=dict,
         description="The stdio commands connections may name, by name; nothing else runs.",
     )
@@ -244,29 +218,66 @@ class Settings(BaseSettings):
     tool_call_timeout_seconds: float = Field(
         default=60.0, gt=0, description="How long a tool call may take unless the request says."
     )
-    mcp_connect_timeout_seconds: float = Field(
-        default=30.0, gt=0, description="How long connecting and the first listing may take."
+    connect_timeout_seconds: float = Field(
+        alias="mcp_connect_timeout_seconds",
+        default=30.0,
+        gt=0,
+        description="How long connecting and the first listing may take.",
     )
-    mcp_reconnect_min_seconds: float = Field(
-        default=0.5, gt=0, description="First delay before reconnecting a lost session."
+    reconnect_min_seconds: float = Field(
+        alias="mcp_reconnect_min_seconds",
+        default=0.5,
+        gt=0,
+        description="First delay before reconnecting a lost session.",
     )
-    mcp_reconnect_max_seconds: float = Field(
-        default=30.0, gt=0, description="Longest delay between reconnection attempts."
+    reconnect_max_seconds: float = Field(
+        alias="mcp_reconnect_max_seconds",
+        default=30.0,
+        gt=0,
+        description="Longest delay between reconnection attempts.",
     )
+    list_changed_debounce_seconds: float = Field(
+        alias="mcp_list_changed_debounce_seconds",
+        default=0.25,
+        ge=0,
+        description="tools/list_changed notifications within this window cause one refresh.",
+    )
+
+
+class SearchSettings(_Group):
+    """Tool search."""
+
     semantic_search: Literal["auto", "off"] = Field(
         default="auto",
         description="Tool search fuses sentence embeddings with keywords when the model "
         "package is installed (auto), or uses keywords alone (off).",
     )
-    mcp_list_changed_debounce_seconds: float = Field(
-        default=0.25,
-        ge=0,
-        description="tools/list_changed notifications within this window cause one refresh.",
+    search_index_cache_bytes: int = Field(
+        default=256 * MIB,
+        ge=MIB,
+        description=(
+            "Memory for tool-search indexes, shared by every Run and turn that reaches the "
+            "same tools of the same catalogue versions; least recently used go first."
+        ),
     )
-    admin_ui_allow_remote: bool = Field(
-        default=False,
-        description="Serve the Run inspector (/ui) to clients beyond loopback; off: only "
-        "loopback and Unix-socket clients get it, even on an admin listener on the pod IP.",
+
+
+class PromptSettings(_Group):
+    """Turns and prompts: resolved surfaces, inline tool results, the assembly journal."""
+
+    resolution_cache_bytes: int = Field(
+        default=128 * MIB,
+        ge=MIB,
+        description="Memory for catalogues read and resolved turns (surfaces), by bytes.",
+    )
+    inline_result_bytes: int = Field(
+        default=4 * MIB,
+        ge=64 * 1024,
+        le=1024 * MIB,
+        description=(
+            "Largest tool result a tool-call response carries whole; a larger one comes as an "
+            "elided view with its handle (all of it is in the log)."
+        ),
     )
     assembly_journal: bool = Field(
         default=True,
@@ -279,6 +290,22 @@ class Settings(BaseSettings):
         description="How long assembly journal rows are kept before they are deleted.",
     )
 
+
+class TelemetrySettings(_Group):
+    """Logs and traces."""
+
+    log_level: str = Field(default="INFO", description="Python logging level.")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines as text, or as JSON objects one per line (with the RPC, tenant, "
+        "Run id, connection, correlation id and trace id of the call they belong to).",
+    )
+    tracing: Literal["off", "otlp"] = Field(
+        default="off",
+        description="OpenTelemetry traces: off, or exported by OTLP/gRPC as the standard "
+        "OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...).",
+    )
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
@@ -286,20 +313,74 @@ class Settings(BaseSettings):
             raise ValueError("not a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL")
         return value.upper()
 
-    @field_validator("unix_socket_mode", mode="before")
-    @classmethod
-    def _octal_mode(cls, value: object) -> object:
-        # The file can write 0o660; a flag or the environment may too.
-        if isinstance(value, str) and value.strip().lower().startswith("0o"):
-            return int(value.strip(), 8)
-        return value
 
-    @field_validator("listen", "health_listen", "admin_listen")
+class AdminSettings(_Group):
+    """The admin HTTP listener (/metrics, the Run inspector)."""
+
+    listen: list[str] = Field(
+        alias="admin_listen",
+        default_factory=list,
+        description=(
+            "Addresses of the admin HTTP listener (/metrics, for Prometheus); off when empty. "
+            "Loopback, or the pod IP so Prometheus can scrape it: any interface is allowed."
+        ),
+    )
+    ui_allow_remote: bool = Field(
+        alias="admin_ui_allow_remote",
+        default=False,
+        description="Serve the Run inspector (/ui) to clients beyond loopback; off: only "
+        "loopback and Unix-socket clients get it, even on an admin listener on the pod IP.",
+    )
+
+    @field_validator("listen")
     @classmethod
     def _valid_addresses(cls, values: list[str]) -> list[str]:
-        for value in values:
-            parse_listen_address(value)
-        return values
+        return _valid_addresses(values)
+
+
+class ProcessSettings(_Group):
+    """The process: CPU threads and how malloc keeps large blocks."""
+
+    cpu_threads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Threads for CPU-heavy steps (tool search and its index builds, schema "
+            "validation), apart from the storage threads so they never hold a database worker."
+        ),
+    )
+    large_buffer_reuse_bytes: int = Field(
+        default=256 * MIB,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "Freed memory blocks up to this size are kept for reuse rather than handed back "
+            "to the system at once (glibc malloc's mmap and trim thresholds): a large tool "
+            "result is copied several times with the GIL held, ~10x faster into reused pages. "
+            "Memory stays nearer its peak; 0 leaves malloc as configured."
+        ),
+    )
+
+
+class Settings(BaseSettings):
+    """Every setting, grouped by concern. Each comes from the TOML file, the environment
+    (PSYCH_SIDECAR_<KEY>) or the CLI (--<key>) under its flat key (`SETTING_KEYS`)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    data_dir: Path = Field(
+        default=DEFAULT_DATA_DIR,
+        description="Home of the default socket and SQLite file; relative to the cwd.",
+    )
+    listeners: ListenerSettings = Field(default_factory=ListenerSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
+    search: SearchSettings = Field(default_factory=SearchSettings)
+    prompt: PromptSettings = Field(default_factory=PromptSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    process: ProcessSettings = Field(default_factory=ProcessSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -310,22 +391,29 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Every source speaks the flat keys; each is nested into the groups before the
+        # sources are merged, so that a key from the environment still beats the file's.
         # The TOML source reads model_config["toml_file"], which load_settings sets.
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+        return (
+            _Nested(settings_cls, init_settings),
+            _Nested(settings_cls, EnvSettingsSource(_FlatKeys)),
+            _NestedToml(settings_cls),
+        )
 
     def listen_addresses(self) -> list[ListenAddress]:
-        values = self.listen or [f"unix://{(self.data_dir / 'sidecar.sock').resolve()}"]
+        listeners = self.listeners
+        values = listeners.listen or [f"unix://{(self.data_dir / 'sidecar.sock').resolve()}"]
         addresses = [parse_listen_address(value) for value in values]
         self.tls_files()
         for address in addresses:
             if address.is_loopback:
                 continue
-            if not self.allow_non_loopback:
+            if not listeners.allow_non_loopback:
                 raise ValueError(
                     f"{address.grpc_target} is not a loopback address; set allow_non_loopback "
                     "to serve beyond this machine"
                 )
-            if self.tls_cert_file is None and not self.insecure_non_loopback:
+            if listeners.tls_cert_file is None and not listeners.insecure_non_loopback:
                 raise ValueError(
                     f"{address.grpc_target} is not a loopback address: serve TLS there "
                     "(tls_cert_file and tls_key_file, and tls_client_ca_file for mutual TLS), "
@@ -335,22 +423,106 @@ class Settings(BaseSettings):
 
     def tls_files(self) -> tuple[Path, Path, Path | None] | None:
         """(certificate, key, client CA or None) when TLS is configured, else None."""
-        if self.tls_cert_file is None and self.tls_key_file is None:
-            if self.tls_client_ca_file is not None:
+        cert_file, key_file = self.listeners.tls_cert_file, self.listeners.tls_key_file
+        if cert_file is None and key_file is None:
+            if self.listeners.tls_client_ca_file is not None:
                 raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
             return None
-        if self.tls_cert_file is None or self.tls_key_file is None:
+        if cert_file is None or key_file is None:
             raise ValueError("tls_cert_file and tls_key_file go together")
-        return self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file
+        return cert_file, key_file, self.listeners.tls_client_ca_file
 
     def health_listen_addresses(self) -> list[ListenAddress]:
-        return [parse_listen_address(value) for value in self.health_listen]
+        return [parse_listen_address(value) for value in self.listeners.health_listen]
 
     def admin_listen_addresses(self) -> list[ListenAddress]:
-        return [parse_listen_address(value) for value in self.admin_listen]
+        return [parse_listen_address(value) for value in self.admin.listen]
 
     def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{(self.data_dir / 'sidecar.db').resolve()}"
+        return self.storage.database_url or f"sqlite:///{(self.data_dir / 'sidecar.db').resolve()}"
+
+
+@dataclass(frozen=True, slots=True)
+class SettingKey:
+    """Where a flat key's value lives in `Settings`: its group (None: Settings itself), the
+    attribute there, and the field that describes it."""
+
+    group: str | None
+    attribute: str
+    field: FieldInfo
+
+    def value(self, settings: Settings) -> Any:
+        owner = settings if self.group is None else getattr(settings, self.group)
+        return getattr(owner, self.attribute)
+
+
+def _setting_keys() -> dict[str, SettingKey]:
+    keys: dict[str, SettingKey] = {}
+    for name, field in Settings.model_fields.items():
+        group = field.annotation
+        if isinstance(group, type) and issubclass(group, _Group):
+            for attribute, inner in group.model_fields.items():
+                keys[inner.alias or attribute] = SettingKey(name, attribute, inner)
+        else:
+            keys[name] = SettingKey(None, name, field)
+    return keys
+
+
+# Every setting by its flat key: the TOML key, the environment's PSYCH_SIDECAR_<KEY>, --<key>.
+SETTING_KEYS = _setting_keys()
+
+
+class _FlatEnvironment(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+
+# A settings class with the flat keys as fields, for the environment source to read
+# PSYCH_SIDECAR_<KEY> (JSON for a list or a table) as it always has.
+_FlatKeys = create_model(  # type: ignore[call-overload]
+    "_FlatKeys",
+    __base__=_FlatEnvironment,
+    **{key: (setting.field.annotation, None) for key, setting in SETTING_KEYS.items()},
+)
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """A source's values, read under their flat keys, moved into their groups."""
+    nested: dict[str, Any] = {}
+    # A group given whole (Settings(**other.model_dump())) first, its flat keys over it.
+    for key, value in flat.items():
+        if key not in SETTING_KEYS:
+            nested[key] = dict(value) if isinstance(value, dict) else value
+    for key, value in flat.items():
+        setting = SETTING_KEYS.get(key)
+        if setting is None:
+            continue
+        if setting.group is None:
+            nested[key] = value
+        else:
+            nested.setdefault(setting.group, {})[key] = value
+    return nested
+
+
+class _Nested(PydanticBaseSettingsSource):
+    """A source that speaks the flat keys (the init arguments, the environment), nested."""
+
+    def __init__(self, settings_cls: type[BaseSettings], flat: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self._flat = flat
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ reads the flat source whole
+
+    def __call__(self) -> dict[str, Any]:
+        return _nest(self._flat())
+
+
+class _NestedToml(TomlConfigSettingsSource):
+    """The TOML file's flat keys, nested (a TOML source still, as pydantic-settings checks
+    for one where `toml_file` is configured)."""
+
+    def __call__(self) -> dict[str, Any]:
+        return _nest(super().__call__())
 
 
 def load_settings(config_file: str | None = None, **overrides: Any) -> Settings:

@@ -21,7 +21,13 @@ from sqlalchemy import create_engine, make_url, text
 from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
 from psych_sidecar import __version__, cli
 from psych_sidecar.bulk import heap
-from psych_sidecar.config import ENV_PREFIX, Settings, load_settings, parse_listen_address
+from psych_sidecar.config import (
+    ENV_PREFIX,
+    SETTING_KEYS,
+    Settings,
+    load_settings,
+    parse_listen_address,
+)
 from psych_sidecar.storage.db import schema_name
 from tests.support.databases import HEAD_REVISION, postgres_admin_url, postgres_database
 from tests.support.polling import wait_for
@@ -128,9 +134,9 @@ def test_settings_come_from_file_then_environment_then_flags(
     )
     monkeypatch.setenv("PSYCH_SIDECAR_WORKER_THREADS", "5")
     settings = load_settings(str(config), max_message_bytes=4 * 1024 * 1024)
-    assert settings.database_url == "sqlite:///from-file.db"
-    assert settings.worker_threads == 5
-    assert settings.max_message_bytes == 4 * 1024 * 1024
+    assert settings.storage.database_url == "sqlite:///from-file.db"
+    assert settings.storage.worker_threads == 5
+    assert settings.listeners.max_message_bytes == 4 * 1024 * 1024
 
 
 def test_listen_addresses_parse() -> None:
@@ -199,7 +205,7 @@ _COMPANIONS: dict[str, dict[str, Any]] = {
 
 
 def _sample(name: str) -> Any:
-    field = Settings.model_fields[name]
+    field = SETTING_KEYS[name].field
     if name in _SAMPLES:
         return _SAMPLES[name]
     kind = get_origin(field.annotation) or field.annotation
@@ -235,7 +241,7 @@ def _as_environment(value: Any) -> str:
     return str(value)
 
 
-@pytest.mark.parametrize("name", list(Settings.model_fields))
+@pytest.mark.parametrize("name", list(SETTING_KEYS))
 @pytest.mark.parametrize("command", ["serve", "migrate", "health"])
 def test_every_setting_is_a_flag_an_environment_variable_and_a_file_key(
     name: str, command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -244,7 +250,8 @@ def test_every_setting_is_a_flag_an_environment_variable_and_a_file_key(
         if variable.startswith(ENV_PREFIX):
             monkeypatch.delenv(variable)
     values = {name: _sample(name), **_COMPANIONS.get(name, {})}
-    default = getattr(Settings(), name)
+    setting = SETTING_KEYS[name]
+    default = setting.value(Settings())
 
     flags = [flag for key, value in values.items() for flag in _as_flags(key, value)]
     from_flags = cli.settings_from_arguments([command, *flags])
@@ -262,9 +269,9 @@ def test_every_setting_is_a_flag_an_environment_variable_and_a_file_key(
         monkeypatch.setenv(ENV_PREFIX + key.upper(), _as_environment(value))
     from_environment = cli.settings_from_arguments([command])
 
-    assert getattr(from_flags, name) != default
-    assert getattr(from_flags, name) == getattr(from_environment, name)
-    assert getattr(from_flags, name) == getattr(from_file, name)
+    assert setting.value(from_flags) != default
+    assert setting.value(from_flags) == setting.value(from_environment)
+    assert setting.value(from_flags) == setting.value(from_file)
 
 
 def test_a_flag_beats_the_environment_which_beats_the_file(
@@ -277,9 +284,47 @@ def test_a_flag_beats_the_environment_which_beats_the_file(
     settings = cli.settings_from_arguments(
         ["serve", "--config", str(config), "--catalog-ttl-seconds", "11", "--no-allow-non-loopback"]
     )
-    assert settings.worker_threads == 5
-    assert settings.catalog_ttl_seconds == 11
-    assert settings.allow_non_loopback is False
+    assert settings.storage.worker_threads == 5
+    assert settings.mcp.catalog_ttl_seconds == 11
+    assert settings.listeners.allow_non_loopback is False
+
+
+def test_flat_keys_land_in_their_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings are grouped by concern in code; the file's keys and the environment's names stay
+    the flat ones existing configurations use, and the environment still beats the file within a
+    group."""
+    for variable in os.environ:
+        if variable.startswith(ENV_PREFIX):
+            monkeypatch.delenv(variable)
+    config = tmp_path / "sidecar.toml"
+    config.write_text(
+        "mcp_connect_timeout_seconds = 7\n"
+        "catalog_ttl_seconds = 8\n"
+        'admin_listen = ["127.0.0.1:9100"]\n'
+        "resolution_cache_bytes = 2097152\n"
+    )
+    monkeypatch.setenv("PSYCH_SIDECAR_CATALOG_TTL_SECONDS", "9")
+    monkeypatch.setenv("PSYCH_SIDECAR_ADMIN_UI_ALLOW_REMOTE", "true")
+    settings = load_settings(str(config))
+    assert settings.mcp.connect_timeout_seconds == 7
+    assert settings.mcp.catalog_ttl_seconds == 9
+    assert settings.admin.listen == ["127.0.0.1:9100"]
+    assert settings.admin.ui_allow_remote is True
+    assert settings.prompt.resolution_cache_bytes == 2 * 1024 * 1024
+
+
+def test_an_invalid_setting_is_named_by_its_flat_key(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*COMMAND, "serve", "--mcp-connect-timeout-seconds", "-1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "psych-sidecar: invalid configuration: mcp_connect_timeout_seconds: "
+    ), result.stderr
 
 
 def test_listen_flags_keep_their_spellings() -> None:
@@ -296,21 +341,21 @@ def test_listen_flags_keep_their_spellings() -> None:
             "0o600",
         ]
     )
-    assert settings.listen == ["[::1]:7", "unix:///run/a.sock"]
-    assert settings.health_listen == ["0.0.0.0:8"]
-    assert settings.allow_non_loopback is True
-    assert settings.unix_socket_mode == 0o600
+    assert settings.listeners.listen == ["[::1]:7", "unix:///run/a.sock"]
+    assert settings.listeners.health_listen == ["0.0.0.0:8"]
+    assert settings.listeners.allow_non_loopback is True
+    assert settings.listeners.unix_socket_mode == 0o600
 
 
 def test_operations_doc_lists_every_setting_once() -> None:
     text = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
     section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE)
-    assert sorted(rows) == sorted(Settings.model_fields)
+    assert sorted(rows) == sorted(SETTING_KEYS)
     help_text = subprocess.run(
         [*COMMAND, "serve", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for name in Settings.model_fields:
+    for name in SETTING_KEYS:
         assert "--" + name.replace("_", "-") in help_text
         assert ENV_PREFIX + name.upper() in help_text
 
@@ -442,5 +487,5 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
 def test_serve_tunes_glibc_malloc_to_reuse_large_buffers() -> None:
     # This machine's C library is glibc (Debian); a value of 0 leaves malloc alone.
     assert os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
-    assert heap.reuse_large_blocks(Settings().large_buffer_reuse_bytes) is True
+    assert heap.reuse_large_blocks(Settings().process.large_buffer_reuse_bytes) is True
     assert heap.reuse_large_blocks(0) is False

@@ -35,7 +35,7 @@ def _sidecar(documents: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
 def test_the_config_file_is_valid_sidecar_settings() -> None:
     settings = load_settings(str(DEPLOY / "base" / "sidecar.toml"))
     assert settings.listen_addresses()[0].unix_path == "/run/psych/sidecar.sock"
-    assert settings.unix_socket_mode == 0o660
+    assert settings.listeners.unix_socket_mode == 0o660
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -46,7 +46,7 @@ def test_the_pod_matches_the_sidecar_settings(overlay: str) -> None:
     health_port = settings.health_listen_addresses()[0].port
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert sidecar[probe]["grpc"]["port"] == health_port
-    drain = settings.drain_delay_seconds + settings.shutdown_grace_seconds
+    drain = settings.listeners.drain_delay_seconds + settings.listeners.shutdown_grace_seconds
     assert pod["terminationGracePeriodSeconds"] > drain
     socket_dir = str(Path(settings.listen_addresses()[0].unix_path or "").parent)
     for container in [sidecar, *pod["containers"]]:

@@ -159,7 +159,7 @@ def test_the_journal_can_be_turned_off(tmp_path: Path) -> None:
             run_id = run_with(stubs, "agent")
             append(stubs, run_id, user("hello"))
             assemble(stubs, run_id)
-        engine = create_engine(normalize_url(settings.database_url))
+        engine = create_engine(normalize_url(settings.storage.database_url))
         with engine.connect() as conn:
             rows = conn.execute(text("SELECT count(*) FROM assembly_journal")).scalar()
         engine.dispose()
@@ -175,7 +175,7 @@ def test_a_journal_that_cannot_write_does_not_fail_the_prompt(
         data_dir=tmp_path,
     )
     with RunningSidecar(settings) as running:
-        engine = create_engine(normalize_url(settings.database_url))
+        engine = create_engine(normalize_url(settings.storage.database_url))
         with engine.begin() as conn:
             conn.execute(text("DROP TABLE assembly_journal"))
         engine.dispose()

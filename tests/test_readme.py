@@ -44,8 +44,8 @@ def test_the_stdio_config_allows_a_node_and_a_python_server(tmp_path: Path) -> N
     path = tmp_path / "my-sidecar.toml"
     path.write_text(config)
     settings = load_settings(str(path))
-    assert settings.mcp_commands["everything"].argv[0] == "npx"
-    assert settings.mcp_commands["time"].argv == [".venv/bin/mcp-server-time"]
+    assert settings.mcp.commands["everything"].argv[0] == "npx"
+    assert settings.mcp.commands["time"].argv == [".venv/bin/mcp-server-time"]
     # The Node server at the version the tests connect to.
     pinned = re.search(
         r'"@modelcontextprotocol/server-everything": "([^"]+)"',
@@ -53,7 +53,7 @@ def test_the_stdio_config_allows_a_node_and_a_python_server(tmp_path: Path) -> N
     )
     assert pinned is not None
     assert f"@modelcontextprotocol/server-everything@{pinned.group(1)}" in (
-        settings.mcp_commands["everything"].argv
+        settings.mcp.commands["everything"].argv
     )
     (command,) = _blocks("sh", "### Allowing a stdio MCP server")
     assert command.strip() == f"scripts/serve --config {path.name}"

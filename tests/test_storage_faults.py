@@ -83,7 +83,7 @@ def _retry_info(call: Any) -> error_details_pb2.RetryInfo:
 @contextlib.contextmanager
 def _lock_held(grpc_server: RunningSidecar, run_id: str) -> Iterator[None]:
     """Another client holds the lock an append needs, for as long as the block runs."""
-    url = normalize_url(grpc_server.settings.database_url)
+    url = normalize_url(grpc_server.settings.storage.database_url)
     if url.get_backend_name() == "sqlite":
         holder = sqlite3.connect(str(url.database), isolation_level=None, timeout=30)
         holder.execute("BEGIN IMMEDIATE")
@@ -124,7 +124,7 @@ def test_lock_held_past_the_busy_timeout_is_retryable_and_the_retry_stores_once(
 def test_postgresql_refusing_connections_is_unavailable_then_recovers(
     grpc_server: RunningSidecar, stubs: Stubs, unique: Any
 ) -> None:
-    url = make_url(grpc_server.settings.database_url)
+    url = make_url(grpc_server.settings.storage.database_url)
     if url.get_backend_name() != "postgresql":
         pytest.skip("a PostgreSQL outage")
     run_id = new_run(stubs, unique("spec"))

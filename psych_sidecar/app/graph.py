@@ -31,7 +31,7 @@ from psych_sidecar.api.specs import SpecServicer
 from psych_sidecar.api.tools import ToolServicer
 from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
-from psych_sidecar.config import Settings
+from psych_sidecar.config import PromptSettings, SearchSettings, Settings
 from psych_sidecar.domain.calls import ToolOutputReader, ToolRouter
 from psych_sidecar.domain.catalog import (
     CatalogTool,
@@ -130,26 +130,28 @@ class SidecarGraph:
     def __init__(self, settings: Settings) -> None:
         self.engine = create_database_engine(
             settings.resolved_database_url(),
-            pool_size=settings.worker_threads,
-            busy_timeout_seconds=settings.database_busy_timeout_seconds,
+            pool_size=settings.storage.worker_threads,
+            busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
         )
         # SQLite answers the turn-start read of ResolveTurn on the loop when it need not wait.
         self.turn_starts_now = (
             SqliteTurnStartsNow(self.engine) if self.engine.dialect.name == "sqlite" else None
         )
         self.executor = ThreadPoolExecutor(
-            max_workers=settings.worker_threads, thread_name_prefix="storage"
+            max_workers=settings.storage.worker_threads, thread_name_prefix="storage"
         )
         # CPU-heavy steps (search, schema validation) get their own threads: a burst of index
         # builds must not hold every database worker.
         self.cpu_executor = ThreadPoolExecutor(
-            max_workers=settings.cpu_threads, thread_name_prefix="cpu"
+            max_workers=settings.process.cpu_threads, thread_name_prefix="cpu"
         )
         self.blocking = Blocking(self.executor)
         cpu = Blocking(self.cpu_executor)
         # Sentence vectors for tool search (None: keywords only), shared by every Run, and
         # through the database by every sidecar on it.
-        self.embeddings = tool_embeddings(settings.semantic_search, SqlVectorStore(self.engine))
+        self.embeddings = tool_embeddings(
+            settings.search.semantic_search, SqlVectorStore(self.engine)
+        )
         # The MCP layer: one session per connection. It is the CatalogView, the
         # ConnectionSupervisor and the ToolRunner of domain/catalog. Each listing it stores is
         # encoded for search in the background, so the first search does not pay for it.
@@ -157,13 +159,13 @@ class SidecarGraph:
         self.mcp = McpManager(
             connection_store,
             self.blocking,
-            settings,
+            settings.mcp,
             on_listed=self._warm_search if self.embeddings is not None else None,
         )
         # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
         self.journal = (
-            SqlAssemblyJournal(self.engine, settings.assembly_journal_retention_hours * 3600)
-            if settings.assembly_journal
+            SqlAssemblyJournal(self.engine, settings.prompt.assembly_journal_retention_hours * 3600)
+            if settings.prompt.assembly_journal
             else None
         )
         services = _domain_services(
@@ -173,14 +175,14 @@ class SidecarGraph:
             self.blocking,
             connection_store,
             live=True,
-            search_index_cache_bytes=settings.search_index_cache_bytes,
-            resolution_cache_bytes=settings.resolution_cache_bytes,
+            search_index_cache_bytes=settings.search.search_index_cache_bytes,
+            resolution_cache_bytes=settings.prompt.resolution_cache_bytes,
             journal=self.journal,
             embeddings=self.embeddings,
             log_now=self.turn_starts_now,
         )
         self.resolver = services.resolver
-        limit = settings.max_message_bytes
+        limit = settings.listeners.max_message_bytes
         reader = ToolOutputReader(services.runs, services.log)
         router = ToolRouter(
             services.resolver,
@@ -189,7 +191,7 @@ class SidecarGraph:
             self.mcp,
             reader,
             self.blocking,
-            settings.tool_call_timeout_seconds,
+            settings.mcp.tool_call_timeout_seconds,
             cpu=cpu,
         )
         usage = SqlUsageStore(self.engine)
@@ -226,8 +228,8 @@ class SidecarGraph:
                     reader,
                     self.blocking,
                     limit,
-                    inline_result_bytes=settings.inline_result_bytes,
-                    grep_threads=settings.worker_threads // 2,
+                    inline_result_bytes=settings.prompt.inline_result_bytes,
+                    grep_threads=settings.storage.worker_threads // 2,
                     cpu=cpu,
                 ),
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
@@ -253,10 +255,6 @@ class SidecarGraph:
 async def _inline(function: Callable[..., T], *args: Any) -> T:
     """RunBlocking for a one-shot reader: the call, on this thread."""
     return function(*args)
-
-
-# The cache sizes a reader without settings uses: the settings' defaults.
-_DEFAULT = {name: field.default for name, field in Settings.model_fields.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +283,8 @@ def open_database_reader(database_url: str, timeout: float) -> DatabaseReader:
         _inline,
         connection_store,
         live=False,
-        search_index_cache_bytes=_DEFAULT["search_index_cache_bytes"],
-        resolution_cache_bytes=_DEFAULT["resolution_cache_bytes"],
+        # A reader has no settings: the caches' defaults.
+        search_index_cache_bytes=SearchSettings().search_index_cache_bytes,
+        resolution_cache_bytes=PromptSettings().resolution_cache_bytes,
     )
     return DatabaseReader(engine, services)

@@ -15,7 +15,7 @@ _GIL_SWITCH_INTERVAL_SECONDS = 0.001
 
 def before_threads(settings: Settings) -> None:
     """Called first thing by `serve`: malloc's thresholds are set before any thread starts."""
-    heap.reuse_large_blocks(settings.large_buffer_reuse_bytes)
+    heap.reuse_large_blocks(settings.process.large_buffer_reuse_bytes)
 
 
 def after_start() -> None:

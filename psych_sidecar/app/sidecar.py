@@ -44,7 +44,7 @@ class Sidecar:
     """One running sidecar: storage, domain services and the gRPC server around them."""
 
     def __init__(self, settings: Settings, tracer_provider: TracerProvider | None = None) -> None:
-        """`tracer_provider` overrides the one `settings.tracing` would build (tests export
+        """`tracer_provider` overrides the one the `tracing` setting would build (tests export
         to memory with it)."""
         self.settings = settings
         self._tracer_provider = tracer_provider
@@ -79,22 +79,22 @@ class Sidecar:
         return [
             *metrics.admin_routes(),
             *ui.admin_routes(
-                self.graph.inspector, self.graph.blocking, self.settings.admin_ui_allow_remote
+                self.graph.inspector, self.graph.blocking, self.settings.admin.ui_allow_remote
             ),
         ]
 
     async def start(self) -> None:
-        if self.settings.admin_listen:
+        if self.settings.admin.listen:
             # Before anything that records (the MCP sessions' first listings).
             metrics.enable()
-        if self._tracer_provider is None and self.settings.tracing == "otlp":
+        if self._tracer_provider is None and self.settings.telemetry.tracing == "otlp":
             self._tracer_provider = tracing.otlp_provider()
             self._owns_tracer_provider = True
         if self._tracer_provider is not None:
             tracing.install(self._tracer_provider)
         loop = asyncio.get_running_loop()
         graph = self.graph
-        if self.settings.migrate_on_start:
+        if self.settings.storage.migrate_on_start:
             await loop.run_in_executor(graph.executor, migrate, graph.engine)
         try:
             await loop.run_in_executor(graph.executor, check_writable_values, graph.engine)
@@ -107,7 +107,7 @@ class Sidecar:
             # catalogues by meaning as soon as it serves.
             graph.embeddings.prepare()
         bindings = graph.bindings
-        server = rpc_server(bindings, self.settings.max_message_bytes, self._in_flight)
+        server = rpc_server(bindings, self.settings.listeners.max_message_bytes, self._in_flight)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         service_names = [b.service.full_name for b in bindings]
         reflection.enable_server_reflection(
@@ -130,8 +130,8 @@ class Sidecar:
                 )
         await server.start()
         self._server = server
-        restrict_unix_sockets(self._addresses, self.settings.unix_socket_mode)
-        if self.settings.health_listen:
+        restrict_unix_sockets(self._addresses, self.settings.listeners.unix_socket_mode)
+        if self.settings.listeners.health_listen:
             # Health only, so a probe port on the pod IP exposes nothing else; it shares the
             # servicer, so it turns NOT_SERVING with the API on shutdown.
             health_server = grpc.aio.server(options=[NO_REUSEPORT])
@@ -141,15 +141,15 @@ class Sidecar:
             await health_server.start()
             self._health_server = health_server
             restrict_unix_sockets(
-                self.settings.health_listen_addresses(), self.settings.unix_socket_mode
+                self.settings.health_listen_addresses(), self.settings.listeners.unix_socket_mode
             )
-        if self.settings.admin_listen:
+        if self.settings.admin.listen:
             from psych_sidecar.admin import AdminServer
 
             self.admin = AdminServer(
                 self.settings.admin_listen_addresses(),
                 self._admin_routes(),
-                self.settings.unix_socket_mode,
+                self.settings.listeners.unix_socket_mode,
             )
             await self.admin.start()
             self._unwatch = metrics.watch(self)
@@ -219,10 +219,10 @@ class Sidecar:
         """NOT_SERVING first, then stop taking calls and let in-flight ones finish; those
         still running when the grace ends are answered UNAVAILABLE / SHUTTING_DOWN."""
         await self._health.enter_graceful_shutdown()
-        if self.settings.drain_delay_seconds and self._server is not None:
-            await asyncio.sleep(self.settings.drain_delay_seconds)
+        if self.settings.listeners.drain_delay_seconds and self._server is not None:
+            await asyncio.sleep(self.settings.listeners.drain_delay_seconds)
         if self._server is not None:
-            grace = self.settings.shutdown_grace_seconds
+            grace = self.settings.listeners.shutdown_grace_seconds
             # New calls are refused at once (bare UNAVAILABLE); in-flight ones get the grace,
             # and an answer of ours when it ends, before the transport would cancel them.
             stopping = asyncio.ensure_future(self._server.stop(grace + 5))

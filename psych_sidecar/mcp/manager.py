@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from psych_sidecar.config import Settings
+from psych_sidecar.config import McpSettings
 from psych_sidecar.domain.catalog import (
     AllowedCommand,
     CatalogTool,
@@ -74,7 +74,7 @@ class McpManager:
         self,
         store: ConnectionRepository,
         blocking: RunBlocking,
-        settings: Settings,
+        settings: McpSettings,
         on_listed: Callable[[Sequence[CatalogTool]], None] | None = None,
     ):
         """`on_listed` is told every listing this sidecar stores (on the loop: it must not
@@ -83,18 +83,16 @@ class McpManager:
         self._on_listed = on_listed
         self._blocking = blocking
         self._settings = settings
-        self._commands = settings.mcp_commands
+        self._commands = settings.commands
         self.allowed_commands: Mapping[str, AllowedCommand] = {
             name: AllowedCommand(command.allow_extra_args, tuple(command.allowed_env))
-            for name, command in settings.mcp_commands.items()
+            for name, command in settings.commands.items()
         }
         self._timings = SessionTimings(
-            connect_timeout=settings.mcp_connect_timeout_seconds,
-            reconnect_min=settings.mcp_reconnect_min_seconds,
-            reconnect_max=max(
-                settings.mcp_reconnect_min_seconds, settings.mcp_reconnect_max_seconds
-            ),
-            list_changed_debounce=settings.mcp_list_changed_debounce_seconds,
+            connect_timeout=settings.connect_timeout_seconds,
+            reconnect_min=settings.reconnect_min_seconds,
+            reconnect_max=max(settings.reconnect_min_seconds, settings.reconnect_max_seconds),
+            list_changed_debounce=settings.list_changed_debounce_seconds,
         )
         self._running: dict[Key, _Running] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
