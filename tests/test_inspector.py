@@ -361,7 +361,7 @@ def test_only_clients_on_this_machine_get_the_pages_unless_the_operator_allows_m
     scripted: ScriptedRun, grpc_server: RunningSidecar
 ) -> None:
     sidecar = grpc_server.sidecar
-    inspector = sidecar._inspector
+    inspector = sidecar.graph.inspector
     assert inspector is not None
 
     def status(allow_remote: bool, client: tuple[str, int] | None, path: str = "/ui") -> int:

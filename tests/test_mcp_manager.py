@@ -45,7 +45,7 @@ def test_nothing_starts_after_stop(tmp_path: Path) -> None:
         sidecar = running.sidecar
         # Another sidecar on the same database stores a connection; this one notices it when
         # a storage thread lists the tenant's connections, and starts its session.
-        sidecar._connection_store.put_connection(_fixture("acme", "early"))
+        sidecar.graph.connection_store.put_connection(_fixture("acme", "early"))
         sidecar.mcp.tenant_connections("acme")
         wait_for(
             lambda: "mcp-session early" in _session_tasks(running),
@@ -55,7 +55,7 @@ def test_nothing_starts_after_stop(tmp_path: Path) -> None:
         assert _session_tasks(running) == []
         # After stop the same notice starts nothing: listed as not running here yet (the
         # state that would have started its session), and no task.
-        sidecar._connection_store.put_connection(_fixture("acme", "late"))
+        sidecar.graph.connection_store.put_connection(_fixture("acme", "late"))
         listed = sidecar.mcp.tenant_connections("acme")
         assert [(connection.name, status.state) for connection, status in listed] == [
             ("early", ConnectionState.CONNECTING),

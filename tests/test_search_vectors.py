@@ -309,7 +309,7 @@ def test_the_model_is_told_when_its_search_was_ranked_before_the_tools_were_inde
     sentence model is held back from loading, so the ranking is keywords only until it is."""
     loading = threading.Event()
     running = RunningSidecar(_settings(f"sqlite:///{tmp_path / 'sidecar.db'}", tmp_path))
-    embeddings = running.sidecar._embeddings
+    embeddings = running.sidecar.graph.embeddings
     assert embeddings is not None
     load = embeddings._load_encoder
 

@@ -155,7 +155,7 @@ class SidecarGraph:
         # The MCP layer: one session per connection. It is the CatalogView, the
         # ConnectionSupervisor and the ToolRunner of domain/catalog. Each listing it stores is
         # encoded for search in the background, so the first search does not pay for it.
-        connection_store = SqlConnectionStore(self.engine)
+        self.connection_store = connection_store = SqlConnectionStore(self.engine)
         self.mcp = McpManager(
             connection_store,
             self.blocking,
