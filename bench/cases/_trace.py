@@ -89,7 +89,9 @@ def _png(width: int, height: int, seed: int) -> bytes:
     )
 
 
-def build_trace(seed: int = SEED) -> dict[str, Any]:
+def build_trace(seed: int = SEED, turns: int = 16) -> dict[str, Any]:
+    """The trace of `turns` turns; the reference has 16, a longer one begins with the same
+    16 (the draws continue where the reference's stop)."""
     rnd = random.Random(seed)
     # Files from 100 B to 5 MB, log-uniform, plus two of exactly 5 MB.
     files = [
@@ -164,8 +166,8 @@ def build_trace(seed: int = SEED) -> dict[str, Any]:
             },
         },
     ]
-    turns: list[dict[str, Any]] = []
-    for number in range(16):
+    conversation: list[dict[str, Any]] = []
+    for number in range(turns):
         steps: list[dict[str, Any]] = []
         for step in range(rnd.randint(2, 4)):
             calls = [rnd.choice(pool) for _ in range(rnd.randint(1, 2))]
@@ -205,8 +207,8 @@ def build_trace(seed: int = SEED) -> dict[str, Any]:
         question = (
             f"Question {number + 1}: what do the logs and the repository say about run {run}?"
         )
-        turns.append({"user": question, "steps": steps})
-    return {"seed": seed, "files": files, "images": images, "turns": turns}
+        conversation.append({"user": question, "steps": steps})
+    return {"seed": seed, "files": files, "images": images, "turns": conversation}
 
 
 def load_trace() -> dict[str, Any]:
