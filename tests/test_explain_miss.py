@@ -31,6 +31,8 @@ def entry(
     spec_version: int = 1,
     guard: str | None = None,
     turn: int = 1,
+    step: int = 0,
+    last_sequence: int = 1,
     seconds: int = 0,
 ) -> AssemblyEntry:
     digests = {Zone.STATIC_SYSTEM: static, Zone.DYNAMIC_TAIL: tail, Zone.HISTORY: history}
@@ -42,8 +44,8 @@ def entry(
         spec_name="agent",
         spec_version=spec_version,
         turn=turn,
-        step=0,
-        last_sequence=1,
+        step=step,
+        last_sequence=last_sequence,
         zones=tuple(
             ZoneSize(z, sizes.get(z, 80), sizes.get(z, 80) // 4, digests.get(z, f"x{seconds}"))
             for z in Zone
@@ -91,7 +93,7 @@ def test_a_changed_tail_misses_from_zone_two() -> None:
     assert miss.tokens_missed == 2600
 
 
-def test_elision_at_a_turn_start_and_the_context_guard_rewrite_the_history() -> None:
+def test_elision_at_a_turn_start_rewrites_the_history() -> None:
     elided = (ElidedResult(3, "h_a", ElisionRule.PER_RESULT),)
     miss = explain_miss(entry(), entry(history="h2", elided=elided, turn=2))
     assert miss is not None
@@ -102,9 +104,38 @@ def test_elision_at_a_turn_start_and_the_context_guard_rewrite_the_history() -> 
     assert miss.bytes_missed == 10_000
     # The same elisions on the next step are no miss: views are stable within a turn.
     assert explain_miss(entry(elided=elided), entry(history="h3", elided=elided)) is None
-    assert causes(entry(), entry(history="h2", guard="elided #5 to fit")) == [
-        MissCause.CONTEXT_GUARD
+
+
+def guarded(*sequences: int) -> tuple[ElidedResult, ...]:
+    return tuple(ElidedResult(s, f"h_{s}", ElisionRule.CONTEXT_GUARD) for s in sequences)
+
+
+def test_the_guard_is_judged_by_its_decisions_and_a_mid_turn_elision_is_named() -> None:
+    step = {"turn": 2, "history": "h2"}
+    before = entry(**step, step=1, last_sequence=10, elided=guarded(5), guard="about 150000 tokens")
+    # Its estimate moved and it elided a result newer than the previous call's log: the
+    # previous call's bytes are all still there, so nothing to explain.
+    grown = entry(
+        **step, step=2, last_sequence=14, elided=guarded(5, 12), guard="about 160000 tokens"
+    )
+    assert explain_miss(before, grown) is None
+    # A result the previous call sent in full, elided now: a mid-turn guard elision.
+    rewrote = entry(**step, step=2, last_sequence=14, elided=guarded(5, 7), guard="about 9")
+    miss = explain_miss(before, rewrote)
+    assert miss is not None
+    assert miss.first_zone is Zone.HISTORY
+    assert [r.text for r in miss.reasons] == [
+        "context guard mid-turn (turn 2, step 2): #7 elided after an earlier call of the "
+        "turn sent it in full"
     ]
+    # A result back in full is a miss too.
+    restored = entry(**step, step=2, last_sequence=14, guard="about 9")
+    assert causes(before, restored) == [MissCause.CONTEXT_GUARD]
+    # At the next turn the guard's view becomes the thresholds' (the same bytes): no miss.
+    next_turn = entry(
+        turn=3, history="h2", elided=(ElidedResult(5, "h_5", ElisionRule.PER_RESULT),)
+    )
+    assert explain_miss(before, next_turn) is None
 
 
 def usage_at(seconds: int) -> UsageEvent:

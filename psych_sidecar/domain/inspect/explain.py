@@ -9,7 +9,10 @@ context guard). So a call misses from the first of:
    catalogue version moved, a tier changed; at most once per turn, the surface is pinned);
 2. zone 2 changed: the tool-server roster (the same causes, for a server whose tools are not
    all in zone 1, such as a deferred one) or the host's dynamic tail;
-3. the history was rewritten: results newly elided, or the context guard decided otherwise.
+3. the history was rewritten: results newly elided at the start of a turn, or, mid-turn, a
+   result the previous call sent that the context guard now elides (or no longer does).
+   The guard's decisions are compared, not its reason text, whose estimates move at every
+   step; a result elided before the previous call ever sent it is no miss.
 
 The bytes the miss cost are the current call's bytes from that zone through the history:
 what the provider had to take at the full (or cache-write) rate again.
@@ -136,19 +139,48 @@ def explain_miss(before: AssemblyEntry | None, after: AssemblyEntry) -> CacheMis
         reasons.extend(roster)
         if not roster:
             reasons.append(MissReason(MissCause.DYNAMIC_TAIL, "the dynamic tail changed"))
-    newly = [e for e in after.elided if e.sequence not in {b.sequence for b in before.elided}]
-    if newly:
+    # Decisions, not their wording: the guard's reason text carries estimates that move at
+    # every step, but only a view that changed in bytes the previous call sent is a miss.
+    was = {e.sequence: e for e in before.elided}
+    now = {e.sequence for e in after.elided}
+    newly = [e for e in after.elided if e.sequence not in was]
+    restored = [e for sequence, e in sorted(was.items()) if sequence not in now]
+    if after.turn == before.turn:
+        # Mid-turn only the context guard elides; results the previous call never sent
+        # (newer than its log) change nothing it cached.
+        rewritten = [e for e in newly if e.sequence <= before.last_sequence]
+        if rewritten:
+            first = first or Zone.HISTORY
+            listed = ", ".join(f"#{e.sequence}" for e in rewritten)
+            reasons.append(
+                MissReason(
+                    MissCause.CONTEXT_GUARD,
+                    f"context guard mid-turn (turn {after.turn}, step {after.step}): {listed} "
+                    "elided after an earlier call of the turn sent it in full",
+                )
+            )
+        if restored:
+            first = first or Zone.HISTORY
+            listed = ", ".join(f"#{e.sequence}" for e in restored)
+            reasons.append(
+                MissReason(
+                    MissCause.CONTEXT_GUARD,
+                    f"context guard mid-turn (turn {after.turn}, step {after.step}): {listed} "
+                    "back in full after an earlier call of the turn sent it elided",
+                )
+            )
+    elif newly or restored:
         first = first or Zone.HISTORY
         listed = ", ".join(f"#{e.sequence} ({e.rule.value})" for e in newly)
-        reasons.append(
-            MissReason(
-                MissCause.ELISION,
-                f"elision at the start of turn {after.turn}: {listed} elided",
+        text = f"elision at the start of turn {after.turn}: {listed} elided" if newly else ""
+        if restored:
+            back = ", ".join(f"#{e.sequence}" for e in restored)
+            text = (
+                f"{text}; {back} back in full"
+                if text
+                else (f"elision at the start of turn {after.turn}: {back} back in full")
             )
-        )
-    if after.context_guard != before.context_guard and after.context_guard is not None:
-        first = first or Zone.HISTORY
-        reasons.append(MissReason(MissCause.CONTEXT_GUARD, f"context guard: {after.context_guard}"))
+        reasons.append(MissReason(MissCause.ELISION, text))
     if first is None:
         return None
     cost = sum(after.zone(z).byte_length for z in _PREFIX_ZONES if z >= first)
