@@ -16,6 +16,7 @@ import pytest
 
 from psych.sidecar.v1 import (
     connection_pb2,
+    run_service_pb2,
     spec_pb2,
     spec_service_pb2,
     tool_service_pb2,
@@ -366,6 +367,73 @@ def test_the_guard_changes_nothing_when_the_prompt_fits_and_is_overridable(
     bad = spec_pb2.ContextBudget(context_window_tokens=1_000, output_reserve_tokens=1_000)
     failure = rpc_failure(lambda: assemble(host, run_id, context_budget=bad))
     assert failure.info.reason == "FIELD_INVALID"
+
+
+def test_an_optional_cap_elides_a_large_current_turn_result_from_its_first_step(
+    host: Host, stubs: Stubs
+) -> None:
+    host.connect("fx", "--tools", "0", preload=True)
+    capped_spec = spec_pb2.ContextBudget(current_turn_result_tokens=25_000)
+    run_id = host.run(host.tenant, context_budget=capped_spec)
+    append(stubs, run_id, user("Read it."))
+    big, _small = model_step(
+        host, run_id, ("fx__huge_text", {"size": 200_000}), ("fx__echo", {"text": "kept"})
+    )
+    first = assemble(host, run_id)
+    shown = history_results(first)
+    # 50,000 estimated tokens, over the cap: the usual view and handle, well inside the window.
+    assert shown["call-1"].elided
+    assert shown["call-1"].handle == big.outcome.handle
+    assert f'read_tool_output(handle="{big.outcome.handle}")' in shown["call-1"].content[0].text
+    assert not shown["call-2"].elided
+    assert list(first.context_guard.elided) == []
+    valid_anthropic(first.anthropic_request_json)
+    # The next step shows it the same, byte for byte.
+    model_step(host, run_id, ("fx__echo", {"text": "again"}))
+    second = assemble(host, run_id)
+    assert history_results(second)["call-1"] == shown["call-1"]
+    first_blocks, _ = anthropic_blocks(first.anthropic_request_json)
+    second_blocks, _ = anthropic_blocks(second.anthropic_request_json)
+    assert second_blocks[: len(first_blocks) - 1] == first_blocks[:-1]
+
+    # Unset by default (the spec's behaviour: in full); a call may set it.
+    plain = host.run(host.tenant + "-plain")
+    append(stubs, plain, user("Read it."))
+    model_step(host, plain, ("fx__huge_text", {"size": 200_000}))
+    ((full),) = history_results(assemble(host, plain)).values()
+    assert not full.elided
+    per_call = assemble(host, plain, context_budget=capped_spec)
+    ((view),) = history_results(per_call).values()
+    assert view.elided
+    zero = spec_pb2.ContextBudget(current_turn_result_tokens=0)
+    failure = rpc_failure(lambda: assemble(host, plain, context_budget=zero))
+    assert failure.info.reason == "FIELD_INVALID"
+    assert failure.info.metadata["field"] == "context_budget.current_turn_result_tokens"
+
+
+def test_the_openai_body_carries_a_prompt_cache_key_per_tenant_and_spec(
+    host: Host, stubs: Stubs
+) -> None:
+    """OpenAI routes requests sharing a prefix to one cache when they share a key: every call
+    of a tenant's Runs of one Spec version has the same one, naming neither."""
+    first = host.run(host.tenant)
+    second = stubs.runs.CreateRun(
+        run_service_pb2.CreateRunRequest(tenant=host.tenant, spec_name=host.tenant, spec_version=1)
+    ).run.run_id
+    other_tenant = stubs.runs.CreateRun(
+        run_service_pb2.CreateRunRequest(
+            tenant=host.tenant + "-b", spec_name=host.tenant, spec_version=1
+        )
+    ).run.run_id
+    keys = []
+    for run_id in (first, second, other_tenant):
+        append(stubs, run_id, user("Hello."))
+        body = valid_openai(assemble(host, run_id).openai_request_json)
+        keys.append(body["prompt_cache_key"])
+    assert keys[0] == keys[1] != keys[2]
+    assert re.fullmatch(r"psych-[0-9a-f]{32}", keys[0])
+    assert host.tenant not in keys[0]
+    assert list(body)[:3] == ["model", "max_completion_tokens", "prompt_cache_key"]
 
 
 def test_a_spec_carries_its_context_budget(stubs: Stubs, unique: Callable[[str], str]) -> None:

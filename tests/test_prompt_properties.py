@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import timestamp_pb2
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from psych.sidecar.v1 import content_pb2, run_service_pb2, turn_pb2, turn_service_pb2
+from psych.sidecar.v1 import content_pb2, run_service_pb2, spec_pb2, turn_pb2, turn_service_pb2
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
 from tests.support.prompts import (
     append,
@@ -305,3 +305,65 @@ def test_zones_one_to_three_are_byte_identical_across_the_steps_of_a_turn(
 
 def _tick(turn: int, step: int) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=1_796_126_400 + 3600 * turn + 7 * step)
+
+
+# The context guard across the steps of a turn
+
+# Results of a few hundred KB: two or three of them in one turn cross any window drawn below.
+HEAVY_STEP = st.lists(
+    st.sampled_from([900, 20_000, 150_000, 300_000, 450_000]), min_size=1, max_size=3
+)
+HEAVY_TURNS = st.lists(st.lists(HEAVY_STEP, min_size=2, max_size=5), min_size=1, max_size=3)
+
+
+def _openai_messages(body: bytes) -> list[Any]:
+    return list(json.loads(body)["messages"])
+
+
+@SERVER_SETTINGS
+@given(turns=HEAVY_TURNS, window=st.integers(40_000, 260_000))
+# Two equal results in consecutive steps: eliding the earlier one would rewrite the history.
+@example(turns=[[[300_000], [300_000]]], window=120_000)
+# A later step that cannot fit by eliding its own result alone: one miss, then stable again.
+@example(turns=[[[150_000], [150_000], [900], [900]]], window=60_000)
+def test_the_context_guard_keeps_each_call_a_byte_prefix_of_the_next(
+    stubs: Stubs, turns: list[list[list[int]]], window: int
+) -> None:
+    """With several results of a few hundred KB in a turn, whatever the window: every call's
+    body starts with the previous call's, all but its trailing transient block (Anthropic)
+    or message (OpenAI), except at most one step of a turn where no newer result could make
+    room; and every body fits the budget."""
+    run_id = run_with(stubs, fresh("agent"), instructions="Be helpful.")
+    budget = spec_pb2.ContextBudget(context_window_tokens=window)
+    calls = itertools.count()
+    for turn_index, steps in enumerate(turns):
+        append(stubs, run_id, user(f"turn {turn_index}"))
+        previous = assemble(stubs, run_id, context_budget=budget, now=_tick(turn_index, 0))
+        misses = 0
+        for step_index, sizes in enumerate(steps):
+            ids = [f"call{next(calls)}" for _ in sizes]
+            append(stubs, run_id, assistant("", *((i, "tool", "{}") for i in ids)))
+            append(
+                stubs,
+                run_id,
+                *(result(i, f"{i}:" + "x" * size) for i, size in zip(ids, sizes, strict=True)),
+            )
+            current = assemble(
+                stubs, run_id, context_budget=budget, now=_tick(turn_index, step_index + 1)
+            )
+            guard = current.context_guard
+            assert guard.estimated_tokens <= window - 4096
+            sent = _cache_blocks(previous.anthropic_request_json)
+            now_sent = _cache_blocks(current.anthropic_request_json)
+            kept = now_sent[: len(sent) - 1] == sent[:-1]
+            before = _openai_messages(previous.openai_request_json)
+            after = _openai_messages(current.openai_request_json)
+            assert (after[: len(before) - 1] == before[:-1]) == kept
+            if not kept:
+                # Only when the results added since the previous call could not make room
+                # on their own (all of them are elided), and once per turn.
+                misses += 1
+                shown = history_results(current)
+                assert all(shown[i].elided for i in ids if sizes[ids.index(i)] > 900)
+            previous = current
+        assert misses <= 1

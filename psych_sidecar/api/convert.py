@@ -117,7 +117,7 @@ def spec_from_proto(message: spec_pb2.Spec) -> Spec:
     )
 
 
-_BUDGET_FIELDS = ("context_window_tokens", "output_reserve_tokens")
+_BUDGET_FIELDS = ("context_window_tokens", "output_reserve_tokens", "current_turn_result_tokens")
 
 
 def context_budget_from_proto(message: spec_pb2.ContextBudget) -> ContextBudget:

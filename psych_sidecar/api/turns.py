@@ -171,10 +171,13 @@ def _observe(assembled: AssembledPrompt, span: Span | None) -> None:
         zones,
         {
             "prior_turn": (
-                assembled.elided_results - guarded,
-                assembled.elided_bytes_saved - assembled.guard_bytes_saved,
+                assembled.elided_results - guarded - assembled.capped_results,
+                assembled.elided_bytes_saved
+                - assembled.guard_bytes_saved
+                - assembled.cap_bytes_saved,
             ),
             "context_guard": (guarded, assembled.guard_bytes_saved),
+            "current_turn_cap": (assembled.capped_results, assembled.cap_bytes_saved),
         },
     )
     if span is not None:

@@ -101,7 +101,8 @@ PROMPT_TOKENS = Histogram(
 RESULTS_ELIDED = Counter(
     f"{PREFIX}_results_elided",
     "Tool results sent elided in an assembled prompt, by reason: prior_turn (the elision "
-    "rules), context_guard (the current turn's, to fit the context budget).",
+    "rules), context_guard (the current turn's, to fit the context budget), current_turn_cap "
+    "(the current turn's, over the context budget's optional per-result cap).",
     ["reason"],
     registry=REGISTRY,
 )
@@ -265,7 +266,7 @@ def record_prompt(
     zones: Sequence[tuple[str, int, int]], elisions: Mapping[str, tuple[int, int]]
 ) -> None:
     """Zones as (zone, bytes, estimated tokens); elisions as reason -> (results, bytes saved),
-    the reasons being prior_turn and context_guard."""
+    the reasons being prior_turn, context_guard and current_turn_cap."""
     if not _enabled:
         return
     for zone, size, tokens in zones:

@@ -7,7 +7,9 @@ preview (read as byte ranges of its parts), never its whole content.
 The elision boundary is strictly before the last user message: results of earlier turns
 are subject to elision, the current turn's go in full. A record's view therefore changes
 at most once per turn (when the next user message arrives) and is byte-identical across the
-steps of a turn, so the provider's cached prefix survives them.
+steps of a turn, so the provider's cached prefix survives them. The context guard keeps
+that promise when it must elide current-turn results to fit the budget: its decision is
+replayed step by step and only grows within a turn (see docs/prompt.md).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from psych_sidecar.domain.prompt.elision import (
 )
 from psych_sidecar.domain.prompt.journal import assembly_entry
 from psych_sidecar.domain.prompt.ports import AssemblyJournal, TurnSurfaces
-from psych_sidecar.domain.prompt.providers import anthropic_body, openai_body
+from psych_sidecar.domain.prompt.providers import anthropic_body, cache_key, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
     Prompt,
@@ -96,8 +98,11 @@ class AssembledPrompt:
     # (full size minus what the view shows): for the operator's metrics.
     elided_results: int = 0
     elided_bytes_saved: int = 0
-    # Of those bytes, the ones the context guard's elisions saved.
+    # Of those, the ones the context guard elided and the bytes they saved.
     guard_bytes_saved: int = 0
+    # Of those, the current-turn results over the budget's optional cap, and their bytes.
+    capped_results: int = 0
+    cap_bytes_saved: int = 0
 
     @property
     def estimated_tokens(self) -> int:
@@ -242,7 +247,8 @@ class PromptAssembler:
             validate_context_budget(budget_override, "context_budget")
         run = self._runs.get(run_id)
         spec = self._specs.get(run.spec_name, run.spec_version)
-        window, reserve = _budget(spec.context_budget.over(budget_override or ContextBudget()))
+        effective = spec.context_budget.over(budget_override or ContextBudget())
+        window, reserve = _budget(effective)
         reserve = max_tokens if reserve is None else reserve
         if reserve >= window:
             raise field_invalid(
@@ -262,6 +268,8 @@ class PromptAssembler:
             view_bytes=view_bytes,
         )
         elided = self._elided(skeletons, thresholds, view_bytes, views)
+        capped = _capped(effective.current_turn_result_tokens, skeletons, view_bytes, views)
+        elided.update(capped)
         contents = self._log.record_contents(
             run_id, [s.sequence for s in skeletons if s.sequence not in elided]
         )
@@ -270,10 +278,12 @@ class PromptAssembler:
         sections = static_sections(spec)
         tail = dynamic_tail(surface.servers, host_tail)
         transient = transient_message(now, transient_note, status)
+        openai_cache_key = cache_key(run.tenant, spec.name, spec.version)
 
-        def build(guarded: Mapping[int, ToolResultView]) -> AssembledPrompt:
+        def build(guarded: Mapping[int, ToolResultView], end: int | None = None) -> AssembledPrompt:
+            """The prompt over the log's first `end` records (all of them by default)."""
             entries = []
-            for skeleton in skeletons:
+            for skeleton in skeletons[:end]:
                 view = elided.get(skeleton.sequence) or guarded.get(skeleton.sequence)
                 content = () if view is not None else contents.get(skeleton.sequence, ())
                 if skeleton.kind is RecordKind.TOOL_RESULT and view is None:
@@ -287,7 +297,7 @@ class PromptAssembler:
                 prompt,
                 zone_digests(prompt),
                 anthropic_body(prompt, model, max_tokens),
-                openai_body(prompt, model, max_tokens),
+                openai_body(prompt, model, max_tokens, openai_cache_key),
             )
 
         def finish(
@@ -306,6 +316,8 @@ class PromptAssembler:
                 elided_results=len(shown),
                 elided_bytes_saved=sum(saved.values()),
                 guard_bytes_saved=sum(saved[sequence] for sequence in guarded),
+                capped_results=len(capped),
+                cap_bytes_saved=sum(saved[sequence] for sequence in capped),
             )
             if self._journal is not None and journal:
                 self._journal.record(
@@ -328,41 +340,71 @@ class PromptAssembler:
                         thresholds=thresholds,
                         context_guard=guard.reason or None,
                         guard_elided=set(guarded),
+                        capped=set(capped),
                     )
                 )
             return assembled
 
-        assembled = build({})
-        full = assembled.estimated_tokens
+        in_full = build({})
+        full = in_full.estimated_tokens
         budget = window - reserve
         if full <= budget:
-            return finish(assembled, GuardDecision(window, reserve, full, full), {})
-        # The context guard, the one place beyond the spec's letter (docs/prompt.md): the
-        # current turn's largest results are elided like prior-turn ones until it fits.
-        current = sorted(
-            (s for s in _current_results(skeletons) if s.sequence not in elided),
-            key=lambda s: (-view_bytes[s.sequence], s.sequence),
-        )
+            return finish(in_full, GuardDecision(window, reserve, full, full), {})
+        # The context guard, the one place beyond the spec's letter (docs/prompt.md). It
+        # replays its decision at each step of the turn so far (every assistant message of
+        # the turn is where an earlier call ended), never returning a result to full: what an
+        # earlier call sent elided stays elided, and what it sent in full is elided only when
+        # the newer results cannot make room, so the previous call's prefix survives.
+        current = [s for s in _current_results(skeletons) if s.sequence not in elided]
         views.prepare([s.sequence for s in current])
+        elidable = [s for s in current if views.views[s.sequence] is not None]
+        position = {s.sequence: index for index, s in enumerate(skeletons)}
         guarded: dict[int, ToolResultView] = {}
         chosen: list[GuardedResult] = []
-        estimate = full
-        while estimate > budget and current:
-            projected = estimate
-            while current and projected > budget:
-                skeleton = current.pop(0)
-                view = views.views[skeleton.sequence]
-                if view is None:
-                    continue  # its view would not be smaller
-                full_tokens = estimate_tokens(view_bytes[skeleton.sequence])
-                view_tokens = estimate_text_tokens(view.content[0].as_text())
-                guarded[skeleton.sequence] = view
-                chosen.append(
-                    GuardedResult(skeleton.call_id, skeleton.handle, full_tokens, view_tokens)
-                )
-                projected -= max(full_tokens - view_tokens, 0)
-            assembled = build(guarded)
-            estimate = assembled.estimated_tokens
+        previous_end = 0
+        assembled, estimate = in_full, full
+
+        def elide(skeleton: RecordSkeleton) -> int:
+            """Elide a current-turn result; the tokens its view saves."""
+            view = views.views[skeleton.sequence]
+            assert view is not None
+            full_tokens = estimate_tokens(view_bytes[skeleton.sequence])
+            view_tokens = estimate_text_tokens(view.content[0].as_text())
+            guarded[skeleton.sequence] = view
+            chosen.append(
+                GuardedResult(skeleton.call_id, skeleton.handle, full_tokens, view_tokens)
+            )
+            return max(full_tokens - view_tokens, 0)
+
+        for end in _step_ends(skeletons):
+            attempt = in_full if end == len(skeletons) and not guarded else build(guarded, end)
+            estimate = attempt.estimated_tokens
+            if estimate <= budget:
+                assembled, previous_end = attempt, end
+                continue
+            present = [
+                s for s in elidable if position[s.sequence] < end and s.sequence not in guarded
+            ]
+            newer = [s for s in present if position[s.sequence] >= previous_end]
+            earlier = [s for s in present if position[s.sequence] < previous_end]
+            # Results added since the previous step first, largest first: the cached prefix
+            # ends before them, so which one costs nothing.
+            order = sorted(newer, key=lambda s: (-view_bytes[s.sequence], -s.sequence))
+            while estimate > budget and order:
+                projected = estimate
+                while order and projected > budget:
+                    projected -= elide(order.pop(0))
+                attempt = build(guarded, end)
+                estimate = attempt.estimated_tokens
+            if estimate > budget and earlier:
+                # Unavoidable: an earlier result the previous call sent in full must go. All
+                # of them go at once, so the rest of the turn adds only views and this one
+                # miss is not repeated at every later step.
+                for skeleton in earlier:
+                    elide(skeleton)
+                attempt = build(guarded, end)
+                estimate = attempt.estimated_tokens
+            assembled, previous_end = attempt, end
         if estimate > budget:
             raise SidecarError(
                 Reason.CONTEXT_BUDGET_EXCEEDED,
@@ -378,7 +420,7 @@ class PromptAssembler:
         reason = (
             f"With the current turn's results in full the prompt would be about {full} tokens, "
             f"over the budget of {budget} (a context window of {window} less {reserve} for the "
-            f"output); {len(chosen)} of them, largest first, are elided to {estimate}."
+            f"output); {len(chosen)} of them are elided to {estimate}, the newest first."
         )
         guard = GuardDecision(window, reserve, estimate, full, tuple(chosen), reason)
         return finish(assembled, guard, guarded)
@@ -430,6 +472,39 @@ def _budget(budget: ContextBudget) -> tuple[int, int | None]:
     return (DEFAULT_CONTEXT_WINDOW_TOKENS if window is None else window), (
         budget.output_reserve_tokens
     )
+
+
+def _capped(
+    cap: int | None,
+    skeletons: Sequence[RecordSkeleton],
+    view_bytes: Mapping[int, int],
+    views: _ElidedViews,
+) -> dict[int, ToolResultView]:
+    """The current turn's results over the budget's optional cap, elided: a function of each
+    result alone, so the same at every step of the turn."""
+    if cap is None:
+        return {}
+    over = [
+        s.sequence
+        for s in _current_results(skeletons)
+        if estimate_tokens(view_bytes[s.sequence]) > cap
+    ]
+    views.prepare(over)
+    return {sequence: view for sequence in over if (view := views.views[sequence]) is not None}
+
+
+def _step_ends(skeletons: Sequence[RecordSkeleton]) -> list[int]:
+    """Where each call of the current turn ended its log: just before each of the turn's
+    assistant messages (the answer to that call), then the log's end; as record counts."""
+    last_user = max(
+        (i for i, s in enumerate(skeletons) if s.kind is RecordKind.USER_MESSAGE), default=-1
+    )
+    ends = [
+        index
+        for index in range(last_user + 1, len(skeletons))
+        if skeletons[index].kind is RecordKind.ASSISTANT_MESSAGE
+    ]
+    return [*ends, len(skeletons)]
 
 
 def _current_results(skeletons: Sequence[RecordSkeleton]) -> list[RecordSkeleton]:

@@ -30,8 +30,10 @@ class ElisionRule(StrEnum):
     PER_RESULT = "per_result"
     # Step 3: kept eliding the largest remaining results until the batch was under budget.
     PER_BATCH = "per_batch"
-    # The context guard elided it so the prompt fits the model's window (issue 13).
+    # The context guard elided it so the prompt fits the model's window.
     CONTEXT_GUARD = "context_guard"
+    # A current-turn result over the context budget's optional per-result cap.
+    CURRENT_TURN_CAP = "current_turn_cap"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +115,11 @@ def assembly_entry(
     thresholds: EffectiveThresholds,
     context_guard: str | None = None,
     guard_elided: Collection[int] = (),
+    capped: Collection[int] = (),
 ) -> AssemblyEntry:
     """The entry for one assembled prompt. `elided` maps the sequences elided to their
-    handles. Those in `guard_elided` were elided by the context guard; for the others the
+    handles. Those in `guard_elided` were elided by the context guard, those in `capped` by
+    the current-turn cap; for the others the
     rule follows from the algorithm: a result at or over the per-result threshold went in
     step 2, any other in step 3."""
     by_sequence = {s.sequence: s for s in skeletons}
@@ -126,6 +130,8 @@ def assembly_entry(
         tokens = estimate_tokens(skeleton.content_bytes) if skeleton is not None else 0
         if sequence in guard_elided:
             rule = ElisionRule.CONTEXT_GUARD
+        elif sequence in capped:
+            rule = ElisionRule.CURRENT_TURN_CAP
         elif tokens >= thresholds.per_result_tokens:
             rule = ElisionRule.PER_RESULT
         else:

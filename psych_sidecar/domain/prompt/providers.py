@@ -12,7 +12,9 @@ when that is more than 20 blocks before the end (Anthropic's lookback). The tran
 
 OpenAI: one system message per system zone, the history with assistant `tool_calls` and
 role "tool" results, then the transient note as a final user message. Its prompt cache is
-automatic on the prefix, so the same zone order is all it needs.
+automatic on the prefix, so the same zone order is most of what it needs; `prompt_cache_key`
+(`cache_key`) routes every call of a tenant's Runs of one Spec version to the same cache, as
+OpenAI documents for requests that share long prefixes (docs/prompt.md).
 
 Content neither API can take as it is becomes a text marker, never decoded bytes; tool
 results that answer no call of the preceding assistant message (or answer one twice) are
@@ -21,6 +23,7 @@ shown as text, so the request stays valid.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -276,7 +279,15 @@ def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
     return messages
 
 
-def openai_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
+def cache_key(tenant: str, spec_name: str, spec_version: int) -> str:
+    """OpenAI's `prompt_cache_key` for a tenant's Runs of one Spec version: stable, so that
+    their requests (which share zone 1 and usually zone 2) are routed to the same cache,
+    and a digest, so that no tenant or Spec name is sent to the provider."""
+    identity = json.dumps([tenant, spec_name, spec_version]).encode()
+    return "psych-" + hashlib.sha256(identity).hexdigest()[:32]
+
+
+def openai_body(prompt: Prompt, model: str, max_tokens: int, prompt_cache_key: str) -> bytes:
     messages: list[dict[str, Any]] = []
     if prompt.static_sections:
         messages.append({"role": "system", "content": prompt.static_text()})
@@ -289,6 +300,7 @@ def openai_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
     )
     body: dict[str, Any] = _model(model)
     body["max_completion_tokens"] = max_tokens
+    body["prompt_cache_key"] = prompt_cache_key
     if prompt.tools:
         body["tools"] = [
             {

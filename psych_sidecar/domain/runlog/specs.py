@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -62,21 +62,29 @@ class DisclosureSettings:
 @dataclass(frozen=True, slots=True)
 class ContextBudget:
     """The model's context window and the output reserve, in estimated tokens; None takes
-    the default (window 200,000; reserve: the request's max_tokens)."""
+    the default (window 200,000; reserve: the request's max_tokens). The optional cap on a
+    current-turn result's estimate is unset by default (no cap, as the spec says)."""
 
     context_window_tokens: int | None = None
     output_reserve_tokens: int | None = None
+    current_turn_result_tokens: int | None = None
 
     def over(self, override: ContextBudget) -> ContextBudget:
         """This budget with the fields `override` sets replaced."""
         return ContextBudget(
-            override.context_window_tokens
-            if override.context_window_tokens is not None
-            else self.context_window_tokens,
-            override.output_reserve_tokens
-            if override.output_reserve_tokens is not None
-            else self.output_reserve_tokens,
+            *(
+                theirs if theirs is not None else mine
+                for mine, theirs in zip(astuple(self), astuple(override), strict=True)
+            )
         )
+
+    def content(self) -> dict[str, int | None]:
+        """The fields for the Spec's stored JSON: the cap only when set, so Specs stored
+        before it existed keep their bytes and fingerprints."""
+        content = asdict(self)
+        if self.current_turn_result_tokens is None:
+            del content["current_turn_result_tokens"]
+        return content
 
 
 DEFAULT_CONTEXT_WINDOW_TOKENS = 200_000
@@ -88,6 +96,9 @@ def validate_context_budget(budget: ContextBudget, field_path: str) -> None:
         raise field_invalid(f"{field_path}.context_window_tokens", "must be greater than 0")
     if reserve is not None and reserve < 0:
         raise field_invalid(f"{field_path}.output_reserve_tokens", "must not be negative")
+    cap = budget.current_turn_result_tokens
+    if cap is not None and cap <= 0:
+        raise field_invalid(f"{field_path}.current_turn_result_tokens", "must be greater than 0")
     if window is not None and reserve is not None and reserve >= window:
         raise field_invalid(
             f"{field_path}.output_reserve_tokens", "must be less than context_window_tokens"
@@ -124,6 +135,8 @@ class Spec:
         content = asdict(self)
         if self.context_budget == ContextBudget():
             del content["context_budget"]
+        else:
+            content["context_budget"] = self.context_budget.content()
         return canonical_json(sorted_keys(content)).decode()
 
     def fingerprint(self) -> str:

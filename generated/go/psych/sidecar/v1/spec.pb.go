@@ -181,8 +181,15 @@ type ContextBudget struct {
 	// Tokens kept free for the model's output. Default: the request's
 	// max_tokens (4096 when unset). Must not be negative.
 	OutputReserveTokens *int64 `protobuf:"varint,2,opt,name=output_reserve_tokens,json=outputReserveTokens,proto3,oneof" json:"output_reserve_tokens,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// A cap on one current-turn tool result: a result whose estimate is over
+	// this is sent elided (the same preview, guidance and handle as a
+	// prior-turn result, so nothing is lost: read_tool_output reads the rest)
+	// at every step of its turn. Unset (the default): no cap, the current
+	// turn's results go in full unless the context guard must act. Must be
+	// greater than 0.
+	CurrentTurnResultTokens *int64 `protobuf:"varint,3,opt,name=current_turn_result_tokens,json=currentTurnResultTokens,proto3,oneof" json:"current_turn_result_tokens,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *ContextBudget) Reset() {
@@ -225,6 +232,13 @@ func (x *ContextBudget) GetContextWindowTokens() int64 {
 func (x *ContextBudget) GetOutputReserveTokens() int64 {
 	if x != nil && x.OutputReserveTokens != nil {
 		return *x.OutputReserveTokens
+	}
+	return 0
+}
+
+func (x *ContextBudget) GetCurrentTurnResultTokens() int64 {
+	if x != nil && x.CurrentTurnResultTokens != nil {
+		return *x.CurrentTurnResultTokens
 	}
 	return 0
 }
@@ -583,12 +597,14 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\vcreate_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"createTime\x12L\n" +
-	"\x0econtext_budget\x18\v \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\"\xc1\x01\n" +
+	"\x0econtext_budget\x18\v \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\"\xa8\x02\n" +
 	"\rContextBudget\x12=\n" +
 	"\x15context_window_tokens\x18\x01 \x01(\x03B\x04\xe2A\x01\x01H\x00R\x13contextWindowTokens\x88\x01\x01\x12=\n" +
-	"\x15output_reserve_tokens\x18\x02 \x01(\x03B\x04\xe2A\x01\x01H\x01R\x13outputReserveTokens\x88\x01\x01B\x18\n" +
+	"\x15output_reserve_tokens\x18\x02 \x01(\x03B\x04\xe2A\x01\x01H\x01R\x13outputReserveTokens\x88\x01\x01\x12F\n" +
+	"\x1acurrent_turn_result_tokens\x18\x03 \x01(\x03B\x04\xe2A\x01\x01H\x02R\x17currentTurnResultTokens\x88\x01\x01B\x18\n" +
 	"\x16_context_window_tokensB\x18\n" +
-	"\x16_output_reserve_tokens\"c\n" +
+	"\x16_output_reserve_tokensB\x1d\n" +
+	"\x1b_current_turn_result_tokens\"c\n" +
 	"\x05Skill\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12&\n" +
 	"\vdescription\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdescription\x12\x18\n" +

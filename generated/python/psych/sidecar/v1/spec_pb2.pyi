@@ -126,6 +126,7 @@ class ContextBudget(_message.Message):
 
     CONTEXT_WINDOW_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_RESERVE_TOKENS_FIELD_NUMBER: _builtins.int
+    CURRENT_TURN_RESULT_TOKENS_FIELD_NUMBER: _builtins.int
     context_window_tokens: _builtins.int
     """The model's context window. Default 200000. Must be greater than 0 and
     than output_reserve_tokens.
@@ -134,22 +135,35 @@ class ContextBudget(_message.Message):
     """Tokens kept free for the model's output. Default: the request's
     max_tokens (4096 when unset). Must not be negative.
     """
+    current_turn_result_tokens: _builtins.int
+    """A cap on one current-turn tool result: a result whose estimate is over
+    this is sent elided (the same preview, guidance and handle as a
+    prior-turn result, so nothing is lost: read_tool_output reads the rest)
+    at every step of its turn. Unset (the default): no cap, the current
+    turn's results go in full unless the context guard must act. Must be
+    greater than 0.
+    """
     def __init__(
         self,
         *,
         context_window_tokens: _builtins.int | None = ...,
         output_reserve_tokens: _builtins.int | None = ...,
+        current_turn_result_tokens: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_context_window_tokens", b"_context_window_tokens", "_output_reserve_tokens", b"_output_reserve_tokens", "context_window_tokens", b"context_window_tokens", "output_reserve_tokens", b"output_reserve_tokens"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_context_window_tokens", b"_context_window_tokens", "_current_turn_result_tokens", b"_current_turn_result_tokens", "_output_reserve_tokens", b"_output_reserve_tokens", "context_window_tokens", b"context_window_tokens", "current_turn_result_tokens", b"current_turn_result_tokens", "output_reserve_tokens", b"output_reserve_tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_context_window_tokens", b"_context_window_tokens", "_output_reserve_tokens", b"_output_reserve_tokens", "context_window_tokens", b"context_window_tokens", "output_reserve_tokens", b"output_reserve_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_context_window_tokens", b"_context_window_tokens", "_current_turn_result_tokens", b"_current_turn_result_tokens", "_output_reserve_tokens", b"_output_reserve_tokens", "context_window_tokens", b"context_window_tokens", "current_turn_result_tokens", b"current_turn_result_tokens", "output_reserve_tokens", b"output_reserve_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__context_window_tokens: _TypeAlias = _typing.Literal["context_window_tokens"]  # noqa: Y015
     _WhichOneofArgType__context_window_tokens: _TypeAlias = _typing.Literal["_context_window_tokens", b"_context_window_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__current_turn_result_tokens: _TypeAlias = _typing.Literal["current_turn_result_tokens"]  # noqa: Y015
+    _WhichOneofArgType__current_turn_result_tokens: _TypeAlias = _typing.Literal["_current_turn_result_tokens", b"_current_turn_result_tokens"]  # noqa: Y015
     _WhichOneofReturnType__output_reserve_tokens: _TypeAlias = _typing.Literal["output_reserve_tokens"]  # noqa: Y015
     _WhichOneofArgType__output_reserve_tokens: _TypeAlias = _typing.Literal["_output_reserve_tokens", b"_output_reserve_tokens"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__context_window_tokens) -> _WhichOneofReturnType__context_window_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__current_turn_result_tokens) -> _WhichOneofReturnType__current_turn_result_tokens | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__output_reserve_tokens) -> _WhichOneofReturnType__output_reserve_tokens | None: ...
 
