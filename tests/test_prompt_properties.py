@@ -324,14 +324,14 @@ def _openai_messages(body: bytes) -> list[Any]:
 @given(turns=HEAVY_TURNS, window=st.integers(40_000, 260_000))
 # Two equal results in consecutive steps: eliding the earlier one would rewrite the history.
 @example(turns=[[[300_000], [300_000]]], window=120_000)
-# A later step that cannot fit by eliding its own result alone: one miss, then stable again.
-@example(turns=[[[150_000], [150_000], [900], [900]]], window=60_000)
+# Steps that cannot fit by eliding their own results alone: an earlier one goes, once.
+@example(turns=[[[150_000], [20_000] * 3, [20_000] * 3, [20_000] * 3, [900] * 3]], window=60_000)
 def test_the_context_guard_keeps_each_call_a_byte_prefix_of_the_next(
     stubs: Stubs, turns: list[list[list[int]]], window: int
 ) -> None:
     """With several results of a few hundred KB in a turn, whatever the window: every call's
     body starts with the previous call's, all but its trailing transient block (Anthropic)
-    or message (OpenAI), except at most one step of a turn where no newer result could make
+    or message (OpenAI), except at most two steps of a turn where no newer result could make
     room; and every body fits the budget."""
     run_id = run_with(stubs, fresh("agent"), instructions="Be helpful.")
     budget = spec_pb2.ContextBudget(context_window_tokens=window)
@@ -361,9 +361,9 @@ def test_the_context_guard_keeps_each_call_a_byte_prefix_of_the_next(
             assert (after[: len(before) - 1] == before[:-1]) == kept
             if not kept:
                 # Only when the results added since the previous call could not make room
-                # on their own (all of them are elided), and once per turn.
+                # on their own (all of them are elided); and rarely (see docs/prompt.md).
                 misses += 1
                 shown = history_results(current)
                 assert all(shown[i].elided for i in ids if sizes[ids.index(i)] > 900)
             previous = current
-        assert misses <= 1
+        assert misses <= 2

@@ -60,6 +60,9 @@ from psych_sidecar.domain.runlog import (
 from psych_sidecar.domain.surface import status_note
 
 DEFAULT_MAX_TOKENS = 4096
+# When the context guard must elide a result an earlier call of the turn sent in full, it
+# frees a tenth of the budget, so that one miss leaves room for the rest of the turn.
+HEADROOM_DIVISOR = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +366,7 @@ class PromptAssembler:
         chosen: list[GuardedResult] = []
         previous_end = 0
         assembled, estimate = in_full, full
+        forced = False  # whether an earlier step of the turn had to elide an earlier result
 
         def elide(skeleton: RecordSkeleton) -> int:
             """Elide a current-turn result; the tokens its view saves."""
@@ -397,13 +401,20 @@ class PromptAssembler:
                 attempt = build(guarded, end)
                 estimate = attempt.estimated_tokens
             if estimate > budget and earlier:
-                # Unavoidable: an earlier result the previous call sent in full must go. All
-                # of them go at once, so the rest of the turn adds only views and this one
-                # miss is not repeated at every later step.
-                for skeleton in earlier:
-                    elide(skeleton)
-                attempt = build(guarded, end)
-                estimate = attempt.estimated_tokens
+                # Unavoidable: an earlier result the previous call sent in full must go, one
+                # cache miss from the first one elided. The newest go first, so the miss
+                # starts as late as it can, and until a tenth of the budget is free, so the
+                # rest of the turn has room and the miss is not repeated at every step; if
+                # the turn outgrows that room too, every earlier result goes at once.
+                target = budget - budget // HEADROOM_DIVISOR if not forced else 0
+                forced = True
+                order = sorted(earlier, key=lambda s: -s.sequence)
+                while estimate > target and order:
+                    projected = estimate
+                    while order and projected > target:
+                        projected -= elide(order.pop(0))
+                    attempt = build(guarded, end)
+                    estimate = attempt.estimated_tokens
             assembled, previous_end = attempt, end
         if estimate > budget:
             raise SidecarError(
