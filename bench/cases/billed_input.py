@@ -121,6 +121,31 @@ def _block_ends(body: bytes) -> tuple[list[bytes], list[int], list[int]]:
     return hashes, ends, breakpoints
 
 
+def _block_kinds(body: bytes) -> list[str]:
+    """What each cache block is, for the bill by kind: tools, system, tool definitions a
+    search loaded, current-turn and prior-turn results, other messages, and the trailing
+    block (the clock and the transient note)."""
+    parsed = json.loads(body)
+    kinds = ["tools"] * len(parsed.get("tools", [])) + ["system"] * len(parsed.get("system", []))
+    messages = parsed["messages"]
+    questions = [
+        i
+        for i, m in enumerate(messages)
+        if m["role"] == "user" and m["content"][0]["type"] == "text"
+    ]
+    start = questions[-1] if questions else 0
+    for index, message in enumerate(messages):
+        for block in message["content"]:
+            if block["type"] == "tool_result":
+                kinds.append("current_turn_results" if index >= start else "prior_turn_results")
+            elif block["type"] == "text" and block["text"].startswith("[tool search loaded]"):
+                kinds.append("loaded_tool_definitions")
+            else:
+                kinds.append("messages")
+    kinds[-1] = "trailing_block"
+    return kinds
+
+
 def _compact(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
@@ -140,6 +165,9 @@ class CacheSimulation:
     max_request_tokens: int = 0
     over_200k: int = 0
     per_call: list[dict[str, int]] = field(default_factory=list)
+    # The bill by block kind (`_block_kinds`): what each kind's bytes cost at the rate their
+    # part of the request was billed (read, written, or plain input).
+    billed_by_kind: dict[str, float] = field(default_factory=dict)
 
     def request(self, body: bytes) -> dict[str, int]:
         hashes, ends, breakpoints = _block_ends(body)
@@ -170,6 +198,7 @@ class CacheSimulation:
             raise AssertionError(f"read {read} + written {write} > the request's {total} tokens")
         uncached = total - read - write
         billed = uncached + WRITE_PRICE * write + READ_PRICE * read
+        self._bill_by_kind(body, ends, read * 4, (read + write) * 4)
         self.input_tokens += total
         self.read_tokens += read
         self.write_tokens += write
@@ -180,6 +209,14 @@ class CacheSimulation:
         self.per_call.append(figures)
         return figures
 
+    def _bill_by_kind(self, body: bytes, ends: list[int], read_end: int, write_end: int) -> None:
+        for kind, start, end in zip(_block_kinds(body), ends[:-1], ends[1:], strict=True):
+            read = max(0, min(end, read_end) - start)
+            written = max(0, min(end, write_end) - max(start, read_end))
+            plain = (end - start) - read - written
+            cost = (READ_PRICE * read + WRITE_PRICE * written + plain) / 4
+            self.billed_by_kind[kind] = self.billed_by_kind.get(kind, 0.0) + cost
+
     def summary(self) -> dict[str, Any]:
         return {
             "input_tokens": self.input_tokens,
@@ -189,6 +226,7 @@ class CacheSimulation:
             "share_of_input_from_cache": round(self.read_tokens / max(self.input_tokens, 1), 3),
             "max_request_tokens": self.max_request_tokens,
             "requests_over_200k_tokens": self.over_200k,
+            "billed_by_kind": {k: round(v) for k, v in sorted(self.billed_by_kind.items())},
         }
 
 
