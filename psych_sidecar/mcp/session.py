@@ -27,6 +27,7 @@ from anyio.abc import TaskStatus
 from mcp import Client, MCPError
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 
+from psych_sidecar import __version__
 from psych_sidecar.config import StdioCommand
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import (
@@ -41,7 +42,7 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.mcp.results import tool_result
 from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.stdio import LineTooLong
-from psych_sidecar.mcp.transport import open_transport
+from psych_sidecar.mcp.transport import HttpRefusals, open_transport
 from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,11 @@ def _expected(error: BaseException) -> bool:
         return all(_expected(leaf) for leaf in error.exceptions)
     return isinstance(error, _EXPECTED_CALL_FAILURES)
 
+
+# How the sidecar introduces itself to every server. It declares no client capabilities: it
+# offers no roots, no sampling and no elicitation (a server's question has no user to reach in
+# the middle of a call), so a conforming server does not ask for them.
+CLIENT_INFO = types.Implementation(name="psych-sidecar", version=__version__)
 
 # A tools/list walk stops here: a server whose cursors never end cannot hang a refresh.
 MAX_LIST_PAGES = 10_000
@@ -192,8 +198,16 @@ class ConnectionSession:
         self.protocol_era = ""
         # Why the transport ended, when it said so (a stdio line over the limit).
         self._close_reason = ""
+        # The current attempt's HTTP 401/403 answers, which the SDK reports only as
+        # "Server returned an error response".
+        self._refusals = HttpRefusals()
 
-    def _describe(self, error: BaseException) -> str:
+    def _describe(self, error: BaseException, refusals_before: int | None = None) -> str:
+        """The error, or the server's refusal of authorization behind it when one arrived
+        (since `refusals_before` refusals, if given; else during this attempt)."""
+        refusal = self._refusals.last
+        if refusal is not None and self._refusals.count > (refusals_before or 0):
+            return self._scrub(str(refusal))
         return self._scrub(describe_error(error))
 
     @property
@@ -288,10 +302,19 @@ class ConnectionSession:
     async def _connect_and_serve(self) -> None:
         closed = anyio.Event()
         self._close_reason = ""
+        self._refusals = HttpRefusals()
         self._broken = anyio.Event()
         self._changed = anyio.Event()
-        transport = open_transport(self.stored.connection, self._commands, closed, self.stderr)
-        client = Client(transport, mode="auto", cache=None, message_handler=self._on_message)
+        transport = open_transport(
+            self.stored.connection, self._commands, closed, self.stderr, self._refusals
+        )
+        client = Client(
+            transport,
+            mode="auto",
+            cache=None,
+            message_handler=self._on_message,
+            client_info=CLIENT_INFO,
+        )
         deadline = anyio.current_time() + self._timings.connect_timeout
         try:
             with anyio.CancelScope(deadline=deadline) as connecting:
@@ -411,13 +434,15 @@ class ConnectionSession:
 
     async def _list_and_write(self, client: Client) -> CatalogWrite:
         async with self._refresh_lock:
+            refusals_before = self._refusals.count
             try:
                 with anyio.fail_after(self._timings.connect_timeout):
                     tools = await list_all_tools(client, self.stored.connection.name)
             except Exception as error:
                 if (mcp_error := _mcp_error(error)) and mcp_error.code == types.CONNECTION_CLOSED:
                     self._broken.set()
-                raise CatalogUnavailable(f"listing tools failed: {self._describe(error)}") from None
+                detail = self._describe(error, refusals_before)
+                raise CatalogUnavailable(f"listing tools failed: {detail}") from None
             write = await self._write_catalog(tools)
             if write is None:
                 raise CatalogUnavailable("the connection was deleted")
@@ -455,6 +480,7 @@ class ConnectionSession:
         client = self._client
         if client is None or self._status.state is not ConnectionState.CONNECTED:
             raise ToolCallFailed(self._unreachable_text())
+        refusals_before = self._refusals.count
         try:
             # The SDK's read timeout answers first; the scope is a backstop.
             with anyio.fail_after(timeout_seconds + 5):
@@ -467,7 +493,8 @@ class ConnectionSession:
         except Exception as error:
             if _expected(error):
                 raise _CallFailed(
-                    self._call_failure_text(tool, timeout_seconds, error), _outcome(error)
+                    self._call_failure_text(tool, timeout_seconds, error, refusals_before),
+                    _outcome(error),
                 ) from None
             # A bug (here or in the SDK), not the server's failure: logged with its stack
             # under a correlation id; the model still gets a tool error naming that id.
@@ -494,8 +521,15 @@ class ConnectionSession:
         reason = f": {status.last_error}" if status.last_error else ""
         return f"MCP server {server!r} is unreachable since {since}{reason}."
 
-    def _call_failure_text(self, tool: str, timeout: float, error: BaseException) -> str:
+    def _call_failure_text(
+        self, tool: str, timeout: float, error: BaseException, refusals_before: int
+    ) -> str:
         server = self.stored.connection.name
+        if self._refusals.count > refusals_before:
+            return (
+                f"MCP server {server!r} refused the call to {tool!r}: "
+                f"{self._describe(error, refusals_before)}"
+            )
         mcp_error = _mcp_error(error)
         if isinstance(error, TimeoutError) or (
             mcp_error is not None and mcp_error.code == types.REQUEST_TIMEOUT

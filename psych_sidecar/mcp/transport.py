@@ -1,14 +1,18 @@
 """Transports for a connection: stdio (an operator-allowed command only), streamable HTTP, SSE.
 
 Each transport's read stream is watched, so a session's owner learns the moment its server
-goes away (a stdio process exiting, an SSE stream ending) instead of at the next call.
+goes away (a stdio process exiting, an SSE stream ending) instead of at the next call. An HTTP
+transport's responses are watched too: the SDK turns a 401 or 403 into a bare "Server returned
+an error response", so the status and the server's challenge are kept here for the error texts.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
@@ -36,6 +40,57 @@ Streams = tuple[Any, Any]
 _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 # The largest server-sent event (one MCP message over streamable HTTP) the sidecar reads.
 MAX_SSE_EVENT_BYTES = 256 * 1024 * 1024
+# How much of a server's WWW-Authenticate challenge an error quotes: enough for its scheme,
+# realm, scope and resource_metadata URL; the rest is the server's to bloat.
+MAX_CHALLENGE_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRefusal:
+    """A server's answer of HTTP 401 or 403: the request lacked (or had insufficient)
+    authorization. `challenge` is its WWW-Authenticate header, flattened and cut short."""
+
+    status: int
+    challenge: str
+
+    def __str__(self) -> str:
+        if self.status == 401:
+            text = "HTTP 401 Unauthorized: the server requires authorization (sign-in)"
+        else:
+            text = "HTTP 403 Forbidden: the server refused the credentials it was given"
+        return f"{text}; WWW-Authenticate: {self.challenge}" if self.challenge else text
+
+
+class HttpRefusals:
+    """The authorization refusals one session's HTTP client has seen: the last one, and how
+    many (so a call can tell whether one arrived while it ran)."""
+
+    def __init__(self) -> None:
+        self.last: HttpRefusal | None = None
+        self.count = 0
+
+    async def on_response(self, response: httpx2.Response) -> None:
+        if response.status_code in (401, 403):
+            challenge = re.sub(r"\s+", " ", response.headers.get("www-authenticate", "")).strip()
+            if len(challenge) > MAX_CHALLENGE_CHARS:
+                challenge = challenge[: MAX_CHALLENGE_CHARS - 1] + "…"
+            self.last = HttpRefusal(response.status_code, challenge)
+            self.count += 1
+
+    def client_factory(
+        self,
+        headers: dict[str, str] | None = None,
+        timeout: httpx2.Timeout | None = None,
+        auth: httpx2.Auth | None = None,
+    ) -> httpx2.AsyncClient:
+        """An HTTP client that reports its refusals here (the SDK's client-factory signature,
+        which the SSE transport takes)."""
+        return httpx2.AsyncClient(
+            headers=headers,
+            timeout=timeout or _HTTP_TIMEOUT,
+            auth=auth,
+            event_hooks={"response": [self.on_response]},
+        )
 
 
 class _WatchedReadStream:
@@ -111,9 +166,11 @@ def stdio_parameters(
 
 
 @asynccontextmanager
-async def _streamable_http(url: str, headers: Mapping[str, str]) -> AsyncIterator[Streams]:
+async def _streamable_http(
+    url: str, headers: Mapping[str, str], refusals: HttpRefusals
+) -> AsyncIterator[Streams]:
     async with (
-        httpx2.AsyncClient(headers=dict(headers), timeout=_HTTP_TIMEOUT) as http_client,
+        refusals.client_factory(headers=dict(headers)) as http_client,
         # Tool results of many megabytes are ordinary here, but one event is still bounded:
         # a server streaming without end must not take the sidecar's memory with it.
         streamable_http_client(
@@ -134,13 +191,20 @@ async def _stdio(parameters: StdioServerParameters, stderr: StderrTail) -> Async
 
 
 def _base_transport(
-    connection: Connection, commands: Mapping[str, StdioCommand], stderr: StderrTail
+    connection: Connection,
+    commands: Mapping[str, StdioCommand],
+    stderr: StderrTail,
+    refusals: HttpRefusals,
 ) -> AbstractAsyncContextManager[Any]:
     if connection.transport is TransportKind.STDIO:
         return _stdio(stdio_parameters(connection, commands), stderr)
     if connection.transport is TransportKind.STREAMABLE_HTTP:
-        return _streamable_http(connection.url, connection.headers)
-    return sse_client(connection.url, headers=dict(connection.headers))
+        return _streamable_http(connection.url, connection.headers, refusals)
+    return sse_client(
+        connection.url,
+        headers=dict(connection.headers),
+        httpx_client_factory=refusals.client_factory,
+    )
 
 
 @asynccontextmanager
@@ -149,8 +213,12 @@ async def open_transport(
     commands: Mapping[str, StdioCommand],
     closed: anyio.Event,
     stderr: StderrTail,
+    refusals: HttpRefusals,
 ) -> AsyncIterator[Streams]:
     """The connection's transport; `closed` is set when it stops delivering messages; a
-    stdio server's stderr is kept in `stderr`."""
-    async with _base_transport(connection, commands, stderr) as (read_stream, write_stream):
+    stdio server's stderr is kept in `stderr`, an HTTP server's 401 and 403 in `refusals`."""
+    async with _base_transport(connection, commands, stderr, refusals) as (
+        read_stream,
+        write_stream,
+    ):
         yield _WatchedReadStream(read_stream, closed), write_stream

@@ -1,0 +1,73 @@
+"""A bare streamable-HTTP MCP endpoint that records what its client sends: for tests of how
+the sidecar introduces itself and of how it reports a server that refuses it.
+
+    python tests/mcp_servers/recording_server.py --port P [--refuse 401|403 [--challenge TEXT]]
+
+POST /mcp records each JSON-RPC message. With `--refuse` every one is answered with that HTTP
+status, and TEXT (if given) as the WWW-Authenticate header, as a server wanting OAuth does.
+Otherwise it answers as a 2025-11-25 server without tools: `initialize` with its result,
+`tools/list` with no tools, a notification with 202 and any other request with an empty
+result (which a client probing `server/discover` takes for a legacy server). GET /mcp (the
+listening stream) is 405. GET /recorded returns the recorded messages as a JSON array.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+def build_app(refuse: int | None, challenge: str) -> Starlette:
+    recorded: list[Any] = []
+
+    async def mcp(request: Request) -> Response:
+        if request.method != "POST":
+            return Response(status_code=405)
+        message = json.loads(await request.body())
+        recorded.append(message)
+        if refuse is not None:
+            headers = {"WWW-Authenticate": challenge} if challenge else {}
+            return Response(status_code=refuse, headers=headers)
+        if "id" not in message:
+            return Response(status_code=202)
+        result: dict[str, Any] = {}
+        if message.get("method") == "initialize":
+            result = {
+                "protocolVersion": "2025-11-25",
+                "serverInfo": {"name": "recording-server", "version": "1.0.0"},
+                "capabilities": {"tools": {}},
+            }
+        elif message.get("method") == "tools/list":
+            result = {"tools": []}
+        return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "result": result})
+
+    async def recorded_messages(_request: Request) -> Response:
+        return JSONResponse(recorded)
+
+    return Starlette(
+        routes=[
+            Route("/mcp", mcp, methods=["GET", "POST", "DELETE"]),
+            Route("/recorded", recorded_messages),
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--refuse", type=int, choices=[401, 403])
+    parser.add_argument("--challenge", default="")
+    options = parser.parse_args()
+    app = build_app(options.refuse, options.challenge)
+    uvicorn.run(app, host="127.0.0.1", port=options.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
