@@ -16,7 +16,7 @@ from typing import Any
 
 from psych_sidecar.domain.calls.results import ToolResult
 from psych_sidecar.domain.calls.validation import SchemaValidators
-from psych_sidecar.domain.catalog import ToolCallFailed, ToolRunner
+from psych_sidecar.domain.catalog import ConnectionState, ToolCallFailed, ToolRunner
 from psych_sidecar.domain.runlog import RunBlocking
 from psych_sidecar.domain.surface import ExposedTool, ResolvedTurn, naming
 
@@ -63,7 +63,7 @@ class McpCalls:
             return unknown_server(resolved, server)
         found = tools.get(tool)
         if found is None:
-            return refused(server, tool)
+            return not_found(resolved, server, tool)
         if not isinstance(arguments, dict):
             return ToolResult.error(
                 f"The arguments of {server}/{tool} must be a JSON object.", server, tool
@@ -95,6 +95,25 @@ class McpCalls:
 def unknown_server(resolved: ResolvedTurn, server: object) -> ToolResult:
     known = ", ".join(sorted(resolved.permitted)) or "none"
     return ToolResult.error(f"There is no MCP server {server!r}. Servers: {known}.")
+
+
+def not_found(resolved: ResolvedTurn, server: str, tool: object) -> ToolResult:
+    """A tool the Run may not reach on a server it may: if the server never listed its tools,
+    the model is told why (unreachable, needing sign-in), not that the tool does not exist."""
+    status = resolved.snapshot.servers[server].status
+    if status.catalog_version:
+        return refused(server, tool)
+    if status.state is ConnectionState.UNREACHABLE:
+        since = status.state_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+        reason = f": {status.last_error}" if status.last_error else ""
+        why = f"it is unreachable since {since}{reason}. Its tools can be called once it connects"
+    else:
+        why = "it is still connecting; try again shortly"
+    return ToolResult.error(
+        f"MCP server {server!r} has not listed its tools: {why}.",
+        server,
+        tool if isinstance(tool, str) else "",
+    )
 
 
 def refused(server: str, tool: object) -> ToolResult:

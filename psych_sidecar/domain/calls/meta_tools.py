@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall, refused, unknown_server
+from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall, not_found, unknown_server
 from psych_sidecar.domain.calls.results import ToolResult
 from psych_sidecar.domain.catalog import CatalogTool
 from psych_sidecar.domain.runlog import RunBlocking
@@ -79,7 +79,7 @@ class MetaTools:
             return unknown_server(call.resolved, server)
         tool = tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            return refused(str(server), name)
+            return not_found(call.resolved, str(server), name)
         return ToolResult.structured(_description(str(server), tool))
 
     async def search(self, call: RoutedCall) -> ToolResult:
