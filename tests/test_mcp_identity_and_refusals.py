@@ -57,6 +57,23 @@ def url(server: HttpServer) -> str:
     return f"http://127.0.0.1:{server.port}/mcp"
 
 
+def new_run(stubs: Stubs, tenant: str, spec: str) -> str:
+    publish(stubs, spec, grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")])
+    request = run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec, spec_version=1)
+    return str(stubs.runs.CreateRun(request).run.run_id)
+
+
+def call(stubs: Stubs, run_id: str, server: str, tool: str) -> tool_service_pb2.ToolOutcome:
+    request = tool_service_pb2.CallDeferredToolRequest(
+        run_id=run_id, server=server, tool=tool, call_id=f"call-{server}-{tool}"
+    )
+    return stubs.tools.CallDeferredTool(request, timeout=60).outcome
+
+
+def result_text(outcome: tool_service_pb2.ToolOutcome) -> str:
+    return str(json.loads(outcome.result_json)["content"][0]["text"])
+
+
 def settled(stubs: Stubs, tenant: str, name: str, state: int) -> connection_pb2.Connection:
     def reached() -> connection_pb2.Connection | None:
         connection = listed(stubs, tenant).get(name)
@@ -114,25 +131,35 @@ def test_a_403_names_its_status_without_the_connections_secrets_and_a_long_chall
     assert len(error) < 400
 
 
+def test_a_call_refused_with_403_says_so_with_the_challenge(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    tenant = unique("tenant")
+    run_id = new_run(stubs, tenant, unique("spec"))
+    challenge = 'Bearer error="insufficient_scope", scope="files:write"'
+    for server in recording_server("--refuse", "403", "--challenge", challenge, "--only-calls"):
+        put_http(stubs, tenant, "scoped", url(server))
+        settled(stubs, tenant, "scoped", connection_pb2.CONNECTION_STATE_CONNECTED)
+        outcome = call(stubs, run_id, "scoped", "guarded")
+    assert outcome.is_error
+    assert result_text(outcome) == (
+        "scoped/guarded did not answer: MCP server 'scoped' refused the call to 'guarded': "
+        "HTTP 403 Forbidden: the server refused the credentials it was given; "
+        f"WWW-Authenticate: {challenge}"
+    )
+
+
 def test_a_call_to_a_server_that_never_listed_says_it_is_unreachable_and_why(
     stubs: Stubs, unique: Callable[[str], str]
 ) -> None:
     tenant = unique("tenant")
-    spec = unique("spec")
-    publish(stubs, spec, grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")])
-    run_id = stubs.runs.CreateRun(
-        run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec, spec_version=1)
-    ).run.run_id
+    run_id = new_run(stubs, tenant, unique("spec"))
     for server in recording_server("--refuse", "401", "--challenge", "Bearer"):
         put_http(stubs, tenant, "guarded", url(server))
         settled(stubs, tenant, "guarded", connection_pb2.CONNECTION_STATE_UNREACHABLE)
-        outcome = stubs.tools.CallDeferredTool(
-            tool_service_pb2.CallDeferredToolRequest(
-                run_id=run_id, server="guarded", tool="search_issues", call_id="c1"
-            )
-        ).outcome
+        outcome = call(stubs, run_id, "guarded", "search_issues")
     assert outcome.is_error
-    text = json.loads(outcome.result_json)["content"][0]["text"]
+    text = result_text(outcome)
     assert "There is no tool" not in text
     assert "MCP server 'guarded' has not listed its tools: it is unreachable since " in text
     assert "HTTP 401 Unauthorized: the server requires authorization (sign-in)" in text
