@@ -110,6 +110,19 @@ def test_a_401_is_the_connections_last_error_with_the_servers_challenge(
     )
 
 
+def test_a_401_to_an_sse_client_is_reported_the_same_way(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    tenant = unique("tenant")
+    for server in recording_server("--refuse", "401", "--challenge", "Bearer realm=files"):
+        put_http(stubs, tenant, "legacy", url(server), protocol=connection_pb2.HTTP_PROTOCOL_SSE)
+        connection = settled(stubs, tenant, "legacy", connection_pb2.CONNECTION_STATE_UNREACHABLE)
+    assert connection.last_error == (
+        "HTTP 401 Unauthorized: the server requires authorization (sign-in); "
+        "WWW-Authenticate: Bearer realm=files"
+    )
+
+
 def test_a_403_names_its_status_without_the_connections_secrets_and_a_long_challenge_is_cut(
     stubs: Stubs, unique: Callable[[str], str]
 ) -> None:

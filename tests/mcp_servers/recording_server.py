@@ -10,7 +10,8 @@ header, as a server wanting OAuth (or a scope it was not granted) does. Otherwis
 a 2025-11-25 server with one tool, `guarded`, that no call reaches: `initialize` with its
 result, `tools/list` with the tool, a notification with 202 and any other request with an
 empty result (which a client probing `server/discover` takes for a legacy server). GET /mcp (the
-listening stream) is 405. GET /recorded returns the recorded messages as a JSON array.
+listening stream, or an SSE client's stream) is 405, or the refusal. GET /recorded returns the
+recorded messages as a JSON array.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ from starlette.routing import Route
 def build_app(refuse: int | None, challenge: str, only_calls: bool) -> Starlette:
     recorded: list[Any] = []
 
+    def refusal() -> Response:
+        headers = {"WWW-Authenticate": challenge} if challenge else {}
+        return Response(status_code=refuse or 401, headers=headers)
+
     async def mcp(request: Request) -> Response:
         if request.method != "POST":
-            return Response(status_code=405)
+            return refusal() if refuse is not None and not only_calls else Response(status_code=405)
         message = json.loads(await request.body())
         recorded.append(message)
         if refuse is not None and (not only_calls or message.get("method") == "tools/call"):
-            headers = {"WWW-Authenticate": challenge} if challenge else {}
-            return Response(status_code=refuse, headers=headers)
+            return refusal()
         if "id" not in message:
             return Response(status_code=202)
         result: dict[str, Any] = {}
