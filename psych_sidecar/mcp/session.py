@@ -42,7 +42,7 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.mcp.results import tool_result
 from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.stdio import LineTooLong
-from psych_sidecar.mcp.transport import HttpRefusals, open_transport
+from psych_sidecar.mcp.transport import HttpRefusal, HttpRefusals, open_transport
 from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,16 @@ def describe_error(error: BaseException) -> str:
     if isinstance(error, MCPError):
         text = f"MCP error {error.code}: {error.message}"
     return text[:MAX_ERROR_CHARS]
+
+
+def _http_status_error(error: BaseException) -> bool:
+    """Whether the error is an HTTP error status: httpx's, or the SDK's JSON-RPC stand-in for
+    one (INTERNAL_ERROR "Server returned an error response", the status left out)."""
+    if isinstance(error, BaseExceptionGroup):
+        return any(_http_status_error(leaf) for leaf in error.exceptions)
+    if isinstance(error, httpx2.HTTPStatusError):
+        return True
+    return isinstance(error, MCPError) and error.code == types.INTERNAL_ERROR
 
 
 def _mcp_error(error: BaseException) -> MCPError | None:
@@ -202,13 +212,18 @@ class ConnectionSession:
         # "Server returned an error response".
         self._refusals = HttpRefusals()
 
-    def _describe(self, error: BaseException, refusals_before: int | None = None) -> str:
-        """The error, or the server's refusal of authorization behind it when one arrived
-        (since `refusals_before` refusals, if given; else during this attempt)."""
-        refusal = self._refusals.last
-        if refusal is not None and self._refusals.count > (refusals_before or 0):
-            return self._scrub(str(refusal))
-        return self._scrub(describe_error(error))
+    def _describe(self, error: BaseException, refusals_before: int = 0) -> str:
+        """The error, or the 401/403 behind it (see `_refusal`)."""
+        refusal = self._refusal(error, refusals_before)
+        return self._scrub(str(refusal) if refusal else describe_error(error))
+
+    def _refusal(self, error: BaseException, refusals_before: int) -> HttpRefusal | None:
+        """The server's 401 or 403 that `error` stands for: the error is an HTTP status error
+        (or the SDK's status-less stand-in for one) and a refusal arrived since the
+        attempt's first `refusals_before`."""
+        if self._refusals.count > refusals_before and _http_status_error(error):
+            return self._refusals.last
+        return None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -525,11 +540,8 @@ class ConnectionSession:
         self, tool: str, timeout: float, error: BaseException, refusals_before: int
     ) -> str:
         server = self.stored.connection.name
-        if self._refusals.count > refusals_before:
-            return (
-                f"MCP server {server!r} refused the call to {tool!r}: "
-                f"{self._describe(error, refusals_before)}"
-            )
+        if refusal := self._refusal(error, refusals_before):
+            return self._scrub(f"MCP server {server!r} refused the call to {tool!r}: {refusal}")
         mcp_error = _mcp_error(error)
         if isinstance(error, TimeoutError) or (
             mcp_error is not None and mcp_error.code == types.REQUEST_TIMEOUT
