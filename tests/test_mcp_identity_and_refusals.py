@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-from psych.sidecar.v1 import connection_pb2, run_service_pb2, spec_pb2, tool_service_pb2
+from psych.sidecar.v1 import connection_pb2
 from psych_sidecar import __version__
-from tests.conftest import Stubs
-from tests.helpers import publish
-from tests.mcp_helpers import HttpServer, free_port, listed, put_http, running, wait_for
+from tests.support.connections import listed, put_http
+from tests.support.host import Host, result_text
+from tests.support.polling import wait_for
+from tests.support.processes import HttpServer, free_port, running
+from tests.support.sidecar import Stubs
 
 RECORDING_SERVER = Path(__file__).parent / "mcp_servers" / "recording_server.py"
 SECRET = "s3cret-bearer-value"
@@ -57,23 +59,6 @@ def url(server: HttpServer) -> str:
     return f"http://127.0.0.1:{server.port}/mcp"
 
 
-def new_run(stubs: Stubs, tenant: str, spec: str) -> str:
-    publish(stubs, spec, grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")])
-    request = run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec, spec_version=1)
-    return str(stubs.runs.CreateRun(request).run.run_id)
-
-
-def call(stubs: Stubs, run_id: str, server: str, tool: str) -> tool_service_pb2.ToolOutcome:
-    request = tool_service_pb2.CallDeferredToolRequest(
-        run_id=run_id, server=server, tool=tool, call_id=f"call-{server}-{tool}"
-    )
-    return stubs.tools.CallDeferredTool(request, timeout=60).outcome
-
-
-def result_text(outcome: tool_service_pb2.ToolOutcome) -> str:
-    return str(json.loads(outcome.result_json)["content"][0]["text"])
-
-
 def settled(stubs: Stubs, tenant: str, name: str, state: int) -> connection_pb2.Connection:
     def reached() -> connection_pb2.Connection | None:
         connection = listed(stubs, tenant).get(name)
@@ -83,9 +68,8 @@ def settled(stubs: Stubs, tenant: str, name: str, state: int) -> connection_pb2.
 
 
 def test_the_sidecar_names_itself_and_its_version_and_declares_no_capabilities(
-    stubs: Stubs, unique: Callable[[str], str]
+    stubs: Stubs, tenant: str
 ) -> None:
-    tenant = unique("tenant")
     for server in recording_server():
         put_http(stubs, tenant, "plain", url(server))
         settled(stubs, tenant, "plain", connection_pb2.CONNECTION_STATE_CONNECTED)
@@ -97,9 +81,8 @@ def test_the_sidecar_names_itself_and_its_version_and_declares_no_capabilities(
 
 
 def test_a_401_is_the_connections_last_error_with_the_servers_challenge(
-    stubs: Stubs, unique: Callable[[str], str]
+    stubs: Stubs, tenant: str
 ) -> None:
-    tenant = unique("tenant")
     challenge = 'Bearer resource_metadata="http://127.0.0.1:9/.well-known/prm", scope="files:read"'
     for server in recording_server("--refuse", "401", "--challenge", challenge):
         put_http(stubs, tenant, "guarded", url(server))
@@ -110,10 +93,7 @@ def test_a_401_is_the_connections_last_error_with_the_servers_challenge(
     )
 
 
-def test_a_401_to_an_sse_client_is_reported_the_same_way(
-    stubs: Stubs, unique: Callable[[str], str]
-) -> None:
-    tenant = unique("tenant")
+def test_a_401_to_an_sse_client_is_reported_the_same_way(stubs: Stubs, tenant: str) -> None:
     for server in recording_server("--refuse", "401", "--challenge", "Bearer realm=files"):
         put_http(stubs, tenant, "legacy", url(server), protocol=connection_pb2.HTTP_PROTOCOL_SSE)
         connection = settled(stubs, tenant, "legacy", connection_pb2.CONNECTION_STATE_UNREACHABLE)
@@ -124,9 +104,8 @@ def test_a_401_to_an_sse_client_is_reported_the_same_way(
 
 
 def test_a_403_names_its_status_without_the_connections_secrets_and_a_long_challenge_is_cut(
-    stubs: Stubs, unique: Callable[[str], str]
+    stubs: Stubs, tenant: str
 ) -> None:
-    tenant = unique("tenant")
     # A server quoting the credential it refused, at length: the error keeps neither.
     challenge = f'Bearer error="insufficient_scope", error_description="{SECRET} {"x" * 2000}"'
     for server in recording_server("--refuse", "403", "--challenge", challenge):
@@ -145,15 +124,15 @@ def test_a_403_names_its_status_without_the_connections_secrets_and_a_long_chall
 
 
 def test_a_call_refused_with_403_says_so_with_the_challenge(
-    stubs: Stubs, unique: Callable[[str], str]
+    stubs: Stubs, tenant: str, unique: Callable[[str], str]
 ) -> None:
-    tenant = unique("tenant")
-    run_id = new_run(stubs, tenant, unique("spec"))
+    host = Host(stubs, tenant)
+    run_id = host.run(unique("spec"))
     challenge = 'Bearer error="insufficient_scope", scope="files:write"'
     for server in recording_server("--refuse", "403", "--challenge", challenge, "--only-calls"):
         put_http(stubs, tenant, "scoped", url(server))
         settled(stubs, tenant, "scoped", connection_pb2.CONNECTION_STATE_CONNECTED)
-        outcome = call(stubs, run_id, "scoped", "guarded")
+        outcome = host.call(run_id, "scoped", "guarded")
     assert outcome.is_error
     assert result_text(outcome) == (
         "scoped/guarded did not answer: MCP server 'scoped' refused the call to 'guarded': "
@@ -163,14 +142,14 @@ def test_a_call_refused_with_403_says_so_with_the_challenge(
 
 
 def test_a_call_to_a_server_that_never_listed_says_it_is_unreachable_and_why(
-    stubs: Stubs, unique: Callable[[str], str]
+    stubs: Stubs, tenant: str, unique: Callable[[str], str]
 ) -> None:
-    tenant = unique("tenant")
-    run_id = new_run(stubs, tenant, unique("spec"))
+    host = Host(stubs, tenant)
+    run_id = host.run(unique("spec"))
     for server in recording_server("--refuse", "401", "--challenge", "Bearer"):
         put_http(stubs, tenant, "guarded", url(server))
         settled(stubs, tenant, "guarded", connection_pb2.CONNECTION_STATE_UNREACHABLE)
-        outcome = call(stubs, run_id, "guarded", "search_issues")
+        outcome = host.call(run_id, "guarded", "search_issues")
     assert outcome.is_error
     text = result_text(outcome)
     assert "There is no tool" not in text
