@@ -153,7 +153,6 @@ def show_failure(outcome: Outcome) -> None:
     for stderr in outcome.result_dir.glob("**/stderr.txt"):
         for line in stderr.read_text().splitlines()[-20:]:
             print(f"      | {line}")
-    print(f"      (everything in {outcome.result_dir})")
 
 
 def judge(outcomes: list[Outcome], baseline: dict[str, str], known: set[str]) -> list[str]:
