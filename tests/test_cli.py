@@ -350,8 +350,23 @@ def test_listen_flags_keep_their_spellings() -> None:
 def test_operations_doc_lists_every_setting_once() -> None:
     text = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
     section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE)
-    assert sorted(rows) == sorted(SETTING_KEYS)
+    rows = re.findall(r"^\| `([a-z_]+)` \| `([a-z_.]+)` \| ([^|]+) \|", section, flags=re.MULTILINE)
+    assert sorted(key for key, _, _ in rows) == sorted(SETTING_KEYS)
+    for key, where, default in rows:
+        setting = SETTING_KEYS[key]
+        assert where == ".".join(filter(None, [setting.group, setting.attribute])), key
+        value = setting.field.get_default(call_default_factory=True)
+        if isinstance(value, bool):
+            spelled = {"true" if value else "false"}
+        elif isinstance(value, int):
+            spelled = {str(value), oct(value)}
+        elif isinstance(value, float):
+            spelled = {f"{value:g}"}
+        elif isinstance(value, str | Path) and str(value):
+            spelled = {str(value)}
+        else:
+            continue  # empty: the cell says what stands in for it (the socket, the SQLite file)
+        assert default.split("`")[1] in spelled, (key, default)
     help_text = subprocess.run(
         [*COMMAND, "serve", "--help"], capture_output=True, text=True, check=True
     ).stdout

@@ -1,6 +1,7 @@
-"""The layout the docs promise is the layout on disk: every module docs/design.md names
-exists, every domain subpackage has its docstring and curated `__all__`, and the top level
-holds what the README's Layout section lists."""
+"""The layout the docs promise is the layout on disk: every path docs/design.md names under
+the package exists, its Layers tree lists every subpackage, its migration table gives each
+file's real revision ids and names the head, every domain subpackage has its docstring and
+curated `__all__`, and the top level holds what the README's Layout section lists."""
 
 from __future__ import annotations
 
@@ -13,12 +14,66 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "psych_sidecar"
 
 
-def test_every_module_design_md_names_exists() -> None:
-    text = (ROOT / "docs" / "design.md").read_text()
-    named = set(re.findall(r"`((?:domain|search|mcp|storage|api|bulk)/[a-z_/]+\.py)`", text))
-    assert len(named) > 20
-    missing = sorted(path for path in named if not (PACKAGE / path).is_file())
+DESIGN = (ROOT / "docs" / "design.md").read_text()
+# A backticked path in design.md that starts with one of the package's own folders or modules
+# (`domain/calls/router.py`, `app/`, `listeners.py`), with or without `psych_sidecar/` before
+# it, names a place under psych_sidecar/.
+PACKAGE_PARTS = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+PACKAGE_MODULES = {p.name for p in PACKAGE.glob("*.py")}
+
+
+def _package_paths(text: str) -> set[str]:
+    named = set()
+    for path in re.findall(r"`([a-z_]+(?:/[a-z_0-9]+)*(?:\.py|/)?)`", text):
+        token = path.removeprefix("psych_sidecar/")
+        first = token.split("/", 1)[0]
+        if first in PACKAGE_MODULES or ("/" in token and first in PACKAGE_PARTS):
+            named.add(token)
+    return named
+
+
+def test_every_path_design_md_names_under_the_package_exists() -> None:
+    named = _package_paths(DESIGN)
+    assert len(named) > 40
+    missing = sorted(path for path in named if not (PACKAGE / path).exists())
     assert missing == []
+
+
+def test_the_layers_tree_lists_every_subpackage_and_names_only_real_ones() -> None:
+    tree = DESIGN.split("```text\n", 1)[1].split("```", 1)[0]
+    inside = tree.split("psych_sidecar/\n", 1)[1]
+    top = set(re.findall(r"^  ([a-z_]+/|[a-z_]+\.py)", inside, re.M))
+    domain = set(re.findall(r"^    ([a-z_]+/|[a-z_]+\.py)", inside, re.M))
+    assert {name + "/" for name in PACKAGE_PARTS} <= top
+    assert sorted(name for name in top if not (PACKAGE / name).exists()) == []
+    assert sorted(name for name in domain if not (PACKAGE / "domain" / name).exists()) == []
+    concerns = {p.name for p in (PACKAGE / "domain").iterdir() if (p / "__init__.py").is_file()}
+    assert {name + "/" for name in concerns} <= domain
+
+
+def test_the_migration_table_gives_each_file_its_real_revision_ids_and_names_the_head() -> None:
+    versions = PACKAGE / "storage" / "migrations" / "versions"
+    real: dict[str, tuple[str, str | None]] = {}
+    for path in versions.glob("*.py"):
+        assigned = {
+            node.target.id: ast.literal_eval(node.value)
+            for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.value is not None
+        }
+        real[path.name] = (assigned["revision"], assigned["down_revision"])
+    # | `0002_usage_and_char_counts.py` | `0002` (`0001`) | what it adds |, the head's marked
+    row = r"^\| `(\d{4}_[a-z_]+\.py)`( \(the head\))? \| `([^`]+)` \((.+?)\) \|"
+    rows = re.findall(row, DESIGN, re.M)
+    documented = {
+        name: (revision, None if revises == "none" else revises.strip("`"))
+        for name, _, revision, revises in rows
+    }
+    assert documented == real
+    revised = {down for _, down in real.values()}
+    (head,) = [name for name, (revision, _) in real.items() if revision not in revised]
+    assert [name for name, is_head, _, _ in rows if is_head] == [head]
 
 
 def test_domain_subpackages_have_a_docstring_and_a_curated_surface() -> None:

@@ -8,6 +8,9 @@ provider-legal exposed names, and the definitions of the sidecar's own tools
 
 from __future__ import annotations
 
+# A module in the public face: the provider-legal names, and the fixed names of the sidecar's
+# own and meta tools, that calls/ needs to route and to word its tool errors.
+from psych_sidecar.domain.surface import naming
 from psych_sidecar.domain.surface.ports import SurfacePins
 from psych_sidecar.domain.surface.resolution import (
     ResolvedTurn,
@@ -55,6 +58,7 @@ __all__ = [
     "TurnResolver",
     "VisibleServer",
     "mcp_result_json",
+    "naming",
     "one_line",
     "qualified_names",
     "resolve_surface",
