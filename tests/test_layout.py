@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,3 +116,18 @@ def test_top_level_is_what_the_readme_lists() -> None:
     assert tracked - listed == set()
     for gone in ("src", "protos-baseline", "third_party", "tools"):
         assert not (ROOT / gone).exists()
+
+
+def test_every_runtime_dependency_has_a_row_in_design_md_and_every_row_is_one() -> None:
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        declared = {
+            re.split(r"[\[<>=!~ ]", requirement, maxsplit=1)[0].lower()
+            for requirement in tomllib.load(file)["project"]["dependencies"]
+        }
+    table = DESIGN.split("## Dependencies, and why each is there", 1)[1]
+    named = set()
+    for cell in re.findall(r"^\| ([^|]+) \|", table, re.M):
+        if cell.startswith("dev:") or "not in `pyproject.toml`" in cell:
+            continue
+        named |= {name.split("[")[0].lower() for name in re.findall(r"`([^`]+)`", cell)}
+    assert named == declared
