@@ -98,7 +98,7 @@ def test_a_version_superseded_between_its_two_reads_still_permits_its_tools(
 ) -> None:
     # A resolution reads the connection's version, then that version's tools. When another
     # sidecar writes a newer version in between, the rows read carry its removal marker; the
-    # Run must still reach them (it once found no tool at all: scale-out CI, issue 12).
+    # Run must still reach them (it once found no tool at all, in the scale-out CI).
     view, tenant = _listed_once(grpc_server, stubs, unique)
     store = view._store
     grants = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]

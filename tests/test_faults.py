@@ -38,7 +38,7 @@ from tests.support.sidecar import RunningSidecar, Stubs
 LIMIT = MIB
 # The largest result a tool-call response carries whole here (below the message limit).
 INLINE = 512 * 1024
-# The fault matrix's large result (issue 12): 50 MB of text.
+# The fault matrix's large result: 50 MB of text.
 FIFTY_MB = 50 * 1000 * 1000
 
 

@@ -1,4 +1,4 @@
-"""The prompt budget end to end (issue 13): what the model sees of each result, empty reads,
+"""The prompt budget end to end: what the model sees of each result, empty reads,
 zone 1 stability, the surface pinned per turn and the context guard. The real sidecar over a
 real socket, real databases, the project's real MCP test server over stdio."""
 

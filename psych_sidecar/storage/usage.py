@@ -27,7 +27,7 @@ class SqlUsageStore:
                 inserted = not self._already_recorded(conn, run_id, event_id, fingerprint)
                 if inserted:
                     # Checked before storing: a Run whose totals overflowed int64 could never
-                    # answer RecordUsage or GetUsage again.
+                    # answer RecordUsage or GetRunUsage again.
                     totals = self._totals(conn, run_id).plus(usage)
                     conn.execute(
                         insert(events).values(
