@@ -1,4 +1,4 @@
-"""psych-sidecar serve | migrate | health | inspect | version.
+"""psych-sidecar serve | migrate | rekey | health | inspect | version.
 
 Every setting of `Settings` is a flag of serve, migrate and health (`--data-dir` for `data_dir`),
 generated from the model under its flat key (`SETTING_KEYS`), so a setting reads the same from a
@@ -96,6 +96,11 @@ def _parser() -> argparse.ArgumentParser:
     add_settings_flags(settings)
     commands.add_parser("serve", parents=[settings], help="run the gRPC server")
     commands.add_parser("migrate", parents=[settings], help="apply database migrations and exit")
+    commands.add_parser(
+        "rekey",
+        parents=[settings],
+        help="seal every stored secret under the first key (safe while sidecars serve)",
+    )
     check = commands.add_parser(
         "health",
         parents=[settings],
@@ -186,6 +191,7 @@ def _begin_search_model_load() -> None:
 
 
 def _migrate(settings: Settings) -> None:
+    from psych_sidecar.app.secret_keys import load_secret_keys
     from psych_sidecar.storage.db import (
         create_database_engine,
         current_revision,
@@ -193,10 +199,41 @@ def _migrate(settings: Settings) -> None:
         schema_name,
     )
 
+    keys = load_secret_keys(settings)
     engine = create_database_engine(settings.resolved_database_url(), pool_size=1)
     try:
-        migrate(engine)
+        migrate(engine, keys)
         print(f"database at schema {schema_name(current_revision(engine))}")
+    finally:
+        engine.dispose()
+
+
+def _rekey(settings: Settings) -> None:
+    """Reseal every stored secret under the first key; the schema must be this version's."""
+    from psych_sidecar.app.secret_keys import check_stored_secrets, load_secret_keys
+    from psych_sidecar.listeners import StartupError
+    from psych_sidecar.storage.connections import SqlConnectionStore
+    from psych_sidecar.storage.db import DatabaseRefused, check_revision, create_database_engine
+
+    keys = load_secret_keys(settings)
+    engine = create_database_engine(
+        settings.resolved_database_url(),
+        pool_size=1,
+        busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+    )
+    try:
+        try:
+            check_revision(engine)
+        except DatabaseRefused as error:
+            raise StartupError(str(error)) from None
+        store = SqlConnectionStore(engine, keys)
+        # Every secret must open before any is rewritten: a missing key stops it here.
+        check_stored_secrets(store)
+        resealed, already = store.reseal_secrets()
+        print(
+            f"{resealed} stored secrets resealed under key {keys.primary_id}, {already} already "
+            "were; keys no longer listed first can now be removed"
+        )
     finally:
         engine.dispose()
 
@@ -279,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if arguments.command == "migrate":
             _migrate(settings)
+        elif arguments.command == "rekey":
+            _rekey(settings)
         else:
             asyncio.run(serve(settings))
     except StartupError as error:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -202,6 +202,22 @@ class StorageSettings(_Group):
         ),
     )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
+    secret_keys: SecretStr = Field(
+        default=SecretStr(""),
+        description=(
+            "Keys sealing the secrets stored in the database (AES-256-GCM), each the base64 of "
+            "32 random bytes, separated by commas; the first seals, all open. Read before "
+            "secret_key_file's. Prefer the environment or a file: a flag shows in `ps`."
+        ),
+    )
+    secret_key_file: Path | None = Field(
+        default=None,
+        description=(
+            "File of keys sealing stored secrets, one a line, the first sealing (after "
+            "secret_keys). Neither set: on SQLite the file DATABASE.keys beside the database, "
+            "made (mode 0600) if missing; PostgreSQL refuses to start."
+        ),
+    )
 
 
 class McpSettings(_Group):

@@ -19,7 +19,7 @@ import pytest
 from psych.sidecar.v1 import connection_service_pb2
 from psych_sidecar.config import Settings
 from tests.support.connections import listed
-from tests.support.databases import postgres_database
+from tests.support.databases import TEST_SECRET_KEY, postgres_database
 from tests.support.host import Host
 from tests.support.sidecar import UNLIMITED_CHANNEL, RunningSidecar, Stubs
 
@@ -73,6 +73,7 @@ def grpc_server(
         database_url=database_url,
         data_dir=tmp_path_factory.mktemp("data"),
         shutdown_grace_seconds=5,
+        secret_keys=TEST_SECRET_KEY,
         **sidecar_overrides,
     )
     with RunningSidecar(settings) as running:

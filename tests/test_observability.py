@@ -42,6 +42,7 @@ from psych.sidecar.v1 import (
 from psych_sidecar.config import Settings, StdioCommand
 from psych_sidecar.telemetry.logs import JsonFormatter
 from tests.support.connections import FIXTURE_SERVER
+from tests.support.databases import TEST_SECRET_KEY
 from tests.support.polling import wait_for
 from tests.support.processes import free_port, served, wait_for_port
 from tests.support.prompts import append, assistant, history_results, run_with, thresholds
@@ -87,6 +88,7 @@ def grpc_server(
         database_url=database_url,
         data_dir=tmp_path_factory.mktemp("data"),
         shutdown_grace_seconds=5,
+        secret_keys=TEST_SECRET_KEY,
         mcp_commands={
             "fixture": StdioCommand(argv=[sys.executable, str(FIXTURE_SERVER), "stdio"]),
         },

@@ -46,7 +46,7 @@ from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
 from psych_sidecar.storage.search_vectors import SqlVectorStore
 from tests.support.connections import fixture_commands
-from tests.support.databases import postgres_database
+from tests.support.databases import TEST_SECRET_KEY, keys_of_the_tests, postgres_database
 from tests.support.polling import SETTLE_SECONDS, wait_for
 from tests.support.processes import served
 from tests.support.sidecar import RunningSidecar
@@ -120,7 +120,7 @@ def test_stored_vectors_survive_a_restart(
     tenant = unique("restart")
     tools = [(f"{tenant}_{name}", description) for name, description in TOOLS]
     # Listed texts: the warm-up's collection keeps them.
-    _catalog(SqlConnectionStore(engine), tenant, [tools])
+    _catalog(SqlConnectionStore(engine, keys_of_the_tests()), tenant, [tools])
     first = CountingEncoder(encoder)
     before = embeddings_on(engine, first)
     before.warm(tools)
@@ -206,7 +206,7 @@ def test_orphan_collection_removes_vectors_of_texts_no_version_uses(
     old = [(f"{tenant}_old_tool", "A tool only the first version has.")]
     kept = [(f"{tenant}_kept_tool", "A tool in both versions.")]
     gone = [(f"{tenant}_never_listed", "A text no catalogue version has.")]
-    _catalog(SqlConnectionStore(engine), tenant, [old + kept, kept])
+    _catalog(SqlConnectionStore(engine, keys_of_the_tests()), tenant, [old + kept, kept])
     counting = CountingEncoder(encoder)
     embeddings = embeddings_on(engine, counting)
     embeddings.vectors(texts_of(old + kept + gone))  # encoded and stored, not collected
@@ -245,6 +245,7 @@ def _settings(database_url: str, tmp_path: Any) -> Settings:
         database_url=database_url,
         data_dir=tmp_path,
         shutdown_grace_seconds=5,
+        secret_keys=TEST_SECRET_KEY,
         mcp_commands=fixture_commands(),
     )
 

@@ -39,6 +39,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.config import Settings
 from tests.support.connections import fixture_commands, fixture_http, listed, put_http, put_stdio
+from tests.support.databases import TEST_SECRET_KEY
 from tests.support.processes import free_port, running
 from tests.support.prompts import append, dispatch, result, run_with
 from tests.support.requests import publish
@@ -480,6 +481,7 @@ def tls_sidecar(
         data_dir=tmp_path,
         shutdown_grace_seconds=1,
         semantic_search="off",
+        secret_keys=TEST_SECRET_KEY,
         tls_cert_file=pki.cert_file,
         tls_key_file=pki.key_file,
         tls_client_ca_file=pki.ca_file if mutual else None,

@@ -28,7 +28,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.config import Settings
 from psych_sidecar.storage.db import normalize_url
-from tests.support.databases import postgres_admin_url
+from tests.support.databases import TEST_SECRET_KEY, postgres_admin_url
 from tests.support.polling import wait_for
 from tests.support.postgres_cluster import Cluster, own_cluster
 from tests.support.requests import all_records, new_run, user
@@ -202,6 +202,7 @@ def test_postgresql_crashed_and_restarted_during_appends(tmp_path: Path) -> None
             database_url=cluster.url,
             data_dir=tmp_path,
             shutdown_grace_seconds=5,
+            secret_keys=TEST_SECRET_KEY,
             database_busy_timeout_seconds=BUSY_TIMEOUT,
             worker_threads=2,
         )

@@ -31,6 +31,7 @@ from psych_sidecar.api.specs import SpecServicer
 from psych_sidecar.api.tools import ToolServicer
 from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
+from psych_sidecar.app.secret_keys import load_secret_keys
 from psych_sidecar.config import PromptSettings, SearchSettings, Settings
 from psych_sidecar.domain.calls import ToolOutputReader, ToolRouter
 from psych_sidecar.domain.catalog import (
@@ -155,7 +156,8 @@ class SidecarGraph:
         # The MCP layer: one session per connection. It is the CatalogView, the
         # ConnectionSupervisor and the ToolRunner of domain/catalog. Each listing it stores is
         # encoded for search in the background, so the first search does not pay for it.
-        self.connection_store = connection_store = SqlConnectionStore(self.engine)
+        self.secret_keys = load_secret_keys(settings)
+        self.connection_store = connection_store = SqlConnectionStore(self.engine, self.secret_keys)
         self.mcp = McpManager(
             connection_store,
             self.blocking,
@@ -273,7 +275,8 @@ class DatabaseReader:
 def open_database_reader(database_url: str, timeout: float) -> DatabaseReader:
     """Raises DatabaseRefused (no such SQLite file, an unknown schema revision)."""
     engine = open_read_only(database_url, timeout)
-    connection_store = SqlConnectionStore(engine)
+    # No keys: a reader shows no secret, so it never opens one (nor needs the keys).
+    connection_store = SqlConnectionStore(engine, keys=None)
     catalog = StoredCatalog(connection_store)
     # No journal: a preview writes no row anyway, and this reader writes nothing.
     services = _domain_services(

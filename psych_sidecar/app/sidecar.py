@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from psych_sidecar.api.rpc import NO_REUSEPORT, InFlight, rpc_server
 from psych_sidecar.app import process
 from psych_sidecar.app.graph import SidecarGraph
+from psych_sidecar.app.secret_keys import check_stored_secrets
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.listeners import (
     StartupError,
@@ -95,7 +96,8 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         graph = self.graph
         if self.settings.storage.migrate_on_start:
-            await loop.run_in_executor(graph.executor, migrate, graph.engine)
+            await loop.run_in_executor(graph.executor, migrate, graph.engine, graph.secret_keys)
+        await loop.run_in_executor(graph.executor, check_stored_secrets, graph.connection_store)
         try:
             await loop.run_in_executor(graph.executor, check_writable_values, graph.engine)
         except DatabaseRefused as error:

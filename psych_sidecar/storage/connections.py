@@ -1,9 +1,13 @@
-"""SqlConnectionStore: connections and the versioned, soft-delete catalogue in SQL."""
+"""SqlConnectionStore: connections and the versioned, soft-delete catalogue in SQL.
+
+A connection's env and headers are stored sealed (psych_sidecar.secrets): each field is one
+envelope of its JSON, bound to its tenant, name and field. They are sealed and opened here, at
+the row boundary; nothing above storage sees an envelope, nothing below it a secret."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Row, insert, select, update
@@ -18,8 +22,15 @@ from psych_sidecar.domain.catalog import (
     TransportKind,
     listing_fingerprint,
 )
+from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import placeholder, plain_select, transaction
+from psych_sidecar.storage.db import (
+    erase_freed_content,
+    placeholder,
+    plain_select,
+    settle_freed_content,
+    transaction,
+)
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
 _INSERT_BATCH = 500
@@ -29,14 +40,27 @@ def _dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
-def _connection_values(connection: Connection) -> dict[str, Any]:
+# The fields of a connection's row that hold secrets, sealed one envelope each.
+SECRET_FIELDS = ("env", "headers")
+
+
+def secret_context(tenant: str, name: str, field: str) -> bytes:
+    """Where a connection's secret field is stored: its envelope opens only there."""
+    return context("connections", tenant, name, field)
+
+
+def _connection_values(connection: Connection, keys: KeyRing) -> dict[str, Any]:
+    def sealed(field: str, value: Mapping[str, str]) -> str:
+        where = secret_context(connection.tenant, connection.name, field)
+        return keys.seal(_dump(dict(value)), where)
+
     return {
         "transport": connection.transport.value,
         "command": connection.command,
         "args": _dump(list(connection.args)),
-        "env": _dump(dict(connection.env)),
+        "env": sealed("env", connection.env),
         "url": connection.url,
-        "headers": _dump(dict(connection.headers)),
+        "headers": sealed("headers", connection.headers),
         "preload": connection.preload,
         "eager_tools": _dump(list(connection.eager_tools)),
         "description": connection.description,
@@ -45,7 +69,16 @@ def _connection_values(connection: Connection) -> dict[str, Any]:
     }
 
 
-def _stored(row: Row[Any]) -> StoredConnection:
+def _opened(row: Row[Any], field: str, keys: KeyRing | None) -> dict[str, str]:
+    if keys is None:
+        return {}
+    opened: dict[str, str] = json.loads(
+        keys.open(getattr(row, field), secret_context(row.tenant, row.name, field))
+    )
+    return opened
+
+
+def _stored(row: Row[Any], keys: KeyRing | None) -> StoredConnection:
     return StoredConnection(
         connection=Connection(
             tenant=row.tenant,
@@ -53,9 +86,9 @@ def _stored(row: Row[Any]) -> StoredConnection:
             transport=TransportKind(row.transport),
             command=row.command,
             args=tuple(json.loads(row.args)),
-            env=json.loads(row.env),
+            env=_opened(row, "env", keys),
             url=row.url,
-            headers=json.loads(row.headers),
+            headers=_opened(row, "headers", keys),
             preload=row.preload,
             eager_tools=tuple(json.loads(row.eager_tools)),
             description=row.description,
@@ -82,10 +115,15 @@ def _tool(row: Row[Any], server: str) -> CatalogTool:
 
 
 class SqlConnectionStore:
-    """Implements ConnectionRepository. Every method is one transaction."""
+    """Implements ConnectionRepository. Every method is one transaction.
 
-    def __init__(self, engine: Engine) -> None:
+    `keys` seal and open the secret fields. A reader that shows no secret (the read-only
+    inspector) passes None: its connections come back with empty env and headers, and it
+    cannot write one."""
+
+    def __init__(self, engine: Engine, keys: KeyRing | None) -> None:
         self._engine = engine
+        self._keys = keys
         self._versions_sql = (
             "SELECT name, revision, catalog_version FROM connections "
             f"WHERE tenant = {placeholder(engine)} AND delete_time_us IS NULL"
@@ -100,8 +138,8 @@ class SqlConnectionStore:
     def put_connection(self, connection: Connection) -> StoredConnection:
         table = tables.connections
         key = (table.c.tenant == connection.tenant, table.c.name == connection.name)
+        values = _connection_values(connection, self._require_keys())
         now = tables.now_us()
-        values = _connection_values(connection)
         with transaction(self._engine, write=True) as conn:
             row = conn.execute(select(table.c.revision).where(*key).with_for_update()).first()
             if row is None:
@@ -129,7 +167,7 @@ class SqlConnectionStore:
                     )
                 )
             stored = conn.execute(select(table).where(*key)).one()
-        return _stored(stored)
+        return _stored(stored, self._keys)
 
     def delete_connection(self, tenant: str, name: str) -> bool:
         table = tables.connections
@@ -169,7 +207,7 @@ class SqlConnectionStore:
                     table.c.delete_time_us.is_(None),
                 )
             ).first()
-        return None if row is None else _stored(row)
+        return None if row is None else _stored(row, self._keys)
 
     def list_connections(
         self, tenant: str, after_name: str, limit: int
@@ -187,7 +225,7 @@ class SqlConnectionStore:
                 .order_by(name)
                 .limit(limit + 1)
             ).all()
-        return [_stored(row) for row in rows[:limit]], len(rows) > limit
+        return [_stored(row, self._keys) for row in rows[:limit]], len(rows) > limit
 
     def all_connections(self) -> list[StoredConnection]:
         table = tables.connections
@@ -197,7 +235,73 @@ class SqlConnectionStore:
                 .where(table.c.delete_time_us.is_(None))
                 .order_by(table.c.tenant, table.c.name)
             ).all()
-        return [_stored(row) for row in rows]
+        return [_stored(row, self._keys) for row in rows]
+
+    def check_secrets(self) -> int:
+        """Open every live connection's secrets, so that a missing or wrong key is found at
+        start rather than by the first call to that server. Raises SecretUnreadable naming
+        the connection and the key (never a secret); returns how many fields were opened."""
+        keys = self._require_keys()
+        table = tables.connections
+        with transaction(self._engine, write=False) as conn:
+            rows = conn.execute(
+                select(table.c.tenant, table.c.name, table.c.env, table.c.headers).where(
+                    table.c.delete_time_us.is_(None)
+                )
+            ).all()
+        for row in rows:
+            for field in SECRET_FIELDS:
+                try:
+                    keys.open(getattr(row, field), secret_context(row.tenant, row.name, field))
+                except SecretUnreadable as error:
+                    raise SecretUnreadable(
+                        f"connection {row.name!r} of tenant {row.tenant!r}, {field}: {error}"
+                    ) from None
+        return len(rows) * len(SECRET_FIELDS)
+
+    def reseal_secrets(self) -> tuple[int, int]:
+        """Seal every live connection's secrets under the primary key: (fields resealed,
+        fields already under it). One short transaction per connection, its row locked and
+        read again inside, so sidecars serving meanwhile lose no write; a field already under
+        the primary key is left alone, so running it again does nothing. The revision is
+        unchanged (the secrets are), so no session reconnects. On SQLite the replaced
+        envelopes are zeroed in the file, not left in its free space."""
+        keys = self._require_keys()
+        table = tables.connections
+        with transaction(self._engine, write=False) as conn:
+            names = conn.execute(
+                select(table.c.tenant, table.c.name).where(table.c.delete_time_us.is_(None))
+            ).all()
+        resealed = already = 0
+        for tenant, name in names:
+            key = (table.c.tenant == tenant, table.c.name == name)
+            with transaction(self._engine, write=True) as conn:
+                erase_freed_content(conn)
+                row = conn.execute(
+                    select(table.c.env, table.c.headers)
+                    .where(*key, table.c.delete_time_us.is_(None))
+                    .with_for_update()
+                ).first()
+                if row is None:  # deleted meanwhile: its secrets went with it
+                    continue
+                values: dict[str, str] = {}
+                for field in SECRET_FIELDS:
+                    stored = getattr(row, field)
+                    if not keys.needs_resealing(stored):
+                        already += 1
+                        continue
+                    where = secret_context(tenant, name, field)
+                    values[field] = keys.seal(keys.open(stored, where), where)
+                if values:
+                    conn.execute(update(table).where(*key).values(**values))
+                    resealed += len(values)
+        settle_freed_content(self._engine)
+        return resealed, already
+
+    def _require_keys(self) -> KeyRing:
+        if self._keys is None:
+            raise RuntimeError("this connection store was given no keys")
+        return self._keys
 
     def connection_versions(self, tenant: str) -> dict[str, tuple[int, int]]:
         # Every ResolveTurn and tool call runs this.

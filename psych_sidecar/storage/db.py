@@ -22,6 +22,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from psych_sidecar.domain.errors import SidecarError, storage_unavailable
+from psych_sidecar.secrets.cipher import KeyRing
 from psych_sidecar.storage.bulk_values import SlicedByteaLoader
 from psych_sidecar.telemetry import metrics, tracing
 
@@ -363,27 +364,51 @@ def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[
     return list(rows)
 
 
+def erase_freed_content(connection: Connection) -> None:
+    """On SQLite, make this connection zero what its writes delete or replace (``PRAGMA
+    secure_delete``), so an old value is not left readable in the file's free space; used where
+    secrets are rewritten. PostgreSQL keeps old row versions until VACUUM (docs/security.md)."""
+    if connection.dialect.name == "sqlite":
+        connection.exec_driver_sql("PRAGMA secure_delete=ON")
+
+
+def settle_freed_content(engine: Engine) -> None:
+    """On SQLite, copy the write-ahead log into the database file and empty it (a TRUNCATE
+    checkpoint), so the pages as they were before a rewrite of secrets are gone from the log."""
+    if engine.dialect.name != "sqlite":
+        return
+    # On the DB-API connection, outside any transaction: a checkpoint cannot pass an open one.
+    dbapi_connection = engine.raw_connection()
+    try:
+        dbapi_connection.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        dbapi_connection.close()
+
+
 def placeholder(engine: Engine) -> str:
     """The DB-API parameter marker of the engine's driver (sqlite3: ?, psycopg: %s)."""
     return "?" if engine.dialect.name == "sqlite" else "%s"
 
 
-def alembic_config(connection: Connection) -> Config:
+def alembic_config(connection: Connection, keys: KeyRing | None = None) -> Config:
     config = Config()
     config.set_main_option("script_location", "psych_sidecar.storage:migrations")
     config.attributes["connection"] = connection
+    # The migration that seals stored secrets needs them (when there is plaintext to seal).
+    config.attributes["secret_keys"] = keys
     return config
 
 
-def migrate(engine: Engine) -> None:
+def migrate(engine: Engine, keys: KeyRing | None = None) -> None:
     """Bring the schema to the newest migration. Safe to call from many sidecars at once:
-    one runs the migrations while the others wait, then find nothing left to do."""
+    one runs the migrations while the others wait, then find nothing left to do. `keys` seal
+    secrets stored in plaintext by an older version (a database with none needs no keys)."""
     if engine.dialect.name == "postgresql":
         with engine.connect() as connection:
             connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
             connection.commit()
             try:
-                command.upgrade(alembic_config(connection), "head")
+                command.upgrade(alembic_config(connection, keys), "head")
                 connection.commit()
             finally:
                 connection.execute(
@@ -397,8 +422,10 @@ def migrate(engine: Engine) -> None:
         fcntl.flock(lock_file, fcntl.LOCK_EX)
         try:
             with engine.connect() as connection:
-                command.upgrade(alembic_config(connection), "head")
+                command.upgrade(alembic_config(connection, keys), "head")
                 connection.commit()
+            # A migration that rewrote secrets left the old pages in the write-ahead log.
+            settle_freed_content(engine)
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 

@@ -274,6 +274,22 @@ async def serve_stdio(server: Server[Any], era: str) -> None:
             )
 
 
+def requiring_header(app: Any, header: str) -> Any:
+    """`app` answering 401 to an HTTP request without the header `NAME=VALUE`, as a server
+    behind a bearer token does."""
+    name, _, value = header.partition("=")
+    wanted = (name.strip().lower().encode(), value.strip().encode())
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and wanted not in scope["headers"]:
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", choices=["stdio", "http"])
@@ -283,6 +299,7 @@ def main() -> None:
     parser.add_argument("--era", choices=["auto", "legacy"], default="auto")
     # A 2026-era server with no subscriptions/listen (it answers -32601, as many do).
     parser.add_argument("--no-listen", action="store_true")
+    parser.add_argument("--require-header", metavar="NAME=VALUE", help="401 without it (http)")
     options = parser.parse_args()
     server = build_server(options.tools, options.page_size, listen=not options.no_listen)
     if options.transport == "stdio":
@@ -291,6 +308,8 @@ def main() -> None:
     if options.era != "auto":
         parser.error("--era legacy is for stdio")
     app = server.streamable_http_app()
+    if options.require_header:
+        app = requiring_header(app, options.require_header)
     config = uvicorn.Config(app, host="127.0.0.1", port=options.port, log_level="warning")
     print(f"listening on {options.port}", file=sys.stderr, flush=True)
     uvicorn.Server(config).run()

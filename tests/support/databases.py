@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import uuid
@@ -10,10 +11,22 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine, text
 
+from psych_sidecar.secrets.cipher import KeyRing
+
 POSTGRES_URL_ENV = "PSYCH_TEST_POSTGRES_URL"
 
+# The key sealing stored secrets in the tests' sidecars (PostgreSQL refuses to start without
+# one; on SQLite a test that wants the key file made beside the database leaves it unset).
+TEST_SECRET_KEY = "dGVzdC1vbmx5LXNlY3JldC1rZXktMzItYnl0ZXMtISE="
+
+
+def keys_of_the_tests() -> KeyRing:
+    """The key ring of TEST_SECRET_KEY, for a test that stores connections itself."""
+    return KeyRing([base64.b64decode(TEST_SECRET_KEY)])
+
+
 # The newest migration: what a migrated database reports.
-HEAD_REVISION = "0012"
+HEAD_REVISION = "sealed_connection_secrets"
 
 
 def postgres_admin_url() -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.support.databases import TEST_SECRET_KEY
 from tests.support.polling import wait_for
 
 
@@ -112,6 +113,9 @@ class ServedSidecar:
         self.health = health
         self.flags = flags
         environment = {k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")}
+        # The tests' key (PostgreSQL needs one); a test of the key file made beside a SQLite
+        # database unsets it.
+        environment["PSYCH_SIDECAR_SECRET_KEYS"] = TEST_SECRET_KEY
         for name, value in (env or {}).items():
             if value is None:
                 environment.pop(name, None)
