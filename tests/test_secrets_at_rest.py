@@ -4,21 +4,29 @@ under the operator's keys, and nothing readable is left in the database file."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import stat
 import subprocess
 from pathlib import Path
 
+import grpc
 import pytest
 from alembic import command
 from sqlalchemy import Engine, text
 
+from psych.sidecar.v1 import connection_pb2, connection_service_pb2
 from psych_sidecar.domain.catalog import Connection, TransportKind
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context, key_id
 from psych_sidecar.secrets.key_files import KeyFileError, create_key_file, read_key_file
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import alembic_config, create_database_engine, migrate
-from tests.support.databases import POSTGRES_URL_ENV
+from tests.support.connections import fixture_commands, fixture_http, listed, put_http, put_stdio
+from tests.support.databases import POSTGRES_URL_ENV, postgres_database
+from tests.support.host import Host, result_text
+from tests.support.polling import wait_for
+from tests.support.processes import COMMAND, ServedSidecar, free_port, running, served
+from tests.support.sidecar import Stubs
 
 ENV_SECRET = "planted-env-secret-5b1f0c"
 HEADER_SECRET = "planted-header-secret-93d2aa"
@@ -122,8 +130,6 @@ def test_the_upgrade_seals_plaintext_secrets_and_leaves_none_readable(database_u
         url = f"sqlite:///{Path(database_url.removeprefix('sqlite:///')).parent / 'upgrade.db'}"
         _upgrade_and_check(url)
     else:
-        from tests.support.databases import postgres_database
-
         assert os.environ.get(POSTGRES_URL_ENV)
         with postgres_database() as url:
             _upgrade_and_check(url)
@@ -193,3 +199,136 @@ def test_rekey_reseals_under_the_first_key_and_the_old_one_can_go(database_url: 
             SqlConnectionStore(engine, KeyRing([_key(1)])).check_secrets()
     finally:
         engine.dispose()
+
+
+# Through the CLI and gRPC: `psych-sidecar serve` and `rekey` as an operator runs them ----------
+
+SMALL = ("--tools", "3")
+KEYS_ENV = "PSYCH_SIDECAR_SECRET_KEYS"
+
+
+def _new_key() -> str:
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+def _serve_flags(tmp_path: Path, *more: str) -> list[str]:
+    return ["--listen", f"unix://{tmp_path / 's.sock'}", "--data-dir", str(tmp_path), *more]
+
+
+def _serve_env(keys: str | None) -> dict[str, str | None]:
+    return {KEYS_ENV: keys, "PSYCH_SIDECAR_MCP_COMMANDS": json.dumps(fixture_commands())}
+
+
+def _uses_its_secrets(stubs: Stubs, tenant: str, header_port: int) -> None:
+    """The stdio server gets the decrypted env, the HTTP server (which answers 401 without
+    it) the decrypted header: what the sidecar stored, it can use."""
+    host = Host(stubs, tenant)
+    run_id = host.run("uses-secrets-" + os.urandom(3).hex())
+    outcome = host.call(run_id, "envy", "getenv", name="FIXTURE_TOKEN")
+    assert result_text(outcome) == ENV_SECRET
+    with running(fixture_http(header_port, *SMALL, "--require-header", f"X-Key={HEADER_SECRET}")):
+        wait_for(
+            lambda: (
+                listed(stubs, tenant)["heady"].state == connection_pb2.CONNECTION_STATE_CONNECTED
+            ),
+            "the HTTP connection to use its header",
+        )
+        assert result_text(host.call(run_id, "heady", "echo", text="hi")) == "hi"
+
+
+def _one_line_failure(sidecar: ServedSidecar) -> str:
+    status = sidecar.exit_status()
+    assert status == 1, sidecar.log
+    assert "Traceback" not in sidecar.log, sidecar.log
+    line = sidecar.log.strip().splitlines()[-1]
+    assert line.startswith("psych-sidecar: "), sidecar.log
+    return line
+
+
+def test_zero_step_key_rotation_rekey_and_a_wrong_key_through_the_cli(tmp_path: Path) -> None:
+    tenant, port = "t-" + os.urandom(3).hex(), free_port()
+    flags = _serve_flags(tmp_path)
+    key_file = tmp_path / "sidecar.db.keys"
+    # No key configured on SQLite: the sidecar makes its key file beside the database.
+    with (
+        served(*flags, env=_serve_env(None)) as sidecar,
+        grpc.insecure_channel(f"unix:{tmp_path / 's.sock'}") as channel,
+    ):
+        assert "made the secret key file" in sidecar.log
+        stubs = Stubs.on(channel)
+        stdio = put_stdio(stubs, tenant, "envy", args=SMALL, env={"FIXTURE_TOKEN": ENV_SECRET})
+        http = put_http(
+            stubs, tenant, "heady", f"http://127.0.0.1:{port}/mcp", {"X-Key": HEADER_SECRET}
+        )
+        got = stubs.connections.ListConnections(
+            connection_service_pb2.ListConnectionsRequest(tenant=tenant)
+        )
+        for reply in (stdio, http, got):
+            assert ENV_SECRET.encode() not in reply.SerializeToString()
+            assert HEADER_SECRET.encode() not in reply.SerializeToString()
+        raw = raw_database_bytes(f"sqlite:///{tmp_path / 'sidecar.db'}")
+        assert b"heady" in raw  # the positive control: the rows are there
+        assert ENV_SECRET.encode() not in raw
+        assert HEADER_SECRET.encode() not in raw
+        # (After this, the Run log holds getenv's result, the secret, as any tool result.)
+        _uses_its_secrets(stubs, tenant, port)
+        log = sidecar.log
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert ENV_SECRET not in log
+    assert HEADER_SECRET not in log
+    first_key = read_key_file(key_file)[0]
+    database_before = (tmp_path / "sidecar.db").read_bytes()
+
+    # A wrong key: one line naming the key the secrets need, exit 1, nothing changed.
+    wrong = ServedSidecar(*flags, env=_serve_env(_new_key()))
+    line = _one_line_failure(wrong)
+    assert key_id(first_key) in line
+    assert read_key_file(key_file) == [first_key]
+    assert (tmp_path / "sidecar.db").read_bytes() == database_before
+
+    # Rotation: a new key first, the old one still read; rekey while the sidecar serves.
+    new_key = _new_key()
+    key_file.write_text(f"{new_key}\n{base64.b64encode(first_key).decode()}\n")
+    with (
+        served(*flags, env=_serve_env(None)),
+        grpc.insecure_channel(f"unix:{tmp_path / 's.sock'}") as channel,
+    ):
+        rekey = subprocess.run(
+            [*COMMAND, "rekey", "--data-dir", str(tmp_path)],
+            env={k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert rekey.stdout.startswith("4 stored secrets resealed under key "), rekey.stdout
+        _uses_its_secrets(Stubs.on(channel), tenant, port)
+    # The old key removed: everything still opens.
+    key_file.write_text(new_key + "\n")
+    with (
+        served(*flags, env=_serve_env(None)),
+        grpc.insecure_channel(f"unix:{tmp_path / 's.sock'}") as channel,
+    ):
+        _uses_its_secrets(Stubs.on(channel), tenant, port)
+
+
+def test_postgresql_without_a_key_is_refused_and_pg_dump_shows_no_secret(tmp_path: Path) -> None:
+    with postgres_database() as url:
+        refused = ServedSidecar(
+            *_serve_flags(tmp_path, "--database-url", url), env=_serve_env(None)
+        )
+        line = _one_line_failure(refused)
+        assert KEYS_ENV in line
+        tenant, key = "t-" + os.urandom(3).hex(), _new_key()
+        flags = _serve_flags(tmp_path, "--database-url", url)
+        with (
+            served(*flags, env=_serve_env(key)),
+            grpc.insecure_channel(f"unix:{tmp_path / 's.sock'}") as channel,
+        ):
+            stubs = Stubs.on(channel)
+            put_stdio(stubs, tenant, "envy", args=SMALL, env={"FIXTURE_TOKEN": ENV_SECRET})
+            put_http(stubs, tenant, "heady", "http://127.0.0.1:9/mcp", {"X-Key": HEADER_SECRET})
+            dump = raw_database_bytes(url)
+            assert b"heady" in dump
+            assert ENV_SECRET.encode() not in dump
+            assert HEADER_SECRET.encode() not in dump

@@ -1,5 +1,7 @@
-"""Connection secrets sealed: each live connection's env and headers become an AES-256-GCM
-envelope under the primary key, and nothing of the plaintext is left in the SQLite file.
+"""Connection secrets sealed: env and headers become AES-256-GCM envelopes.
+
+Each live connection's env and headers are sealed under the primary key, and nothing of the
+plaintext is left in the SQLite file.
 
 Revision ID: sealed_connection_secrets
 Revises: 0012 (0007_tool_call_results)
