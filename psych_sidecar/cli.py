@@ -55,7 +55,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     for name, setting in SETTING_KEYS.items():
         field = setting.field
         environment = ENV_PREFIX + name.upper()
-        shown = field.default if field.default != "" else '""'
+        shown = field.default if str(field.default) != "" else '""'
         default = "" if field.default_factory is not None else f"; default {shown}"
         help_text = f"{field.description} [{environment}{default}]".replace("%", "%%")
         # --listen ADDR, --data-dir DIR, --max-message-bytes BYTES, --…-seconds SECONDS

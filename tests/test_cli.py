@@ -195,6 +195,8 @@ _SAMPLES: dict[str, Any] = {
     "tls_cert_file": "/tmp/cert.pem",
     "tls_key_file": "/tmp/key.pem",
     "tls_client_ca_file": "/tmp/ca.pem",
+    "secret_keys": "c2FtcGxlLWtleS1zYW1wbGUta2V5LXNhbXBsZS1rZXk=,b3RoZXI=",
+    "secret_key_file": "/tmp/keys",
 }
 # Settings valid only together with others: those are set the same way beside them.
 _COMPANIONS: dict[str, dict[str, Any]] = {

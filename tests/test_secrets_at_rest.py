@@ -145,7 +145,16 @@ def _upgrade_and_check(url: str) -> None:
         with pytest.raises(RuntimeError, match="secret keys"):
             migrate(engine)
         assert ENV_SECRET.encode() in raw_database_bytes(url)
-        migrate(engine, keys)
+        # The upgrade as an operator runs it.
+        upgrade = subprocess.run(
+            [*COMMAND, "migrate", "--database-url", url],
+            env={**_clean_environment(), KEYS_ENV: base64.b64encode(_key(7)).decode()},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert upgrade.returncode == 0, upgrade.stderr
+        assert "applied schema migration 0008_sealed_connection_secrets" in upgrade.stderr
         raw = raw_database_bytes(url)
         for secret in (ENV_SECRET, HEADER_SECRET, "FIXTURE_TOKEN", "Authorization"):
             assert secret.encode() not in raw
@@ -205,6 +214,10 @@ def test_rekey_reseals_under_the_first_key_and_the_old_one_can_go(database_url: 
 
 SMALL = ("--tools", "3")
 KEYS_ENV = "PSYCH_SIDECAR_SECRET_KEYS"
+
+
+def _clean_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")}
 
 
 def _new_key() -> str:
@@ -280,9 +293,12 @@ def test_zero_step_key_rotation_rekey_and_a_wrong_key_through_the_cli(tmp_path: 
     database_before = (tmp_path / "sidecar.db").read_bytes()
 
     # A wrong key: one line naming the key the secrets need, exit 1, nothing changed.
-    wrong = ServedSidecar(*flags, env=_serve_env(_new_key()))
+    wrong_key = _new_key()
+    wrong = ServedSidecar(*flags, env=_serve_env(wrong_key))
     line = _one_line_failure(wrong)
     assert key_id(first_key) in line
+    for secret in (ENV_SECRET, HEADER_SECRET, wrong_key, base64.b64encode(first_key).decode()):
+        assert secret not in wrong.log
     assert read_key_file(key_file) == [first_key]
     assert (tmp_path / "sidecar.db").read_bytes() == database_before
 
@@ -295,13 +311,23 @@ def test_zero_step_key_rotation_rekey_and_a_wrong_key_through_the_cli(tmp_path: 
     ):
         rekey = subprocess.run(
             [*COMMAND, "rekey", "--data-dir", str(tmp_path)],
-            env={k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")},
+            env=_clean_environment(),
             capture_output=True,
             text=True,
             timeout=120,
             check=True,
         )
-        assert rekey.stdout.startswith("4 stored secrets resealed under key "), rekey.stdout
+        assert rekey.stdout.startswith(
+            f"4 stored secrets resealed under key {key_id(base64.b64decode(new_key))}"
+        ), rekey.stdout
+        for shown in (rekey.stdout, rekey.stderr):
+            for secret in (
+                ENV_SECRET,
+                HEADER_SECRET,
+                new_key,
+                base64.b64encode(first_key).decode(),
+            ):
+                assert secret not in shown
         _uses_its_secrets(Stubs.on(channel), tenant, port)
     # The old key removed: everything still opens.
     key_file.write_text(new_key + "\n")
