@@ -10,6 +10,7 @@ bounded timeout, and are stopped (SIGTERM, then SIGKILL) on exit.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import shutil
@@ -44,6 +45,8 @@ PROBE_CHANNEL_OPTIONS: list[tuple[str, int]] = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# One key for the sidecars of this run (see `sidecar`).
+_BENCH_SECRET_KEY = base64.b64encode(os.urandom(32)).decode()
 
 
 class ProcessDiedError(RuntimeError):
@@ -267,6 +270,10 @@ async def sidecar(
     port = free_port()
     if database_url is None:
         database_url = f"sqlite:///{tmp_dir / f'{name}.sqlite3'}"
+    # Every sidecar of a run seals stored secrets with one key (PostgreSQL needs one; sidecars
+    # sharing a database need the same), unless the environment gives its own.
+    keys = os.environ.get("PSYCH_SIDECAR_SECRET_KEYS", _BENCH_SECRET_KEY)
+    env = {"PSYCH_SIDECAR_SECRET_KEYS": keys, **(env or {})}
     argv = [
         *sidecar_command(),
         "serve",
