@@ -151,7 +151,8 @@ connections = Table(
     Column("transport", String(16), nullable=False),
     Column("command", Text, nullable=False),
     Column("args", Text, nullable=False),
-    # Secrets (JSON objects): needed to reconnect after a restart, never returned or logged.
+    # Secrets: needed to reconnect after a restart, never returned or logged. Each is a sealed
+    # envelope of a JSON object (storage/connections.py); "{}" in a deleted connection's row.
     Column("env", Text, nullable=False),
     Column("url", Text, nullable=False),
     Column("headers", Text, nullable=False),
