@@ -9,12 +9,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 
+from psych_sidecar.domain.canonical import canonical_json
+from psych_sidecar.domain.runlog import RecordedCall
 from psych_sidecar.storage.db import (
     alembic_config,
     create_database_engine,
     current_revision,
     migrate,
 )
+from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.tables import metadata
 from tests.support.databases import HEAD_REVISION
 
@@ -99,5 +102,94 @@ def test_0002_counts_characters_of_parts_stored_before_it(database_url: str) -> 
                 text("SELECT char_count FROM record_parts ORDER BY part_index")
             ).scalars()
             assert list(counts) == [6, None, 9]
+    finally:
+        engine.dispose()
+
+
+def test_calls_recorded_before_the_log_answered_retries_are_converted_to_references(
+    database_url: str,
+) -> None:
+    """A retried call recorded with its whole result JSON is answered the same after the
+    migration, from the log: what append_requests keeps shrinks to what the log lacks."""
+    text_part = 'a "quoted" line\n' * 40
+    spliced = canonical_json({"content": [{"type": "text", "text": text_part}], "isError": False})
+    # A result whose text the log does not hold as spelled: it stays whole.
+    unmatched = canonical_json({"content": [{"type": "text", "text": "z" * 200}]})
+    engine = create_database_engine(database_url, pool_size=1)
+    try:
+        with engine.connect() as connection:
+            command.downgrade(alembic_config(connection), "0012")
+            connection.commit()
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO specs (name, version, body, fingerprint, create_time_us) "
+                    "VALUES ('s_calls', 1, '{}', 'f', 0)"
+                )
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO runs (run_id, tenant, spec_name, spec_version, "
+                    "tool_restrictions, create_time_us, last_sequence) "
+                    "VALUES ('run_calls', 't', 's_calls', 1, '[]', 0, 2)"
+                )
+            )
+            for sequence, result_json in [(1, spliced), (2, unmatched)]:
+                connection.execute(
+                    text(
+                        "INSERT INTO records (run_id, sequence, kind, create_time_us, handle, "
+                        "call_id, server, tool, is_error, tool_calls, content_bytes) "
+                        "VALUES ('run_calls', :s, 'tool_result', 0, :h, 'c', 'srv', 'tool', "
+                        "false, '[]', 640)"
+                    ),
+                    {"s": sequence, "h": f"h_calls{sequence}"},
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO record_parts (run_id, sequence, part_index, kind, "
+                        "mime_type, data) VALUES ('run_calls', :s, 0, 'text', '', :d)"
+                    ),
+                    {"s": sequence, "d": text_part.encode()},
+                )
+                connection.execute(
+                    text(
+                        "INSERT INTO append_requests (run_id, request_id, fingerprint, result, "
+                        "call_result_json) VALUES ('run_calls', :r, 'f', :a, :j)"
+                    ),
+                    {
+                        "r": f"call-{sequence}",
+                        "a": f'[[{sequence}, "h_calls{sequence}"]]',
+                        "j": result_json,
+                    },
+                )
+        migrate(engine)
+        store = SqlStore(engine)
+        for sequence, result_json in [(1, spliced), (2, unmatched)]:
+            recorded = store.recorded_call("run_calls", f"call-{sequence}")
+            assert recorded == RecordedCall(sequence, f"h_calls{sequence}", False, result_json)
+        with engine.connect() as connection:
+            kept = dict(
+                connection.execute(
+                    text(
+                        "SELECT request_id, call_result_outline FROM append_requests "
+                        "WHERE run_id = 'run_calls'"
+                    )
+                ).all()
+            )
+        assert kept["call-1"] == b'{"content":[{"type":"text","text":}],"isError":false}'
+        assert kept["call-2"] == unmatched
+        # Back down, the whole result JSON is there again.
+        with engine.connect() as connection:
+            command.downgrade(alembic_config(connection), "0012")
+            connection.commit()
+        with engine.connect() as connection:
+            restored = connection.execute(
+                text(
+                    "SELECT call_result_json FROM append_requests WHERE run_id = 'run_calls' "
+                    "ORDER BY request_id"
+                )
+            ).scalars()
+            assert [bytes(value) for value in restored] == [spliced, unmatched]
+        migrate(engine)
     finally:
         engine.dispose()

@@ -27,6 +27,7 @@ from psych_sidecar.domain.errors import Reason, SidecarError, run_not_found
 from psych_sidecar.domain.runlog import (
     AllTenants,
     AppendedRecord,
+    CallResultOutline,
     ContentPart,
     ListedRun,
     PartKind,
@@ -160,7 +161,7 @@ class SqlStore:
         handles: Sequence[str],
         request_id: str,
         fingerprint: str,
-        call_result_json: bytes | None = None,
+        call_result: CallResultOutline | None = None,
     ) -> list[AppendedRecord]:
         runs, requests = tables.runs, tables.append_requests
         try:
@@ -181,7 +182,8 @@ class SqlStore:
                     for offset, handle in enumerate(handles, start=1)
                 ]
                 if request_id:
-                    streamed = streamed_later(call_result_json)
+                    outline = None if call_result is None else call_result.outline
+                    streamed = streamed_later(outline)
                     claimed = conn.execute(
                         self._insert_ignoring_conflicts(requests)
                         .values(
@@ -189,7 +191,10 @@ class SqlStore:
                             request_id=request_id,
                             fingerprint=fingerprint,
                             result=json.dumps([[e.sequence, e.handle] for e in appended]),
-                            call_result_json=b"" if streamed else call_result_json,
+                            call_result_outline=b"" if streamed else outline,
+                            call_result_splices=None
+                            if call_result is None
+                            else call_result.splices_json(),
                         )
                         .returning(requests.c.request_id)
                     ).first()
@@ -200,12 +205,12 @@ class SqlStore:
                             )
                         ).one()
                         raise _AlreadyAppended(prior.fingerprint, prior.result)
-                    if streamed and call_result_json is not None:
+                    if streamed and outline is not None:
                         stream_into_row(
                             conn,
-                            requests.c.call_result_json,
+                            requests.c.call_result_outline,
                             (requests.c.run_id == run_id, requests.c.request_id == request_id),
-                            call_result_json,
+                            outline,
                         )
                 self._insert_records(conn, run_id, records, appended)
         except _AlreadyAppended as retry:
@@ -222,12 +227,12 @@ class SqlStore:
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
         requests, records = tables.append_requests, tables.records
         with transaction(self._engine, write=False) as conn:
-            value = large_value_columns(conn, requests.c.call_result_json)
+            outline = large_value_columns(conn, requests.c.call_result_outline)
             row = conn.execute(
-                select(requests.c.result, *value).where(
+                select(requests.c.result, requests.c.call_result_splices, *outline).where(
                     requests.c.run_id == run_id,
                     requests.c.request_id == request_id,
-                    requests.c.call_result_json.is_not(None),
+                    requests.c.call_result_outline.is_not(None),
                 )
             ).first()
             if row is None:
@@ -238,8 +243,13 @@ class SqlStore:
                     records.c.run_id == run_id, records.c.sequence == sequence
                 )
             ).scalar_one()
-            result_json = large_value(conn, requests.c.call_result_json, row)
-        return RecordedCall(sequence, handle, bool(is_error), result_json)
+            call_result = CallResultOutline.stored(
+                large_value(conn, requests.c.call_result_outline, row), row.call_result_splices
+            )
+            # The parts only when the outline needs them back (a result too small to cut
+            # holds them itself).
+            content = _record_content(conn, run_id, sequence) if call_result.splices else []
+        return RecordedCall(sequence, handle, bool(is_error), call_result.result_json(content))
 
     def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
         pins = tables.turn_surfaces
@@ -335,7 +345,7 @@ class SqlStore:
         limit: int,
         max_bytes: int,
     ) -> tuple[list[StoredRecord], bool]:
-        records, parts = tables.records, tables.record_parts
+        records = tables.records
         query = select(records).where(
             records.c.run_id == run_id, records.c.sequence > after_sequence
         )
@@ -354,24 +364,7 @@ class SqlStore:
             rows = rows[:kept]
             if not rows:
                 return [], False
-            content: dict[int, list[ContentPart]] = {row.sequence: [] for row in rows}
-            for part in conn.execute(
-                select(
-                    parts.c.sequence,
-                    parts.c.kind,
-                    parts.c.mime_type,
-                    *large_value_columns(conn, parts.c.data),
-                )
-                .where(
-                    parts.c.run_id == run_id,
-                    parts.c.sequence.in_([row.sequence for row in rows]),
-                )
-                .order_by(parts.c.sequence, parts.c.part_index)
-            ).all():
-                data = large_value(conn, parts.c.data, part)
-                content[part.sequence].append(
-                    ContentPart(PartKind(part.kind), data, part.mime_type)
-                )
+            content = _records_content(conn, run_id, [row.sequence for row in rows])
         return [
             StoredRecord(
                 run_id=run_id,
@@ -450,6 +443,31 @@ def _select_runs(
         order = (runs.c.create_time_us.desc(), runs.c.run_id.desc())
         rows = conn.execute(query.order_by(*order).limit(limit + 1)).all()
     return list(rows[:limit]), len(rows) > limit
+
+
+def _records_content(
+    conn: Connection, run_id: str, sequences: list[int]
+) -> dict[int, list[ContentPart]]:
+    """The content parts of these records, in order, by sequence."""
+    parts = tables.record_parts
+    content: dict[int, list[ContentPart]] = {sequence: [] for sequence in sequences}
+    for part in conn.execute(
+        select(
+            parts.c.sequence,
+            parts.c.kind,
+            parts.c.mime_type,
+            *large_value_columns(conn, parts.c.data),
+        )
+        .where(parts.c.run_id == run_id, parts.c.sequence.in_(sequences))
+        .order_by(parts.c.sequence, parts.c.part_index)
+    ).all():
+        data = large_value(conn, parts.c.data, part)
+        content[part.sequence].append(ContentPart(PartKind(part.kind), data, part.mime_type))
+    return content
+
+
+def _record_content(conn: Connection, run_id: str, sequence: int) -> list[ContentPart]:
+    return _records_content(conn, run_id, [sequence])[sequence]
 
 
 def _run(row: Row[Any]) -> Run:

@@ -115,9 +115,12 @@ append_requests = Table(
     Column("fingerprint", String(64), nullable=False),
     # JSON list of [sequence, handle]: the answer a retry gets back.
     Column("result", Text, nullable=False),
-    # A tool call's MCP result JSON, as its first answer gave it: a retried call is answered
-    # with it and does not run the tool again. NULL for other appends.
-    Column("call_result_json", LargeBinary, nullable=True),
+    # A tool call's MCP result JSON, as its first answer gave it, less the parts the log holds
+    # (CallResultOutline): a retried call is answered with it, the record's parts spliced back
+    # in at `call_result_splices` (JSON list of [offset, part index, spelling]), and does not
+    # run the tool again. NULL for other appends.
+    Column("call_result_outline", LargeBinary, nullable=True),
+    Column("call_result_splices", Text, nullable=True),
     ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
 )
 

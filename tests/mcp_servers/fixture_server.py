@@ -26,6 +26,8 @@ import argparse
 import base64
 import json
 import os
+import random
+import string
 import sys
 from typing import Any
 
@@ -96,8 +98,9 @@ FIXED_TOOLS = [
     ),
     types.Tool(
         name="huge_text",
-        description="Returns `size` characters of text.",
-        input_schema=_schema(size={"type": "integer", "minimum": 0}),
+        description="Returns `size` characters of text: `x`s, or with `seed` pseudo-random "
+        "letters and digits that no database compresses.",
+        input_schema=_schema(size={"type": "integer", "minimum": 0}, seed={"type": "integer"}),
     ),
     types.Tool(name="image", description="Returns a PNG image.", input_schema=_OBJECT),
     types.Tool(name="audio", description="Returns WAV audio.", input_schema=_OBJECT),
@@ -186,7 +189,12 @@ def build_server(tool_count: int, page_size: int, listen: bool = True) -> Server
                 return types.CallToolResult(content=[text(type="text", text="removed")])
             case "huge_text":
                 size = int(arguments["size"])
-                return types.CallToolResult(content=[text(type="text", text="x" * size)])
+                if "seed" in arguments:
+                    letters = string.ascii_letters + string.digits
+                    body = "".join(random.Random(arguments["seed"]).choices(letters, k=size))
+                else:
+                    body = "x" * size
+                return types.CallToolResult(content=[text(type="text", text=body)])
             case "image":
                 data = base64.b64encode(PNG_BYTES).decode()
                 return types.CallToolResult(

@@ -9,6 +9,7 @@ read or a preview loads only what it shows). Storage implements :class:`SpecRepo
 
 from __future__ import annotations
 
+from psych_sidecar.domain.runlog.call_results import CallResultOutline
 from psych_sidecar.domain.runlog.content import (
     SEPARATOR,
     ByteRange,
@@ -70,6 +71,7 @@ __all__ = [
     "AllTenants",
     "AppendedRecord",
     "ByteRange",
+    "CallResultOutline",
     "ContentPart",
     "ContextBudget",
     "DisclosureSettings",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from psych_sidecar.domain.runlog.call_results import CallResultOutline
 from psych_sidecar.domain.runlog.content import ByteRange, PartMeta, RecordSkeleton
 from psych_sidecar.domain.runlog.runs import (
     AllTenants,
@@ -73,19 +74,20 @@ class RunRepository(Protocol):
         handles: Sequence[str],
         request_id: str,
         fingerprint: str,
-        call_result_json: bytes | None = None,
+        call_result: CallResultOutline | None = None,
     ) -> list[AppendedRecord]:
         """Append atomically with gap-free sequences.
 
         With a request id already used in the Run, stores nothing and raises
         REQUEST_ID_REUSED unless the fingerprint matches, in which case it returns the
-        first answer. Raises RUN_NOT_FOUND for an unknown Run. `call_result_json` (one tool
+        first answer. Raises RUN_NOT_FOUND for an unknown Run. `call_result` (one tool
         result appended under a request id) is kept for `recorded_call`.
         """
         ...
 
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
-        """The tool result appended under this request id with its call_result_json."""
+        """The tool result appended under this request id with a `call_result`, its result
+        JSON filled in from the record's parts."""
         ...
 
     def list_records(

@@ -13,6 +13,7 @@ from psych_sidecar.domain.errors import (
     run_not_found,
     spec_not_found,
 )
+from psych_sidecar.domain.runlog.call_results import CallResultOutline
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
 from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository
 from psych_sidecar.domain.runlog.runs import (
@@ -167,8 +168,9 @@ class RunService:
         records: tuple[Record, ...],
         call_result_json: bytes | None = None,
     ) -> list[AppendedRecord]:
-        """Append records; `call_result_json` (with one tool result and a request id) keeps
-        what a retried tool call is answered with (`recorded_call`)."""
+        """Append records; `call_result_json` (with one tool result and a request id) is
+        what a retried tool call is answered with (`recorded_call`), kept as its outline: the
+        log holds the rest."""
         if not run_id:
             raise field_required("run_id")
         validate_request_id(request_id)
@@ -179,8 +181,13 @@ class RunService:
         handles = [
             new_id("h_") if record.kind is RecordKind.TOOL_RESULT else "" for record in records
         ]
+        outline = (
+            None
+            if call_result_json is None
+            else CallResultOutline.of(call_result_json, records[0].content)
+        )
         return self._runs.append_records(
-            run_id, records, handles, request_id, records_fingerprint(records), call_result_json
+            run_id, records, handles, request_id, records_fingerprint(records), outline
         )
 
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
