@@ -100,7 +100,14 @@ FIXED_TOOLS = [
         name="huge_text",
         description="Returns `size` characters of text: `x`s, or with `seed` pseudo-random "
         "letters and digits that no database compresses.",
-        input_schema=_schema(size={"type": "integer", "minimum": 0}, seed={"type": "integer"}),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "size": {"type": "integer", "minimum": 0},
+                "seed": {"type": "integer"},
+            },
+            "required": ["size"],
+        },
     ),
     types.Tool(name="image", description="Returns a PNG image.", input_schema=_OBJECT),
     types.Tool(name="audio", description="Returns WAV audio.", input_schema=_OBJECT),
