@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from psych_sidecar.domain.calls.results import ToolOutcome, ToolResult
 from psych_sidecar.domain.errors import Reason, SidecarError
@@ -20,6 +21,8 @@ from psych_sidecar.domain.runlog import (
     RunService,
 )
 from psych_sidecar.domain.surface import RunContext
+
+Prepared = TypeVar("Prepared")
 
 
 class CallLedger:
@@ -36,12 +39,26 @@ class CallLedger:
     ) -> ToolOutcome:
         """The recorded outcome of this call: `run`'s result, recorded, the first time; the
         first time's answer after that."""
-        key = (context.run.run_id, call_id)
+        return await self.prepared_once(
+            context.run.run_id, call_id, lambda: None, lambda _prepared: run()
+        )
+
+    async def prepared_once(
+        self,
+        run_id: str,
+        call_id: str,
+        prepare: Callable[[], Prepared],
+        run: Callable[[Prepared], Awaitable[ToolResult]],
+    ) -> ToolOutcome:
+        """`once`, with `prepare` (a read of the database the call needs, such as the Run's
+        resolved turn) run on the storage threads in the same hop as the look-up of a
+        recorded answer, and its value handed to `run`: one hop less per call."""
+        key = (run_id, call_id)
         task = self._in_flight.get(key)
         if task is None:
             # Not tied to this RPC: a call whose client gave up (a deadline) still finishes
             # and records its result, which the client's retry then finds.
-            task = asyncio.ensure_future(self._run_once(context, call_id, run))
+            task = asyncio.ensure_future(self._run_once(run_id, call_id, prepare, run))
             self._in_flight[key] = task
             task.add_done_callback(lambda done: self._finished(key, done))
         return await asyncio.shield(task)
@@ -53,15 +70,20 @@ class CallLedger:
             task.exception()  # retrieved: every waiter may have gone
 
     async def _run_once(
-        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[ToolResult]]
+        self,
+        run_id: str,
+        call_id: str,
+        prepare: Callable[[], Prepared],
+        run: Callable[[Prepared], Awaitable[ToolResult]],
     ) -> ToolOutcome:
-        run_id = context.run.run_id
-        request_id, recorded = await self._blocking(self._recorded, run_id, call_id)
+        prepared, request_id, recorded = await self._blocking(
+            self._prepared_and_recorded, run_id, call_id, prepare
+        )
         if recorded is not None:
             return ToolOutcome.of(recorded)
-        result = await run()
+        result = await run(prepared)
         try:
-            return await self._record(context, call_id, result, request_id)
+            return await self._record(run_id, call_id, result, request_id)
         except SidecarError as error:
             if error.reason is not Reason.REQUEST_ID_REUSED:
                 raise
@@ -72,6 +94,12 @@ class CallLedger:
                 raise
             return ToolOutcome.of(recorded)
 
+    def _prepared_and_recorded(
+        self, run_id: str, call_id: str, prepare: Callable[[], Prepared]
+    ) -> tuple[Prepared, str, RecordedCall | None]:
+        prepared = prepare()
+        return (prepared, *self._recorded(run_id, call_id))
+
     def _recorded(self, run_id: str, call_id: str) -> tuple[str, RecordedCall | None]:
         """The request id naming this call in its assistant step, and its recorded result."""
         step = self._log.latest_assistant_sequence(run_id)
@@ -80,7 +108,7 @@ class CallLedger:
         return request_id, self._runs.recorded_call(run_id, request_id)
 
     async def _record(
-        self, context: RunContext, call_id: str, result: ToolResult, request_id: str
+        self, run_id: str, call_id: str, result: ToolResult, request_id: str
     ) -> ToolOutcome:
         record = Record(
             RecordKind.TOOL_RESULT,
@@ -91,6 +119,6 @@ class CallLedger:
             is_error=result.is_error,
         )
         (appended,) = await self._blocking(
-            self._runs.append, context.run.run_id, request_id, (record,), result.result_json
+            self._runs.append, run_id, request_id, (record,), result.result_json
         )
         return ToolOutcome(result.is_error, result.result_json, appended.sequence, appended.handle)

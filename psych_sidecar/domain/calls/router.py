@@ -129,13 +129,16 @@ class ToolRouter:
             raise field_required("server")
         if not tool:
             raise field_required("tool")
-        context, resolved = await self._blocking(self._resolver.resolved, run_id)
         timeout = timeout_seconds or self._default_timeout
 
-        async def run() -> ToolResult:
-            return await self._mcp.call(resolved, server, tool, arguments, timeout)
+        async def run(turn: tuple[RunContext, ResolvedTurn]) -> ToolResult:
+            return await self._mcp.call(turn[1], server, tool, arguments, timeout)
 
-        return await self._ledger.once(context, call_id, run)
+        # The Run's turn is resolved in the same hop to the storage threads as the look-up
+        # of a recorded answer (an unknown Run fails there, before anything runs).
+        return await self._ledger.prepared_once(
+            run_id, call_id, lambda: self._resolver.resolved(run_id), run
+        )
 
     def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:
         """The exposed tool a name stands for: on the current surface, or — for a name the
