@@ -20,6 +20,7 @@ from sqlalchemy import (
     Engine,
     Integer,
     and_,
+    bindparam,
     column,
     func,
     literal_column,
@@ -231,14 +232,16 @@ class SqlLogReader:
         return int(value or 0)
 
     def latest_assistant_sequence(self, run_id: str) -> int:
-        r = tables.records
         with transaction(self._engine, write=False) as conn:
-            value = conn.execute(
-                select(func.max(r.c.sequence)).where(
-                    r.c.run_id == run_id, r.c.kind == RecordKind.ASSISTANT_MESSAGE.value
-                )
-            ).scalar()
+            value = conn.execute(_LATEST_ASSISTANT_SEQUENCE, {"run_id": run_id}).scalar()
         return int(value or 0)
+
+
+# Asked by every tool call (the ledger's look-up): built once, not per call.
+_LATEST_ASSISTANT_SEQUENCE = select(func.max(tables.records.c.sequence)).where(
+    tables.records.c.run_id == bindparam("run_id"),
+    tables.records.c.kind == RecordKind.ASSISTANT_MESSAGE.value,
+)
 
 
 class SqliteTurnStartsNow:

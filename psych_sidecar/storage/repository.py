@@ -11,8 +11,10 @@ from sqlalchemy import (
     Engine,
     Insert,
     Row,
+    Select,
     Table,
     and_,
+    bindparam,
     func,
     insert,
     or_,
@@ -66,6 +68,7 @@ class SqlStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._recorded_call_query: Select[Any] | None = None
 
     # Specs
 
@@ -227,13 +230,19 @@ class SqlStore:
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
         requests, records = tables.append_requests, tables.records
         with transaction(self._engine, write=False) as conn:
-            outline = large_value_columns(conn, requests.c.call_result_outline)
-            row = conn.execute(
-                select(requests.c.result, requests.c.call_result_splices, *outline).where(
-                    requests.c.run_id == run_id,
-                    requests.c.request_id == request_id,
+            if self._recorded_call_query is None:
+                # Built once: every tool call asks, and building the statement cost about a
+                # third of the look-up.
+                outline = large_value_columns(conn, requests.c.call_result_outline)
+                self._recorded_call_query = select(
+                    requests.c.result, requests.c.call_result_splices, *outline
+                ).where(
+                    requests.c.run_id == bindparam("run_id"),
+                    requests.c.request_id == bindparam("request_id"),
                     requests.c.call_result_outline.is_not(None),
                 )
+            row = conn.execute(
+                self._recorded_call_query, {"run_id": run_id, "request_id": request_id}
             ).first()
             if row is None:
                 return None

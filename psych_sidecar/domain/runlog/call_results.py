@@ -14,7 +14,6 @@ stays in the outline. The outline is then larger, never wrong.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,15 +25,17 @@ from psych_sidecar.domain.runlog.runs import STRUCTURED_CONTENT_MIME, ContentPar
 # A part shorter than this stays in the outline: a splice costs more to note than it saves.
 MIN_SPLICED_BYTES = 64
 
-# What JSON escapes in a string (the canonical spelling leaves all else, UTF-8, as it is).
-_ESCAPED = re.compile(rb'[\x00-\x1f"\\]')
 _QUOTE = ord('"')
+# How much of a part `_find` searches for before comparing the rest in place.
+_HEAD_BYTES = 64
 
 
 class Spelling(StrEnum):
     """How a part is spelled in the result JSON."""
 
-    # A JSON string of the part's UTF-8 text (a text block's `text`).
+    # The part's UTF-8 text between quotes: a text block's `text` with nothing to escape.
+    QUOTED = "quoted"
+    # A JSON string of the part's UTF-8 text, escaped.
     STRING = "string"
     # The part's bytes as they are (structured content, a content block kept as JSON).
     RAW = "raw"
@@ -109,22 +110,22 @@ def _spellings(part: ContentPart) -> tuple[Spelling, ...]:
     if part.kind is PartKind.BINARY:
         return (Spelling.BASE64,)
     if part.kind is PartKind.TEXT:
-        return (Spelling.STRING,)
+        return (Spelling.QUOTED, Spelling.STRING)
     if part.mime_type == STRUCTURED_CONTENT_MIME:
         return (Spelling.RAW,)
     # A JSON part is a sidecar tool's text (a listing, as a string) or a content block the
     # server sent that has no part kind of its own (as the block's JSON).
-    return (Spelling.STRING, Spelling.RAW)
+    return (Spelling.QUOTED, Spelling.STRING, Spelling.RAW)
 
 
 def _spelled(part: ContentPart, spelling: Spelling) -> list[bytes]:
     """The part's bytes as spelled in the result JSON, in pieces (joined once, by the caller)."""
     if spelling is Spelling.RAW:
         return [part.data]
+    if spelling is Spelling.QUOTED:
+        return [b'"', part.data, b'"']
     if spelling is Spelling.BASE64:
         return [b'"', b64encode_sliced(part.data).encode(), b'"']
-    if _ESCAPED.search(part.data) is None:
-        return [b'"', part.data, b'"']
     return [json_sliced(part.as_text(), canonical_json)]
 
 
@@ -132,18 +133,22 @@ def _find(
     result_json: bytes, part: ContentPart, spelling: Spelling, start: int
 ) -> tuple[int, int] | None:
     """Where the part, spelled, first occurs in `result_json` from `start`."""
-    pieces = _spelled(part, spelling)
-    if len(pieces) == 3 and pieces[1] is part.data:
-        # A string with nothing to escape: its bytes between quotes, found without copying
-        # them into a needle first.
+    if spelling is Spelling.QUOTED:
+        # Its bytes between quotes, found by their first bytes and compared in place: no
+        # needle of the whole part to copy or preprocess.
         data = part.data
-        at = result_json.find(data, start + 1)
+        head = data[:_HEAD_BYTES]
+        at = result_json.find(head, start + 1)
         while at >= 0:
             end = at + len(data)
-            if result_json[at - 1] == _QUOTE and result_json[end : end + 1] == b'"':
+            if (
+                result_json[at - 1] == _QUOTE
+                and result_json[end : end + 1] == b'"'
+                and result_json.startswith(data, at)
+            ):
                 return at - 1, end + 1
-            at = result_json.find(data, at + 1)
+            at = result_json.find(head, at + 1)
         return None
-    needle = b"".join(pieces)
+    needle = b"".join(_spelled(part, spelling))
     at = result_json.find(needle, start)
     return None if at < 0 else (at, at + len(needle))
