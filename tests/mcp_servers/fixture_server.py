@@ -98,8 +98,8 @@ FIXED_TOOLS = [
     ),
     types.Tool(
         name="huge_text",
-        description="Returns `size` characters of text: `x`s, or with `seed` pseudo-random "
-        "letters and digits that no database compresses.",
+        # `x`s, or with `seed` pseudo-random letters and digits that no database compresses.
+        description="Returns `size` characters of text.",
         input_schema={
             "type": "object",
             "properties": {
