@@ -3,7 +3,8 @@
 An MCP server is untrusted and may write anything, as fast as it likes, to stderr. It used to
 inherit the sidecar's own stderr (200 MB in 10 s reached the log). Now each process gets a pipe;
 a reader thread keeps the tail in a ring buffer (shown as the connection's `recent_output`)
-and logs at most a few lines per interval, counting the ones it drops.
+and logs at most a few lines per interval, counting the ones it drops. The count is written
+when the interval ends, by a timer: a flood that stops inside one interval is counted too.
 """
 
 from __future__ import annotations
@@ -29,15 +30,23 @@ _READ_BYTES = 65536
 class StderrTail:
     """The tail of one connection's stderr, across its processes. Thread-safe."""
 
-    def __init__(self, label: str, scrub: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        label: str,
+        scrub: Callable[[str], str],
+        interval_seconds: float = LOG_INTERVAL_SECONDS,
+    ) -> None:
         self._label = label
         self._scrub = scrub
+        self._interval = interval_seconds
         self._lock = threading.Lock()
         self._tail = bytearray()
         # Bytes fed so far, and the text of the tail as of that count.
         self._fed = 0
         self._text: tuple[int, str] | None = None
         self._partial = bytearray()
+        # The rate limit's window; its own lock, as the timer closing it is another thread.
+        self._window_lock = threading.Lock()
         self._window_start = time.monotonic()
         self._logged = 0
         self._dropped = 0
@@ -69,21 +78,42 @@ class StderrTail:
             self._log(line)
 
     def _log(self, line: bytes | bytearray) -> None:
-        now = time.monotonic()
-        if now - self._window_start >= LOG_INTERVAL_SECONDS:
-            if self._dropped:
-                log.warning(
-                    "MCP connection %s: %d stderr lines not logged (rate limit)",
-                    self._label,
-                    self._dropped,
-                )
-            self._window_start, self._logged, self._dropped = now, 0, 0
-        if self._logged >= LOG_LINES_PER_INTERVAL:
-            self._dropped += 1
-            return
-        self._logged += 1
+        with self._window_lock:
+            now = time.monotonic()
+            if now - self._window_start >= self._interval:
+                self._close_window(now)
+            if self._logged >= LOG_LINES_PER_INTERVAL:
+                self._dropped += 1
+                if self._dropped == 1:
+                    self._count_at_window_end(self._window_start, now)
+                return
+            self._logged += 1
         text = self._scrub(line[: LINE_CHARS * 4].decode(errors="replace"))[:LINE_CHARS]
         log.info("MCP connection %s stderr: %s", self._label, text.rstrip())
+
+    def _close_window(self, now: float) -> None:
+        """Write the count of the lines the window left out, and open the next one."""
+        if self._dropped:
+            log.warning(
+                "MCP connection %s: %d stderr lines not logged (rate limit)",
+                self._label,
+                self._dropped,
+            )
+        self._window_start, self._logged, self._dropped = now, 0, 0
+
+    def _count_at_window_end(self, window_start: float, now: float) -> None:
+        """Close the window when it ends, unless a later line has closed it already: the
+        count must not wait for a line that may never come."""
+
+        def close() -> None:
+            with self._window_lock:
+                if self._window_start == window_start:
+                    self._close_window(time.monotonic())
+
+        timer = threading.Timer(window_start + self._interval - now, close)
+        timer.name = f"mcp-stderr-window {self._label}"
+        timer.daemon = True
+        timer.start()
 
     @contextlib.contextmanager
     def pipe(self) -> Iterator[TextIO]:
