@@ -1,7 +1,7 @@
 """The project's own MCP test server, written with the MCP SDK's lowlevel Server.
 
     python tests/mcp_servers/fixture_server.py stdio [--tools N] [--page-size K] [--era E]
-        [--no-listen]
+        [--no-listen] [--invalid-tools one|all]
     python tests/mcp_servers/fixture_server.py http --port P [--tools N] [--page-size K] [--era E]
 
 It serves both protocol eras (2026-07-28 via server/discover, 2025-11-25 via the initialize
@@ -17,6 +17,13 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
   no text block, `image: true` for an image block);
 - failures: `fail` (a plain exception: is_error with the message withheld), `tool_error`
   (is_error with a message), `hang` (never answers), `exit` (the process dies mid-call);
+- results that break the tool's own `outputSchema`: `wrong_structured` (`{"y": 1}` where a
+  string is declared), `missing_structured` (no `structuredContent` at all), `remote_ref_output`
+  (its output schema's property is a `$ref` to a URL);
+- listings that break the spec (stdio; the SDK would refuse to send them, so they are broken on
+  the wire): `--invalid-tools one` adds `bad_schema`, whose input schema has no top-level
+  `type`, until `repair_listing` is called (which announces tools/list_changed);
+  `--invalid-tools all` sends every tool's input schema without its `type`;
 - `pid`, `protocol_version` and `echo` for bookkeeping.
 """
 
@@ -38,6 +45,7 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.runner import serve_loop
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.message import SessionMessage
 
 # A 1x1 transparent PNG.
 PNG_BYTES = base64.b64decode(
@@ -47,6 +55,15 @@ BLOB_BYTES = bytes(range(256))
 WAV_BYTES = b"RIFF\x24\x00\x00\x00WAVEfmt "
 
 _OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+# Nothing listens there: a client that tried to fetch it would fail (or hang on a firewall).
+REMOTE_SCHEMA_URL = "http://127.0.0.1:9/schema.json"
+# An input schema without a top-level `type`, as some servers send: valid JSON Schema, but
+# not the object schema MCP requires of a tool's input.
+UNTYPED_SCHEMA: dict[str, Any] = {
+    "$ref": "#/$defs/arguments",
+    "$defs": {"arguments": {"type": "object", "properties": {}}},
+}
+BAD_SCHEMA_TOOL = "bad_schema"
 
 
 def _blob_bytes(size: int | None) -> bytes:
@@ -129,6 +146,24 @@ FIXED_TOOLS = [
         input_schema=_OBJECT,
         output_schema=_schema(answer={"type": "integer"}),
     ),
+    types.Tool(
+        name="wrong_structured",
+        description="Returns structured content that breaks its output schema.",
+        input_schema=_OBJECT,
+        output_schema=_schema(y={"type": "string"}),
+    ),
+    types.Tool(
+        name="missing_structured",
+        description="Declares an output schema and returns no structured content.",
+        input_schema=_OBJECT,
+        output_schema=_schema(y={"type": "string"}),
+    ),
+    types.Tool(
+        name="remote_ref_output",
+        description="Its output schema's property is a $ref to a remote document.",
+        input_schema=_OBJECT,
+        output_schema=_schema(y={"$ref": REMOTE_SCHEMA_URL}),
+    ),
     types.Tool(name="fail", description="Raises a plain exception.", input_schema=_OBJECT),
     types.Tool(
         name="tool_error", description="Returns is_error with a message.", input_schema=_OBJECT
@@ -138,9 +173,63 @@ FIXED_TOOLS = [
 ]
 
 
-def build_server(tool_count: int, page_size: int, listen: bool = True) -> Server[Any]:
+class Listing:
+    """Which listed tools are broken on the wire (see `BreakingWriter`)."""
+
+    def __init__(self, invalid_tools: str) -> None:
+        self.invalid_tools = invalid_tools
+        self.repaired = False
+
+    def breaks(self, name: object) -> bool:
+        if self.invalid_tools == "all":
+            return True
+        return self.invalid_tools == "one" and not self.repaired and name == BAD_SCHEMA_TOOL
+
+
+class BreakingWriter:
+    """The server's write stream, through which every tools/list answer passes: the input
+    schemas of the tools `listing` breaks lose their top-level `type` on the way out."""
+
+    def __init__(self, inner: Any, listing: Listing) -> None:
+        self._inner = inner
+        self._listing = listing
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def send(self, item: SessionMessage) -> None:
+        message = item.message
+        if isinstance(message, types.JSONRPCResponse):
+            tools = message.result.get("tools")
+            for tool in tools if isinstance(tools, list) else []:
+                if self._listing.breaks(tool.get("name")):
+                    tool["inputSchema"] = UNTYPED_SCHEMA
+        await self._inner.send(item)
+
+    async def __aenter__(self) -> BreakingWriter:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._inner.__aexit__(*exc_info)
+
+
+def build_server(
+    tool_count: int, page_size: int, listen: bool = True, listing_faults: Listing | None = None
+) -> Server[Any]:
     bus = InMemorySubscriptionBus()
     added: dict[str, types.Tool] = {}
+    faults = listing_faults or Listing("")
+    bad_schema = types.Tool(
+        name=BAD_SCHEMA_TOOL,
+        description="Listed with an input schema that has no top-level type, until repaired.",
+        input_schema=_OBJECT,
+    )
+    repair = types.Tool(
+        name="repair_listing",
+        description="Lists bad_schema with a valid input schema from now on.",
+        input_schema=_OBJECT,
+    )
 
     def listing() -> list[types.Tool]:
         bulk = [
@@ -151,7 +240,8 @@ def build_server(tool_count: int, page_size: int, listen: bool = True) -> Server
             )
             for index in range(tool_count)
         ]
-        return [*FIXED_TOOLS, *bulk, *added.values()]
+        broken = [bad_schema, repair] if faults.invalid_tools == "one" else []
+        return [*FIXED_TOOLS, *bulk, *broken, *added.values()]
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -249,6 +339,20 @@ def build_server(tool_count: int, page_size: int, listen: bool = True) -> Server
                     image = types.ImageContent(type="image", data=data, mime_type="image/png")
                     blocks = [*blocks, image]
                 return types.CallToolResult(content=blocks, structured_content=value)
+            case "wrong_structured":
+                return types.CallToolResult(
+                    content=[text(type="text", text='{"y": 1}')], structured_content={"y": 1}
+                )
+            case "missing_structured":
+                return types.CallToolResult(content=[text(type="text", text="no structure")])
+            case "remote_ref_output":
+                return types.CallToolResult(
+                    content=[text(type="text", text='{"y": "z"}')], structured_content={"y": "z"}
+                )
+            case "repair_listing":
+                faults.repaired = True
+                await announce(ctx)
+                return types.CallToolResult(content=[text(type="text", text="repaired")])
             case "fail":
                 raise RuntimeError("the fixture tool failed on purpose")
             case "tool_error":
@@ -261,7 +365,7 @@ def build_server(tool_count: int, page_size: int, listen: bool = True) -> Server
                 raise AssertionError("unreachable")
             case "exit":
                 os._exit(3)
-            case name if name in added or name.startswith("bulk_"):
+            case name if name in added or name.startswith("bulk_") or name == BAD_SCHEMA_TOOL:
                 return types.CallToolResult(content=[text(type="text", text=f"{name} ran")])
         return types.CallToolResult(
             content=[text(type="text", text=f"unknown tool {params.name}")], is_error=True
@@ -276,9 +380,10 @@ def build_server(tool_count: int, page_size: int, listen: bool = True) -> Server
     )
 
 
-async def serve_stdio(server: Server[Any], era: str) -> None:
+async def serve_stdio(server: Server[Any], era: str, listing: Listing) -> None:
     options = server.create_initialization_options(NotificationOptions(tools_changed=True))
-    async with stdio_server() as (read_stream, write_stream):
+    async with stdio_server() as (read_stream, stdout_stream):
+        write_stream = BreakingWriter(stdout_stream, listing)
         if era == "auto":
             await server.run(read_stream, write_stream, options)
             return
@@ -315,13 +420,17 @@ def main() -> None:
     # A 2026-era server with no subscriptions/listen (it answers -32601, as many do).
     parser.add_argument("--no-listen", action="store_true")
     parser.add_argument("--require-header", metavar="NAME=VALUE", help="401 without it (http)")
+    parser.add_argument("--invalid-tools", choices=["one", "all"], default="")
     options = parser.parse_args()
-    server = build_server(options.tools, options.page_size, listen=not options.no_listen)
+    listing = Listing(options.invalid_tools)
+    server = build_server(
+        options.tools, options.page_size, listen=not options.no_listen, listing_faults=listing
+    )
     if options.transport == "stdio":
-        anyio.run(serve_stdio, server, options.era)
+        anyio.run(serve_stdio, server, options.era, listing)
         return
-    if options.era != "auto":
-        parser.error("--era legacy is for stdio")
+    if options.era != "auto" or options.invalid_tools:
+        parser.error("--era legacy and --invalid-tools are for stdio")
     app = server.streamable_http_app()
     if options.require_header:
         app = requiring_header(app, options.require_header)
