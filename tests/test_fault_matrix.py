@@ -1,6 +1,9 @@
-"""The fault matrix: MCP servers that misbehave (tests/mcp_servers/fault_server.py over stdio).
-For each fault: what the host sees (a clean tool result or a connection state, never an RPC
-error), that the result is in the Run's log, and that health and GetRun answer meanwhile.
+"""The fault matrix: MCP servers that misbehave (tests/mcp_servers/fault_server.py and the
+fixture server over stdio). For each fault: what the host sees (a clean tool result or a
+connection state, never an RPC error), that the result is in the Run's log, and that health and
+GetRun answer meanwhile. What a server sends that breaks the spec is the server's fault, said
+as such: a result that breaks its own output schema is a tool error, and one invalid tool in a
+listing is left out alone.
 
 A list_changed flood is debounced into a few re-listings. Faults covered elsewhere, with the
 fixture server: a hanging call (test_turns), a server exiting mid-call, a 50 MB result and
@@ -11,6 +14,7 @@ result kind).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -31,6 +35,7 @@ from psych.sidecar.v1 import (
     spec_pb2,
     tool_service_pb2,
 )
+from tests.support.connections import fixture_commands
 from tests.support.polling import wait_for
 from tests.support.requests import all_records, publish
 from tests.support.sidecar import RunningSidecar, Stubs
@@ -50,10 +55,12 @@ def grpc_addr() -> str:
     return "127.0.0.1:0"
 
 
-# The fault server; short connect and call timeouts so the faults show quickly.
+# The fault server and the fixture server; short connect and call timeouts so the faults show
+# quickly.
 SIDECAR_OVERRIDES: dict[str, Any] = {
     "mcp_commands": {
-        "faults": {"argv": [sys.executable, str(FAULT_SERVER)], "allow_extra_args": True}
+        "faults": {"argv": [sys.executable, str(FAULT_SERVER)], "allow_extra_args": True},
+        **fixture_commands(),
     },
     "mcp_connect_timeout_seconds": 10.0,
     "tool_call_timeout_seconds": 3.0,
@@ -68,15 +75,15 @@ class Tenant:
         self.stubs = stubs
         self.name = name
 
-    def connect(self, *args: str) -> None:
+    def connect(self, *args: str, command: str = "faults") -> connection_pb2.Connection:
         connection = connection_pb2.Connection(
             tenant=self.name,
             name="faulty",
-            stdio=connection_pb2.StdioTransport(command="faults", args=list(args)),
+            stdio=connection_pb2.StdioTransport(command=command, args=list(args)),
         )
-        self.stubs.connections.PutConnection(
+        return self.stubs.connections.PutConnection(
             connection_service_pb2.PutConnectionRequest(connection=connection)
-        )
+        ).connection
 
     def connection(self) -> connection_pb2.Connection:
         (found,) = self.stubs.connections.ListConnections(
@@ -243,3 +250,147 @@ def test_hang_and_exit_mid_call_are_tool_errors_in_the_log(
     assert exited.is_error
     assert tenant.logged(run_id, "h1").tool_result.is_error
     assert tenant.logged(run_id, "x1").tool_result.is_error
+
+
+# A listing that breaks the spec: each tool is judged alone.
+
+
+def _catalogue(tenant: Tenant, version: int = 0) -> list[str]:
+    return [
+        tool.name
+        for tool in tenant.stubs.connections.ListCatalogTools(
+            connection_service_pb2.ListCatalogToolsRequest(
+                tenant=tenant.name, name="faulty", catalog_version=version, page_size=1000
+            )
+        ).tools
+    ]
+
+
+def _versions(tenant: Tenant) -> list[connection_pb2.CatalogVersion]:
+    return list(
+        tenant.stubs.connections.ListCatalogVersions(
+            connection_service_pb2.ListCatalogVersionsRequest(tenant=tenant.name, name="faulty")
+        ).versions
+    )
+
+
+def test_one_invalid_tool_is_left_out_alone_and_added_once_it_is_valid(
+    grpc_server: RunningSidecar, stubs: Stubs, tenant: Tenant
+) -> None:
+    run_id = tenant.run()
+    with answering_meanwhile(grpc_server, stubs, run_id):
+        put = tenant.connect("--tools", "0", "--invalid-tools", "one", command="fixture")
+        echoed = tenant.call(run_id, "echo", "v1", text="still served")
+        left_out = tenant.call(run_id, "bad_schema", "v2")
+    # Before: "tools.N.inputSchema.type Field required" failed the whole listing, and the
+    # server was unreachable with none of its tools.
+    assert put.state == connection_pb2.CONNECTION_STATE_CONNECTED
+    assert put.catalog_version == 1
+    first = _catalogue(tenant)
+    assert "echo" in first
+    assert "bad_schema" not in first
+    assert put.rejected_tool_count == 1
+    (rejected,) = put.rejected_tools
+    assert rejected.name == "bad_schema"
+    assert rejected.reason == "not a valid MCP tool: inputSchema.type: Field required"
+    assert tenant.connection().rejected_tools == put.rejected_tools
+    assert text(echoed) == "still served"
+    assert left_out.is_error
+    # Repaired, the tool is valid: a new version with it added, nothing left out.
+    tenant.call(run_id, "repair_listing", "v3")
+    wait_for(lambda: tenant.connection().catalog_version == 2, "the listing after the repair")
+    diff = stubs.connections.DiffCatalog(
+        connection_service_pb2.DiffCatalogRequest(
+            tenant=tenant.name, name="faulty", from_version=1, to_version=2
+        )
+    )
+    assert [tool.name for tool in diff.added] == ["bad_schema"]
+    assert not diff.changed
+    assert not diff.removed
+    repaired = tenant.connection()
+    assert repaired.rejected_tool_count == 0
+    assert not repaired.rejected_tools
+    newest, oldest = _versions(tenant)
+    assert (oldest.tool_count, oldest.rejected_tool_count) == (len(first), 1)
+    assert (newest.tool_count, newest.rejected_tool_count) == (len(first) + 1, 0)
+    assert not tenant.call(run_id, "bad_schema", "v4").is_error
+
+
+@pytest.mark.parametrize("era", ["auto", "legacy"])
+def test_a_listing_with_every_tool_invalid_says_so(
+    grpc_server: RunningSidecar, stubs: Stubs, tenant: Tenant, era: str
+) -> None:
+    """In both protocol eras (2026-07-28, and 2025-11-25 through the handshake)."""
+    run_id = tenant.run()
+    put = tenant.connect("--tools", "0", "--invalid-tools", "all", "--era", era, command="fixture")
+    refreshed = stubs.connections.RefreshCatalog(
+        connection_service_pb2.RefreshCatalogRequest(tenant=tenant.name, name="faulty")
+    )
+    outcome = tenant.call(run_id, "echo", "a1", text="x")
+    assert put.state == connection_pb2.CONNECTION_STATE_CONNECTED
+    assert _catalogue(tenant) == []
+    assert put.rejected_tool_count > 1
+    assert put.rejected_tool_count == len(put.rejected_tools)
+    assert all("inputSchema.type: Field required" in r.reason for r in put.rejected_tools)
+    assert "echo" in [r.name for r in put.rejected_tools]
+    # The version says the listing was entirely invalid; a re-listing writes no new one.
+    (version,) = _versions(tenant)
+    assert (version.tool_count, version.rejected_tool_count) == (0, put.rejected_tool_count)
+    assert (refreshed.catalog_version, refreshed.tool_count) == (1, 0)
+    assert refreshed.rejected_tool_count == put.rejected_tool_count
+    assert outcome.is_error
+
+
+# A result that breaks its own output schema: a tool error, the result kept.
+
+
+@pytest.mark.parametrize(
+    ("tool", "problem", "returned"),
+    [
+        ("wrong_structured", "1 is not of type 'string'", '{"y": 1}'),
+        ("missing_structured", "has no structuredContent", "no structure"),
+        ("remote_ref_output", "http://127.0.0.1:9/schema.json", '{"y": "z"}'),
+    ],
+)
+def test_a_result_that_breaks_its_output_schema_is_the_servers_tool_error(
+    grpc_server: RunningSidecar,
+    stubs: Stubs,
+    tenant: Tenant,
+    caplog: pytest.LogCaptureFixture,
+    tool: str,
+    problem: str,
+    returned: str,
+) -> None:
+    run_id = tenant.run()
+    tenant.connect("--tools", "0", command="fixture")
+    caplog.set_level(logging.INFO)
+    with answering_meanwhile(grpc_server, stubs, run_id):
+        outcome = tenant.call(run_id, tool, "o1")
+    # Before: "failed inside the sidecar (RuntimeError)", an ERROR with the SDK's traceback,
+    # and nothing of what the server returned in the log.
+    assert outcome.is_error
+    said = text(outcome)
+    assert "does not match its declared output schema" in said
+    assert problem in said
+    assert "inside the sidecar" not in said
+    assert returned in said
+    record = tenant.logged(run_id, "o1")
+    assert record.tool_result.is_error
+    read = stubs.tools.ReadToolOutput(
+        tool_service_pb2.ReadToolOutputRequest(run_id=run_id, handle=outcome.handle)
+    )
+    assert returned in read.text
+    (warning,) = [r for r in caplog.records if "declared output schema" in r.getMessage()]
+    assert warning.levelno == logging.WARNING
+    assert warning.exc_info is None
+    assert tool in warning.getMessage()
+    assert "faulty" in warning.getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_result_that_keeps_its_output_schema_is_the_result(stubs: Stubs, tenant: Tenant) -> None:
+    run_id = tenant.run()
+    tenant.connect("--tools", "0", command="fixture")
+    outcome = tenant.call(run_id, "structured", "s1")
+    assert not outcome.is_error
+    assert json.loads(outcome.result_json)["structuredContent"] == {"answer": 42}

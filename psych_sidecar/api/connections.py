@@ -76,6 +76,11 @@ def connection_to_proto(
         state_time=timestamp(status.state_time),
         catalog_version=status.catalog_version,
         recent_output=status.recent_output,
+        rejected_tools=[
+            connection_pb2.RejectedTool(name=item.name, reason=item.reason)
+            for item in status.rejected.tools
+        ],
+        rejected_tool_count=status.rejected.count,
     )
     if connection.preload is not None:
         message.preload = connection.preload
@@ -144,7 +149,9 @@ class ConnectionServicer(connection_service_pb2_grpc.ConnectionServiceServicer):
     ) -> connection_service_pb2.RefreshCatalogResponse:
         write = await self._connections.refresh(request.tenant, request.name)
         return connection_service_pb2.RefreshCatalogResponse(
-            catalog_version=write.catalog_version, tool_count=write.tool_count
+            catalog_version=write.catalog_version,
+            tool_count=write.tool_count,
+            rejected_tool_count=write.rejected_count,
         )
 
     async def ListCatalogTools(
@@ -187,6 +194,7 @@ class ConnectionServicer(connection_service_pb2_grpc.ConnectionServiceServicer):
                     tool_count=version.tool_count,
                     sha256=version.sha256,
                     create_time=timestamp(version.create_time),
+                    rejected_tool_count=version.rejected_count,
                 )
                 for version in versions
             ],

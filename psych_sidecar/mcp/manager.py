@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 
 from psych_sidecar.config import McpSettings
+from psych_sidecar.domain.calls.validation import SchemaValidators
 from psych_sidecar.domain.catalog import (
     AllowedCommand,
     CatalogTool,
@@ -25,6 +26,7 @@ from psych_sidecar.domain.catalog import (
     StoredConnection,
     ToolCallFailed,
     connection_not_found,
+    rejections,
     validate_connection,
     without_secrets,
 )
@@ -33,6 +35,7 @@ from psych_sidecar.domain.runlog import RunBlocking
 from psych_sidecar.mcp.session import (
     CatalogUnavailable,
     ConnectionSession,
+    Listing,
     SessionTimings,
     describe_error,
 )
@@ -95,6 +98,8 @@ class McpManager:
             list_changed_debounce=settings.list_changed_debounce_seconds,
         )
         self._running: dict[Key, _Running] = {}
+        # One cache of output-schema validators for every session's results.
+        self._validators = SchemaValidators()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reconciling: set[Key] = set()
         # Every task this manager starts (sessions' owners, the sweep, reconciles) is in this
@@ -169,19 +174,22 @@ class McpManager:
         connection = stored.connection
         key = (connection.tenant, connection.name)
 
-        async def write_catalog(tools: list[CatalogTool]) -> CatalogWrite | None:
+        async def write_catalog(listing: Listing) -> CatalogWrite | None:
             write: CatalogWrite | None = await self._blocking(
                 self._store.write_catalog,
                 connection.tenant,
                 connection.name,
                 stored.revision,
-                tools,
+                listing.tools,
+                rejections(listing.rejected),
             )
             if write is not None and self._on_listed is not None:
-                self._on_listed(tools)
+                self._on_listed(listing.tools)
             return write
 
-        session = ConnectionSession(stored, self._commands, self._timings, write_catalog)
+        session = ConnectionSession(
+            stored, self._commands, self._timings, write_catalog, self._validators
+        )
         task = self._spawn(session.run(), f"mcp-session {connection.name}")
         self._running[key] = _Running(session, task)
         return session
@@ -230,12 +238,13 @@ class McpManager:
 
     def status(self, stored: StoredConnection) -> ConnectionStatus:
         connection = stored.connection
-        return self._status_of(
+        status = self._status_of(
             (connection.tenant, connection.name),
             stored.revision,
             stored.catalog_version,
             stored.update_time,
         )
+        return dataclasses.replace(status, rejected=stored.rejected)
 
     def _status_of(
         self, key: Key, revision: int, catalog_version: int, update_time: datetime

@@ -1,4 +1,5 @@
-"""MCP tools/call results as the sidecar's log parts."""
+"""MCP tools/call results as the sidecar's log parts, and judged against the tool's declared
+output schema."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import mcp_types as types
 from pydantic import BaseModel
 
 from psych_sidecar.bulk.slices import b64decode_sliced, json_sliced
+from psych_sidecar.domain.calls.validation import SchemaValidators
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind
 
 DEFAULT_BINARY_MIME_TYPE = "application/octet-stream"
+# How much of the first violation of an output schema the tool error quotes.
+MAX_OUTPUT_PROBLEM_CHARS = 300
 
 
 def _dump(model: BaseModel) -> Any:
@@ -46,15 +50,49 @@ def content_part(block: Any) -> ContentPart:
     return ContentPart(PartKind.JSON, canonical_json(_dump(block)))
 
 
-def tool_result(result: types.CallToolResult) -> McpToolResult:
+def _parts(result: types.CallToolResult) -> list[ContentPart]:
     parts = [content_part(block) for block in result.content]
     if result.structured_content is not None:
         # Kept in the log, marked: the model's view shows it only when there is no text.
         parts.append(ContentPart.structured(canonical_json(result.structured_content)))
+    return parts
+
+
+def tool_result(result: types.CallToolResult) -> McpToolResult:
     return McpToolResult(
         is_error=bool(result.is_error),
         # The whole result, its texts included: a result of tens of MB is encoded in slices
         # (this runs on a worker thread, and the event loop needs the GIL meanwhile).
         result_json=json_sliced(_dump(result), canonical_json),
-        content=tuple(parts),
+        content=tuple(_parts(result)),
+    )
+
+
+def output_schema_problem(
+    validators: SchemaValidators, schema_json: bytes, result: types.CallToolResult
+) -> str:
+    """How a result breaks the tool's declared output schema (the first violation, cut
+    short); "" when it does not, or when the schema is not one a validator can use (then
+    there is nothing to hold the server to). Validated as arguments are: no `$ref` is ever
+    fetched."""
+    if not schema_json or result.is_error:
+        return ""
+    if result.structured_content is None:
+        return "the tool declares an output schema and the result has no structuredContent"
+    problems = validators.errors(schema_json, result.structured_content)
+    if not problems:
+        return ""
+    return problems[0][:MAX_OUTPUT_PROBLEM_CHARS]
+
+
+def schema_broken_result(result: types.CallToolResult, message: str) -> McpToolResult:
+    """A result that broke its own output schema, as a tool error: `message` first, then
+    everything the server sent, so the whole result is in the log and readable by handle."""
+    dumped = _dump(result)
+    dumped["content"] = [{"type": "text", "text": message}, *dumped.get("content", [])]
+    dumped["isError"] = True
+    return McpToolResult(
+        is_error=True,
+        result_json=json_sliced(dumped, canonical_json),
+        content=(ContentPart.text(message), *_parts(result)),
     )

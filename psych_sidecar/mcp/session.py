@@ -26,20 +26,28 @@ import pydantic
 from anyio.abc import TaskStatus
 from mcp import Client, MCPError
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+from mcp.shared.dispatcher import CallOptions
+from mcp.shared.inbound import find_invalid_x_mcp_header
+from mcp_types import methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from psych_sidecar import __version__
 from psych_sidecar.config import StdioCommand
+from psych_sidecar.domain.calls.validation import SchemaValidators
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogWrite,
     ConnectionState,
     McpToolResult,
+    RejectedTool,
     Scrubber,
     StoredConnection,
     ToolCallFailed,
+    rejected_tool,
+    tool_definition_problem,
 )
-from psych_sidecar.mcp.results import tool_result
+from psych_sidecar.mcp.results import output_schema_problem, schema_broken_result, tool_result
 from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.stdio import LineTooLong
 from psych_sidecar.mcp.transport import HttpRefusal, HttpRefusals, open_transport
@@ -78,6 +86,8 @@ CLIENT_INFO = types.Implementation(name="psych-sidecar", version=__version__)
 # A tools/list walk stops here: a server whose cursors never end cannot hang a refresh.
 MAX_LIST_PAGES = 10_000
 MAX_ERROR_CHARS = 500
+# A warning about a listing's rejected tools names this many of them.
+_REJECTIONS_LOGGED = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,18 +164,125 @@ def catalog_tool(server: str, tool: types.Tool) -> CatalogTool:
     )
 
 
-async def list_all_tools(client: Client, server: str) -> list[CatalogTool]:
-    """Every page of tools/list. A repeated tool name keeps its first listing."""
-    tools: dict[str, CatalogTool] = {}
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A complete tools/list: the tools the catalogue takes, and the ones it leaves out."""
+
+    tools: list[CatalogTool]
+    rejected: list[RejectedTool]
+
+
+async def _raw_tools_page(client: Client, cursor: str | None) -> Any:
+    """One page of tools/list as the server sent it. The SDK's `list_tools` validates the page
+    as a whole: one tool without an input schema `type` fails it, and every other tool with
+    it. This is the same request (the session's own stamping and dispatcher) without that
+    check, so that each tool is judged alone (`_judge_tool`)."""
+    session = client.session
+    request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor))
+    data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    options: CallOptions = {}
+    session._stamp(data, options)
+    return await session._dispatcher.send_raw_request(data["method"], data.get("params"), options)
+
+
+def _first_problem(error: pydantic.ValidationError, within: tuple[object, ...] = ()) -> str:
+    """The first of the error's problems under `within` (a location prefix, left out of the
+    text), or ""."""
+    for problem in error.errors():
+        location = tuple(problem["loc"])
+        if location[: len(within)] == within:
+            where = ".".join(str(part) for part in location[len(within) :]) or "(entry)"
+            return f"{where}: {problem['msg']}"
+    return ""
+
+
+def _surface_problem(version: str, entries: list[Any]) -> pydantic.ValidationError | None:
+    """What the protocol version's own rules for a listing say of a page of these entries
+    (None: nothing, or a version this SDK has no rules for)."""
+    try:
+        methods.validate_server_result("tools/list", version, {"tools": entries})
+    except pydantic.ValidationError as error:
+        return error
+    except (KeyError, ValueError):
+        pass
+    return None
+
+
+def _judge_tool(
+    server: str, version: str, entry: Any, surface_checked: bool = False
+) -> tuple[types.Tool, CatalogTool] | RejectedTool:
+    """One listed tool, as the SDK would check it had it been listed alone, then by the
+    catalogue's own rules; or why it is left out."""
+    if not isinstance(entry, dict):
+        return rejected_tool("", "the listing's entry is not a JSON object")
+    name = entry.get("name")
+    # What the rules say of the page itself (2026's cacheScope) is not the tool's.
+    error = None if surface_checked else _surface_problem(version, [entry])
+    if error is not None and (problem := _first_problem(error, ("tools", 0))):
+        return rejected_tool(name, f"not a valid MCP tool: {problem}")
+    try:
+        tool = types.Tool.model_validate(entry, by_name=False)
+    except pydantic.ValidationError as error:
+        return rejected_tool(name, f"not a valid MCP tool: {_first_problem(error)}")
+    if version in MODERN_PROTOCOL_VERSIONS and (
+        header_problem := find_invalid_x_mcp_header(tool.input_schema)
+    ):
+        # The 2026 protocol has clients drop such a tool (the SDK would, silently).
+        return rejected_tool(name, f"invalid x-mcp-header annotation: {header_problem}")
+    catalogued = catalog_tool(server, tool)
+    if problem := tool_definition_problem(catalogued):
+        return rejected_tool(name, problem)
+    return tool, catalogued
+
+
+def _judge_page(
+    server: str, version: str, entries: list[Any]
+) -> list[tuple[types.Tool, CatalogTool] | RejectedTool]:
+    """Every entry of a page, judged alone. The protocol's rules run once for the whole page
+    when it passes them (nearly always: as costly as the SDK's own check), per entry when not."""
+    whole = _surface_problem(version, entries)
+    # Only the entries matter: what is said of the page itself (2026's cacheScope, which
+    # this page of the entries alone lacks) is no entry's fault.
+    checked = whole is None or not _first_problem(whole, ("tools",))
+    return [_judge_tool(server, version, entry, checked) for entry in entries]
+
+
+async def list_all_tools(client: Client, server: str) -> Listing:
+    """Every page of tools/list, each tool judged alone: an invalid one is left out with its
+    reason, the others are catalogued. A repeated tool name keeps its first listing."""
+    judged: dict[str, CatalogTool | RejectedTool] = {}
+    unnamed: list[RejectedTool] = []
     cursor: str | None = None
     seen_cursors: set[str] = set()
+    version = client.protocol_version
     for _ in range(MAX_LIST_PAGES):
-        page = await client.list_tools(cursor=cursor, cache_mode="bypass")
-        for tool in page.tools:
-            tools.setdefault(tool.name, catalog_tool(server, tool))
-        cursor = page.next_cursor
+        page = await _raw_tools_page(client, cursor)
+        entries = page.get("tools") if isinstance(page, dict) else None
+        cursor = page.get("nextCursor") if isinstance(page, dict) else None
+        if not isinstance(entries, list) or not isinstance(cursor, str | None):
+            raise CatalogUnavailable("tools/list answered with something other than a listing")
+        # Judging thousands of tools is CPU work: off the event loop, as a result's conversion.
+        verdicts = await anyio.to_thread.run_sync(_judge_page, server, version, entries)
+        valid: list[types.Tool] = []
+        for verdict in verdicts:
+            if isinstance(verdict, RejectedTool):
+                if verdict.name:
+                    judged.setdefault(verdict.name, verdict)
+                else:
+                    unnamed.append(verdict)
+                continue
+            tool, catalogued = verdict
+            if judged.setdefault(tool.name, catalogued) is catalogued:
+                valid.append(tool)
+        # The session keeps what it derives from a listing (2026 x-mcp-header maps, so a call
+        # sends its Mcp-Param headers) from the valid tools only.
+        session = client.session
+        session._absorb_tool_listing(types.ListToolsResult(tools=valid), complete=False)
         if cursor is None:
-            return list(tools.values())
+            return Listing(
+                [t for t in judged.values() if isinstance(t, CatalogTool)],
+                [*unnamed, *(t for t in judged.values() if isinstance(t, RejectedTool))],
+            )
         if cursor in seen_cursors:
             raise CatalogUnavailable(f"tools/list repeated the cursor {cursor!r}")
         seen_cursors.add(cursor)
@@ -180,7 +297,8 @@ class ConnectionSession:
         stored: StoredConnection,
         commands: Mapping[str, StdioCommand],
         timings: SessionTimings,
-        write_catalog: Callable[[list[CatalogTool]], Awaitable[CatalogWrite | None]],
+        write_catalog: Callable[[Listing], Awaitable[CatalogWrite | None]],
+        validators: SchemaValidators,
     ) -> None:
         self.stored = stored
         # Every error text and log line about this connection passes through it: a library
@@ -190,6 +308,10 @@ class ConnectionSession:
         self._commands = commands
         self._timings = timings
         self._write_catalog = write_catalog
+        # Results are judged against their tool's output schema here, not by the SDK.
+        self._validators = validators
+        # Tool name -> its output schema, as the server's last listing declared it.
+        self._output_schemas: dict[str, bytes] = {}
         self._client: Client | None = None
         self._status = SessionStatus(ConnectionState.CONNECTING, "", datetime.now(UTC))
         self._stopping = anyio.Event()
@@ -334,6 +456,7 @@ class ConnectionSession:
         try:
             with anyio.CancelScope(deadline=deadline) as connecting:
                 async with client, anyio.create_task_group() as group:
+                    _leave_results_to_the_sidecar(client)
                     # Subscribe before the first listing, so no change between them is lost.
                     await group.start(self._listen, client)
                     self._client = client
@@ -452,18 +575,43 @@ class ConnectionSession:
             refusals_before = self._refusals.count
             try:
                 with anyio.fail_after(self._timings.connect_timeout):
-                    tools = await list_all_tools(client, self.stored.connection.name)
+                    listing = await list_all_tools(client, self.stored.connection.name)
             except Exception as error:
                 if (mcp_error := _mcp_error(error)) and mcp_error.code == types.CONNECTION_CLOSED:
                     self._broken.set()
                 detail = self._describe(error, refusals_before)
                 raise CatalogUnavailable(f"listing tools failed: {detail}") from None
-            write = await self._write_catalog(tools)
+            write = await self._write_catalog(listing)
             if write is None:
                 raise CatalogUnavailable("the connection was deleted")
+            if listing.rejected and write.changed:
+                self._warn_rejected(listing)
             self.last_refresh = anyio.current_time()
             self.catalog_size = write.tool_count
+            self._output_schemas = {
+                tool.name: tool.output_schema_json
+                for tool in listing.tools
+                if tool.output_schema_json
+            }
             return write
+
+    def _warn_rejected(self, listing: Listing) -> None:
+        """Said once per catalogue version that has them (a re-listing that finds the same
+        ones writes no version)."""
+        shown = "; ".join(
+            f"{self._scrub(item.name) or '(no name)'}: {self._scrub(item.reason)}"
+            for item in listing.rejected[:_REJECTIONS_LOGGED]
+        )
+        more = len(listing.rejected) - _REJECTIONS_LOGGED
+        log.warning(
+            "MCP connection %s/%s: %s of its %d listed tools left out of the catalogue "
+            "(invalid definitions): %s%s",
+            *self.key,
+            "all" if not listing.tools else str(len(listing.rejected)),
+            len(listing.tools) + len(listing.rejected),
+            shown,
+            f"; and {more} more" if more > 0 else "",
+        )
 
     async def call_tool(
         self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
@@ -473,12 +621,11 @@ class ConnectionSession:
         outcome = "refused"
         with tracing.span("mcp.call_tool", {"mcp.server": server, "mcp.tool": tool}) as span:
             try:
-                result = await self._call_tool(tool, arguments, timeout_seconds)
+                result, outcome = await self._call_tool(tool, arguments, timeout_seconds)
             except ToolCallFailed as error:
                 outcome = error.outcome if isinstance(error, _CallFailed) else "refused"
                 raise
             else:
-                outcome = "tool_error" if result.is_error else "ok"
                 return result
             finally:
                 metrics.record_tool_call(server, outcome, time.perf_counter() - started)
@@ -487,7 +634,8 @@ class ConnectionSession:
 
     async def _call_tool(
         self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
-    ) -> McpToolResult:
+    ) -> tuple[McpToolResult, str]:
+        """The result, and the call's metric outcome."""
         if self._status.state is ConnectionState.CONNECTING:
             await self.wait_attempt(
                 self.finished_attempts, min(timeout_seconds, self._timings.connect_timeout)
@@ -502,9 +650,10 @@ class ConnectionSession:
                 result = await client.call_tool(
                     tool, dict(arguments), read_timeout_seconds=timeout_seconds
                 )
-            # Converting a large result (base64 decoding, JSON of tens of MB) is CPU work:
-            # off the event loop, so health checks and other calls are answered meanwhile.
-            return await anyio.to_thread.run_sync(tool_result, result)
+            # Converting a large result (base64 decoding, JSON of tens of MB) and judging it
+            # against its output schema are CPU work: off the event loop, so health checks
+            # and other calls are answered meanwhile.
+            return await anyio.to_thread.run_sync(self._judged, tool, result)
         except Exception as error:
             if _expected(error):
                 raise _CallFailed(
@@ -526,6 +675,29 @@ class ConnectionSession:
                 f"inside the sidecar ({type(error).__name__}); correlation id {correlation_id}.",
                 "refused",
             ) from None
+
+    def _judged(self, tool: str, result: types.CallToolResult) -> tuple[McpToolResult, str]:
+        """The result as the log keeps it, and its metric outcome. One that breaks the tool's
+        own output schema is the server's fault: a tool error the model can act on, with all
+        the server sent after it, a warning (no traceback: nothing failed here) and the
+        outcome server_error."""
+        schema = self._output_schemas.get(tool, b"")
+        problem = output_schema_problem(self._validators, schema, result)
+        if not problem:
+            return tool_result(result), "tool_error" if result.is_error else "ok"
+        problem = self._scrub(problem)
+        server = self.stored.connection.name
+        log.warning(
+            "MCP connection %s/%s: the result of %r does not match its declared output schema: %s",
+            *self.key,
+            tool,
+            problem,
+        )
+        message = (
+            f"MCP server {server!r} ran {tool!r}, but the server's result does not match its "
+            f"declared output schema: {problem}. What the server returned follows."
+        )
+        return schema_broken_result(result, message), "server_error"
 
     def _unreachable_text(self) -> str:
         status = self._status
@@ -573,8 +745,9 @@ class _CallFailed(ToolCallFailed):
 
 
 def _outcome(error: BaseException) -> str:
-    """A failed call's metric outcome: timeout, refused (the connection closed) or
-    tool_error (the server answered with an error)."""
+    """A failed call's metric outcome: timeout, refused (the connection closed),
+    server_error (the answer was not a result) or tool_error (the server answered with an
+    error)."""
     mcp_error = _mcp_error(error)
     if isinstance(error, TimeoutError) or (
         mcp_error is not None and mcp_error.code == types.REQUEST_TIMEOUT
@@ -582,7 +755,22 @@ def _outcome(error: BaseException) -> str:
         return "timeout"
     if mcp_error is not None and mcp_error.code == types.CONNECTION_CLOSED:
         return "refused"
+    if mcp_error is None and isinstance(error, pydantic.ValidationError):
+        return "server_error"  # not a CallToolResult at all
     return "tool_error"
+
+
+def _leave_results_to_the_sidecar(client: Client) -> None:
+    """Switch off the SDK's own check of a result against the tool's output schema. It raises
+    RuntimeError for a result that breaks the schema, lacks structuredContent or whose schema
+    has a remote `$ref` (a bug's path: "failed inside the sidecar", with a traceback), and
+    re-lists the tools, whole, for a tool it has not seen listed. The sidecar judges results
+    itself (`ConnectionSession._judged`), after the result is converted for the log."""
+
+    async def judged_by_the_sidecar(name: str, result: types.CallToolResult) -> None:
+        return None
+
+    client.session.validate_tool_result = judged_by_the_sidecar  # type: ignore[method-assign]
 
 
 async def _set_when(event: anyio.Event, scope: anyio.CancelScope) -> None:

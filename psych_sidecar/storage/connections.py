@@ -10,17 +10,20 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, Row, insert, select, update
+from sqlalchemy import ColumnElement, Engine, Row, Select, and_, insert, select, update
 from sqlalchemy import Connection as SqlConnection
 
 from psych_sidecar.domain.catalog import (
+    NO_REJECTIONS,
     CatalogTool,
     CatalogVersion,
     CatalogWrite,
     Connection,
+    Rejections,
     StoredConnection,
     TransportKind,
     listing_fingerprint,
+    rejected_tool,
 )
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
@@ -69,6 +72,32 @@ def _connection_values(connection: Connection, keys: KeyRing) -> dict[str, Any]:
     }
 
 
+def _rejections_json(rejected: Rejections) -> str:
+    return _dump([[item.name, item.reason] for item in rejected.tools])
+
+
+def _rejections(count: int | None, listed: str | None) -> Rejections:
+    """A version's rejections as stored; none for a connection with no version yet."""
+    if not count or listed is None:
+        return NO_REJECTIONS
+    return Rejections(
+        tuple(rejected_tool(name, reason) for name, reason in json.loads(listed)), count
+    )
+
+
+def _with_rejections() -> Select[Any]:
+    """A connection's row, with the rejections of its current catalogue version."""
+    table, versions = tables.connections, tables.catalog_versions
+    current = and_(
+        versions.c.tenant == table.c.tenant,
+        versions.c.server == table.c.name,
+        versions.c.catalog_version == table.c.catalog_version,
+    )
+    return select(table, versions.c.rejected_tool_count, versions.c.rejected_tools).select_from(
+        table.outerjoin(versions, current)
+    )
+
+
 def _opened(row: Row[Any], field: str, keys: KeyRing | None) -> dict[str, str]:
     if keys is None:
         return {}
@@ -98,6 +127,7 @@ def _stored(row: Row[Any], keys: KeyRing | None) -> StoredConnection:
         revision=row.revision,
         catalog_version=row.catalog_version,
         update_time=tables.from_us(row.update_time_us),
+        rejected=_rejections(row.rejected_tool_count, row.rejected_tools),
     )
 
 
@@ -166,7 +196,7 @@ class SqlConnectionStore:
                         **values,
                     )
                 )
-            stored = conn.execute(select(table).where(*key)).one()
+            stored = conn.execute(_with_rejections().where(*key)).one()
         return _stored(stored, self._keys)
 
     def delete_connection(self, tenant: str, name: str) -> bool:
@@ -201,7 +231,7 @@ class SqlConnectionStore:
         table = tables.connections
         with transaction(self._engine, write=False) as conn:
             row = conn.execute(
-                select(table).where(
+                _with_rejections().where(
                     table.c.tenant == tenant,
                     table.c.name == name,
                     table.c.delete_time_us.is_(None),
@@ -216,7 +246,7 @@ class SqlConnectionStore:
         name = self._binary(table.c.name)
         with transaction(self._engine, write=False) as conn:
             rows = conn.execute(
-                select(table)
+                _with_rejections()
                 .where(
                     table.c.tenant == tenant,
                     name > after_name,
@@ -231,7 +261,7 @@ class SqlConnectionStore:
         table = tables.connections
         with transaction(self._engine, write=False) as conn:
             rows = conn.execute(
-                select(table)
+                _with_rejections()
                 .where(table.c.delete_time_us.is_(None))
                 .order_by(table.c.tenant, table.c.name)
             ).all()
@@ -309,10 +339,15 @@ class SqlConnectionStore:
         return {name: (revision, version) for name, revision, version in rows}
 
     def write_catalog(
-        self, tenant: str, server: str, revision: int, tools: Sequence[CatalogTool]
+        self,
+        tenant: str,
+        server: str,
+        revision: int,
+        tools: Sequence[CatalogTool],
+        rejected: Rejections = NO_REJECTIONS,
     ) -> CatalogWrite | None:
         table, versions = tables.connections, tables.catalog_versions
-        fingerprint = listing_fingerprint(tools)
+        fingerprint = listing_fingerprint(tools, rejected)
         with transaction(self._engine, write=True) as conn:
             # Locking the connection's row serialises refreshes, across sidecars too.
             current = conn.execute(
@@ -336,9 +371,11 @@ class SqlConnectionStore:
                     )
                 ).scalar()
                 if previous == fingerprint:
-                    return CatalogWrite(current, len(tools), changed=False)
-            version = self._append_version(conn, tenant, server, current, tools, tables.now_us())
-        return CatalogWrite(version, len(tools), changed=True)
+                    return CatalogWrite(current, len(tools), False, rejected.count)
+            version = self._append_version(
+                conn, tenant, server, current, tools, tables.now_us(), rejected
+            )
+        return CatalogWrite(version, len(tools), True, rejected.count)
 
     @staticmethod
     def _append_version(
@@ -348,9 +385,12 @@ class SqlConnectionStore:
         current: int,
         tools: Sequence[CatalogTool],
         now: int,
+        rejected: Rejections = NO_REJECTIONS,
     ) -> int:
         """Write every tool at a new version, then mark all older current rows removed as of
-        it, in one statement. The caller holds the connection's row lock."""
+        it, in one statement. The caller holds the connection's row lock. Rejected tools are
+        kept with the version only, never as catalogue rows: one that becomes valid later is
+        an added tool, one that becomes invalid a removed one."""
         catalog, versions = tables.catalog_tools, tables.catalog_versions
         version = current + 1
         conn.execute(
@@ -359,8 +399,10 @@ class SqlConnectionStore:
                 server=server,
                 catalog_version=version,
                 tool_count=len(tools),
-                fingerprint=listing_fingerprint(tools),
+                fingerprint=listing_fingerprint(tools, rejected),
                 create_time_us=now,
+                rejected_tool_count=rejected.count,
+                rejected_tools=_rejections_json(rejected),
             )
         )
         rows = [
@@ -452,6 +494,7 @@ class SqlConnectionStore:
                 tool_count=row.tool_count,
                 sha256=row.fingerprint,
                 create_time=tables.from_us(row.create_time_us),
+                rejected_count=row.rejected_tool_count,
             )
             for row in rows[:limit]
         ]

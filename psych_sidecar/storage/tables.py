@@ -182,6 +182,10 @@ catalog_versions = Table(
     # SHA-256 of the listing, so a refresh that saw nothing new writes no version.
     Column("fingerprint", String(64), nullable=False),
     Column("create_time_us", BigInteger, nullable=False),
+    # The listed tools left out of the version (invalid definitions): how many, and the first
+    # few as a JSON list of [name, reason] pairs.
+    Column("rejected_tool_count", Integer, nullable=False, server_default="0"),
+    Column("rejected_tools", Text, nullable=False, server_default="[]"),
     ForeignKeyConstraint(["tenant", "server"], ["connections.tenant", "connections.name"]),
 )
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from psych_sidecar.domain.catalog.connections import (
     DESCRIPTION_PROMPT_CHARS,
+    NO_REJECTIONS,
     CatalogTool,
     Connection,
     ConnectionState,
     ConnectionStatus,
     McpToolResult,
+    RejectedTool,
+    Rejections,
     ToolCallFailed,
     TransportKind,
 )
@@ -37,7 +40,10 @@ from psych_sidecar.domain.catalog.rules import (
     diff_catalog,
     env_name_allowed,
     listing_fingerprint,
+    rejected_tool,
+    rejections,
     risky_env_name,
+    tool_definition_problem,
     validate_connection,
     validate_connection_name,
 )
@@ -51,6 +57,7 @@ from psych_sidecar.domain.catalog.service import ConnectionService
 
 __all__ = [
     "DESCRIPTION_PROMPT_CHARS",
+    "NO_REJECTIONS",
     "REDACTED",
     "AllowedCommand",
     "CatalogDiff",
@@ -66,6 +73,8 @@ __all__ = [
     "ConnectionSupervisor",
     "Grants",
     "McpToolResult",
+    "RejectedTool",
+    "Rejections",
     "Scrubber",
     "StoredConnection",
     "ToolCallFailed",
@@ -78,7 +87,10 @@ __all__ = [
     "glob_match",
     "listing_fingerprint",
     "redact_url",
+    "rejected_tool",
+    "rejections",
     "risky_env_name",
+    "tool_definition_problem",
     "validate_connection",
     "validate_connection_name",
     "without_secrets",

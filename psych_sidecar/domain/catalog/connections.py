@@ -57,6 +57,27 @@ class Connection:
 
 
 @dataclass(frozen=True, slots=True)
+class RejectedTool:
+    """A tool of a server's listing left out of the catalogue: its definition is invalid
+    (`reason` says how). `name` is as listed, cut short; "" when the entry had none."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejections:
+    """The tools a catalogue version's listing had and the catalogue left out: the first
+    few with their reasons, and how many there were in all."""
+
+    tools: tuple[RejectedTool, ...] = ()
+    count: int = 0
+
+
+NO_REJECTIONS = Rejections()
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectionStatus:
     state: ConnectionState
     last_error: str
@@ -65,6 +86,8 @@ class ConnectionStatus:
     catalog_version: int
     # The tail of a stdio server's stderr, secrets scrubbed; "" when none.
     recent_output: str = ""
+    # The tools the newest version's listing had and left out.
+    rejected: Rejections = NO_REJECTIONS
 
 
 @dataclass(frozen=True, slots=True)

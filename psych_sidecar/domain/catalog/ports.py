@@ -8,10 +8,12 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from psych_sidecar.domain.catalog.connections import (
+    NO_REJECTIONS,
     CatalogTool,
     Connection,
     ConnectionStatus,
     McpToolResult,
+    Rejections,
 )
 from psych_sidecar.domain.catalog.rules import CatalogVersion, CatalogWrite, StoredConnection
 
@@ -98,10 +100,16 @@ class ConnectionRepository(Protocol):
         ...
 
     def write_catalog(
-        self, tenant: str, server: str, revision: int, tools: Sequence[CatalogTool]
+        self,
+        tenant: str,
+        server: str,
+        revision: int,
+        tools: Sequence[CatalogTool],
+        rejected: Rejections = NO_REJECTIONS,
     ) -> CatalogWrite | None:
-        """Record one complete listing made by a session of that revision; None when the
-        connection is gone or was replaced since (a stale session must not write)."""
+        """Record one complete listing made by a session of that revision (its valid tools,
+        and what it left out); None when the connection is gone or was replaced since (a
+        stale session must not write)."""
         ...
 
     def catalog_tools(

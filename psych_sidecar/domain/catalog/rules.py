@@ -8,6 +8,7 @@ hard-deleted, so any version reads back and two versions diff cheaply.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import struct
 from collections.abc import Mapping, Sequence
@@ -15,8 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from psych_sidecar.domain.catalog.connections import (
+    NO_REJECTIONS,
     CatalogTool,
     Connection,
+    RejectedTool,
+    Rejections,
     TransportKind,
 )
 from psych_sidecar.domain.errors import (
@@ -34,6 +38,17 @@ HEADER_NAME_PATTERN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 MAX_ARGUMENT_LENGTH = 4096
 MAX_DESCRIPTION_LENGTH = 8192
 MAX_TOOL_PATTERN_LENGTH = 1024
+# A listed tool the catalogue keeps: a name of at most this many printable characters (MCP's
+# advice for tool names), and a definition (name, description, schemas, annotations) of at
+# most this many bytes: a server's listing is untrusted, and every catalogue version, surface
+# and search index holds it.
+MAX_TOOL_NAME_CHARS = 128
+MAX_TOOL_DEFINITION_BYTES = 256 * 1024
+# Of a listing's rejected tools, the first this many are kept with their reasons (a server
+# listing a million invalid tools must not make a catalogue version that large); the count
+# is always kept.
+MAX_REJECTED_TOOLS_KEPT = 100
+MAX_REJECTION_REASON_CHARS = 300
 
 
 # Variables that make a loader, an interpreter or a shell run code of the caller's choosing,
@@ -121,6 +136,8 @@ class StoredConnection:
     revision: int
     catalog_version: int
     update_time: datetime
+    # What the listing of `catalog_version` left out.
+    rejected: Rejections = NO_REJECTIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +148,8 @@ class CatalogWrite:
     tool_count: int
     # False when the listing equalled the current version, which then stays current.
     changed: bool
+    # How many listed tools were left out (invalid definitions).
+    rejected_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +161,9 @@ class CatalogVersion:
     # SHA-256 of the listing (listing_fingerprint), lowercase hex.
     sha256: str
     create_time: datetime
+    # How many listed tools were left out of the version (invalid definitions): a version
+    # with no tools and rejected ones had a listing that was entirely invalid.
+    rejected_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +287,46 @@ def _validate_headers(headers: Mapping[str, str]) -> None:
             )
 
 
-def listing_fingerprint(tools: Sequence[CatalogTool]) -> str:
-    """A digest of a listing's content, independent of the order the server sent it in."""
+def tool_definition_problem(tool: CatalogTool) -> str:
+    """Why a listed tool cannot go into the catalogue; "" when it can."""
+    if not tool.name or len(tool.name) > MAX_TOOL_NAME_CHARS or not tool.name.isprintable():
+        return f"the name must be 1-{MAX_TOOL_NAME_CHARS} printable characters"
+    size = (
+        len(tool.name.encode())
+        + len(tool.description.encode())
+        + len(tool.input_schema_json)
+        + len(tool.output_schema_json)
+        + len(tool.annotations_json)
+    )
+    if size > MAX_TOOL_DEFINITION_BYTES:
+        return f"the definition is {size} bytes, more than the {MAX_TOOL_DEFINITION_BYTES} allowed"
+    try:
+        schema = json.loads(tool.input_schema_json)
+    except ValueError:
+        return "the input schema is not JSON"
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return 'the input schema is not an object schema (its top-level "type" must be "object")'
+    return ""
+
+
+def rejected_tool(name: object, reason: str) -> RejectedTool:
+    """A rejection as kept: the name (if the entry had a string one) and the reason, cut."""
+    shown = name[:MAX_TOOL_NAME_CHARS] if isinstance(name, str) else ""
+    # A lone surrogate (JSON allows "\ud800") cannot be stored or sent: replaced.
+    shown = shown.encode(errors="replace").decode()
+    return RejectedTool(shown, reason[:MAX_REJECTION_REASON_CHARS])
+
+
+def rejections(rejected: Sequence[RejectedTool]) -> Rejections:
+    """A listing's rejections as a version keeps them: the first few by name, and the count."""
+    ordered = sorted(rejected, key=lambda r: (r.name, r.reason))
+    return Rejections(tuple(ordered[:MAX_REJECTED_TOOLS_KEPT]), len(rejected))
+
+
+def listing_fingerprint(tools: Sequence[CatalogTool], rejected: Rejections = NO_REJECTIONS) -> str:
+    """A digest of a listing's content, independent of the order the server sent it in. The
+    rejected tools count: a listing whose only change is a tool's rejection (or its reason) is
+    a new version, so the version's rejections are always those of the listing it holds."""
     digest = hashlib.sha256()
     for tool in sorted(tools, key=lambda t: t.name):
         for value in (
@@ -278,6 +338,14 @@ def listing_fingerprint(tools: Sequence[CatalogTool]) -> str:
         ):
             digest.update(struct.pack(">Q", len(value)))
             digest.update(value)
+    if rejected.count:
+        # After the tools, marked, so that no listing without rejections changes its digest.
+        digest.update(b"rejected" + struct.pack(">Q", rejected.count))
+        for item in sorted(rejected.tools, key=lambda r: (r.name, r.reason)):
+            for text in (item.name, item.reason):
+                value = text.encode()
+                digest.update(struct.pack(">Q", len(value)))
+                digest.update(value)
     return digest.hexdigest()
 
 

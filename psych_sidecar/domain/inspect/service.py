@@ -8,7 +8,7 @@ side and never mixed: the inspector adds no number of one kind to a number of th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from psych_sidecar.domain.calls import ReadResult, ToolOutputReader
 from psych_sidecar.domain.catalog import (
@@ -77,6 +77,8 @@ class CatalogVersionView:
     # Against the version before it (the first version: everything added; None when the
     # version before it is not readable).
     diff: CatalogDiff | None
+    # Listed tools the version left out (invalid definitions).
+    rejected_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +181,11 @@ class RunInspector:
     def connections(self, tenant: str) -> list[ConnectionView]:
         validate_name(tenant, "tenant")
         views = []
-        for connection, status in self._catalog.tenant_connections(tenant):
+        for connection, live in self._catalog.tenant_connections(tenant):
+            stored = self._connections.get_connection(tenant, connection.name)
+            # The newest version's rejected tools, with the live state.
+            status = live if stored is None else replace(live, rejected=stored.rejected)
+            rejected_counts = self._rejected_counts(tenant, connection.name)
             versions: list[CatalogVersionView] = []
             newest = status.catalog_version
             oldest = max(1, newest - MAX_VERSIONS + 1)
@@ -194,7 +200,14 @@ class RunInspector:
                     continue
                 tools = read[1]
                 diff = diff_catalog(previous, tools) if previous is not None else None
-                versions.append(CatalogVersionView(version, len(tools), diff))
+                versions.append(
+                    CatalogVersionView(version, len(tools), diff, rejected_counts.get(version, 0))
+                )
                 previous = tools
             views.append(ConnectionView(connection, status, tuple(reversed(versions))))
         return views
+
+    def _rejected_counts(self, tenant: str, name: str) -> dict[int, int]:
+        read = self._connections.catalog_versions(tenant, name, 0, MAX_VERSIONS)
+        listed = read[0] if read is not None else []
+        return {version.catalog_version: version.rejected_count for version in listed}

@@ -42,7 +42,11 @@ class StoredCatalog:
         """What the database holds: the newest catalogue version and when the connection was
         last put; no live state (no session runs here)."""
         return ConnectionStatus(
-            ConnectionState.CONNECTING, "", stored.update_time, stored.catalog_version
+            ConnectionState.CONNECTING,
+            "",
+            stored.update_time,
+            stored.catalog_version,
+            rejected=stored.rejected,
         )
 
     async def put_connection(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:

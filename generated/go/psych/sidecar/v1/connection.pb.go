@@ -179,9 +179,17 @@ type Connection struct {
 	// REDACTED; kept across restarts of the process, so the output of one
 	// that crashed stays visible. Empty for HTTP servers and until a stdio
 	// server writes.
-	RecentOutput  string `protobuf:"bytes,14,opt,name=recent_output,json=recentOutput,proto3" json:"recent_output,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RecentOutput string `protobuf:"bytes,14,opt,name=recent_output,json=recentOutput,proto3" json:"recent_output,omitempty"`
+	// The tools the listing of catalog_version had and the catalogue left out
+	// because their definitions are invalid (the first 100, by name; an entry
+	// without a name comes first). The server stays connected with its valid
+	// tools; a tool that becomes valid appears in a later version as added.
+	RejectedTools []*RejectedTool `protobuf:"bytes,15,rep,name=rejected_tools,json=rejectedTools,proto3" json:"rejected_tools,omitempty"`
+	// How many tools that listing left out in all. With catalog_version's
+	// tools empty, the listing was entirely invalid.
+	RejectedToolCount int32 `protobuf:"varint,16,opt,name=rejected_tool_count,json=rejectedToolCount,proto3" json:"rejected_tool_count,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Connection) Reset() {
@@ -323,6 +331,20 @@ func (x *Connection) GetRecentOutput() string {
 	return ""
 }
 
+func (x *Connection) GetRejectedTools() []*RejectedTool {
+	if x != nil {
+		return x.RejectedTools
+	}
+	return nil
+}
+
+func (x *Connection) GetRejectedToolCount() int32 {
+	if x != nil {
+		return x.RejectedToolCount
+	}
+	return 0
+}
+
 type isConnection_Transport interface {
 	isConnection_Transport()
 }
@@ -340,6 +362,65 @@ type Connection_Http struct {
 func (*Connection_Stdio) isConnection_Transport() {}
 
 func (*Connection_Http) isConnection_Transport() {}
+
+// RejectedTool is a tool an MCP server listed that the catalogue left out:
+// its definition is invalid.
+type RejectedTool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tool's name as listed, cut to 128 characters; empty when the entry
+	// had no name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Why it was left out, e.g. "not a valid MCP tool: inputSchema.type: Field
+	// required" or "the input schema is not an object schema (its top-level
+	// \"type\" must be \"object\")"; at most 300 characters.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RejectedTool) Reset() {
+	*x = RejectedTool{}
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RejectedTool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RejectedTool) ProtoMessage() {}
+
+func (x *RejectedTool) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RejectedTool.ProtoReflect.Descriptor instead.
+func (*RejectedTool) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RejectedTool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RejectedTool) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
 
 // StdioTransport starts one of the commands the operator allowed in the
 // sidecar's configuration. The API can name an allowed command, never
@@ -360,7 +441,7 @@ type StdioTransport struct {
 
 func (x *StdioTransport) Reset() {
 	*x = StdioTransport{}
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -372,7 +453,7 @@ func (x *StdioTransport) String() string {
 func (*StdioTransport) ProtoMessage() {}
 
 func (x *StdioTransport) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -385,7 +466,7 @@ func (x *StdioTransport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StdioTransport.ProtoReflect.Descriptor instead.
 func (*StdioTransport) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{1}
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *StdioTransport) GetCommand() string {
@@ -427,7 +508,7 @@ type HttpTransport struct {
 
 func (x *HttpTransport) Reset() {
 	*x = HttpTransport{}
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +520,7 @@ func (x *HttpTransport) String() string {
 func (*HttpTransport) ProtoMessage() {}
 
 func (x *HttpTransport) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +533,7 @@ func (x *HttpTransport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HttpTransport.ProtoReflect.Descriptor instead.
 func (*HttpTransport) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{2}
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HttpTransport) GetUrl() string {
@@ -487,14 +568,17 @@ type CatalogVersion struct {
 	// The SHA-256 of the listing (lowercase hex): equal listings, equal hashes.
 	Sha256 string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	// When the version was written.
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// How many listed tools the version left out (invalid definitions). With
+	// tool_count 0, the listing was entirely invalid.
+	RejectedToolCount int32 `protobuf:"varint,5,opt,name=rejected_tool_count,json=rejectedToolCount,proto3" json:"rejected_tool_count,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CatalogVersion) Reset() {
 	*x = CatalogVersion{}
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +590,7 @@ func (x *CatalogVersion) String() string {
 func (*CatalogVersion) ProtoMessage() {}
 
 func (x *CatalogVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +603,7 @@ func (x *CatalogVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatalogVersion.ProtoReflect.Descriptor instead.
 func (*CatalogVersion) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{3}
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CatalogVersion) GetCatalogVersion() int64 {
@@ -550,6 +634,13 @@ func (x *CatalogVersion) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *CatalogVersion) GetRejectedToolCount() int32 {
+	if x != nil {
+		return x.RejectedToolCount
+	}
+	return 0
+}
+
 // CatalogTool is one tool of a connection's catalogue at one version.
 type CatalogTool struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -575,7 +666,7 @@ type CatalogTool struct {
 
 func (x *CatalogTool) Reset() {
 	*x = CatalogTool{}
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +678,7 @@ func (x *CatalogTool) String() string {
 func (*CatalogTool) ProtoMessage() {}
 
 func (x *CatalogTool) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +691,7 @@ func (x *CatalogTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatalogTool.ProtoReflect.Descriptor instead.
 func (*CatalogTool) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{4}
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CatalogTool) GetServer() string {
@@ -663,7 +754,7 @@ var File_psych_sidecar_v1_connection_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\n" +
-	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x05\n" +
+	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x06\n" +
 	"\n" +
 	"Connection\x12\x1c\n" +
 	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
@@ -685,10 +776,15 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\n" +
 	"state_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\tstateTime\x12-\n" +
 	"\x0fcatalog_version\x18\r \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersion\x12)\n" +
-	"\rrecent_output\x18\x0e \x01(\tB\x04\xe2A\x01\x03R\frecentOutputB\v\n" +
+	"\rrecent_output\x18\x0e \x01(\tB\x04\xe2A\x01\x03R\frecentOutput\x12K\n" +
+	"\x0erejected_tools\x18\x0f \x03(\v2\x1e.psych.sidecar.v1.RejectedToolB\x04\xe2A\x01\x03R\rrejectedTools\x124\n" +
+	"\x13rejected_tool_count\x18\x10 \x01(\x05B\x04\xe2A\x01\x03R\x11rejectedToolCountB\v\n" +
 	"\ttransportB\n" +
 	"\n" +
-	"\b_preload\"\xc5\x01\n" +
+	"\b_preload\"F\n" +
+	"\fRejectedTool\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x03R\x04name\x12\x1c\n" +
+	"\x06reason\x18\x02 \x01(\tB\x04\xe2A\x01\x03R\x06reason\"\xc5\x01\n" +
 	"\x0eStdioTransport\x12\x1e\n" +
 	"\acommand\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\acommand\x12\x18\n" +
 	"\x04args\x18\x02 \x03(\tB\x04\xe2A\x01\x01R\x04args\x12A\n" +
@@ -702,14 +798,15 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\bprotocol\x18\x03 \x01(\x0e2\x1e.psych.sidecar.v1.HttpProtocolB\x04\xe2A\x01\x02R\bprotocol\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfb\x01\n" +
 	"\x0eCatalogVersion\x12-\n" +
 	"\x0fcatalog_version\x18\x01 \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersion\x12#\n" +
 	"\n" +
 	"tool_count\x18\x02 \x01(\x05B\x04\xe2A\x01\x03R\ttoolCount\x12\x1c\n" +
 	"\x06sha256\x18\x03 \x01(\tB\x04\xe2A\x01\x03R\x06sha256\x12A\n" +
 	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"createTime\"\xb7\x02\n" +
+	"createTime\x124\n" +
+	"\x13rejected_tool_count\x18\x05 \x01(\x05B\x04\xe2A\x01\x03R\x11rejectedToolCount\"\xb7\x02\n" +
 	"\vCatalogTool\x12\x16\n" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
@@ -743,33 +840,35 @@ func file_psych_sidecar_v1_connection_proto_rawDescGZIP() []byte {
 }
 
 var file_psych_sidecar_v1_connection_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_psych_sidecar_v1_connection_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_psych_sidecar_v1_connection_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_psych_sidecar_v1_connection_proto_goTypes = []any{
 	(HttpProtocol)(0),             // 0: psych.sidecar.v1.HttpProtocol
 	(ConnectionState)(0),          // 1: psych.sidecar.v1.ConnectionState
 	(*Connection)(nil),            // 2: psych.sidecar.v1.Connection
-	(*StdioTransport)(nil),        // 3: psych.sidecar.v1.StdioTransport
-	(*HttpTransport)(nil),         // 4: psych.sidecar.v1.HttpTransport
-	(*CatalogVersion)(nil),        // 5: psych.sidecar.v1.CatalogVersion
-	(*CatalogTool)(nil),           // 6: psych.sidecar.v1.CatalogTool
-	nil,                           // 7: psych.sidecar.v1.StdioTransport.EnvEntry
-	nil,                           // 8: psych.sidecar.v1.HttpTransport.HeadersEntry
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*RejectedTool)(nil),          // 3: psych.sidecar.v1.RejectedTool
+	(*StdioTransport)(nil),        // 4: psych.sidecar.v1.StdioTransport
+	(*HttpTransport)(nil),         // 5: psych.sidecar.v1.HttpTransport
+	(*CatalogVersion)(nil),        // 6: psych.sidecar.v1.CatalogVersion
+	(*CatalogTool)(nil),           // 7: psych.sidecar.v1.CatalogTool
+	nil,                           // 8: psych.sidecar.v1.StdioTransport.EnvEntry
+	nil,                           // 9: psych.sidecar.v1.HttpTransport.HeadersEntry
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_connection_proto_depIdxs = []int32{
-	3, // 0: psych.sidecar.v1.Connection.stdio:type_name -> psych.sidecar.v1.StdioTransport
-	4, // 1: psych.sidecar.v1.Connection.http:type_name -> psych.sidecar.v1.HttpTransport
-	1, // 2: psych.sidecar.v1.Connection.state:type_name -> psych.sidecar.v1.ConnectionState
-	9, // 3: psych.sidecar.v1.Connection.state_time:type_name -> google.protobuf.Timestamp
-	7, // 4: psych.sidecar.v1.StdioTransport.env:type_name -> psych.sidecar.v1.StdioTransport.EnvEntry
-	8, // 5: psych.sidecar.v1.HttpTransport.headers:type_name -> psych.sidecar.v1.HttpTransport.HeadersEntry
-	0, // 6: psych.sidecar.v1.HttpTransport.protocol:type_name -> psych.sidecar.v1.HttpProtocol
-	9, // 7: psych.sidecar.v1.CatalogVersion.create_time:type_name -> google.protobuf.Timestamp
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	4,  // 0: psych.sidecar.v1.Connection.stdio:type_name -> psych.sidecar.v1.StdioTransport
+	5,  // 1: psych.sidecar.v1.Connection.http:type_name -> psych.sidecar.v1.HttpTransport
+	1,  // 2: psych.sidecar.v1.Connection.state:type_name -> psych.sidecar.v1.ConnectionState
+	10, // 3: psych.sidecar.v1.Connection.state_time:type_name -> google.protobuf.Timestamp
+	3,  // 4: psych.sidecar.v1.Connection.rejected_tools:type_name -> psych.sidecar.v1.RejectedTool
+	8,  // 5: psych.sidecar.v1.StdioTransport.env:type_name -> psych.sidecar.v1.StdioTransport.EnvEntry
+	9,  // 6: psych.sidecar.v1.HttpTransport.headers:type_name -> psych.sidecar.v1.HttpTransport.HeadersEntry
+	0,  // 7: psych.sidecar.v1.HttpTransport.protocol:type_name -> psych.sidecar.v1.HttpProtocol
+	10, // 8: psych.sidecar.v1.CatalogVersion.create_time:type_name -> google.protobuf.Timestamp
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_connection_proto_init() }
@@ -787,7 +886,7 @@ func file_psych_sidecar_v1_connection_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_connection_proto_rawDesc), len(file_psych_sidecar_v1_connection_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

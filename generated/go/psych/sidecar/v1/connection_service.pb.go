@@ -386,10 +386,14 @@ type RefreshCatalogResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The catalogue version the refresh wrote.
 	CatalogVersion int64 `protobuf:"varint,1,opt,name=catalog_version,json=catalogVersion,proto3" json:"catalog_version,omitempty"`
-	// How many tools the server listed.
-	ToolCount     int32 `protobuf:"varint,2,opt,name=tool_count,json=toolCount,proto3" json:"tool_count,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// How many tools the version holds: those the server listed with valid
+	// definitions.
+	ToolCount int32 `protobuf:"varint,2,opt,name=tool_count,json=toolCount,proto3" json:"tool_count,omitempty"`
+	// How many listed tools were left out (invalid definitions); the
+	// connection's rejected_tools says which and why.
+	RejectedToolCount int32 `protobuf:"varint,3,opt,name=rejected_tool_count,json=rejectedToolCount,proto3" json:"rejected_tool_count,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RefreshCatalogResponse) Reset() {
@@ -432,6 +436,13 @@ func (x *RefreshCatalogResponse) GetCatalogVersion() int64 {
 func (x *RefreshCatalogResponse) GetToolCount() int32 {
 	if x != nil {
 		return x.ToolCount
+	}
+	return 0
+}
+
+func (x *RefreshCatalogResponse) GetRejectedToolCount() int32 {
+	if x != nil {
+		return x.RejectedToolCount
 	}
 	return 0
 }
@@ -866,11 +877,12 @@ const file_psych_sidecar_v1_connection_service_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"O\n" +
 	"\x15RefreshCatalogRequest\x12\x1c\n" +
 	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
-	"\x04name\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04name\"`\n" +
+	"\x04name\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04name\"\x90\x01\n" +
 	"\x16RefreshCatalogResponse\x12'\n" +
 	"\x0fcatalog_version\x18\x01 \x01(\x03R\x0ecatalogVersion\x12\x1d\n" +
 	"\n" +
-	"tool_count\x18\x02 \x01(\x05R\ttoolCount\"\xc8\x01\n" +
+	"tool_count\x18\x02 \x01(\x05R\ttoolCount\x12.\n" +
+	"\x13rejected_tool_count\x18\x03 \x01(\x05R\x11rejectedToolCount\"\xc8\x01\n" +
 	"\x17ListCatalogToolsRequest\x12\x1c\n" +
 	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
 	"\x04name\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12-\n" +

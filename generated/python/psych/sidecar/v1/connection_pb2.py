@@ -26,7 +26,7 @@ from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior_
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8a\x04\n\nConnection\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x37\n\x05stdio\x18\x03 \x01(\x0b\x32 .psych.sidecar.v1.StdioTransportB\x04\xe2\x41\x01\x01H\x00\x12\x35\n\x04http\x18\x04 \x01(\x0b\x32\x1f.psych.sidecar.v1.HttpTransportB\x04\xe2\x41\x01\x01H\x00\x12\x1a\n\x07preload\x18\x05 \x01(\x08\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12\x19\n\x0b\x65\x61ger_tools\x18\x06 \x03(\tB\x04\xe2\x41\x01\x01\x12\x19\n\x0b\x64\x65scription\x18\x07 \x01(\tB\x04\xe2\x41\x01\x01\x12\x19\n\x0b\x61llow_tools\x18\x08 \x03(\tB\x04\xe2\x41\x01\x01\x12\x18\n\ndeny_tools\x18\t \x03(\tB\x04\xe2\x41\x01\x01\x12\x36\n\x05state\x18\n \x01(\x0e\x32!.psych.sidecar.v1.ConnectionStateB\x04\xe2\x41\x01\x03\x12\x18\n\nlast_error\x18\x0b \x01(\tB\x04\xe2\x41\x01\x03\x12\x34\n\nstate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x1d\n\x0f\x63\x61talog_version\x18\r \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x1b\n\rrecent_output\x18\x0e \x01(\tB\x04\xe2\x41\x01\x03\x42\x0b\n\ttransportB\n\n\x08_preload\"\xa5\x01\n\x0eStdioTransport\x12\x15\n\x07\x63ommand\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04\x61rgs\x18\x02 \x03(\tB\x04\xe2\x41\x01\x01\x12<\n\x03\x65nv\x18\x03 \x03(\x0b\x32).psych.sidecar.v1.StdioTransport.EnvEntryB\x04\xe2\x41\x01\x04\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcf\x01\n\rHttpTransport\x12\x11\n\x03url\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x43\n\x07headers\x18\x02 \x03(\x0b\x32,.psych.sidecar.v1.HttpTransport.HeadersEntryB\x04\xe2\x41\x01\x04\x12\x36\n\x08protocol\x18\x03 \x01(\x0e\x32\x1e.psych.sidecar.v1.HttpProtocolB\x04\xe2\x41\x01\x02\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x96\x01\n\x0e\x43\x61talogVersion\x12\x1d\n\x0f\x63\x61talog_version\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x18\n\ntool_count\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06sha256\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\"\xc6\x01\n\x0b\x43\x61talogTool\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x19\n\x11input_schema_json\x18\x04 \x01(\x0c\x12\x1a\n\x12output_schema_json\x18\x05 \x01(\x0c\x12\x18\n\x10\x61nnotations_json\x18\x06 \x01(\x0c\x12\x17\n\x0f\x63\x61talog_version\x18\x07 \x01(\x03\x12\x1a\n\x12removed_in_version\x18\x08 \x01(\x03*g\n\x0cHttpProtocol\x12\x1d\n\x19HTTP_PROTOCOL_UNSPECIFIED\x10\x00\x12!\n\x1dHTTP_PROTOCOL_STREAMABLE_HTTP\x10\x01\x12\x15\n\x11HTTP_PROTOCOL_SSE\x10\x02*\x96\x01\n\x0f\x43onnectionState\x12 \n\x1c\x43ONNECTION_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43ONNECTION_STATE_CONNECTING\x10\x01\x12\x1e\n\x1a\x43ONNECTION_STATE_CONNECTED\x10\x02\x12 \n\x1c\x43ONNECTION_STATE_UNREACHABLE\x10\x03\x42\xba\x01\n\x14\x64\x65v.psych.sidecar.v1B\x0f\x43onnectionProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xeb\x04\n\nConnection\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x37\n\x05stdio\x18\x03 \x01(\x0b\x32 .psych.sidecar.v1.StdioTransportB\x04\xe2\x41\x01\x01H\x00\x12\x35\n\x04http\x18\x04 \x01(\x0b\x32\x1f.psych.sidecar.v1.HttpTransportB\x04\xe2\x41\x01\x01H\x00\x12\x1a\n\x07preload\x18\x05 \x01(\x08\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12\x19\n\x0b\x65\x61ger_tools\x18\x06 \x03(\tB\x04\xe2\x41\x01\x01\x12\x19\n\x0b\x64\x65scription\x18\x07 \x01(\tB\x04\xe2\x41\x01\x01\x12\x19\n\x0b\x61llow_tools\x18\x08 \x03(\tB\x04\xe2\x41\x01\x01\x12\x18\n\ndeny_tools\x18\t \x03(\tB\x04\xe2\x41\x01\x01\x12\x36\n\x05state\x18\n \x01(\x0e\x32!.psych.sidecar.v1.ConnectionStateB\x04\xe2\x41\x01\x03\x12\x18\n\nlast_error\x18\x0b \x01(\tB\x04\xe2\x41\x01\x03\x12\x34\n\nstate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x1d\n\x0f\x63\x61talog_version\x18\r \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x1b\n\rrecent_output\x18\x0e \x01(\tB\x04\xe2\x41\x01\x03\x12<\n\x0erejected_tools\x18\x0f \x03(\x0b\x32\x1e.psych.sidecar.v1.RejectedToolB\x04\xe2\x41\x01\x03\x12!\n\x13rejected_tool_count\x18\x10 \x01(\x05\x42\x04\xe2\x41\x01\x03\x42\x0b\n\ttransportB\n\n\x08_preload\"8\n\x0cRejectedTool\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x06reason\x18\x02 \x01(\tB\x04\xe2\x41\x01\x03\"\xa5\x01\n\x0eStdioTransport\x12\x15\n\x07\x63ommand\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04\x61rgs\x18\x02 \x03(\tB\x04\xe2\x41\x01\x01\x12<\n\x03\x65nv\x18\x03 \x03(\x0b\x32).psych.sidecar.v1.StdioTransport.EnvEntryB\x04\xe2\x41\x01\x04\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcf\x01\n\rHttpTransport\x12\x11\n\x03url\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x43\n\x07headers\x18\x02 \x03(\x0b\x32,.psych.sidecar.v1.HttpTransport.HeadersEntryB\x04\xe2\x41\x01\x04\x12\x36\n\x08protocol\x18\x03 \x01(\x0e\x32\x1e.psych.sidecar.v1.HttpProtocolB\x04\xe2\x41\x01\x02\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb9\x01\n\x0e\x43\x61talogVersion\x12\x1d\n\x0f\x63\x61talog_version\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x18\n\ntool_count\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x03\x12\x14\n\x06sha256\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12!\n\x13rejected_tool_count\x18\x05 \x01(\x05\x42\x04\xe2\x41\x01\x03\"\xc6\x01\n\x0b\x43\x61talogTool\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x19\n\x11input_schema_json\x18\x04 \x01(\x0c\x12\x1a\n\x12output_schema_json\x18\x05 \x01(\x0c\x12\x18\n\x10\x61nnotations_json\x18\x06 \x01(\x0c\x12\x17\n\x0f\x63\x61talog_version\x18\x07 \x01(\x03\x12\x1a\n\x12removed_in_version\x18\x08 \x01(\x03*g\n\x0cHttpProtocol\x12\x1d\n\x19HTTP_PROTOCOL_UNSPECIFIED\x10\x00\x12!\n\x1dHTTP_PROTOCOL_STREAMABLE_HTTP\x10\x01\x12\x15\n\x11HTTP_PROTOCOL_SSE\x10\x02*\x96\x01\n\x0f\x43onnectionState\x12 \n\x1c\x43ONNECTION_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43ONNECTION_STATE_CONNECTING\x10\x01\x12\x1e\n\x1a\x43ONNECTION_STATE_CONNECTED\x10\x02\x12 \n\x1c\x43ONNECTION_STATE_UNREACHABLE\x10\x03\x42\xba\x01\n\x14\x64\x65v.psych.sidecar.v1B\x0f\x43onnectionProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -62,6 +62,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONNECTION'].fields_by_name['catalog_version']._serialized_options = b'\342A\001\003'
   _globals['_CONNECTION'].fields_by_name['recent_output']._loaded_options = None
   _globals['_CONNECTION'].fields_by_name['recent_output']._serialized_options = b'\342A\001\003'
+  _globals['_CONNECTION'].fields_by_name['rejected_tools']._loaded_options = None
+  _globals['_CONNECTION'].fields_by_name['rejected_tools']._serialized_options = b'\342A\001\003'
+  _globals['_CONNECTION'].fields_by_name['rejected_tool_count']._loaded_options = None
+  _globals['_CONNECTION'].fields_by_name['rejected_tool_count']._serialized_options = b'\342A\001\003'
+  _globals['_REJECTEDTOOL'].fields_by_name['name']._loaded_options = None
+  _globals['_REJECTEDTOOL'].fields_by_name['name']._serialized_options = b'\342A\001\003'
+  _globals['_REJECTEDTOOL'].fields_by_name['reason']._loaded_options = None
+  _globals['_REJECTEDTOOL'].fields_by_name['reason']._serialized_options = b'\342A\001\003'
   _globals['_STDIOTRANSPORT_ENVENTRY']._loaded_options = None
   _globals['_STDIOTRANSPORT_ENVENTRY']._serialized_options = b'8\001'
   _globals['_STDIOTRANSPORT'].fields_by_name['command']._loaded_options = None
@@ -86,22 +94,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CATALOGVERSION'].fields_by_name['sha256']._serialized_options = b'\342A\001\003'
   _globals['_CATALOGVERSION'].fields_by_name['create_time']._loaded_options = None
   _globals['_CATALOGVERSION'].fields_by_name['create_time']._serialized_options = b'\342A\001\003'
-  _globals['_HTTPPROTOCOL']._serialized_start=1378
-  _globals['_HTTPPROTOCOL']._serialized_end=1481
-  _globals['_CONNECTIONSTATE']._serialized_start=1484
-  _globals['_CONNECTIONSTATE']._serialized_end=1634
+  _globals['_CATALOGVERSION'].fields_by_name['rejected_tool_count']._loaded_options = None
+  _globals['_CATALOGVERSION'].fields_by_name['rejected_tool_count']._serialized_options = b'\342A\001\003'
+  _globals['_HTTPPROTOCOL']._serialized_start=1568
+  _globals['_HTTPPROTOCOL']._serialized_end=1671
+  _globals['_CONNECTIONSTATE']._serialized_start=1674
+  _globals['_CONNECTIONSTATE']._serialized_end=1824
   _globals['_CONNECTION']._serialized_start=122
-  _globals['_CONNECTION']._serialized_end=644
-  _globals['_STDIOTRANSPORT']._serialized_start=647
-  _globals['_STDIOTRANSPORT']._serialized_end=812
-  _globals['_STDIOTRANSPORT_ENVENTRY']._serialized_start=770
-  _globals['_STDIOTRANSPORT_ENVENTRY']._serialized_end=812
-  _globals['_HTTPTRANSPORT']._serialized_start=815
-  _globals['_HTTPTRANSPORT']._serialized_end=1022
-  _globals['_HTTPTRANSPORT_HEADERSENTRY']._serialized_start=976
-  _globals['_HTTPTRANSPORT_HEADERSENTRY']._serialized_end=1022
-  _globals['_CATALOGVERSION']._serialized_start=1025
-  _globals['_CATALOGVERSION']._serialized_end=1175
-  _globals['_CATALOGTOOL']._serialized_start=1178
-  _globals['_CATALOGTOOL']._serialized_end=1376
+  _globals['_CONNECTION']._serialized_end=741
+  _globals['_REJECTEDTOOL']._serialized_start=743
+  _globals['_REJECTEDTOOL']._serialized_end=799
+  _globals['_STDIOTRANSPORT']._serialized_start=802
+  _globals['_STDIOTRANSPORT']._serialized_end=967
+  _globals['_STDIOTRANSPORT_ENVENTRY']._serialized_start=925
+  _globals['_STDIOTRANSPORT_ENVENTRY']._serialized_end=967
+  _globals['_HTTPTRANSPORT']._serialized_start=970
+  _globals['_HTTPTRANSPORT']._serialized_end=1177
+  _globals['_HTTPTRANSPORT_HEADERSENTRY']._serialized_start=1131
+  _globals['_HTTPTRANSPORT_HEADERSENTRY']._serialized_end=1177
+  _globals['_CATALOGVERSION']._serialized_start=1180
+  _globals['_CATALOGVERSION']._serialized_end=1365
+  _globals['_CATALOGTOOL']._serialized_start=1368
+  _globals['_CATALOGTOOL']._serialized_end=1566
 # @@protoc_insertion_point(module_scope)

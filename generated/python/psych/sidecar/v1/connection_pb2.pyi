@@ -98,6 +98,8 @@ class Connection(_message.Message):
     STATE_TIME_FIELD_NUMBER: _builtins.int
     CATALOG_VERSION_FIELD_NUMBER: _builtins.int
     RECENT_OUTPUT_FIELD_NUMBER: _builtins.int
+    REJECTED_TOOLS_FIELD_NUMBER: _builtins.int
+    REJECTED_TOOL_COUNT_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant that owns the connection."""
     name: _builtins.str
@@ -127,6 +129,10 @@ class Connection(_message.Message):
     that crashed stays visible. Empty for HTTP servers and until a stdio
     server writes.
     """
+    rejected_tool_count: _builtins.int
+    """How many tools that listing left out in all. With catalog_version's
+    tools empty, the listing was entirely invalid.
+    """
     @_builtins.property
     def stdio(self) -> Global___StdioTransport:
         """A local process speaking MCP over stdio."""
@@ -155,6 +161,14 @@ class Connection(_message.Message):
     def state_time(self) -> _timestamp_pb2.Timestamp:
         """When state last changed."""
 
+    @_builtins.property
+    def rejected_tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___RejectedTool]:
+        """The tools the listing of catalog_version had and the catalogue left out
+        because their definitions are invalid (the first 100, by name; an entry
+        without a name comes first). The server stays connected with its valid
+        tools; a tool that becomes valid appears in a later version as added.
+        """
+
     def __init__(
         self,
         *,
@@ -172,10 +186,12 @@ class Connection(_message.Message):
         state_time: _timestamp_pb2.Timestamp | None = ...,
         catalog_version: _builtins.int = ...,
         recent_output: _builtins.str = ...,
+        rejected_tools: _abc.Iterable[Global___RejectedTool] | None = ...,
+        rejected_tool_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "http", b"http", "preload", b"preload", "state_time", b"state_time", "stdio", b"stdio", "transport", b"transport"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "allow_tools", b"allow_tools", "catalog_version", b"catalog_version", "deny_tools", b"deny_tools", "description", b"description", "eager_tools", b"eager_tools", "http", b"http", "last_error", b"last_error", "name", b"name", "preload", b"preload", "recent_output", b"recent_output", "state", b"state", "state_time", b"state_time", "stdio", b"stdio", "tenant", b"tenant", "transport", b"transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "allow_tools", b"allow_tools", "catalog_version", b"catalog_version", "deny_tools", b"deny_tools", "description", b"description", "eager_tools", b"eager_tools", "http", b"http", "last_error", b"last_error", "name", b"name", "preload", b"preload", "recent_output", b"recent_output", "rejected_tool_count", b"rejected_tool_count", "rejected_tools", b"rejected_tools", "state", b"state", "state_time", b"state_time", "stdio", b"stdio", "tenant", b"tenant", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__preload: _TypeAlias = _typing.Literal["preload"]  # noqa: Y015
     _WhichOneofArgType__preload: _TypeAlias = _typing.Literal["_preload", b"_preload"]  # noqa: Y015
@@ -187,6 +203,39 @@ class Connection(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_transport) -> _WhichOneofReturnType_transport | None: ...
 
 Global___Connection: _TypeAlias = Connection  # noqa: Y015
+
+@_typing.final
+class RejectedTool(_message.Message):
+    """RejectedTool is a tool an MCP server listed that the catalogue left out:
+    its definition is invalid.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The tool's name as listed, cut to 128 characters; empty when the entry
+    had no name.
+    """
+    reason: _builtins.str
+    """Why it was left out, e.g. "not a valid MCP tool: inputSchema.type: Field
+    required" or "the input schema is not an object schema (its top-level
+    \\"type\\" must be \\"object\\")"; at most 300 characters.
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RejectedTool: _TypeAlias = RejectedTool  # noqa: Y015
 
 @_typing.final
 class StdioTransport(_message.Message):
@@ -317,12 +366,17 @@ class CatalogVersion(_message.Message):
     TOOL_COUNT_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    REJECTED_TOOL_COUNT_FIELD_NUMBER: _builtins.int
     catalog_version: _builtins.int
     """The version, 1 for the first listing, increasing by one per change."""
     tool_count: _builtins.int
     """How many tools the listing had."""
     sha256: _builtins.str
     """The SHA-256 of the listing (lowercase hex): equal listings, equal hashes."""
+    rejected_tool_count: _builtins.int
+    """How many listed tools the version left out (invalid definitions). With
+    tool_count 0, the listing was entirely invalid.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the version was written."""
@@ -334,10 +388,11 @@ class CatalogVersion(_message.Message):
         tool_count: _builtins.int = ...,
         sha256: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        rejected_tool_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog_version", b"catalog_version", "create_time", b"create_time", "sha256", b"sha256", "tool_count", b"tool_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog_version", b"catalog_version", "create_time", b"create_time", "rejected_tool_count", b"rejected_tool_count", "sha256", b"sha256", "tool_count", b"tool_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -204,19 +204,27 @@ class RefreshCatalogResponse(_message.Message):
 
     CATALOG_VERSION_FIELD_NUMBER: _builtins.int
     TOOL_COUNT_FIELD_NUMBER: _builtins.int
+    REJECTED_TOOL_COUNT_FIELD_NUMBER: _builtins.int
     catalog_version: _builtins.int
     """The catalogue version the refresh wrote."""
     tool_count: _builtins.int
-    """How many tools the server listed."""
+    """How many tools the version holds: those the server listed with valid
+    definitions.
+    """
+    rejected_tool_count: _builtins.int
+    """How many listed tools were left out (invalid definitions); the
+    connection's rejected_tools says which and why.
+    """
     def __init__(
         self,
         *,
         catalog_version: _builtins.int = ...,
         tool_count: _builtins.int = ...,
+        rejected_tool_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog_version", b"catalog_version", "tool_count", b"tool_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog_version", b"catalog_version", "rejected_tool_count", b"rejected_tool_count", "tool_count", b"tool_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/connection.proto.
  */
 export const file_psych_sidecar_v1_connection: GenFile = /*@__PURE__*/
-  fileDesc("CiFwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb24ucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEiigQKCkNvbm5lY3Rpb24SFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISNwoFc3RkaW8YAyABKAsyIC5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0QgTiQQEBSAASNQoEaHR0cBgEIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydEIE4kEBAUgAEhoKB3ByZWxvYWQYBSABKAhCBOJBAQFIAYgBARIZCgtlYWdlcl90b29scxgGIAMoCUIE4kEBARIZCgtkZXNjcmlwdGlvbhgHIAEoCUIE4kEBARIZCgthbGxvd190b29scxgIIAMoCUIE4kEBARIYCgpkZW55X3Rvb2xzGAkgAygJQgTiQQEBEjYKBXN0YXRlGAogASgOMiEucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uU3RhdGVCBOJBAQMSGAoKbGFzdF9lcnJvchgLIAEoCUIE4kEBAxI0CgpzdGF0ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIdCg9jYXRhbG9nX3ZlcnNpb24YDSABKANCBOJBAQMSGwoNcmVjZW50X291dHB1dBgOIAEoCUIE4kEBA0ILCgl0cmFuc3BvcnRCCgoIX3ByZWxvYWQipQEKDlN0ZGlvVHJhbnNwb3J0EhUKB2NvbW1hbmQYASABKAlCBOJBAQISEgoEYXJncxgCIAMoCUIE4kEBARI8CgNlbnYYAyADKAsyKS5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0LkVudkVudHJ5QgTiQQEEGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEizwEKDUh0dHBUcmFuc3BvcnQSEQoDdXJsGAEgASgJQgTiQQECEkMKB2hlYWRlcnMYAiADKAsyLC5wc3ljaC5zaWRlY2FyLnYxLkh0dHBUcmFuc3BvcnQuSGVhZGVyc0VudHJ5QgTiQQEEEjYKCHByb3RvY29sGAMgASgOMh4ucHN5Y2guc2lkZWNhci52MS5IdHRwUHJvdG9jb2xCBOJBAQIaLgoMSGVhZGVyc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEilgEKDkNhdGFsb2dWZXJzaW9uEh0KD2NhdGFsb2dfdmVyc2lvbhgBIAEoA0IE4kEBAxIYCgp0b29sX2NvdW50GAIgASgFQgTiQQEDEhQKBnNoYTI1NhgDIAEoCUIE4kEBAxI1CgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMixgEKC0NhdGFsb2dUb29sEg4KBnNlcnZlchgBIAEoCRIMCgRuYW1lGAIgASgJEhMKC2Rlc2NyaXB0aW9uGAMgASgJEhkKEWlucHV0X3NjaGVtYV9qc29uGAQgASgMEhoKEm91dHB1dF9zY2hlbWFfanNvbhgFIAEoDBIYChBhbm5vdGF0aW9uc19qc29uGAYgASgMEhcKD2NhdGFsb2dfdmVyc2lvbhgHIAEoAxIaChJyZW1vdmVkX2luX3ZlcnNpb24YCCABKAMqZwoMSHR0cFByb3RvY29sEh0KGUhUVFBfUFJPVE9DT0xfVU5TUEVDSUZJRUQQABIhCh1IVFRQX1BST1RPQ09MX1NUUkVBTUFCTEVfSFRUUBABEhUKEUhUVFBfUFJPVE9DT0xfU1NFEAIqlgEKD0Nvbm5lY3Rpb25TdGF0ZRIgChxDT05ORUNUSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASHwobQ09OTkVDVElPTl9TVEFURV9DT05ORUNUSU5HEAESHgoaQ09OTkVDVElPTl9TVEFURV9DT05ORUNURUQQAhIgChxDT05ORUNUSU9OX1NUQVRFX1VOUkVBQ0hBQkxFEANCugEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQg9Db25uZWN0aW9uUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
+  fileDesc("CiFwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb24ucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEi6wQKCkNvbm5lY3Rpb24SFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISNwoFc3RkaW8YAyABKAsyIC5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0QgTiQQEBSAASNQoEaHR0cBgEIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydEIE4kEBAUgAEhoKB3ByZWxvYWQYBSABKAhCBOJBAQFIAYgBARIZCgtlYWdlcl90b29scxgGIAMoCUIE4kEBARIZCgtkZXNjcmlwdGlvbhgHIAEoCUIE4kEBARIZCgthbGxvd190b29scxgIIAMoCUIE4kEBARIYCgpkZW55X3Rvb2xzGAkgAygJQgTiQQEBEjYKBXN0YXRlGAogASgOMiEucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uU3RhdGVCBOJBAQMSGAoKbGFzdF9lcnJvchgLIAEoCUIE4kEBAxI0CgpzdGF0ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIdCg9jYXRhbG9nX3ZlcnNpb24YDSABKANCBOJBAQMSGwoNcmVjZW50X291dHB1dBgOIAEoCUIE4kEBAxI8Cg5yZWplY3RlZF90b29scxgPIAMoCzIeLnBzeWNoLnNpZGVjYXIudjEuUmVqZWN0ZWRUb29sQgTiQQEDEiEKE3JlamVjdGVkX3Rvb2xfY291bnQYECABKAVCBOJBAQNCCwoJdHJhbnNwb3J0QgoKCF9wcmVsb2FkIjgKDFJlamVjdGVkVG9vbBISCgRuYW1lGAEgASgJQgTiQQEDEhQKBnJlYXNvbhgCIAEoCUIE4kEBAyKlAQoOU3RkaW9UcmFuc3BvcnQSFQoHY29tbWFuZBgBIAEoCUIE4kEBAhISCgRhcmdzGAIgAygJQgTiQQEBEjwKA2VudhgDIAMoCzIpLnBzeWNoLnNpZGVjYXIudjEuU3RkaW9UcmFuc3BvcnQuRW52RW50cnlCBOJBAQQaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLPAQoNSHR0cFRyYW5zcG9ydBIRCgN1cmwYASABKAlCBOJBAQISQwoHaGVhZGVycxgCIAMoCzIsLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydC5IZWFkZXJzRW50cnlCBOJBAQQSNgoIcHJvdG9jb2wYAyABKA4yHi5wc3ljaC5zaWRlY2FyLnYxLkh0dHBQcm90b2NvbEIE4kEBAhouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASK5AQoOQ2F0YWxvZ1ZlcnNpb24SHQoPY2F0YWxvZ192ZXJzaW9uGAEgASgDQgTiQQEDEhgKCnRvb2xfY291bnQYAiABKAVCBOJBAQMSFAoGc2hhMjU2GAMgASgJQgTiQQEDEjUKC2NyZWF0ZV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIhChNyZWplY3RlZF90b29sX2NvdW50GAUgASgFQgTiQQEDIsYBCgtDYXRhbG9nVG9vbBIOCgZzZXJ2ZXIYASABKAkSDAoEbmFtZRgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoDBIaChJvdXRwdXRfc2NoZW1hX2pzb24YBSABKAwSGAoQYW5ub3RhdGlvbnNfanNvbhgGIAEoDBIXCg9jYXRhbG9nX3ZlcnNpb24YByABKAMSGgoScmVtb3ZlZF9pbl92ZXJzaW9uGAggASgDKmcKDEh0dHBQcm90b2NvbBIdChlIVFRQX1BST1RPQ09MX1VOU1BFQ0lGSUVEEAASIQodSFRUUF9QUk9UT0NPTF9TVFJFQU1BQkxFX0hUVFAQARIVChFIVFRQX1BST1RPQ09MX1NTRRACKpYBCg9Db25uZWN0aW9uU3RhdGUSIAocQ09OTkVDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEh8KG0NPTk5FQ1RJT05fU1RBVEVfQ09OTkVDVElORxABEh4KGkNPTk5FQ1RJT05fU1RBVEVfQ09OTkVDVEVEEAISIAocQ09OTkVDVElPTl9TVEFURV9VTlJFQUNIQUJMRRADQroBChRkZXYucHN5Y2guc2lkZWNhci52MUIPQ29ubmVjdGlvblByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
 
 /**
  * Connection is one MCP server a tenant connected. Its name is the server
@@ -139,6 +139,24 @@ export type Connection = Message<"psych.sidecar.v1.Connection"> & {
    * @generated from field: string recent_output = 14;
    */
   recentOutput: string;
+
+  /**
+   * The tools the listing of catalog_version had and the catalogue left out
+   * because their definitions are invalid (the first 100, by name; an entry
+   * without a name comes first). The server stays connected with its valid
+   * tools; a tool that becomes valid appears in a later version as added.
+   *
+   * @generated from field: repeated psych.sidecar.v1.RejectedTool rejected_tools = 15;
+   */
+  rejectedTools: RejectedTool[];
+
+  /**
+   * How many tools that listing left out in all. With catalog_version's
+   * tools empty, the listing was entirely invalid.
+   *
+   * @generated from field: int32 rejected_tool_count = 16;
+   */
+  rejectedToolCount: number;
 };
 
 /**
@@ -147,6 +165,38 @@ export type Connection = Message<"psych.sidecar.v1.Connection"> & {
  */
 export const ConnectionSchema: GenMessage<Connection> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_connection, 0);
+
+/**
+ * RejectedTool is a tool an MCP server listed that the catalogue left out:
+ * its definition is invalid.
+ *
+ * @generated from message psych.sidecar.v1.RejectedTool
+ */
+export type RejectedTool = Message<"psych.sidecar.v1.RejectedTool"> & {
+  /**
+   * The tool's name as listed, cut to 128 characters; empty when the entry
+   * had no name.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Why it was left out, e.g. "not a valid MCP tool: inputSchema.type: Field
+   * required" or "the input schema is not an object schema (its top-level
+   * \"type\" must be \"object\")"; at most 300 characters.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.RejectedTool.
+ * Use `create(RejectedToolSchema)` to create a new message.
+ */
+export const RejectedToolSchema: GenMessage<RejectedTool> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection, 1);
 
 /**
  * StdioTransport starts one of the commands the operator allowed in the
@@ -185,7 +235,7 @@ export type StdioTransport = Message<"psych.sidecar.v1.StdioTransport"> & {
  * Use `create(StdioTransportSchema)` to create a new message.
  */
 export const StdioTransportSchema: GenMessage<StdioTransport> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection, 1);
+  messageDesc(file_psych_sidecar_v1_connection, 2);
 
 /**
  * HttpTransport reaches a server over HTTP.
@@ -223,7 +273,7 @@ export type HttpTransport = Message<"psych.sidecar.v1.HttpTransport"> & {
  * Use `create(HttpTransportSchema)` to create a new message.
  */
 export const HttpTransportSchema: GenMessage<HttpTransport> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection, 2);
+  messageDesc(file_psych_sidecar_v1_connection, 3);
 
 /**
  * CatalogVersion is one version of a connection's catalogue: written by a
@@ -259,6 +309,14 @@ export type CatalogVersion = Message<"psych.sidecar.v1.CatalogVersion"> & {
    * @generated from field: google.protobuf.Timestamp create_time = 4;
    */
   createTime?: Timestamp | undefined;
+
+  /**
+   * How many listed tools the version left out (invalid definitions). With
+   * tool_count 0, the listing was entirely invalid.
+   *
+   * @generated from field: int32 rejected_tool_count = 5;
+   */
+  rejectedToolCount: number;
 };
 
 /**
@@ -266,7 +324,7 @@ export type CatalogVersion = Message<"psych.sidecar.v1.CatalogVersion"> & {
  * Use `create(CatalogVersionSchema)` to create a new message.
  */
 export const CatalogVersionSchema: GenMessage<CatalogVersion> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection, 3);
+  messageDesc(file_psych_sidecar_v1_connection, 4);
 
 /**
  * CatalogTool is one tool of a connection's catalogue at one version.
@@ -336,7 +394,7 @@ export type CatalogTool = Message<"psych.sidecar.v1.CatalogTool"> & {
  * Use `create(CatalogToolSchema)` to create a new message.
  */
 export const CatalogToolSchema: GenMessage<CatalogTool> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection, 4);
+  messageDesc(file_psych_sidecar_v1_connection, 5);
 
 /**
  * HttpProtocol is the HTTP flavour of MCP a server speaks.
