@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -79,12 +80,27 @@ def _unimplemented(method: str) -> Behaviour:
 
 
 class InFlight:
-    """The calls being handled, so that shutdown can answer those still running when the
-    grace ends with UNAVAILABLE / SHUTTING_DOWN instead of a bare CANCELLED."""
+    """The calls being handled, and shutdown as a call sees it. Every call that arrives after
+    shutdown began is answered UNAVAILABLE / SHUTTING_DOWN with its ErrorInfo; never a bare
+    CANCELLED, which is what gRPC gives a call still queued (received, not yet handed to a
+    handler) when the server stops. So the server stops only once nothing is queued:
+
+    1. draining (`settle`): a call that arrives is answered at once; those already running get
+       the grace, and those still running when it ends are cut short and answered;
+    2. closing (`quiesce`): a call that arrives is held, so its client (which waits for the
+       answer) sends nothing more, until no call has arrived for a moment;
+    3. the server stops (no call is queued: every one that came is held in a handler), then
+       `release` answers the held calls. A call after that meets the stopped listener and
+       gets gRPC's own bare UNAVAILABLE.
+    """
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.shutting_down: SidecarError | None = None
+        self._refused: SidecarError | None = None
+        self._holding = False
+        self._released = asyncio.Event()
+        self._last_arrival = -math.inf
 
     async def settle(self, grace_seconds: float) -> None:
         """Wait up to the grace for in-flight calls, then cut the rest short."""
@@ -93,13 +109,46 @@ class InFlight:
             f"the sidecar is shutting down; the call did not finish within {grace_seconds:g} s",
             grace_seconds=grace_seconds,
         )
+        self._refused = SidecarError(
+            Reason.SHUTTING_DOWN,
+            "the sidecar is shutting down and takes no new calls; retry on another sidecar "
+            "or after the restart",
+            grace_seconds=grace_seconds,
+        )
         waiting = set(self.tasks)
         if waiting:
             await asyncio.wait(waiting, timeout=grace_seconds)
-        for task in self.tasks:
+        for task in waiting:
             task.cancel()
-        if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=5)
+        if waiting:
+            await asyncio.wait(waiting, timeout=5)
+
+    async def refuse(self) -> None:
+        """Answer a call that arrived after shutdown began (see the class): raises
+        SHUTTING_DOWN, at once while draining, once released while closing."""
+        assert self._refused is not None, "only after settle() began"
+        self._last_arrival = asyncio.get_running_loop().time()
+        if self._holding:
+            await self._released.wait()
+        raise self._refused
+
+    async def quiesce(self, quiet_seconds: float, longest_seconds: float) -> None:
+        """Hold arriving calls until none has arrived for `quiet_seconds` (at most
+        `longest_seconds`): then no call is left queued for a handler."""
+        self._holding = True
+        loop = asyncio.get_running_loop()
+        # A call queued now is unseen until its handler starts: quiet is counted from here.
+        self._last_arrival = max(self._last_arrival, loop.time())
+        deadline = loop.time() + longest_seconds
+        while (now := loop.time()) < deadline:
+            quiet_until = self._last_arrival + quiet_seconds
+            if now >= quiet_until:
+                return
+            await asyncio.sleep(min(quiet_until, deadline) - now)
+
+    def release(self) -> None:
+        """Answer the held calls (the server has stopped taking calls)."""
+        self._released.set()
 
 
 def _log_fields(request_class: type[Message], service: str) -> list[tuple[str, str]]:
@@ -137,6 +186,8 @@ def _guarded(
         assert task is not None
         tracked.tasks.add(task)
         try:
+            if tracked.shutting_down is not None:
+                await tracked.refuse()
             if isinstance(request, _Rejected):
                 raise request.error
             response = await behaviour(request, context)

@@ -40,6 +40,14 @@ __all__ = ["Sidecar", "StartupError", "serve"]
 
 log = logging.getLogger(__name__)
 
+# Shutdown (InFlight): the server stops once no call has arrived for _QUIET_SECONDS (a queued
+# call reaches its handler within milliseconds of the loop being free), or after
+# _LONGEST_QUIESCE_SECONDS of calls arriving regardless; the held calls are answered at once,
+# and the backstop only bounds the server's own stop.
+_QUIET_SECONDS = 0.1
+_LONGEST_QUIESCE_SECONDS = 1.0
+_STOP_BACKSTOP_SECONDS = 5.0
+
 
 class Sidecar:
     """One running sidecar: storage, domain services and the gRPC server around them."""
@@ -218,17 +226,23 @@ class Sidecar:
         return None if embeddings is None else embeddings.counters()
 
     async def stop(self) -> None:
-        """NOT_SERVING first, then stop taking calls and let in-flight ones finish; those
-        still running when the grace ends are answered UNAVAILABLE / SHUTTING_DOWN."""
+        """NOT_SERVING first, then refuse new calls and let in-flight ones finish; those
+        still running when the grace ends are answered UNAVAILABLE / SHUTTING_DOWN, and the
+        listeners stop once no call is queued."""
         await self._health.enter_graceful_shutdown()
         if self.settings.listeners.drain_delay_seconds and self._server is not None:
             await asyncio.sleep(self.settings.listeners.drain_delay_seconds)
         if self._server is not None:
-            grace = self.settings.listeners.shutdown_grace_seconds
-            # New calls are refused at once (bare UNAVAILABLE); in-flight ones get the grace,
-            # and an answer of ours when it ends, before the transport would cancel them.
-            stopping = asyncio.ensure_future(self._server.stop(grace + 5))
-            await self._in_flight.settle(grace)
+            # New calls are answered SHUTTING_DOWN; in-flight ones get the grace, and an
+            # answer of ours when it ends. The server stops once no call is queued (see
+            # InFlight): gRPC cancels a queued call, bare, when it stops.
+            await self._in_flight.settle(self.settings.listeners.shutdown_grace_seconds)
+            await self._in_flight.quiesce(_QUIET_SECONDS, _LONGEST_QUIESCE_SECONDS)
+            stopping = asyncio.ensure_future(self._server.stop(_STOP_BACKSTOP_SECONDS))
+            # Its first step (no new call is taken; clients are told to go away) runs before
+            # it first waits: then the held calls are answered.
+            await asyncio.sleep(0)
+            self._in_flight.release()
             await stopping
         if self._health_server is not None:
             await self._health_server.stop(None)
