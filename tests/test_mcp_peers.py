@@ -199,3 +199,5 @@ def test_twilio_with_every_service_lists_1409_tools(stubs: Stubs, tenant: str) -
         connection_service_pb2.RefreshCatalogRequest(tenant=tenant, name="twilio")
     )
     assert (unchanged.catalog_version, unchanged.tool_count) == (1, 1409)
+    # Every tool is judged alone; none of a real server's is left out.
+    assert (connection.rejected_tool_count, unchanged.rejected_tool_count) == (0, 0)
