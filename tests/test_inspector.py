@@ -319,6 +319,17 @@ def test_unknown_runs_and_handles_and_bad_input_get_typed_answers(
     assert _get(scripted.base_url + "/ui/connections")[0] == 400
 
 
+def test_connections_show_the_tools_a_listing_left_out(scripted: ScriptedRun, stubs: Stubs) -> None:
+    tenant = "initech"
+    put = put_stdio(stubs, tenant, "broken", args=["--tools", "0", "--invalid-tools", "one"])
+    assert put.rejected_tool_count == 1
+    status, _, body = _get(f"{scripted.base_url}/ui/connections?tenant={tenant}")
+    assert status == 200
+    assert "1 listed tool with invalid definitions" in body
+    assert "<code>bad_schema</code>: not a valid MCP tool: inputSchema.type: Field required" in body
+    assert '<td class="num rejected-count">1</td>' in body
+
+
 def test_the_pages_are_read_only(scripted: ScriptedRun) -> None:
     request = urllib.request.Request(
         f"{scripted.base_url}/ui/runs/{scripted.run_id}", data=b"x", method="POST"
