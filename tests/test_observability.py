@@ -170,6 +170,9 @@ def turn(
     assert failed.is_error
     hung = call(stubs, run_id, "fx", "hang", "c3", timeout=0.3)
     assert hung.is_error
+    # A result that breaks the tool's own output schema: the server's error.
+    broken = call(stubs, run_id, "fx", "wrong_structured", "c4")
+    assert broken.is_error
     append(stubs, run_id, user("now look closer"))
     prompt = stubs.turns.AssemblePrompt(
         turn_service_pb2.AssemblePromptRequest(run_id=run_id),
@@ -203,8 +206,8 @@ RPC = "psych.sidecar.v1"
 
 def test_rpcs_are_counted_and_timed_by_method_and_code(turn: Turn) -> None:
     call_deferred = f"{RPC}.ToolService/CallDeferredTool"
-    assert turn.delta("psych_sidecar_rpcs_total", method=call_deferred, code="OK") == 3
-    assert turn.delta("psych_sidecar_rpc_seconds_count", method=call_deferred, code="OK") == 3
+    assert turn.delta("psych_sidecar_rpcs_total", method=call_deferred, code="OK") == 4
+    assert turn.delta("psych_sidecar_rpc_seconds_count", method=call_deferred, code="OK") == 4
     resolve = f"{RPC}.TurnService/ResolveTurn"
     assert turn.delta("psych_sidecar_rpcs_total", method=resolve, code="NOT_FOUND") == 1
     assemble_name = f"{RPC}.TurnService/AssemblePrompt"
@@ -215,7 +218,7 @@ def test_rpcs_are_counted_and_timed_by_method_and_code(turn: Turn) -> None:
 
 
 def test_tool_calls_by_connection_and_outcome(turn: Turn) -> None:
-    for outcome in ("ok", "tool_error", "timeout"):
+    for outcome in ("ok", "tool_error", "timeout", "server_error"):
         assert (
             turn.delta("psych_sidecar_mcp_tool_calls_total", connection="fx", outcome=outcome) == 1
         )
@@ -324,6 +327,7 @@ def test_mcp_calls_are_spans_with_server_tool_and_outcome(
         "huge_text": "ok",
         "tool_error": "tool_error",
         "hang": "timeout",
+        "wrong_structured": "server_error",
     }
     assert all((s.attributes or {})["mcp.server"] == "fx" for s in calls.values())
 
