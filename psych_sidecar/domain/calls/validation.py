@@ -1,5 +1,6 @@
-"""Checking a call's arguments against its MCP tool's input schema, with the validators cached
-per schema: checking a schema costs more than using it."""
+"""Checking a call's arguments against its MCP tool's input schema (and, for the MCP layer, a
+result against the tool's output schema), with the validators cached per schema: checking a
+schema costs more than using it."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ _NO_RETRIEVAL = referencing.Registry()
 
 
 class SchemaValidators:
-    """JSON Schema validators per schema, each built once."""
+    """JSON Schema validators per schema, each built once: a tool's input schema for a call's
+    arguments, and (in the MCP layer) its output schema for the server's result."""
 
     def __init__(self) -> None:
         # (validator,) or (None,) for a schema that cannot be used.
@@ -49,7 +51,7 @@ class SchemaValidators:
         except referencing.exceptions.Unresolvable as error:
             ref = getattr(error, "ref", "")
             return [
-                f"(schema): the input schema's $ref {ref[:200]!r} cannot be resolved (the "
+                f"(schema): the schema's $ref {ref[:200]!r} cannot be resolved (the "
                 "sidecar resolves references within the schema only and never fetches one)"
             ]
         except jsonschema.exceptions.SchemaError:
