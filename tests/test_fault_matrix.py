@@ -362,7 +362,7 @@ def test_a_result_that_breaks_its_output_schema_is_the_servers_tool_error(
     returned: str,
 ) -> None:
     run_id = tenant.run()
-    tenant.connect("--tools", "0", command="fixture")
+    tenant.connect("--tools", "0", "--output-schema-faults", command="fixture")
     caplog.set_level(logging.INFO)
     with answering_meanwhile(grpc_server, stubs, run_id):
         outcome = tenant.call(run_id, tool, "o1")

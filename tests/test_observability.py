@@ -90,7 +90,9 @@ def grpc_server(
         shutdown_grace_seconds=5,
         secret_keys=TEST_SECRET_KEY,
         mcp_commands={
-            "fixture": StdioCommand(argv=[sys.executable, str(FIXTURE_SERVER), "stdio"]),
+            "fixture": StdioCommand(
+                argv=[sys.executable, str(FIXTURE_SERVER), "stdio", "--output-schema-faults"]
+            ),
         },
     )
     with RunningSidecar(settings, tracer_provider=provider) as running:
@@ -148,7 +150,9 @@ def turn(
     before = scrape(grpc_server)
     tenant = "obs-tenant"
     connection = connection_pb2.Connection(
-        tenant=tenant, name="fx", stdio=connection_pb2.StdioTransport(command="fixture")
+        tenant=tenant,
+        name="fx",
+        stdio=connection_pb2.StdioTransport(command="fixture"),
     )
     stubs.connections.PutConnection(
         connection_service_pb2.PutConnectionRequest(connection=connection)

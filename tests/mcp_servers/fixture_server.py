@@ -1,7 +1,7 @@
 """The project's own MCP test server, written with the MCP SDK's lowlevel Server.
 
     python tests/mcp_servers/fixture_server.py stdio [--tools N] [--page-size K] [--era E]
-        [--no-listen] [--invalid-tools one|all]
+        [--no-listen] [--invalid-tools one|all] [--output-schema-faults]
     python tests/mcp_servers/fixture_server.py http --port P [--tools N] [--page-size K] [--era E]
 
 It serves both protocol eras (2026-07-28 via server/discover, 2025-11-25 via the initialize
@@ -17,9 +17,10 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
   no text block, `image: true` for an image block);
 - failures: `fail` (a plain exception: is_error with the message withheld), `tool_error`
   (is_error with a message), `hang` (never answers), `exit` (the process dies mid-call);
-- results that break the tool's own `outputSchema`: `wrong_structured` (`{"y": 1}` where a
-  string is declared), `missing_structured` (no `structuredContent` at all), `remote_ref_output`
-  (its output schema's property is a `$ref` to a URL);
+- with `--output-schema-faults`, results that break the tool's own `outputSchema`:
+  `wrong_structured` (`{"y": 1}` where a string is declared), `missing_structured` (no
+  `structuredContent` at all), `remote_ref_output` (its output schema's property is a `$ref` to
+  a URL);
 - listings that break the spec (stdio; the SDK would refuse to send them, so they are broken on
   the wire): `--invalid-tools one` adds `bad_schema`, whose input schema has no top-level
   `type`, until `repair_listing` is called (which announces tools/list_changed);
@@ -146,6 +147,18 @@ FIXED_TOOLS = [
         input_schema=_OBJECT,
         output_schema=_schema(answer={"type": "integer"}),
     ),
+    types.Tool(name="fail", description="Raises a plain exception.", input_schema=_OBJECT),
+    types.Tool(
+        name="tool_error", description="Returns is_error with a message.", input_schema=_OBJECT
+    ),
+    types.Tool(name="hang", description="Never answers.", input_schema=_OBJECT),
+    types.Tool(name="exit", description="Ends the server process mid-call.", input_schema=_OBJECT),
+]
+
+
+# Listed only with --output-schema-faults, so the stock catalogue (which many tests count)
+# stays as it is.
+OUTPUT_SCHEMA_FAULTS = [
     types.Tool(
         name="wrong_structured",
         description="Returns structured content that breaks its output schema.",
@@ -164,20 +177,15 @@ FIXED_TOOLS = [
         input_schema=_OBJECT,
         output_schema=_schema(y={"$ref": REMOTE_SCHEMA_URL}),
     ),
-    types.Tool(name="fail", description="Raises a plain exception.", input_schema=_OBJECT),
-    types.Tool(
-        name="tool_error", description="Returns is_error with a message.", input_schema=_OBJECT
-    ),
-    types.Tool(name="hang", description="Never answers.", input_schema=_OBJECT),
-    types.Tool(name="exit", description="Ends the server process mid-call.", input_schema=_OBJECT),
 ]
 
 
 class Listing:
     """Which listed tools are broken on the wire (see `BreakingWriter`)."""
 
-    def __init__(self, invalid_tools: str) -> None:
+    def __init__(self, invalid_tools: str, output_schema_faults: bool = False) -> None:
         self.invalid_tools = invalid_tools
+        self.output_schema_faults = output_schema_faults
         self.repaired = False
 
     def breaks(self, name: object) -> bool:
@@ -241,7 +249,8 @@ def build_server(
             for index in range(tool_count)
         ]
         broken = [bad_schema, repair] if faults.invalid_tools == "one" else []
-        return [*FIXED_TOOLS, *bulk, *broken, *added.values()]
+        faulty = OUTPUT_SCHEMA_FAULTS if faults.output_schema_faults else []
+        return [*FIXED_TOOLS, *faulty, *bulk, *broken, *added.values()]
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -421,8 +430,9 @@ def main() -> None:
     parser.add_argument("--no-listen", action="store_true")
     parser.add_argument("--require-header", metavar="NAME=VALUE", help="401 without it (http)")
     parser.add_argument("--invalid-tools", choices=["one", "all"], default="")
+    parser.add_argument("--output-schema-faults", action="store_true")
     options = parser.parse_args()
-    listing = Listing(options.invalid_tools)
+    listing = Listing(options.invalid_tools, options.output_schema_faults)
     server = build_server(
         options.tools, options.page_size, listen=not options.no_listen, listing_faults=listing
     )
