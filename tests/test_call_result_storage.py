@@ -61,14 +61,17 @@ def call(stubs: Stubs, run_id: str, call_id: str, tool: str, **arguments: Any) -
 
 
 def stored_bytes(database: Engine) -> int:
-    """Bytes the tables a call writes take: SQLite's pages in use (the write-ahead log's
-    included), PostgreSQL's relations with their TOAST and indexes."""
+    """Bytes the tables a call writes take, with their indexes: SQLite's pages (dbstat reads
+    the write-ahead log's too), PostgreSQL's relations with their TOAST. Only those tables:
+    the sidecar stores other things (a preloaded catalogue) on its own schedule."""
     with database.connect() as connection:
         if database.dialect.name == "sqlite":
-            pages = connection.execute(text("PRAGMA page_count")).scalar_one()
-            free = connection.execute(text("PRAGMA freelist_count")).scalar_one()
-            size = connection.execute(text("PRAGMA page_size")).scalar_one()
-            return int((pages - free) * size)
+            names = ", ".join(f"'{table}'" for table in TABLES)
+            pages = text(
+                "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN "
+                f"(SELECT name FROM sqlite_schema WHERE tbl_name IN ({names}))"
+            )
+            return int(connection.execute(pages).scalar_one())
         total = " + ".join(f"pg_total_relation_size('{table}')" for table in TABLES)
         return int(connection.execute(text(f"SELECT {total}")).scalar_one())
 
