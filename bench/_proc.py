@@ -73,6 +73,14 @@ def sidecar_command() -> list[str]:
     return [sys.executable, "-m", "psych_sidecar"]
 
 
+def sidecar_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a sidecar of this run gets besides ours: `env`, and the one key every
+    sidecar of a run seals stored secrets with (PostgreSQL needs one; sidecars sharing a
+    database need the same), unless the environment gives its own."""
+    keys = os.environ.get("PSYCH_SIDECAR_SECRET_KEYS", _BENCH_SECRET_KEY)
+    return {"PSYCH_SIDECAR_SECRET_KEYS": keys, **(env or {})}
+
+
 def cpu_split() -> tuple[set[int], set[int]] | None:
     """Split the CPUs this process may use into (client, servers), or None
     when there are fewer than two or affinity is not supported.
@@ -270,10 +278,6 @@ async def sidecar(
     port = free_port()
     if database_url is None:
         database_url = f"sqlite:///{tmp_dir / f'{name}.sqlite3'}"
-    # Every sidecar of a run seals stored secrets with one key (PostgreSQL needs one; sidecars
-    # sharing a database need the same), unless the environment gives its own.
-    keys = os.environ.get("PSYCH_SIDECAR_SECRET_KEYS", _BENCH_SECRET_KEY)
-    env = {"PSYCH_SIDECAR_SECRET_KEYS": keys, **(env or {})}
     argv = [
         *sidecar_command(),
         "serve",
@@ -283,7 +287,7 @@ async def sidecar(
         database_url,
         *extra_args,
     ]
-    with managed(name, argv, tmp_dir / f"{name}.log", env) as proc:
+    with managed(name, argv, tmp_dir / f"{name}.log", sidecar_env(env)) as proc:
         target = f"127.0.0.1:{port}"
         waited = await wait_for_health(proc, target, within=ready_timeout)
         yield Server(target, proc, waited)

@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import sys
-import threading
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import ValidationError
@@ -177,19 +176,6 @@ def _health(arguments: argparse.Namespace) -> int:
     return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-def _begin_search_model_load() -> None:
-    """Start loading tool search's model on a thread of its own, beside the imports and
-    migrations that take most of a start (about a second): mostly inflating the weights, which
-    runs without the GIL. A restarted sidecar then ranks by meaning as soon as it serves."""
-
-    def load() -> None:
-        from psych_sidecar.search.encoder import preload
-
-        preload()
-
-    threading.Thread(target=load, name="search-model-preload", daemon=True).start()
-
-
 def _migrate(settings: Settings) -> None:
     from psych_sidecar.app.secret_keys import load_secret_keys
     from psych_sidecar.storage.db import (
@@ -307,8 +293,6 @@ def main(argv: list[str] | None = None) -> int:
         from psych_sidecar.app import process
 
         process.before_threads(settings)
-        if settings.search.semantic_search != "off":
-            _begin_search_model_load()
     from psych_sidecar.app.sidecar import StartupError, serve
 
     # Expected reasons not to start are one line and exit 1; anything else is a bug and

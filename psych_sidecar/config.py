@@ -268,6 +268,12 @@ class SearchSettings(_Group):
         description="Tool search fuses sentence embeddings with keywords when the model "
         "package is installed (auto), or uses keywords alone (off).",
     )
+    search_model_cache_dir: Path | None = Field(
+        default=None,
+        description="Directory the search model is prepared in once (inflated from its "
+        "package, about 90 MB) and memory-mapped from; default: $XDG_CACHE_HOME/psych-sidecar/"
+        "search-model, else ~/.cache/psych-sidecar/search-model.",
+    )
     search_index_cache_bytes: int = Field(
         default=256 * MIB,
         ge=MIB,

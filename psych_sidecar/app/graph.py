@@ -151,7 +151,9 @@ class SidecarGraph:
         # Sentence vectors for tool search (None: keywords only), shared by every Run, and
         # through the database by every sidecar on it.
         self.embeddings = tool_embeddings(
-            settings.search.semantic_search, SqlVectorStore(self.engine)
+            settings.search.semantic_search,
+            SqlVectorStore(self.engine),
+            settings.search.search_model_cache_dir,
         )
         # The MCP layer: one session per connection. It is the CatalogView, the
         # ConnectionSupervisor and the ToolRunner of domain/catalog. Each listing it stores is

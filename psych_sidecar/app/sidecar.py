@@ -111,11 +111,6 @@ class Sidecar:
         except DatabaseRefused as error:
             raise StartupError(str(error)) from None
         await self.mcp.start()
-        if graph.embeddings is not None:
-            # The model loads in the background from the start (`serve` began it beside the
-            # imports: search.encoder.preload), so a restarted sidecar ranks its stored
-            # catalogues by meaning as soon as it serves.
-            graph.embeddings.prepare()
         bindings = graph.bindings
         server = rpc_server(bindings, self.settings.listeners.max_message_bytes, self._in_flight)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -166,6 +161,11 @@ class Sidecar:
             self._loop_lag = asyncio.create_task(metrics.watch_loop_lag())
         for name in ["", *service_names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if graph.embeddings is not None:
+            # The model loads on a thread of its own once the API answers (memory-mapped from
+            # its prepared copy: a fraction of a second), so a restarted sidecar ranks its
+            # stored catalogues by meaning soon after it serves, and never serves later for it.
+            graph.embeddings.prepare()
         log.info("psych-sidecar serving on %s", ", ".join(self.bound))
         if self.health_bound:
             log.info("health only on %s", ", ".join(self.health_bound))

