@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psych_sidecar.storage import bulk_values
+from psych_sidecar.storage import bytea_loader
 
 BYTEA = psycopg.postgres.types["bytea"].oid
 _libpq = psycopg.pq.Escaping()
@@ -17,12 +17,12 @@ _libpq = psycopg.pq.Escaping()
 
 @pytest.fixture(autouse=True)
 def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bulk_values, "_SLICED_HEX_BYTES", 6)  # three bytes a slice
+    monkeypatch.setattr(bytea_loader, "_SLICED_HEX_BYTES", 6)  # three bytes a slice
 
 
 def _load(text: bytes) -> bytes:
     # psycopg hands a loader a memoryview over the result's buffer.
-    return bulk_values.SlicedByteaLoader(BYTEA).load(memoryview(text))
+    return bytea_loader.SlicedByteaLoader(BYTEA).load(memoryview(text))
 
 
 @given(st.binary(max_size=50))

@@ -197,6 +197,7 @@ _SAMPLES: dict[str, Any] = {
     "tls_client_ca_file": "/tmp/ca.pem",
     "secret_keys": "c2FtcGxlLWtleS1zYW1wbGUta2V5LXNhbXBsZS1rZXk=,b3RoZXI=",
     "secret_key_file": "/tmp/keys",
+    "search_model_cache_dir": "/tmp/search-model",
 }
 # Settings valid only together with others: those are set the same way beside them.
 _COMPANIONS: dict[str, dict[str, Any]] = {

@@ -12,14 +12,21 @@ from sqlalchemy import text
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.runlog import RecordedCall
 from psych_sidecar.storage.db import (
+    SCHEMA_HEAD,
     alembic_config,
     create_database_engine,
     current_revision,
     migrate,
+    migrations_head,
 )
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.tables import metadata
 from tests.support.databases import HEAD_REVISION
+
+
+def test_the_schema_head_a_start_checks_is_the_newest_migration() -> None:
+    # A start compares the stored revision with SCHEMA_HEAD without importing alembic.
+    assert SCHEMA_HEAD == migrations_head() == HEAD_REVISION
 
 
 def test_migrations_build_exactly_the_declared_schema(database_url: str) -> None:

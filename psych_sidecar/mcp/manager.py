@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -32,14 +32,11 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.runlog import RunBlocking
-from psych_sidecar.mcp.session import (
-    CatalogUnavailable,
-    ConnectionSession,
-    Listing,
-    SessionTimings,
-    describe_error,
-)
+from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
 from psych_sidecar.telemetry import metrics
+
+if TYPE_CHECKING:
+    from psych_sidecar.mcp.session import ConnectionSession
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +184,10 @@ class McpManager:
                 self._on_listed(listing.tools)
             return write
 
+        # The MCP SDK is imported here, with the first session: a sidecar without
+        # connections never pays for it.
+        from psych_sidecar.mcp.session import ConnectionSession
+
         session = ConnectionSession(
             stored, self._commands, self._timings, write_catalog, self._validators
         )
@@ -274,7 +275,7 @@ class McpManager:
         try:
             return await session.refresh("on_demand")
         except CatalogUnavailable as error:
-            detail = describe_error(error)
+            detail = _describe(error)
             raise SidecarError(
                 Reason.CONNECTION_UNREACHABLE,
                 f"could not refresh the catalogue of {name!r}: {detail}; nothing was removed",
@@ -332,7 +333,7 @@ class McpManager:
                     log.warning(
                         "MCP connection %s/%s: TTL refresh failed: %s",
                         *session.key,
-                        describe_error(error),
+                        _describe(error),
                     )
 
     def _forget(self, key: Key) -> None:
@@ -438,3 +439,11 @@ class McpManager:
             metrics.record_tool_call(server, "refused", 0.0)
             raise ToolCallFailed(f"There is no MCP server named {server!r}.")
         return await session.call_tool(tool, arguments, timeout_seconds)
+
+
+def _describe(error: BaseException) -> str:
+    """One line for a session's failure (only a running session raises CatalogUnavailable, so
+    the SDK is already imported)."""
+    from psych_sidecar.mcp.session import describe_error
+
+    return describe_error(error)

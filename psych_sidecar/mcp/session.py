@@ -48,6 +48,7 @@ from psych_sidecar.domain.catalog import (
     tool_definition_problem,
 )
 from psych_sidecar.mcp.results import output_schema_problem, schema_broken_result, tool_result
+from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
 from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.stdio import LineTooLong
 from psych_sidecar.mcp.transport import HttpRefusal, HttpRefusals, open_transport
@@ -91,22 +92,10 @@ _REJECTIONS_LOGGED = 5
 
 
 @dataclass(frozen=True, slots=True)
-class SessionTimings:
-    connect_timeout: float
-    reconnect_min: float
-    reconnect_max: float
-    list_changed_debounce: float
-
-
-@dataclass(frozen=True, slots=True)
 class SessionStatus:
     state: ConnectionState
     last_error: str
     state_time: datetime
-
-
-class CatalogUnavailable(Exception):
-    """A refresh could not list the server's tools; nothing was written."""
 
 
 def describe_error(error: BaseException) -> str:
@@ -162,14 +151,6 @@ def catalog_tool(server: str, tool: types.Tool) -> CatalogTool:
         output_schema_json=_json(tool.output_schema),
         annotations_json=_json(annotations),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Listing:
-    """A complete tools/list: the tools the catalogue takes, and the ones it leaves out."""
-
-    tools: list[CatalogTool]
-    rejected: list[RejectedTool]
 
 
 async def _raw_tools_page(client: Client, cursor: str | None) -> Any:

@@ -10,20 +10,17 @@ part or recorded call result (a tool result of tens of MB) is therefore:
   binary COPY into a temporary table of the session and moves it into the row itself;
 - read back whole (`large_value_columns`, then `large_value`): on SQLite left out of the row
   and read through a blob handle; on PostgreSQL it arrives as bytea hex text, unescaped a
-  slice at a time by `SlicedByteaLoader` (registered on every PostgreSQL connection).
+  slice at a time by `bytea_loader.SlicedByteaLoader` (registered on every PostgreSQL
+  connection).
 
 Reading a range of one part needs none of this: only the range is read.
 """
 
 from __future__ import annotations
 
-import binascii
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg
-import psycopg.adapt
-import psycopg.pq
 from sqlalchemy import (
     Column,
     ColumnElement,
@@ -37,8 +34,6 @@ from sqlalchemy import (
     text,
     update,
 )
-
-from psych_sidecar.bulk.slices import sliced
 
 # Binding 50 MB stalled every other thread for ~25 ms on SQLite, 26-32 ms through psycopg on
 # PostgreSQL. Streamed a MiB per call, each call short, the worst pause of a 1 ms ticker beside
@@ -112,8 +107,8 @@ def large_value_columns(conn: Connection, column: Column[bytes]) -> list[ColumnE
     """The columns that read `column` as `value`. On SQLite a value over a MiB is not read
     with the row: fetching it copied it whole with the GIL held (worst pause ~27 ms for 50 MB;
     1-3.5 ms through the handle). Its row gives its size and rowid instead, and `large_value`
-    reads it through a blob handle, a MiB per call. (On PostgreSQL `SlicedByteaLoader` slices
-    it.)"""
+    reads it through a blob handle, a MiB per call. (On PostgreSQL
+    `bytea_loader.SlicedByteaLoader` slices it.)"""
     if conn.dialect.name != "sqlite":
         return [column.label("value")]
     size = func.length(column)
@@ -136,24 +131,3 @@ def large_value(conn: Connection, column: Column[bytes], row: Row[Any]) -> bytes
         for _ in range(0, row.size, STREAMED_BYTES):
             pieces.append(blob.read(STREAMED_BYTES))
     return b"".join(pieces)
-
-
-# A bytea value arrives as text: "\x" and two hex digits a byte. psycopg's loader unescapes it
-# in one call that holds the GIL: 103-118 ms for a 50 MB value (a retried call answered from
-# the log, a large part listed). Hex longer than this is unescaped a slice at a time (~0.35 ms
-# each), the GIL offered between: the worst pause reading a 50 MB value is now 13-15 ms.
-_SLICED_HEX_BYTES = 1 << 20
-
-
-class SlicedByteaLoader(psycopg.adapt.Loader):
-    """psycopg's text bytea loader, a slice at a time for a large value in hex (the server's
-    default `bytea_output`); anything else goes to libpq's unescaping as before."""
-
-    _escaping = psycopg.pq.Escaping()
-
-    def load(self, data: psycopg.abc.Buffer) -> bytes:
-        view = memoryview(data)
-        if len(view) <= _SLICED_HEX_BYTES or bytes(view[:2]) != b"\\x":
-            # libpq's unescaping takes bytes; psycopg hands a loader a memoryview.
-            return self._escaping.unescape_bytea(bytes(view))
-        return b"".join(binascii.unhexlify(piece) for piece in sliced(view[2:], _SLICED_HEX_BYTES))

@@ -14,25 +14,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, make_url, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from psych_sidecar.domain.errors import SidecarError, storage_unavailable
 from psych_sidecar.secrets.cipher import KeyRing
-from psych_sidecar.storage.bulk_values import SlicedByteaLoader
 from psych_sidecar.telemetry import metrics, tracing
 
 if TYPE_CHECKING:
+    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
 log = logging.getLogger(__name__)
 
 # Any constant works; it only has to be the same in every sidecar sharing a database.
 _MIGRATION_LOCK_KEY = 0x7073_6964_6563_6172  # "psidecar"
+# The revision the newest migration makes (storage/migrations/versions; a test holds it to
+# alembic's head). Known without alembic, so a start on a current schema never imports it.
+SCHEMA_HEAD = "rejected_tools"
 _WRITE_OPTION = "psych_write"
 SQLITE_MMAP_BYTES = 2**31
 DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
@@ -155,6 +155,7 @@ def sqlite_read_only_uri(database: str | Path) -> str:
 
 
 def _migration_scripts() -> ScriptDirectory:
+    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
     config = Config()
@@ -162,8 +163,13 @@ def _migration_scripts() -> ScriptDirectory:
     return ScriptDirectory.from_config(config)
 
 
-def expected_revision() -> str | None:
+def expected_revision() -> str:
     """The revision this code's migrations end at."""
+    return SCHEMA_HEAD
+
+
+def migrations_head() -> str | None:
+    """The head of the migration scripts, as alembic reads them (what SCHEMA_HEAD must be)."""
     return _migration_scripts().get_current_head()
 
 
@@ -222,6 +228,8 @@ def check_writable_values(engine: Engine) -> None:
 
 
 def _configure_postgresql(engine: Engine) -> None:
+    from psych_sidecar.storage.bytea_loader import SlicedByteaLoader
+
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.adapters.register_loader("bytea", SlicedByteaLoader)
@@ -268,7 +276,7 @@ def unavailable_error(error: BaseException) -> SidecarError | None:
         # Raised bare by code that uses the driver directly (raw_connection).
         name = getattr(error, "sqlite_errorname", "") or ""
         return storage_unavailable(_short(error)) if name.startswith(_SQLITE_TRANSIENT) else None
-    if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+    if isinstance(error, _psycopg_unavailable()):
         return storage_unavailable(_short(error))
     if not isinstance(error, sa_exc.DBAPIError):
         return None
@@ -291,14 +299,13 @@ def _short(error: BaseException) -> str:
     return first_line[:200]
 
 
-_MAPPED = (
-    sa_exc.DBAPIError,
-    sa_exc.TimeoutError,
-    sa_exc.DisconnectionError,
-    sqlite3.OperationalError,
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-)
+def _psycopg_unavailable() -> tuple[type[Exception], ...]:
+    """psycopg's errors raised bare for a lost or refused connection. psycopg is imported with
+    a PostgreSQL engine only (not on SQLite): before that, nothing can raise them."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None:
+        return ()
+    return (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 @contextlib.contextmanager
@@ -307,7 +314,7 @@ def unavailable_as_typed_errors() -> Iterator[None]:
     as STORAGE_UNAVAILABLE (see `unavailable_error`); others pass through unchanged."""
     try:
         yield
-    except _MAPPED as error:
+    except Exception as error:
         mapped = unavailable_error(error)
         if mapped is None:
             raise
@@ -391,6 +398,8 @@ def placeholder(engine: Engine) -> str:
 
 
 def alembic_config(connection: Connection, keys: KeyRing | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", "psych_sidecar.storage:migrations")
     config.attributes["connection"] = connection
@@ -402,7 +411,14 @@ def alembic_config(connection: Connection, keys: KeyRing | None = None) -> Confi
 def migrate(engine: Engine, keys: KeyRing | None = None) -> None:
     """Bring the schema to the newest migration. Safe to call from many sidecars at once:
     one runs the migrations while the others wait, then find nothing left to do. `keys` seal
-    secrets stored in plaintext by an older version (a database with none needs no keys)."""
+    secrets stored in plaintext by an older version (a database with none needs no keys).
+
+    A schema already at SCHEMA_HEAD is read with one plain query, and alembic (a tenth of a
+    start's imports) is imported only when there is a migration to apply."""
+    if current_revision(engine) == SCHEMA_HEAD:
+        return
+    from alembic import command
+
     if engine.dialect.name == "postgresql":
         with engine.connect() as connection:
             connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
@@ -431,7 +447,14 @@ def migrate(engine: Engine, keys: KeyRing | None = None) -> None:
 
 
 def current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
+    """The schema revision alembic recorded (its alembic_version table), or None for a
+    database it never migrated."""
     with engine.connect() as connection:
-        return MigrationContext.configure(connection).get_current_revision()
+        if not inspect(connection).has_table("alembic_version"):
+            return None
+        revisions = connection.execute(text("SELECT version_num FROM alembic_version")).all()
+    if len(revisions) > 1:
+        raise DatabaseRefused(
+            f"several schema revisions recorded: {sorted(r[0] for r in revisions)}"
+        )
+    return revisions[0][0] if revisions else None

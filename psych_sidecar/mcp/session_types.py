@@ -1,0 +1,30 @@
+"""What the manager and the sessions share, apart from the sessions themselves: importing the
+MCP SDK they run on is a fifth of a start's imports, so the manager imports
+:mod:`psych_sidecar.mcp.session` only when a first connection runs (a sidecar with no MCP
+connection never imports the SDK)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psych_sidecar.domain.catalog import CatalogTool, RejectedTool
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTimings:
+    connect_timeout: float
+    reconnect_min: float
+    reconnect_max: float
+    list_changed_debounce: float
+
+
+class CatalogUnavailable(Exception):
+    """A refresh could not list the server's tools; nothing was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A complete tools/list: the tools the catalogue takes, and the ones it leaves out."""
+
+    tools: list[CatalogTool]
+    rejected: list[RejectedTool]
