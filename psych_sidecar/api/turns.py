@@ -4,8 +4,7 @@ exact prompt for one model call), protobuf in and out, domain work off the event
 from __future__ import annotations
 
 from datetime import UTC, datetime
-
-from opentelemetry.trace import Span
+from typing import TYPE_CHECKING
 
 from psych.sidecar.v1 import connection_pb2, content_pb2, turn_pb2, turn_service_pb2
 from psych_sidecar.api import convert
@@ -27,6 +26,9 @@ from psych_sidecar.domain.prompt import (
 from psych_sidecar.domain.runlog import ContentPart, ToolCall
 from psych_sidecar.domain.surface import DisclosureTier, ExposedKind, ToolSurface, TurnResolver
 from psych_sidecar.telemetry import metrics, tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 _ROLES = {Role.USER: turn_pb2.PROMPT_ROLE_USER, Role.ASSISTANT: turn_pb2.PROMPT_ROLE_ASSISTANT}
 _ZONES = {

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry.sdk.trace import TracerProvider
 
 from psych_sidecar.api.rpc import NO_REUSEPORT, InFlight, rpc_server
 from psych_sidecar.app import process
@@ -32,6 +31,7 @@ from psych_sidecar.storage.db import DatabaseRefused, check_writable_values, mig
 from psych_sidecar.telemetry import metrics, tracing
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
     from starlette.routing import BaseRoute
 
     from psych_sidecar.admin import AdminServer

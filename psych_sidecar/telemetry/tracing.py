@@ -14,23 +14,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from typing import TYPE_CHECKING
 
 from psych_sidecar import __version__
 
+if TYPE_CHECKING:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _PROPAGATOR: TraceContextTextMapPropagator
+
 _NAME = "psych_sidecar"
-_PROPAGATOR = TraceContextTextMapPropagator()
 _tracer: Tracer | None = None
 
 AttributeValue = str | bool | int | float
@@ -40,8 +38,22 @@ def tracer() -> Tracer | None:
     return _tracer
 
 
+def _import_opentelemetry() -> None:
+    """Bind the OpenTelemetry names the helpers below use. Imported when a provider is made
+    or installed, not with this module: a sidecar with tracing off never imports OpenTelemetry
+    (its SDK is a tenth of a start's imports), and every helper checks for a tracer first."""
+    global otel_context, trace, Span, SpanKind, Status, StatusCode, Tracer, _PROPAGATOR
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _PROPAGATOR = TraceContextTextMapPropagator()
+
+
 def install(provider: trace.TracerProvider) -> None:
     global _tracer
+    _import_opentelemetry()
     _tracer = provider.get_tracer(_NAME, __version__)
 
 
@@ -54,6 +66,10 @@ def otlp_provider() -> TracerProvider:
     """A provider exporting by OTLP/gRPC in batches, configured by the standard variables
     (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, …_HEADERS, …_TIMEOUT,
     OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, …)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     resource = Resource.create(
         {
             "service.name": os.environ.get("OTEL_SERVICE_NAME", "psych-sidecar"),
@@ -66,7 +82,7 @@ def otlp_provider() -> TracerProvider:
         # Spans are made, ended and handed in batches to a sink that drops them: the cost
         # of tracing as production runs it (the same batch processor as OTLP), minus
         # encoding and sending.
-        provider.add_span_processor(BatchSpanProcessor(_Discard()))
+        provider.add_span_processor(BatchSpanProcessor(_discarding_exporter()))
     elif exporter in ("", "otlp"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -76,9 +92,14 @@ def otlp_provider() -> TracerProvider:
     return provider
 
 
-class _Discard(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
+def _discarding_exporter() -> SpanExporter:
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class Discard(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    return Discard()
 
 
 # Per RPC method: its span's name and constant attributes, made once (the set of methods is
@@ -185,11 +206,17 @@ def span(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> _
 
 def new_root() -> None:
     """Forget the current span in this context: a long-lived task started during a call
-    (an MCP session's owner) starts its own traces rather than nesting under that call."""
+    (an MCP session's owner) starts its own traces rather than nesting under that call.
+    Nothing to forget while tracing is off: no span was made current."""
+    if _tracer is None:
+        return
     otel_context.attach(otel_context.Context())
 
 
 def current_trace_id() -> str:
-    """The current span's trace id in hex, or "" (for log lines)."""
+    """The current span's trace id in hex, or "" (for log lines; always while tracing is
+    off)."""
+    if _tracer is None:
+        return ""
     context = trace.get_current_span().get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else ""

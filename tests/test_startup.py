@@ -1,0 +1,104 @@
+"""What `serve` imports before it answers health SERVING: only what the configured sidecar
+uses. Each case runs the real command line in a fresh interpreter and lists the modules loaded
+at the moment its health service first says SERVING."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import free_port
+
+# Runs `psych-sidecar serve` in this interpreter's main thread; a thread waits for SERVING,
+# prints the top-level packages loaded then, and stops the sidecar as SIGTERM would.
+_PROBE = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from psych_sidecar.cli import main
+
+    target = sys.argv[1]
+
+    def watch():
+        with grpc.insecure_channel(target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                try:
+                    answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.02)
+        loaded = sorted({name.partition(".")[0] for name in list(sys.modules)})
+        print("LOADED " + json.dumps(loaded), flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True).start()
+    sys.exit(main(["serve", "--listen", target, *sys.argv[2:]]))
+    """
+)
+
+# Imported only by the sidecars that need them.
+_ON_DEMAND = {"alembic", "mcp", "mcp_types", "opentelemetry", "psycopg"}
+
+
+def _loaded_at_serving(
+    tmp_path: Path, *arguments: str, env: dict[str, str] | None = None
+) -> set[str]:
+    target = f"127.0.0.1:{free_port()}"
+    completed = subprocess.run(
+        [sys.executable, "-c", _PROBE, target, *arguments],
+        env={**os.environ, **(env or {})},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    (line,) = [line for line in completed.stdout.splitlines() if line.startswith("LOADED ")]
+    return set(json.loads(line.removeprefix("LOADED ")))
+
+
+@pytest.fixture
+def current_database(tmp_path: Path) -> str:
+    """A SQLite database already at this version's schema."""
+    url = f"sqlite:///{tmp_path / 'current.db'}"
+    subprocess.run(
+        [sys.executable, "-m", "psych_sidecar", "migrate", "--database-url", url],
+        cwd=tmp_path,
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    return url
+
+
+def test_serve_on_a_current_schema_imports_no_migrations_mcp_sdk_or_tracing(
+    tmp_path: Path, current_database: str
+) -> None:
+    loaded = _loaded_at_serving(tmp_path, "--database-url", current_database)
+    assert "psych_sidecar" in loaded
+    assert not loaded & _ON_DEMAND
+
+
+def test_serve_imports_migrations_and_tracing_when_they_are_needed(tmp_path: Path) -> None:
+    # A fresh database has migrations to apply; traces are made (and dropped by the exporter).
+    loaded = _loaded_at_serving(
+        tmp_path,
+        "--database-url",
+        f"sqlite:///{tmp_path / 'fresh.db'}",
+        "--tracing",
+        "otlp",
+        env={"OTEL_TRACES_EXPORTER": "none"},
+    )
+    assert {"alembic", "opentelemetry"} <= loaded
+    assert not loaded & {"mcp", "mcp_types", "psycopg"}
