@@ -48,7 +48,8 @@ async def idle_private_mib(ctx: BenchContext) -> float:
     search warm-up has encoded the listing.
 
     One sidecar (SQLite, `semantic_search = auto`), Twilio deferred over stdio; after the
-    warm-up's log line, 3 s of idleness, then the sidecar's /proc status is read ten times
+    warm-up's log line, 12 s of idleness (memory malloc kept through the warm-up goes back
+    within ~10 s), then the sidecar's /proc status is read ten times
     over a second: the value is the last RssAnon. Details: RSS (VmRSS) and its file-backed
     part (RssFile: libraries and the memory-mapped model, pages the kernel shares and can
     drop), the peak RSS (VmHWM), and the warm-up's figures.
@@ -61,7 +62,7 @@ async def idle_private_mib(ctx: BenchContext) -> float:
     ):
         await _connect_twilio(_Host(ch))
         warm_up = await _warm_up(ctx.tmp_dir / "idle.log", "auto")
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(12.0)
         samples = []
         for _ in range(10):
             samples.append(memory_mib(server.process.pid))
@@ -90,8 +91,8 @@ async def peak_private_mib_large_results(ctx: BenchContext) -> float:
 
     The sidecar (SQLite, `--semantic-search off` as in `loop_stall_ratio`) is sampled from
     /proc every 5 ms while they land (VmHWM, the kernel's own peak, counts file pages too).
-    Details: RssAnon idle before and settled 3 s after, the peak RSS (VmHWM), the samples
-    taken.
+    Details: RssAnon idle before and settled 12 s after (memory malloc kept for the results
+    goes back within ~10 s), the peak RSS (VmHWM), the samples taken.
     """
     results = ctx.pick(full=4, quick=2)
     size = 50 * 1000 * 1000
@@ -119,7 +120,7 @@ async def peak_private_mib_large_results(ctx: BenchContext) -> float:
             await asyncio.sleep(0.005)
         if await waiting != 0:
             raise RuntimeError("the process landing the 50 MB results failed")
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(12.0)
         after = memory_mib(pid)
     ctx.details.update(
         {

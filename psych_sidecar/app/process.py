@@ -3,6 +3,7 @@ collector and the GIL's switch interval, once the sidecar serves."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
 
@@ -11,6 +12,8 @@ from psych_sidecar.config import Settings
 
 # See after_start().
 _GIL_SWITCH_INTERVAL_SECONDS = 0.001
+# See release_kept_memory().
+_KEPT_MEMORY_SECONDS = 5.0
 
 
 def before_threads(settings: Settings) -> None:
@@ -30,3 +33,17 @@ def after_start() -> None:
     # beside 50 MB results landing, 1 ms made it ~8 ms (loop_stall_ratio), for no measurable
     # change in calls/s (rpc_overhead_ratio, resolve_turn_overhead_ratio).
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL_SECONDS)
+
+
+async def release_kept_memory() -> None:
+    """Every few seconds, hand back the free memory malloc keeps (`heap.reuse_large_blocks`),
+    unless large results landed meanwhile: a burst of them keeps reusing the same blocks, and
+    once it is over the memory goes back within ~10 s rather than staying at the burst's peak.
+    Runs until cancelled; does nothing where malloc is not tuned."""
+    seen = heap.blocks_left()
+    while True:
+        await asyncio.sleep(_KEPT_MEMORY_SECONDS)
+        landing = heap.blocks_left()
+        if landing == seen and not await asyncio.to_thread(heap.release_kept_memory):
+            return
+        seen = landing

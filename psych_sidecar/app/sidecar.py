@@ -290,11 +290,13 @@ async def serve(settings: Settings) -> None:
         await sidecar.stop()
         raise
     process.after_start()
+    releasing = asyncio.create_task(process.release_kept_memory())
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
     await stopping.wait()
     log.info("signal received: reporting NOT_SERVING and draining in-flight calls")
+    releasing.cancel()
     await sidecar.stop()
     log.info("psych-sidecar stopped")
