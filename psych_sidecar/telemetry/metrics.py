@@ -15,7 +15,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -30,9 +30,11 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import BaseRoute
 
 PREFIX = "psych_sidecar"
 # No `_created` series beside every counter and histogram: they double the exposition and
@@ -315,9 +317,14 @@ async def watch_loop_lag(interval: float = 0.5) -> None:
 
 
 async def _metrics(request: Request) -> Response:
+    from starlette.responses import Response
+
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 
 def admin_routes() -> list[BaseRoute]:
     """GET /metrics: the Prometheus text exposition of REGISTRY."""
+    # Starlette comes with the admin listener, not with every sidecar.
+    from starlette.routing import Route
+
     return [Route("/metrics", _metrics, methods=["GET"])]

@@ -8,18 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.validators
-import referencing
-import referencing.exceptions
-
 from psych_sidecar.domain.cache import ImmutableCache
-
-# Schemas come from MCP servers (untrusted): a `$ref` resolves within the schema itself and the
-# JSON Schema metaschemas, never over the network (jsonschema's default registry fetches
-# remote `$ref`s, with no timeout). An empty registry: whatever else is unresolvable.
-_NO_RETRIEVAL = referencing.Registry()
 
 
 class SchemaValidators:
@@ -33,13 +22,25 @@ class SchemaValidators:
     def errors(self, schema_json: bytes, arguments: Mapping[str, Any]) -> list[str] | None:
         """The violations, or None when the server's schema itself is unusable (then the
         server judges the arguments)."""
+        # Imported with the first check rather than with the sidecar (a twentieth of a start's
+        # imports); later checks find them loaded.
+        import jsonschema
+        import jsonschema.exceptions
+        import jsonschema.validators
+        import referencing
+        import referencing.exceptions
+
         cached = self._cache.get(schema_json)
         if cached is None:
             try:
                 schema = json.loads(schema_json) if schema_json else {}
                 cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
                 cls.check_schema(schema)
-                cached = (cls(schema, registry=_NO_RETRIEVAL),)
+                # Schemas come from MCP servers (untrusted): a `$ref` resolves within the schema
+                # itself and the JSON Schema metaschemas, never over the network (jsonschema's
+                # default registry fetches remote `$ref`s, with no timeout). An empty registry:
+                # whatever else is unresolvable.
+                cached = (cls(schema, registry=referencing.Registry()),)
             except (ValueError, jsonschema.exceptions.SchemaError, TypeError):
                 cached = (None,)
             self._cache.put(schema_json, cached)
