@@ -380,7 +380,8 @@ class ProcessSettings(_Group):
             "Freed memory blocks up to this size are kept for reuse rather than handed back "
             "to the system at once (glibc malloc's mmap and trim thresholds): a large tool "
             "result is copied several times with the GIL held, ~10x faster into reused pages. "
-            "Memory stays nearer its peak; 0 leaves malloc as configured."
+            "What is kept goes back once large results stop landing (within ~10 s); 0 leaves "
+            "malloc as configured."
         ),
     )
 
