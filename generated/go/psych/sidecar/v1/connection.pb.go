@@ -89,6 +89,13 @@ const (
 	// The server cannot be reached; last_error says why. Its last known tools
 	// stay in the catalogue and its prompt line says it is unreachable.
 	ConnectionState_CONNECTION_STATE_UNREACHABLE ConnectionState = 3
+	// The server needs the user (or the client credentials) authorized
+	// before it can be used; Connection.authorization_required_reason says
+	// why. Its last known tools stay in the catalogue, its prompt line says
+	// the user must sign in again, and a call to one of its tools is a tool
+	// error saying so. Left by a CompleteSignIn (or, for client credentials,
+	// a PutConnection with credentials the server accepts).
+	ConnectionState_CONNECTION_STATE_AUTHORIZATION_REQUIRED ConnectionState = 4
 )
 
 // Enum value maps for ConnectionState.
@@ -98,12 +105,14 @@ var (
 		1: "CONNECTION_STATE_CONNECTING",
 		2: "CONNECTION_STATE_CONNECTED",
 		3: "CONNECTION_STATE_UNREACHABLE",
+		4: "CONNECTION_STATE_AUTHORIZATION_REQUIRED",
 	}
 	ConnectionState_value = map[string]int32{
-		"CONNECTION_STATE_UNSPECIFIED": 0,
-		"CONNECTION_STATE_CONNECTING":  1,
-		"CONNECTION_STATE_CONNECTED":   2,
-		"CONNECTION_STATE_UNREACHABLE": 3,
+		"CONNECTION_STATE_UNSPECIFIED":            0,
+		"CONNECTION_STATE_CONNECTING":             1,
+		"CONNECTION_STATE_CONNECTED":              2,
+		"CONNECTION_STATE_UNREACHABLE":            3,
+		"CONNECTION_STATE_AUTHORIZATION_REQUIRED": 4,
 	}
 )
 
@@ -132,6 +141,72 @@ func (x ConnectionState) Number() protoreflect.EnumNumber {
 // Deprecated: Use ConnectionState.Descriptor instead.
 func (ConnectionState) EnumDescriptor() ([]byte, []int) {
 	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{1}
+}
+
+// AuthorizationRequiredReason says why a connection is
+// CONNECTION_STATE_AUTHORIZATION_REQUIRED.
+type AuthorizationRequiredReason int32
+
+const (
+	// The connection is not AUTHORIZATION_REQUIRED.
+	AuthorizationRequiredReason_AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED AuthorizationRequiredReason = 0
+	// Nobody has signed in yet: call BeginSignIn.
+	AuthorizationRequiredReason_AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN AuthorizationRequiredReason = 1
+	// The authorization server refused to refresh the tokens (the refresh
+	// token was revoked or expired), or the server refused the tokens it
+	// issued: the user must sign in again.
+	AuthorizationRequiredReason_AUTHORIZATION_REQUIRED_REASON_REFRESH_REFUSED AuthorizationRequiredReason = 2
+	// The server refused a call for want of a scope (403 insufficient_scope):
+	// the user must sign in again to grant it.
+	AuthorizationRequiredReason_AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING AuthorizationRequiredReason = 3
+	// The authorization server refused the client credentials: correct them
+	// with PutConnection.
+	AuthorizationRequiredReason_AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED AuthorizationRequiredReason = 4
+)
+
+// Enum value maps for AuthorizationRequiredReason.
+var (
+	AuthorizationRequiredReason_name = map[int32]string{
+		0: "AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED",
+		1: "AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN",
+		2: "AUTHORIZATION_REQUIRED_REASON_REFRESH_REFUSED",
+		3: "AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING",
+		4: "AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED",
+	}
+	AuthorizationRequiredReason_value = map[string]int32{
+		"AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED":         0,
+		"AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN":     1,
+		"AUTHORIZATION_REQUIRED_REASON_REFRESH_REFUSED":     2,
+		"AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING":       3,
+		"AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED": 4,
+	}
+)
+
+func (x AuthorizationRequiredReason) Enum() *AuthorizationRequiredReason {
+	p := new(AuthorizationRequiredReason)
+	*p = x
+	return p
+}
+
+func (x AuthorizationRequiredReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AuthorizationRequiredReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_connection_proto_enumTypes[2].Descriptor()
+}
+
+func (AuthorizationRequiredReason) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_connection_proto_enumTypes[2]
+}
+
+func (x AuthorizationRequiredReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AuthorizationRequiredReason.Descriptor instead.
+func (AuthorizationRequiredReason) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{2}
 }
 
 // Connection is one MCP server a tenant connected. Its name is the server
@@ -188,8 +263,15 @@ type Connection struct {
 	// How many tools that listing left out in all. With catalog_version's
 	// tools empty, the listing was entirely invalid.
 	RejectedToolCount int32 `protobuf:"varint,16,opt,name=rejected_tool_count,json=rejectedToolCount,proto3" json:"rejected_tool_count,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Why the connection is CONNECTION_STATE_AUTHORIZATION_REQUIRED;
+	// unspecified in every other state.
+	AuthorizationRequiredReason AuthorizationRequiredReason `protobuf:"varint,17,opt,name=authorization_required_reason,json=authorizationRequiredReason,proto3,enum=psych.sidecar.v1.AuthorizationRequiredReason" json:"authorization_required_reason,omitempty"`
+	// When the connection's stored OAuth access token expires (the sidecar
+	// refreshes it before then); unset without one or when the server gave no
+	// lifetime. The token itself is never returned.
+	TokenExpireTime *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=token_expire_time,json=tokenExpireTime,proto3" json:"token_expire_time,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Connection) Reset() {
@@ -343,6 +425,20 @@ func (x *Connection) GetRejectedToolCount() int32 {
 		return x.RejectedToolCount
 	}
 	return 0
+}
+
+func (x *Connection) GetAuthorizationRequiredReason() AuthorizationRequiredReason {
+	if x != nil {
+		return x.AuthorizationRequiredReason
+	}
+	return AuthorizationRequiredReason_AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED
+}
+
+func (x *Connection) GetTokenExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TokenExpireTime
+	}
+	return nil
 }
 
 type isConnection_Transport interface {
@@ -501,7 +597,18 @@ type HttpTransport struct {
 	// never returned or logged.
 	Headers map[string]string `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The HTTP flavour of MCP. Required.
-	Protocol      HttpProtocol `protobuf:"varint,3,opt,name=protocol,proto3,enum=psych.sidecar.v1.HttpProtocol" json:"protocol,omitempty"`
+	Protocol HttpProtocol `protobuf:"varint,3,opt,name=protocol,proto3,enum=psych.sidecar.v1.HttpProtocol" json:"protocol,omitempty"`
+	// How the sidecar authenticates to the server. Unset is static_headers:
+	// the headers above are all there is. With an OAuth case the sidecar sets
+	// the authorization header itself, and a `headers` entry named
+	// authorization is FIELD_INVALID. Returned with every secret omitted.
+	//
+	// Types that are valid to be assigned to Auth:
+	//
+	//	*HttpTransport_StaticHeaders
+	//	*HttpTransport_OauthAuthorizationCode
+	//	*HttpTransport_OauthClientCredentials
+	Auth          isHttpTransport_Auth `protobuf_oneof:"auth"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -557,6 +664,528 @@ func (x *HttpTransport) GetProtocol() HttpProtocol {
 	return HttpProtocol_HTTP_PROTOCOL_UNSPECIFIED
 }
 
+func (x *HttpTransport) GetAuth() isHttpTransport_Auth {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
+func (x *HttpTransport) GetStaticHeaders() *StaticHeadersAuth {
+	if x != nil {
+		if x, ok := x.Auth.(*HttpTransport_StaticHeaders); ok {
+			return x.StaticHeaders
+		}
+	}
+	return nil
+}
+
+func (x *HttpTransport) GetOauthAuthorizationCode() *OAuthAuthorizationCode {
+	if x != nil {
+		if x, ok := x.Auth.(*HttpTransport_OauthAuthorizationCode); ok {
+			return x.OauthAuthorizationCode
+		}
+	}
+	return nil
+}
+
+func (x *HttpTransport) GetOauthClientCredentials() *OAuthClientCredentials {
+	if x != nil {
+		if x, ok := x.Auth.(*HttpTransport_OauthClientCredentials); ok {
+			return x.OauthClientCredentials
+		}
+	}
+	return nil
+}
+
+type isHttpTransport_Auth interface {
+	isHttpTransport_Auth()
+}
+
+type HttpTransport_StaticHeaders struct {
+	// The headers field alone authenticates (a pasted token or API key): no
+	// sign-in and no refresh; a 401 makes the server UNREACHABLE.
+	StaticHeaders *StaticHeadersAuth `protobuf:"bytes,4,opt,name=static_headers,json=staticHeaders,proto3,oneof"`
+}
+
+type HttpTransport_OauthAuthorizationCode struct {
+	// OAuth 2.1 authorization code with PKCE on the user's behalf: the host
+	// signs its user in with ConnectionService.BeginSignIn and
+	// CompleteSignIn; until then, and whenever the tokens are refused, the
+	// connection is CONNECTION_STATE_AUTHORIZATION_REQUIRED.
+	OauthAuthorizationCode *OAuthAuthorizationCode `protobuf:"bytes,5,opt,name=oauth_authorization_code,json=oauthAuthorizationCode,proto3,oneof"`
+}
+
+type HttpTransport_OauthClientCredentials struct {
+	// OAuth 2.1 client credentials (machine to machine): the sidecar gets
+	// and renews its tokens itself, no user involved.
+	OauthClientCredentials *OAuthClientCredentials `protobuf:"bytes,6,opt,name=oauth_client_credentials,json=oauthClientCredentials,proto3,oneof"`
+}
+
+func (*HttpTransport_StaticHeaders) isHttpTransport_Auth() {}
+
+func (*HttpTransport_OauthAuthorizationCode) isHttpTransport_Auth() {}
+
+func (*HttpTransport_OauthClientCredentials) isHttpTransport_Auth() {}
+
+// StaticHeadersAuth says that HttpTransport.headers alone authenticate.
+// Setting it is the same as leaving HttpTransport.auth unset.
+type StaticHeadersAuth struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StaticHeadersAuth) Reset() {
+	*x = StaticHeadersAuth{}
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StaticHeadersAuth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StaticHeadersAuth) ProtoMessage() {}
+
+func (x *StaticHeadersAuth) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StaticHeadersAuth.ProtoReflect.Descriptor instead.
+func (*StaticHeadersAuth) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{4}
+}
+
+// OAuthAuthorizationCode signs a user in with the MCP authorization flow:
+// protected-resource metadata (RFC 9728), authorization-server metadata
+// (RFC 8414), the client below, PKCE (S256), a state, and the server's URL
+// as the resource indicator (RFC 8707). The tokens it yields are sealed in
+// the sidecar's database and refreshed by the sidecar before they expire.
+type OAuthAuthorizationCode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which OAuth client the sidecar signs in as. Required.
+	//
+	// Types that are valid to be assigned to Client:
+	//
+	//	*OAuthAuthorizationCode_DynamicRegistration
+	//	*OAuthAuthorizationCode_RegisteredClient
+	//	*OAuthAuthorizationCode_ClientMetadataUrl
+	Client isOAuthAuthorizationCode_Client `protobuf_oneof:"client"`
+	// The scopes to ask for. Empty: those the server's 401 challenge names,
+	// else those its protected-resource metadata lists.
+	Scopes []string `protobuf:"bytes,4,rep,name=scopes,proto3" json:"scopes,omitempty"`
+	// The redirect URI the host owns: the authorization server sends the
+	// user's browser there with `code` and `state`, which the host passes to
+	// CompleteSignIn. Required; an absolute http(s) URL.
+	RedirectUri   string `protobuf:"bytes,5,opt,name=redirect_uri,json=redirectUri,proto3" json:"redirect_uri,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OAuthAuthorizationCode) Reset() {
+	*x = OAuthAuthorizationCode{}
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OAuthAuthorizationCode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OAuthAuthorizationCode) ProtoMessage() {}
+
+func (x *OAuthAuthorizationCode) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OAuthAuthorizationCode.ProtoReflect.Descriptor instead.
+func (*OAuthAuthorizationCode) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *OAuthAuthorizationCode) GetClient() isOAuthAuthorizationCode_Client {
+	if x != nil {
+		return x.Client
+	}
+	return nil
+}
+
+func (x *OAuthAuthorizationCode) GetDynamicRegistration() *OAuthDynamicRegistration {
+	if x != nil {
+		if x, ok := x.Client.(*OAuthAuthorizationCode_DynamicRegistration); ok {
+			return x.DynamicRegistration
+		}
+	}
+	return nil
+}
+
+func (x *OAuthAuthorizationCode) GetRegisteredClient() *OAuthRegisteredClient {
+	if x != nil {
+		if x, ok := x.Client.(*OAuthAuthorizationCode_RegisteredClient); ok {
+			return x.RegisteredClient
+		}
+	}
+	return nil
+}
+
+func (x *OAuthAuthorizationCode) GetClientMetadataUrl() string {
+	if x != nil {
+		if x, ok := x.Client.(*OAuthAuthorizationCode_ClientMetadataUrl); ok {
+			return x.ClientMetadataUrl
+		}
+	}
+	return ""
+}
+
+func (x *OAuthAuthorizationCode) GetScopes() []string {
+	if x != nil {
+		return x.Scopes
+	}
+	return nil
+}
+
+func (x *OAuthAuthorizationCode) GetRedirectUri() string {
+	if x != nil {
+		return x.RedirectUri
+	}
+	return ""
+}
+
+type isOAuthAuthorizationCode_Client interface {
+	isOAuthAuthorizationCode_Client()
+}
+
+type OAuthAuthorizationCode_DynamicRegistration struct {
+	// Register a client with the authorization server (RFC 7591) at the
+	// first sign-in, and keep it (sealed) for the next ones.
+	DynamicRegistration *OAuthDynamicRegistration `protobuf:"bytes,1,opt,name=dynamic_registration,json=dynamicRegistration,proto3,oneof"`
+}
+
+type OAuthAuthorizationCode_RegisteredClient struct {
+	// A client registered beforehand with the authorization server.
+	RegisteredClient *OAuthRegisteredClient `protobuf:"bytes,2,opt,name=registered_client,json=registeredClient,proto3,oneof"`
+}
+
+type OAuthAuthorizationCode_ClientMetadataUrl struct {
+	// An https URL whose document describes the client (a client ID
+	// metadata document): the URL is the client_id. It must have a path
+	// other than "/". Used when the authorization server advertises
+	// client_id_metadata_document_supported, else dynamic registration.
+	ClientMetadataUrl string `protobuf:"bytes,3,opt,name=client_metadata_url,json=clientMetadataUrl,proto3,oneof"`
+}
+
+func (*OAuthAuthorizationCode_DynamicRegistration) isOAuthAuthorizationCode_Client() {}
+
+func (*OAuthAuthorizationCode_RegisteredClient) isOAuthAuthorizationCode_Client() {}
+
+func (*OAuthAuthorizationCode_ClientMetadataUrl) isOAuthAuthorizationCode_Client() {}
+
+// OAuthDynamicRegistration registers the sidecar as an OAuth client.
+type OAuthDynamicRegistration struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client name shown on the consent page; empty is "psych-sidecar".
+	// At most 100 characters.
+	ClientName    string `protobuf:"bytes,1,opt,name=client_name,json=clientName,proto3" json:"client_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OAuthDynamicRegistration) Reset() {
+	*x = OAuthDynamicRegistration{}
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OAuthDynamicRegistration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OAuthDynamicRegistration) ProtoMessage() {}
+
+func (x *OAuthDynamicRegistration) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OAuthDynamicRegistration.ProtoReflect.Descriptor instead.
+func (*OAuthDynamicRegistration) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *OAuthDynamicRegistration) GetClientName() string {
+	if x != nil {
+		return x.ClientName
+	}
+	return ""
+}
+
+// OAuthRegisteredClient is a client registered with the authorization
+// server beforehand.
+type OAuthRegisteredClient struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client's id.
+	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// The client's secret; empty for a public client. Secret: never returned
+	// or logged, sealed at rest.
+	ClientSecret  string `protobuf:"bytes,2,opt,name=client_secret,json=clientSecret,proto3" json:"client_secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OAuthRegisteredClient) Reset() {
+	*x = OAuthRegisteredClient{}
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OAuthRegisteredClient) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OAuthRegisteredClient) ProtoMessage() {}
+
+func (x *OAuthRegisteredClient) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OAuthRegisteredClient.ProtoReflect.Descriptor instead.
+func (*OAuthRegisteredClient) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *OAuthRegisteredClient) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *OAuthRegisteredClient) GetClientSecret() string {
+	if x != nil {
+		return x.ClientSecret
+	}
+	return ""
+}
+
+// OAuthClientCredentials gets tokens with the client-credentials grant.
+type OAuthClientCredentials struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client's id. Required.
+	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// How the client proves itself at the token endpoint. Required.
+	//
+	// Types that are valid to be assigned to Credential:
+	//
+	//	*OAuthClientCredentials_ClientSecret
+	//	*OAuthClientCredentials_PrivateKeyJwt
+	Credential isOAuthClientCredentials_Credential `protobuf_oneof:"credential"`
+	// The scopes to ask for; empty asks for none in particular.
+	Scopes []string `protobuf:"bytes,4,rep,name=scopes,proto3" json:"scopes,omitempty"`
+	// The resource indicator (RFC 8707) / audience the tokens are for.
+	// Empty: the server's URL, as discovery confirms it.
+	Resource string `protobuf:"bytes,5,opt,name=resource,proto3" json:"resource,omitempty"`
+	// The issuer of the authorization server the client belongs to. When
+	// set, the sidecar only uses metadata of exactly that issuer; empty uses
+	// the one discovery finds.
+	Issuer        string `protobuf:"bytes,6,opt,name=issuer,proto3" json:"issuer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OAuthClientCredentials) Reset() {
+	*x = OAuthClientCredentials{}
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OAuthClientCredentials) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OAuthClientCredentials) ProtoMessage() {}
+
+func (x *OAuthClientCredentials) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OAuthClientCredentials.ProtoReflect.Descriptor instead.
+func (*OAuthClientCredentials) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *OAuthClientCredentials) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *OAuthClientCredentials) GetCredential() isOAuthClientCredentials_Credential {
+	if x != nil {
+		return x.Credential
+	}
+	return nil
+}
+
+func (x *OAuthClientCredentials) GetClientSecret() string {
+	if x != nil {
+		if x, ok := x.Credential.(*OAuthClientCredentials_ClientSecret); ok {
+			return x.ClientSecret
+		}
+	}
+	return ""
+}
+
+func (x *OAuthClientCredentials) GetPrivateKeyJwt() *OAuthPrivateKeyJwt {
+	if x != nil {
+		if x, ok := x.Credential.(*OAuthClientCredentials_PrivateKeyJwt); ok {
+			return x.PrivateKeyJwt
+		}
+	}
+	return nil
+}
+
+func (x *OAuthClientCredentials) GetScopes() []string {
+	if x != nil {
+		return x.Scopes
+	}
+	return nil
+}
+
+func (x *OAuthClientCredentials) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *OAuthClientCredentials) GetIssuer() string {
+	if x != nil {
+		return x.Issuer
+	}
+	return ""
+}
+
+type isOAuthClientCredentials_Credential interface {
+	isOAuthClientCredentials_Credential()
+}
+
+type OAuthClientCredentials_ClientSecret struct {
+	// A client secret (client_secret_basic). Secret: never returned or
+	// logged, sealed at rest.
+	ClientSecret string `protobuf:"bytes,2,opt,name=client_secret,json=clientSecret,proto3,oneof"`
+}
+
+type OAuthClientCredentials_PrivateKeyJwt struct {
+	// A private key signing a JWT assertion (private_key_jwt, RFC 7523).
+	PrivateKeyJwt *OAuthPrivateKeyJwt `protobuf:"bytes,3,opt,name=private_key_jwt,json=privateKeyJwt,proto3,oneof"`
+}
+
+func (*OAuthClientCredentials_ClientSecret) isOAuthClientCredentials_Credential() {}
+
+func (*OAuthClientCredentials_PrivateKeyJwt) isOAuthClientCredentials_Credential() {}
+
+// OAuthPrivateKeyJwt is a private key the sidecar signs client assertions
+// with. Secret as a whole: never returned or logged, sealed at rest.
+type OAuthPrivateKeyJwt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The private key, PEM encoded.
+	PrivateKeyPem string `protobuf:"bytes,1,opt,name=private_key_pem,json=privateKeyPem,proto3" json:"private_key_pem,omitempty"`
+	// The JWS algorithm, for example "RS256" or "ES256"; empty is "RS256".
+	Algorithm     string `protobuf:"bytes,2,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OAuthPrivateKeyJwt) Reset() {
+	*x = OAuthPrivateKeyJwt{}
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OAuthPrivateKeyJwt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OAuthPrivateKeyJwt) ProtoMessage() {}
+
+func (x *OAuthPrivateKeyJwt) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OAuthPrivateKeyJwt.ProtoReflect.Descriptor instead.
+func (*OAuthPrivateKeyJwt) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *OAuthPrivateKeyJwt) GetPrivateKeyPem() string {
+	if x != nil {
+		return x.PrivateKeyPem
+	}
+	return ""
+}
+
+func (x *OAuthPrivateKeyJwt) GetAlgorithm() string {
+	if x != nil {
+		return x.Algorithm
+	}
+	return ""
+}
+
 // CatalogVersion is one version of a connection's catalogue: written by a
 // refresh whose listing differed from the version before.
 type CatalogVersion struct {
@@ -578,7 +1207,7 @@ type CatalogVersion struct {
 
 func (x *CatalogVersion) Reset() {
 	*x = CatalogVersion{}
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +1219,7 @@ func (x *CatalogVersion) String() string {
 func (*CatalogVersion) ProtoMessage() {}
 
 func (x *CatalogVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +1232,7 @@ func (x *CatalogVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatalogVersion.ProtoReflect.Descriptor instead.
 func (*CatalogVersion) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{4}
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CatalogVersion) GetCatalogVersion() int64 {
@@ -666,7 +1295,7 @@ type CatalogTool struct {
 
 func (x *CatalogTool) Reset() {
 	*x = CatalogTool{}
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +1307,7 @@ func (x *CatalogTool) String() string {
 func (*CatalogTool) ProtoMessage() {}
 
 func (x *CatalogTool) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_connection_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +1320,7 @@ func (x *CatalogTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatalogTool.ProtoReflect.Descriptor instead.
 func (*CatalogTool) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{5}
+	return file_psych_sidecar_v1_connection_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CatalogTool) GetServer() string {
@@ -754,7 +1383,7 @@ var File_psych_sidecar_v1_connection_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\n" +
-	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x06\n" +
+	"!psych/sidecar/v1/connection.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe3\a\n" +
 	"\n" +
 	"Connection\x12\x1c\n" +
 	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
@@ -778,7 +1407,9 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\x0fcatalog_version\x18\r \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersion\x12)\n" +
 	"\rrecent_output\x18\x0e \x01(\tB\x04\xe2A\x01\x03R\frecentOutput\x12K\n" +
 	"\x0erejected_tools\x18\x0f \x03(\v2\x1e.psych.sidecar.v1.RejectedToolB\x04\xe2A\x01\x03R\rrejectedTools\x124\n" +
-	"\x13rejected_tool_count\x18\x10 \x01(\x05B\x04\xe2A\x01\x03R\x11rejectedToolCountB\v\n" +
+	"\x13rejected_tool_count\x18\x10 \x01(\x05B\x04\xe2A\x01\x03R\x11rejectedToolCount\x12w\n" +
+	"\x1dauthorization_required_reason\x18\x11 \x01(\x0e2-.psych.sidecar.v1.AuthorizationRequiredReasonB\x04\xe2A\x01\x03R\x1bauthorizationRequiredReason\x12L\n" +
+	"\x11token_expire_time\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\x0ftokenExpireTimeB\v\n" +
 	"\ttransportB\n" +
 	"\n" +
 	"\b_preload\"F\n" +
@@ -791,14 +1422,44 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\x03env\x18\x03 \x03(\v2).psych.sidecar.v1.StdioTransport.EnvEntryB\x04\xe2A\x01\x04R\x03env\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf3\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x04\n" +
 	"\rHttpTransport\x12\x16\n" +
 	"\x03url\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x03url\x12L\n" +
 	"\aheaders\x18\x02 \x03(\v2,.psych.sidecar.v1.HttpTransport.HeadersEntryB\x04\xe2A\x01\x04R\aheaders\x12@\n" +
-	"\bprotocol\x18\x03 \x01(\x0e2\x1e.psych.sidecar.v1.HttpProtocolB\x04\xe2A\x01\x02R\bprotocol\x1a:\n" +
+	"\bprotocol\x18\x03 \x01(\x0e2\x1e.psych.sidecar.v1.HttpProtocolB\x04\xe2A\x01\x02R\bprotocol\x12R\n" +
+	"\x0estatic_headers\x18\x04 \x01(\v2#.psych.sidecar.v1.StaticHeadersAuthB\x04\xe2A\x01\x01H\x00R\rstaticHeaders\x12j\n" +
+	"\x18oauth_authorization_code\x18\x05 \x01(\v2(.psych.sidecar.v1.OAuthAuthorizationCodeB\x04\xe2A\x01\x01H\x00R\x16oauthAuthorizationCode\x12j\n" +
+	"\x18oauth_client_credentials\x18\x06 \x01(\v2(.psych.sidecar.v1.OAuthClientCredentialsB\x04\xe2A\x01\x01H\x00R\x16oauthClientCredentials\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfb\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x06\n" +
+	"\x04auth\"\x13\n" +
+	"\x11StaticHeadersAuth\"\xe6\x02\n" +
+	"\x16OAuthAuthorizationCode\x12e\n" +
+	"\x14dynamic_registration\x18\x01 \x01(\v2*.psych.sidecar.v1.OAuthDynamicRegistrationB\x04\xe2A\x01\x01H\x00R\x13dynamicRegistration\x12\\\n" +
+	"\x11registered_client\x18\x02 \x01(\v2'.psych.sidecar.v1.OAuthRegisteredClientB\x04\xe2A\x01\x01H\x00R\x10registeredClient\x126\n" +
+	"\x13client_metadata_url\x18\x03 \x01(\tB\x04\xe2A\x01\x01H\x00R\x11clientMetadataUrl\x12\x1c\n" +
+	"\x06scopes\x18\x04 \x03(\tB\x04\xe2A\x01\x01R\x06scopes\x12'\n" +
+	"\fredirect_uri\x18\x05 \x01(\tB\x04\xe2A\x01\x02R\vredirectUriB\b\n" +
+	"\x06client\"A\n" +
+	"\x18OAuthDynamicRegistration\x12%\n" +
+	"\vclient_name\x18\x01 \x01(\tB\x04\xe2A\x01\x01R\n" +
+	"clientName\"e\n" +
+	"\x15OAuthRegisteredClient\x12!\n" +
+	"\tclient_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bclientId\x12)\n" +
+	"\rclient_secret\x18\x02 \x01(\tB\x04\xe2A\x01\x04R\fclientSecret\"\xaa\x02\n" +
+	"\x16OAuthClientCredentials\x12!\n" +
+	"\tclient_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bclientId\x12+\n" +
+	"\rclient_secret\x18\x02 \x01(\tB\x04\xe2A\x01\x04H\x00R\fclientSecret\x12T\n" +
+	"\x0fprivate_key_jwt\x18\x03 \x01(\v2$.psych.sidecar.v1.OAuthPrivateKeyJwtB\x04\xe2A\x01\x04H\x00R\rprivateKeyJwt\x12\x1c\n" +
+	"\x06scopes\x18\x04 \x03(\tB\x04\xe2A\x01\x01R\x06scopes\x12 \n" +
+	"\bresource\x18\x05 \x01(\tB\x04\xe2A\x01\x01R\bresource\x12\x1c\n" +
+	"\x06issuer\x18\x06 \x01(\tB\x04\xe2A\x01\x01R\x06issuerB\f\n" +
+	"\n" +
+	"credential\"f\n" +
+	"\x12OAuthPrivateKeyJwt\x12,\n" +
+	"\x0fprivate_key_pem\x18\x01 \x01(\tB\x04\xe2A\x01\x04R\rprivateKeyPem\x12\"\n" +
+	"\talgorithm\x18\x02 \x01(\tB\x04\xe2A\x01\x04R\talgorithm\"\xfb\x01\n" +
 	"\x0eCatalogVersion\x12-\n" +
 	"\x0fcatalog_version\x18\x01 \x01(\x03B\x04\xe2A\x01\x03R\x0ecatalogVersion\x12#\n" +
 	"\n" +
@@ -819,12 +1480,19 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\fHttpProtocol\x12\x1d\n" +
 	"\x19HTTP_PROTOCOL_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dHTTP_PROTOCOL_STREAMABLE_HTTP\x10\x01\x12\x15\n" +
-	"\x11HTTP_PROTOCOL_SSE\x10\x02*\x96\x01\n" +
+	"\x11HTTP_PROTOCOL_SSE\x10\x02*\xc3\x01\n" +
 	"\x0fConnectionState\x12 \n" +
 	"\x1cCONNECTION_STATE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bCONNECTION_STATE_CONNECTING\x10\x01\x12\x1e\n" +
 	"\x1aCONNECTION_STATE_CONNECTED\x10\x02\x12 \n" +
-	"\x1cCONNECTION_STATE_UNREACHABLE\x10\x03B\xba\x01\n" +
+	"\x1cCONNECTION_STATE_UNREACHABLE\x10\x03\x12+\n" +
+	"'CONNECTION_STATE_AUTHORIZATION_REQUIRED\x10\x04*\x9a\x02\n" +
+	"\x1bAuthorizationRequiredReason\x12-\n" +
+	")AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED\x10\x00\x121\n" +
+	"-AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN\x10\x01\x121\n" +
+	"-AUTHORIZATION_REQUIRED_REASON_REFRESH_REFUSED\x10\x02\x12/\n" +
+	"+AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING\x10\x03\x125\n" +
+	"1AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED\x10\x04B\xba\x01\n" +
 	"\x14dev.psych.sidecar.v1B\x0fConnectionProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -839,36 +1507,51 @@ func file_psych_sidecar_v1_connection_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_connection_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_connection_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_psych_sidecar_v1_connection_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_psych_sidecar_v1_connection_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_psych_sidecar_v1_connection_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_psych_sidecar_v1_connection_proto_goTypes = []any{
-	(HttpProtocol)(0),             // 0: psych.sidecar.v1.HttpProtocol
-	(ConnectionState)(0),          // 1: psych.sidecar.v1.ConnectionState
-	(*Connection)(nil),            // 2: psych.sidecar.v1.Connection
-	(*RejectedTool)(nil),          // 3: psych.sidecar.v1.RejectedTool
-	(*StdioTransport)(nil),        // 4: psych.sidecar.v1.StdioTransport
-	(*HttpTransport)(nil),         // 5: psych.sidecar.v1.HttpTransport
-	(*CatalogVersion)(nil),        // 6: psych.sidecar.v1.CatalogVersion
-	(*CatalogTool)(nil),           // 7: psych.sidecar.v1.CatalogTool
-	nil,                           // 8: psych.sidecar.v1.StdioTransport.EnvEntry
-	nil,                           // 9: psych.sidecar.v1.HttpTransport.HeadersEntry
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(HttpProtocol)(0),                // 0: psych.sidecar.v1.HttpProtocol
+	(ConnectionState)(0),             // 1: psych.sidecar.v1.ConnectionState
+	(AuthorizationRequiredReason)(0), // 2: psych.sidecar.v1.AuthorizationRequiredReason
+	(*Connection)(nil),               // 3: psych.sidecar.v1.Connection
+	(*RejectedTool)(nil),             // 4: psych.sidecar.v1.RejectedTool
+	(*StdioTransport)(nil),           // 5: psych.sidecar.v1.StdioTransport
+	(*HttpTransport)(nil),            // 6: psych.sidecar.v1.HttpTransport
+	(*StaticHeadersAuth)(nil),        // 7: psych.sidecar.v1.StaticHeadersAuth
+	(*OAuthAuthorizationCode)(nil),   // 8: psych.sidecar.v1.OAuthAuthorizationCode
+	(*OAuthDynamicRegistration)(nil), // 9: psych.sidecar.v1.OAuthDynamicRegistration
+	(*OAuthRegisteredClient)(nil),    // 10: psych.sidecar.v1.OAuthRegisteredClient
+	(*OAuthClientCredentials)(nil),   // 11: psych.sidecar.v1.OAuthClientCredentials
+	(*OAuthPrivateKeyJwt)(nil),       // 12: psych.sidecar.v1.OAuthPrivateKeyJwt
+	(*CatalogVersion)(nil),           // 13: psych.sidecar.v1.CatalogVersion
+	(*CatalogTool)(nil),              // 14: psych.sidecar.v1.CatalogTool
+	nil,                              // 15: psych.sidecar.v1.StdioTransport.EnvEntry
+	nil,                              // 16: psych.sidecar.v1.HttpTransport.HeadersEntry
+	(*timestamppb.Timestamp)(nil),    // 17: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_connection_proto_depIdxs = []int32{
-	4,  // 0: psych.sidecar.v1.Connection.stdio:type_name -> psych.sidecar.v1.StdioTransport
-	5,  // 1: psych.sidecar.v1.Connection.http:type_name -> psych.sidecar.v1.HttpTransport
+	5,  // 0: psych.sidecar.v1.Connection.stdio:type_name -> psych.sidecar.v1.StdioTransport
+	6,  // 1: psych.sidecar.v1.Connection.http:type_name -> psych.sidecar.v1.HttpTransport
 	1,  // 2: psych.sidecar.v1.Connection.state:type_name -> psych.sidecar.v1.ConnectionState
-	10, // 3: psych.sidecar.v1.Connection.state_time:type_name -> google.protobuf.Timestamp
-	3,  // 4: psych.sidecar.v1.Connection.rejected_tools:type_name -> psych.sidecar.v1.RejectedTool
-	8,  // 5: psych.sidecar.v1.StdioTransport.env:type_name -> psych.sidecar.v1.StdioTransport.EnvEntry
-	9,  // 6: psych.sidecar.v1.HttpTransport.headers:type_name -> psych.sidecar.v1.HttpTransport.HeadersEntry
-	0,  // 7: psych.sidecar.v1.HttpTransport.protocol:type_name -> psych.sidecar.v1.HttpProtocol
-	10, // 8: psych.sidecar.v1.CatalogVersion.create_time:type_name -> google.protobuf.Timestamp
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	17, // 3: psych.sidecar.v1.Connection.state_time:type_name -> google.protobuf.Timestamp
+	4,  // 4: psych.sidecar.v1.Connection.rejected_tools:type_name -> psych.sidecar.v1.RejectedTool
+	2,  // 5: psych.sidecar.v1.Connection.authorization_required_reason:type_name -> psych.sidecar.v1.AuthorizationRequiredReason
+	17, // 6: psych.sidecar.v1.Connection.token_expire_time:type_name -> google.protobuf.Timestamp
+	15, // 7: psych.sidecar.v1.StdioTransport.env:type_name -> psych.sidecar.v1.StdioTransport.EnvEntry
+	16, // 8: psych.sidecar.v1.HttpTransport.headers:type_name -> psych.sidecar.v1.HttpTransport.HeadersEntry
+	0,  // 9: psych.sidecar.v1.HttpTransport.protocol:type_name -> psych.sidecar.v1.HttpProtocol
+	7,  // 10: psych.sidecar.v1.HttpTransport.static_headers:type_name -> psych.sidecar.v1.StaticHeadersAuth
+	8,  // 11: psych.sidecar.v1.HttpTransport.oauth_authorization_code:type_name -> psych.sidecar.v1.OAuthAuthorizationCode
+	11, // 12: psych.sidecar.v1.HttpTransport.oauth_client_credentials:type_name -> psych.sidecar.v1.OAuthClientCredentials
+	9,  // 13: psych.sidecar.v1.OAuthAuthorizationCode.dynamic_registration:type_name -> psych.sidecar.v1.OAuthDynamicRegistration
+	10, // 14: psych.sidecar.v1.OAuthAuthorizationCode.registered_client:type_name -> psych.sidecar.v1.OAuthRegisteredClient
+	12, // 15: psych.sidecar.v1.OAuthClientCredentials.private_key_jwt:type_name -> psych.sidecar.v1.OAuthPrivateKeyJwt
+	17, // 16: psych.sidecar.v1.CatalogVersion.create_time:type_name -> google.protobuf.Timestamp
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_connection_proto_init() }
@@ -880,13 +1563,27 @@ func file_psych_sidecar_v1_connection_proto_init() {
 		(*Connection_Stdio)(nil),
 		(*Connection_Http)(nil),
 	}
+	file_psych_sidecar_v1_connection_proto_msgTypes[3].OneofWrappers = []any{
+		(*HttpTransport_StaticHeaders)(nil),
+		(*HttpTransport_OauthAuthorizationCode)(nil),
+		(*HttpTransport_OauthClientCredentials)(nil),
+	}
+	file_psych_sidecar_v1_connection_proto_msgTypes[5].OneofWrappers = []any{
+		(*OAuthAuthorizationCode_DynamicRegistration)(nil),
+		(*OAuthAuthorizationCode_RegisteredClient)(nil),
+		(*OAuthAuthorizationCode_ClientMetadataUrl)(nil),
+	}
+	file_psych_sidecar_v1_connection_proto_msgTypes[8].OneofWrappers = []any{
+		(*OAuthClientCredentials_ClientSecret)(nil),
+		(*OAuthClientCredentials_PrivateKeyJwt)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_connection_proto_rawDesc), len(file_psych_sidecar_v1_connection_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   8,
+			NumEnums:      3,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -10,6 +10,7 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -22,6 +23,253 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// BeginSignInRequest is the request of ConnectionService.BeginSignIn.
+type BeginSignInRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The connection's name; its auth must be oauth_authorization_code
+	// (else FAILED_PRECONDITION with reason SIGN_IN_NOT_APPLICABLE).
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginSignInRequest) Reset() {
+	*x = BeginSignInRequest{}
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginSignInRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginSignInRequest) ProtoMessage() {}
+
+func (x *BeginSignInRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginSignInRequest.ProtoReflect.Descriptor instead.
+func (*BeginSignInRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *BeginSignInRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *BeginSignInRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// BeginSignInResponse is the response of ConnectionService.BeginSignIn.
+type BeginSignInResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The authorization server's URL to open in the user's browser, with the
+	// client id, redirect URI, scopes, resource, PKCE challenge and state in
+	// its query. Holds no secret.
+	AuthorizationUrl string `protobuf:"bytes,1,opt,name=authorization_url,json=authorizationUrl,proto3" json:"authorization_url,omitempty"`
+	// The state in authorization_url's query: the redirect brings it back,
+	// and CompleteSignIn takes it. Opaque, single-use.
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// When the state expires: a CompleteSignIn after it is
+	// FAILED_PRECONDITION with reason SIGN_IN_STATE_EXPIRED.
+	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginSignInResponse) Reset() {
+	*x = BeginSignInResponse{}
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginSignInResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginSignInResponse) ProtoMessage() {}
+
+func (x *BeginSignInResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginSignInResponse.ProtoReflect.Descriptor instead.
+func (*BeginSignInResponse) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BeginSignInResponse) GetAuthorizationUrl() string {
+	if x != nil {
+		return x.AuthorizationUrl
+	}
+	return ""
+}
+
+func (x *BeginSignInResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *BeginSignInResponse) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+// CompleteSignInRequest is the request of ConnectionService.CompleteSignIn.
+type CompleteSignInRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant that began the sign-in.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The `state` query parameter of the redirect.
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// The `code` query parameter of the redirect. Secret: never logged.
+	Code string `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
+	// The connection the host began the sign-in for. When set, a state issued
+	// for another connection is FAILED_PRECONDITION with reason
+	// SIGN_IN_STATE_MISMATCH.
+	Name          string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteSignInRequest) Reset() {
+	*x = CompleteSignInRequest{}
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteSignInRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteSignInRequest) ProtoMessage() {}
+
+func (x *CompleteSignInRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteSignInRequest.ProtoReflect.Descriptor instead.
+func (*CompleteSignInRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CompleteSignInRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CompleteSignInRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *CompleteSignInRequest) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *CompleteSignInRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// CompleteSignInResponse is the response of ConnectionService.CompleteSignIn.
+type CompleteSignInResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The connection, secrets omitted, with its state after connecting with
+	// the new tokens (CONNECTED when the server accepted them) and its
+	// token_expire_time.
+	Connection    *Connection `protobuf:"bytes,1,opt,name=connection,proto3" json:"connection,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteSignInResponse) Reset() {
+	*x = CompleteSignInResponse{}
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteSignInResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteSignInResponse) ProtoMessage() {}
+
+func (x *CompleteSignInResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteSignInResponse.ProtoReflect.Descriptor instead.
+func (*CompleteSignInResponse) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CompleteSignInResponse) GetConnection() *Connection {
+	if x != nil {
+		return x.Connection
+	}
+	return nil
+}
+
 // PutConnectionRequest is the request of ConnectionService.PutConnection.
 type PutConnectionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -33,7 +281,7 @@ type PutConnectionRequest struct {
 
 func (x *PutConnectionRequest) Reset() {
 	*x = PutConnectionRequest{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[0]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +293,7 @@ func (x *PutConnectionRequest) String() string {
 func (*PutConnectionRequest) ProtoMessage() {}
 
 func (x *PutConnectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[0]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +306,7 @@ func (x *PutConnectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutConnectionRequest.ProtoReflect.Descriptor instead.
 func (*PutConnectionRequest) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{0}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PutConnectionRequest) GetConnection() *Connection {
@@ -80,7 +328,7 @@ type PutConnectionResponse struct {
 
 func (x *PutConnectionResponse) Reset() {
 	*x = PutConnectionResponse{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -92,7 +340,7 @@ func (x *PutConnectionResponse) String() string {
 func (*PutConnectionResponse) ProtoMessage() {}
 
 func (x *PutConnectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -105,7 +353,7 @@ func (x *PutConnectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutConnectionResponse.ProtoReflect.Descriptor instead.
 func (*PutConnectionResponse) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{1}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PutConnectionResponse) GetConnection() *Connection {
@@ -128,7 +376,7 @@ type DeleteConnectionRequest struct {
 
 func (x *DeleteConnectionRequest) Reset() {
 	*x = DeleteConnectionRequest{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -140,7 +388,7 @@ func (x *DeleteConnectionRequest) String() string {
 func (*DeleteConnectionRequest) ProtoMessage() {}
 
 func (x *DeleteConnectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -153,7 +401,7 @@ func (x *DeleteConnectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteConnectionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteConnectionRequest) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{2}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteConnectionRequest) GetTenant() string {
@@ -179,7 +427,7 @@ type DeleteConnectionResponse struct {
 
 func (x *DeleteConnectionResponse) Reset() {
 	*x = DeleteConnectionResponse{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -191,7 +439,7 @@ func (x *DeleteConnectionResponse) String() string {
 func (*DeleteConnectionResponse) ProtoMessage() {}
 
 func (x *DeleteConnectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -204,7 +452,7 @@ func (x *DeleteConnectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteConnectionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteConnectionResponse) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{3}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{7}
 }
 
 // ListConnectionsRequest is the request of ConnectionService.ListConnections.
@@ -222,7 +470,7 @@ type ListConnectionsRequest struct {
 
 func (x *ListConnectionsRequest) Reset() {
 	*x = ListConnectionsRequest{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -234,7 +482,7 @@ func (x *ListConnectionsRequest) String() string {
 func (*ListConnectionsRequest) ProtoMessage() {}
 
 func (x *ListConnectionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -247,7 +495,7 @@ func (x *ListConnectionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnectionsRequest.ProtoReflect.Descriptor instead.
 func (*ListConnectionsRequest) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{4}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListConnectionsRequest) GetTenant() string {
@@ -284,7 +532,7 @@ type ListConnectionsResponse struct {
 
 func (x *ListConnectionsResponse) Reset() {
 	*x = ListConnectionsResponse{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +544,7 @@ func (x *ListConnectionsResponse) String() string {
 func (*ListConnectionsResponse) ProtoMessage() {}
 
 func (x *ListConnectionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +557,7 @@ func (x *ListConnectionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnectionsResponse.ProtoReflect.Descriptor instead.
 func (*ListConnectionsResponse) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{5}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListConnectionsResponse) GetConnections() []*Connection {
@@ -339,7 +587,7 @@ type RefreshCatalogRequest struct {
 
 func (x *RefreshCatalogRequest) Reset() {
 	*x = RefreshCatalogRequest{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[6]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +599,7 @@ func (x *RefreshCatalogRequest) String() string {
 func (*RefreshCatalogRequest) ProtoMessage() {}
 
 func (x *RefreshCatalogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[6]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +612,7 @@ func (x *RefreshCatalogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshCatalogRequest.ProtoReflect.Descriptor instead.
 func (*RefreshCatalogRequest) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{6}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RefreshCatalogRequest) GetTenant() string {
@@ -398,7 +646,7 @@ type RefreshCatalogResponse struct {
 
 func (x *RefreshCatalogResponse) Reset() {
 	*x = RefreshCatalogResponse{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[7]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +658,7 @@ func (x *RefreshCatalogResponse) String() string {
 func (*RefreshCatalogResponse) ProtoMessage() {}
 
 func (x *RefreshCatalogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[7]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +671,7 @@ func (x *RefreshCatalogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefreshCatalogResponse.ProtoReflect.Descriptor instead.
 func (*RefreshCatalogResponse) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{7}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RefreshCatalogResponse) GetCatalogVersion() int64 {
@@ -466,7 +714,7 @@ type ListCatalogToolsRequest struct {
 
 func (x *ListCatalogToolsRequest) Reset() {
 	*x = ListCatalogToolsRequest{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[8]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -478,7 +726,7 @@ func (x *ListCatalogToolsRequest) String() string {
 func (*ListCatalogToolsRequest) ProtoMessage() {}
 
 func (x *ListCatalogToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[8]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -491,7 +739,7 @@ func (x *ListCatalogToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCatalogToolsRequest.ProtoReflect.Descriptor instead.
 func (*ListCatalogToolsRequest) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{8}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListCatalogToolsRequest) GetTenant() string {
@@ -542,7 +790,7 @@ type ListCatalogToolsResponse struct {
 
 func (x *ListCatalogToolsResponse) Reset() {
 	*x = ListCatalogToolsResponse{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[9]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +802,7 @@ func (x *ListCatalogToolsResponse) String() string {
 func (*ListCatalogToolsResponse) ProtoMessage() {}
 
 func (x *ListCatalogToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[9]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +815,7 @@ func (x *ListCatalogToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCatalogToolsResponse.ProtoReflect.Descriptor instead.
 func (*ListCatalogToolsResponse) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{9}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListCatalogToolsResponse) GetTools() []*CatalogTool {
@@ -601,7 +849,7 @@ type DiffCatalogRequest struct {
 
 func (x *DiffCatalogRequest) Reset() {
 	*x = DiffCatalogRequest{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[10]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +861,7 @@ func (x *DiffCatalogRequest) String() string {
 func (*DiffCatalogRequest) ProtoMessage() {}
 
 func (x *DiffCatalogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[10]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +874,7 @@ func (x *DiffCatalogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffCatalogRequest.ProtoReflect.Descriptor instead.
 func (*DiffCatalogRequest) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{10}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DiffCatalogRequest) GetTenant() string {
@@ -672,7 +920,7 @@ type DiffCatalogResponse struct {
 
 func (x *DiffCatalogResponse) Reset() {
 	*x = DiffCatalogResponse{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[11]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -684,7 +932,7 @@ func (x *DiffCatalogResponse) String() string {
 func (*DiffCatalogResponse) ProtoMessage() {}
 
 func (x *DiffCatalogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[11]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -697,7 +945,7 @@ func (x *DiffCatalogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffCatalogResponse.ProtoReflect.Descriptor instead.
 func (*DiffCatalogResponse) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{11}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DiffCatalogResponse) GetAdded() []*CatalogTool {
@@ -739,7 +987,7 @@ type ListCatalogVersionsRequest struct {
 
 func (x *ListCatalogVersionsRequest) Reset() {
 	*x = ListCatalogVersionsRequest{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[12]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +999,7 @@ func (x *ListCatalogVersionsRequest) String() string {
 func (*ListCatalogVersionsRequest) ProtoMessage() {}
 
 func (x *ListCatalogVersionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[12]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +1012,7 @@ func (x *ListCatalogVersionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCatalogVersionsRequest.ProtoReflect.Descriptor instead.
 func (*ListCatalogVersionsRequest) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{12}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListCatalogVersionsRequest) GetTenant() string {
@@ -808,7 +1056,7 @@ type ListCatalogVersionsResponse struct {
 
 func (x *ListCatalogVersionsResponse) Reset() {
 	*x = ListCatalogVersionsResponse{}
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[13]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +1068,7 @@ func (x *ListCatalogVersionsResponse) String() string {
 func (*ListCatalogVersionsResponse) ProtoMessage() {}
 
 func (x *ListCatalogVersionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[13]
+	mi := &file_psych_sidecar_v1_connection_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +1081,7 @@ func (x *ListCatalogVersionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCatalogVersionsResponse.ProtoReflect.Descriptor instead.
 func (*ListCatalogVersionsResponse) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{13}
+	return file_psych_sidecar_v1_connection_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListCatalogVersionsResponse) GetVersions() []*CatalogVersion {
@@ -854,7 +1102,24 @@ var File_psych_sidecar_v1_connection_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_connection_service_proto_rawDesc = "" +
 	"\n" +
-	")psych/sidecar/v1/connection_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a!psych/sidecar/v1/connection.proto\"Z\n" +
+	")psych/sidecar/v1/connection_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!psych/sidecar/v1/connection.proto\"L\n" +
+	"\x12BeginSignInRequest\x12\x1c\n" +
+	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x18\n" +
+	"\x04name\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04name\"\x95\x01\n" +
+	"\x13BeginSignInResponse\x12+\n" +
+	"\x11authorization_url\x18\x01 \x01(\tR\x10authorizationUrl\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12;\n" +
+	"\vexpire_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\"\x85\x01\n" +
+	"\x15CompleteSignInRequest\x12\x1c\n" +
+	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x1a\n" +
+	"\x05state\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x05state\x12\x18\n" +
+	"\x04code\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\x04code\x12\x18\n" +
+	"\x04name\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\x04name\"V\n" +
+	"\x16CompleteSignInResponse\x12<\n" +
+	"\n" +
+	"connection\x18\x01 \x01(\v2\x1c.psych.sidecar.v1.ConnectionR\n" +
+	"connection\"Z\n" +
 	"\x14PutConnectionRequest\x12B\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\v2\x1c.psych.sidecar.v1.ConnectionB\x04\xe2A\x01\x02R\n" +
@@ -911,7 +1176,7 @@ const file_psych_sidecar_v1_connection_service_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\tpageToken\"\x83\x01\n" +
 	"\x1bListCatalogVersionsResponse\x12<\n" +
 	"\bversions\x18\x01 \x03(\v2 .psych.sidecar.v1.CatalogVersionR\bversions\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xe8\x05\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xa9\a\n" +
 	"\x11ConnectionService\x12`\n" +
 	"\rPutConnection\x12&.psych.sidecar.v1.PutConnectionRequest\x1a'.psych.sidecar.v1.PutConnectionResponse\x12i\n" +
 	"\x10DeleteConnection\x12).psych.sidecar.v1.DeleteConnectionRequest\x1a*.psych.sidecar.v1.DeleteConnectionResponse\x12f\n" +
@@ -919,7 +1184,9 @@ const file_psych_sidecar_v1_connection_service_proto_rawDesc = "" +
 	"\x0eRefreshCatalog\x12'.psych.sidecar.v1.RefreshCatalogRequest\x1a(.psych.sidecar.v1.RefreshCatalogResponse\x12i\n" +
 	"\x10ListCatalogTools\x12).psych.sidecar.v1.ListCatalogToolsRequest\x1a*.psych.sidecar.v1.ListCatalogToolsResponse\x12Z\n" +
 	"\vDiffCatalog\x12$.psych.sidecar.v1.DiffCatalogRequest\x1a%.psych.sidecar.v1.DiffCatalogResponse\x12r\n" +
-	"\x13ListCatalogVersions\x12,.psych.sidecar.v1.ListCatalogVersionsRequest\x1a-.psych.sidecar.v1.ListCatalogVersionsResponseB\xc1\x01\n" +
+	"\x13ListCatalogVersions\x12,.psych.sidecar.v1.ListCatalogVersionsRequest\x1a-.psych.sidecar.v1.ListCatalogVersionsResponse\x12Z\n" +
+	"\vBeginSignIn\x12$.psych.sidecar.v1.BeginSignInRequest\x1a%.psych.sidecar.v1.BeginSignInResponse\x12c\n" +
+	"\x0eCompleteSignIn\x12'.psych.sidecar.v1.CompleteSignInRequest\x1a(.psych.sidecar.v1.CompleteSignInResponseB\xc1\x01\n" +
 	"\x14dev.psych.sidecar.v1B\x16ConnectionServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -934,54 +1201,65 @@ func file_psych_sidecar_v1_connection_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_connection_service_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_connection_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_psych_sidecar_v1_connection_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_psych_sidecar_v1_connection_service_proto_goTypes = []any{
-	(*PutConnectionRequest)(nil),        // 0: psych.sidecar.v1.PutConnectionRequest
-	(*PutConnectionResponse)(nil),       // 1: psych.sidecar.v1.PutConnectionResponse
-	(*DeleteConnectionRequest)(nil),     // 2: psych.sidecar.v1.DeleteConnectionRequest
-	(*DeleteConnectionResponse)(nil),    // 3: psych.sidecar.v1.DeleteConnectionResponse
-	(*ListConnectionsRequest)(nil),      // 4: psych.sidecar.v1.ListConnectionsRequest
-	(*ListConnectionsResponse)(nil),     // 5: psych.sidecar.v1.ListConnectionsResponse
-	(*RefreshCatalogRequest)(nil),       // 6: psych.sidecar.v1.RefreshCatalogRequest
-	(*RefreshCatalogResponse)(nil),      // 7: psych.sidecar.v1.RefreshCatalogResponse
-	(*ListCatalogToolsRequest)(nil),     // 8: psych.sidecar.v1.ListCatalogToolsRequest
-	(*ListCatalogToolsResponse)(nil),    // 9: psych.sidecar.v1.ListCatalogToolsResponse
-	(*DiffCatalogRequest)(nil),          // 10: psych.sidecar.v1.DiffCatalogRequest
-	(*DiffCatalogResponse)(nil),         // 11: psych.sidecar.v1.DiffCatalogResponse
-	(*ListCatalogVersionsRequest)(nil),  // 12: psych.sidecar.v1.ListCatalogVersionsRequest
-	(*ListCatalogVersionsResponse)(nil), // 13: psych.sidecar.v1.ListCatalogVersionsResponse
-	(*Connection)(nil),                  // 14: psych.sidecar.v1.Connection
-	(*CatalogTool)(nil),                 // 15: psych.sidecar.v1.CatalogTool
-	(*CatalogVersion)(nil),              // 16: psych.sidecar.v1.CatalogVersion
+	(*BeginSignInRequest)(nil),          // 0: psych.sidecar.v1.BeginSignInRequest
+	(*BeginSignInResponse)(nil),         // 1: psych.sidecar.v1.BeginSignInResponse
+	(*CompleteSignInRequest)(nil),       // 2: psych.sidecar.v1.CompleteSignInRequest
+	(*CompleteSignInResponse)(nil),      // 3: psych.sidecar.v1.CompleteSignInResponse
+	(*PutConnectionRequest)(nil),        // 4: psych.sidecar.v1.PutConnectionRequest
+	(*PutConnectionResponse)(nil),       // 5: psych.sidecar.v1.PutConnectionResponse
+	(*DeleteConnectionRequest)(nil),     // 6: psych.sidecar.v1.DeleteConnectionRequest
+	(*DeleteConnectionResponse)(nil),    // 7: psych.sidecar.v1.DeleteConnectionResponse
+	(*ListConnectionsRequest)(nil),      // 8: psych.sidecar.v1.ListConnectionsRequest
+	(*ListConnectionsResponse)(nil),     // 9: psych.sidecar.v1.ListConnectionsResponse
+	(*RefreshCatalogRequest)(nil),       // 10: psych.sidecar.v1.RefreshCatalogRequest
+	(*RefreshCatalogResponse)(nil),      // 11: psych.sidecar.v1.RefreshCatalogResponse
+	(*ListCatalogToolsRequest)(nil),     // 12: psych.sidecar.v1.ListCatalogToolsRequest
+	(*ListCatalogToolsResponse)(nil),    // 13: psych.sidecar.v1.ListCatalogToolsResponse
+	(*DiffCatalogRequest)(nil),          // 14: psych.sidecar.v1.DiffCatalogRequest
+	(*DiffCatalogResponse)(nil),         // 15: psych.sidecar.v1.DiffCatalogResponse
+	(*ListCatalogVersionsRequest)(nil),  // 16: psych.sidecar.v1.ListCatalogVersionsRequest
+	(*ListCatalogVersionsResponse)(nil), // 17: psych.sidecar.v1.ListCatalogVersionsResponse
+	(*timestamppb.Timestamp)(nil),       // 18: google.protobuf.Timestamp
+	(*Connection)(nil),                  // 19: psych.sidecar.v1.Connection
+	(*CatalogTool)(nil),                 // 20: psych.sidecar.v1.CatalogTool
+	(*CatalogVersion)(nil),              // 21: psych.sidecar.v1.CatalogVersion
 }
 var file_psych_sidecar_v1_connection_service_proto_depIdxs = []int32{
-	14, // 0: psych.sidecar.v1.PutConnectionRequest.connection:type_name -> psych.sidecar.v1.Connection
-	14, // 1: psych.sidecar.v1.PutConnectionResponse.connection:type_name -> psych.sidecar.v1.Connection
-	14, // 2: psych.sidecar.v1.ListConnectionsResponse.connections:type_name -> psych.sidecar.v1.Connection
-	15, // 3: psych.sidecar.v1.ListCatalogToolsResponse.tools:type_name -> psych.sidecar.v1.CatalogTool
-	15, // 4: psych.sidecar.v1.DiffCatalogResponse.added:type_name -> psych.sidecar.v1.CatalogTool
-	15, // 5: psych.sidecar.v1.DiffCatalogResponse.changed:type_name -> psych.sidecar.v1.CatalogTool
-	15, // 6: psych.sidecar.v1.DiffCatalogResponse.removed:type_name -> psych.sidecar.v1.CatalogTool
-	16, // 7: psych.sidecar.v1.ListCatalogVersionsResponse.versions:type_name -> psych.sidecar.v1.CatalogVersion
-	0,  // 8: psych.sidecar.v1.ConnectionService.PutConnection:input_type -> psych.sidecar.v1.PutConnectionRequest
-	2,  // 9: psych.sidecar.v1.ConnectionService.DeleteConnection:input_type -> psych.sidecar.v1.DeleteConnectionRequest
-	4,  // 10: psych.sidecar.v1.ConnectionService.ListConnections:input_type -> psych.sidecar.v1.ListConnectionsRequest
-	6,  // 11: psych.sidecar.v1.ConnectionService.RefreshCatalog:input_type -> psych.sidecar.v1.RefreshCatalogRequest
-	8,  // 12: psych.sidecar.v1.ConnectionService.ListCatalogTools:input_type -> psych.sidecar.v1.ListCatalogToolsRequest
-	10, // 13: psych.sidecar.v1.ConnectionService.DiffCatalog:input_type -> psych.sidecar.v1.DiffCatalogRequest
-	12, // 14: psych.sidecar.v1.ConnectionService.ListCatalogVersions:input_type -> psych.sidecar.v1.ListCatalogVersionsRequest
-	1,  // 15: psych.sidecar.v1.ConnectionService.PutConnection:output_type -> psych.sidecar.v1.PutConnectionResponse
-	3,  // 16: psych.sidecar.v1.ConnectionService.DeleteConnection:output_type -> psych.sidecar.v1.DeleteConnectionResponse
-	5,  // 17: psych.sidecar.v1.ConnectionService.ListConnections:output_type -> psych.sidecar.v1.ListConnectionsResponse
-	7,  // 18: psych.sidecar.v1.ConnectionService.RefreshCatalog:output_type -> psych.sidecar.v1.RefreshCatalogResponse
-	9,  // 19: psych.sidecar.v1.ConnectionService.ListCatalogTools:output_type -> psych.sidecar.v1.ListCatalogToolsResponse
-	11, // 20: psych.sidecar.v1.ConnectionService.DiffCatalog:output_type -> psych.sidecar.v1.DiffCatalogResponse
-	13, // 21: psych.sidecar.v1.ConnectionService.ListCatalogVersions:output_type -> psych.sidecar.v1.ListCatalogVersionsResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	18, // 0: psych.sidecar.v1.BeginSignInResponse.expire_time:type_name -> google.protobuf.Timestamp
+	19, // 1: psych.sidecar.v1.CompleteSignInResponse.connection:type_name -> psych.sidecar.v1.Connection
+	19, // 2: psych.sidecar.v1.PutConnectionRequest.connection:type_name -> psych.sidecar.v1.Connection
+	19, // 3: psych.sidecar.v1.PutConnectionResponse.connection:type_name -> psych.sidecar.v1.Connection
+	19, // 4: psych.sidecar.v1.ListConnectionsResponse.connections:type_name -> psych.sidecar.v1.Connection
+	20, // 5: psych.sidecar.v1.ListCatalogToolsResponse.tools:type_name -> psych.sidecar.v1.CatalogTool
+	20, // 6: psych.sidecar.v1.DiffCatalogResponse.added:type_name -> psych.sidecar.v1.CatalogTool
+	20, // 7: psych.sidecar.v1.DiffCatalogResponse.changed:type_name -> psych.sidecar.v1.CatalogTool
+	20, // 8: psych.sidecar.v1.DiffCatalogResponse.removed:type_name -> psych.sidecar.v1.CatalogTool
+	21, // 9: psych.sidecar.v1.ListCatalogVersionsResponse.versions:type_name -> psych.sidecar.v1.CatalogVersion
+	4,  // 10: psych.sidecar.v1.ConnectionService.PutConnection:input_type -> psych.sidecar.v1.PutConnectionRequest
+	6,  // 11: psych.sidecar.v1.ConnectionService.DeleteConnection:input_type -> psych.sidecar.v1.DeleteConnectionRequest
+	8,  // 12: psych.sidecar.v1.ConnectionService.ListConnections:input_type -> psych.sidecar.v1.ListConnectionsRequest
+	10, // 13: psych.sidecar.v1.ConnectionService.RefreshCatalog:input_type -> psych.sidecar.v1.RefreshCatalogRequest
+	12, // 14: psych.sidecar.v1.ConnectionService.ListCatalogTools:input_type -> psych.sidecar.v1.ListCatalogToolsRequest
+	14, // 15: psych.sidecar.v1.ConnectionService.DiffCatalog:input_type -> psych.sidecar.v1.DiffCatalogRequest
+	16, // 16: psych.sidecar.v1.ConnectionService.ListCatalogVersions:input_type -> psych.sidecar.v1.ListCatalogVersionsRequest
+	0,  // 17: psych.sidecar.v1.ConnectionService.BeginSignIn:input_type -> psych.sidecar.v1.BeginSignInRequest
+	2,  // 18: psych.sidecar.v1.ConnectionService.CompleteSignIn:input_type -> psych.sidecar.v1.CompleteSignInRequest
+	5,  // 19: psych.sidecar.v1.ConnectionService.PutConnection:output_type -> psych.sidecar.v1.PutConnectionResponse
+	7,  // 20: psych.sidecar.v1.ConnectionService.DeleteConnection:output_type -> psych.sidecar.v1.DeleteConnectionResponse
+	9,  // 21: psych.sidecar.v1.ConnectionService.ListConnections:output_type -> psych.sidecar.v1.ListConnectionsResponse
+	11, // 22: psych.sidecar.v1.ConnectionService.RefreshCatalog:output_type -> psych.sidecar.v1.RefreshCatalogResponse
+	13, // 23: psych.sidecar.v1.ConnectionService.ListCatalogTools:output_type -> psych.sidecar.v1.ListCatalogToolsResponse
+	15, // 24: psych.sidecar.v1.ConnectionService.DiffCatalog:output_type -> psych.sidecar.v1.DiffCatalogResponse
+	17, // 25: psych.sidecar.v1.ConnectionService.ListCatalogVersions:output_type -> psych.sidecar.v1.ListCatalogVersionsResponse
+	1,  // 26: psych.sidecar.v1.ConnectionService.BeginSignIn:output_type -> psych.sidecar.v1.BeginSignInResponse
+	3,  // 27: psych.sidecar.v1.ConnectionService.CompleteSignIn:output_type -> psych.sidecar.v1.CompleteSignInResponse
+	19, // [19:28] is the sub-list for method output_type
+	10, // [10:19] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_connection_service_proto_init() }
@@ -996,7 +1274,7 @@ func file_psych_sidecar_v1_connection_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_connection_service_proto_rawDesc), len(file_psych_sidecar_v1_connection_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

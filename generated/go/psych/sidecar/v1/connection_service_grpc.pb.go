@@ -26,6 +26,8 @@ const (
 	ConnectionService_ListCatalogTools_FullMethodName    = "/psych.sidecar.v1.ConnectionService/ListCatalogTools"
 	ConnectionService_DiffCatalog_FullMethodName         = "/psych.sidecar.v1.ConnectionService/DiffCatalog"
 	ConnectionService_ListCatalogVersions_FullMethodName = "/psych.sidecar.v1.ConnectionService/ListCatalogVersions"
+	ConnectionService_BeginSignIn_FullMethodName         = "/psych.sidecar.v1.ConnectionService/BeginSignIn"
+	ConnectionService_CompleteSignIn_FullMethodName      = "/psych.sidecar.v1.ConnectionService/CompleteSignIn"
 )
 
 // ConnectionServiceClient is the client API for ConnectionService service.
@@ -54,6 +56,17 @@ type ConnectionServiceClient interface {
 	// ListCatalogVersions pages through a connection's catalogue versions,
 	// newest first (a deleted connection's too). Read-only.
 	ListCatalogVersions(ctx context.Context, in *ListCatalogVersionsRequest, opts ...grpc.CallOption) (*ListCatalogVersionsResponse, error)
+	// BeginSignIn starts signing the host's user in to a connection whose
+	// auth is oauth_authorization_code: the sidecar discovers the server's
+	// authorization server, registers a client if it must, makes the PKCE
+	// verifier and a state, stores them sealed, and returns the URL for the
+	// user's browser. Any sidecar sharing the database can complete it.
+	BeginSignIn(ctx context.Context, in *BeginSignInRequest, opts ...grpc.CallOption) (*BeginSignInResponse, error)
+	// CompleteSignIn takes the `state` and `code` the authorization server
+	// sent to the host's redirect URI, exchanges the code for tokens, stores
+	// them sealed, connects and lists the catalogue. A state is single-use,
+	// bound to its tenant and connection, and expires.
+	CompleteSignIn(ctx context.Context, in *CompleteSignInRequest, opts ...grpc.CallOption) (*CompleteSignInResponse, error)
 }
 
 type connectionServiceClient struct {
@@ -134,6 +147,26 @@ func (c *connectionServiceClient) ListCatalogVersions(ctx context.Context, in *L
 	return out, nil
 }
 
+func (c *connectionServiceClient) BeginSignIn(ctx context.Context, in *BeginSignInRequest, opts ...grpc.CallOption) (*BeginSignInResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BeginSignInResponse)
+	err := c.cc.Invoke(ctx, ConnectionService_BeginSignIn_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *connectionServiceClient) CompleteSignIn(ctx context.Context, in *CompleteSignInRequest, opts ...grpc.CallOption) (*CompleteSignInResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CompleteSignInResponse)
+	err := c.cc.Invoke(ctx, ConnectionService_CompleteSignIn_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ConnectionServiceServer is the server API for ConnectionService service.
 // All implementations must embed UnimplementedConnectionServiceServer
 // for forward compatibility.
@@ -160,6 +193,17 @@ type ConnectionServiceServer interface {
 	// ListCatalogVersions pages through a connection's catalogue versions,
 	// newest first (a deleted connection's too). Read-only.
 	ListCatalogVersions(context.Context, *ListCatalogVersionsRequest) (*ListCatalogVersionsResponse, error)
+	// BeginSignIn starts signing the host's user in to a connection whose
+	// auth is oauth_authorization_code: the sidecar discovers the server's
+	// authorization server, registers a client if it must, makes the PKCE
+	// verifier and a state, stores them sealed, and returns the URL for the
+	// user's browser. Any sidecar sharing the database can complete it.
+	BeginSignIn(context.Context, *BeginSignInRequest) (*BeginSignInResponse, error)
+	// CompleteSignIn takes the `state` and `code` the authorization server
+	// sent to the host's redirect URI, exchanges the code for tokens, stores
+	// them sealed, connects and lists the catalogue. A state is single-use,
+	// bound to its tenant and connection, and expires.
+	CompleteSignIn(context.Context, *CompleteSignInRequest) (*CompleteSignInResponse, error)
 	mustEmbedUnimplementedConnectionServiceServer()
 }
 
@@ -190,6 +234,12 @@ func (UnimplementedConnectionServiceServer) DiffCatalog(context.Context, *DiffCa
 }
 func (UnimplementedConnectionServiceServer) ListCatalogVersions(context.Context, *ListCatalogVersionsRequest) (*ListCatalogVersionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListCatalogVersions not implemented")
+}
+func (UnimplementedConnectionServiceServer) BeginSignIn(context.Context, *BeginSignInRequest) (*BeginSignInResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BeginSignIn not implemented")
+}
+func (UnimplementedConnectionServiceServer) CompleteSignIn(context.Context, *CompleteSignInRequest) (*CompleteSignInResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CompleteSignIn not implemented")
 }
 func (UnimplementedConnectionServiceServer) mustEmbedUnimplementedConnectionServiceServer() {}
 func (UnimplementedConnectionServiceServer) testEmbeddedByValue()                           {}
@@ -338,6 +388,42 @@ func _ConnectionService_ListCatalogVersions_Handler(srv interface{}, ctx context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ConnectionService_BeginSignIn_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BeginSignInRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ConnectionServiceServer).BeginSignIn(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ConnectionService_BeginSignIn_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ConnectionServiceServer).BeginSignIn(ctx, req.(*BeginSignInRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ConnectionService_CompleteSignIn_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CompleteSignInRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ConnectionServiceServer).CompleteSignIn(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ConnectionService_CompleteSignIn_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ConnectionServiceServer).CompleteSignIn(ctx, req.(*CompleteSignInRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ConnectionService_ServiceDesc is the grpc.ServiceDesc for ConnectionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -372,6 +458,14 @@ var ConnectionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListCatalogVersions",
 			Handler:    _ConnectionService_ListCatalogVersions_Handler,
+		},
+		{
+			MethodName: "BeginSignIn",
+			Handler:    _ConnectionService_BeginSignIn_Handler,
+		},
+		{
+			MethodName: "CompleteSignIn",
+			Handler:    _ConnectionService_CompleteSignIn_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

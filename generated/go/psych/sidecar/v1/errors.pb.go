@@ -129,6 +129,61 @@ const (
 	// another sidecar (appends and tool calls with the same ids are answered
 	// once). Status UNAVAILABLE. Metadata: `grace_seconds`.
 	ErrorReason_ERROR_REASON_SHUTTING_DOWN ErrorReason = 22
+	// CompleteSignIn got a state this sidecar's database never issued (or
+	// forgot: states are removed some time after they expire).
+	// Status NOT_FOUND. Metadata: `tenant`.
+	ErrorReason_ERROR_REASON_SIGN_IN_STATE_UNKNOWN ErrorReason = 23
+	// CompleteSignIn got a state that already completed a sign-in (or failed
+	// one): a state is single-use. Begin again. Status FAILED_PRECONDITION.
+	// Metadata: `tenant`, `connection`.
+	ErrorReason_ERROR_REASON_SIGN_IN_STATE_USED ErrorReason = 24
+	// CompleteSignIn got a state past its expire_time. Begin again.
+	// Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`,
+	// `expire_time` (RFC 3339).
+	ErrorReason_ERROR_REASON_SIGN_IN_STATE_EXPIRED ErrorReason = 25
+	// CompleteSignIn got a state issued to another tenant. Nothing of that
+	// tenant's sign-in is revealed or spent. Status PERMISSION_DENIED.
+	// Metadata: `tenant` (the request's).
+	ErrorReason_ERROR_REASON_SIGN_IN_STATE_WRONG_TENANT ErrorReason = 26
+	// CompleteSignIn got a state issued for another connection than the
+	// request names, or for a connection replaced or deleted since the
+	// sign-in began. Status FAILED_PRECONDITION. Metadata: `tenant`,
+	// `connection`, `detail`.
+	ErrorReason_ERROR_REASON_SIGN_IN_STATE_MISMATCH ErrorReason = 27
+	// BeginSignIn on a connection whose auth is not oauth_authorization_code.
+	// Status FAILED_PRECONDITION. Metadata: `connection`, `auth` (the auth
+	// case, e.g. "static_headers").
+	ErrorReason_ERROR_REASON_SIGN_IN_NOT_APPLICABLE ErrorReason = 28
+	// Discovery led to a URL the sidecar will not request: not https (plain
+	// http only to a loopback address, and only when the operator allows
+	// it), or an address the operator has not allowed (private, link-local,
+	// loopback, or any other non-public one). No request was sent to it.
+	// Status PERMISSION_DENIED. Metadata: `connection`, `url` (without its
+	// query), `detail`.
+	// Example: {reason: "OAUTH_URL_REFUSED", metadata: {connection: "tracker",
+	// url: "https://169.254.169.254/token", detail: "link-local address"}}.
+	ErrorReason_ERROR_REASON_OAUTH_URL_REFUSED ErrorReason = 29
+	// The server's protected-resource metadata or its authorization server's
+	// metadata could not be had: unreachable, too slow, too large, too many
+	// redirects, not valid JSON, or missing an endpoint the flow needs.
+	// Status UNAVAILABLE. Metadata: `connection`, `url`, `detail`.
+	ErrorReason_ERROR_REASON_OAUTH_DISCOVERY_FAILED ErrorReason = 30
+	// The authorization server refused dynamic client registration or does
+	// not offer it: configure a registered client or a client metadata URL.
+	// Status FAILED_PRECONDITION. Metadata: `connection`, `detail`.
+	ErrorReason_ERROR_REASON_OAUTH_REGISTRATION_FAILED ErrorReason = 31
+	// The authorization server's token endpoint refused the grant: the code
+	// of a CompleteSignIn (spent, expired, or for another client) or the
+	// client credentials. `detail` holds its OAuth error code and
+	// description, never a secret. The state is spent: begin again.
+	// Status FAILED_PRECONDITION. Metadata: `connection`, `detail`.
+	ErrorReason_ERROR_REASON_OAUTH_GRANT_REFUSED ErrorReason = 32
+	// RefreshCatalog on a connection that is
+	// CONNECTION_STATE_AUTHORIZATION_REQUIRED: sign in first.
+	// Status FAILED_PRECONDITION. Metadata: `connection`, `reason` (the
+	// AuthorizationRequiredReason name without its prefix, e.g.
+	// "REFRESH_REFUSED").
+	ErrorReason_ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED ErrorReason = 33
 )
 
 // Enum value maps for ErrorReason.
@@ -155,29 +210,51 @@ var (
 		19: "ERROR_REASON_CONTEXT_BUDGET_EXCEEDED",
 		18: "ERROR_REASON_STORAGE_UNAVAILABLE",
 		22: "ERROR_REASON_SHUTTING_DOWN",
+		23: "ERROR_REASON_SIGN_IN_STATE_UNKNOWN",
+		24: "ERROR_REASON_SIGN_IN_STATE_USED",
+		25: "ERROR_REASON_SIGN_IN_STATE_EXPIRED",
+		26: "ERROR_REASON_SIGN_IN_STATE_WRONG_TENANT",
+		27: "ERROR_REASON_SIGN_IN_STATE_MISMATCH",
+		28: "ERROR_REASON_SIGN_IN_NOT_APPLICABLE",
+		29: "ERROR_REASON_OAUTH_URL_REFUSED",
+		30: "ERROR_REASON_OAUTH_DISCOVERY_FAILED",
+		31: "ERROR_REASON_OAUTH_REGISTRATION_FAILED",
+		32: "ERROR_REASON_OAUTH_GRANT_REFUSED",
+		33: "ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED",
 	}
 	ErrorReason_value = map[string]int32{
-		"ERROR_REASON_UNSPECIFIED":                0,
-		"ERROR_REASON_FIELD_REQUIRED":             1,
-		"ERROR_REASON_FIELD_INVALID":              2,
-		"ERROR_REASON_SPEC_THRESHOLDS_CONTRADICT": 3,
-		"ERROR_REASON_SPEC_NOT_FOUND":             4,
-		"ERROR_REASON_SPEC_VERSION_EXISTS":        5,
-		"ERROR_REASON_RUN_NOT_FOUND":              6,
-		"ERROR_REASON_REQUEST_ID_REUSED":          7,
-		"ERROR_REASON_MESSAGE_TOO_LARGE":          8,
-		"ERROR_REASON_INVALID_DEFERRED_HANDLE":    9,
-		"ERROR_REASON_CONNECTION_NOT_FOUND":       10,
-		"ERROR_REASON_COMMAND_NOT_ALLOWED":        11,
-		"ERROR_REASON_CATALOG_VERSION_NOT_FOUND":  12,
-		"ERROR_REASON_CONNECTION_UNREACHABLE":     13,
-		"ERROR_REASON_PATTERN_INVALID":            14,
-		"ERROR_REASON_NOT_IMPLEMENTED":            15,
-		"ERROR_REASON_INTERNAL":                   16,
-		"ERROR_REASON_PATTERN_TOO_COMPLEX":        17,
-		"ERROR_REASON_CONTEXT_BUDGET_EXCEEDED":    19,
-		"ERROR_REASON_STORAGE_UNAVAILABLE":        18,
-		"ERROR_REASON_SHUTTING_DOWN":              22,
+		"ERROR_REASON_UNSPECIFIED":                       0,
+		"ERROR_REASON_FIELD_REQUIRED":                    1,
+		"ERROR_REASON_FIELD_INVALID":                     2,
+		"ERROR_REASON_SPEC_THRESHOLDS_CONTRADICT":        3,
+		"ERROR_REASON_SPEC_NOT_FOUND":                    4,
+		"ERROR_REASON_SPEC_VERSION_EXISTS":               5,
+		"ERROR_REASON_RUN_NOT_FOUND":                     6,
+		"ERROR_REASON_REQUEST_ID_REUSED":                 7,
+		"ERROR_REASON_MESSAGE_TOO_LARGE":                 8,
+		"ERROR_REASON_INVALID_DEFERRED_HANDLE":           9,
+		"ERROR_REASON_CONNECTION_NOT_FOUND":              10,
+		"ERROR_REASON_COMMAND_NOT_ALLOWED":               11,
+		"ERROR_REASON_CATALOG_VERSION_NOT_FOUND":         12,
+		"ERROR_REASON_CONNECTION_UNREACHABLE":            13,
+		"ERROR_REASON_PATTERN_INVALID":                   14,
+		"ERROR_REASON_NOT_IMPLEMENTED":                   15,
+		"ERROR_REASON_INTERNAL":                          16,
+		"ERROR_REASON_PATTERN_TOO_COMPLEX":               17,
+		"ERROR_REASON_CONTEXT_BUDGET_EXCEEDED":           19,
+		"ERROR_REASON_STORAGE_UNAVAILABLE":               18,
+		"ERROR_REASON_SHUTTING_DOWN":                     22,
+		"ERROR_REASON_SIGN_IN_STATE_UNKNOWN":             23,
+		"ERROR_REASON_SIGN_IN_STATE_USED":                24,
+		"ERROR_REASON_SIGN_IN_STATE_EXPIRED":             25,
+		"ERROR_REASON_SIGN_IN_STATE_WRONG_TENANT":        26,
+		"ERROR_REASON_SIGN_IN_STATE_MISMATCH":            27,
+		"ERROR_REASON_SIGN_IN_NOT_APPLICABLE":            28,
+		"ERROR_REASON_OAUTH_URL_REFUSED":                 29,
+		"ERROR_REASON_OAUTH_DISCOVERY_FAILED":            30,
+		"ERROR_REASON_OAUTH_REGISTRATION_FAILED":         31,
+		"ERROR_REASON_OAUTH_GRANT_REFUSED":               32,
+		"ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED": 33,
 	}
 )
 
@@ -212,7 +289,7 @@ var File_psych_sidecar_v1_errors_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\x95\x06\n" +
+	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xdc\t\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_REASON_FIELD_REQUIRED\x10\x01\x12\x1e\n" +
@@ -235,7 +312,18 @@ const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	" ERROR_REASON_PATTERN_TOO_COMPLEX\x10\x11\x12(\n" +
 	"$ERROR_REASON_CONTEXT_BUDGET_EXCEEDED\x10\x13\x12$\n" +
 	" ERROR_REASON_STORAGE_UNAVAILABLE\x10\x12\x12\x1e\n" +
-	"\x1aERROR_REASON_SHUTTING_DOWN\x10\x16\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
+	"\x1aERROR_REASON_SHUTTING_DOWN\x10\x16\x12&\n" +
+	"\"ERROR_REASON_SIGN_IN_STATE_UNKNOWN\x10\x17\x12#\n" +
+	"\x1fERROR_REASON_SIGN_IN_STATE_USED\x10\x18\x12&\n" +
+	"\"ERROR_REASON_SIGN_IN_STATE_EXPIRED\x10\x19\x12+\n" +
+	"'ERROR_REASON_SIGN_IN_STATE_WRONG_TENANT\x10\x1a\x12'\n" +
+	"#ERROR_REASON_SIGN_IN_STATE_MISMATCH\x10\x1b\x12'\n" +
+	"#ERROR_REASON_SIGN_IN_NOT_APPLICABLE\x10\x1c\x12\"\n" +
+	"\x1eERROR_REASON_OAUTH_URL_REFUSED\x10\x1d\x12'\n" +
+	"#ERROR_REASON_OAUTH_DISCOVERY_FAILED\x10\x1e\x12*\n" +
+	"&ERROR_REASON_OAUTH_REGISTRATION_FAILED\x10\x1f\x12$\n" +
+	" ERROR_REASON_OAUTH_GRANT_REFUSED\x10 \x122\n" +
+	".ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED\x10!\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
 	"\x14dev.psych.sidecar.v1B\vErrorsProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (

@@ -60,6 +60,14 @@ class _ConnectionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Conne
     """The server cannot be reached; last_error says why. Its last known tools
     stay in the catalogue and its prompt line says it is unreachable.
     """
+    CONNECTION_STATE_AUTHORIZATION_REQUIRED: _ConnectionState.ValueType  # 4
+    """The server needs the user (or the client credentials) authorized
+    before it can be used; Connection.authorization_required_reason says
+    why. Its last known tools stay in the catalogue, its prompt line says
+    the user must sign in again, and a call to one of its tools is a tool
+    error saying so. Left by a CompleteSignIn (or, for client credentials,
+    a PutConnection with credentials the server accepts).
+    """
 
 class ConnectionState(_ConnectionState, metaclass=_ConnectionStateEnumTypeWrapper):
     """ConnectionState is a connection's session state."""
@@ -74,7 +82,63 @@ CONNECTION_STATE_UNREACHABLE: ConnectionState.ValueType  # 3
 """The server cannot be reached; last_error says why. Its last known tools
 stay in the catalogue and its prompt line says it is unreachable.
 """
+CONNECTION_STATE_AUTHORIZATION_REQUIRED: ConnectionState.ValueType  # 4
+"""The server needs the user (or the client credentials) authorized
+before it can be used; Connection.authorization_required_reason says
+why. Its last known tools stay in the catalogue, its prompt line says
+the user must sign in again, and a call to one of its tools is a tool
+error saying so. Left by a CompleteSignIn (or, for client credentials,
+a PutConnection with credentials the server accepts).
+"""
 Global___ConnectionState: _TypeAlias = ConnectionState  # noqa: Y015
+
+class _AuthorizationRequiredReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AuthorizationRequiredReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AuthorizationRequiredReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED: _AuthorizationRequiredReason.ValueType  # 0
+    """The connection is not AUTHORIZATION_REQUIRED."""
+    AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN: _AuthorizationRequiredReason.ValueType  # 1
+    """Nobody has signed in yet: call BeginSignIn."""
+    AUTHORIZATION_REQUIRED_REASON_REFRESH_REFUSED: _AuthorizationRequiredReason.ValueType  # 2
+    """The authorization server refused to refresh the tokens (the refresh
+    token was revoked or expired), or the server refused the tokens it
+    issued: the user must sign in again.
+    """
+    AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING: _AuthorizationRequiredReason.ValueType  # 3
+    """The server refused a call for want of a scope (403 insufficient_scope):
+    the user must sign in again to grant it.
+    """
+    AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED: _AuthorizationRequiredReason.ValueType  # 4
+    """The authorization server refused the client credentials: correct them
+    with PutConnection.
+    """
+
+class AuthorizationRequiredReason(_AuthorizationRequiredReason, metaclass=_AuthorizationRequiredReasonEnumTypeWrapper):
+    """AuthorizationRequiredReason says why a connection is
+    CONNECTION_STATE_AUTHORIZATION_REQUIRED.
+    """
+
+AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED: AuthorizationRequiredReason.ValueType  # 0
+"""The connection is not AUTHORIZATION_REQUIRED."""
+AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN: AuthorizationRequiredReason.ValueType  # 1
+"""Nobody has signed in yet: call BeginSignIn."""
+AUTHORIZATION_REQUIRED_REASON_REFRESH_REFUSED: AuthorizationRequiredReason.ValueType  # 2
+"""The authorization server refused to refresh the tokens (the refresh
+token was revoked or expired), or the server refused the tokens it
+issued: the user must sign in again.
+"""
+AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING: AuthorizationRequiredReason.ValueType  # 3
+"""The server refused a call for want of a scope (403 insufficient_scope):
+the user must sign in again to grant it.
+"""
+AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED: AuthorizationRequiredReason.ValueType  # 4
+"""The authorization server refused the client credentials: correct them
+with PutConnection.
+"""
+Global___AuthorizationRequiredReason: _TypeAlias = AuthorizationRequiredReason  # noqa: Y015
 
 @_typing.final
 class Connection(_message.Message):
@@ -100,6 +164,8 @@ class Connection(_message.Message):
     RECENT_OUTPUT_FIELD_NUMBER: _builtins.int
     REJECTED_TOOLS_FIELD_NUMBER: _builtins.int
     REJECTED_TOOL_COUNT_FIELD_NUMBER: _builtins.int
+    AUTHORIZATION_REQUIRED_REASON_FIELD_NUMBER: _builtins.int
+    TOKEN_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant that owns the connection."""
     name: _builtins.str
@@ -132,6 +198,10 @@ class Connection(_message.Message):
     rejected_tool_count: _builtins.int
     """How many tools that listing left out in all. With catalog_version's
     tools empty, the listing was entirely invalid.
+    """
+    authorization_required_reason: Global___AuthorizationRequiredReason.ValueType
+    """Why the connection is CONNECTION_STATE_AUTHORIZATION_REQUIRED;
+    unspecified in every other state.
     """
     @_builtins.property
     def stdio(self) -> Global___StdioTransport:
@@ -169,6 +239,13 @@ class Connection(_message.Message):
         tools; a tool that becomes valid appears in a later version as added.
         """
 
+    @_builtins.property
+    def token_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the connection's stored OAuth access token expires (the sidecar
+        refreshes it before then); unset without one or when the server gave no
+        lifetime. The token itself is never returned.
+        """
+
     def __init__(
         self,
         *,
@@ -188,10 +265,12 @@ class Connection(_message.Message):
         recent_output: _builtins.str = ...,
         rejected_tools: _abc.Iterable[Global___RejectedTool] | None = ...,
         rejected_tool_count: _builtins.int = ...,
+        authorization_required_reason: Global___AuthorizationRequiredReason.ValueType = ...,
+        token_expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "http", b"http", "preload", b"preload", "state_time", b"state_time", "stdio", b"stdio", "transport", b"transport"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "http", b"http", "preload", b"preload", "state_time", b"state_time", "stdio", b"stdio", "token_expire_time", b"token_expire_time", "transport", b"transport"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "allow_tools", b"allow_tools", "catalog_version", b"catalog_version", "deny_tools", b"deny_tools", "description", b"description", "eager_tools", b"eager_tools", "http", b"http", "last_error", b"last_error", "name", b"name", "preload", b"preload", "recent_output", b"recent_output", "rejected_tool_count", b"rejected_tool_count", "rejected_tools", b"rejected_tools", "state", b"state", "state_time", b"state_time", "stdio", b"stdio", "tenant", b"tenant", "transport", b"transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_preload", b"_preload", "allow_tools", b"allow_tools", "authorization_required_reason", b"authorization_required_reason", "catalog_version", b"catalog_version", "deny_tools", b"deny_tools", "description", b"description", "eager_tools", b"eager_tools", "http", b"http", "last_error", b"last_error", "name", b"name", "preload", b"preload", "recent_output", b"recent_output", "rejected_tool_count", b"rejected_tool_count", "rejected_tools", b"rejected_tools", "state", b"state", "state_time", b"state_time", "stdio", b"stdio", "tenant", b"tenant", "token_expire_time", b"token_expire_time", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__preload: _TypeAlias = _typing.Literal["preload"]  # noqa: Y015
     _WhichOneofArgType__preload: _TypeAlias = _typing.Literal["_preload", b"_preload"]  # noqa: Y015
@@ -326,6 +405,9 @@ class HttpTransport(_message.Message):
     URL_FIELD_NUMBER: _builtins.int
     HEADERS_FIELD_NUMBER: _builtins.int
     PROTOCOL_FIELD_NUMBER: _builtins.int
+    STATIC_HEADERS_FIELD_NUMBER: _builtins.int
+    OAUTH_AUTHORIZATION_CODE_FIELD_NUMBER: _builtins.int
+    OAUTH_CLIENT_CREDENTIALS_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     """The endpoint, for example "http://127.0.0.1:3001/mcp". Returned with
     its user-info and every query value replaced by REDACTED: they may hold
@@ -339,20 +421,263 @@ class HttpTransport(_message.Message):
         never returned or logged.
         """
 
+    @_builtins.property
+    def static_headers(self) -> Global___StaticHeadersAuth:
+        """The headers field alone authenticates (a pasted token or API key): no
+        sign-in and no refresh; a 401 makes the server UNREACHABLE.
+        """
+
+    @_builtins.property
+    def oauth_authorization_code(self) -> Global___OAuthAuthorizationCode:
+        """OAuth 2.1 authorization code with PKCE on the user's behalf: the host
+        signs its user in with ConnectionService.BeginSignIn and
+        CompleteSignIn; until then, and whenever the tokens are refused, the
+        connection is CONNECTION_STATE_AUTHORIZATION_REQUIRED.
+        """
+
+    @_builtins.property
+    def oauth_client_credentials(self) -> Global___OAuthClientCredentials:
+        """OAuth 2.1 client credentials (machine to machine): the sidecar gets
+        and renews its tokens itself, no user involved.
+        """
+
     def __init__(
         self,
         *,
         url: _builtins.str = ...,
         headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         protocol: Global___HttpProtocol.ValueType = ...,
+        static_headers: Global___StaticHeadersAuth | None = ...,
+        oauth_authorization_code: Global___OAuthAuthorizationCode | None = ...,
+        oauth_client_credentials: Global___OAuthClientCredentials | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["auth", b"auth", "oauth_authorization_code", b"oauth_authorization_code", "oauth_client_credentials", b"oauth_client_credentials", "static_headers", b"static_headers"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth", b"auth", "headers", b"headers", "oauth_authorization_code", b"oauth_authorization_code", "oauth_client_credentials", b"oauth_client_credentials", "protocol", b"protocol", "static_headers", b"static_headers", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_auth: _TypeAlias = _typing.Literal["static_headers", "oauth_authorization_code", "oauth_client_credentials"]  # noqa: Y015
+    _WhichOneofArgType_auth: _TypeAlias = _typing.Literal["auth", b"auth"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_auth) -> _WhichOneofReturnType_auth | None: ...
+
+Global___HttpTransport: _TypeAlias = HttpTransport  # noqa: Y015
+
+@_typing.final
+class StaticHeadersAuth(_message.Message):
+    """StaticHeadersAuth says that HttpTransport.headers alone authenticate.
+    Setting it is the same as leaving HttpTransport.auth unset.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["headers", b"headers", "protocol", b"protocol", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___HttpTransport: _TypeAlias = HttpTransport  # noqa: Y015
+Global___StaticHeadersAuth: _TypeAlias = StaticHeadersAuth  # noqa: Y015
+
+@_typing.final
+class OAuthAuthorizationCode(_message.Message):
+    """OAuthAuthorizationCode signs a user in with the MCP authorization flow:
+    protected-resource metadata (RFC 9728), authorization-server metadata
+    (RFC 8414), the client below, PKCE (S256), a state, and the server's URL
+    as the resource indicator (RFC 8707). The tokens it yields are sealed in
+    the sidecar's database and refreshed by the sidecar before they expire.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DYNAMIC_REGISTRATION_FIELD_NUMBER: _builtins.int
+    REGISTERED_CLIENT_FIELD_NUMBER: _builtins.int
+    CLIENT_METADATA_URL_FIELD_NUMBER: _builtins.int
+    SCOPES_FIELD_NUMBER: _builtins.int
+    REDIRECT_URI_FIELD_NUMBER: _builtins.int
+    client_metadata_url: _builtins.str
+    """An https URL whose document describes the client (a client ID
+    metadata document): the URL is the client_id. It must have a path
+    other than "/". Used when the authorization server advertises
+    client_id_metadata_document_supported, else dynamic registration.
+    """
+    redirect_uri: _builtins.str
+    """The redirect URI the host owns: the authorization server sends the
+    user's browser there with `code` and `state`, which the host passes to
+    CompleteSignIn. Required; an absolute http(s) URL.
+    """
+    @_builtins.property
+    def dynamic_registration(self) -> Global___OAuthDynamicRegistration:
+        """Register a client with the authorization server (RFC 7591) at the
+        first sign-in, and keep it (sealed) for the next ones.
+        """
+
+    @_builtins.property
+    def registered_client(self) -> Global___OAuthRegisteredClient:
+        """A client registered beforehand with the authorization server."""
+
+    @_builtins.property
+    def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The scopes to ask for. Empty: those the server's 401 challenge names,
+        else those its protected-resource metadata lists.
+        """
+
+    def __init__(
+        self,
+        *,
+        dynamic_registration: Global___OAuthDynamicRegistration | None = ...,
+        registered_client: Global___OAuthRegisteredClient | None = ...,
+        client_metadata_url: _builtins.str = ...,
+        scopes: _abc.Iterable[_builtins.str] | None = ...,
+        redirect_uri: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "client_metadata_url", b"client_metadata_url", "dynamic_registration", b"dynamic_registration", "registered_client", b"registered_client"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client", b"client", "client_metadata_url", b"client_metadata_url", "dynamic_registration", b"dynamic_registration", "redirect_uri", b"redirect_uri", "registered_client", b"registered_client", "scopes", b"scopes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_client: _TypeAlias = _typing.Literal["dynamic_registration", "registered_client", "client_metadata_url"]  # noqa: Y015
+    _WhichOneofArgType_client: _TypeAlias = _typing.Literal["client", b"client"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_client) -> _WhichOneofReturnType_client | None: ...
+
+Global___OAuthAuthorizationCode: _TypeAlias = OAuthAuthorizationCode  # noqa: Y015
+
+@_typing.final
+class OAuthDynamicRegistration(_message.Message):
+    """OAuthDynamicRegistration registers the sidecar as an OAuth client."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_NAME_FIELD_NUMBER: _builtins.int
+    client_name: _builtins.str
+    """The client name shown on the consent page; empty is "psych-sidecar".
+    At most 100 characters.
+    """
+    def __init__(
+        self,
+        *,
+        client_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_name", b"client_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OAuthDynamicRegistration: _TypeAlias = OAuthDynamicRegistration  # noqa: Y015
+
+@_typing.final
+class OAuthRegisteredClient(_message.Message):
+    """OAuthRegisteredClient is a client registered with the authorization
+    server beforehand.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_SECRET_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """The client's id."""
+    client_secret: _builtins.str
+    """The client's secret; empty for a public client. Secret: never returned
+    or logged, sealed at rest.
+    """
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        client_secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_secret", b"client_secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OAuthRegisteredClient: _TypeAlias = OAuthRegisteredClient  # noqa: Y015
+
+@_typing.final
+class OAuthClientCredentials(_message.Message):
+    """OAuthClientCredentials gets tokens with the client-credentials grant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_SECRET_FIELD_NUMBER: _builtins.int
+    PRIVATE_KEY_JWT_FIELD_NUMBER: _builtins.int
+    SCOPES_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    ISSUER_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """The client's id. Required."""
+    client_secret: _builtins.str
+    """A client secret (client_secret_basic). Secret: never returned or
+    logged, sealed at rest.
+    """
+    resource: _builtins.str
+    """The resource indicator (RFC 8707) / audience the tokens are for.
+    Empty: the server's URL, as discovery confirms it.
+    """
+    issuer: _builtins.str
+    """The issuer of the authorization server the client belongs to. When
+    set, the sidecar only uses metadata of exactly that issuer; empty uses
+    the one discovery finds.
+    """
+    @_builtins.property
+    def private_key_jwt(self) -> Global___OAuthPrivateKeyJwt:
+        """A private key signing a JWT assertion (private_key_jwt, RFC 7523)."""
+
+    @_builtins.property
+    def scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The scopes to ask for; empty asks for none in particular."""
+
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        client_secret: _builtins.str = ...,
+        private_key_jwt: Global___OAuthPrivateKeyJwt | None = ...,
+        scopes: _abc.Iterable[_builtins.str] | None = ...,
+        resource: _builtins.str = ...,
+        issuer: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["client_secret", b"client_secret", "credential", b"credential", "private_key_jwt", b"private_key_jwt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_secret", b"client_secret", "credential", b"credential", "issuer", b"issuer", "private_key_jwt", b"private_key_jwt", "resource", b"resource", "scopes", b"scopes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_credential: _TypeAlias = _typing.Literal["client_secret", "private_key_jwt"]  # noqa: Y015
+    _WhichOneofArgType_credential: _TypeAlias = _typing.Literal["credential", b"credential"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_credential) -> _WhichOneofReturnType_credential | None: ...
+
+Global___OAuthClientCredentials: _TypeAlias = OAuthClientCredentials  # noqa: Y015
+
+@_typing.final
+class OAuthPrivateKeyJwt(_message.Message):
+    """OAuthPrivateKeyJwt is a private key the sidecar signs client assertions
+    with. Secret as a whole: never returned or logged, sealed at rest.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRIVATE_KEY_PEM_FIELD_NUMBER: _builtins.int
+    ALGORITHM_FIELD_NUMBER: _builtins.int
+    private_key_pem: _builtins.str
+    """The private key, PEM encoded."""
+    algorithm: _builtins.str
+    """The JWS algorithm, for example "RS256" or "ES256"; empty is "RS256"."""
+    def __init__(
+        self,
+        *,
+        private_key_pem: _builtins.str = ...,
+        algorithm: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "private_key_pem", b"private_key_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OAuthPrivateKeyJwt: _TypeAlias = OAuthPrivateKeyJwt  # noqa: Y015
 
 @_typing.final
 class CatalogVersion(_message.Message):

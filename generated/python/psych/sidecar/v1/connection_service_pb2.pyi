@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from psych.sidecar.v1 import connection_pb2 as _connection_pb2
 import builtins as _builtins
@@ -18,6 +19,137 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class BeginSignInRequest(_message.Message):
+    """BeginSignInRequest is the request of ConnectionService.BeginSignIn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant."""
+    name: _builtins.str
+    """The connection's name; its auth must be oauth_authorization_code
+    (else FAILED_PRECONDITION with reason SIGN_IN_NOT_APPLICABLE).
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BeginSignInRequest: _TypeAlias = BeginSignInRequest  # noqa: Y015
+
+@_typing.final
+class BeginSignInResponse(_message.Message):
+    """BeginSignInResponse is the response of ConnectionService.BeginSignIn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AUTHORIZATION_URL_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    authorization_url: _builtins.str
+    """The authorization server's URL to open in the user's browser, with the
+    client id, redirect URI, scopes, resource, PKCE challenge and state in
+    its query. Holds no secret.
+    """
+    state: _builtins.str
+    """The state in authorization_url's query: the redirect brings it back,
+    and CompleteSignIn takes it. Opaque, single-use.
+    """
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the state expires: a CompleteSignIn after it is
+        FAILED_PRECONDITION with reason SIGN_IN_STATE_EXPIRED.
+        """
+
+    def __init__(
+        self,
+        *,
+        authorization_url: _builtins.str = ...,
+        state: _builtins.str = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authorization_url", b"authorization_url", "expire_time", b"expire_time", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BeginSignInResponse: _TypeAlias = BeginSignInResponse  # noqa: Y015
+
+@_typing.final
+class CompleteSignInRequest(_message.Message):
+    """CompleteSignInRequest is the request of ConnectionService.CompleteSignIn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant that began the sign-in."""
+    state: _builtins.str
+    """The `state` query parameter of the redirect."""
+    code: _builtins.str
+    """The `code` query parameter of the redirect. Secret: never logged."""
+    name: _builtins.str
+    """The connection the host began the sign-in for. When set, a state issued
+    for another connection is FAILED_PRECONDITION with reason
+    SIGN_IN_STATE_MISMATCH.
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        state: _builtins.str = ...,
+        code: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "name", b"name", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteSignInRequest: _TypeAlias = CompleteSignInRequest  # noqa: Y015
+
+@_typing.final
+class CompleteSignInResponse(_message.Message):
+    """CompleteSignInResponse is the response of ConnectionService.CompleteSignIn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONNECTION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def connection(self) -> _connection_pb2.Connection:
+        """The connection, secrets omitted, with its state after connecting with
+        the new tokens (CONNECTED when the server accepted them) and its
+        token_expire_time.
+        """
+
+    def __init__(
+        self,
+        *,
+        connection: _connection_pb2.Connection | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteSignInResponse: _TypeAlias = CompleteSignInResponse  # noqa: Y015
 
 @_typing.final
 class PutConnectionRequest(_message.Message):

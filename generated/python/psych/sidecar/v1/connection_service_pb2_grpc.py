@@ -71,6 +71,16 @@ class ConnectionServiceStub:
                 request_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsRequest.SerializeToString,
                 response_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsResponse.FromString,
                 _registered_method=True)
+        self.BeginSignIn = channel.unary_unary(
+                '/psych.sidecar.v1.ConnectionService/BeginSignIn',
+                request_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.BeginSignInRequest.SerializeToString,
+                response_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.BeginSignInResponse.FromString,
+                _registered_method=True)
+        self.CompleteSignIn = channel.unary_unary(
+                '/psych.sidecar.v1.ConnectionService/CompleteSignIn',
+                request_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.CompleteSignInRequest.SerializeToString,
+                response_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.CompleteSignInResponse.FromString,
+                _registered_method=True)
 
 
 class ConnectionServiceServicer:
@@ -132,6 +142,27 @@ class ConnectionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginSignIn(self, request, context):
+        """BeginSignIn starts signing the host's user in to a connection whose
+        auth is oauth_authorization_code: the sidecar discovers the server's
+        authorization server, registers a client if it must, makes the PKCE
+        verifier and a state, stores them sealed, and returns the URL for the
+        user's browser. Any sidecar sharing the database can complete it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteSignIn(self, request, context):
+        """CompleteSignIn takes the `state` and `code` the authorization server
+        sent to the host's redirect URI, exchanges the code for tokens, stores
+        them sealed, connects and lists the catalogue. A state is single-use,
+        bound to its tenant and connection, and expires.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConnectionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +200,16 @@ def add_ConnectionServiceServicer_to_server(servicer, server):
                     servicer.ListCatalogVersions,
                     request_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsRequest.FromString,
                     response_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsResponse.SerializeToString,
+            ),
+            'BeginSignIn': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginSignIn,
+                    request_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.BeginSignInRequest.FromString,
+                    response_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.BeginSignInResponse.SerializeToString,
+            ),
+            'CompleteSignIn': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteSignIn,
+                    request_deserializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.CompleteSignInRequest.FromString,
+                    response_serializer=psych_dot_sidecar_dot_v1_dot_connection__service__pb2.CompleteSignInResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -362,6 +403,60 @@ class ConnectionService:
             '/psych.sidecar.v1.ConnectionService/ListCatalogVersions',
             psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsRequest.SerializeToString,
             psych_dot_sidecar_dot_v1_dot_connection__service__pb2.ListCatalogVersionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginSignIn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psych.sidecar.v1.ConnectionService/BeginSignIn',
+            psych_dot_sidecar_dot_v1_dot_connection__service__pb2.BeginSignInRequest.SerializeToString,
+            psych_dot_sidecar_dot_v1_dot_connection__service__pb2.BeginSignInResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteSignIn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psych.sidecar.v1.ConnectionService/CompleteSignIn',
+            psych_dot_sidecar_dot_v1_dot_connection__service__pb2.CompleteSignInRequest.SerializeToString,
+            psych_dot_sidecar_dot_v1_dot_connection__service__pb2.CompleteSignInResponse.FromString,
             options,
             channel_credentials,
             insecure,

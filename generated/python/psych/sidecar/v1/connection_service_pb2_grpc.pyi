@@ -58,6 +58,19 @@ class ConnectionServiceStub:
     """ListCatalogVersions pages through a connection's catalogue versions,
     newest first (a deleted connection's too). Read-only.
     """
+    BeginSignIn: _grpc.UnaryUnaryMultiCallable[_connection_service_pb2.BeginSignInRequest, _connection_service_pb2.BeginSignInResponse]
+    """BeginSignIn starts signing the host's user in to a connection whose
+    auth is oauth_authorization_code: the sidecar discovers the server's
+    authorization server, registers a client if it must, makes the PKCE
+    verifier and a state, stores them sealed, and returns the URL for the
+    user's browser. Any sidecar sharing the database can complete it.
+    """
+    CompleteSignIn: _grpc.UnaryUnaryMultiCallable[_connection_service_pb2.CompleteSignInRequest, _connection_service_pb2.CompleteSignInResponse]
+    """CompleteSignIn takes the `state` and `code` the authorization server
+    sent to the host's redirect URI, exchanges the code for tokens, stores
+    them sealed, connects and lists the catalogue. A state is single-use,
+    bound to its tenant and connection, and expires.
+    """
 
 @_typing.type_check_only
 class ConnectionServiceAsyncStub(ConnectionServiceStub):
@@ -88,6 +101,19 @@ class ConnectionServiceAsyncStub(ConnectionServiceStub):
     ListCatalogVersions: _aio.UnaryUnaryMultiCallable[_connection_service_pb2.ListCatalogVersionsRequest, _connection_service_pb2.ListCatalogVersionsResponse]  # type: ignore[assignment]
     """ListCatalogVersions pages through a connection's catalogue versions,
     newest first (a deleted connection's too). Read-only.
+    """
+    BeginSignIn: _aio.UnaryUnaryMultiCallable[_connection_service_pb2.BeginSignInRequest, _connection_service_pb2.BeginSignInResponse]  # type: ignore[assignment]
+    """BeginSignIn starts signing the host's user in to a connection whose
+    auth is oauth_authorization_code: the sidecar discovers the server's
+    authorization server, registers a client if it must, makes the PKCE
+    verifier and a state, stores them sealed, and returns the URL for the
+    user's browser. Any sidecar sharing the database can complete it.
+    """
+    CompleteSignIn: _aio.UnaryUnaryMultiCallable[_connection_service_pb2.CompleteSignInRequest, _connection_service_pb2.CompleteSignInResponse]  # type: ignore[assignment]
+    """CompleteSignIn takes the `state` and `code` the authorization server
+    sent to the host's redirect URI, exchanges the code for tokens, stores
+    them sealed, connects and lists the catalogue. A state is single-use,
+    bound to its tenant and connection, and expires.
     """
 
 class ConnectionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -158,6 +184,31 @@ class ConnectionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_connection_service_pb2.ListCatalogVersionsResponse, _abc.Awaitable[_connection_service_pb2.ListCatalogVersionsResponse]]:
         """ListCatalogVersions pages through a connection's catalogue versions,
         newest first (a deleted connection's too). Read-only.
+        """
+
+    @_abc_1.abstractmethod
+    def BeginSignIn(
+        self,
+        request: _connection_service_pb2.BeginSignInRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_connection_service_pb2.BeginSignInResponse, _abc.Awaitable[_connection_service_pb2.BeginSignInResponse]]:
+        """BeginSignIn starts signing the host's user in to a connection whose
+        auth is oauth_authorization_code: the sidecar discovers the server's
+        authorization server, registers a client if it must, makes the PKCE
+        verifier and a state, stores them sealed, and returns the URL for the
+        user's browser. Any sidecar sharing the database can complete it.
+        """
+
+    @_abc_1.abstractmethod
+    def CompleteSignIn(
+        self,
+        request: _connection_service_pb2.CompleteSignInRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_connection_service_pb2.CompleteSignInResponse, _abc.Awaitable[_connection_service_pb2.CompleteSignInResponse]]:
+        """CompleteSignIn takes the `state` and `code` the authorization server
+        sent to the host's redirect URI, exchanges the code for tokens, stores
+        them sealed, connects and lists the catalogue. A state is single-use,
+        bound to its tenant and connection, and expires.
         """
 
 def add_ConnectionServiceServicer_to_server(servicer: ConnectionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -135,6 +135,72 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     another sidecar (appends and tool calls with the same ids are answered
     once). Status UNAVAILABLE. Metadata: `grace_seconds`.
     """
+    ERROR_REASON_SIGN_IN_STATE_UNKNOWN: _ErrorReason.ValueType  # 23
+    """CompleteSignIn got a state this sidecar's database never issued (or
+    forgot: states are removed some time after they expire).
+    Status NOT_FOUND. Metadata: `tenant`.
+    """
+    ERROR_REASON_SIGN_IN_STATE_USED: _ErrorReason.ValueType  # 24
+    """CompleteSignIn got a state that already completed a sign-in (or failed
+    one): a state is single-use. Begin again. Status FAILED_PRECONDITION.
+    Metadata: `tenant`, `connection`.
+    """
+    ERROR_REASON_SIGN_IN_STATE_EXPIRED: _ErrorReason.ValueType  # 25
+    """CompleteSignIn got a state past its expire_time. Begin again.
+    Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`,
+    `expire_time` (RFC 3339).
+    """
+    ERROR_REASON_SIGN_IN_STATE_WRONG_TENANT: _ErrorReason.ValueType  # 26
+    """CompleteSignIn got a state issued to another tenant. Nothing of that
+    tenant's sign-in is revealed or spent. Status PERMISSION_DENIED.
+    Metadata: `tenant` (the request's).
+    """
+    ERROR_REASON_SIGN_IN_STATE_MISMATCH: _ErrorReason.ValueType  # 27
+    """CompleteSignIn got a state issued for another connection than the
+    request names, or for a connection replaced or deleted since the
+    sign-in began. Status FAILED_PRECONDITION. Metadata: `tenant`,
+    `connection`, `detail`.
+    """
+    ERROR_REASON_SIGN_IN_NOT_APPLICABLE: _ErrorReason.ValueType  # 28
+    """BeginSignIn on a connection whose auth is not oauth_authorization_code.
+    Status FAILED_PRECONDITION. Metadata: `connection`, `auth` (the auth
+    case, e.g. "static_headers").
+    """
+    ERROR_REASON_OAUTH_URL_REFUSED: _ErrorReason.ValueType  # 29
+    """Discovery led to a URL the sidecar will not request: not https (plain
+    http only to a loopback address, and only when the operator allows
+    it), or an address the operator has not allowed (private, link-local,
+    loopback, or any other non-public one). No request was sent to it.
+    Status PERMISSION_DENIED. Metadata: `connection`, `url` (without its
+    query), `detail`.
+    Example: {reason: "OAUTH_URL_REFUSED", metadata: {connection: "tracker",
+    url: "https://169.254.169.254/token", detail: "link-local address"}}.
+    """
+    ERROR_REASON_OAUTH_DISCOVERY_FAILED: _ErrorReason.ValueType  # 30
+    """The server's protected-resource metadata or its authorization server's
+    metadata could not be had: unreachable, too slow, too large, too many
+    redirects, not valid JSON, or missing an endpoint the flow needs.
+    Status UNAVAILABLE. Metadata: `connection`, `url`, `detail`.
+    """
+    ERROR_REASON_OAUTH_REGISTRATION_FAILED: _ErrorReason.ValueType  # 31
+    """The authorization server refused dynamic client registration or does
+    not offer it: configure a registered client or a client metadata URL.
+    Status FAILED_PRECONDITION. Metadata: `connection`, `detail`.
+    """
+    ERROR_REASON_OAUTH_GRANT_REFUSED: _ErrorReason.ValueType  # 32
+    """The authorization server's token endpoint refused the grant: the code
+    of a CompleteSignIn (spent, expired, or for another client) or the
+    client credentials. `detail` holds its OAuth error code and
+    description, never a secret. The state is spent: begin again.
+    Status FAILED_PRECONDITION. Metadata: `connection`, `detail`.
+    """
+    ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED: _ErrorReason.ValueType  # 33
+    """RefreshCatalog on a connection that is
+    CONNECTION_STATE_AUTHORIZATION_REQUIRED: sign in first.
+    Status FAILED_PRECONDITION. Metadata: `connection`, `reason` (the
+    AuthorizationRequiredReason name without its prefix, e.g.
+    "REFRESH_REFUSED").
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -262,5 +328,71 @@ shutdown grace. What the call had stored stays stored; a tool call cut
 short here may or may not have reached its MCP server. Safe to retry on
 another sidecar (appends and tool calls with the same ids are answered
 once). Status UNAVAILABLE. Metadata: `grace_seconds`.
+"""
+ERROR_REASON_SIGN_IN_STATE_UNKNOWN: ErrorReason.ValueType  # 23
+"""CompleteSignIn got a state this sidecar's database never issued (or
+forgot: states are removed some time after they expire).
+Status NOT_FOUND. Metadata: `tenant`.
+"""
+ERROR_REASON_SIGN_IN_STATE_USED: ErrorReason.ValueType  # 24
+"""CompleteSignIn got a state that already completed a sign-in (or failed
+one): a state is single-use. Begin again. Status FAILED_PRECONDITION.
+Metadata: `tenant`, `connection`.
+"""
+ERROR_REASON_SIGN_IN_STATE_EXPIRED: ErrorReason.ValueType  # 25
+"""CompleteSignIn got a state past its expire_time. Begin again.
+Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`,
+`expire_time` (RFC 3339).
+"""
+ERROR_REASON_SIGN_IN_STATE_WRONG_TENANT: ErrorReason.ValueType  # 26
+"""CompleteSignIn got a state issued to another tenant. Nothing of that
+tenant's sign-in is revealed or spent. Status PERMISSION_DENIED.
+Metadata: `tenant` (the request's).
+"""
+ERROR_REASON_SIGN_IN_STATE_MISMATCH: ErrorReason.ValueType  # 27
+"""CompleteSignIn got a state issued for another connection than the
+request names, or for a connection replaced or deleted since the
+sign-in began. Status FAILED_PRECONDITION. Metadata: `tenant`,
+`connection`, `detail`.
+"""
+ERROR_REASON_SIGN_IN_NOT_APPLICABLE: ErrorReason.ValueType  # 28
+"""BeginSignIn on a connection whose auth is not oauth_authorization_code.
+Status FAILED_PRECONDITION. Metadata: `connection`, `auth` (the auth
+case, e.g. "static_headers").
+"""
+ERROR_REASON_OAUTH_URL_REFUSED: ErrorReason.ValueType  # 29
+"""Discovery led to a URL the sidecar will not request: not https (plain
+http only to a loopback address, and only when the operator allows
+it), or an address the operator has not allowed (private, link-local,
+loopback, or any other non-public one). No request was sent to it.
+Status PERMISSION_DENIED. Metadata: `connection`, `url` (without its
+query), `detail`.
+Example: {reason: "OAUTH_URL_REFUSED", metadata: {connection: "tracker",
+url: "https://169.254.169.254/token", detail: "link-local address"}}.
+"""
+ERROR_REASON_OAUTH_DISCOVERY_FAILED: ErrorReason.ValueType  # 30
+"""The server's protected-resource metadata or its authorization server's
+metadata could not be had: unreachable, too slow, too large, too many
+redirects, not valid JSON, or missing an endpoint the flow needs.
+Status UNAVAILABLE. Metadata: `connection`, `url`, `detail`.
+"""
+ERROR_REASON_OAUTH_REGISTRATION_FAILED: ErrorReason.ValueType  # 31
+"""The authorization server refused dynamic client registration or does
+not offer it: configure a registered client or a client metadata URL.
+Status FAILED_PRECONDITION. Metadata: `connection`, `detail`.
+"""
+ERROR_REASON_OAUTH_GRANT_REFUSED: ErrorReason.ValueType  # 32
+"""The authorization server's token endpoint refused the grant: the code
+of a CompleteSignIn (spent, expired, or for another client) or the
+client credentials. `detail` holds its OAuth error code and
+description, never a secret. The state is spent: begin again.
+Status FAILED_PRECONDITION. Metadata: `connection`, `detail`.
+"""
+ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED: ErrorReason.ValueType  # 33
+"""RefreshCatalog on a connection that is
+CONNECTION_STATE_AUTHORIZATION_REQUIRED: sign in first.
+Status FAILED_PRECONDITION. Metadata: `connection`, `reason` (the
+AuthorizationRequiredReason name without its prefix, e.g.
+"REFRESH_REFUSED").
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

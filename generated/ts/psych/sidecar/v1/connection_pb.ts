@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/connection.proto.
  */
 export const file_psych_sidecar_v1_connection: GenFile = /*@__PURE__*/
-  fileDesc("CiFwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb24ucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEi6wQKCkNvbm5lY3Rpb24SFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISNwoFc3RkaW8YAyABKAsyIC5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0QgTiQQEBSAASNQoEaHR0cBgEIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydEIE4kEBAUgAEhoKB3ByZWxvYWQYBSABKAhCBOJBAQFIAYgBARIZCgtlYWdlcl90b29scxgGIAMoCUIE4kEBARIZCgtkZXNjcmlwdGlvbhgHIAEoCUIE4kEBARIZCgthbGxvd190b29scxgIIAMoCUIE4kEBARIYCgpkZW55X3Rvb2xzGAkgAygJQgTiQQEBEjYKBXN0YXRlGAogASgOMiEucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uU3RhdGVCBOJBAQMSGAoKbGFzdF9lcnJvchgLIAEoCUIE4kEBAxI0CgpzdGF0ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIdCg9jYXRhbG9nX3ZlcnNpb24YDSABKANCBOJBAQMSGwoNcmVjZW50X291dHB1dBgOIAEoCUIE4kEBAxI8Cg5yZWplY3RlZF90b29scxgPIAMoCzIeLnBzeWNoLnNpZGVjYXIudjEuUmVqZWN0ZWRUb29sQgTiQQEDEiEKE3JlamVjdGVkX3Rvb2xfY291bnQYECABKAVCBOJBAQNCCwoJdHJhbnNwb3J0QgoKCF9wcmVsb2FkIjgKDFJlamVjdGVkVG9vbBISCgRuYW1lGAEgASgJQgTiQQEDEhQKBnJlYXNvbhgCIAEoCUIE4kEBAyKlAQoOU3RkaW9UcmFuc3BvcnQSFQoHY29tbWFuZBgBIAEoCUIE4kEBAhISCgRhcmdzGAIgAygJQgTiQQEBEjwKA2VudhgDIAMoCzIpLnBzeWNoLnNpZGVjYXIudjEuU3RkaW9UcmFuc3BvcnQuRW52RW50cnlCBOJBAQQaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLPAQoNSHR0cFRyYW5zcG9ydBIRCgN1cmwYASABKAlCBOJBAQISQwoHaGVhZGVycxgCIAMoCzIsLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydC5IZWFkZXJzRW50cnlCBOJBAQQSNgoIcHJvdG9jb2wYAyABKA4yHi5wc3ljaC5zaWRlY2FyLnYxLkh0dHBQcm90b2NvbEIE4kEBAhouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASK5AQoOQ2F0YWxvZ1ZlcnNpb24SHQoPY2F0YWxvZ192ZXJzaW9uGAEgASgDQgTiQQEDEhgKCnRvb2xfY291bnQYAiABKAVCBOJBAQMSFAoGc2hhMjU2GAMgASgJQgTiQQEDEjUKC2NyZWF0ZV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIhChNyZWplY3RlZF90b29sX2NvdW50GAUgASgFQgTiQQEDIsYBCgtDYXRhbG9nVG9vbBIOCgZzZXJ2ZXIYASABKAkSDAoEbmFtZRgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoDBIaChJvdXRwdXRfc2NoZW1hX2pzb24YBSABKAwSGAoQYW5ub3RhdGlvbnNfanNvbhgGIAEoDBIXCg9jYXRhbG9nX3ZlcnNpb24YByABKAMSGgoScmVtb3ZlZF9pbl92ZXJzaW9uGAggASgDKmcKDEh0dHBQcm90b2NvbBIdChlIVFRQX1BST1RPQ09MX1VOU1BFQ0lGSUVEEAASIQodSFRUUF9QUk9UT0NPTF9TVFJFQU1BQkxFX0hUVFAQARIVChFIVFRQX1BST1RPQ09MX1NTRRACKpYBCg9Db25uZWN0aW9uU3RhdGUSIAocQ09OTkVDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEh8KG0NPTk5FQ1RJT05fU1RBVEVfQ09OTkVDVElORxABEh4KGkNPTk5FQ1RJT05fU1RBVEVfQ09OTkVDVEVEEAISIAocQ09OTkVDVElPTl9TVEFURV9VTlJFQUNIQUJMRRADQroBChRkZXYucHN5Y2guc2lkZWNhci52MUIPQ29ubmVjdGlvblByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
+  fileDesc("CiFwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb24ucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEihAYKCkNvbm5lY3Rpb24SFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISNwoFc3RkaW8YAyABKAsyIC5wc3ljaC5zaWRlY2FyLnYxLlN0ZGlvVHJhbnNwb3J0QgTiQQEBSAASNQoEaHR0cBgEIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydEIE4kEBAUgAEhoKB3ByZWxvYWQYBSABKAhCBOJBAQFIAYgBARIZCgtlYWdlcl90b29scxgGIAMoCUIE4kEBARIZCgtkZXNjcmlwdGlvbhgHIAEoCUIE4kEBARIZCgthbGxvd190b29scxgIIAMoCUIE4kEBARIYCgpkZW55X3Rvb2xzGAkgAygJQgTiQQEBEjYKBXN0YXRlGAogASgOMiEucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uU3RhdGVCBOJBAQMSGAoKbGFzdF9lcnJvchgLIAEoCUIE4kEBAxI0CgpzdGF0ZV90aW1lGAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIdCg9jYXRhbG9nX3ZlcnNpb24YDSABKANCBOJBAQMSGwoNcmVjZW50X291dHB1dBgOIAEoCUIE4kEBAxI8Cg5yZWplY3RlZF90b29scxgPIAMoCzIeLnBzeWNoLnNpZGVjYXIudjEuUmVqZWN0ZWRUb29sQgTiQQEDEiEKE3JlamVjdGVkX3Rvb2xfY291bnQYECABKAVCBOJBAQMSWgodYXV0aG9yaXphdGlvbl9yZXF1aXJlZF9yZWFzb24YESABKA4yLS5wc3ljaC5zaWRlY2FyLnYxLkF1dGhvcml6YXRpb25SZXF1aXJlZFJlYXNvbkIE4kEBAxI7ChF0b2tlbl9leHBpcmVfdGltZRgSIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQNCCwoJdHJhbnNwb3J0QgoKCF9wcmVsb2FkIjgKDFJlamVjdGVkVG9vbBISCgRuYW1lGAEgASgJQgTiQQEDEhQKBnJlYXNvbhgCIAEoCUIE4kEBAyKlAQoOU3RkaW9UcmFuc3BvcnQSFQoHY29tbWFuZBgBIAEoCUIE4kEBAhISCgRhcmdzGAIgAygJQgTiQQEBEjwKA2VudhgDIAMoCzIpLnBzeWNoLnNpZGVjYXIudjEuU3RkaW9UcmFuc3BvcnQuRW52RW50cnlCBOJBAQQaKgoIRW52RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLEAwoNSHR0cFRyYW5zcG9ydBIRCgN1cmwYASABKAlCBOJBAQISQwoHaGVhZGVycxgCIAMoCzIsLnBzeWNoLnNpZGVjYXIudjEuSHR0cFRyYW5zcG9ydC5IZWFkZXJzRW50cnlCBOJBAQQSNgoIcHJvdG9jb2wYAyABKA4yHi5wc3ljaC5zaWRlY2FyLnYxLkh0dHBQcm90b2NvbEIE4kEBAhJDCg5zdGF0aWNfaGVhZGVycxgEIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuU3RhdGljSGVhZGVyc0F1dGhCBOJBAQFIABJSChhvYXV0aF9hdXRob3JpemF0aW9uX2NvZGUYBSABKAsyKC5wc3ljaC5zaWRlY2FyLnYxLk9BdXRoQXV0aG9yaXphdGlvbkNvZGVCBOJBAQFIABJSChhvYXV0aF9jbGllbnRfY3JlZGVudGlhbHMYBiABKAsyKC5wc3ljaC5zaWRlY2FyLnYxLk9BdXRoQ2xpZW50Q3JlZGVudGlhbHNCBOJBAQFIABouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIGCgRhdXRoIhMKEVN0YXRpY0hlYWRlcnNBdXRoIpcCChZPQXV0aEF1dGhvcml6YXRpb25Db2RlElAKFGR5bmFtaWNfcmVnaXN0cmF0aW9uGAEgASgLMioucHN5Y2guc2lkZWNhci52MS5PQXV0aER5bmFtaWNSZWdpc3RyYXRpb25CBOJBAQFIABJKChFyZWdpc3RlcmVkX2NsaWVudBgCIAEoCzInLnBzeWNoLnNpZGVjYXIudjEuT0F1dGhSZWdpc3RlcmVkQ2xpZW50QgTiQQEBSAASIwoTY2xpZW50X21ldGFkYXRhX3VybBgDIAEoCUIE4kEBAUgAEhQKBnNjb3BlcxgEIAMoCUIE4kEBARIaCgxyZWRpcmVjdF91cmkYBSABKAlCBOJBAQJCCAoGY2xpZW50IjUKGE9BdXRoRHluYW1pY1JlZ2lzdHJhdGlvbhIZCgtjbGllbnRfbmFtZRgBIAEoCUIE4kEBASJNChVPQXV0aFJlZ2lzdGVyZWRDbGllbnQSFwoJY2xpZW50X2lkGAEgASgJQgTiQQECEhsKDWNsaWVudF9zZWNyZXQYAiABKAlCBOJBAQQi6QEKFk9BdXRoQ2xpZW50Q3JlZGVudGlhbHMSFwoJY2xpZW50X2lkGAEgASgJQgTiQQECEh0KDWNsaWVudF9zZWNyZXQYAiABKAlCBOJBAQRIABJFCg9wcml2YXRlX2tleV9qd3QYAyABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLk9BdXRoUHJpdmF0ZUtleUp3dEIE4kEBBEgAEhQKBnNjb3BlcxgEIAMoCUIE4kEBARIWCghyZXNvdXJjZRgFIAEoCUIE4kEBARIUCgZpc3N1ZXIYBiABKAlCBOJBAQFCDAoKY3JlZGVudGlhbCJMChJPQXV0aFByaXZhdGVLZXlKd3QSHQoPcHJpdmF0ZV9rZXlfcGVtGAEgASgJQgTiQQEEEhcKCWFsZ29yaXRobRgCIAEoCUIE4kEBBCK5AQoOQ2F0YWxvZ1ZlcnNpb24SHQoPY2F0YWxvZ192ZXJzaW9uGAEgASgDQgTiQQEDEhgKCnRvb2xfY291bnQYAiABKAVCBOJBAQMSFAoGc2hhMjU2GAMgASgJQgTiQQEDEjUKC2NyZWF0ZV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAxIhChNyZWplY3RlZF90b29sX2NvdW50GAUgASgFQgTiQQEDIsYBCgtDYXRhbG9nVG9vbBIOCgZzZXJ2ZXIYASABKAkSDAoEbmFtZRgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgEIAEoDBIaChJvdXRwdXRfc2NoZW1hX2pzb24YBSABKAwSGAoQYW5ub3RhdGlvbnNfanNvbhgGIAEoDBIXCg9jYXRhbG9nX3ZlcnNpb24YByABKAMSGgoScmVtb3ZlZF9pbl92ZXJzaW9uGAggASgDKmcKDEh0dHBQcm90b2NvbBIdChlIVFRQX1BST1RPQ09MX1VOU1BFQ0lGSUVEEAASIQodSFRUUF9QUk9UT0NPTF9TVFJFQU1BQkxFX0hUVFAQARIVChFIVFRQX1BST1RPQ09MX1NTRRACKsMBCg9Db25uZWN0aW9uU3RhdGUSIAocQ09OTkVDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEh8KG0NPTk5FQ1RJT05fU1RBVEVfQ09OTkVDVElORxABEh4KGkNPTk5FQ1RJT05fU1RBVEVfQ09OTkVDVEVEEAISIAocQ09OTkVDVElPTl9TVEFURV9VTlJFQUNIQUJMRRADEisKJ0NPTk5FQ1RJT05fU1RBVEVfQVVUSE9SSVpBVElPTl9SRVFVSVJFRBAEKpoCChtBdXRob3JpemF0aW9uUmVxdWlyZWRSZWFzb24SLQopQVVUSE9SSVpBVElPTl9SRVFVSVJFRF9SRUFTT05fVU5TUEVDSUZJRUQQABIxCi1BVVRIT1JJWkFUSU9OX1JFUVVJUkVEX1JFQVNPTl9ORVZFUl9TSUdORURfSU4QARIxCi1BVVRIT1JJWkFUSU9OX1JFUVVJUkVEX1JFQVNPTl9SRUZSRVNIX1JFRlVTRUQQAhIvCitBVVRIT1JJWkFUSU9OX1JFUVVJUkVEX1JFQVNPTl9TQ09QRV9NSVNTSU5HEAMSNQoxQVVUSE9SSVpBVElPTl9SRVFVSVJFRF9SRUFTT05fQ1JFREVOVElBTFNfUkVGVVNFRBAEQroBChRkZXYucHN5Y2guc2lkZWNhci52MUIPQ29ubmVjdGlvblByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
 
 /**
  * Connection is one MCP server a tenant connected. Its name is the server
@@ -157,6 +157,23 @@ export type Connection = Message<"psych.sidecar.v1.Connection"> & {
    * @generated from field: int32 rejected_tool_count = 16;
    */
   rejectedToolCount: number;
+
+  /**
+   * Why the connection is CONNECTION_STATE_AUTHORIZATION_REQUIRED;
+   * unspecified in every other state.
+   *
+   * @generated from field: psych.sidecar.v1.AuthorizationRequiredReason authorization_required_reason = 17;
+   */
+  authorizationRequiredReason: AuthorizationRequiredReason;
+
+  /**
+   * When the connection's stored OAuth access token expires (the sidecar
+   * refreshes it before then); unset without one or when the server gave no
+   * lifetime. The token itself is never returned.
+   *
+   * @generated from field: google.protobuf.Timestamp token_expire_time = 18;
+   */
+  tokenExpireTime?: Timestamp | undefined;
 };
 
 /**
@@ -266,6 +283,45 @@ export type HttpTransport = Message<"psych.sidecar.v1.HttpTransport"> & {
    * @generated from field: psych.sidecar.v1.HttpProtocol protocol = 3;
    */
   protocol: HttpProtocol;
+
+  /**
+   * How the sidecar authenticates to the server. Unset is static_headers:
+   * the headers above are all there is. With an OAuth case the sidecar sets
+   * the authorization header itself, and a `headers` entry named
+   * authorization is FIELD_INVALID. Returned with every secret omitted.
+   *
+   * @generated from oneof psych.sidecar.v1.HttpTransport.auth
+   */
+  auth: {
+    /**
+     * The headers field alone authenticates (a pasted token or API key): no
+     * sign-in and no refresh; a 401 makes the server UNREACHABLE.
+     *
+     * @generated from field: psych.sidecar.v1.StaticHeadersAuth static_headers = 4;
+     */
+    value: StaticHeadersAuth;
+    case: "staticHeaders";
+  } | {
+    /**
+     * OAuth 2.1 authorization code with PKCE on the user's behalf: the host
+     * signs its user in with ConnectionService.BeginSignIn and
+     * CompleteSignIn; until then, and whenever the tokens are refused, the
+     * connection is CONNECTION_STATE_AUTHORIZATION_REQUIRED.
+     *
+     * @generated from field: psych.sidecar.v1.OAuthAuthorizationCode oauth_authorization_code = 5;
+     */
+    value: OAuthAuthorizationCode;
+    case: "oauthAuthorizationCode";
+  } | {
+    /**
+     * OAuth 2.1 client credentials (machine to machine): the sidecar gets
+     * and renews its tokens itself, no user involved.
+     *
+     * @generated from field: psych.sidecar.v1.OAuthClientCredentials oauth_client_credentials = 6;
+     */
+    value: OAuthClientCredentials;
+    case: "oauthClientCredentials";
+  } | { case: undefined; value?: undefined };
 };
 
 /**
@@ -274,6 +330,242 @@ export type HttpTransport = Message<"psych.sidecar.v1.HttpTransport"> & {
  */
 export const HttpTransportSchema: GenMessage<HttpTransport> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_connection, 3);
+
+/**
+ * StaticHeadersAuth says that HttpTransport.headers alone authenticate.
+ * Setting it is the same as leaving HttpTransport.auth unset.
+ *
+ * @generated from message psych.sidecar.v1.StaticHeadersAuth
+ */
+export type StaticHeadersAuth = Message<"psych.sidecar.v1.StaticHeadersAuth"> & {
+};
+
+/**
+ * Describes the message psych.sidecar.v1.StaticHeadersAuth.
+ * Use `create(StaticHeadersAuthSchema)` to create a new message.
+ */
+export const StaticHeadersAuthSchema: GenMessage<StaticHeadersAuth> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection, 4);
+
+/**
+ * OAuthAuthorizationCode signs a user in with the MCP authorization flow:
+ * protected-resource metadata (RFC 9728), authorization-server metadata
+ * (RFC 8414), the client below, PKCE (S256), a state, and the server's URL
+ * as the resource indicator (RFC 8707). The tokens it yields are sealed in
+ * the sidecar's database and refreshed by the sidecar before they expire.
+ *
+ * @generated from message psych.sidecar.v1.OAuthAuthorizationCode
+ */
+export type OAuthAuthorizationCode = Message<"psych.sidecar.v1.OAuthAuthorizationCode"> & {
+  /**
+   * Which OAuth client the sidecar signs in as. Required.
+   *
+   * @generated from oneof psych.sidecar.v1.OAuthAuthorizationCode.client
+   */
+  client: {
+    /**
+     * Register a client with the authorization server (RFC 7591) at the
+     * first sign-in, and keep it (sealed) for the next ones.
+     *
+     * @generated from field: psych.sidecar.v1.OAuthDynamicRegistration dynamic_registration = 1;
+     */
+    value: OAuthDynamicRegistration;
+    case: "dynamicRegistration";
+  } | {
+    /**
+     * A client registered beforehand with the authorization server.
+     *
+     * @generated from field: psych.sidecar.v1.OAuthRegisteredClient registered_client = 2;
+     */
+    value: OAuthRegisteredClient;
+    case: "registeredClient";
+  } | {
+    /**
+     * An https URL whose document describes the client (a client ID
+     * metadata document): the URL is the client_id. It must have a path
+     * other than "/". Used when the authorization server advertises
+     * client_id_metadata_document_supported, else dynamic registration.
+     *
+     * @generated from field: string client_metadata_url = 3;
+     */
+    value: string;
+    case: "clientMetadataUrl";
+  } | { case: undefined; value?: undefined };
+
+  /**
+   * The scopes to ask for. Empty: those the server's 401 challenge names,
+   * else those its protected-resource metadata lists.
+   *
+   * @generated from field: repeated string scopes = 4;
+   */
+  scopes: string[];
+
+  /**
+   * The redirect URI the host owns: the authorization server sends the
+   * user's browser there with `code` and `state`, which the host passes to
+   * CompleteSignIn. Required; an absolute http(s) URL.
+   *
+   * @generated from field: string redirect_uri = 5;
+   */
+  redirectUri: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.OAuthAuthorizationCode.
+ * Use `create(OAuthAuthorizationCodeSchema)` to create a new message.
+ */
+export const OAuthAuthorizationCodeSchema: GenMessage<OAuthAuthorizationCode> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection, 5);
+
+/**
+ * OAuthDynamicRegistration registers the sidecar as an OAuth client.
+ *
+ * @generated from message psych.sidecar.v1.OAuthDynamicRegistration
+ */
+export type OAuthDynamicRegistration = Message<"psych.sidecar.v1.OAuthDynamicRegistration"> & {
+  /**
+   * The client name shown on the consent page; empty is "psych-sidecar".
+   * At most 100 characters.
+   *
+   * @generated from field: string client_name = 1;
+   */
+  clientName: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.OAuthDynamicRegistration.
+ * Use `create(OAuthDynamicRegistrationSchema)` to create a new message.
+ */
+export const OAuthDynamicRegistrationSchema: GenMessage<OAuthDynamicRegistration> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection, 6);
+
+/**
+ * OAuthRegisteredClient is a client registered with the authorization
+ * server beforehand.
+ *
+ * @generated from message psych.sidecar.v1.OAuthRegisteredClient
+ */
+export type OAuthRegisteredClient = Message<"psych.sidecar.v1.OAuthRegisteredClient"> & {
+  /**
+   * The client's id.
+   *
+   * @generated from field: string client_id = 1;
+   */
+  clientId: string;
+
+  /**
+   * The client's secret; empty for a public client. Secret: never returned
+   * or logged, sealed at rest.
+   *
+   * @generated from field: string client_secret = 2;
+   */
+  clientSecret: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.OAuthRegisteredClient.
+ * Use `create(OAuthRegisteredClientSchema)` to create a new message.
+ */
+export const OAuthRegisteredClientSchema: GenMessage<OAuthRegisteredClient> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection, 7);
+
+/**
+ * OAuthClientCredentials gets tokens with the client-credentials grant.
+ *
+ * @generated from message psych.sidecar.v1.OAuthClientCredentials
+ */
+export type OAuthClientCredentials = Message<"psych.sidecar.v1.OAuthClientCredentials"> & {
+  /**
+   * The client's id. Required.
+   *
+   * @generated from field: string client_id = 1;
+   */
+  clientId: string;
+
+  /**
+   * How the client proves itself at the token endpoint. Required.
+   *
+   * @generated from oneof psych.sidecar.v1.OAuthClientCredentials.credential
+   */
+  credential: {
+    /**
+     * A client secret (client_secret_basic). Secret: never returned or
+     * logged, sealed at rest.
+     *
+     * @generated from field: string client_secret = 2;
+     */
+    value: string;
+    case: "clientSecret";
+  } | {
+    /**
+     * A private key signing a JWT assertion (private_key_jwt, RFC 7523).
+     *
+     * @generated from field: psych.sidecar.v1.OAuthPrivateKeyJwt private_key_jwt = 3;
+     */
+    value: OAuthPrivateKeyJwt;
+    case: "privateKeyJwt";
+  } | { case: undefined; value?: undefined };
+
+  /**
+   * The scopes to ask for; empty asks for none in particular.
+   *
+   * @generated from field: repeated string scopes = 4;
+   */
+  scopes: string[];
+
+  /**
+   * The resource indicator (RFC 8707) / audience the tokens are for.
+   * Empty: the server's URL, as discovery confirms it.
+   *
+   * @generated from field: string resource = 5;
+   */
+  resource: string;
+
+  /**
+   * The issuer of the authorization server the client belongs to. When
+   * set, the sidecar only uses metadata of exactly that issuer; empty uses
+   * the one discovery finds.
+   *
+   * @generated from field: string issuer = 6;
+   */
+  issuer: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.OAuthClientCredentials.
+ * Use `create(OAuthClientCredentialsSchema)` to create a new message.
+ */
+export const OAuthClientCredentialsSchema: GenMessage<OAuthClientCredentials> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection, 8);
+
+/**
+ * OAuthPrivateKeyJwt is a private key the sidecar signs client assertions
+ * with. Secret as a whole: never returned or logged, sealed at rest.
+ *
+ * @generated from message psych.sidecar.v1.OAuthPrivateKeyJwt
+ */
+export type OAuthPrivateKeyJwt = Message<"psych.sidecar.v1.OAuthPrivateKeyJwt"> & {
+  /**
+   * The private key, PEM encoded.
+   *
+   * @generated from field: string private_key_pem = 1;
+   */
+  privateKeyPem: string;
+
+  /**
+   * The JWS algorithm, for example "RS256" or "ES256"; empty is "RS256".
+   *
+   * @generated from field: string algorithm = 2;
+   */
+  algorithm: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.OAuthPrivateKeyJwt.
+ * Use `create(OAuthPrivateKeyJwtSchema)` to create a new message.
+ */
+export const OAuthPrivateKeyJwtSchema: GenMessage<OAuthPrivateKeyJwt> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection, 9);
 
 /**
  * CatalogVersion is one version of a connection's catalogue: written by a
@@ -324,7 +616,7 @@ export type CatalogVersion = Message<"psych.sidecar.v1.CatalogVersion"> & {
  * Use `create(CatalogVersionSchema)` to create a new message.
  */
 export const CatalogVersionSchema: GenMessage<CatalogVersion> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection, 4);
+  messageDesc(file_psych_sidecar_v1_connection, 10);
 
 /**
  * CatalogTool is one tool of a connection's catalogue at one version.
@@ -394,7 +686,7 @@ export type CatalogTool = Message<"psych.sidecar.v1.CatalogTool"> & {
  * Use `create(CatalogToolSchema)` to create a new message.
  */
 export const CatalogToolSchema: GenMessage<CatalogTool> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection, 5);
+  messageDesc(file_psych_sidecar_v1_connection, 11);
 
 /**
  * HttpProtocol is the HTTP flavour of MCP a server speaks.
@@ -464,6 +756,18 @@ export enum ConnectionState {
    * @generated from enum value: CONNECTION_STATE_UNREACHABLE = 3;
    */
   UNREACHABLE = 3,
+
+  /**
+   * The server needs the user (or the client credentials) authorized
+   * before it can be used; Connection.authorization_required_reason says
+   * why. Its last known tools stay in the catalogue, its prompt line says
+   * the user must sign in again, and a call to one of its tools is a tool
+   * error saying so. Left by a CompleteSignIn (or, for client credentials,
+   * a PutConnection with credentials the server accepts).
+   *
+   * @generated from enum value: CONNECTION_STATE_AUTHORIZATION_REQUIRED = 4;
+   */
+  AUTHORIZATION_REQUIRED = 4,
 }
 
 /**
@@ -471,4 +775,57 @@ export enum ConnectionState {
  */
 export const ConnectionStateSchema: GenEnum<ConnectionState> = /*@__PURE__*/
   enumDesc(file_psych_sidecar_v1_connection, 1);
+
+/**
+ * AuthorizationRequiredReason says why a connection is
+ * CONNECTION_STATE_AUTHORIZATION_REQUIRED.
+ *
+ * @generated from enum psych.sidecar.v1.AuthorizationRequiredReason
+ */
+export enum AuthorizationRequiredReason {
+  /**
+   * The connection is not AUTHORIZATION_REQUIRED.
+   *
+   * @generated from enum value: AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Nobody has signed in yet: call BeginSignIn.
+   *
+   * @generated from enum value: AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN = 1;
+   */
+  NEVER_SIGNED_IN = 1,
+
+  /**
+   * The authorization server refused to refresh the tokens (the refresh
+   * token was revoked or expired), or the server refused the tokens it
+   * issued: the user must sign in again.
+   *
+   * @generated from enum value: AUTHORIZATION_REQUIRED_REASON_REFRESH_REFUSED = 2;
+   */
+  REFRESH_REFUSED = 2,
+
+  /**
+   * The server refused a call for want of a scope (403 insufficient_scope):
+   * the user must sign in again to grant it.
+   *
+   * @generated from enum value: AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING = 3;
+   */
+  SCOPE_MISSING = 3,
+
+  /**
+   * The authorization server refused the client credentials: correct them
+   * with PutConnection.
+   *
+   * @generated from enum value: AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED = 4;
+   */
+  CREDENTIALS_REFUSED = 4,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.AuthorizationRequiredReason.
+ */
+export const AuthorizationRequiredReasonSchema: GenEnum<AuthorizationRequiredReason> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_connection, 2);
 

@@ -5,6 +5,8 @@
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
+import type { Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { CatalogTool, CatalogVersion, Connection } from "./connection_pb.js";
 import { file_psych_sidecar_v1_connection } from "./connection_pb.js";
 import type { Message } from "@bufbuild/protobuf";
@@ -13,7 +15,142 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/connection_service.proto.
  */
 export const file_psych_sidecar_v1_connection_service: GenFile = /*@__PURE__*/
-  fileDesc("Cilwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb25fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSJOChRQdXRDb25uZWN0aW9uUmVxdWVzdBI2Cgpjb25uZWN0aW9uGAEgASgLMhwucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uQgTiQQECIkkKFVB1dENvbm5lY3Rpb25SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uIkMKF0RlbGV0ZUNvbm5lY3Rpb25SZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECIhoKGERlbGV0ZUNvbm5lY3Rpb25SZXNwb25zZSJhChZMaXN0Q29ubmVjdGlvbnNSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhIXCglwYWdlX3NpemUYAiABKAVCBOJBAQESGAoKcGFnZV90b2tlbhgDIAEoCUIE4kEBASJlChdMaXN0Q29ubmVjdGlvbnNSZXNwb25zZRIxCgtjb25uZWN0aW9ucxgBIAMoCzIcLnBzeWNoLnNpZGVjYXIudjEuQ29ubmVjdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQQoVUmVmcmVzaENhdGFsb2dSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECImIKFlJlZnJlc2hDYXRhbG9nUmVzcG9uc2USFwoPY2F0YWxvZ192ZXJzaW9uGAEgASgDEhIKCnRvb2xfY291bnQYAiABKAUSGwoTcmVqZWN0ZWRfdG9vbF9jb3VudBgDIAEoBSKVAQoXTGlzdENhdGFsb2dUb29sc1JlcXVlc3QSFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISHQoPY2F0YWxvZ192ZXJzaW9uGAMgASgDQgTiQQEBEhcKCXBhZ2Vfc2l6ZRgEIAEoBUIE4kEBARIYCgpwYWdlX3Rva2VuGAUgASgJQgTiQQEBImEKGExpc3RDYXRhbG9nVG9vbHNSZXNwb25zZRIsCgV0b29scxgBIAMoCzIdLnBzeWNoLnNpZGVjYXIudjEuQ2F0YWxvZ1Rvb2wSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInQKEkRpZmZDYXRhbG9nUmVxdWVzdBIUCgZ0ZW5hbnQYASABKAlCBOJBAQISEgoEbmFtZRgCIAEoCUIE4kEBAhIaCgxmcm9tX3ZlcnNpb24YAyABKANCBOJBAQISGAoKdG9fdmVyc2lvbhgEIAEoA0IE4kEBASKjAQoTRGlmZkNhdGFsb2dSZXNwb25zZRIsCgVhZGRlZBgBIAMoCzIdLnBzeWNoLnNpZGVjYXIudjEuQ2F0YWxvZ1Rvb2wSLgoHY2hhbmdlZBgCIAMoCzIdLnBzeWNoLnNpZGVjYXIudjEuQ2F0YWxvZ1Rvb2wSLgoHcmVtb3ZlZBgDIAMoCzIdLnBzeWNoLnNpZGVjYXIudjEuQ2F0YWxvZ1Rvb2wieQoaTGlzdENhdGFsb2dWZXJzaW9uc1JlcXVlc3QSFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQISFwoJcGFnZV9zaXplGAMgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YBCABKAlCBOJBAQEiagobTGlzdENhdGFsb2dWZXJzaW9uc1Jlc3BvbnNlEjIKCHZlcnNpb25zGAEgAygLMiAucHN5Y2guc2lkZWNhci52MS5DYXRhbG9nVmVyc2lvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAky6AUKEUNvbm5lY3Rpb25TZXJ2aWNlEmAKDVB1dENvbm5lY3Rpb24SJi5wc3ljaC5zaWRlY2FyLnYxLlB1dENvbm5lY3Rpb25SZXF1ZXN0GicucHN5Y2guc2lkZWNhci52MS5QdXRDb25uZWN0aW9uUmVzcG9uc2USaQoQRGVsZXRlQ29ubmVjdGlvbhIpLnBzeWNoLnNpZGVjYXIudjEuRGVsZXRlQ29ubmVjdGlvblJlcXVlc3QaKi5wc3ljaC5zaWRlY2FyLnYxLkRlbGV0ZUNvbm5lY3Rpb25SZXNwb25zZRJmCg9MaXN0Q29ubmVjdGlvbnMSKC5wc3ljaC5zaWRlY2FyLnYxLkxpc3RDb25uZWN0aW9uc1JlcXVlc3QaKS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RDb25uZWN0aW9uc1Jlc3BvbnNlEmMKDlJlZnJlc2hDYXRhbG9nEicucHN5Y2guc2lkZWNhci52MS5SZWZyZXNoQ2F0YWxvZ1JlcXVlc3QaKC5wc3ljaC5zaWRlY2FyLnYxLlJlZnJlc2hDYXRhbG9nUmVzcG9uc2USaQoQTGlzdENhdGFsb2dUb29scxIpLnBzeWNoLnNpZGVjYXIudjEuTGlzdENhdGFsb2dUb29sc1JlcXVlc3QaKi5wc3ljaC5zaWRlY2FyLnYxLkxpc3RDYXRhbG9nVG9vbHNSZXNwb25zZRJaCgtEaWZmQ2F0YWxvZxIkLnBzeWNoLnNpZGVjYXIudjEuRGlmZkNhdGFsb2dSZXF1ZXN0GiUucHN5Y2guc2lkZWNhci52MS5EaWZmQ2F0YWxvZ1Jlc3BvbnNlEnIKE0xpc3RDYXRhbG9nVmVyc2lvbnMSLC5wc3ljaC5zaWRlY2FyLnYxLkxpc3RDYXRhbG9nVmVyc2lvbnNSZXF1ZXN0Gi0ucHN5Y2guc2lkZWNhci52MS5MaXN0Q2F0YWxvZ1ZlcnNpb25zUmVzcG9uc2VCwQEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQhZDb25uZWN0aW9uU2VydmljZVByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_psych_sidecar_v1_connection]);
+  fileDesc("Cilwc3ljaC9zaWRlY2FyL3YxL2Nvbm5lY3Rpb25fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSI+ChJCZWdpblNpZ25JblJlcXVlc3QSFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQIicAoTQmVnaW5TaWduSW5SZXNwb25zZRIZChFhdXRob3JpemF0aW9uX3VybBgBIAEoCRINCgVzdGF0ZRgCIAEoCRIvCgtleHBpcmVfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiagoVQ29tcGxldGVTaWduSW5SZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhITCgVzdGF0ZRgCIAEoCUIE4kEBAhISCgRjb2RlGAMgASgJQgTiQQECEhIKBG5hbWUYBCABKAlCBOJBAQEiSgoWQ29tcGxldGVTaWduSW5SZXNwb25zZRIwCgpjb25uZWN0aW9uGAEgASgLMhwucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uIk4KFFB1dENvbm5lY3Rpb25SZXF1ZXN0EjYKCmNvbm5lY3Rpb24YASABKAsyHC5wc3ljaC5zaWRlY2FyLnYxLkNvbm5lY3Rpb25CBOJBAQIiSQoVUHV0Q29ubmVjdGlvblJlc3BvbnNlEjAKCmNvbm5lY3Rpb24YASABKAsyHC5wc3ljaC5zaWRlY2FyLnYxLkNvbm5lY3Rpb24iQwoXRGVsZXRlQ29ubmVjdGlvblJlcXVlc3QSFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQIiGgoYRGVsZXRlQ29ubmVjdGlvblJlc3BvbnNlImEKFkxpc3RDb25uZWN0aW9uc1JlcXVlc3QSFAoGdGVuYW50GAEgASgJQgTiQQECEhcKCXBhZ2Vfc2l6ZRgCIAEoBUIE4kEBARIYCgpwYWdlX3Rva2VuGAMgASgJQgTiQQEBImUKF0xpc3RDb25uZWN0aW9uc1Jlc3BvbnNlEjEKC2Nvbm5lY3Rpb25zGAEgAygLMhwucHN5Y2guc2lkZWNhci52MS5Db25uZWN0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJBChVSZWZyZXNoQ2F0YWxvZ1JlcXVlc3QSFAoGdGVuYW50GAEgASgJQgTiQQECEhIKBG5hbWUYAiABKAlCBOJBAQIiYgoWUmVmcmVzaENhdGFsb2dSZXNwb25zZRIXCg9jYXRhbG9nX3ZlcnNpb24YASABKAMSEgoKdG9vbF9jb3VudBgCIAEoBRIbChNyZWplY3RlZF90b29sX2NvdW50GAMgASgFIpUBChdMaXN0Q2F0YWxvZ1Rvb2xzUmVxdWVzdBIUCgZ0ZW5hbnQYASABKAlCBOJBAQISEgoEbmFtZRgCIAEoCUIE4kEBAhIdCg9jYXRhbG9nX3ZlcnNpb24YAyABKANCBOJBAQESFwoJcGFnZV9zaXplGAQgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YBSABKAlCBOJBAQEiYQoYTGlzdENhdGFsb2dUb29sc1Jlc3BvbnNlEiwKBXRvb2xzGAEgAygLMh0ucHN5Y2guc2lkZWNhci52MS5DYXRhbG9nVG9vbBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkidAoSRGlmZkNhdGFsb2dSZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECEhoKDGZyb21fdmVyc2lvbhgDIAEoA0IE4kEBAhIYCgp0b192ZXJzaW9uGAQgASgDQgTiQQEBIqMBChNEaWZmQ2F0YWxvZ1Jlc3BvbnNlEiwKBWFkZGVkGAEgAygLMh0ucHN5Y2guc2lkZWNhci52MS5DYXRhbG9nVG9vbBIuCgdjaGFuZ2VkGAIgAygLMh0ucHN5Y2guc2lkZWNhci52MS5DYXRhbG9nVG9vbBIuCgdyZW1vdmVkGAMgAygLMh0ucHN5Y2guc2lkZWNhci52MS5DYXRhbG9nVG9vbCJ5ChpMaXN0Q2F0YWxvZ1ZlcnNpb25zUmVxdWVzdBIUCgZ0ZW5hbnQYASABKAlCBOJBAQISEgoEbmFtZRgCIAEoCUIE4kEBAhIXCglwYWdlX3NpemUYAyABKAVCBOJBAQESGAoKcGFnZV90b2tlbhgEIAEoCUIE4kEBASJqChtMaXN0Q2F0YWxvZ1ZlcnNpb25zUmVzcG9uc2USMgoIdmVyc2lvbnMYASADKAsyIC5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dWZXJzaW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCTKpBwoRQ29ubmVjdGlvblNlcnZpY2USYAoNUHV0Q29ubmVjdGlvbhImLnBzeWNoLnNpZGVjYXIudjEuUHV0Q29ubmVjdGlvblJlcXVlc3QaJy5wc3ljaC5zaWRlY2FyLnYxLlB1dENvbm5lY3Rpb25SZXNwb25zZRJpChBEZWxldGVDb25uZWN0aW9uEikucHN5Y2guc2lkZWNhci52MS5EZWxldGVDb25uZWN0aW9uUmVxdWVzdBoqLnBzeWNoLnNpZGVjYXIudjEuRGVsZXRlQ29ubmVjdGlvblJlc3BvbnNlEmYKD0xpc3RDb25uZWN0aW9ucxIoLnBzeWNoLnNpZGVjYXIudjEuTGlzdENvbm5lY3Rpb25zUmVxdWVzdBopLnBzeWNoLnNpZGVjYXIudjEuTGlzdENvbm5lY3Rpb25zUmVzcG9uc2USYwoOUmVmcmVzaENhdGFsb2cSJy5wc3ljaC5zaWRlY2FyLnYxLlJlZnJlc2hDYXRhbG9nUmVxdWVzdBooLnBzeWNoLnNpZGVjYXIudjEuUmVmcmVzaENhdGFsb2dSZXNwb25zZRJpChBMaXN0Q2F0YWxvZ1Rvb2xzEikucHN5Y2guc2lkZWNhci52MS5MaXN0Q2F0YWxvZ1Rvb2xzUmVxdWVzdBoqLnBzeWNoLnNpZGVjYXIudjEuTGlzdENhdGFsb2dUb29sc1Jlc3BvbnNlEloKC0RpZmZDYXRhbG9nEiQucHN5Y2guc2lkZWNhci52MS5EaWZmQ2F0YWxvZ1JlcXVlc3QaJS5wc3ljaC5zaWRlY2FyLnYxLkRpZmZDYXRhbG9nUmVzcG9uc2UScgoTTGlzdENhdGFsb2dWZXJzaW9ucxIsLnBzeWNoLnNpZGVjYXIudjEuTGlzdENhdGFsb2dWZXJzaW9uc1JlcXVlc3QaLS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RDYXRhbG9nVmVyc2lvbnNSZXNwb25zZRJaCgtCZWdpblNpZ25JbhIkLnBzeWNoLnNpZGVjYXIudjEuQmVnaW5TaWduSW5SZXF1ZXN0GiUucHN5Y2guc2lkZWNhci52MS5CZWdpblNpZ25JblJlc3BvbnNlEmMKDkNvbXBsZXRlU2lnbkluEicucHN5Y2guc2lkZWNhci52MS5Db21wbGV0ZVNpZ25JblJlcXVlc3QaKC5wc3ljaC5zaWRlY2FyLnYxLkNvbXBsZXRlU2lnbkluUmVzcG9uc2VCwQEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQhZDb25uZWN0aW9uU2VydmljZVByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_connection]);
+
+/**
+ * BeginSignInRequest is the request of ConnectionService.BeginSignIn.
+ *
+ * @generated from message psych.sidecar.v1.BeginSignInRequest
+ */
+export type BeginSignInRequest = Message<"psych.sidecar.v1.BeginSignInRequest"> & {
+  /**
+   * The tenant.
+   *
+   * @generated from field: string tenant = 1;
+   */
+  tenant: string;
+
+  /**
+   * The connection's name; its auth must be oauth_authorization_code
+   * (else FAILED_PRECONDITION with reason SIGN_IN_NOT_APPLICABLE).
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.BeginSignInRequest.
+ * Use `create(BeginSignInRequestSchema)` to create a new message.
+ */
+export const BeginSignInRequestSchema: GenMessage<BeginSignInRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection_service, 0);
+
+/**
+ * BeginSignInResponse is the response of ConnectionService.BeginSignIn.
+ *
+ * @generated from message psych.sidecar.v1.BeginSignInResponse
+ */
+export type BeginSignInResponse = Message<"psych.sidecar.v1.BeginSignInResponse"> & {
+  /**
+   * The authorization server's URL to open in the user's browser, with the
+   * client id, redirect URI, scopes, resource, PKCE challenge and state in
+   * its query. Holds no secret.
+   *
+   * @generated from field: string authorization_url = 1;
+   */
+  authorizationUrl: string;
+
+  /**
+   * The state in authorization_url's query: the redirect brings it back,
+   * and CompleteSignIn takes it. Opaque, single-use.
+   *
+   * @generated from field: string state = 2;
+   */
+  state: string;
+
+  /**
+   * When the state expires: a CompleteSignIn after it is
+   * FAILED_PRECONDITION with reason SIGN_IN_STATE_EXPIRED.
+   *
+   * @generated from field: google.protobuf.Timestamp expire_time = 3;
+   */
+  expireTime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.BeginSignInResponse.
+ * Use `create(BeginSignInResponseSchema)` to create a new message.
+ */
+export const BeginSignInResponseSchema: GenMessage<BeginSignInResponse> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection_service, 1);
+
+/**
+ * CompleteSignInRequest is the request of ConnectionService.CompleteSignIn.
+ *
+ * @generated from message psych.sidecar.v1.CompleteSignInRequest
+ */
+export type CompleteSignInRequest = Message<"psych.sidecar.v1.CompleteSignInRequest"> & {
+  /**
+   * The tenant that began the sign-in.
+   *
+   * @generated from field: string tenant = 1;
+   */
+  tenant: string;
+
+  /**
+   * The `state` query parameter of the redirect.
+   *
+   * @generated from field: string state = 2;
+   */
+  state: string;
+
+  /**
+   * The `code` query parameter of the redirect. Secret: never logged.
+   *
+   * @generated from field: string code = 3;
+   */
+  code: string;
+
+  /**
+   * The connection the host began the sign-in for. When set, a state issued
+   * for another connection is FAILED_PRECONDITION with reason
+   * SIGN_IN_STATE_MISMATCH.
+   *
+   * @generated from field: string name = 4;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.CompleteSignInRequest.
+ * Use `create(CompleteSignInRequestSchema)` to create a new message.
+ */
+export const CompleteSignInRequestSchema: GenMessage<CompleteSignInRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection_service, 2);
+
+/**
+ * CompleteSignInResponse is the response of ConnectionService.CompleteSignIn.
+ *
+ * @generated from message psych.sidecar.v1.CompleteSignInResponse
+ */
+export type CompleteSignInResponse = Message<"psych.sidecar.v1.CompleteSignInResponse"> & {
+  /**
+   * The connection, secrets omitted, with its state after connecting with
+   * the new tokens (CONNECTED when the server accepted them) and its
+   * token_expire_time.
+   *
+   * @generated from field: psych.sidecar.v1.Connection connection = 1;
+   */
+  connection?: Connection | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.CompleteSignInResponse.
+ * Use `create(CompleteSignInResponseSchema)` to create a new message.
+ */
+export const CompleteSignInResponseSchema: GenMessage<CompleteSignInResponse> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_connection_service, 3);
 
 /**
  * PutConnectionRequest is the request of ConnectionService.PutConnection.
@@ -34,7 +171,7 @@ export type PutConnectionRequest = Message<"psych.sidecar.v1.PutConnectionReques
  * Use `create(PutConnectionRequestSchema)` to create a new message.
  */
 export const PutConnectionRequestSchema: GenMessage<PutConnectionRequest> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 0);
+  messageDesc(file_psych_sidecar_v1_connection_service, 4);
 
 /**
  * PutConnectionResponse is the response of ConnectionService.PutConnection.
@@ -56,7 +193,7 @@ export type PutConnectionResponse = Message<"psych.sidecar.v1.PutConnectionRespo
  * Use `create(PutConnectionResponseSchema)` to create a new message.
  */
 export const PutConnectionResponseSchema: GenMessage<PutConnectionResponse> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 1);
+  messageDesc(file_psych_sidecar_v1_connection_service, 5);
 
 /**
  * DeleteConnectionRequest is the request of ConnectionService.DeleteConnection.
@@ -84,7 +221,7 @@ export type DeleteConnectionRequest = Message<"psych.sidecar.v1.DeleteConnection
  * Use `create(DeleteConnectionRequestSchema)` to create a new message.
  */
 export const DeleteConnectionRequestSchema: GenMessage<DeleteConnectionRequest> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 2);
+  messageDesc(file_psych_sidecar_v1_connection_service, 6);
 
 /**
  * DeleteConnectionResponse is the response of ConnectionService.DeleteConnection.
@@ -99,7 +236,7 @@ export type DeleteConnectionResponse = Message<"psych.sidecar.v1.DeleteConnectio
  * Use `create(DeleteConnectionResponseSchema)` to create a new message.
  */
 export const DeleteConnectionResponseSchema: GenMessage<DeleteConnectionResponse> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 3);
+  messageDesc(file_psych_sidecar_v1_connection_service, 7);
 
 /**
  * ListConnectionsRequest is the request of ConnectionService.ListConnections.
@@ -134,7 +271,7 @@ export type ListConnectionsRequest = Message<"psych.sidecar.v1.ListConnectionsRe
  * Use `create(ListConnectionsRequestSchema)` to create a new message.
  */
 export const ListConnectionsRequestSchema: GenMessage<ListConnectionsRequest> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 4);
+  messageDesc(file_psych_sidecar_v1_connection_service, 8);
 
 /**
  * ListConnectionsResponse is the response of ConnectionService.ListConnections.
@@ -162,7 +299,7 @@ export type ListConnectionsResponse = Message<"psych.sidecar.v1.ListConnectionsR
  * Use `create(ListConnectionsResponseSchema)` to create a new message.
  */
 export const ListConnectionsResponseSchema: GenMessage<ListConnectionsResponse> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 5);
+  messageDesc(file_psych_sidecar_v1_connection_service, 9);
 
 /**
  * RefreshCatalogRequest is the request of ConnectionService.RefreshCatalog.
@@ -190,7 +327,7 @@ export type RefreshCatalogRequest = Message<"psych.sidecar.v1.RefreshCatalogRequ
  * Use `create(RefreshCatalogRequestSchema)` to create a new message.
  */
 export const RefreshCatalogRequestSchema: GenMessage<RefreshCatalogRequest> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 6);
+  messageDesc(file_psych_sidecar_v1_connection_service, 10);
 
 /**
  * RefreshCatalogResponse is the response of ConnectionService.RefreshCatalog.
@@ -227,7 +364,7 @@ export type RefreshCatalogResponse = Message<"psych.sidecar.v1.RefreshCatalogRes
  * Use `create(RefreshCatalogResponseSchema)` to create a new message.
  */
 export const RefreshCatalogResponseSchema: GenMessage<RefreshCatalogResponse> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 7);
+  messageDesc(file_psych_sidecar_v1_connection_service, 11);
 
 /**
  * ListCatalogToolsRequest is the request of ConnectionService.ListCatalogTools.
@@ -276,7 +413,7 @@ export type ListCatalogToolsRequest = Message<"psych.sidecar.v1.ListCatalogTools
  * Use `create(ListCatalogToolsRequestSchema)` to create a new message.
  */
 export const ListCatalogToolsRequestSchema: GenMessage<ListCatalogToolsRequest> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 8);
+  messageDesc(file_psych_sidecar_v1_connection_service, 12);
 
 /**
  * ListCatalogToolsResponse is the response of ConnectionService.ListCatalogTools.
@@ -304,7 +441,7 @@ export type ListCatalogToolsResponse = Message<"psych.sidecar.v1.ListCatalogTool
  * Use `create(ListCatalogToolsResponseSchema)` to create a new message.
  */
 export const ListCatalogToolsResponseSchema: GenMessage<ListCatalogToolsResponse> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 9);
+  messageDesc(file_psych_sidecar_v1_connection_service, 13);
 
 /**
  * DiffCatalogRequest is the request of ConnectionService.DiffCatalog.
@@ -346,7 +483,7 @@ export type DiffCatalogRequest = Message<"psych.sidecar.v1.DiffCatalogRequest"> 
  * Use `create(DiffCatalogRequestSchema)` to create a new message.
  */
 export const DiffCatalogRequestSchema: GenMessage<DiffCatalogRequest> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 10);
+  messageDesc(file_psych_sidecar_v1_connection_service, 14);
 
 /**
  * DiffCatalogResponse is the response of ConnectionService.DiffCatalog.
@@ -381,7 +518,7 @@ export type DiffCatalogResponse = Message<"psych.sidecar.v1.DiffCatalogResponse"
  * Use `create(DiffCatalogResponseSchema)` to create a new message.
  */
 export const DiffCatalogResponseSchema: GenMessage<DiffCatalogResponse> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 11);
+  messageDesc(file_psych_sidecar_v1_connection_service, 15);
 
 /**
  * ListCatalogVersionsRequest is the request of ConnectionService.ListCatalogVersions.
@@ -424,7 +561,7 @@ export type ListCatalogVersionsRequest = Message<"psych.sidecar.v1.ListCatalogVe
  * Use `create(ListCatalogVersionsRequestSchema)` to create a new message.
  */
 export const ListCatalogVersionsRequestSchema: GenMessage<ListCatalogVersionsRequest> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 12);
+  messageDesc(file_psych_sidecar_v1_connection_service, 16);
 
 /**
  * ListCatalogVersionsResponse is the response of ConnectionService.ListCatalogVersions.
@@ -452,7 +589,7 @@ export type ListCatalogVersionsResponse = Message<"psych.sidecar.v1.ListCatalogV
  * Use `create(ListCatalogVersionsResponseSchema)` to create a new message.
  */
 export const ListCatalogVersionsResponseSchema: GenMessage<ListCatalogVersionsResponse> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_connection_service, 13);
+  messageDesc(file_psych_sidecar_v1_connection_service, 17);
 
 /**
  * ConnectionService manages a tenant's MCP connections and their versioned
@@ -535,6 +672,33 @@ export const ConnectionService: GenService<{
     methodKind: "unary";
     input: typeof ListCatalogVersionsRequestSchema;
     output: typeof ListCatalogVersionsResponseSchema;
+  },
+  /**
+   * BeginSignIn starts signing the host's user in to a connection whose
+   * auth is oauth_authorization_code: the sidecar discovers the server's
+   * authorization server, registers a client if it must, makes the PKCE
+   * verifier and a state, stores them sealed, and returns the URL for the
+   * user's browser. Any sidecar sharing the database can complete it.
+   *
+   * @generated from rpc psych.sidecar.v1.ConnectionService.BeginSignIn
+   */
+  beginSignIn: {
+    methodKind: "unary";
+    input: typeof BeginSignInRequestSchema;
+    output: typeof BeginSignInResponseSchema;
+  },
+  /**
+   * CompleteSignIn takes the `state` and `code` the authorization server
+   * sent to the host's redirect URI, exchanges the code for tokens, stores
+   * them sealed, connects and lists the catalogue. A state is single-use,
+   * bound to its tenant and connection, and expires.
+   *
+   * @generated from rpc psych.sidecar.v1.ConnectionService.CompleteSignIn
+   */
+  completeSignIn: {
+    methodKind: "unary";
+    input: typeof CompleteSignInRequestSchema;
+    output: typeof CompleteSignInResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_psych_sidecar_v1_connection_service, 0);

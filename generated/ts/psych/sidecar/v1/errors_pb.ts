@@ -9,7 +9,7 @@ import { enumDesc, fileDesc } from "@bufbuild/protobuf/codegenv2";
  * Describes the file psych/sidecar/v1/errors.proto.
  */
 export const file_psych_sidecar_v1_errors: GenFile = /*@__PURE__*/
-  fileDesc("Ch1wc3ljaC9zaWRlY2FyL3YxL2Vycm9ycy5wcm90bxIQcHN5Y2guc2lkZWNhci52MSqVBgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASHwobRVJST1JfUkVBU09OX0ZJRUxEX1JFUVVJUkVEEAESHgoaRVJST1JfUkVBU09OX0ZJRUxEX0lOVkFMSUQQAhIrCidFUlJPUl9SRUFTT05fU1BFQ19USFJFU0hPTERTX0NPTlRSQURJQ1QQAxIfChtFUlJPUl9SRUFTT05fU1BFQ19OT1RfRk9VTkQQBBIkCiBFUlJPUl9SRUFTT05fU1BFQ19WRVJTSU9OX0VYSVNUUxAFEh4KGkVSUk9SX1JFQVNPTl9SVU5fTk9UX0ZPVU5EEAYSIgoeRVJST1JfUkVBU09OX1JFUVVFU1RfSURfUkVVU0VEEAcSIgoeRVJST1JfUkVBU09OX01FU1NBR0VfVE9PX0xBUkdFEAgSKAokRVJST1JfUkVBU09OX0lOVkFMSURfREVGRVJSRURfSEFORExFEAkSJQohRVJST1JfUkVBU09OX0NPTk5FQ1RJT05fTk9UX0ZPVU5EEAoSJAogRVJST1JfUkVBU09OX0NPTU1BTkRfTk9UX0FMTE9XRUQQCxIqCiZFUlJPUl9SRUFTT05fQ0FUQUxPR19WRVJTSU9OX05PVF9GT1VORBAMEicKI0VSUk9SX1JFQVNPTl9DT05ORUNUSU9OX1VOUkVBQ0hBQkxFEA0SIAocRVJST1JfUkVBU09OX1BBVFRFUk5fSU5WQUxJRBAOEiAKHEVSUk9SX1JFQVNPTl9OT1RfSU1QTEVNRU5URUQQDxIZChVFUlJPUl9SRUFTT05fSU5URVJOQUwQEBIkCiBFUlJPUl9SRUFTT05fUEFUVEVSTl9UT09fQ09NUExFWBAREigKJEVSUk9SX1JFQVNPTl9DT05URVhUX0JVREdFVF9FWENFRURFRBATEiQKIEVSUk9SX1JFQVNPTl9TVE9SQUdFX1VOQVZBSUxBQkxFEBISHgoaRVJST1JfUkVBU09OX1NIVVRUSU5HX0RPV04QFiIECBQQFCIECBUQFUK2AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCC0Vycm9yc1Byb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM");
+  fileDesc("Ch1wc3ljaC9zaWRlY2FyL3YxL2Vycm9ycy5wcm90bxIQcHN5Y2guc2lkZWNhci52MSrcCQoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASHwobRVJST1JfUkVBU09OX0ZJRUxEX1JFUVVJUkVEEAESHgoaRVJST1JfUkVBU09OX0ZJRUxEX0lOVkFMSUQQAhIrCidFUlJPUl9SRUFTT05fU1BFQ19USFJFU0hPTERTX0NPTlRSQURJQ1QQAxIfChtFUlJPUl9SRUFTT05fU1BFQ19OT1RfRk9VTkQQBBIkCiBFUlJPUl9SRUFTT05fU1BFQ19WRVJTSU9OX0VYSVNUUxAFEh4KGkVSUk9SX1JFQVNPTl9SVU5fTk9UX0ZPVU5EEAYSIgoeRVJST1JfUkVBU09OX1JFUVVFU1RfSURfUkVVU0VEEAcSIgoeRVJST1JfUkVBU09OX01FU1NBR0VfVE9PX0xBUkdFEAgSKAokRVJST1JfUkVBU09OX0lOVkFMSURfREVGRVJSRURfSEFORExFEAkSJQohRVJST1JfUkVBU09OX0NPTk5FQ1RJT05fTk9UX0ZPVU5EEAoSJAogRVJST1JfUkVBU09OX0NPTU1BTkRfTk9UX0FMTE9XRUQQCxIqCiZFUlJPUl9SRUFTT05fQ0FUQUxPR19WRVJTSU9OX05PVF9GT1VORBAMEicKI0VSUk9SX1JFQVNPTl9DT05ORUNUSU9OX1VOUkVBQ0hBQkxFEA0SIAocRVJST1JfUkVBU09OX1BBVFRFUk5fSU5WQUxJRBAOEiAKHEVSUk9SX1JFQVNPTl9OT1RfSU1QTEVNRU5URUQQDxIZChVFUlJPUl9SRUFTT05fSU5URVJOQUwQEBIkCiBFUlJPUl9SRUFTT05fUEFUVEVSTl9UT09fQ09NUExFWBAREigKJEVSUk9SX1JFQVNPTl9DT05URVhUX0JVREdFVF9FWENFRURFRBATEiQKIEVSUk9SX1JFQVNPTl9TVE9SQUdFX1VOQVZBSUxBQkxFEBISHgoaRVJST1JfUkVBU09OX1NIVVRUSU5HX0RPV04QFhImCiJFUlJPUl9SRUFTT05fU0lHTl9JTl9TVEFURV9VTktOT1dOEBcSIwofRVJST1JfUkVBU09OX1NJR05fSU5fU1RBVEVfVVNFRBAYEiYKIkVSUk9SX1JFQVNPTl9TSUdOX0lOX1NUQVRFX0VYUElSRUQQGRIrCidFUlJPUl9SRUFTT05fU0lHTl9JTl9TVEFURV9XUk9OR19URU5BTlQQGhInCiNFUlJPUl9SRUFTT05fU0lHTl9JTl9TVEFURV9NSVNNQVRDSBAbEicKI0VSUk9SX1JFQVNPTl9TSUdOX0lOX05PVF9BUFBMSUNBQkxFEBwSIgoeRVJST1JfUkVBU09OX09BVVRIX1VSTF9SRUZVU0VEEB0SJwojRVJST1JfUkVBU09OX09BVVRIX0RJU0NPVkVSWV9GQUlMRUQQHhIqCiZFUlJPUl9SRUFTT05fT0FVVEhfUkVHSVNUUkFUSU9OX0ZBSUxFRBAfEiQKIEVSUk9SX1JFQVNPTl9PQVVUSF9HUkFOVF9SRUZVU0VEECASMgouRVJST1JfUkVBU09OX0NPTk5FQ1RJT05fQVVUSE9SSVpBVElPTl9SRVFVSVJFRBAhIgQIFBAUIgQIFRAVQrYBChRkZXYucHN5Y2guc2lkZWNhci52MUILRXJyb3JzUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw");
 
 /**
  * ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -225,6 +225,116 @@ export enum ErrorReason {
    * @generated from enum value: ERROR_REASON_SHUTTING_DOWN = 22;
    */
   SHUTTING_DOWN = 22,
+
+  /**
+   * CompleteSignIn got a state this sidecar's database never issued (or
+   * forgot: states are removed some time after they expire).
+   * Status NOT_FOUND. Metadata: `tenant`.
+   *
+   * @generated from enum value: ERROR_REASON_SIGN_IN_STATE_UNKNOWN = 23;
+   */
+  SIGN_IN_STATE_UNKNOWN = 23,
+
+  /**
+   * CompleteSignIn got a state that already completed a sign-in (or failed
+   * one): a state is single-use. Begin again. Status FAILED_PRECONDITION.
+   * Metadata: `tenant`, `connection`.
+   *
+   * @generated from enum value: ERROR_REASON_SIGN_IN_STATE_USED = 24;
+   */
+  SIGN_IN_STATE_USED = 24,
+
+  /**
+   * CompleteSignIn got a state past its expire_time. Begin again.
+   * Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`,
+   * `expire_time` (RFC 3339).
+   *
+   * @generated from enum value: ERROR_REASON_SIGN_IN_STATE_EXPIRED = 25;
+   */
+  SIGN_IN_STATE_EXPIRED = 25,
+
+  /**
+   * CompleteSignIn got a state issued to another tenant. Nothing of that
+   * tenant's sign-in is revealed or spent. Status PERMISSION_DENIED.
+   * Metadata: `tenant` (the request's).
+   *
+   * @generated from enum value: ERROR_REASON_SIGN_IN_STATE_WRONG_TENANT = 26;
+   */
+  SIGN_IN_STATE_WRONG_TENANT = 26,
+
+  /**
+   * CompleteSignIn got a state issued for another connection than the
+   * request names, or for a connection replaced or deleted since the
+   * sign-in began. Status FAILED_PRECONDITION. Metadata: `tenant`,
+   * `connection`, `detail`.
+   *
+   * @generated from enum value: ERROR_REASON_SIGN_IN_STATE_MISMATCH = 27;
+   */
+  SIGN_IN_STATE_MISMATCH = 27,
+
+  /**
+   * BeginSignIn on a connection whose auth is not oauth_authorization_code.
+   * Status FAILED_PRECONDITION. Metadata: `connection`, `auth` (the auth
+   * case, e.g. "static_headers").
+   *
+   * @generated from enum value: ERROR_REASON_SIGN_IN_NOT_APPLICABLE = 28;
+   */
+  SIGN_IN_NOT_APPLICABLE = 28,
+
+  /**
+   * Discovery led to a URL the sidecar will not request: not https (plain
+   * http only to a loopback address, and only when the operator allows
+   * it), or an address the operator has not allowed (private, link-local,
+   * loopback, or any other non-public one). No request was sent to it.
+   * Status PERMISSION_DENIED. Metadata: `connection`, `url` (without its
+   * query), `detail`.
+   * Example: {reason: "OAUTH_URL_REFUSED", metadata: {connection: "tracker",
+   * url: "https://169.254.169.254/token", detail: "link-local address"}}.
+   *
+   * @generated from enum value: ERROR_REASON_OAUTH_URL_REFUSED = 29;
+   */
+  OAUTH_URL_REFUSED = 29,
+
+  /**
+   * The server's protected-resource metadata or its authorization server's
+   * metadata could not be had: unreachable, too slow, too large, too many
+   * redirects, not valid JSON, or missing an endpoint the flow needs.
+   * Status UNAVAILABLE. Metadata: `connection`, `url`, `detail`.
+   *
+   * @generated from enum value: ERROR_REASON_OAUTH_DISCOVERY_FAILED = 30;
+   */
+  OAUTH_DISCOVERY_FAILED = 30,
+
+  /**
+   * The authorization server refused dynamic client registration or does
+   * not offer it: configure a registered client or a client metadata URL.
+   * Status FAILED_PRECONDITION. Metadata: `connection`, `detail`.
+   *
+   * @generated from enum value: ERROR_REASON_OAUTH_REGISTRATION_FAILED = 31;
+   */
+  OAUTH_REGISTRATION_FAILED = 31,
+
+  /**
+   * The authorization server's token endpoint refused the grant: the code
+   * of a CompleteSignIn (spent, expired, or for another client) or the
+   * client credentials. `detail` holds its OAuth error code and
+   * description, never a secret. The state is spent: begin again.
+   * Status FAILED_PRECONDITION. Metadata: `connection`, `detail`.
+   *
+   * @generated from enum value: ERROR_REASON_OAUTH_GRANT_REFUSED = 32;
+   */
+  OAUTH_GRANT_REFUSED = 32,
+
+  /**
+   * RefreshCatalog on a connection that is
+   * CONNECTION_STATE_AUTHORIZATION_REQUIRED: sign in first.
+   * Status FAILED_PRECONDITION. Metadata: `connection`, `reason` (the
+   * AuthorizationRequiredReason name without its prefix, e.g.
+   * "REFRESH_REFUSED").
+   *
+   * @generated from enum value: ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED = 33;
+   */
+  CONNECTION_AUTHORIZATION_REQUIRED = 33,
 }
 
 /**
