@@ -260,6 +260,69 @@ class McpSettings(_Group):
     )
 
 
+class OAuthOutboundSettings(_Group):
+    """OAuth for HTTP connections: which addresses the sidecar's own OAuth requests (metadata
+    discovery, client registration, tokens) may go to, and their bounds."""
+
+    allow_http_loopback: bool = Field(
+        alias="oauth_allow_http_loopback",
+        default=False,
+        description=(
+            "Let OAuth requests use plain http and loopback addresses (a server on the same "
+            "host, tests); otherwise https only, and never to loopback."
+        ),
+    )
+    allowed_networks: list[str] = Field(
+        alias="oauth_allowed_networks",
+        default_factory=list,
+        description=(
+            "Private, link-local or other non-public networks (CIDR) OAuth requests may go to; "
+            "by default only public addresses."
+        ),
+    )
+    request_timeout_seconds: float = Field(
+        alias="oauth_request_timeout_seconds",
+        default=10.0,
+        gt=0,
+        description="How long one OAuth request (redirects included) may take.",
+    )
+    max_response_bytes: int = Field(
+        alias="oauth_max_response_bytes",
+        default=MIB,
+        ge=1024,
+        description="The largest OAuth response (metadata, registration, token) read.",
+    )
+    max_redirects: int = Field(
+        alias="oauth_max_redirects",
+        default=3,
+        ge=0,
+        le=10,
+        description="Redirects a metadata request may follow (each target is checked too).",
+    )
+    sign_in_state_seconds: float = Field(
+        alias="oauth_sign_in_state_seconds",
+        default=600.0,
+        gt=0,
+        le=3600,
+        description="How long a begun sign-in's state stays valid.",
+    )
+    refresh_margin_seconds: float = Field(
+        alias="oauth_refresh_margin_seconds",
+        default=60.0,
+        ge=0,
+        description=(
+            "Tokens are renewed this long before they expire (at most a fifth of their lifetime)."
+        ),
+    )
+
+    @field_validator("allowed_networks")
+    @classmethod
+    def _valid_networks(cls, values: list[str]) -> list[str]:
+        for value in values:
+            ipaddress.ip_network(value, strict=False)
+        return values
+
+
 class SearchSettings(_Group):
     """Tool search."""
 
@@ -399,6 +462,7 @@ class Settings(BaseSettings):
     listeners: ListenerSettings = Field(default_factory=ListenerSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    oauth: OAuthOutboundSettings = Field(default_factory=OAuthOutboundSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
     prompt: PromptSettings = Field(default_factory=PromptSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

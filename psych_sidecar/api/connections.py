@@ -20,7 +20,77 @@ from psych_sidecar.domain.catalog import (
     TransportKind,
     redact_url,
 )
+from psych_sidecar.domain.catalog.oauth import (
+    AuthKind,
+    AuthorizationReason,
+    ClientKind,
+    OAuthSettings,
+)
 from psych_sidecar.domain.errors import field_invalid, field_required
+
+_AUTHORIZATION_REASONS = {
+    reason: connection_pb2.AuthorizationRequiredReason.Value(
+        f"AUTHORIZATION_REQUIRED_REASON_{reason.name}"
+    )
+    for reason in AuthorizationReason
+}
+
+
+def auth_from_proto(http: connection_pb2.HttpTransport) -> OAuthSettings | None:
+    case = http.WhichOneof("auth")
+    if case == "oauth_authorization_code":
+        code = http.oauth_authorization_code
+        client = code.WhichOneof("client")
+        if client is None:
+            raise field_required("connection.http.oauth_authorization_code.client")
+        return OAuthSettings(
+            kind=AuthKind.AUTHORIZATION_CODE,
+            scopes=tuple(code.scopes),
+            redirect_uri=code.redirect_uri,
+            client_kind=ClientKind(client),
+            client_id=code.registered_client.client_id,
+            client_secret=code.registered_client.client_secret,
+            client_metadata_url=code.client_metadata_url,
+            client_name=code.dynamic_registration.client_name,
+        )
+    if case == "oauth_client_credentials":
+        credentials = http.oauth_client_credentials
+        credential = credentials.WhichOneof("credential")
+        if credential is None:
+            raise field_required("connection.http.oauth_client_credentials.credential")
+        return OAuthSettings(
+            kind=AuthKind.CLIENT_CREDENTIALS,
+            client_id=credentials.client_id,
+            client_secret=credentials.client_secret,
+            private_key_pem=credentials.private_key_jwt.private_key_pem,
+            algorithm=credentials.private_key_jwt.algorithm,
+            scopes=tuple(credentials.scopes),
+            resource=credentials.resource,
+            issuer=credentials.issuer,
+        )
+    return None
+
+
+def _auth_to_proto(auth: OAuthSettings | None, http: connection_pb2.HttpTransport) -> None:
+    """The auth without its secrets (client secret, private key)."""
+    if auth is None or auth.kind is AuthKind.STATIC_HEADERS:
+        return
+    if auth.kind is AuthKind.CLIENT_CREDENTIALS:
+        http.oauth_client_credentials.client_id = auth.client_id
+        http.oauth_client_credentials.scopes.extend(auth.scopes)
+        http.oauth_client_credentials.resource = auth.resource
+        http.oauth_client_credentials.issuer = auth.issuer
+        return
+    code = http.oauth_authorization_code
+    code.scopes.extend(auth.scopes)
+    code.redirect_uri = auth.redirect_uri
+    if auth.client_kind is ClientKind.REGISTERED:
+        code.registered_client.client_id = auth.client_id
+    elif auth.client_kind is ClientKind.METADATA_URL:
+        code.client_metadata_url = auth.client_metadata_url
+    else:
+        code.dynamic_registration.client_name = auth.client_name
+
 
 _HTTP_PROTOCOLS = {
     connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP: TransportKind.STREAMABLE_HTTP,
@@ -55,6 +125,7 @@ def connection_from_proto(message: connection_pb2.Connection) -> Connection:
             transport=protocol,
             url=message.http.url,
             headers=dict(message.http.headers),
+            auth=auth_from_proto(message.http),
             **common,
         )
     raise field_required("connection.transport")
@@ -82,6 +153,10 @@ def connection_to_proto(
         ],
         rejected_tool_count=status.rejected.count,
     )
+    if status.authorization_reason is not None:
+        message.authorization_required_reason = _AUTHORIZATION_REASONS[status.authorization_reason]
+    if status.token_expire_time is not None:
+        message.token_expire_time.CopyFrom(timestamp(status.token_expire_time))
     if connection.preload is not None:
         message.preload = connection.preload
     if connection.transport is TransportKind.STDIO:
@@ -96,6 +171,7 @@ def connection_to_proto(
             if connection.transport is TransportKind.SSE
             else connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP
         )
+        _auth_to_proto(connection.auth, message.http)
     return message
 
 
@@ -142,6 +218,26 @@ class ConnectionServicer(connection_service_pb2_grpc.ConnectionServiceServicer):
         return connection_service_pb2.ListConnectionsResponse(
             connections=[connection_to_proto(c, s) for c, s in listed],
             next_page_token=next_token,
+        )
+
+    async def BeginSignIn(
+        self, request: connection_service_pb2.BeginSignInRequest, context: Context
+    ) -> connection_service_pb2.BeginSignInResponse:
+        url, state, expire_time = await self._connections.begin_sign_in(
+            request.tenant, request.name
+        )
+        return connection_service_pb2.BeginSignInResponse(
+            authorization_url=url, state=state, expire_time=timestamp(expire_time)
+        )
+
+    async def CompleteSignIn(
+        self, request: connection_service_pb2.CompleteSignInRequest, context: Context
+    ) -> connection_service_pb2.CompleteSignInResponse:
+        connection, status = await self._connections.complete_sign_in(
+            request.tenant, request.state, request.code, request.name
+        )
+        return connection_service_pb2.CompleteSignInResponse(
+            connection=connection_to_proto(connection, status)
         )
 
     async def RefreshCatalog(

@@ -52,6 +52,7 @@ from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, open_read_only
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqliteTurnStartsNow, SqlLogReader
+from psych_sidecar.storage.oauth import SqlOAuthStore
 from psych_sidecar.storage.repository import SqlStore, StoredSurfacePins
 from psych_sidecar.storage.search_vectors import SqlVectorStore
 from psych_sidecar.storage.usage import SqlUsageStore
@@ -165,6 +166,7 @@ class SidecarGraph:
             self.blocking,
             settings.mcp,
             on_listed=self._warm_search if self.embeddings is not None else None,
+            oauth=(settings.oauth, SqlOAuthStore(self.engine, self.secret_keys)),
         )
         # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
         self.journal = (

@@ -7,12 +7,12 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from psych_sidecar.config import McpSettings
+from psych_sidecar.config import McpSettings, OAuthOutboundSettings
 from psych_sidecar.domain.calls.validation import SchemaValidators
 from psych_sidecar.domain.catalog import (
     AllowedCommand,
@@ -23,6 +23,8 @@ from psych_sidecar.domain.catalog import (
     ConnectionState,
     ConnectionStatus,
     McpToolResult,
+    OAuthRepository,
+    Scrubber,
     StoredConnection,
     ToolCallFailed,
     connection_not_found,
@@ -30,12 +32,19 @@ from psych_sidecar.domain.catalog import (
     validate_connection,
     without_secrets,
 )
-from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.catalog.oauth import (
+    AuthKind,
+    PendingSignIn,
+    connection_authorization_required,
+    sign_in_not_applicable,
+)
+from psych_sidecar.domain.errors import Reason, SidecarError, short
 from psych_sidecar.domain.runlog import RunBlocking
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
 from psych_sidecar.telemetry import metrics
 
 if TYPE_CHECKING:
+    from psych_sidecar.mcp.oauth import OAuthFlows, TokenKeeper
     from psych_sidecar.mcp.session import ConnectionSession
 
 log = logging.getLogger(__name__)
@@ -76,10 +85,16 @@ class McpManager:
         blocking: RunBlocking,
         settings: McpSettings,
         on_listed: Callable[[Sequence[CatalogTool]], None] | None = None,
+        oauth: tuple[OAuthOutboundSettings, OAuthRepository] | None = None,
     ):
         """`on_listed` is told every listing this sidecar stores (on the loop: it must not
-        block); the server uses it to encode new tools for search ahead of the first search."""
+        block); the server uses it to encode new tools for search ahead of the first search.
+        `oauth`: the OAuth requests' settings and the grants' storage (without them, OAuth
+        connections stay AUTHORIZATION_REQUIRED)."""
         self._store = store
+        self._oauth = oauth
+        # Made with the first OAuth need: the module imports the MCP SDK's auth client.
+        self._oauth_flows: OAuthFlows | None = None
         self._on_listed = on_listed
         self._blocking = blocking
         self._settings = settings
@@ -188,8 +203,18 @@ class McpManager:
         # connections never pays for it.
         from psych_sidecar.mcp.session import ConnectionSession
 
+        keeper = None
+        auth = connection.auth
+        if auth is not None and auth.kind is not AuthKind.STATIC_HEADERS and self._oauth:
+            from psych_sidecar.mcp.oauth import TokenKeeper
+
+            flows, grants = self._flows()
+
+            def keeper(scrub: Scrubber) -> TokenKeeper:
+                return TokenKeeper(stored, flows, grants, self._blocking, scrub.add)
+
         session = ConnectionSession(
-            stored, self._commands, self._timings, write_catalog, self._validators
+            stored, self._commands, self._timings, write_catalog, self._validators, keeper
         )
         task = self._spawn(session.run(), f"mcp-session {connection.name}")
         self._running[key] = _Running(session, task)
@@ -255,12 +280,15 @@ class McpManager:
             # Not running here yet: another sidecar stored it, or it was replaced just now.
             return ConnectionStatus(ConnectionState.CONNECTING, "", update_time, catalog_version)
         status = running.session.status
+        keeper = running.session.keeper
         return ConnectionStatus(
             status.state,
             status.last_error,
             status.state_time,
             catalog_version,
             running.session.stderr.text(),
+            authorization_reason=status.authorization_reason,
+            token_expire_time=keeper.expire_time if keeper is not None else None,
         )
 
     async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
@@ -272,6 +300,8 @@ class McpManager:
             finished = session.finished_attempts
             session.reconnect_now()
             await session.wait_attempt(finished, self._timings.connect_timeout + 1)
+        if session.status.authorization_reason is not None:
+            raise connection_authorization_required(name, session.status.authorization_reason)
         try:
             return await session.refresh("on_demand")
         except CatalogUnavailable as error:
@@ -282,6 +312,121 @@ class McpManager:
                 connection=name,
                 detail=detail,
             ) from None
+
+    # OAuth sign-in
+
+    def _flows(self) -> tuple[OAuthFlows, OAuthRepository]:
+        if self._oauth is None:
+            raise RuntimeError("this sidecar was started without OAuth")
+        if self._oauth_flows is None:
+            from psych_sidecar.mcp.oauth import OAuthFlows
+
+            self._oauth_flows = OAuthFlows(self._oauth[0])
+        return self._oauth_flows, self._oauth[1]
+
+    async def begin_sign_in(self, tenant: str, name: str) -> tuple[str, str, datetime]:
+        flows, grants = self._flows()
+        stored: StoredConnection | None = await self._blocking(
+            self._store.get_connection, tenant, name
+        )
+        if stored is None:
+            raise connection_not_found(tenant, name)
+        auth = stored.connection.auth
+        if auth is None or auth.kind is not AuthKind.AUTHORIZATION_CODE:
+            raise sign_in_not_applicable(name, auth.kind if auth is not None else None)
+        grant = await self._blocking(grants.get_grant, tenant, name)
+        url, state, pending = await flows.begin(
+            stored, grant.client_json if grant is not None else None
+        )
+        await self._blocking(grants.save_sign_in, pending)
+        return url, state, pending.expire_time
+
+    async def complete_sign_in(
+        self, tenant: str, state: str, code: str, name: str
+    ) -> tuple[Connection, ConnectionStatus]:
+        from psych_sidecar.mcp.oauth import TokenRefused, state_digest
+
+        flows, grants = self._flows()
+        now = datetime.now(UTC)
+
+        def check(pending: PendingSignIn, revision: int | None) -> None:
+            # The tenant first: another tenant learns nothing of the sign-in, not even
+            # whether it was used or expired, and spends nothing.
+            if pending.tenant != tenant:
+                raise SidecarError(
+                    Reason.SIGN_IN_STATE_WRONG_TENANT,
+                    f"the state was not issued to tenant {short(tenant)!r}",
+                    tenant=short(tenant),
+                )
+            if pending.used_time is not None:
+                raise SidecarError(
+                    Reason.SIGN_IN_STATE_USED,
+                    f"the state of this sign-in to {pending.name!r} was already used; begin again",
+                    tenant=short(tenant),
+                    connection=pending.name,
+                )
+            if pending.expire_time <= now:
+                expired = pending.expire_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+                raise SidecarError(
+                    Reason.SIGN_IN_STATE_EXPIRED,
+                    f"the sign-in to {pending.name!r} expired at {expired}; begin again",
+                    tenant=short(tenant),
+                    connection=pending.name,
+                    expire_time=expired,
+                )
+            detail = ""
+            if name and name != pending.name:
+                detail = (
+                    f"the state was issued for connection {pending.name!r}, not {short(name)!r}"
+                )
+            elif revision is None:
+                detail = f"connection {pending.name!r} was deleted since the sign-in began"
+            elif revision != pending.revision:
+                detail = f"connection {pending.name!r} was replaced since the sign-in began"
+            if detail:
+                raise SidecarError(
+                    Reason.SIGN_IN_STATE_MISMATCH,
+                    detail,
+                    tenant=short(tenant),
+                    connection=pending.name,
+                    detail=detail,
+                )
+
+        pending: PendingSignIn | None = await self._blocking(
+            grants.spend_sign_in, state_digest(state), check
+        )
+        if pending is None:
+            raise SidecarError(
+                Reason.SIGN_IN_STATE_UNKNOWN,
+                "no sign-in with this state: it was never begun, or was removed long after it "
+                "expired",
+                tenant=short(tenant),
+            )
+        key = (tenant, pending.name)
+        stored: StoredConnection | None = await self._blocking(self._store.get_connection, *key)
+        if stored is None or stored.revision != pending.revision:
+            raise SidecarError(
+                Reason.SIGN_IN_STATE_MISMATCH,
+                f"connection {pending.name!r} changed during the sign-in",
+                tenant=short(tenant),
+                connection=pending.name,
+                detail="the connection changed during the sign-in",
+            )
+        try:
+            grant = await flows.complete(stored.connection, pending, code)
+        except TokenRefused as refused:
+            raise SidecarError(
+                Reason.OAUTH_GRANT_REFUSED,
+                f"connection {pending.name!r}: the authorization server refused the code: "
+                f"{refused}; begin again",
+                connection=pending.name,
+                detail=str(refused),
+            ) from None
+        await self._blocking(grants.put_grant, *key, grant)
+        async with self._lock(key):
+            session = await self._replace_session(stored)
+        await session.wait_attempt(0, self._timings.connect_timeout + 1)
+        return await self.describe(*key)
 
     async def _session(self, tenant: str, name: str) -> ConnectionSession | None:
         """The session for a stored connection, started here if another sidecar stored it."""

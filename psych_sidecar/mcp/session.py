@@ -47,6 +47,8 @@ from psych_sidecar.domain.catalog import (
     rejected_tool,
     tool_definition_problem,
 )
+from psych_sidecar.domain.catalog.oauth import AuthorizationReason, authorization_line
+from psych_sidecar.mcp.oauth import GrantAuth, TokenKeeper
 from psych_sidecar.mcp.results import output_schema_problem, schema_broken_result, tool_result
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
 from psych_sidecar.mcp.stderr import StderrTail
@@ -96,6 +98,8 @@ class SessionStatus:
     state: ConnectionState
     last_error: str
     state_time: datetime
+    # Why it is AUTHORIZATION_REQUIRED; None in every other state.
+    authorization_reason: AuthorizationReason | None = None
 
 
 def describe_error(error: BaseException) -> str:
@@ -280,12 +284,16 @@ class ConnectionSession:
         timings: SessionTimings,
         write_catalog: Callable[[Listing], Awaitable[CatalogWrite | None]],
         validators: SchemaValidators,
+        keeper: Callable[[Scrubber], TokenKeeper] | None = None,
     ) -> None:
         self.stored = stored
         # Every error text and log line about this connection passes through it: a library
         # error may quote the URL, with its user-info and query (docs/security.md).
         self._scrub = Scrubber(stored.connection)
         self.stderr = StderrTail(f"{self.key[0]}/{self.key[1]}", self._scrub)
+        # An OAuth connection's tokens (None for the others); it adds every token it holds to
+        # the scrubber, so no error text or log line can quote one.
+        self.keeper = keeper(self._scrub) if keeper is not None else None
         self._commands = commands
         self._timings = timings
         self._write_catalog = write_catalog
@@ -336,7 +344,12 @@ class ConnectionSession:
     def status(self) -> SessionStatus:
         return self._status
 
-    def _set_status(self, state: ConnectionState, error: str = "") -> None:
+    def _set_status(
+        self,
+        state: ConnectionState,
+        error: str = "",
+        reason: AuthorizationReason | None = None,
+    ) -> None:
         """The time changes only with the state, so a turn resolved during an outage reads
         the same state, time and (usually) error until the server is back."""
         previous = self._status
@@ -345,10 +358,23 @@ class ConnectionSession:
         elif not error:
             error = previous.last_error
         if state is previous.state:
-            if error != previous.last_error:
-                self._status = SessionStatus(state, error, previous.state_time)
+            if (error, reason) != (previous.last_error, previous.authorization_reason):
+                self._status = SessionStatus(state, error, previous.state_time, reason)
             return
-        self._status = SessionStatus(state, error, datetime.now(UTC))
+        self._status = SessionStatus(state, error, datetime.now(UTC), reason)
+
+    def _authorization_required(self) -> AuthorizationReason | None:
+        """Why the connection needs authorizing, when its keeper knows it does."""
+        return self.keeper.required if self.keeper is not None else None
+
+    def _set_authorization_required(self, reason: AuthorizationReason) -> None:
+        if self._status.state is not ConnectionState.AUTHORIZATION_REQUIRED:
+            log.warning("MCP connection %s/%s needs authorizing: %s", *self.key, reason.value)
+        self._set_status(
+            ConnectionState.AUTHORIZATION_REQUIRED,
+            authorization_line(self.stored.connection.name, reason),
+            reason,
+        )
 
     def stop(self) -> None:
         self._stopping.set()
@@ -381,11 +407,23 @@ class ConnectionSession:
         while not self._stopping.is_set():
             # A server that was lost stays UNREACHABLE while it is retried: CONNECTING is
             # only the first attempt, so the state does not flap with every retry.
-            if self._status.state is not ConnectionState.UNREACHABLE:
+            if self._status.state not in (
+                ConnectionState.UNREACHABLE,
+                ConnectionState.AUTHORIZATION_REQUIRED,
+            ):
                 self._set_status(ConnectionState.CONNECTING)
             try:
                 await self._connect_and_serve()
             except Exception as error:
+                if (reason := self._authorization_required()) is not None:
+                    # Nothing changes until someone signs in (here or on another sidecar,
+                    # which the keeper reads at the next attempt): no backoff ramp, the
+                    # longest delay; a sign-in here wakes it at once.
+                    self._set_authorization_required(reason)
+                    self._finish_attempt()
+                    delay = self._timings.reconnect_max
+                    await self._pause(delay)
+                    continue
                 detail = self._describe(error)
                 # Each new failure is a warning; the same one again, retry after retry, is not.
                 repeated = (
@@ -405,17 +443,26 @@ class ConnectionSession:
                 if self._stopping.is_set():
                     break
                 delay = self._timings.reconnect_min
+                if (reason := self._authorization_required()) is not None:
+                    self._set_authorization_required(reason)
+                    delay = self._timings.reconnect_max
+                    await self._pause(delay)
+                    continue
                 self._set_status(
                     ConnectionState.UNREACHABLE, self._close_reason or "the connection closed"
                 )
-            # Jitter keeps many sidecars from reconnecting to one server in lockstep.
-            with anyio.move_on_after(delay * random.uniform(0.8, 1.2)):
-                async with anyio.create_task_group() as group:
-                    group.start_soon(_set_when, self._stopping, group.cancel_scope)
-                    group.start_soon(_set_when, self._wake, group.cancel_scope)
-            self._wake = anyio.Event()
+            await self._pause(delay)
             delay = min(delay * 2, self._timings.reconnect_max)
         self._attempt_finished.set()
+
+    async def _pause(self, delay: float) -> None:
+        """Wait about `delay` before the next attempt, or until woken or stopped."""
+        # Jitter keeps many sidecars from reconnecting to one server in lockstep.
+        with anyio.move_on_after(delay * random.uniform(0.8, 1.2)):
+            async with anyio.create_task_group() as group:
+                group.start_soon(_set_when, self._stopping, group.cancel_scope)
+                group.start_soon(_set_when, self._wake, group.cancel_scope)
+        self._wake = anyio.Event()
 
     async def _connect_and_serve(self) -> None:
         closed = anyio.Event()
@@ -423,8 +470,13 @@ class ConnectionSession:
         self._refusals = HttpRefusals()
         self._broken = anyio.Event()
         self._changed = anyio.Event()
+        auth = None
+        if self.keeper is not None:
+            # No token, no attempt: a connection nobody signed in to is not a server outage.
+            await self.keeper.access_token()
+            auth = GrantAuth(self.keeper)
         transport = open_transport(
-            self.stored.connection, self._commands, closed, self.stderr, self._refusals
+            self.stored.connection, self._commands, closed, self.stderr, self._refusals, auth
         )
         client = Client(
             transport,
@@ -626,6 +678,29 @@ class ConnectionSession:
             raise ToolCallFailed(self._unreachable_text())
         refusals_before = self._refusals.count
         try:
+            return await self._call_connected(
+                client, tool, arguments, timeout_seconds, refusals_before
+            )
+        except ToolCallFailed:
+            if (reason := self._authorization_required()) is not None:
+                # The server refused the tokens and they could not be renewed: the session
+                # ends, and the state says why.
+                self._set_authorization_required(reason)
+                self._broken.set()
+                raise _CallFailed(
+                    authorization_line(self.stored.connection.name, reason), "refused"
+                ) from None
+            raise
+
+    async def _call_connected(
+        self,
+        client: Client,
+        tool: str,
+        arguments: Mapping[str, object],
+        timeout_seconds: float,
+        refusals_before: int,
+    ) -> tuple[McpToolResult, str]:
+        try:
             # The SDK's read timeout answers first; the scope is a backstop.
             with anyio.fail_after(timeout_seconds + 5):
                 result = await client.call_tool(
@@ -683,6 +758,8 @@ class ConnectionSession:
     def _unreachable_text(self) -> str:
         status = self._status
         server = self.stored.connection.name
+        if status.authorization_reason is not None:
+            return authorization_line(server, status.authorization_reason)
         if status.state is ConnectionState.CONNECTING:
             return f"MCP server {server!r} is still connecting; try again shortly."
         since = status.state_time.strftime("%Y-%m-%dT%H:%M:%SZ")

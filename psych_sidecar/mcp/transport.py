@@ -167,10 +167,10 @@ def stdio_parameters(
 
 @asynccontextmanager
 async def _streamable_http(
-    url: str, headers: Mapping[str, str], refusals: HttpRefusals
+    url: str, headers: Mapping[str, str], refusals: HttpRefusals, auth: httpx2.Auth | None
 ) -> AsyncIterator[Streams]:
     async with (
-        refusals.client_factory(headers=dict(headers)) as http_client,
+        refusals.client_factory(headers=dict(headers), auth=auth) as http_client,
         # Tool results of many megabytes are ordinary here, but one event is still bounded:
         # a server streaming without end must not take the sidecar's memory with it.
         streamable_http_client(
@@ -195,15 +195,17 @@ def _base_transport(
     commands: Mapping[str, StdioCommand],
     stderr: StderrTail,
     refusals: HttpRefusals,
+    auth: httpx2.Auth | None,
 ) -> AbstractAsyncContextManager[Any]:
     if connection.transport is TransportKind.STDIO:
         return _stdio(stdio_parameters(connection, commands), stderr)
     if connection.transport is TransportKind.STREAMABLE_HTTP:
-        return _streamable_http(connection.url, connection.headers, refusals)
+        return _streamable_http(connection.url, connection.headers, refusals, auth)
     return sse_client(
         connection.url,
         headers=dict(connection.headers),
         httpx_client_factory=refusals.client_factory,
+        auth=auth,
     )
 
 
@@ -214,10 +216,12 @@ async def open_transport(
     closed: anyio.Event,
     stderr: StderrTail,
     refusals: HttpRefusals,
+    auth: httpx2.Auth | None = None,
 ) -> AsyncIterator[Streams]:
     """The connection's transport; `closed` is set when it stops delivering messages; a
-    stdio server's stderr is kept in `stderr`, an HTTP server's 401 and 403 in `refusals`."""
-    async with _base_transport(connection, commands, stderr, refusals) as (
+    stdio server's stderr is kept in `stderr`, an HTTP server's 401 and 403 in `refusals`;
+    `auth` (an OAuth connection's tokens) signs every HTTP request."""
+    async with _base_transport(connection, commands, stderr, refusals, auth) as (
         read_stream,
         write_stream,
     ):

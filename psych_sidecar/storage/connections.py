@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, Row, Select, and_, insert, select, update
+from sqlalchemy import ColumnElement, Engine, Row, Select, and_, delete, insert, select, update
 from sqlalchemy import Connection as SqlConnection
 
 from psych_sidecar.domain.catalog import (
@@ -25,6 +25,7 @@ from psych_sidecar.domain.catalog import (
     listing_fingerprint,
     rejected_tool,
 )
+from psych_sidecar.domain.catalog.oauth import AuthKind, ClientKind, OAuthSettings
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import (
@@ -44,7 +45,7 @@ def _dump(value: Any) -> str:
 
 
 # The fields of a connection's row that hold secrets, sealed one envelope each.
-SECRET_FIELDS = ("env", "headers")
+SECRET_FIELDS = ("env", "headers", "auth_secrets")
 
 
 def secret_context(tenant: str, name: str, field: str) -> bytes:
@@ -52,10 +53,62 @@ def secret_context(tenant: str, name: str, field: str) -> bytes:
     return context("connections", tenant, name, field)
 
 
+def _auth_json(auth: OAuthSettings | None) -> str:
+    if auth is None:
+        return ""
+    shown = auth.without_secrets()
+    return _dump(
+        {
+            "kind": shown.kind.value,
+            "client_kind": shown.client_kind.value,
+            "client_name": shown.client_name,
+            "client_metadata_url": shown.client_metadata_url,
+            "redirect_uri": shown.redirect_uri,
+            "client_id": shown.client_id,
+            "scopes": list(shown.scopes),
+            "algorithm": auth.algorithm,
+            "resource": shown.resource,
+            "issuer": shown.issuer,
+        }
+    )
+
+
+def _auth(row: Row[Any], keys: KeyRing | None) -> OAuthSettings | None:
+    if not row.auth:
+        return None
+    shown = json.loads(row.auth)
+    secrets: dict[str, str] = {}
+    if keys is not None and row.auth_secrets is not None:
+        where = secret_context(row.tenant, row.name, "auth_secrets")
+        secrets = json.loads(keys.open(row.auth_secrets, where))
+    return OAuthSettings(
+        kind=AuthKind(shown["kind"]),
+        client_kind=ClientKind(shown["client_kind"]),
+        client_name=shown["client_name"],
+        client_metadata_url=shown["client_metadata_url"],
+        redirect_uri=shown["redirect_uri"],
+        client_id=shown["client_id"],
+        scopes=tuple(shown["scopes"]),
+        algorithm=shown["algorithm"],
+        resource=shown["resource"],
+        issuer=shown["issuer"],
+        client_secret=secrets.get("client_secret", ""),
+        private_key_pem=secrets.get("private_key_pem", ""),
+    )
+
+
 def _connection_values(connection: Connection, keys: KeyRing) -> dict[str, Any]:
     def sealed(field: str, value: Mapping[str, str]) -> str:
         where = secret_context(connection.tenant, connection.name, field)
         return keys.seal(_dump(dict(value)), where)
+
+    auth = connection.auth
+    auth_secrets = None
+    if auth is not None and auth.secrets():
+        auth_secrets = sealed(
+            "auth_secrets",
+            {"client_secret": auth.client_secret, "private_key_pem": auth.private_key_pem},
+        )
 
     return {
         "transport": connection.transport.value,
@@ -64,6 +117,8 @@ def _connection_values(connection: Connection, keys: KeyRing) -> dict[str, Any]:
         "env": sealed("env", connection.env),
         "url": connection.url,
         "headers": sealed("headers", connection.headers),
+        "auth": _auth_json(auth),
+        "auth_secrets": auth_secrets,
         "preload": connection.preload,
         "eager_tools": _dump(list(connection.eager_tools)),
         "description": connection.description,
@@ -118,6 +173,7 @@ def _stored(row: Row[Any], keys: KeyRing | None) -> StoredConnection:
             env=_opened(row, "env", keys),
             url=row.url,
             headers=_opened(row, "headers", keys),
+            auth=_auth(row, keys),
             preload=row.preload,
             eager_tools=tuple(json.loads(row.eager_tools)),
             description=row.description,
@@ -171,7 +227,22 @@ class SqlConnectionStore:
         values = _connection_values(connection, self._require_keys())
         now = tables.now_us()
         with transaction(self._engine, write=True) as conn:
-            row = conn.execute(select(table.c.revision).where(*key).with_for_update()).first()
+            row = conn.execute(
+                select(table.c.revision, table.c.url, table.c.auth, table.c.delete_time_us)
+                .where(*key)
+                .with_for_update()
+            ).first()
+            if row is None or (
+                row.delete_time_us is not None
+                or (row.url, row.auth) != (values["url"], values["auth"])
+            ):
+                # Tokens are for the server and client they were granted to, and no other.
+                grants = tables.oauth_grants
+                conn.execute(
+                    delete(grants).where(
+                        grants.c.tenant == connection.tenant, grants.c.name == connection.name
+                    )
+                )
             if row is None:
                 conn.execute(
                     insert(table).values(
@@ -218,10 +289,13 @@ class SqlConnectionStore:
                     revision=row.revision + 1,
                     env="{}",
                     headers="{}",
+                    auth_secrets=None,
                     update_time_us=now,
                     delete_time_us=now,
                 )
             )
+            grants = tables.oauth_grants
+            conn.execute(delete(grants).where(grants.c.tenant == tenant, grants.c.name == name))
             if row.catalog_version > 0:
                 # Its tools leave every surface: an empty version supersedes the last one.
                 self._append_version(conn, tenant, name, row.catalog_version, [], now)
@@ -275,19 +349,23 @@ class SqlConnectionStore:
         table = tables.connections
         with transaction(self._engine, write=False) as conn:
             rows = conn.execute(
-                select(table.c.tenant, table.c.name, table.c.env, table.c.headers).where(
-                    table.c.delete_time_us.is_(None)
-                )
+                select(
+                    table.c.tenant, table.c.name, table.c.env, table.c.headers, table.c.auth_secrets
+                ).where(table.c.delete_time_us.is_(None))
             ).all()
+        opened = 0
         for row in rows:
             for field in SECRET_FIELDS:
+                if getattr(row, field) is None:
+                    continue
+                opened += 1
                 try:
                     keys.open(getattr(row, field), secret_context(row.tenant, row.name, field))
                 except SecretUnreadable as error:
                     raise SecretUnreadable(
                         f"connection {row.name!r} of tenant {row.tenant!r}, {field}: {error}"
                     ) from None
-        return len(rows) * len(SECRET_FIELDS)
+        return opened
 
     def reseal_secrets(self) -> tuple[int, int]:
         """Seal every live connection's secrets under the primary key: (fields resealed,
@@ -308,7 +386,7 @@ class SqlConnectionStore:
             with transaction(self._engine, write=True) as conn:
                 erase_freed_content(conn)
                 row = conn.execute(
-                    select(table.c.env, table.c.headers)
+                    select(table.c.env, table.c.headers, table.c.auth_secrets)
                     .where(*key, table.c.delete_time_us.is_(None))
                     .with_for_update()
                 ).first()
@@ -317,6 +395,8 @@ class SqlConnectionStore:
                 values: dict[str, str] = {}
                 for field in SECRET_FIELDS:
                     stored = getattr(row, field)
+                    if stored is None:
+                        continue
                     if not keys.needs_resealing(stored):
                         already += 1
                         continue

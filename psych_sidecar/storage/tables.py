@@ -159,6 +159,10 @@ connections = Table(
     Column("env", Text, nullable=False),
     Column("url", Text, nullable=False),
     Column("headers", Text, nullable=False),
+    # An HTTP connection's OAuth settings without their secrets (JSON; "" for the headers
+    # alone), and its client secret or private key: an envelope, NULL when it has none.
+    Column("auth", Text, nullable=False, server_default=""),
+    Column("auth_secrets", Text, nullable=True),
     Column("preload", Boolean, nullable=True),
     Column("eager_tools", Text, nullable=False),
     Column("description", Text, nullable=False),
@@ -169,6 +173,44 @@ connections = Table(
     Column("create_time_us", BigInteger, nullable=False),
     Column("update_time_us", BigInteger, nullable=False),
     Column("delete_time_us", BigInteger, nullable=True),
+)
+
+# What an OAuth connection holds from its authorization server: one row per connection,
+# written by a sign-in (or a client-credentials grant) and by every refresh, the row locked
+# meanwhile so that one sidecar refreshes at a time. `tokens` and `client` are envelopes;
+# `metadata` the discovered (public) metadata as JSON. `revision` is the connection's when
+# granted: a replaced connection's tokens are not used.
+oauth_grants = Table(
+    "oauth_grants",
+    metadata,
+    Column("tenant", String(128), primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("revision", BigInteger, nullable=False),
+    Column("tokens", Text, nullable=False),
+    Column("client", Text, nullable=False),
+    Column("metadata", Text, nullable=False),
+    Column("expire_time_us", BigInteger, nullable=True),
+    # Set (an AuthorizationReason) when the tokens are no longer usable.
+    Column("authorization_reason", String(32), nullable=True),
+    Column("update_time_us", BigInteger, nullable=False),
+)
+
+# Begun sign-ins, keyed by the SHA-256 of their state (the state itself is not stored).
+# `secrets` is an envelope of the PKCE verifier and the client; single-use: `used_time_us`.
+oauth_sign_ins = Table(
+    "oauth_sign_ins",
+    metadata,
+    Column("state_digest", String(64), primary_key=True),
+    Column("tenant", String(128), nullable=False),
+    Column("name", String(64), nullable=False),
+    Column("revision", BigInteger, nullable=False),
+    Column("secrets", Text, nullable=False),
+    Column("metadata", Text, nullable=False),
+    Column("scope", Text, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    Column("expire_time_us", BigInteger, nullable=False),
+    Column("used_time_us", BigInteger, nullable=True),
 )
 
 # One row per catalogue version of a connection: a version with no tools still exists.

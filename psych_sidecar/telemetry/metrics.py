@@ -165,7 +165,7 @@ class StateSource(Protocol):
         ...
 
 
-CONNECTION_STATES = ("CONNECTING", "CONNECTED", "UNREACHABLE")
+CONNECTION_STATES = ("CONNECTING", "CONNECTED", "UNREACHABLE", "AUTHORIZATION_REQUIRED")
 
 
 class _StateCollector(Collector):
@@ -177,7 +177,8 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         states = GaugeMetricFamily(
             f"{PREFIX}_connection_state",
-            "MCP connections of each name in each state (CONNECTING, CONNECTED, UNREACHABLE): "
+            "MCP connections of each name in each state (CONNECTING, CONNECTED, UNREACHABLE, "
+            "AUTHORIZATION_REQUIRED): "
             "1 for the state a connection is in, 0 for the others (names shared by several "
             "tenants add up).",
             labels=["connection", "state"],

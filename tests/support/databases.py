@@ -26,7 +26,7 @@ def keys_of_the_tests() -> KeyRing:
 
 
 # The newest migration: what a migrated database reports.
-HEAD_REVISION = "rejected_tools"
+HEAD_REVISION = "oauth_sign_in"
 
 
 def postgres_admin_url() -> str:

@@ -107,6 +107,8 @@ def not_found(resolved: ResolvedTurn, server: str, tool: object) -> ToolResult:
         since = status.state_time.strftime("%Y-%m-%dT%H:%M:%SZ")
         reason = f": {status.last_error}" if status.last_error else ""
         why = f"it is unreachable since {since}{reason}. Its tools can be called once it connects"
+    elif status.state is ConnectionState.AUTHORIZATION_REQUIRED:
+        why = "it needs the user to sign in again. Its tools can be called once they do"
     else:
         why = "it is still connecting; try again shortly"
     return ToolResult.error(

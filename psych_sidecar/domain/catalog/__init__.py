@@ -27,6 +27,7 @@ from psych_sidecar.domain.catalog.ports import (
     CatalogView,
     ConnectionRepository,
     ConnectionSupervisor,
+    OAuthRepository,
     ToolRunner,
 )
 from psych_sidecar.domain.catalog.rules import (
@@ -73,6 +74,7 @@ __all__ = [
     "ConnectionSupervisor",
     "Grants",
     "McpToolResult",
+    "OAuthRepository",
     "RejectedTool",
     "Rejections",
     "Scrubber",

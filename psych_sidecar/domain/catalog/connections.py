@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from psych_sidecar.domain.catalog.oauth import AuthorizationReason, OAuthSettings
 from psych_sidecar.domain.runlog import ContentPart
 
 # A connection's description is capped in its prompt line.
@@ -31,6 +32,8 @@ class ConnectionState(StrEnum):
     CONNECTING = "connecting"
     CONNECTED = "connected"
     UNREACHABLE = "unreachable"
+    # OAuth: nobody signed in, or the tokens were refused (ConnectionStatus says why).
+    AUTHORIZATION_REQUIRED = "authorization_required"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,8 @@ class Connection:
     # HTTP transports.
     url: str = ""
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # HTTP transports: OAuth, or None for the headers alone.
+    auth: OAuthSettings | None = None
     # None: decided each turn from the permitted catalogue size.
     preload: bool | None = None
     eager_tools: tuple[str, ...] = ()
@@ -88,6 +93,10 @@ class ConnectionStatus:
     recent_output: str = ""
     # The tools the newest version's listing had and left out.
     rejected: Rejections = NO_REJECTIONS
+    # Why it is AUTHORIZATION_REQUIRED; None in every other state.
+    authorization_reason: AuthorizationReason | None = None
+    # When its OAuth access token expires; None without one.
+    token_expire_time: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ layer implements :class:`ConnectionSupervisor`, :class:`CatalogView` and :class:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Protocol
 
 from psych_sidecar.domain.catalog.connections import (
@@ -15,6 +16,7 @@ from psych_sidecar.domain.catalog.connections import (
     McpToolResult,
     Rejections,
 )
+from psych_sidecar.domain.catalog.oauth import OAuthGrant, PendingSignIn
 from psych_sidecar.domain.catalog.rules import CatalogVersion, CatalogWrite, StoredConnection
 
 
@@ -65,6 +67,41 @@ class ConnectionSupervisor(Protocol):
 
     def status(self, stored: StoredConnection) -> ConnectionStatus:
         """Its state as this sidecar sees it."""
+        ...
+
+    async def begin_sign_in(self, tenant: str, name: str) -> tuple[str, str, datetime]:
+        """Start an OAuth sign-in: (authorization URL, state, when the state expires)."""
+        ...
+
+    async def complete_sign_in(
+        self, tenant: str, state: str, code: str, name: str
+    ) -> tuple[Connection, ConnectionStatus]:
+        """Exchange the redirect's code, store the tokens, connect; the state after that."""
+        ...
+
+
+class OAuthRepository(Protocol):
+    """OAuth grants and begun sign-ins in storage, their secrets sealed. Each method is one
+    transaction."""
+
+    def save_sign_in(self, pending: PendingSignIn) -> None: ...
+
+    def spend_sign_in(
+        self, state_digest: str, check: Callable[[PendingSignIn, int | None], None]
+    ) -> PendingSignIn | None:
+        """Mark the sign-in used and return it (None: no such state). `check` sees it and the
+        connection's current revision (None: deleted) first, and refuses by raising."""
+        ...
+
+    def get_grant(self, tenant: str, name: str) -> OAuthGrant | None: ...
+
+    def put_grant(self, tenant: str, name: str, grant: OAuthGrant) -> None: ...
+
+    def renew_grant(
+        self, tenant: str, name: str, renew: Callable[[OAuthGrant], OAuthGrant]
+    ) -> OAuthGrant | None:
+        """With the grant's row locked and read again, store `renew(grant)` (unless it is the
+        grant itself); None when there is no grant."""
         ...
 
 

@@ -23,6 +23,7 @@ from psych_sidecar.domain.catalog.connections import (
     Rejections,
     TransportKind,
 )
+from psych_sidecar.domain.catalog.oauth import AuthKind, ClientKind
 from psych_sidecar.domain.errors import (
     Reason,
     SidecarError,
@@ -210,6 +211,8 @@ def validate_connection(
     else:
         _validate_url(connection.url, "connection.http.url")
         _validate_headers(connection.headers)
+        if connection.auth is not None:
+            _validate_oauth(connection)
     if len(connection.description) > MAX_DESCRIPTION_LENGTH:
         raise field_invalid(
             "connection.description", f"longer than {MAX_DESCRIPTION_LENGTH} characters"
@@ -285,6 +288,72 @@ def _validate_headers(headers: Mapping[str, str]) -> None:
                 f"connection.http.headers[{quoted(name)}]",
                 "names must be HTTP tokens; values must not hold CR, LF or NUL",
             )
+
+
+_OAUTH_TEXT_LIMIT = 2048
+_PRIVATE_KEY_LIMIT = 16384
+
+
+def _validate_oauth(connection: Connection) -> None:
+    auth = connection.auth
+    assert auth is not None
+    if auth.kind is AuthKind.STATIC_HEADERS:
+        return
+    if any(name.lower() == "authorization" for name in connection.headers):
+        raise field_invalid(
+            "connection.http.headers",
+            "with OAuth the sidecar sets the authorization header itself",
+        )
+    base = f"connection.http.{auth.kind.value}"
+    texts = {
+        "client_id": auth.client_id,
+        "client_secret": auth.client_secret,
+        "client_name": auth.client_name,
+        "resource": auth.resource,
+        "issuer": auth.issuer,
+        "redirect_uri": auth.redirect_uri,
+        **{f"scopes[{index}]": scope for index, scope in enumerate(auth.scopes)},
+    }
+    for name, value in texts.items():
+        if len(value) > _OAUTH_TEXT_LIMIT or any(c in value for c in "\r\n\x00"):
+            raise field_invalid(
+                f"{base}.{name}",
+                f"at most {_OAUTH_TEXT_LIMIT} characters, without CR, LF or NUL",
+            )
+    for index, scope in enumerate(auth.scopes):
+        if not scope or " " in scope:
+            raise field_invalid(f"{base}.scopes[{index}]", "one scope, without spaces")
+    if auth.kind is AuthKind.AUTHORIZATION_CODE:
+        _validate_url(auth.redirect_uri, f"{base}.redirect_uri")
+        if auth.client_kind is ClientKind.REGISTERED and not auth.client_id:
+            raise field_required(f"{base}.registered_client.client_id")
+        if auth.client_kind is ClientKind.METADATA_URL and not re.fullmatch(
+            r"https://[^\s/?#]+/[^\s]+", auth.client_metadata_url
+        ):
+            raise field_invalid(
+                f"{base}.client_metadata_url", "must be an https:// URL with a path other than /"
+            )
+        if len(auth.client_name) > 100:
+            raise field_invalid(
+                f"{base}.dynamic_registration.client_name", "at most 100 characters"
+            )
+        return
+    if not auth.client_id:
+        raise field_required(f"{base}.client_id")
+    if not auth.client_secret and not auth.private_key_pem:
+        raise field_required(f"{base}.credential")
+    if auth.private_key_pem and (
+        len(auth.private_key_pem) > _PRIVATE_KEY_LIMIT or "PRIVATE KEY" not in auth.private_key_pem
+    ):
+        raise field_invalid(f"{base}.private_key_jwt.private_key_pem", "not a PEM private key")
+    if auth.algorithm and not re.fullmatch(r"(RS|PS|ES)(256|384|512)|EdDSA", auth.algorithm):
+        raise field_invalid(
+            f"{base}.private_key_jwt.algorithm", "one of RS*, PS*, ES* (256/384/512) or EdDSA"
+        )
+    if auth.resource:
+        _validate_url(auth.resource, f"{base}.resource")
+    if auth.issuer:
+        _validate_url(auth.issuer, f"{base}.issuer")
 
 
 def tool_definition_problem(tool: CatalogTool) -> str:

@@ -45,7 +45,8 @@ def redact_url(url: str) -> str:
 def without_secrets(connection: Connection) -> Connection:
     """The connection as it may be shown: no env, no headers, the URL redacted."""
     url = redact_url(connection.url) if connection.url else ""
-    return replace(connection, env={}, headers={}, url=url)
+    auth = connection.auth.without_secrets() if connection.auth is not None else None
+    return replace(connection, env={}, headers={}, url=url, auth=auth)
 
 
 def _url_secrets(url: str) -> set[str]:
@@ -73,12 +74,19 @@ class Scrubber:
         self._url = connection.url
         self._redacted_url = redact_url(connection.url) if connection.url else ""
         secrets = {*connection.env.values(), *connection.headers.values()}
+        if connection.auth is not None:
+            secrets.update(connection.auth.secrets())
         if connection.url:
             secrets |= _url_secrets(connection.url)
         # Longest first, so a secret containing another is replaced whole.
         self._secrets = sorted(
             (s for s in secrets if len(s) >= _MIN_SCRUBBED_CHARS), key=len, reverse=True
         )
+
+    def add(self, secret: str) -> None:
+        """Scrub this secret too (a token the connection was given after it was put)."""
+        if len(secret) >= _MIN_SCRUBBED_CHARS and secret not in self._secrets:
+            self._secrets = sorted([*self._secrets, secret], key=len, reverse=True)
 
     def __call__(self, text: str) -> str:
         if self._url and self._url in text:

@@ -5,6 +5,8 @@ storage through :class:`ConnectionRepository`."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from psych_sidecar.domain.catalog.connections import (
     CatalogTool,
     Connection,
@@ -71,6 +73,26 @@ class ConnectionService:
         listed = [(without_secrets(row.connection), self._manager.status(row)) for row in rows]
         next_token = encode_token(scope, rows[-1].connection.name) if more and rows else ""
         return listed, next_token
+
+    async def begin_sign_in(self, tenant: str, name: str) -> tuple[str, str, datetime]:
+        _validate_key(tenant, name)
+        return await self._manager.begin_sign_in(tenant, name)
+
+    async def complete_sign_in(
+        self, tenant: str, state: str, code: str, name: str
+    ) -> tuple[Connection, ConnectionStatus]:
+        validate_name(tenant, "tenant")
+        if not state:
+            raise field_required("state")
+        if not code:
+            raise field_required("code")
+        if len(state) > 512:
+            raise field_invalid("state", "longer than any state this sidecar issues")
+        if len(code) > 4096:
+            raise field_invalid("code", "longer than 4096 characters")
+        if name:
+            validate_connection_name(name, "name")
+        return await self._manager.complete_sign_in(tenant, state, code, name)
 
     async def refresh(self, tenant: str, name: str) -> CatalogWrite:
         _validate_key(tenant, name)

@@ -10,6 +10,7 @@ turn and no live states, so the prompt's status note is the one pinned with that
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 
 from psych_sidecar.domain.catalog import (
     CatalogTool,
@@ -56,6 +57,14 @@ class StoredCatalog:
         raise _read_only()
 
     async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
+        raise _read_only()
+
+    async def begin_sign_in(self, tenant: str, name: str) -> tuple[str, str, datetime]:
+        raise _read_only()
+
+    async def complete_sign_in(
+        self, tenant: str, state: str, code: str, name: str
+    ) -> tuple[Connection, ConnectionStatus]:
         raise _read_only()
 
     # CatalogView

@@ -1,0 +1,195 @@
+"""SqlOAuthStore: OAuth grants (tokens, client) and begun sign-ins in SQL, sealed.
+
+Tokens, the registered client and a sign-in's PKCE verifier are envelopes (psych_sidecar.secrets)
+bound to their row and field; they are sealed and opened here. A refresh runs inside one write
+transaction with the grant's row locked (SELECT ... FOR UPDATE on PostgreSQL, SQLite's single
+writer), and reads the row again once it holds the lock: with many sidecars on one database,
+one refreshes and the others find its result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection as SqlConnection
+from sqlalchemy import Engine, Row, delete, insert, select, update
+
+from psych_sidecar.domain.catalog.oauth import AuthorizationReason, OAuthGrant, PendingSignIn
+from psych_sidecar.secrets.cipher import KeyRing, context
+from psych_sidecar.storage import tables
+from psych_sidecar.storage.db import transaction
+
+# Spent or expired sign-ins are kept this long (so a late CompleteSignIn is told "used" or
+# "expired" rather than "unknown"), then removed when the next sign-in begins.
+_SIGN_IN_KEPT = timedelta(days=1)
+
+
+def _us(moment: datetime) -> int:
+    return int(moment.timestamp() * 1_000_000)
+
+
+def _grant_context(tenant: str, name: str, field: str) -> bytes:
+    return context("oauth_grants", tenant, name, field)
+
+
+def _sign_in_context(state_digest: str) -> bytes:
+    return context("oauth_sign_ins", state_digest, "secrets")
+
+
+class SqlOAuthStore:
+    """Implements OAuthRepository. Every method is one transaction."""
+
+    def __init__(self, engine: Engine, keys: KeyRing) -> None:
+        self._engine = engine
+        self._keys = keys
+
+    # Sign-ins
+
+    def save_sign_in(self, pending: PendingSignIn) -> None:
+        table = tables.oauth_sign_ins
+        secrets = json.dumps({"verifier": pending.verifier, "client": pending.client_json})
+        now = tables.now_us()
+        with transaction(self._engine, write=True) as conn:
+            conn.execute(
+                delete(table).where(
+                    table.c.expire_time_us < now - int(_SIGN_IN_KEPT.total_seconds() * 1e6)
+                )
+            )
+            conn.execute(
+                insert(table).values(
+                    state_digest=pending.state_digest,
+                    tenant=pending.tenant,
+                    name=pending.name,
+                    revision=pending.revision,
+                    secrets=self._keys.seal(secrets, _sign_in_context(pending.state_digest)),
+                    metadata=pending.metadata_json,
+                    scope=pending.scope,
+                    resource=pending.resource,
+                    create_time_us=now,
+                    expire_time_us=_us(pending.expire_time),
+                    used_time_us=None,
+                )
+            )
+
+    def spend_sign_in(
+        self, state_digest: str, check: Callable[[PendingSignIn, int | None], None]
+    ) -> PendingSignIn | None:
+        """The begun sign-in with that state digest, marked used; None when there is none.
+        `check` is given it (with the connection's current revision, None when deleted)
+        before it is spent, and may refuse by raising: then nothing changes."""
+        table = tables.oauth_sign_ins
+        connections = tables.connections
+        with transaction(self._engine, write=True) as conn:
+            row = conn.execute(
+                select(table).where(table.c.state_digest == state_digest).with_for_update()
+            ).first()
+            if row is None:
+                return None
+            revision = conn.execute(
+                select(connections.c.revision).where(
+                    connections.c.tenant == row.tenant,
+                    connections.c.name == row.name,
+                    connections.c.delete_time_us.is_(None),
+                )
+            ).scalar()
+            pending = self._pending(row)
+            check(pending, revision)
+            conn.execute(
+                update(table)
+                .where(table.c.state_digest == state_digest)
+                .values(used_time_us=tables.now_us())
+            )
+        return pending
+
+    def _pending(self, row: Row[object]) -> PendingSignIn:
+        secrets = json.loads(self._keys.open(row.secrets, _sign_in_context(row.state_digest)))
+        return PendingSignIn(
+            state_digest=row.state_digest,
+            tenant=row.tenant,
+            name=row.name,
+            revision=row.revision,
+            expire_time=tables.from_us(row.expire_time_us),
+            verifier=secrets["verifier"],
+            client_json=secrets["client"],
+            metadata_json=row.metadata,
+            scope=row.scope,
+            resource=row.resource,
+            used_time=None if row.used_time_us is None else tables.from_us(row.used_time_us),
+        )
+
+    # Grants
+
+    def get_grant(self, tenant: str, name: str) -> OAuthGrant | None:
+        table = tables.oauth_grants
+        with transaction(self._engine, write=False) as conn:
+            row = conn.execute(
+                select(table).where(table.c.tenant == tenant, table.c.name == name)
+            ).first()
+        return None if row is None else self._grant(row)
+
+    def put_grant(self, tenant: str, name: str, grant: OAuthGrant) -> None:
+        with transaction(self._engine, write=True) as conn:
+            self._write_grant(conn, tenant, name, grant, exists=None)
+
+    def renew_grant(
+        self, tenant: str, name: str, renew: Callable[[OAuthGrant], OAuthGrant]
+    ) -> OAuthGrant | None:
+        """Lock the grant's row, read it again, and store what `renew` makes of it (`renew`
+        returns its argument when there is nothing to do: another sidecar just renewed it).
+        None when the connection has no grant."""
+        table = tables.oauth_grants
+        with transaction(self._engine, write=True) as conn:
+            row = conn.execute(
+                select(table)
+                .where(table.c.tenant == tenant, table.c.name == name)
+                .with_for_update()
+            ).first()
+            if row is None:
+                return None
+            current = self._grant(row)
+            renewed = renew(current)
+            if renewed is not current:
+                self._write_grant(conn, tenant, name, renewed, exists=True)
+        return renewed
+
+    def _write_grant(
+        self, conn: SqlConnection, tenant: str, name: str, grant: OAuthGrant, exists: bool | None
+    ) -> None:
+        table = tables.oauth_grants
+        values = {
+            "revision": grant.revision,
+            "tokens": self._keys.seal(grant.tokens_json, _grant_context(tenant, name, "tokens")),
+            "client": self._keys.seal(grant.client_json, _grant_context(tenant, name, "client")),
+            "metadata": grant.metadata_json,
+            "expire_time_us": None if grant.expire_time is None else _us(grant.expire_time),
+            "authorization_reason": (
+                None if grant.authorization_reason is None else grant.authorization_reason.value
+            ),
+            "update_time_us": tables.now_us(),
+        }
+        key = (table.c.tenant == tenant, table.c.name == name)
+        if exists is None:
+            exists = (
+                conn.execute(select(table.c.tenant).where(*key).with_for_update()).first()
+                is not None
+            )
+        if exists:
+            conn.execute(update(table).where(*key).values(**values))
+        else:
+            conn.execute(insert(table).values(tenant=tenant, name=name, **values))
+
+    def _grant(self, row: Row[object]) -> OAuthGrant:
+        return OAuthGrant(
+            revision=row.revision,
+            tokens_json=self._keys.open(row.tokens, _grant_context(row.tenant, row.name, "tokens")),
+            client_json=self._keys.open(row.client, _grant_context(row.tenant, row.name, "client")),
+            metadata_json=row.metadata,
+            expire_time=None if row.expire_time_us is None else tables.from_us(row.expire_time_us),
+            authorization_reason=(
+                None
+                if row.authorization_reason is None
+                else AuthorizationReason(row.authorization_reason)
+            ),
+        )

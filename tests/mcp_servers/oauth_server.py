@@ -1,0 +1,277 @@
+"""An OAuth-protected MCP test server (streamable HTTP on loopback): authorization server and
+resource server in one, built on the MCP SDK's server auth.
+
+    python tests/mcp_servers/oauth_server.py --port P [--token-seconds S]
+        [--issuer URL] [--metadata-padding BYTES] [--metadata-delay SECONDS]
+
+- dynamic client registration on; authorization code with PKCE; the consent is automatic, so
+  a test plays the user's browser by following the authorization URL to its redirect;
+- access tokens live `--token-seconds` (default 4); refresh tokens rotate: each refresh
+  spends the one presented and issues a new one;
+- the client-credentials grant for clients created with `POST /admin/clients`;
+- `POST /admin/revoke` forgets every refresh token (and with `?access=1` every access token);
+  `GET /admin/stats` answers {"refreshes", "client_credentials", "registrations", "calls",
+  "rejected_refreshes"} as counted since start;
+- `--issuer` advertises another authorization server in the protected-resource metadata (a
+  non-allowed address, for the refusal tests); `--metadata-padding` pads that metadata to a
+  large size; `--metadata-delay` answers it late;
+- tools: `echo` (answers its text) and `calls` (how many tool calls ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import secrets
+import sys
+import time
+import urllib.parse
+from typing import Any
+
+import uvicorn
+from mcp.server.auth.provider import (
+    AccessToken,
+    AuthorizationCode,
+    AuthorizationParams,
+    RefreshToken,
+    TokenError,
+    construct_redirect_uri,
+)
+from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, RevocationOptions
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+
+class MemoryProvider:
+    """An OAuthAuthorizationServerProvider holding everything in memory."""
+
+    def __init__(self, token_seconds: int) -> None:
+        self.token_seconds = token_seconds
+        self.clients: dict[str, OAuthClientInformationFull] = {}
+        self.codes: dict[str, AuthorizationCode] = {}
+        self.access: dict[str, AccessToken] = {}
+        self.refresh: dict[str, RefreshToken] = {}
+        self.stats = {
+            "refreshes": 0,
+            "rejected_refreshes": 0,
+            "client_credentials": 0,
+            "registrations": 0,
+            "calls": 0,
+        }
+
+    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        return self.clients.get(client_id)
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        assert client_info.client_id is not None
+        self.clients[client_info.client_id] = client_info
+        self.stats["registrations"] += 1
+
+    async def authorize(
+        self, client: OAuthClientInformationFull, params: AuthorizationParams
+    ) -> str:
+        # The user consents at once: the redirect carries the code.
+        code = secrets.token_urlsafe(24)
+        assert client.client_id is not None
+        self.codes[code] = AuthorizationCode(
+            code=code,
+            scopes=params.scopes or ["mcp"],
+            expires_at=time.time() + 300,
+            client_id=client.client_id,
+            code_challenge=params.code_challenge,
+            redirect_uri=params.redirect_uri,
+            redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
+            resource=params.resource,
+        )
+        return construct_redirect_uri(str(params.redirect_uri), code=code, state=params.state)
+
+    async def load_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: str
+    ) -> AuthorizationCode | None:
+        return self.codes.get(authorization_code)
+
+    def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
+        access = secrets.token_urlsafe(24)
+        refresh = secrets.token_urlsafe(24)
+        expires = int(time.time()) + self.token_seconds
+        self.access[access] = AccessToken(
+            token=access, client_id=client_id, scopes=scopes, expires_at=expires, resource=resource
+        )
+        self.refresh[refresh] = RefreshToken(
+            token=refresh, client_id=client_id, scopes=scopes, resource=resource
+        )
+        return OAuthToken(
+            access_token=access,
+            expires_in=self.token_seconds,
+            scope=" ".join(scopes),
+            refresh_token=refresh,
+        )
+
+    async def exchange_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: AuthorizationCode
+    ) -> OAuthToken:
+        self.codes.pop(authorization_code.code, None)
+        assert client.client_id is not None
+        return self._issue(client.client_id, authorization_code.scopes, authorization_code.resource)
+
+    async def load_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: str
+    ) -> RefreshToken | None:
+        found = self.refresh.get(refresh_token)
+        if found is None:
+            self.stats["rejected_refreshes"] += 1
+        return found
+
+    async def exchange_refresh_token(
+        self,
+        client: OAuthClientInformationFull,
+        refresh_token: RefreshToken,
+        scopes: list[str],
+    ) -> OAuthToken:
+        # Rotation: the presented refresh token is spent.
+        if self.refresh.pop(refresh_token.token, None) is None:
+            self.stats["rejected_refreshes"] += 1
+            raise TokenError("invalid_grant", "refresh token already used")
+        self.stats["refreshes"] += 1
+        assert client.client_id is not None
+        return self._issue(client.client_id, scopes or refresh_token.scopes, refresh_token.resource)
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        found = self.access.get(token)
+        if found is None or (found.expires_at is not None and found.expires_at < time.time()):
+            return None
+        return found
+
+    async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
+        self.access.pop(token.token, None)
+        self.refresh.pop(token.token, None)
+
+
+def build_app(options: argparse.Namespace) -> Any:
+    base = f"http://127.0.0.1:{options.port}"
+    provider = MemoryProvider(options.token_seconds)
+    server: MCPServer[Any] = MCPServer(
+        "psych-oauth",
+        version="1.0.0",
+        auth_server_provider=provider,
+        auth=AuthSettings(
+            issuer_url=base,
+            resource_server_url=f"{base}/mcp",
+            validate_token_resource=False,
+            client_registration_options=ClientRegistrationOptions(
+                enabled=True, valid_scopes=["mcp"], default_scopes=["mcp"]
+            ),
+            revocation_options=RevocationOptions(enabled=True),
+            required_scopes=["mcp"],
+        ),
+    )
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Answers its text."""
+        provider.stats["calls"] += 1
+        return text
+
+    @server.tool()
+    def calls() -> str:
+        """How many tool calls ran."""
+        return str(provider.stats["calls"])
+
+    inner = server.streamable_http_app()
+    client_secrets: dict[str, str] = {}
+
+    async def admin(request: Request) -> Response:
+        if request.url.path == "/admin/stats":
+            return JSONResponse(provider.stats)
+        if request.url.path == "/admin/revoke":
+            provider.refresh.clear()
+            if request.query_params.get("access"):
+                provider.access.clear()
+            return JSONResponse({"revoked": True})
+        if request.url.path == "/admin/clients":
+            body = await request.json()
+            client_secrets[body["client_id"]] = body["client_secret"]
+            return JSONResponse({"created": body["client_id"]})
+        return Response(status_code=404)
+
+    def client_credentials(form: dict[str, str], authorization: str) -> Response:
+        client_id, secret = form.get("client_id", ""), form.get("client_secret", "")
+        if authorization.lower().startswith("basic "):
+            pair = base64.b64decode(authorization[6:]).decode()
+            client_id, _, secret = pair.partition(":")
+            client_id, secret = urllib.parse.unquote(client_id), urllib.parse.unquote(secret)
+        if client_secrets.get(client_id) != secret or not secret:
+            return JSONResponse({"error": "invalid_client"}, status_code=401)
+        provider.stats["client_credentials"] += 1
+        token = provider._issue(client_id, ["mcp"], form.get("resource"))
+        token.refresh_token = None
+        return JSONResponse(token.model_dump(exclude_none=True))
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith("/admin/"):
+            answer = await admin(Request(scope, receive))
+            await answer(scope, receive, send)
+            return
+        if scope["type"] == "http" and path.startswith("/.well-known/oauth-protected-resource"):
+            if options.metadata_delay:
+                await asyncio.sleep(options.metadata_delay)
+            if options.issuer or options.metadata_padding:
+                metadata = {
+                    "resource": f"{base}/mcp",
+                    "authorization_servers": [options.issuer or base],
+                    "scopes_supported": ["mcp"],
+                    "padding": "x" * options.metadata_padding,
+                }
+                await JSONResponse(metadata)(scope, receive, send)
+                return
+        if scope["type"] == "http" and path == "/token" and scope["method"] == "POST":
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            form = dict(urllib.parse.parse_qsl(body.decode()))
+            if form.get("grant_type") == "client_credentials":
+                headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+                await client_credentials(form, headers.get("authorization", ""))(
+                    scope, receive, send
+                )
+                return
+            replayed = False
+
+            async def replay() -> dict[str, Any]:
+                nonlocal replayed
+                if replayed:
+                    return await receive()
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await inner(scope, replay, send)
+            return
+        await inner(scope, receive, send)
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--token-seconds", type=int, default=4)
+    parser.add_argument("--issuer", default="")
+    parser.add_argument("--metadata-padding", type=int, default=0)
+    parser.add_argument("--metadata-delay", type=float, default=0.0)
+    options = parser.parse_args()
+    config = uvicorn.Config(
+        build_app(options), host="127.0.0.1", port=options.port, log_level="warning"
+    )
+    print(f"listening on {options.port}", file=sys.stderr, flush=True)
+    uvicorn.Server(config).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,369 @@
+"""Remote MCP servers that need OAuth: a host signs its user in with BeginSignIn and
+CompleteSignIn, the sidecar keeps the tokens fresh, and a server that stops accepting them is
+AUTHORIZATION_REQUIRED. Against a real OAuth-protected streamable-HTTP server on loopback
+(tests/mcp_servers/oauth_server.py), the test playing the user's browser."""
+
+from __future__ import annotations
+
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx2 as httpx
+import pytest
+
+from psych.sidecar.v1 import connection_pb2, connection_service_pb2
+from psych_sidecar.config import Settings
+from tests.support.connections import listed
+from tests.support.databases import TEST_SECRET_KEY
+from tests.support.host import Host, result_text
+from tests.support.polling import wait_for
+from tests.support.processes import HttpServer, free_port, running
+from tests.support.prompts import assemble
+from tests.support.sidecar import UNLIMITED_CHANNEL, RunningSidecar, Stubs, rpc_failure
+
+OAUTH_SERVER = Path(__file__).parent / "mcp_servers" / "oauth_server.py"
+REDIRECT_URI = "http://127.0.0.1:9/callback"
+PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+def oauth_server(port: int, *extra: str) -> HttpServer:
+    return HttpServer([sys.executable, str(OAUTH_SERVER), "--port", str(port), *extra], port)
+
+
+def sidecar_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    return Settings(
+        listen=[f"unix://{tmp_path / 's.sock'}"],
+        database_url=f"sqlite:///{tmp_path / 'sidecar.db'}",
+        data_dir=tmp_path,
+        shutdown_grace_seconds=5,
+        secret_keys=TEST_SECRET_KEY,
+        oauth_allow_http_loopback=True,
+        mcp_reconnect_min_seconds=0.2,
+        mcp_reconnect_max_seconds=1.0,
+        **overrides,
+    )
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[HttpServer]:
+    with running(oauth_server(free_port())) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stubs]:
+    directory = tmp_path_factory.mktemp("sign-in")
+    with (
+        RunningSidecar(sidecar_settings(directory)) as sidecar,
+        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
+    ):
+        yield Stubs.on(channel)
+
+
+def url_of(server: HttpServer) -> str:
+    return f"http://127.0.0.1:{server.port}/mcp"
+
+
+def put_oauth(stubs: Stubs, tenant: str, name: str, url: str) -> connection_pb2.Connection:
+    http = connection_pb2.HttpTransport(
+        url=url,
+        protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+        oauth_authorization_code=connection_pb2.OAuthAuthorizationCode(
+            dynamic_registration=connection_pb2.OAuthDynamicRegistration(),
+            redirect_uri=REDIRECT_URI,
+        ),
+    )
+    connection = connection_pb2.Connection(tenant=tenant, name=name, http=http)
+    request = connection_service_pb2.PutConnectionRequest(connection=connection)
+    return stubs.connections.PutConnection(request).connection
+
+
+def begin(stubs: Stubs, tenant: str, name: str) -> connection_service_pb2.BeginSignInResponse:
+    return stubs.connections.BeginSignIn(
+        connection_service_pb2.BeginSignInRequest(tenant=tenant, name=name)
+    )
+
+
+def browse(authorization_url: str) -> tuple[str, str]:
+    """What the user's browser does: open the URL, consent, land on the redirect URI with
+    `code` and `state` (the test reads them off the redirect instead of following it)."""
+    response = httpx.get(authorization_url, follow_redirects=False, timeout=10)
+    assert response.status_code in (302, 303, 307), response.text
+    location = response.headers["location"]
+    assert location.startswith(REDIRECT_URI)
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(location).query)
+    return query["code"][0], query["state"][0]
+
+
+def complete(
+    stubs: Stubs, tenant: str, code: str, state: str, name: str = ""
+) -> connection_pb2.Connection:
+    request = connection_service_pb2.CompleteSignInRequest(
+        tenant=tenant, state=state, code=code, name=name
+    )
+    return stubs.connections.CompleteSignIn(request).connection
+
+
+def sign_in(stubs: Stubs, tenant: str, name: str) -> connection_pb2.Connection:
+    started = begin(stubs, tenant, name)
+    code, state = browse(started.authorization_url)
+    assert state == started.state
+    return complete(stubs, tenant, code, state, name)
+
+
+def stats(server: HttpServer) -> dict[str, int]:
+    answer: dict[str, int] = httpx.get(
+        f"http://127.0.0.1:{server.port}/admin/stats", timeout=10
+    ).json()
+    return answer
+
+
+@pytest.fixture
+def tenant(stubs: Stubs) -> Iterator[str]:
+    name = f"tenant-{time.monotonic_ns()}"
+    yield name
+    for connection in listed(stubs, name):
+        stubs.connections.DeleteConnection(
+            connection_service_pb2.DeleteConnectionRequest(tenant=name, name=connection)
+        )
+
+
+def test_sign_in_end_to_end_then_a_deferred_call(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    put = put_oauth(stubs, tenant, "tracker", url_of(server))
+    assert put.state == connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED
+    assert (
+        put.authorization_required_reason
+        == connection_pb2.AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN
+    )
+    assert put.http.HasField("oauth_authorization_code")
+
+    started = begin(stubs, tenant, "tracker")
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(started.authorization_url).query)
+    assert query["code_challenge_method"] == ["S256"]
+    assert query["state"] == [started.state]
+    assert query["resource"] == [url_of(server)]
+    code, state = browse(started.authorization_url)
+
+    connection = complete(stubs, tenant, code, state, "tracker")
+    assert connection.state == connection_pb2.CONNECTION_STATE_CONNECTED, connection.last_error
+    assert connection.HasField("token_expire_time")
+    assert connection.catalog_version >= 1
+
+    host = Host(stubs, tenant)
+    run_id = host.run(f"spec-{tenant}")
+    outcome = host.call(run_id, "tracker", "echo", text="hello")
+    assert not outcome.is_error, result_text(outcome)
+    assert result_text(outcome) == "hello"
+
+
+def test_a_hundred_calls_across_several_token_expiries_all_succeed(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    put_oauth(stubs, tenant, "tracker", url_of(server))
+    sign_in(stubs, tenant, "tracker")
+    host = Host(stubs, tenant)
+    run_id = host.run(f"spec-{tenant}")
+    before = stats(server)["refreshes"]
+    failures = []
+    deadline = time.monotonic() + 14  # tokens live 4 s: at least three expiries
+    calls = 0
+    while calls < 100 or time.monotonic() < deadline:
+        outcome = host.call(run_id, "tracker", "echo", text=f"call {calls}")
+        if outcome.is_error or result_text(outcome) != f"call {calls}":
+            failures.append(result_text(outcome))
+        calls += 1
+        time.sleep(0.1)
+    assert failures == []
+    assert stats(server)["refreshes"] - before >= 3
+
+
+def test_a_revoked_refresh_needs_the_user_again_and_a_new_sign_in_restores_it(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    put_oauth(stubs, tenant, "tracker", url_of(server))
+    sign_in(stubs, tenant, "tracker")
+    host = Host(stubs, tenant)
+    run_id = host.run(f"spec-{tenant}")
+    httpx.post(f"http://127.0.0.1:{server.port}/admin/revoke?access=1", timeout=10)
+
+    outcome = host.call(run_id, "tracker", "echo", text="after revoke")
+    assert outcome.is_error
+    assert "sign in again" in result_text(outcome)
+
+    def required() -> connection_pb2.Connection | None:
+        connection = listed(stubs, tenant)["tracker"]
+        return (
+            connection
+            if connection.state == connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED
+            else None
+        )
+
+    connection = wait_for(required, "the connection needs authorizing")
+    assert (
+        connection.authorization_required_reason
+        == connection_pb2.AUTHORIZATION_REQUIRED_REASON_REFRESH_REFUSED
+    )
+    assert "sign in again" in connection.last_error
+    assert len(connection.last_error) <= 200
+
+    host.new_turn(run_id)
+    prompt = assemble(stubs, run_id).prompt
+    transient = "".join(part.content.text for part in prompt.transient.parts)
+    assert "tracker needs the user to sign in again: its calls fail until they do." in transient
+
+    signed_in = sign_in(stubs, tenant, "tracker")
+    assert signed_in.state == connection_pb2.CONNECTION_STATE_CONNECTED
+    outcome = host.call(run_id, "tracker", "echo", text="back")
+    assert not outcome.is_error, result_text(outcome)
+
+
+@pytest.mark.parametrize("case", ["reused", "other-tenant", "other-connection", "unknown"])
+def test_a_state_that_cannot_complete_is_a_typed_error(
+    stubs: Stubs, server: HttpServer, tenant: str, case: str
+) -> None:
+    put_oauth(stubs, tenant, "tracker", url_of(server))
+    started = begin(stubs, tenant, "tracker")
+    code, state = browse(started.authorization_url)
+    expected: tuple[grpc.StatusCode, str]
+    if case == "reused":
+        complete(stubs, tenant, code, state)
+        call = lambda: complete(stubs, tenant, code, state)  # noqa: E731
+        expected = (grpc.StatusCode.FAILED_PRECONDITION, "SIGN_IN_STATE_USED")
+    elif case == "other-tenant":
+        call = lambda: complete(stubs, f"{tenant}-other", code, state)  # noqa: E731
+        expected = (grpc.StatusCode.PERMISSION_DENIED, "SIGN_IN_STATE_WRONG_TENANT")
+    elif case == "other-connection":
+        call = lambda: complete(stubs, tenant, code, state, "another")  # noqa: E731
+        expected = (grpc.StatusCode.FAILED_PRECONDITION, "SIGN_IN_STATE_MISMATCH")
+    else:
+        call = lambda: complete(stubs, tenant, code, state + "x")  # noqa: E731
+        expected = (grpc.StatusCode.NOT_FOUND, "SIGN_IN_STATE_UNKNOWN")
+    failure = rpc_failure(call)
+    assert (failure.code, failure.info.reason) == expected
+    assert code not in failure.message
+    if case != "reused":
+        # Refused without spending it: the right request still completes.
+        connection = complete(stubs, tenant, code, state)
+        assert connection.state == connection_pb2.CONNECTION_STATE_CONNECTED
+
+
+def test_an_expired_state_is_a_typed_error(server: HttpServer, tmp_path: Path) -> None:
+    settings = sidecar_settings(tmp_path, oauth_sign_in_state_seconds=0.5)
+    with (
+        RunningSidecar(settings) as sidecar,
+        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
+    ):
+        stubs = Stubs.on(channel)
+        put_oauth(stubs, "t", "tracker", url_of(server))
+        started = begin(stubs, "t", "tracker")
+        code, state = browse(started.authorization_url)
+        time.sleep(1)
+        failure = rpc_failure(lambda: complete(stubs, "t", code, state))
+        assert failure.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert failure.info.reason == "SIGN_IN_STATE_EXPIRED"
+        stubs.connections.DeleteConnection(
+            connection_service_pb2.DeleteConnectionRequest(tenant="t", name="tracker")
+        )
+
+
+@pytest.mark.parametrize(
+    ("flags", "code", "reason"),
+    [
+        (
+            ("--issuer", "http://169.254.169.254"),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "OAUTH_URL_REFUSED",
+        ),
+        (("--issuer", "https://10.1.2.3"), grpc.StatusCode.PERMISSION_DENIED, "OAUTH_URL_REFUSED"),
+        (("--metadata-padding", "3000000"), grpc.StatusCode.UNAVAILABLE, "OAUTH_DISCOVERY_FAILED"),
+        (("--metadata-delay", "30"), grpc.StatusCode.UNAVAILABLE, "OAUTH_DISCOVERY_FAILED"),
+    ],
+)
+def test_untrusted_metadata_is_refused_with_a_typed_error(
+    tmp_path: Path, flags: tuple[str, ...], code: grpc.StatusCode, reason: str
+) -> None:
+    settings = sidecar_settings(tmp_path, oauth_request_timeout_seconds=2)
+    with (
+        running(oauth_server(free_port(), *flags)) as hostile,
+        RunningSidecar(settings) as sidecar,
+        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
+    ):
+        stubs = Stubs.on(channel)
+        put_oauth(stubs, "t", "hostile", url_of(hostile))
+        failure = rpc_failure(lambda: begin(stubs, "t", "hostile"))
+        assert (failure.code, failure.info.reason) == (code, reason)
+        assert stats(hostile)["registrations"] == 0
+        stubs.connections.DeleteConnection(
+            connection_service_pb2.DeleteConnectionRequest(tenant="t", name="hostile")
+        )
+
+
+def test_begin_sign_in_on_a_connection_without_oauth_is_a_typed_error(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    http = connection_pb2.HttpTransport(
+        url=url_of(server), protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP
+    )
+    connection = connection_pb2.Connection(tenant=tenant, name="plain", http=http)
+    stubs.connections.PutConnection(
+        connection_service_pb2.PutConnectionRequest(connection=connection)
+    )
+    failure = rpc_failure(lambda: begin(stubs, tenant, "plain"))
+    assert (failure.code, failure.info.reason) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "SIGN_IN_NOT_APPLICABLE",
+    )
+
+
+def test_client_credentials_connect_and_call(stubs: Stubs, server: HttpServer, tenant: str) -> None:
+    httpx.post(
+        f"http://127.0.0.1:{server.port}/admin/clients",
+        json={"client_id": "machine", "client_secret": "machine-secret-value"},
+        timeout=10,
+    )
+    http = connection_pb2.HttpTransport(
+        url=url_of(server),
+        protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+        oauth_client_credentials=connection_pb2.OAuthClientCredentials(
+            client_id="machine", client_secret="machine-secret-value", scopes=["mcp"]
+        ),
+    )
+    connection = connection_pb2.Connection(tenant=tenant, name="machine", http=http)
+    put = stubs.connections.PutConnection(
+        connection_service_pb2.PutConnectionRequest(connection=connection)
+    ).connection
+    assert put.state == connection_pb2.CONNECTION_STATE_CONNECTED, put.last_error
+    assert not put.http.oauth_client_credentials.client_secret
+    host = Host(stubs, tenant)
+    run_id = host.run(f"spec-{tenant}")
+    outcome = host.call(run_id, "machine", "echo", text="m2m")
+    assert result_text(outcome) == "m2m"
+
+
+def test_refused_client_credentials_need_authorizing(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    http = connection_pb2.HttpTransport(
+        url=url_of(server),
+        protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+        oauth_client_credentials=connection_pb2.OAuthClientCredentials(
+            client_id="nobody", client_secret="wrong-secret-value"
+        ),
+    )
+    connection = connection_pb2.Connection(tenant=tenant, name="machine", http=http)
+    put = stubs.connections.PutConnection(
+        connection_service_pb2.PutConnectionRequest(connection=connection)
+    ).connection
+    assert put.state == connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED
+    assert (
+        put.authorization_required_reason
+        == connection_pb2.AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED
+    )
