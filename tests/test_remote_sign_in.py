@@ -57,12 +57,24 @@ def server() -> Iterator[HttpServer]:
 
 
 @pytest.fixture(scope="module")
-def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stubs]:
-    directory = tmp_path_factory.mktemp("sign-in")
-    with (
-        RunningSidecar(sidecar_settings(directory)) as sidecar,
-        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
-    ):
+def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sign-in")
+
+
+@pytest.fixture(scope="module")
+def database_file(directory: Path) -> Path:
+    return directory / "sidecar.db"
+
+
+@pytest.fixture(scope="module")
+def sidecar(directory: Path) -> Iterator[RunningSidecar]:
+    with RunningSidecar(sidecar_settings(directory, admin_listen=["127.0.0.1:0"])) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def stubs(sidecar: RunningSidecar) -> Iterator[Stubs]:
+    with grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel:
         yield Stubs.on(channel)
 
 
@@ -117,6 +129,14 @@ def sign_in(stubs: Stubs, tenant: str, name: str) -> connection_pb2.Connection:
     return complete(stubs, tenant, code, state, name)
 
 
+def issued_secrets(server: HttpServer) -> list[str]:
+    """Every token and client secret the server issued and still honours."""
+    answer: list[str] = httpx.get(
+        f"http://127.0.0.1:{server.port}/admin/tokens", timeout=10
+    ).json()["secrets"]
+    return answer
+
+
 def stats(server: HttpServer) -> dict[str, int]:
     answer: dict[str, int] = httpx.get(
         f"http://127.0.0.1:{server.port}/admin/stats", timeout=10
@@ -162,6 +182,40 @@ def test_sign_in_end_to_end_then_a_deferred_call(
     outcome = host.call(run_id, "tracker", "echo", text="hello")
     assert not outcome.is_error, result_text(outcome)
     assert result_text(outcome) == "hello"
+
+
+def test_the_inspector_shows_auth_state_and_token_expiry_never_a_token(
+    stubs: Stubs, server: HttpServer, tenant: str, sidecar: RunningSidecar
+) -> None:
+    put_oauth(stubs, tenant, "tracker", url_of(server))
+    assert sidecar.sidecar.admin is not None
+    [base_url] = sidecar.sidecar.admin.bound
+    page = httpx.get(f"{base_url}/ui/connections?tenant={tenant}", timeout=10).text
+    assert "oauth_authorization_code" in page
+    assert "authorizing again: never_signed_in" in page
+    sign_in(stubs, tenant, "tracker")
+    page = httpx.get(f"{base_url}/ui/connections?tenant={tenant}", timeout=10).text
+    assert "Token expires" in page
+    for secret in issued_secrets(server):
+        assert secret not in page
+
+
+def test_tokens_and_client_secrets_are_not_readable_in_the_database_file(
+    stubs: Stubs, server: HttpServer, tenant: str, database_file: Path
+) -> None:
+    put_oauth(stubs, tenant, "tracker", url_of(server))
+    sign_in(stubs, tenant, "tracker")
+    started = begin(stubs, tenant, "tracker")  # a pending sign-in's verifier stored too
+    planted = issued_secrets(server)
+    assert planted
+    raw = b"".join(
+        path.read_bytes()
+        for path in (database_file, database_file.with_name(database_file.name + "-wal"))
+        if path.exists()
+    )
+    assert started.state.encode() not in raw
+    for secret in planted:
+        assert secret.encode() not in raw
 
 
 def test_a_hundred_calls_across_several_token_expiries_all_succeed(

@@ -840,7 +840,6 @@ class GrantAuth(httpx2.Auth):
             token = await keeper.after_rejection(token)
         except AuthorizationNeeded:
             return
-        await response.aclose()
         request.headers["authorization"] = f"Bearer {token}"
         response = yield request
         if response.status_code == 401:

@@ -35,6 +35,7 @@ from psych_sidecar.storage.db import (
     settle_freed_content,
     transaction,
 )
+from psych_sidecar.storage.oauth import check_oauth_secrets, reseal_oauth_secrets
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
 _INSERT_BATCH = 500
@@ -365,7 +366,7 @@ class SqlConnectionStore:
                     raise SecretUnreadable(
                         f"connection {row.name!r} of tenant {row.tenant!r}, {field}: {error}"
                     ) from None
-        return opened
+        return opened + check_oauth_secrets(self._engine, keys)
 
     def reseal_secrets(self) -> tuple[int, int]:
         """Seal every live connection's secrets under the primary key: (fields resealed,
@@ -406,7 +407,8 @@ class SqlConnectionStore:
                     conn.execute(update(table).where(*key).values(**values))
                     resealed += len(values)
         settle_freed_content(self._engine)
-        return resealed, already
+        oauth_resealed, oauth_already = reseal_oauth_secrets(self._engine, keys)
+        return resealed + oauth_resealed, already + oauth_already
 
     def _require_keys(self) -> KeyRing:
         if self._keys is None:

@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection as SqlConnection
-from sqlalchemy import Engine, Row, delete, insert, select, update
+from sqlalchemy import Engine, Row, Table, delete, insert, select, update
 
 from psych_sidecar.domain.catalog.oauth import AuthorizationReason, OAuthGrant, PendingSignIn
-from psych_sidecar.secrets.cipher import KeyRing, context
+from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import transaction
+from psych_sidecar.storage.db import erase_freed_content, settle_freed_content, transaction
 
 # Spent or expired sign-ins are kept this long (so a late CompleteSignIn is told "used" or
 # "expired" rather than "unknown"), then removed when the next sign-in begins.
@@ -193,3 +194,70 @@ class SqlOAuthStore:
                 else AuthorizationReason(row.authorization_reason)
             ),
         )
+
+
+# The sealed fields of the OAuth tables, with how each row's key is named in its context:
+# rekey and the start-up check cover them as they cover the connections' own secrets.
+def _sealed_fields() -> list[tuple[Table, tuple[str, ...], str, Callable[[Any], bytes]]]:
+    grants, sign_ins = tables.oauth_grants, tables.oauth_sign_ins
+    return [
+        (
+            grants,
+            ("tenant", "name"),
+            "tokens",
+            lambda r: _grant_context(r.tenant, r.name, "tokens"),
+        ),
+        (
+            grants,
+            ("tenant", "name"),
+            "client",
+            lambda r: _grant_context(r.tenant, r.name, "client"),
+        ),
+        (sign_ins, ("state_digest",), "secrets", lambda r: _sign_in_context(r.state_digest)),
+    ]
+
+
+def check_oauth_secrets(engine: Engine, keys: KeyRing) -> int:
+    """Open every sealed OAuth field (SecretUnreadable names the row, never a secret); how
+    many were opened."""
+    opened = 0
+    for table, key, field, where in _sealed_fields():
+        with transaction(engine, write=False) as conn:
+            rows = conn.execute(select(*(table.c[k] for k in key), table.c[field])).all()
+        for row in rows:
+            try:
+                keys.open(getattr(row, field), where(row))
+            except SecretUnreadable as error:
+                named = ", ".join(str(getattr(row, k)) for k in key)
+                raise SecretUnreadable(f"{table.name} ({named}), {field}: {error}") from None
+            opened += 1
+    return opened
+
+
+def reseal_oauth_secrets(engine: Engine, keys: KeyRing) -> tuple[int, int]:
+    """Seal every OAuth field under the primary key, one locked row at a time: (resealed,
+    already under it)."""
+    resealed = already = 0
+    for table, key, field, where in _sealed_fields():
+        with transaction(engine, write=False) as conn:
+            names = conn.execute(select(*(table.c[k] for k in key))).all()
+        for name in names:
+            match = [table.c[k] == value for k, value in zip(key, name, strict=True)]
+            with transaction(engine, write=True) as conn:
+                erase_freed_content(conn)
+                row = conn.execute(
+                    select(*(table.c[k] for k in key), table.c[field])
+                    .where(*match)
+                    .with_for_update()
+                ).first()
+                if row is None:
+                    continue
+                stored = getattr(row, field)
+                if not keys.needs_resealing(stored):
+                    already += 1
+                    continue
+                sealed = keys.seal(keys.open(stored, where(row)), where(row))
+                conn.execute(update(table).where(*match).values({field: sealed}))
+                resealed += 1
+    settle_freed_content(engine)
+    return resealed, already

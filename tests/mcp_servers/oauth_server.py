@@ -2,7 +2,7 @@
 resource server in one, built on the MCP SDK's server auth.
 
     python tests/mcp_servers/oauth_server.py --port P [--token-seconds S]
-        [--issuer URL] [--metadata-padding BYTES] [--metadata-delay SECONDS]
+        [--issuer URL] [--metadata-padding BYTES] [--metadata-delay SECONDS] [--approve-code C]
 
 - dynamic client registration on; authorization code with PKCE; the consent is automatic, so
   a test plays the user's browser by following the authorization URL to its redirect;
@@ -11,10 +11,14 @@ resource server in one, built on the MCP SDK's server auth.
 - the client-credentials grant for clients created with `POST /admin/clients`;
 - `POST /admin/revoke` forgets every refresh token (and with `?access=1` every access token);
   `GET /admin/stats` answers {"refreshes", "client_credentials", "registrations", "calls",
-  "rejected_refreshes"} as counted since start;
+  "rejected_refreshes"} as counted since start; `GET /admin/tokens` every live access and
+  refresh token and registered client secret (to look for them where they must not be);
 - `--issuer` advertises another authorization server in the protected-resource metadata (a
   non-allowed address, for the refusal tests); `--metadata-padding` pads that metadata to a
   large size; `--metadata-delay` answers it late;
+- `--approve-code CODE`: the token endpoint also takes CODE as an authorization code for any
+  registered client, as if its user had consented (the contract runners speak gRPC only and
+  cannot play the browser);
 - tools: `echo` (answers its text) and `calls` (how many tool calls ran).
 """
 
@@ -186,6 +190,13 @@ def build_app(options: argparse.Namespace) -> Any:
     async def admin(request: Request) -> Response:
         if request.url.path == "/admin/stats":
             return JSONResponse(provider.stats)
+        if request.url.path == "/admin/tokens":
+            secrets_issued = [
+                *provider.access,
+                *provider.refresh,
+                *(c.client_secret for c in provider.clients.values() if c.client_secret),
+            ]
+            return JSONResponse({"secrets": secrets_issued})
         if request.url.path == "/admin/revoke":
             provider.refresh.clear()
             if request.query_params.get("access"):
@@ -236,6 +247,16 @@ def build_app(options: argparse.Namespace) -> Any:
                 if not message.get("more_body"):
                     break
             form = dict(urllib.parse.parse_qsl(body.decode()))
+            if (
+                options.approve_code
+                and form.get("grant_type") == "authorization_code"
+                and form.get("code") == options.approve_code
+                and form.get("client_id") in provider.clients
+            ):
+                # The user's consent, stood in for: the contract runners speak gRPC only.
+                token = provider._issue(form["client_id"], ["mcp"], form.get("resource"))
+                await JSONResponse(token.model_dump(exclude_none=True))(scope, receive, send)
+                return
             if form.get("grant_type") == "client_credentials":
                 headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
                 await client_credentials(form, headers.get("authorization", ""))(
@@ -265,6 +286,7 @@ def main() -> None:
     parser.add_argument("--issuer", default="")
     parser.add_argument("--metadata-padding", type=int, default=0)
     parser.add_argument("--metadata-delay", type=float, default=0.0)
+    parser.add_argument("--approve-code", default="")
     options = parser.parse_args()
     config = uvicorn.Config(
         build_app(options), host="127.0.0.1", port=options.port, log_level="warning"

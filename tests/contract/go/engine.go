@@ -233,6 +233,10 @@ func RunScenario(scenario *Scenario, invoke Invoke) error {
 		return err
 	}
 	variables := map[string]string{"unique": hex.EncodeToString(unique)}
+	// scripts/test-contract starts the OAuth test server of the sign-in scenarios.
+	if url := os.Getenv("PSYCH_CONTRACT_OAUTH_MCP_URL"); url != "" {
+		variables["oauth_mcp_url"] = url
+	}
 	for i, step := range scenario.Steps {
 		if err := runStep(step, variables, invoke); err != nil {
 			return fmt.Errorf("%s: step %d (%s): %w", scenario.Name, i+1, step["call"], err)

@@ -240,7 +240,9 @@ func startSidecar(t *testing.T, transport string) *sidecar {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.cmd.Env = append(sidecarEnvironment(), "PSYCH_SIDECAR_MCP_COMMANDS="+commands)
+	// The OAuth test server of the sign-in scenarios is on loopback, over http.
+	s.cmd.Env = append(sidecarEnvironment(), "PSYCH_SIDECAR_MCP_COMMANDS="+commands,
+		"PSYCH_SIDECAR_OAUTH_ALLOW_HTTP_LOOPBACK=true")
 	s.cmd.Stdout, s.cmd.Stderr = s.output, s.output
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", path, err)

@@ -129,6 +129,8 @@ def grpc_server(
             env={
                 **{k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")},
                 "PSYCH_SIDECAR_MCP_COMMANDS": mcp_commands(command),
+                # The OAuth test server of the sign-in scenarios is on loopback, over http.
+                "PSYCH_SIDECAR_OAUTH_ALLOW_HTTP_LOOPBACK": "true",
             },
             stdin=subprocess.DEVNULL,
             stdout=output,

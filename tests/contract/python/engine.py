@@ -8,6 +8,7 @@ Nothing here speaks gRPC: the runner hands in a function that makes one call.
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 from collections.abc import Callable
@@ -19,6 +20,7 @@ CONTRACT_DIR = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = CONTRACT_DIR / "scenarios"
 ERROR_DOMAIN = "psych.sidecar.v1"
 CALL_TIMEOUT_SECONDS = 10.0
+OAUTH_MCP_URL_ENV = "PSYCH_CONTRACT_OAUTH_MCP_URL"
 
 _SCENARIO_KEYS = {"name", "rpc", "description", "steps"}
 _STEP_KEYS = {"call", "request", "response", "error", "capture"}
@@ -62,6 +64,13 @@ class Outcome:
 
 
 Invoke = Callable[[str, dict[str, Any]], Outcome]
+
+
+def runner_variables() -> dict[str, str]:
+    """Variables scripts/test-contract defines for every runner: `oauth_mcp_url`, the OAuth
+    test server it started (tests/contract/README.md, Variables)."""
+    url = os.environ.get(OAUTH_MCP_URL_ENV)
+    return {"oauth_mcp_url": url} if url else {}
 
 
 def scenario_files() -> list[Path]:
@@ -110,7 +119,7 @@ def load_scenario(path: Path) -> dict[str, Any]:
 
 def run_scenario(scenario: dict[str, Any], invoke: Invoke) -> None:
     """Run every step in order; raise ScenarioError at the first that does not hold."""
-    variables = {"unique": secrets.token_hex(6)}
+    variables = {"unique": secrets.token_hex(6), **runner_variables()}
     for index, step in enumerate(scenario["steps"]):
         where = f"step {index + 1} ({step['call']})"
         try:

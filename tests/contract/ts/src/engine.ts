@@ -120,6 +120,9 @@ export function loadScenario(path: string): Scenario {
 /** Runs every step in order; throws ScenarioError at the first that does not hold. */
 export async function runScenario(scenario: Scenario, invoke: Invoke): Promise<void> {
   const variables: { [name: string]: string } = { unique: randomBytes(6).toString("hex") };
+  // scripts/test-contract starts the OAuth test server of the sign-in scenarios.
+  const oauthUrl = process.env.PSYCH_CONTRACT_OAUTH_MCP_URL;
+  if (oauthUrl) variables.oauth_mcp_url = oauthUrl;
   for (const [index, step] of scenario.steps.entries()) {
     const where = `step ${index + 1} (${step.call})`;
     try {

@@ -138,6 +138,8 @@ async function startSidecar(transportName: string): Promise<Sidecar> {
   const env = {
     ...Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith("PSYCH_SIDECAR_"))),
     PSYCH_SIDECAR_MCP_COMMANDS: mcpCommands(bin),
+    // The OAuth test server of the sign-in scenarios is on loopback, over http.
+    PSYCH_SIDECAR_OAUTH_ALLOW_HTTP_LOOPBACK: "true",
   };
   const proc: ChildProcess = spawn(
     bin,
