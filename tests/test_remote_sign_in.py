@@ -239,8 +239,24 @@ def test_a_hundred_calls_across_several_token_expiries_all_succeed(
     assert stats(server)["refreshes"] - before >= 3
 
 
-def test_a_revoked_refresh_needs_the_user_again_and_a_new_sign_in_restores_it(
+def test_refresh_catalog_before_sign_in_is_a_typed_error(
     stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    put_oauth(stubs, tenant, "tracker", url_of(server))
+    failure = rpc_failure(
+        lambda: stubs.connections.RefreshCatalog(
+            connection_service_pb2.RefreshCatalogRequest(tenant=tenant, name="tracker")
+        )
+    )
+    assert (failure.code, failure.info.reason) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "CONNECTION_AUTHORIZATION_REQUIRED",
+    )
+    assert failure.info.metadata["reason"] == "NEVER_SIGNED_IN"
+
+
+def test_a_revoked_refresh_needs_the_user_again_and_a_new_sign_in_restores_it(
+    stubs: Stubs, server: HttpServer, tenant: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     put_oauth(stubs, tenant, "tracker", url_of(server))
     sign_in(stubs, tenant, "tracker")
@@ -277,6 +293,9 @@ def test_a_revoked_refresh_needs_the_user_again_and_a_new_sign_in_restores_it(
     assert signed_in.state == connection_pb2.CONNECTION_STATE_CONNECTED
     outcome = host.call(run_id, "tracker", "echo", text="back")
     assert not outcome.is_error, result_text(outcome)
+    assert "needs authorizing: refresh_refused" in caplog.text  # the log was captured
+    for secret in issued_secrets(server):
+        assert secret not in caplog.text
 
 
 @pytest.mark.parametrize("case", ["reused", "other-tenant", "other-connection", "unknown"])

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import subprocess
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
@@ -17,10 +18,12 @@ from sqlalchemy import Engine, text
 
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
 from psych_sidecar.domain.catalog import Connection, TransportKind
+from psych_sidecar.domain.catalog.oauth import OAuthGrant, PendingSignIn
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context, key_id
 from psych_sidecar.secrets.key_files import KeyFileError, create_key_file, read_key_file
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import alembic_config, create_database_engine, migrate
+from psych_sidecar.storage.oauth import SqlOAuthStore
 from tests.support.connections import fixture_commands, fixture_http, listed, put_http, put_stdio
 from tests.support.databases import POSTGRES_URL_ENV, postgres_database
 from tests.support.host import Host, result_text
@@ -30,6 +33,7 @@ from tests.support.sidecar import Stubs
 
 ENV_SECRET = "planted-env-secret-5b1f0c"
 HEADER_SECRET = "planted-header-secret-93d2aa"
+TOKEN_SECRET = "planted-oauth-token-7c41e2"
 # The revision before secrets were sealed: a database an older version left.
 PLAINTEXT_REVISION = "0012"
 
@@ -192,12 +196,37 @@ def test_rekey_reseals_under_the_first_key_and_the_old_one_can_go(database_url: 
             for s in before.all_connections()
             if s.connection.tenant == tenant
         }
+        # An OAuth grant (tokens, client) and a begun sign-in (its verifier) are resealed too.
+        grants = SqlOAuthStore(engine, old)
+        grants.put_grant(
+            tenant,
+            "c0",
+            OAuthGrant(1, f'{{"access_token":"{TOKEN_SECRET}"}}', "{}", "{}", None),
+        )
+        grants.save_sign_in(
+            PendingSignIn(
+                state_digest=os.urandom(32).hex(),
+                tenant=tenant,
+                name="c0",
+                revision=1,
+                expire_time=datetime.now(UTC) + timedelta(minutes=5),
+                verifier=TOKEN_SECRET,
+                client_json="{}",
+                metadata_json="{}",
+                scope="",
+                resource="",
+            )
+        )
         store = SqlConnectionStore(engine, new)
         resealed, already = store.reseal_secrets()
-        assert (resealed, already) == (6, 0)
+        assert (resealed, already) == (6 + 3, 0)
         assert store.reseal_secrets() == (0, resealed)  # again: nothing left to do
         only_new = SqlConnectionStore(engine, KeyRing([_key(2)]))
         only_new.check_secrets()
+        token = SqlOAuthStore(engine, KeyRing([_key(2)])).get_grant(tenant, "c0")
+        assert token is not None
+        assert TOKEN_SECRET in token.tokens_json
+        assert TOKEN_SECRET.encode() not in raw_database_bytes(database_url)
         mine = [s for s in only_new.all_connections() if s.connection.tenant == tenant]
         assert [s.connection.headers["X-Key"] for s in mine] == [
             f"{HEADER_SECRET}-{index}" for index in range(3)
