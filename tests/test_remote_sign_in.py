@@ -298,6 +298,36 @@ def test_a_revoked_refresh_needs_the_user_again_and_a_new_sign_in_restores_it(
         assert secret not in caplog.text
 
 
+def test_a_fresh_token_the_server_refuses_waits_for_a_new_sign_in(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    put_oauth(stubs, tenant, "tracker", url_of(server))
+    sign_in(stubs, tenant, "tracker")
+    host = Host(stubs, tenant)
+    run_id = host.run(f"spec-{tenant}")
+    admin = f"http://127.0.0.1:{server.port}/admin/refuse-access"
+    httpx.post(f"{admin}?on=1", timeout=10)
+    try:
+        refreshes = stats(server)["refreshes"]
+        outcome = host.call(run_id, "tracker", "echo", text="refused")
+        assert outcome.is_error
+        assert "sign in again" in result_text(outcome)
+        # Renewed once (the 401), sent once more, refused again: the user must sign in.
+        assert stats(server)["refreshes"] == refreshes + 1
+    finally:
+        httpx.post(f"{admin}?on=0", timeout=10)
+    # Stored with the grant: the session waits for a sign-in, it does not reconnect with the
+    # same tokens (which the server would accept again now).
+    time.sleep(2.5)
+    connection = listed(stubs, tenant)["tracker"]
+    assert connection.state == connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED
+    assert (
+        connection.authorization_required_reason
+        == connection_pb2.AUTHORIZATION_REQUIRED_REASON_REFRESH_REFUSED
+    )
+    assert sign_in(stubs, tenant, "tracker").state == connection_pb2.CONNECTION_STATE_CONNECTED
+
+
 @pytest.mark.parametrize("case", ["reused", "other-tenant", "other-connection", "unknown"])
 def test_a_state_that_cannot_complete_is_a_typed_error(
     stubs: Stubs, server: HttpServer, tenant: str, case: str

@@ -97,7 +97,8 @@ def change_rows(diff: Any) -> list[ChangeRow]:
 class ConnectionRow:
     name: str
     transport: str  # stdio or http
-    # A live state (CONNECTING, CONNECTED, UNREACHABLE), or STORED from the database.
+    # A live state (CONNECTING, CONNECTED, UNREACHABLE, AUTHORIZATION_REQUIRED), or STORED
+    # from the database.
     state: str
     since: datetime | None
     catalog_version: int

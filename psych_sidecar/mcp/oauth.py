@@ -764,12 +764,17 @@ class TokenKeeper:
             grant = await self._renew(grant.tokens_json, force=True)
             return OAuthToken.model_validate_json(grant.tokens_json).access_token
 
-    def refused_fresh_token(self) -> None:
-        """The server refused a token just renewed: only a new sign-in can help."""
-        self.required = AuthorizationReason.REFRESH_REFUSED
+    async def mark_required(self, reason: AuthorizationReason) -> None:
+        """The server refused what only the user can fix (a token just renewed, a missing
+        scope): stored with the grant, so every sidecar's session waits for a new sign-in
+        instead of reconnecting with the same tokens."""
+        self.required = reason
+        connection = self._stored.connection
 
-    def scope_missing(self) -> None:
-        self.required = AuthorizationReason.SCOPE_MISSING
+        def required(current: OAuthGrant) -> OAuthGrant:
+            return replace(current, authorization_reason=reason)
+
+        await self._blocking(self._store.renew_grant, connection.tenant, connection.name, required)
 
     async def _first_client_credentials(self) -> OAuthGrant:
         stored = self._stored
@@ -832,7 +837,7 @@ class GrantAuth(httpx2.Auth):
         if response.status_code == 403 and (
             extract_field_from_www_auth(response, "error") == "insufficient_scope"
         ):
-            keeper.scope_missing()
+            await keeper.mark_required(AuthorizationReason.SCOPE_MISSING)
             return
         if response.status_code != 401:
             return
@@ -843,4 +848,4 @@ class GrantAuth(httpx2.Auth):
         request.headers["authorization"] = f"Bearer {token}"
         response = yield request
         if response.status_code == 401:
-            keeper.refused_fresh_token()
+            await keeper.mark_required(AuthorizationReason.REFRESH_REFUSED)

@@ -10,6 +10,7 @@ resource server in one, built on the MCP SDK's server auth.
   spends the one presented and issues a new one;
 - the client-credentials grant for clients created with `POST /admin/clients`;
 - `POST /admin/revoke` forgets every refresh token (and with `?access=1` every access token);
+  `POST /admin/refuse-access?on=1` refuses every access token, fresh ones too (`on=0` ends it);
   `GET /admin/stats` answers {"refreshes", "client_credentials", "registrations", "calls",
   "rejected_refreshes"} as counted since start; `GET /admin/tokens` every live access and
   refresh token and registered client secret (to look for them where they must not be);
@@ -58,6 +59,8 @@ class MemoryProvider:
         self.codes: dict[str, AuthorizationCode] = {}
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
+        # Set by POST /admin/refuse-access: every access token is refused, fresh ones too.
+        self.refuse_access = False
         self.stats = {
             "refreshes": 0,
             "rejected_refreshes": 0,
@@ -144,6 +147,8 @@ class MemoryProvider:
         return self._issue(client.client_id, scopes or refresh_token.scopes, refresh_token.resource)
 
     async def load_access_token(self, token: str) -> AccessToken | None:
+        if self.refuse_access:
+            return None
         found = self.access.get(token)
         if found is None or (found.expires_at is not None and found.expires_at < time.time()):
             return None
@@ -197,6 +202,9 @@ def build_app(options: argparse.Namespace) -> Any:
                 *(c.client_secret for c in provider.clients.values() if c.client_secret),
             ]
             return JSONResponse({"secrets": secrets_issued})
+        if request.url.path == "/admin/refuse-access":
+            provider.refuse_access = request.query_params.get("on") == "1"
+            return JSONResponse({"refuse_access": provider.refuse_access})
         if request.url.path == "/admin/revoke":
             provider.refresh.clear()
             if request.query_params.get("access"):
