@@ -700,6 +700,12 @@ class TokenKeeper:
         self.required: AuthorizationReason | None = None
         self._lock = anyio.Lock()
 
+    def held_token(self) -> str:
+        """The access token held now, renewed or not; "" without one."""
+        if self._grant is None:
+            return ""
+        return OAuthToken.model_validate_json(self._grant.tokens_json).access_token
+
     @property
     def expire_time(self) -> datetime | None:
         return None if self._grant is None else self._grant.expire_time
@@ -758,7 +764,8 @@ class TokenKeeper:
         already did) and return the new token."""
         async with self._lock:
             grant = self._grant
-            assert grant is not None
+            if grant is None:
+                raise AuthorizationNeeded(self.required or AuthorizationReason.NEVER_SIGNED_IN)
             if OAuthToken.model_validate_json(grant.tokens_json).access_token != rejected:
                 return OAuthToken.model_validate_json(grant.tokens_json).access_token
             grant = await self._renew(grant.tokens_json, force=True)
@@ -832,7 +839,13 @@ class GrantAuth(httpx2.Auth):
         except AuthorizationNeeded:
             response = yield request
             return
-        request.headers["authorization"] = f"Bearer {token}"
+        except SidecarError as error:
+            # The authorization server cannot be reached just now (a typed OAuth error, no
+            # secret in it): the request goes with the token held, which may still do.
+            log.warning("OAuth renewal failed: %s", error)
+            token = keeper.held_token()
+        if token:
+            request.headers["authorization"] = f"Bearer {token}"
         response = yield request
         if response.status_code == 403 and (
             extract_field_from_www_auth(response, "error") == "insufficient_scope"
@@ -844,6 +857,9 @@ class GrantAuth(httpx2.Auth):
         try:
             token = await keeper.after_rejection(token)
         except AuthorizationNeeded:
+            return
+        except SidecarError as error:
+            log.warning("OAuth renewal after a 401 failed: %s", error)
             return
         request.headers["authorization"] = f"Bearer {token}"
         response = yield request
