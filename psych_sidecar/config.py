@@ -390,6 +390,14 @@ class TelemetrySettings(_Group):
         description="OpenTelemetry traces: off, or exported by OTLP/gRPC as the standard "
         "OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...).",
     )
+    tracing_sample_ratio: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Share of traces sampled, parent-based: a call continuing a host's trace "
+        "follows the host's decision; a trace starting here is sampled at this ratio (by its "
+        "trace id). Unset: OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG when set, else 0.1.",
+    )
 
     @field_validator("log_level")
     @classmethod

@@ -199,6 +199,7 @@ _SAMPLES: dict[str, Any] = {
     "secret_key_file": "/tmp/keys",
     "search_model_cache_dir": "/tmp/search-model",
     "oauth_allowed_networks": ["10.20.0.0/16", "fd00::/8"],
+    "tracing_sample_ratio": 0.5,
 }
 # Settings valid only together with others: those are set the same way beside them.
 _COMPANIONS: dict[str, dict[str, Any]] = {

@@ -518,7 +518,8 @@ def test_serve_exports_spans_by_otlp_to_the_collector_the_environment_names(
     tmp_path: Path,
 ) -> None:
     """`--tracing otlp` with the standard OTEL_* variables: the RPC's span reaches an
-    in-process collector as a child of the host's traceparent."""
+    in-process collector as a child of the host's traceparent. At `--tracing-sample-ratio 0`
+    that is the only one: a call starting its own trace is not sampled."""
     collector = _Collector()
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)  # type: ignore[no-untyped-call]
@@ -542,16 +543,22 @@ def test_serve_exports_spans_by_otlp_to_the_collector_the_environment_names(
                 f"sqlite:///{tmp_path / 'db'}",
                 "--tracing",
                 "otlp",
+                "--tracing-sample-ratio",
+                "0",
                 env=env,
             ),
             grpc.insecure_channel(f"unix:{socket_path}") as channel,
         ):
+            runs = run_service_pb2_grpc.RunServiceStub(channel)
             rpc_failure(
-                lambda: run_service_pb2_grpc.RunServiceStub(channel).GetRun(
+                lambda: runs.GetRun(
                     run_service_pb2.GetRunRequest(run_id="run_traced"),
                     timeout=10,
                     metadata=TRACE_METADATA,
                 )
+            )
+            rpc_failure(
+                lambda: runs.GetRun(run_service_pb2.GetRunRequest(run_id="run_own"), timeout=10)
             )
     finally:
         server.stop(None)

@@ -13,6 +13,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from psych_sidecar.telemetry import tracing
@@ -89,6 +90,101 @@ def test_an_rpc_answered_with_an_error_code_is_an_error_span(
     assert server.status.status_code == StatusCode.ERROR
     assert server.status.description == "NOT_FOUND"
     assert (server.attributes or {})["rpc.grpc.status_code"] == 5
+
+
+@pytest.fixture
+def sampled_at_zero() -> Iterator[InMemorySpanExporter]:
+    """The sidecar's sampler at ratio 0: only a host's sampled trace is recorded."""
+    exporter = InMemorySpanExporter()
+    sampler = tracing.sampler(0.0)
+    assert sampler is not None
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.uninstall()
+        provider.shutdown()
+
+
+def test_at_ratio_zero_a_trace_starting_here_exports_nothing_and_makes_no_inner_span(
+    sampled_at_zero: InMemorySpanExporter,
+) -> None:
+    opened = tracing.start_rpc(METHOD, lambda: None)
+    assert opened is not None
+    server, _ = opened
+    assert not server.is_recording()
+    # Current, so that what runs under it knows the trace is not sampled.
+    assert trace.get_current_span() is server
+    with tracing.span("db.transaction") as inner:
+        assert inner is None
+        assert trace.get_current_span() is server
+    tracing.end_rpc(opened, "NOT_FOUND", 5)
+    assert not trace.get_current_span().get_span_context().is_valid
+    # An internal span starting a trace of its own (an MCP session's work) is dropped too.
+    with tracing.span("mcp.call_tool") as root:
+        assert root is None
+    assert sampled_at_zero.get_finished_spans() == ()
+
+
+def test_at_ratio_zero_a_call_continuing_a_sampled_trace_is_exported_with_its_attributes(
+    sampled_at_zero: InMemorySpanExporter,
+) -> None:
+    opened = tracing.start_rpc(METHOD, lambda: (("traceparent", TRACEPARENT),))
+    with tracing.span("db.transaction") as inner:
+        assert inner is not None
+        inner.set_attributes({"psych.write": True})
+    tracing.end_rpc(opened, "OK", 0)
+    inner_span, server = sampled_at_zero.get_finished_spans()
+    assert format(server.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert dict(server.attributes or {}) == {
+        "rpc.system": "grpc",
+        "rpc.service": "psych.sidecar.v1.RunService",
+        "rpc.method": "GetRun",
+        "rpc.grpc.status_code": 0,
+    }
+    assert inner_span.parent is not None
+    assert inner_span.parent.span_id == server.context.span_id
+    assert dict(inner_span.attributes or {}) == {"psych.write": True}
+
+
+def test_a_host_trace_not_sampled_is_not_sampled_here_at_any_ratio() -> None:
+    exporter = InMemorySpanExporter()
+    sampler = tracing.sampler(1.0)
+    assert sampler is not None
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        unsampled = TRACEPARENT.removesuffix("-01") + "-00"
+        opened = tracing.start_rpc(METHOD, lambda: (("traceparent", unsampled),))
+        with tracing.span("db.transaction") as inner:
+            assert inner is None
+        tracing.end_rpc(opened, "OK", 0)
+        # A trace starting here is sampled at ratio 1.
+        tracing.end_rpc(tracing.start_rpc(METHOD, lambda: None), "OK", 0)
+    finally:
+        tracing.uninstall()
+        provider.shutdown()
+    (server,) = exporter.get_finished_spans()
+    assert server.parent is None
+
+
+def test_the_sampler_setting_beats_the_standard_variables_which_beat_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    default = tracing.sampler(None)
+    assert isinstance(default, ParentBased)
+    assert default.get_description() == ParentBased(TraceIdRatioBased(0.1)).get_description()
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    # None: the SDK's provider reads OTEL_TRACES_SAMPLER (and its _ARG) itself.
+    assert tracing.sampler(None) is None
+    assert TracerProvider(sampler=tracing.sampler(None)).sampler is ALWAYS_ON
+    configured = tracing.sampler(0.25)
+    assert configured is not None
+    assert configured.get_description() == ParentBased(TraceIdRatioBased(0.25)).get_description()
 
 
 def test_tracing_off_makes_nothing() -> None:

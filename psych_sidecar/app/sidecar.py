@@ -97,7 +97,9 @@ class Sidecar:
             # Before anything that records (the MCP sessions' first listings).
             metrics.enable()
         if self._tracer_provider is None and self.settings.telemetry.tracing == "otlp":
-            self._tracer_provider = tracing.otlp_provider()
+            self._tracer_provider = tracing.otlp_provider(
+                self.settings.telemetry.tracing_sample_ratio
+            )
             self._owns_tracer_provider = True
         if self._tracer_provider is not None:
             tracing.install(self._tracer_provider)

@@ -652,7 +652,9 @@ class ConnectionSession:
         server = self.stored.connection.name
         started = time.perf_counter()
         outcome = "refused"
-        with tracing.span("mcp.call_tool", {"mcp.server": server, "mcp.tool": tool}) as span:
+        with tracing.span("mcp.call_tool") as span:
+            if span is not None:
+                span.set_attributes({"mcp.server": server, "mcp.tool": tool})
             try:
                 result, outcome = await self._call_tool(tool, arguments, timeout_seconds)
             except ToolCallFailed as error:

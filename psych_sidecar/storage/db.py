@@ -330,16 +330,17 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
     past the busy timeout, a serialization failure) leaves here as STORAGE_UNAVAILABLE;
     nothing was committed by this transaction unless the failure came after its commit.
     Its wait for a pooled connection is a metric; the transaction is a span when tracing."""
-    attributes: dict[str, str | bool] | None = None
-    if tracing.tracer() is not None:
-        attributes = {
-            "db.system.name": engine.dialect.name,
-            "psych.write": write,
-            # The repository method that opened it (frames: this body, contextlib's
-            # __enter__, the caller), so a slow transaction is named in the trace.
-            "code.function": sys._getframe(2).f_code.co_qualname,
-        }
-    with tracing.span("db.transaction", attributes), unavailable_as_typed_errors():
+    with tracing.span("db.transaction") as span, unavailable_as_typed_errors():
+        if span is not None:
+            span.set_attributes(
+                {
+                    "db.system.name": engine.dialect.name,
+                    "psych.write": write,
+                    # The repository method that opened it (frames: this body, contextlib's
+                    # __enter__, the caller), so a slow transaction is named in the trace.
+                    "code.function": sys._getframe(2).f_code.co_qualname,
+                }
+            )
         started = time.perf_counter()
         with engine.connect() as connection:
             metrics.observe(metrics.DB_POOL_WAIT_SECONDS, time.perf_counter() - started)

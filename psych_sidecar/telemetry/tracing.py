@@ -4,6 +4,10 @@ The sidecar keeps its own provider rather than the OpenTelemetry global (which c
 once per process): `install` and `uninstall` swap the tracer every span here comes from.
 With tracing off, `tracer()` is None and every helper is a no-op costing one check.
 
+Spans are sampled (`sampler`: by default parent-based, one root trace in ten). A trace that is
+not sampled costs its RPC's non-recording span and nothing more: the internal helpers make no
+span under it, and nothing builds attributes for a span that does not record.
+
 A W3C `traceparent` in a call's gRPC metadata makes the call's server span a child of the
 host's span; storage transactions, MCP calls and prompt assembly nest under it (the storage
 thread pool carries the context across: `api/plumbing.Blocking`).
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import Sampler
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -62,10 +67,31 @@ def uninstall() -> None:
     _tracer = None
 
 
-def otlp_provider() -> TracerProvider:
+# The share of root traces (calls without a sampled traceparent) sampled when neither the
+# `tracing_sample_ratio` setting nor OTEL_TRACES_SAMPLER says: a host that propagates its
+# trace gets every span of the traces it samples, and the sidecar's own traces cost a tenth.
+DEFAULT_SAMPLE_RATIO = 0.1
+
+
+def sampler(sample_ratio: float | None) -> Sampler | None:
+    """The sampler for the `tracing_sample_ratio` setting: parent-based trace-id ratio at that
+    ratio; unset, None (the SDK reads the standard OTEL_TRACES_SAMPLER and
+    OTEL_TRACES_SAMPLER_ARG) when OTEL_TRACES_SAMPLER is set, else the same at
+    DEFAULT_SAMPLE_RATIO."""
+    if sample_ratio is None:
+        if os.environ.get("OTEL_TRACES_SAMPLER", "").strip():
+            return None
+        sample_ratio = DEFAULT_SAMPLE_RATIO
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    return ParentBased(TraceIdRatioBased(sample_ratio))
+
+
+def otlp_provider(sample_ratio: float | None = None) -> TracerProvider:
     """A provider exporting by OTLP/gRPC in batches, configured by the standard variables
     (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, …_HEADERS, …_TIMEOUT,
-    OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, …)."""
+    OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, …) and sampling as
+    `sampler` says."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -76,7 +102,7 @@ def otlp_provider() -> TracerProvider:
             "service.version": __version__,
         }
     )
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, sampler=sampler(sample_ratio))
     exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
     if exporter == "none":
         # Spans are made, ended and handed in batches to a sink that drops them: the cost
@@ -122,7 +148,8 @@ def start_rpc(
 ) -> tuple[Span, object] | None:
     """Open the span of one RPC and make it current, continuing the caller's trace when its
     metadata (read only when tracing) carries a W3C `traceparent`; `method` is the full name
-    (`/pkg.Service/Method`).
+    (`/pkg.Service/Method`). Current even when not sampled (a non-recording span), so that what
+    runs under it knows its trace is not sampled.
     None when tracing is off. Close it with `end_rpc`, in the same context."""
     current = _tracer
     if current is None:
@@ -150,17 +177,23 @@ def end_rpc(opened: tuple[Span, object] | None, code_name: str, code_value: int)
     if opened is None:
         return
     span, token = opened
-    span.set_attribute("rpc.grpc.status_code", code_value)
-    if code_name != "OK":
-        span.set_status(Status(StatusCode.ERROR, code_name))
-    span.end()
+    if span.is_recording():
+        span.set_attribute("rpc.grpc.status_code", code_value)
+        if code_name != "OK":
+            span.set_status(Status(StatusCode.ERROR, code_name))
+        span.end()
     otel_context.detach(token)  # type: ignore[arg-type]
 
 
 class _Internal:
     """The context manager of `span`: what the SDK's `start_as_current_span` does (the span
     current for the block, an escaping exception recorded and marking it an error, the span
-    ended on exit), without its two generator-based context managers per span."""
+    ended on exit), without its two generator-based context managers per span.
+
+    Under a span of a trace that is not sampled it makes nothing: every standard sampler
+    decides a trace's local spans alike (the parent-based ones follow the parent; trace-id
+    ratio decides by the trace id they share; always-on would have sampled the parent), so
+    the child would not record either and its sampling, ids and context are saved."""
 
     __slots__ = ("_attributes", "_name", "_span", "_token")
 
@@ -174,10 +207,15 @@ class _Internal:
         current = _tracer
         if current is None:
             return None
+        parent = trace.get_current_span().get_span_context()
+        if parent.is_valid and not parent.trace_flags.sampled:
+            return None
         opened = current.start_span(self._name, attributes=self._attributes)
         self._span = opened
         self._token = otel_context.attach(trace.set_span_in_context(opened))
-        return opened
+        # A root span the sampler dropped stays current (its children are skipped), but is
+        # given to no one to annotate.
+        return opened if opened.is_recording() else None
 
     def __exit__(
         self,
@@ -198,9 +236,10 @@ class _Internal:
 
 
 def span(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> _Internal:
-    """An internal span (a child of the current one), or nothing when tracing is off: a
-    context manager giving the span (None when off). An exception escaping it marks it as an
-    error."""
+    """An internal span (a child of the current one), or nothing when tracing is off or the
+    trace is not sampled: a context manager giving the span to annotate, None when it does not
+    record (set attributes that cost anything to build on it, not in `attributes`). An
+    exception escaping it marks it as an error."""
     return _Internal(name, attributes)
 
 
