@@ -440,7 +440,8 @@ class ProcessSettings(_Group):
         le=64,
         description=(
             "Threads for CPU-heavy steps (tool search and its index builds, schema "
-            "validation), apart from the storage threads so they never hold a database worker."
+            "validation), apart from the storage threads so they never hold a database worker; "
+            "and the threads, at the lowest CPU priority, that encode a listing for search."
         ),
     )
     large_buffer_reuse_bytes: int = Field(

@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import threading
+import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -267,6 +268,32 @@ def test_warm_up_runs_at_the_lowest_priority_and_blas_on_one_thread(
     blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas"]
     assert blas
     assert all(pool["num_threads"] == 1 for pool in blas)
+
+
+def test_a_warm_up_on_two_threads_encodes_each_text_once_at_the_lowest_priority(
+    encoder: MiniLmEncoder,
+) -> None:
+    counting = CountingEncoder(encoder)
+    embeddings = ToolEmbeddings(lambda: counting, encode_threads=2)
+    # Enough texts for several chunks, a few of them the same text twice.
+    many = [(f"tool_{i}", f"Does thing number {i % 150}.") for i in range(300)]
+    warming = embeddings.warm_in_background(many)
+    assert warming is not None
+    priorities = set()
+    while not warming.done():
+        for thread in threading.enumerate():
+            if thread.name.startswith("search-warmup-encode") and thread.native_id is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    priorities.add(os.getpriority(os.PRIO_PROCESS, thread.native_id))
+        time.sleep(0.01)
+    warming.result(timeout=120)
+    assert priorities == {19}
+    encoded = counting.encoded
+    assert len(encoded) == len(set(encoded)) == 300 + 150
+    together = embeddings.vectors(sorted(set(encoded)))
+    np.testing.assert_allclose(together, encoder.encode(sorted(set(encoded))), atol=1e-5)
+    embeddings.close(wait=True)
+    assert not [t for t in threading.enumerate() if t.name.startswith("search-warmup")]
 
 
 def test_closing_stops_a_warm_up_and_refuses_more(encoder: MiniLmEncoder) -> None:

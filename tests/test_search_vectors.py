@@ -33,6 +33,7 @@ from psych.sidecar.v1 import (
     tool_service_pb2_grpc,
 )
 from psych_sidecar.config import Settings
+from psych_sidecar.domain.calls.meta_tools import partial_ranking_note
 from psych_sidecar.domain.catalog import CatalogTool, Connection, TransportKind
 from psych_sidecar.search import (
     SearchDocument,
@@ -166,6 +167,8 @@ def test_a_search_racing_the_warm_up_answers_at_once_and_says_it_is_partial(
     index = SearchIndex(documents, embeddings)
     ranking = index.rank("race_write_file", 3)
     assert ranking.partial
+    # The query has its vector, no tool has one yet: every tool ranked by keywords alone.
+    assert (ranking.keyword_only, ranking.documents) == (len(tools), len(tools))
     assert documents[ranking.hits[0].index].name == "race_write_file"
     # Only the queries were encoded, on this thread.
     assert counting.encoded == ["warm the query path", "race_write_file"]
@@ -179,6 +182,7 @@ def test_a_search_racing_the_warm_up_answers_at_once_and_says_it_is_partial(
     assert fresh.complete
     ranking = fresh.rank("what time is it", 1)
     assert not ranking.partial
+    assert ranking.keyword_only == 0
     assert documents[ranking.hits[0].index].name == "race_get_current_time"
     embeddings.close(wait=True)
 
@@ -194,6 +198,7 @@ def test_a_search_before_the_model_loads_is_keywords_only_and_partial(engine: En
     documents = [SearchDocument("s", name, description) for name, description in TOOLS]
     ranking = SearchIndex(documents, embeddings).rank("write file", 2)
     assert ranking.partial
+    assert ranking.keyword_only == len(documents)
     assert documents[ranking.hits[0].index].name == "write_file"
     loading.set()
     embeddings.close(wait=True)
@@ -340,11 +345,14 @@ def test_the_model_is_told_when_its_search_was_ranked_before_the_tools_were_inde
         wait_for(lambda: client.search(run_id, "echo").hits, "the fixture server listed")
         held = model_search("held")
         assert held["results"]
-        assert "indexed" in held["note"]
+        assert held["partial"] is True
+        assert "every tool was matched by keywords only" in held["note"]
+        assert "Searching again in a few seconds" in held["note"]
         loading.set()
         client.fully_ranked(run_id, "echo the text back")
         ready = model_search("ready")
         assert "note" not in ready
+        assert "partial" not in ready
         assert ready["results"][0]["tool"] == "echo"
         client.channel.close()
 
@@ -422,3 +430,11 @@ def test_a_second_sidecar_searches_without_encoding_anything(
     assert stopped is not None, log[-2000:]
     assert int(stopped.group(1)) == 0, log[-4000:]
     assert int(stopped.group(2)) > 0, log[-4000:]
+
+
+def test_the_models_note_says_how_much_of_a_partial_ranking_is_keywords_only() -> None:
+    some = partial_ranking_note(1204, 1409)
+    assert some.startswith("Partial ranking: 1204 of 1409 tools are still being indexed")
+    assert "matched by keywords only" in some
+    every = partial_ranking_note(1409, 1409)
+    assert every.startswith("The search model is still loading: every tool was matched")

@@ -155,6 +155,7 @@ class SidecarGraph:
             settings.search.semantic_search,
             SqlVectorStore(self.engine),
             settings.search.search_model_cache_dir,
+            encode_threads=settings.process.cpu_threads,
         )
         # The MCP layer: one session per connection. It is the CatalogView, the
         # ConnectionSupervisor and the ToolRunner of domain/catalog. Each listing it stores is

@@ -236,31 +236,37 @@ class MiniLmEncoder:
         rows, length = len(batch), max(len(ids) for ids in batch)
         hidden, heads = self.dimension, self._heads
         width = hidden // heads
-        token_ids = np.zeros((rows, length), dtype=np.int64)
-        mask = np.zeros((rows, length), dtype=np.float32)
-        for row, ids in enumerate(batch):
-            token_ids[row, : len(ids)] = ids
-            mask[row, : len(ids)] = 1.0
+        lengths = np.array([len(ids) for ids in batch])
+        mask = np.arange(length) < lengths[:, None]
+        # The real tokens' places in the padded rows x length grid. Only attention mixes the
+        # tokens of a text, so everything else (the matrix products, most of the work) runs
+        # on the real tokens alone, packed: padding costs only in the attention scores.
+        rows_of, positions = np.nonzero(mask)
+        real = rows_of * length + positions
+        token_ids = np.fromiter((i for ids in batch for i in ids), np.int64, len(real))
         # Activations stay 2-D (tokens x hidden): numpy hands 2-D products to BLAS whole,
         # while a 3-D @ 2-D product runs an order of magnitude slower.
-        x = (self._word[token_ids] + self._position[:length] + self._segment).reshape(-1, hidden)
+        x = self._word[token_ids] + self._position[positions] + self._segment
         x = _layer_norm(x, *self._embedding_norm, self._eps)
         # Padding keys get a large negative score, so softmax gives them no weight.
-        key_bias = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :]
+        key_bias = (~mask * np.float32(-1e9))[:, None, None, :]
         scale = np.float32(1 / math.sqrt(width))
+        padded = np.zeros((rows * length, 3 * hidden), dtype=np.float32)
         for layer in self._layers:
-            qkv = (x @ layer.qkv_w + layer.qkv_b).reshape(rows, length, 3, heads, width)
+            padded[real] = x @ layer.qkv_w + layer.qkv_b
+            qkv = padded.reshape(rows, length, 3, heads, width)
             q, k, v = (np.ascontiguousarray(qkv[:, :, i].transpose(0, 2, 1, 3)) for i in range(3))
             scores = (q @ k.transpose(0, 1, 3, 2)) * scale + key_bias
             scores -= scores.max(axis=-1, keepdims=True)
             weights = np.exp(scores)
             weights /= weights.sum(axis=-1, keepdims=True)
-            context = (weights @ v).transpose(0, 2, 1, 3).reshape(-1, hidden)
+            context = (weights @ v).transpose(0, 2, 1, 3).reshape(-1, hidden)[real]
             x = _layer_norm(x + context @ layer.out_w + layer.out_b, *layer.norm1, self._eps)
             inner = _gelu(x @ layer.up_w + layer.up_b)
             x = _layer_norm(x + inner @ layer.down_w + layer.down_b, *layer.norm2, self._eps)
-        x = x.reshape(rows, length, hidden)
-        pooled = (x * mask[:, :, None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
+        # Mean pooling over each text's tokens (they are consecutive in x).
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        pooled = np.add.reduceat(x, starts, axis=0) / lengths[:, None].astype(np.float32)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         normalised: Matrix = (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
         return normalised
@@ -434,12 +440,16 @@ def encoder_identity() -> str:
 
 
 def tool_embeddings(
-    mode: str, store: VectorStore | None = None, cache_dir: Path | None = None
+    mode: str,
+    store: VectorStore | None = None,
+    cache_dir: Path | None = None,
+    encode_threads: int = 1,
 ) -> ToolEmbeddings | None:
     """The embeddings behind tool search for the `semantic_search` setting, or None for
     keywords only; with `store`, vectors are shared through the database. The model is
     prepared in, and mapped from, `cache_dir` (default: :func:`default_model_cache_dir`);
-    it loads on its own thread when the embeddings are first prepared or used."""
+    it loads on its own thread when the embeddings are first prepared or used. A listing's
+    texts are encoded on `encode_threads` threads."""
     if mode == "off":
         log.info("semantic search off (semantic_search = off): tool search uses keywords only")
         return None
@@ -451,4 +461,9 @@ def tool_embeddings(
         )
         return None
     log.info("semantic search on: %s", MODEL_ID)
-    return ToolEmbeddings(lambda: load_packaged_encoder(cache), encoder_identity(), store)
+    return ToolEmbeddings(
+        lambda: load_packaged_encoder(cache),
+        encoder_identity(),
+        store,
+        encode_threads=encode_threads,
+    )

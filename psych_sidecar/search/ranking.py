@@ -463,12 +463,18 @@ class Embeddings(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Ranking:
-    """A search's hits, and whether the ranking was partial: semantic search is on but some
-    tools had no vector yet, or the model was not loaded to encode the query, so those tools
-    (or all) were ranked by keywords alone."""
+    """A search's hits, and how many of the `documents` searched were ranked by keywords
+    alone while semantic search is on: those with no vectors yet, or all of them while the
+    model is not loaded to encode the query."""
 
     hits: list[SearchHit]
-    partial: bool
+    keyword_only: int = 0
+    documents: int = 0
+
+    @property
+    def partial(self) -> bool:
+        """Whether some tools were ranked by keywords alone."""
+        return self.keyword_only > 0
 
 
 class SearchIndex:
@@ -579,18 +585,20 @@ class SearchIndex:
         query_vector = None
         if self._embeddings is not None and self._documents:
             query_vector = self._embeddings.query_vector(text)
+        count = len(self._documents)
         if query_vector is not None and self._vectors.shape[1] == query_vector.shape[0]:
             scores = self._fused(lexical, query_vector)
-            partial = not self.complete
+            keyword_only = count - int(np.count_nonzero(self._have[:count] & self._have[count:]))
         else:
-            scores = np.zeros(len(self._documents))
+            scores = np.zeros(count)
             scores[list(lexical)] = list(lexical.values())
-            partial = self._embeddings is not None and bool(self._documents)
+            keyword_only = count if self._embeddings is not None else 0
         if exact:
             scores[exact] = scores.max() + 1.0
         candidates = np.flatnonzero(scores)
         ranked = candidates[np.lexsort((candidates, -scores[candidates]))][:limit]
-        return Ranking([SearchHit(int(index), float(scores[index])) for index in ranked], partial)
+        hits = [SearchHit(int(index), float(scores[index])) for index in ranked]
+        return Ranking(hits, keyword_only, count)
 
     def _fused(self, lexical: dict[int, float], query: Vectors) -> npt.NDArray[np.float64]:
         """Reciprocal rank fusion of the keyword ranking and the semantic one, per document

@@ -16,12 +16,23 @@ from psych_sidecar.domain.surface import naming, one_line, qualified_names
 
 SEARCH_RESULT_LIMIT = 10
 SEARCH_DESCRIPTION_CHARS = 300
-# What the model is told when its search was ranked before every tool was indexed (the host's
-# SearchTools says the same with `partial`).
-PARTIAL_RANKING_NOTE = (
-    "Ranked while tool descriptions are still being indexed: some tools matched by keywords "
-    "only. Searching again shortly may rank better."
-)
+
+
+def partial_ranking_note(keyword_only: int, documents: int) -> str:
+    """What the model is told when its search was ranked before every tool was indexed by
+    meaning (the host's SearchTools says the same with `partial`): how much of the ranking
+    is keywords only, and that the same search will rank better shortly."""
+    if keyword_only >= documents:
+        what = "The search model is still loading: every tool was matched by keywords only"
+    else:
+        what = (
+            f"Partial ranking: {keyword_only} of {documents} tools are still being indexed "
+            "and were matched by keywords only"
+        )
+    return (
+        f"{what}, so a tool that fits may be missing or ranked low. Searching again in a few "
+        "seconds ranks them by meaning too."
+    )
 
 
 class MetaTools:
@@ -89,7 +100,7 @@ class MetaTools:
             return ToolResult.error("Pass the keywords, or a tool's exact name, as `query`.")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
             return ToolResult.error("`limit` must be an integer from 1 to 50.")
-        hits, partial = await self._cpu(call.resolved.ranked_search, query, limit)
+        hits, ranking = await self._cpu(call.resolved.ranked_search, query, limit)
         found: dict[str, Any] = {
             "query": query,
             "results": [
@@ -102,8 +113,9 @@ class MetaTools:
                 for hit in hits
             ],
         }
-        if partial:
-            found["note"] = PARTIAL_RANKING_NOTE
+        if ranking.partial:
+            found["partial"] = True
+            found["note"] = partial_ranking_note(ranking.keyword_only, ranking.documents)
         return ToolResult.structured(found)
 
 

@@ -47,7 +47,7 @@ from psych_sidecar.domain.surface.tiers import (
     VisibleServer,
     resolve_surface,
 )
-from psych_sidecar.search.ranking import Embeddings, SearchDocument, SearchIndex
+from psych_sidecar.search.ranking import Embeddings, Ranking, SearchDocument, SearchIndex
 
 SEARCH_PAGE_SIZE = 10
 MAX_SEARCH_PAGE_SIZE = 100
@@ -176,9 +176,10 @@ class ResolvedTurn:
                 )
         return SearchIndex(documents, self.embeddings), entries
 
-    def ranked_search(self, query: str, limit: int) -> tuple[list[SearchResult], bool]:
-        """The hits, and whether the ranking was partial (some tools' vectors, or the model
-        for the query, not ready yet: those were ranked by keywords). Never encodes a tool."""
+    def ranked_search(self, query: str, limit: int) -> tuple[list[SearchResult], Ranking]:
+        """The hits, and the ranking they come from, which says whether it was partial (some
+        tools' vectors, or the model for the query, not ready yet: those were ranked by
+        keywords) and for how many tools. Never encodes a tool."""
         if self.index_source is not None:
             index, entries = self.index_source(self)
         else:
@@ -193,7 +194,7 @@ class ResolvedTurn:
             SearchResult(entries[hit.index][0], entries[hit.index][1], hit.score)
             for hit in ranking.hits
         ]
-        return results, ranking.partial
+        return results, ranking
 
 
 def _parameter_names(schema_json: bytes) -> tuple[str, ...]:
@@ -444,10 +445,10 @@ class TurnResolver:
         if not isinstance(start, int):
             raise field_invalid("page_token", "not a token of this search")
         _, resolved = self.resolved(run_id)
-        hits, partial = resolved.ranked_search(query, start + limit + 1)
+        hits, ranking = resolved.ranked_search(query, start + limit + 1)
         page = hits[start : start + limit]
         token = encode_token(scope, start + limit) if len(hits) > start + limit else ""
-        return page, token, partial
+        return page, token, ranking.partial
 
     @staticmethod
     def _permitted_on(resolved: ResolvedTurn, server: str) -> dict[str, CatalogTool]:
