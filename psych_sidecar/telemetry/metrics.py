@@ -11,11 +11,13 @@ estimated tokens arrive here as numbers computed by the caller.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -25,11 +27,17 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -51,19 +59,77 @@ _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _BYTES = tuple(float(4**i) for i in range(4, 14))  # 256 B .. 64 MiB
 _TOKENS = tuple(float(4**i) for i in range(2, 12))  # 16 .. 4 Mi tokens
 
-RPCS = Counter(
-    f"{PREFIX}_rpcs",
-    "gRPC calls answered, by full method name and status code.",
-    ["method", "code"],
-    registry=REGISTRY,
-)
-RPC_SECONDS = Histogram(
+
+class _LeanHistogram(Collector):
+    """A histogram (and, optionally, the counter of its observations as a series of its own)
+    for what is recorded on every call: one lock and a bisect per observation, where the
+    client library's takes a lock per bucket, sum and count and walks the buckets in Python
+    (~7 µs per RPC for its counter and histogram together, against ~1 µs here). Exposed at
+    scrape time like the library's: `_bucket`, `_sum`, `_count`, and `<counter>_total`."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] = _FAST,
+        counter: tuple[str, str] | None = None,
+    ) -> None:
+        self._name, self._documentation, self._labels = name, documentation, list(labels)
+        self._bounds = list(buckets)
+        self._le = [*map(floatToGoString, self._bounds), "+Inf"]
+        self._counter = counter
+        self._lock = threading.Lock()
+        # label values -> [count, sum, observations per bucket (the last one: above all)]
+        self._series: dict[tuple[str, ...], list[Any]] = {}
+        REGISTRY.register(self)
+
+    def observe(self, seconds: float, labels: tuple[str, ...] = ()) -> None:
+        slot = bisect.bisect_left(self._bounds, seconds)
+        with self._lock:
+            series = self._series.get(labels)
+            if series is None:
+                series = self._series[labels] = [0, 0.0, [0] * (len(self._bounds) + 1)]
+            series[0] += 1
+            series[1] += seconds
+            series[2][slot] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            snapshot = [(labels, s[0], s[1], list(s[2])) for labels, s in self._series.items()]
+        histogram = HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
+        counter = (
+            CounterMetricFamily(self._counter[0], self._counter[1], labels=self._labels)
+            if self._counter is not None
+            else None
+        )
+        for labels, count, total, per_bucket in sorted(snapshot):
+            cumulative, buckets = 0, []
+            for bound, observed in zip(self._le, per_bucket, strict=True):
+                cumulative += observed
+                buckets.append((bound, float(cumulative)))
+            histogram.add_metric(list(labels), buckets, total)
+            if counter is not None:
+                counter.add_metric(list(labels), float(count))
+        if counter is not None:
+            yield counter
+        yield histogram
+
+    def describe(self) -> Iterator[Metric]:
+        # Registered with its families' names, so that another metric cannot take them.
+        yield HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
+        if self._counter is not None:
+            yield CounterMetricFamily(self._counter[0], self._counter[1], labels=self._labels)
+
+
+# The per-call series: RPCs (psych_sidecar_rpcs_total and psych_sidecar_rpc_seconds), the
+# storage threads' and the pool's waits.
+RPC_SECONDS = _LeanHistogram(
     f"{PREFIX}_rpc_seconds",
     "Time to answer a gRPC call in the sidecar (from the handler's start to its answer), "
     "by method and status code.",
     ["method", "code"],
-    buckets=_FAST,
-    registry=REGISTRY,
+    counter=(f"{PREFIX}_rpcs", "gRPC calls answered, by full method name and status code."),
 )
 TOOL_CALLS = Counter(
     f"{PREFIX}_mcp_tool_calls",
@@ -128,18 +194,14 @@ SEARCH_SECONDS = Histogram(
     buckets=_FAST,
     registry=REGISTRY,
 )
-STORAGE_WAIT_SECONDS = Histogram(
+STORAGE_WAIT_SECONDS = _LeanHistogram(
     f"{PREFIX}_storage_wait_seconds",
     "Time a storage call waited for a worker thread, and so for its database connection "
     "(the pool has one connection per thread).",
-    buckets=_FAST,
-    registry=REGISTRY,
 )
-DB_POOL_WAIT_SECONDS = Histogram(
+DB_POOL_WAIT_SECONDS = _LeanHistogram(
     f"{PREFIX}_db_pool_wait_seconds",
     "Time a transaction waited for a connection from the database pool.",
-    buckets=_FAST,
-    registry=REGISTRY,
 )
 LOOP_LAG_SECONDS = Histogram(
     f"{PREFIX}_event_loop_lag_seconds",
@@ -236,20 +298,9 @@ def enable() -> None:
 # Recording helpers, so callers need not know label names; each costs one check when off.
 
 
-# (method, code) -> its counter and histogram children: labels() takes a lock and builds a
-# key on every call; the set of pairs is bounded by the contract.
-_rpc_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
-
-
 def record_rpc(method: str, code: str, seconds: float) -> None:
-    if not _enabled:
-        return
-    children = _rpc_children.get((method, code))
-    if children is None:
-        children = RPCS.labels(method, code), RPC_SECONDS.labels(method, code)
-        _rpc_children[(method, code)] = children
-    children[0].inc()
-    children[1].observe(seconds)
+    if _enabled:
+        RPC_SECONDS.observe(seconds, (method, code))
 
 
 def record_tool_call(connection: str, outcome: str, seconds: float) -> None:
@@ -294,13 +345,17 @@ def record_usage(input_tokens: int, cache_read: int, cache_write: int, output: i
             USAGE_TOKENS.labels(kind).inc(value)
 
 
-def observe(histogram: Histogram, seconds: float) -> None:
+class Observed(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+def observe(histogram: Observed, seconds: float) -> None:
     if _enabled:
         histogram.observe(seconds)
 
 
 @contextlib.contextmanager
-def timed(histogram: Histogram) -> Iterator[None]:
+def timed(histogram: Observed) -> Iterator[None]:
     started = time.perf_counter()
     try:
         yield
