@@ -10,12 +10,15 @@ import mcp_types as types
 from pydantic import BaseModel
 
 from psych_sidecar.bulk.slices import b64decode_sliced, json_sliced
-from psych_sidecar.domain.calls.validation import SchemaValidators
+from psych_sidecar.domain.calls.validation import SchemaValidators, json_within
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind
 
 DEFAULT_BINARY_MIME_TYPE = "application/octet-stream"
+# A result holding at most this many characters is converted (and judged) on the event loop:
+# the hop to a worker thread and back costs more than the work (docs/design.md).
+INLINE_RESULT_CHARS = 16 * 1024
 # How much of the first violation of an output schema the tool error quotes.
 MAX_OUTPUT_PROBLEM_CHARS = 300
 
@@ -65,6 +68,37 @@ def tool_result(result: types.CallToolResult) -> McpToolResult:
         # (this runs on a worker thread, and the event loop needs the GIL meanwhile).
         result_json=json_sliced(_dump(result), canonical_json),
         content=tuple(_parts(result)),
+    )
+
+
+def _block_chars(block: Any) -> int | None:
+    """A content block's characters, or None for a kind only its dump would size."""
+    if isinstance(block, types.TextContent):
+        return len(block.text)
+    if isinstance(block, types.ImageContent | types.AudioContent):
+        return len(block.data)
+    if isinstance(block, types.EmbeddedResource):
+        resource = block.resource
+        if isinstance(resource, types.TextResourceContents):
+            return len(resource.text)
+        if isinstance(resource, types.BlobResourceContents):
+            return len(resource.blob)
+    return None
+
+
+def small_result(result: types.CallToolResult, limit: int = INLINE_RESULT_CHARS) -> bool:
+    """Whether a result holds at most `limit` characters, counted without converting it."""
+    left = limit
+    for block in result.content:
+        size = _block_chars(block)
+        if size is None:
+            return False
+        left -= size
+        if left < 0 or (block.meta is not None and not json_within(block.meta, left)):
+            return False
+    return all(
+        value is None or json_within(value, left)
+        for value in (result.structured_content, result.meta)
     )
 
 

@@ -49,7 +49,12 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.domain.catalog.oauth import AuthorizationReason, authorization_line
 from psych_sidecar.mcp.oauth import GrantAuth, TokenKeeper
-from psych_sidecar.mcp.results import output_schema_problem, schema_broken_result, tool_result
+from psych_sidecar.mcp.results import (
+    output_schema_problem,
+    schema_broken_result,
+    small_result,
+    tool_result,
+)
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
 from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.stdio import LineTooLong
@@ -708,6 +713,8 @@ class ConnectionSession:
                 result = await client.call_tool(
                     tool, dict(arguments), read_timeout_seconds=timeout_seconds
                 )
+            if self._judged_quickly(tool, result):
+                return self._judged(tool, result)
             # Converting a large result (base64 decoding, JSON of tens of MB) and judging it
             # against its output schema are CPU work: off the event loop, so health checks
             # and other calls are answered meanwhile.
@@ -733,6 +740,20 @@ class ConnectionSession:
                 f"inside the sidecar ({type(error).__name__}); correlation id {correlation_id}.",
                 "refused",
             ) from None
+
+    def _judged_quickly(self, tool: str, result: types.CallToolResult) -> bool:
+        """Whether converting and judging the result is cheap enough for the event loop: a
+        small result, and no output schema check that is not (`SchemaValidators.quick`)."""
+        if not small_result(result):
+            return False
+        schema = self._output_schemas.get(tool, b"")
+        structured = result.structured_content
+        return (
+            not schema
+            or structured is None
+            or bool(result.is_error)
+            or self._validators.quick(schema, structured)
+        )
 
     def _judged(self, tool: str, result: types.CallToolResult) -> tuple[McpToolResult, str]:
         """The result as the log keeps it, and its metric outcome. One that breaks the tool's

@@ -68,7 +68,11 @@ class McpCalls:
             return ToolResult.error(
                 f"The arguments of {server}/{tool} must be a JSON object.", server, tool
             )
-        problems = await self._cpu(self._validators.errors, found.input_schema_json, arguments)
+        schema = found.input_schema_json
+        if self._validators.quick(schema, arguments):
+            problems = self._validators.errors(schema, arguments)
+        else:
+            problems = await self._cpu(self._validators.errors, schema, arguments)
         if problems:
             shown = problems[:MAX_VALIDATION_ERRORS]
             more = len(problems) - len(shown)

@@ -10,14 +10,71 @@ from typing import Any
 
 from psych_sidecar.domain.cache import ImmutableCache
 
+# A value with at most this many characters (strings, keys, one per scalar and per member) is
+# judged on the calling thread, the event loop included, when its schema is compiled and has
+# no regular expression: the hop to a worker thread and back costs more than such a check.
+INLINE_CHECK_CHARS = 4096
+# Keywords whose check runs a server's regular expression: its time has no bound worth the
+# event loop's risk, whatever the size of the value.
+_REGEX_KEYWORDS = frozenset({"pattern", "patternProperties"})
+
+
+def json_within(value: Any, limit: int) -> bool:
+    """Whether a JSON-like value holds at most `limit` characters (see INLINE_CHECK_CHARS):
+    stops counting as soon as it is over, so a large value costs no more than a small one."""
+    stack = [value]
+    left = limit
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            left -= len(item)
+        elif isinstance(item, Mapping | list | tuple):
+            # Every member counts at least one: a structure longer than what is left is over.
+            left -= 1 + len(item)
+            if left < 0:
+                return False
+            if isinstance(item, Mapping):
+                left -= sum(len(key) for key in item if isinstance(key, str))
+                stack.extend(item.values())
+            else:
+                stack.extend(item)
+        else:
+            left -= 1
+        if left < 0:
+            return False
+    return True
+
+
+def _has_key(value: Any, keys: frozenset[str]) -> bool:
+    """Whether any object within a JSON value has one of `keys` (a property named so too:
+    erring on the side of the worker thread)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if not keys.isdisjoint(item):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
 
 class SchemaValidators:
     """JSON Schema validators per schema, each built once: a tool's input schema for a call's
     arguments, and (in the MCP layer) its output schema for the server's result."""
 
     def __init__(self) -> None:
-        # (validator,) or (None,) for a schema that cannot be used.
-        self._cache = ImmutableCache[bytes, tuple[Any]](4096)
+        # (validator, quick) or (None, True) for a schema that cannot be used; quick: no
+        # keyword of the schema runs a regular expression.
+        self._cache = ImmutableCache[bytes, tuple[Any, bool]](4096)
+
+    def quick(self, schema_json: bytes, value: Any) -> bool:
+        """Whether checking `value` against the schema is cheap enough for the event loop:
+        the schema's validator is built (building one is not), the schema runs no regular
+        expression and the value is small (INLINE_CHECK_CHARS)."""
+        cached = self._cache.get(schema_json)
+        return cached is not None and cached[1] and json_within(value, INLINE_CHECK_CHARS)
 
     def errors(self, schema_json: bytes, arguments: Mapping[str, Any]) -> list[str] | None:
         """The violations, or None when the server's schema itself is unusable (then the
@@ -40,9 +97,12 @@ class SchemaValidators:
                 # itself and the JSON Schema metaschemas, never over the network (jsonschema's
                 # default registry fetches remote `$ref`s, with no timeout). An empty registry:
                 # whatever else is unresolvable.
-                cached = (cls(schema, registry=referencing.Registry()),)
+                cached = (
+                    cls(schema, registry=referencing.Registry()),
+                    not _has_key(schema, _REGEX_KEYWORDS),
+                )
             except (ValueError, jsonschema.exceptions.SchemaError, TypeError):
-                cached = (None,)
+                cached = (None, True)
             self._cache.put(schema_json, cached)
         validator = cached[0]
         if validator is None:
