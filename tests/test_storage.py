@@ -18,6 +18,8 @@ from psych_sidecar.storage.db import (
     current_revision,
     migrate,
     migrations_head,
+    shared_reads,
+    transaction,
 )
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.tables import metadata
@@ -198,5 +200,27 @@ def test_calls_recorded_before_the_log_answered_retries_are_converted_to_referen
             ).scalars()
             assert [bytes(value) for value in restored] == [spliced, unmatched]
         migrate(engine)
+    finally:
+        engine.dispose()
+
+
+def test_reads_in_a_shared_block_are_one_transaction_and_writes_their_own(
+    database_url: str,
+) -> None:
+    engine = create_database_engine(database_url, pool_size=2)
+    try:
+        migrate(engine)
+        with shared_reads(engine):
+            with transaction(engine, write=False) as first:
+                pass
+            with transaction(engine, write=False) as second:
+                assert second is first
+            with transaction(engine, write=True) as write:
+                assert write is not first
+                write.execute(text("SELECT 1"))
+            with shared_reads(engine), transaction(engine, write=False) as nested:
+                assert nested is first
+        with transaction(engine, write=False) as after:
+            assert after is not first
     finally:
         engine.dispose()

@@ -49,7 +49,7 @@ from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.search import ToolEmbeddings
 from psych_sidecar.search.encoder import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
-from psych_sidecar.storage.db import create_database_engine, open_read_only
+from psych_sidecar.storage.db import create_database_engine, open_read_only, shared_reads
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqliteTurnStartsNow, SqlLogReader
 from psych_sidecar.storage.oauth import SqlOAuthStore
@@ -200,6 +200,7 @@ class SidecarGraph:
             self.blocking,
             settings.mcp.tool_call_timeout_seconds,
             cpu=cpu,
+            one_read=lambda: shared_reads(self.engine),
         )
         usage = SqlUsageStore(self.engine)
         self.inspector = RunInspector(

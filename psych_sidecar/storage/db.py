@@ -8,6 +8,7 @@ import logging
 import math
 import sqlite3
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -322,6 +323,27 @@ def unavailable_as_typed_errors() -> Iterator[None]:
         raise mapped from error
 
 
+# The read transaction this thread's reads share while a `shared_reads` block is open.
+_shared = threading.local()
+
+
+@contextlib.contextmanager
+def shared_reads(engine: Engine) -> Iterator[None]:
+    """Until the block ends, this thread's read transactions on `engine` are one: a hop that
+    reads several things (a tool call's turn, then its recorded answer) pays for one pooled
+    connection, one BEGIN and one COMMIT instead of one each, and its reads see one snapshot
+    on SQLite. Writes inside the block still get transactions of their own."""
+    if getattr(_shared, "engine", None) is not None:
+        yield
+        return
+    with transaction(engine, write=False) as connection:
+        _shared.engine, _shared.connection = engine, connection
+        try:
+            yield
+        finally:
+            _shared.engine = _shared.connection = None
+
+
 @contextlib.contextmanager
 def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
     """A transaction; `write=True` takes SQLite's write lock up front (PostgreSQL ignores it).
@@ -329,7 +351,12 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
     Every driver failure that means the database is unavailable (down, restarting, locked
     past the busy timeout, a serialization failure) leaves here as STORAGE_UNAVAILABLE;
     nothing was committed by this transaction unless the failure came after its commit.
-    Its wait for a pooled connection is a metric; the transaction is a span when tracing."""
+    Its wait for a pooled connection is a metric; the transaction is a span when tracing.
+    A read inside a `shared_reads` block of the same engine joins that block's transaction."""
+    if not write and getattr(_shared, "engine", None) is engine:
+        with unavailable_as_typed_errors():
+            yield _shared.connection
+        return
     with tracing.span("db.transaction") as span, unavailable_as_typed_errors():
         if span is not None:
             span.set_attributes(

@@ -6,8 +6,10 @@ answer, and the tool does not run again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from psych_sidecar.domain.calls.results import ToolOutcome, ToolResult
@@ -25,11 +27,22 @@ from psych_sidecar.domain.surface import RunContext
 Prepared = TypeVar("Prepared")
 
 
+ReadScope = Callable[[], AbstractContextManager[object]]
+"""Makes the database reads inside its block one transaction (the storage's `shared_reads`)."""
+
+
 class CallLedger:
-    def __init__(self, runs: RunService, log: LogReader, blocking: RunBlocking) -> None:
+    def __init__(
+        self,
+        runs: RunService,
+        log: LogReader,
+        blocking: RunBlocking,
+        one_read: ReadScope = contextlib.nullcontext,
+    ) -> None:
         self._runs = runs
         self._log = log
         self._blocking = blocking
+        self._one_read = one_read
         # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
         # after a lost response) waits for the first and gets its answer.
         self._in_flight: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
@@ -97,8 +110,9 @@ class CallLedger:
     def _prepared_and_recorded(
         self, run_id: str, call_id: str, prepare: Callable[[], Prepared]
     ) -> tuple[Prepared, str, RecordedCall | None]:
-        prepared = prepare()
-        return (prepared, *self._recorded(run_id, call_id))
+        with self._one_read():
+            prepared = prepare()
+            return (prepared, *self._recorded(run_id, call_id))
 
     def _recorded(self, run_id: str, call_id: str) -> tuple[str, RecordedCall | None]:
         """The request id naming this call in its assistant step, and its recorded result."""

@@ -14,13 +14,14 @@ id, a handle this Run was never given) is a typed error and nothing is appended.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
-from psych_sidecar.domain.calls.ledger import CallLedger
+from psych_sidecar.domain.calls.ledger import CallLedger, ReadScope
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall
 from psych_sidecar.domain.calls.meta_tools import MetaTools
 from psych_sidecar.domain.calls.own_tools import OwnTools
@@ -64,11 +65,13 @@ class ToolRouter:
         blocking: RunBlocking,
         default_timeout_seconds: float,
         cpu: RunBlocking | None = None,
+        one_read: ReadScope = contextlib.nullcontext,
     ) -> None:
         self._resolver = resolver
         self._blocking = blocking
         self._default_timeout = default_timeout_seconds
-        self._ledger = CallLedger(runs, log, blocking)
+        # A call's reads before it runs (its turn, a recorded answer) in one transaction.
+        self._ledger = CallLedger(runs, log, blocking, one_read)
         # CPU-heavy steps (search, schema validation) run there, never on the storage threads.
         self._mcp = McpCalls(runner, cpu or blocking)
         meta = MetaTools(self._mcp, cpu or blocking)
