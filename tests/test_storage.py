@@ -18,6 +18,7 @@ from psych_sidecar.storage.db import (
     current_revision,
     migrate,
     migrations_head,
+    plain_select,
     shared_reads,
     transaction,
 )
@@ -220,6 +221,11 @@ def test_reads_in_a_shared_block_are_one_transaction_and_writes_their_own(
                 write.execute(text("SELECT 1"))
             with shared_reads(engine), transaction(engine, write=False) as nested:
                 assert nested is first
+            # A plain SELECT runs on the block's connection: it sees the block's temporary table.
+            first.execute(text("CREATE TEMPORARY TABLE shared_probe (x INTEGER)"))
+            assert [
+                tuple(row) for row in plain_select(engine, "SELECT COUNT(*) FROM shared_probe", ())
+            ] == [(0,)]
         with transaction(engine, write=False) as after:
             assert after is not first
     finally:

@@ -329,10 +329,11 @@ _shared = threading.local()
 
 @contextlib.contextmanager
 def shared_reads(engine: Engine) -> Iterator[None]:
-    """Until the block ends, this thread's read transactions on `engine` are one: a hop that
-    reads several things (a tool call's turn, then its recorded answer) pays for one pooled
-    connection, one BEGIN and one COMMIT instead of one each, and its reads see one snapshot
-    on SQLite. Writes inside the block still get transactions of their own."""
+    """Until the block ends, this thread's reads on `engine` (transactions and `plain_select`)
+    are one transaction: a hop that reads several things (a tool call's turn, then its
+    recorded answer) pays for one pooled connection, one BEGIN and one COMMIT instead of one
+    each, and its reads see one snapshot on SQLite. Writes inside the block still get
+    transactions of their own."""
     if getattr(_shared, "engine", None) is not None:
         yield
         return
@@ -382,7 +383,16 @@ def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[
     ResolveTurn and tool call makes: SQLAlchemy's statement and transaction machinery costs
     several times the query itself there, and one SELECT is atomic on its own on both
     databases. `sql` uses the dialect's placeholder (:func:`placeholder`). The driver's
-    "not now" failures leave as STORAGE_UNAVAILABLE, as from `transaction`."""
+    "not now" failures leave as STORAGE_UNAVAILABLE, as from `transaction`. Inside a
+    `shared_reads` block of the same engine it runs in that block's transaction."""
+    if getattr(_shared, "engine", None) is engine:
+        with unavailable_as_typed_errors():
+            cursor = _shared.connection.connection.cursor()
+            try:
+                cursor.execute(sql, parameters)
+                return list(cursor.fetchall())
+            finally:
+                cursor.close()
     with unavailable_as_typed_errors():
         dbapi_connection = engine.raw_connection()
         try:
