@@ -3,13 +3,24 @@ sidecar's gRPC API only, as a host application would, and never talks to the MCP
 
     python -m tests.conformance.host SERVER_URL
 
-The suite's runner appends the scenario server's URL and names the scenario in
-MCP_CONFORMANCE_SCENARIO; PSYCH_SIDECAR_ADDRESS is the sidecar to drive (scripts/test-conformance
-starts one). The host puts a streamable-HTTP connection to the URL, waits until the sidecar has
-connected (or given up), then calls every tool the server listed once through CallDeferredTool,
-with arguments made from each tool's input schema, and deletes the connection. It exits 0 when
-the sidecar connected and every call returned a result that is not an error; otherwise it says
-what the sidecar reported on stderr and exits 1.
+The suite's runner appends the scenario server's URL, names the scenario in
+MCP_CONFORMANCE_SCENARIO and, for some, passes a JSON context in MCP_CONFORMANCE_CONTEXT;
+PSYCH_SIDECAR_ADDRESS is the sidecar to drive (scripts/test-conformance starts one). The host puts
+a streamable-HTTP connection to the URL, waits until the sidecar has connected (or given up),
+then calls every tool the server listed once through CallDeferredTool, with arguments made from
+each tool's input schema, and deletes the connection. It exits 0 when the sidecar connected and
+every call returned a result that is not an error; otherwise it says what the sidecar reported
+on stderr and exits 1.
+
+An `auth/` scenario's server needs OAuth, and the host configures the connection's auth as its
+user would: the client credentials of the context for the client-credentials scenarios, else the
+authorization-code flow with the context's pre-registered client, or the suite's client ID
+metadata document URL (dynamic registration when the server does not take one). Whenever the
+connection needs authorization, the host signs in as a user would: BeginSignIn, its
+authorization URL followed as a browser would (the suite's authorization server approves at
+once and redirects to the host's redirect URI, which the host reads without following), and
+CompleteSignIn with the redirect's state and code. A tool call refused for want of a scope is
+retried after signing in again; the host signs in at most MAX_SIGN_INS times a scenario.
 """
 
 from __future__ import annotations
@@ -20,7 +31,10 @@ import os
 import re
 import sys
 import time
+import urllib.error
+import urllib.request
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import grpc
 from google.protobuf import struct_pb2
@@ -44,6 +58,15 @@ TENANT = "conformance"
 SETTLE_SECONDS = 20.0
 CALL_TIMEOUT_SECONDS = 20
 RPC_TIMEOUT_SECONDS = CALL_TIMEOUT_SECONDS + 10
+# The client ID metadata document URL the suite's authorization servers expect (its
+# CIMD_CLIENT_METADATA_URL); it need not resolve.
+CLIENT_METADATA_URL = "https://conformance-test.local/client-metadata.json"
+# The host's redirect URI: never served, the host reads the redirect to it without following.
+REDIRECT_URI = "http://127.0.0.1:3000/callback"
+# Sign-ins a scenario may take: the first, then scope step-ups. The spec asks clients to limit
+# re-authorization after repeated insufficient_scope refusals (auth/scope-retry-limit: 3).
+MAX_SIGN_INS = 3
+BROWSER_TIMEOUT_SECONDS = 10
 # A sample value per JSON Schema type, for the arguments of a call.
 SAMPLES: dict[str, Any] = {
     "number": 2,
@@ -74,25 +97,125 @@ def sample_arguments(input_schema_json: bytes) -> dict[str, Any]:
     return arguments
 
 
+def http_transport(
+    scenario: str, url: str, context: dict[str, Any]
+) -> connection_pb2.HttpTransport:
+    """The connection's transport, with the auth a user would configure for the scenario."""
+    transport = connection_pb2.HttpTransport(
+        url=url, protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP
+    )
+    if not scenario.startswith("auth/"):
+        return transport
+    if scenario.startswith("auth/client-credentials-"):
+        credentials = connection_pb2.OAuthClientCredentials(client_id=context["client_id"])
+        if "private_key_pem" in context:
+            credentials.private_key_jwt.private_key_pem = context["private_key_pem"]
+            credentials.private_key_jwt.algorithm = context.get("signing_algorithm", "")
+        else:
+            credentials.client_secret = context["client_secret"]
+        transport.oauth_client_credentials.CopyFrom(credentials)
+        return transport
+    code = connection_pb2.OAuthAuthorizationCode(redirect_uri=REDIRECT_URI)
+    if "client_id" in context:
+        code.registered_client.client_id = context["client_id"]
+        code.registered_client.client_secret = context.get("client_secret", "")
+    else:
+        code.client_metadata_url = CLIENT_METADATA_URL
+    transport.oauth_authorization_code.CopyFrom(code)
+    return transport
+
+
+SETTLED_STATES = (
+    connection_pb2.CONNECTION_STATE_UNREACHABLE,
+    connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED,
+)
+
+
+def find_connection(
+    connections: connection_service_pb2_grpc.ConnectionServiceStub, name: str
+) -> connection_pb2.Connection:
+    listing = connections.ListConnections(
+        connection_service_pb2.ListConnectionsRequest(tenant=TENANT, page_size=1000),
+        timeout=RPC_TIMEOUT_SECONDS,
+    )
+    return next(c for c in listing.connections if c.name == name)
+
+
 def wait_until_settled(
     connections: connection_service_pb2_grpc.ConnectionServiceStub, name: str
 ) -> connection_pb2.Connection:
-    """The connection once its first attempt ended: connected with a catalogue, or unreachable."""
+    """The connection once its attempt ended: connected with a catalogue, unreachable, or
+    waiting for authorization."""
     deadline = time.monotonic() + SETTLE_SECONDS
     while True:
-        listing = connections.ListConnections(
-            connection_service_pb2.ListConnectionsRequest(tenant=TENANT, page_size=1000),
-            timeout=RPC_TIMEOUT_SECONDS,
-        )
-        found = next(c for c in listing.connections if c.name == name)
+        found = find_connection(connections, name)
         connected = found.state == connection_pb2.CONNECTION_STATE_CONNECTED
-        if (connected and found.catalog_version > 0) or (
-            found.state == connection_pb2.CONNECTION_STATE_UNREACHABLE
-        ):
+        if (connected and found.catalog_version > 0) or found.state in SETTLED_STATES:
             return found
         if time.monotonic() > deadline:
             return found
         time.sleep(0.05)
+
+
+def describe(connection: connection_pb2.Connection) -> str:
+    state = connection_pb2.ConnectionState.Name(connection.state)
+    if connection.state == connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED:
+        reason = connection_pb2.AuthorizationRequiredReason.Name(
+            connection.authorization_required_reason
+        )
+        state = f"{state} ({reason})"
+    return f"{state} {connection.last_error}".rstrip()
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+def browse(authorization_url: str) -> tuple[str, str]:
+    """What the user's browser brings back to the host's redirect URI: (state, code). The
+    authorization server answers the URL with a redirect there, which is read, not followed."""
+    opener = urllib.request.build_opener(_NoRedirects)
+    try:
+        with opener.open(authorization_url, timeout=BROWSER_TIMEOUT_SECONDS) as answer:
+            raise RuntimeError(f"the authorization URL answered {answer.status}, not a redirect")
+    except urllib.error.HTTPError as answer:
+        location = answer.headers.get("Location", "")
+        if not 300 <= answer.code < 400 or not location.startswith(REDIRECT_URI):
+            raise RuntimeError(
+                f"the authorization URL answered {answer.code} {location!r}"
+            ) from None
+    query = parse_qs(urlsplit(location).query)
+    if "error" in query:
+        raise RuntimeError(f"the authorization server refused: {query}")
+    return query["state"][0], query["code"][0]
+
+
+def sign_in(
+    connections: connection_service_pb2_grpc.ConnectionServiceStub, name: str
+) -> connection_pb2.Connection | None:
+    """Sign the user in as a host would; the connection after it, None when it failed."""
+    try:
+        begun = connections.BeginSignIn(
+            connection_service_pb2.BeginSignInRequest(tenant=TENANT, name=name),
+            timeout=RPC_TIMEOUT_SECONDS,
+        )
+        print(f"host: sign-in: {begun.authorization_url}", file=sys.stderr)
+        state, code = browse(begun.authorization_url)
+        completed = connections.CompleteSignIn(
+            connection_service_pb2.CompleteSignInRequest(
+                tenant=TENANT, state=state, code=code, name=name
+            ),
+            timeout=RPC_TIMEOUT_SECONDS,
+        )
+    except (grpc.RpcError, RuntimeError, OSError) as error:
+        detail = (
+            f"{error.code().name}: {error.details()}" if isinstance(error, grpc.RpcError) else error
+        )
+        print(f"host: sign-in failed: {detail}", file=sys.stderr)
+        return None
+    print(f"host: signed in: {describe(completed.connection)}", file=sys.stderr)
+    return completed.connection
 
 
 def catalogue(
@@ -130,53 +253,86 @@ def new_run(channel: grpc.Channel, name: str) -> str:
     return str(created.run.run_id)
 
 
-def call_each_tool(
-    channel: grpc.Channel, run_id: str, server: str, tools: list[connection_pb2.CatalogTool]
-) -> bool:
-    """Call every tool once; whether every call returned a result that is not an error."""
-    stub = tool_service_pb2_grpc.ToolServiceStub(channel)
-    all_ok = True
-    for number, tool in enumerate(tools):
+class Play:
+    """One scenario's connection, and the sign-ins it took."""
+
+    def __init__(self, channel: grpc.Channel, name: str) -> None:
+        self.channel = channel
+        self.connections = connection_service_pb2_grpc.ConnectionServiceStub(channel)
+        self.name = name
+        self.sign_ins = 0
+
+    def settle(self) -> connection_pb2.Connection:
+        """The connection once settled, signed in as often as it asks and MAX_SIGN_INS allows."""
+        connection = wait_until_settled(self.connections, self.name)
+        print(f"host: connection {self.name}: {describe(connection)}", file=sys.stderr)
+        while (
+            connection.state == connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED
+            and self.sign_ins < MAX_SIGN_INS
+        ):
+            self.sign_ins += 1
+            if sign_in(self.connections, self.name) is None:
+                break
+            connection = wait_until_settled(self.connections, self.name)
+            print(f"host: connection {self.name}: {describe(connection)}", file=sys.stderr)
+        return connection
+
+    def call(
+        self, run_id: str, tool: connection_pb2.CatalogTool, call_id: str
+    ) -> tool_service_pb2.CallDeferredToolResponse:
         arguments = struct_pb2.Struct()
         arguments.update(sample_arguments(tool.input_schema_json))
         request = tool_service_pb2.CallDeferredToolRequest(
-            run_id=run_id,
-            server=server,
-            tool=tool.name,
-            arguments=arguments,
-            call_id=f"call-{number}",
+            run_id=run_id, server=self.name, tool=tool.name, arguments=arguments, call_id=call_id
         )
         request.timeout.seconds = CALL_TIMEOUT_SECONDS
-        outcome = stub.CallDeferredTool(request, timeout=RPC_TIMEOUT_SECONDS).outcome
-        result = outcome.result_json.decode()
-        print(f"host: {tool.name} -> is_error {outcome.is_error}: {result[:500]}", file=sys.stderr)
-        all_ok = all_ok and not outcome.is_error
-    return all_ok
+        stub = tool_service_pb2_grpc.ToolServiceStub(self.channel)
+        response: tool_service_pb2.CallDeferredToolResponse = stub.CallDeferredTool(
+            request, timeout=RPC_TIMEOUT_SECONDS
+        )
+        outcome = response.outcome
+        result = outcome.result_json.decode()[:500]
+        print(f"host: {tool.name} -> is_error {outcome.is_error}: {result}", file=sys.stderr)
+        return response
+
+    def call_each_tool(self, run_id: str, tools: list[connection_pb2.CatalogTool]) -> bool:
+        """Call every tool once; whether every call returned a result that is not an error.
+        A call refused because the connection needs authorization (a scope step-up) is made
+        again, under a new call id, once the user has signed in again."""
+        all_ok = True
+        for number, tool in enumerate(tools):
+            outcome = self.call(run_id, tool, f"call-{number}").outcome
+            attempt = 0
+            while outcome.is_error and attempt < MAX_SIGN_INS and self.sign_ins < MAX_SIGN_INS:
+                needs = find_connection(self.connections, self.name)
+                if needs.state != connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED:
+                    break
+                print(f"host: connection {self.name}: {describe(needs)}", file=sys.stderr)
+                if self.settle().state != connection_pb2.CONNECTION_STATE_CONNECTED:
+                    break
+                attempt += 1
+                outcome = self.call(run_id, tool, f"call-{number}-again-{attempt}").outcome
+            all_ok = all_ok and not outcome.is_error
+        return all_ok
 
 
-def play(channel: grpc.Channel, scenario: str, url: str) -> bool:
+def play(channel: grpc.Channel, scenario: str, url: str, context: dict[str, Any]) -> bool:
     connections = connection_service_pb2_grpc.ConnectionServiceStub(channel)
     name = connection_name(scenario)
     connection = connection_pb2.Connection(
-        tenant=TENANT,
-        name=name,
-        http=connection_pb2.HttpTransport(
-            url=url, protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP
-        ),
+        tenant=TENANT, name=name, http=http_transport(scenario, url, context)
     )
     connections.PutConnection(
         connection_service_pb2.PutConnectionRequest(connection=connection),
         timeout=RPC_TIMEOUT_SECONDS,
     )
     try:
-        settled = wait_until_settled(connections, name)
-        state = connection_pb2.ConnectionState.Name(settled.state)
-        print(f"host: connection {name}: {state} {settled.last_error}".rstrip(), file=sys.stderr)
-        if settled.state != connection_pb2.CONNECTION_STATE_CONNECTED:
+        current = Play(channel, name)
+        if current.settle().state != connection_pb2.CONNECTION_STATE_CONNECTED:
             return False
         tools = catalogue(connections, name)
         print(f"host: catalogue: {[tool.name for tool in tools]}", file=sys.stderr)
-        return call_each_tool(channel, new_run(channel, name), name, tools)
+        return current.call_each_tool(new_run(channel, name), tools)
     finally:
         # The scenario's server stops after this run: the sidecar must not keep retrying it.
         connections.DeleteConnection(
@@ -189,12 +345,14 @@ def main() -> int:
     url = sys.argv[-1]
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
     address = os.environ["PSYCH_SIDECAR_ADDRESS"]
+    # The runner's context for the scenario (its `name` and, for some, client credentials).
+    context: dict[str, Any] = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
     if not scenario:
         print("host: MCP_CONFORMANCE_SCENARIO is not set", file=sys.stderr)
         return 2
     with grpc.insecure_channel(address) as channel:
         grpc.channel_ready_future(channel).result(timeout=RPC_TIMEOUT_SECONDS)
-        return 0 if play(channel, scenario, url) else 1
+        return 0 if play(channel, scenario, url, context) else 1
 
 
 if __name__ == "__main__":
