@@ -445,7 +445,9 @@ class OAuthFlows:
                 client_id=auth.client_id,
                 client_secret=auth.client_secret or None,
                 redirect_uris=[pydantic.AnyUrl(auth.redirect_uri)],
-                token_endpoint_auth_method="client_secret_post" if auth.client_secret else "none",
+                token_endpoint_auth_method=_registered_client_auth_method(
+                    metadata, bool(auth.client_secret)
+                ),
             )
         if auth.client_kind is ClientKind.METADATA_URL and should_use_client_metadata_url(
             metadata, auth.client_metadata_url
@@ -641,6 +643,19 @@ class OAuthFlows:
             raise self.guard.failed(
                 connection.name, str(metadata.token_endpoint), "the token response is not valid"
             ) from None
+
+
+def _registered_client_auth_method(metadata: OAuthMetadata, has_secret: bool) -> str:
+    """How a pre-registered client authenticates at the token endpoint: a public one not at
+    all; one with a secret by HTTP Basic (client_secret_basic, which every authorization server
+    must accept, RFC 6749 §2.3.1, and the default of RFC 8414's method list) unless the server
+    lists client_secret_post and not Basic."""
+    if not has_secret:
+        return "none"
+    supported = metadata.token_endpoint_auth_methods_supported or []
+    if "client_secret_post" in supported and "client_secret_basic" not in supported:
+        return "client_secret_post"
+    return "client_secret_basic"
 
 
 def _b64(text: str) -> str:
