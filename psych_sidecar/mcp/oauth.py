@@ -321,11 +321,13 @@ class OAuthFlows:
         )
         server_metadata: OAuthMetadata | None = None
         tried = ""
+        last_status = 0
         for url in build_oauth_authorization_server_metadata_discovery_urls(
             auth_server, connection.url
         ):
             tried = url
             response = await self.guard.send(name, create_oauth_metadata_request(url))
+            last_status = response.status_code
             try:
                 found, server_metadata = await handle_auth_metadata_response(response)
             except (OAuthFlowError, ValueError) as error:
@@ -339,6 +341,8 @@ class OAuthFlows:
                     except OAuthFlowError as error:
                         raise self.guard.failed(name, url, str(error)) from None
                 break
+        if server_metadata is None and auth_server is None and last_status == 404:
+            server_metadata = _default_endpoints(connection.url)
         if server_metadata is None:
             raise self.guard.failed(
                 name, tried or connection.url, "no authorization server metadata found"
@@ -643,6 +647,22 @@ class OAuthFlows:
             raise self.guard.failed(
                 connection.name, str(metadata.token_endpoint), "the token response is not valid"
             ) from None
+
+
+def _default_endpoints(server_url: str) -> OAuthMetadata:
+    """A server with neither protected-resource nor authorization-server metadata (the
+    2025-03-26 revision of MCP allowed it): its authorization server is at its origin, with the
+    default endpoints /authorize, /token and /register."""
+    parts = urllib.parse.urlsplit(server_url)
+    origin = f"{parts.scheme}://{parts.netloc}"
+    return OAuthMetadata.model_validate(
+        {
+            "issuer": origin,
+            "authorization_endpoint": f"{origin}/authorize",
+            "token_endpoint": f"{origin}/token",
+            "registration_endpoint": f"{origin}/register",
+        }
+    )
 
 
 def _registered_client_auth_method(metadata: OAuthMetadata, has_secret: bool) -> str:
