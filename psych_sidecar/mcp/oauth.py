@@ -313,6 +313,7 @@ class OAuthFlows:
             except (OAuthFlowError, ValueError) as error:
                 raise self.guard.failed(name, url, f"invalid metadata: {error}") from None
             if resource_metadata is not None:
+                _check_resource(self.guard, connection, url, resource_metadata)
                 break
         auth_server = (
             str(resource_metadata.authorization_servers[0])
@@ -647,6 +648,24 @@ class OAuthFlows:
             raise self.guard.failed(
                 connection.name, str(metadata.token_endpoint), "the token response is not valid"
             ) from None
+
+
+def _check_resource(
+    guard: OutboundGuard, connection: Connection, url: str, metadata: ProtectedResourceMetadata
+) -> None:
+    """Refuse protected-resource metadata naming a resource other than the server (nor one it
+    is part of), RFC 9728 §3.3: followed, it would send the user's sign-in, and the tokens, to
+    an authorization server chosen for another resource."""
+    if not metadata.resource:
+        return
+    named = str(metadata.resource)
+    expected = resource_url_from_server_url(connection.url)
+    if not check_resource_allowed(requested_resource=expected, configured_resource=named):
+        raise guard.failed(
+            connection.name,
+            url,
+            f"the protected-resource metadata is for {_without_query(named)}, not {expected}",
+        )
 
 
 def _default_endpoints(server_url: str) -> OAuthMetadata:
