@@ -325,6 +325,8 @@ class McpManager:
         return self._oauth_flows, self._oauth[1]
 
     async def begin_sign_in(self, tenant: str, name: str) -> tuple[str, str, datetime]:
+        from psych_sidecar.mcp.oauth import step_up_scope
+
         flows, grants = self._flows()
         stored: StoredConnection | None = await self._blocking(
             self._store.get_connection, tenant, name
@@ -336,7 +338,7 @@ class McpManager:
             raise sign_in_not_applicable(name, auth.kind if auth is not None else None)
         grant = await self._blocking(grants.get_grant, tenant, name)
         url, state, pending = await flows.begin(
-            stored, grant.client_json if grant is not None else None
+            stored, grant.client_json if grant is not None else None, step_up_scope(grant)
         )
         await self._blocking(grants.save_sign_in, pending)
         return url, state, pending.expire_time

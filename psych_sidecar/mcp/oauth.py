@@ -51,6 +51,7 @@ from mcp.client.auth.utils import (
     handle_protected_resource_response,
     handle_registration_response,
     should_use_client_metadata_url,
+    union_scopes,
     validate_metadata_issuer,
 )
 from mcp.shared.auth import (
@@ -284,6 +285,17 @@ def _oauth_error_text(response: httpx2.Response) -> str:
     return short(" ".join(text.split()), _MAX_OAUTH_ERROR_CHARS)
 
 
+def step_up_scope(grant: OAuthGrant | None) -> str | None:
+    """What a sign-in must ask for after a 403 insufficient_scope: the scopes granted and those
+    the refusal named, so that escalating for one operation keeps the others' (the MCP spec's
+    step-up, as the SDK's own provider does); None when the grant was not refused for a scope."""
+    if grant is None or grant.authorization_reason is not AuthorizationReason.SCOPE_MISSING:
+        return None
+    challenged = Discovery.from_json(grant.metadata_json).challenged_scope
+    granted = OAuthToken.model_validate_json(grant.tokens_json).scope
+    return union_scopes(granted, challenged) if challenged else None
+
+
 class TokenRefused(Exception):
     """The authorization server refused a grant (a code, a refresh token, credentials)."""
 
@@ -390,9 +402,10 @@ class OAuthFlows:
     # Sign-in, first half
 
     async def begin(
-        self, stored: StoredConnection, existing_client: str | None
+        self, stored: StoredConnection, existing_client: str | None, step_up: str | None = None
     ) -> tuple[str, str, PendingSignIn]:
-        """(authorization URL, state, the pending sign-in to store)."""
+        """(authorization URL, state, the pending sign-in to store). `step_up`: the scopes to
+        ask for besides the usual ones, when the server refused a call for want of them."""
         connection = stored.connection
         auth = connection.auth
         assert auth is not None
@@ -404,6 +417,8 @@ class OAuthFlows:
             metadata,
             ["authorization_code", "refresh_token"],
         )
+        if step_up:
+            scope = union_scopes(scope, step_up)
         client = await self._client(connection, auth, discovery, scope, existing_client)
         pkce = PKCEParameters.generate()
         state = secrets.token_urlsafe(32)
@@ -825,15 +840,26 @@ class TokenKeeper:
             grant = await self._renew(grant.tokens_json, force=True)
             return OAuthToken.model_validate_json(grant.tokens_json).access_token
 
-    async def mark_required(self, reason: AuthorizationReason) -> None:
+    async def mark_required(
+        self, reason: AuthorizationReason, challenged_scope: str | None = None
+    ) -> None:
         """The server refused what only the user can fix (a token just renewed, a missing
         scope): stored with the grant, so every sidecar's session waits for a new sign-in
-        instead of reconnecting with the same tokens."""
+        instead of reconnecting with the same tokens. `challenged_scope`: the scope an
+        insufficient_scope refusal named."""
         self.required = reason
         connection = self._stored.connection
 
         def required(current: OAuthGrant) -> OAuthGrant:
-            return replace(current, authorization_reason=reason)
+            metadata_json = current.metadata_json
+            if challenged_scope:
+                # What the refusal asked for, kept for the next sign-in (step_up_scope).
+                discovery = Discovery.from_json(metadata_json)
+                metadata_json = replace(
+                    discovery,
+                    challenged_scope=union_scopes(discovery.challenged_scope, challenged_scope),
+                ).to_json()
+            return replace(current, authorization_reason=reason, metadata_json=metadata_json)
 
         await self._blocking(self._store.renew_grant, connection.tenant, connection.name, required)
 
@@ -904,7 +930,9 @@ class GrantAuth(httpx2.Auth):
         if response.status_code == 403 and (
             extract_field_from_www_auth(response, "error") == "insufficient_scope"
         ):
-            await keeper.mark_required(AuthorizationReason.SCOPE_MISSING)
+            await keeper.mark_required(
+                AuthorizationReason.SCOPE_MISSING, extract_scope_from_www_auth(response)
+            )
             return
         if response.status_code != 401:
             return
