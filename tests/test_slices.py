@@ -17,6 +17,7 @@ from psych_sidecar.bulk.slices import (
     b64decode_sliced,
     b64encode_sliced,
     json_sliced,
+    needs_no_json_escape,
     utf8_char_count,
     utf8_sliced,
 )
@@ -125,6 +126,36 @@ def test_a_string_spelled_like_the_placeholder_is_kept_as_sent() -> None:
     lookalike = "\x00" + "0" * 32 + "\x00"
     value = {"a": "x" * (SLICE * 3), "b": lookalike, lookalike: "y" * (SLICE + 1)}
     assert canonical_json_sliced(value) == canonical_json(value)
+
+
+encodable_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)))
+
+
+@given(encodable_text)
+def test_text_needs_no_escape_exactly_when_json_spells_it_as_its_utf8(text: str) -> None:
+    data = text.encode()
+    assert needs_no_json_escape(data) == (canonical_json(text) == b'"' + data + b'"')
+
+
+@given(st.lists(encodable_text, min_size=1, max_size=4))
+def test_texts_spelled_from_their_bytes_give_the_same_json(texts: list[str]) -> None:
+    result = {"content": [{"type": "text", "text": text} for text in texts], "isError": False}
+    plain = [(t, t.encode()) for t in texts if needs_no_json_escape(t.encode())]
+    assert json_sliced(result, canonical_json, plain) == canonical_json(result)
+
+
+def test_a_plain_text_is_spelled_from_its_bytes_not_encoded_again() -> None:
+    text = "plain text, nothing to escape " * 2
+    # Bytes that are not the text's own show where the JSON's spelling came from.
+    stand_in = b"B" * len(text)
+    result = {"content": [{"type": "text", "text": text}]}
+    assert json_sliced(result, canonical_json, [(text, stand_in)]) == (
+        b'{"content":[{"type":"text","text":"' + stand_in + b'"}]}'
+    )
+    # An equal string that is not the same object is encoded as usual.
+    assert json_sliced(result, canonical_json, [("".join(text), stand_in)]) == (
+        canonical_json(result)
+    )
 
 
 def test_nan_is_refused_as_by_canonical_json() -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "b64decode_sliced",
     "b64encode_sliced",
     "json_sliced",
+    "needs_no_json_escape",
     "sliced",
     "utf8_char_count",
     "utf8_sliced",
@@ -33,6 +35,9 @@ SLICE_CHARS = 1 << 18
 _SLICED_DEPTH = 4
 # UTF-8 continuation bytes: every other byte of valid UTF-8 starts a character.
 _CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
+# What a JSON string escapes when it keeps non-ASCII text as UTF-8 (json.dumps with
+# ensure_ascii=False): control characters, the quote and the backslash.
+_JSON_ESCAPED = re.compile(rb'[\x00-\x1f"\\]')
 
 Sliceable = TypeVar("Sliceable", str, bytes, memoryview)
 
@@ -103,13 +108,26 @@ def b64decode_sliced(data: str) -> bytes:
     return b"".join(pieces)
 
 
-def json_sliced(value: Any, encode: Callable[[Any], bytes]) -> bytes:
+def needs_no_json_escape(data: bytes) -> bool:
+    """Whether UTF-8 text has nothing a JSON string escapes (see `json_sliced`'s `plain`),
+    looked for a slice at a time."""
+    return not any(_JSON_ESCAPED.search(view) for view in sliced(memoryview(data), SLICE_CHARS))
+
+
+def json_sliced(
+    value: Any, encode: Callable[[Any], bytes], plain: Sequence[tuple[str, bytes]] = ()
+) -> bytes:
     """`encode(value)`, the same bytes, for values that may carry very long strings near the
     top (an MCP tool result's text): each is escaped and encoded slice by slice, the rest in
-    one call. `encode` is a JSON encoder (the sidecar's canonical one); it spells a string as
-    its characters escaped one by one between quotes, so slices join to the whole string's
-    spelling. With utf8_sliced, this took the longest health check while 50 MB results
-    landed from 123 ms to 24-27 ms."""
+    one call. `encode` is a JSON encoder (the sidecar's canonical one, UTF-8 kept as is); it
+    spells a string as its characters escaped one by one between quotes, so slices join to
+    the whole string's spelling. With utf8_sliced, this took the longest health check while
+    50 MB results landed from 123 ms to 24-27 ms.
+
+    `plain` pairs long strings of `value` (the objects themselves) with their UTF-8 bytes,
+    already made, that need no escaping (`needs_no_json_escape`): such a string is spelled
+    as those bytes between quotes, and the only copy of it made here is the final join's —
+    not its encoding too, slices that would live until the join beside it."""
     long: list[str] = []
     # Each long string is swapped for one placeholder no party can predict, found again in
     # the encoded skeleton (JSON spells the NULs as \u0000) and replaced in order.
@@ -118,10 +136,15 @@ def json_sliced(value: Any, encode: Callable[[Any], bytes]) -> bytes:
     if not long:
         return encode(value)
     pieces = encode(skeleton).split(encode(placeholder))
+    spelled = {id(text): (text, data) for text, data in plain}
     out = [pieces[0]]
     for text, after in zip(long, pieces[1:], strict=True):
         out.append(b'"')
-        out.extend(encode(piece)[1:-1] for piece in sliced(text, SLICE_CHARS))
+        known = spelled.get(id(text))
+        if known is not None and known[0] is text:
+            out.append(known[1])
+        else:
+            out.extend(encode(piece)[1:-1] for piece in sliced(text, SLICE_CHARS))
         out.append(b'"')
         out.append(after)
     return b"".join(out)

@@ -9,7 +9,12 @@ from typing import Any
 import mcp_types as types
 from pydantic import BaseModel
 
-from psych_sidecar.bulk.slices import b64decode_sliced, json_sliced
+from psych_sidecar.bulk.slices import (
+    SLICE_CHARS,
+    b64decode_sliced,
+    json_sliced,
+    needs_no_json_escape,
+)
 from psych_sidecar.domain.calls.validation import SchemaValidators, json_within
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import McpToolResult
@@ -61,13 +66,34 @@ def _parts(result: types.CallToolResult) -> list[ContentPart]:
     return parts
 
 
+def _plain_texts(result: types.CallToolResult, parts: list[ContentPart]) -> list[tuple[str, bytes]]:
+    """The long texts of `result` paired with their parts' bytes where the result JSON can
+    spell them as those bytes (nothing to escape): the JSON is then joined from the parts'
+    bytes, not encoded from the texts a second time."""
+    plain = []
+    for block, part in zip(result.content, parts, strict=False):
+        if isinstance(block, types.EmbeddedResource) and isinstance(
+            block.resource, types.TextResourceContents
+        ):
+            text = block.resource.text
+        elif isinstance(block, types.TextContent):
+            text = block.text
+        else:
+            continue
+        if len(text) > SLICE_CHARS and needs_no_json_escape(part.data):
+            plain.append((text, part.data))
+    return plain
+
+
 def tool_result(result: types.CallToolResult) -> McpToolResult:
+    parts = _parts(result)
     return McpToolResult(
         is_error=bool(result.is_error),
         # The whole result, its texts included: a result of tens of MB is encoded in slices
-        # (this runs on a worker thread, and the event loop needs the GIL meanwhile).
-        result_json=json_sliced(_dump(result), canonical_json),
-        content=tuple(_parts(result)),
+        # (this runs on a worker thread, and the event loop needs the GIL meanwhile), its
+        # texts joined from their parts' bytes when they need no escaping.
+        result_json=json_sliced(_dump(result), canonical_json, _plain_texts(result, parts)),
+        content=tuple(parts),
     )
 
 
@@ -125,8 +151,9 @@ def schema_broken_result(result: types.CallToolResult, message: str) -> McpToolR
     dumped = _dump(result)
     dumped["content"] = [{"type": "text", "text": message}, *dumped.get("content", [])]
     dumped["isError"] = True
+    parts = _parts(result)
     return McpToolResult(
         is_error=True,
-        result_json=json_sliced(dumped, canonical_json),
-        content=(ContentPart.text(message), *_parts(result)),
+        result_json=json_sliced(dumped, canonical_json, _plain_texts(result, parts)),
+        content=(ContentPart.text(message), *parts),
     )
