@@ -14,7 +14,8 @@ SDK's own helpers, and replaces the read side only:
   with CONNECTION_CLOSED, the session reconnects) after a transport error naming the limit;
 - a large line is parsed and validated on a worker thread, small ones inline (a thread hop
   costs more than parsing a few KiB), after a block its size is left in malloc's keeping with
-  its pages in memory (`heap.leave_touched_block`), for the parse's strings;
+  its pages in memory (`heap.leave_touched_block`), for the parse's strings; once parsed,
+  the free memory malloc kept goes back (`heap.release_kept_memory`);
 - a line that is not JSON-RPC is what the SDK makes of it: the validation error is delivered
   to the session (which logs it) and the reading goes on.
 """
@@ -87,8 +88,15 @@ def _parse_pieces(pieces: list[bytes]) -> Item:
     # at the peak.
     pieces.clear()
     # The parse holds the GIL throughout: its strings go into pages already in memory.
-    heap.leave_touched_block(line)
-    return parse_line(line)
+    touched = heap.leave_touched_block(line)
+    item = parse_line(line)
+    if touched:
+        # The line and its chunks are free now; kept, their blocks did not fit the result's
+        # next copies (its text's bytes, its JSON), each a little larger, and the private
+        # memory grew by their size with every large result.
+        del line
+        heap.release_kept_memory()
+    return item
 
 
 async def _parse(pieces: list[bytes], size: int) -> Item:
