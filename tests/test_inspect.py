@@ -20,7 +20,7 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
 )
 from psych_sidecar import cli
-from psych_sidecar.inspect_command import content_bytes
+from psych_sidecar.inspect_command.remote import content_bytes
 from tests.support.connections import fixture_commands
 from tests.support.prompts import append, assistant, history_results, run_with, thresholds
 from tests.support.requests import user

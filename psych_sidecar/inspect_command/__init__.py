@@ -14,10 +14,9 @@ import sys
 from datetime import datetime
 from typing import Any, TextIO
 
-from psych_sidecar.inspect_command.remote import content_bytes
 from psych_sidecar.inspect_command.views import Refused, Source, render
 
-__all__ = ["add_parser", "content_bytes", "run"]
+__all__ = ["add_parser", "run"]
 
 
 def _time(text: str) -> datetime:

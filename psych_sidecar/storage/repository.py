@@ -21,7 +21,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import IntegrityError
 
 from psych_sidecar.bulk.slices import utf8_char_count
@@ -291,6 +291,9 @@ class SqlStore:
     def _insert_ignoring_conflicts(self, table: Table) -> Insert:
         """INSERT … ON CONFLICT DO NOTHING, in the engine's dialect."""
         if self._engine.dialect.name == "postgresql":
+            # Imported here: its dialect costs a SQLite sidecar's start ~40 ms.
+            from sqlalchemy.dialects import postgresql
+
             return postgresql.insert(table).on_conflict_do_nothing()
         return sqlite.insert(table).on_conflict_do_nothing()
 
