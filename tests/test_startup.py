@@ -37,7 +37,7 @@ _PROBE = textwrap.dedent(
                 except grpc.RpcError:
                     pass
                 time.sleep(0.02)
-        loaded = sorted({name.partition(".")[0] for name in list(sys.modules)})
+        loaded = sorted(sys.modules)
         print("LOADED " + json.dumps(loaded), flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -48,11 +48,15 @@ _PROBE = textwrap.dedent(
 
 # Imported only by the sidecars that need them.
 _ON_DEMAND = {"alembic", "mcp", "mcp_types", "opentelemetry", "psycopg"}
+# Modules of packages a start needs that a SQLite sidecar's serve does not: the PostgreSQL
+# dialect, the inspect command's gRPC client.
+_ON_DEMAND_MODULES = {"sqlalchemy.dialects.postgresql", "psych_sidecar.inspect_command.remote"}
 
 
 def _loaded_at_serving(
     tmp_path: Path, *arguments: str, env: dict[str, str] | None = None
 ) -> set[str]:
+    """The modules loaded once serve answers SERVING: their full names."""
     target = f"127.0.0.1:{free_port()}"
     completed = subprocess.run(
         [sys.executable, "-c", _PROBE, target, *arguments],
@@ -66,6 +70,10 @@ def _loaded_at_serving(
     assert completed.returncode == 0, completed.stderr
     (line,) = [line for line in completed.stdout.splitlines() if line.startswith("LOADED ")]
     return set(json.loads(line.removeprefix("LOADED ")))
+
+
+def _packages(modules: set[str]) -> set[str]:
+    return {name.partition(".")[0] for name in modules}
 
 
 @pytest.fixture
@@ -85,20 +93,24 @@ def current_database(tmp_path: Path) -> str:
 def test_serve_on_a_current_schema_imports_no_migrations_mcp_sdk_or_tracing(
     tmp_path: Path, current_database: str
 ) -> None:
-    loaded = _loaded_at_serving(tmp_path, "--database-url", current_database)
+    modules = _loaded_at_serving(tmp_path, "--database-url", current_database)
+    loaded = _packages(modules)
     assert "psych_sidecar" in loaded
     assert not loaded & _ON_DEMAND
+    assert not modules & _ON_DEMAND_MODULES
 
 
 def test_serve_imports_migrations_and_tracing_when_they_are_needed(tmp_path: Path) -> None:
     # A fresh database has migrations to apply; traces are made (and dropped by the exporter).
-    loaded = _loaded_at_serving(
-        tmp_path,
-        "--database-url",
-        f"sqlite:///{tmp_path / 'fresh.db'}",
-        "--tracing",
-        "otlp",
-        env={"OTEL_TRACES_EXPORTER": "none"},
+    loaded = _packages(
+        _loaded_at_serving(
+            tmp_path,
+            "--database-url",
+            f"sqlite:///{tmp_path / 'fresh.db'}",
+            "--tracing",
+            "otlp",
+            env={"OTEL_TRACES_EXPORTER": "none"},
+        )
     )
     assert {"alembic", "opentelemetry"} <= loaded
     assert not loaded & {"mcp", "mcp_types", "psycopg"}
