@@ -7,6 +7,7 @@ does, and the reading goes on) and the end of the output in the middle of a line
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,7 +19,15 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.message import SessionMessage
 
 from psych_sidecar.config import MIB
-from psych_sidecar.mcp.stdio import INLINE_PARSE_BYTES, MAX_LINE_BYTES, LineTooLong, stdio_transport
+from psych_sidecar.mcp import stdio
+from psych_sidecar.mcp.stdio import (
+    INLINE_PARSE_BYTES,
+    MAX_LINE_BYTES,
+    RELEASED_LINE_BYTES,
+    LineTooLong,
+    release_large_result,
+    stdio_transport,
+)
 from tests.mcp_servers.stdout_server import SPLIT_TEXT_BYTES
 
 SERVER = Path(__file__).parent / "mcp_servers" / "stdout_server.py"
@@ -89,3 +98,26 @@ def test_output_ending_mid_line_delivers_the_whole_lines_then_ends() -> None:
     assert len(items) == 2, items
     assert data(items[0]) == {"index": 1, "text": ""}
     assert items[1] == "end"
+
+
+def _large_response(text: str) -> SessionMessage:
+    result = {"content": [{"type": "text", "text": text}], "isError": False}
+    line = json.dumps({"jsonrpc": "2.0", "id": 7, "result": result}).encode()
+    assert len(line) > RELEASED_LINE_BYTES
+    item = stdio._parse_pieces([line])
+    assert isinstance(item, SessionMessage)
+    return item
+
+
+def test_a_large_response_is_emptied_once_its_call_is_done_with_it() -> None:
+    # The SDK's read loop keeps the last message it dispatched until the next one arrives.
+    kept = _large_response("a" * (2 * MIB))
+    other = _large_response("a" * (2 * MIB))
+    response = kept.message
+    assert isinstance(response, types.JSONRPCResponse)
+    result = types.CallToolResult.model_validate(response.result, by_name=False)
+    release_large_result(result)
+    assert response.result == {}
+    # Another response with an equal text is not the one the call was validated from.
+    assert isinstance(other.message, types.JSONRPCResponse)
+    assert other.message.result["content"][0]["text"] == "a" * (2 * MIB)

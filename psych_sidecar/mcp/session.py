@@ -57,7 +57,7 @@ from psych_sidecar.mcp.results import (
 )
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
 from psych_sidecar.mcp.stderr import StderrTail
-from psych_sidecar.mcp.stdio import LineTooLong
+from psych_sidecar.mcp.stdio import LineTooLong, release_large_result
 from psych_sidecar.mcp.transport import HttpRefusal, HttpRefusals, open_transport
 from psych_sidecar.telemetry import logs, metrics, tracing
 
@@ -718,7 +718,9 @@ class ConnectionSession:
             # Converting a large result (base64 decoding, JSON of tens of MB) and judging it
             # against its output schema are CPU work: off the event loop, so health checks
             # and other calls are answered meanwhile.
-            return await anyio.to_thread.run_sync(self._judged, tool, result)
+            judged = await anyio.to_thread.run_sync(self._judged, tool, result)
+            release_large_result(result)
+            return judged
         except Exception as error:
             if _expected(error):
                 raise _CallFailed(

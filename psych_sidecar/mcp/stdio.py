@@ -23,9 +23,11 @@ SDK's own helpers, and replaces the read side only:
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TextIO
+from typing import Any, TextIO
 
 import anyio
 import anyio.lowlevel
@@ -53,12 +55,22 @@ log = logging.getLogger(__name__)
 MAX_LINE_BYTES = 256 * 1024 * 1024
 # Lines up to this size are parsed on the event loop; longer ones on a worker thread.
 INLINE_PARSE_BYTES = 64 * 1024
+# A response from a line longer than this is emptied once its call is done with it
+# (`release_large_result`).
+RELEASED_LINE_BYTES = 1024 * 1024
 # How much one read from the pipe may return.
 _READ_BYTES = 1024 * 1024
 # As in the SDK: time for the writer to flush accepted messages before stdin closes.
 _WRITER_FLUSH_TIMEOUT = 0.5
 
 Item = SessionMessage | Exception
+
+# The results of large responses read lately, for `release_large_result`: the SDK's read loop
+# keeps the last message it dispatched until the next one arrives, and with it a result of
+# tens of MB that the call has long converted. A few at most: an entry the session never
+# releases (its call timed out) only waits here to be pushed out.
+_large_results: deque[dict[str, Any]] = deque(maxlen=8)
+_large_results_lock = threading.Lock()
 
 
 class LineTooLong(ValueError):
@@ -90,13 +102,40 @@ def _parse_pieces(pieces: list[bytes]) -> Item:
     # The parse holds the GIL throughout: its strings go into pages already in memory.
     touched = heap.leave_touched_block(line)
     item = parse_line(line)
+    large = len(line) > RELEASED_LINE_BYTES
+    del line
     if touched:
         # The line and its chunks are free now; kept, their blocks did not fit the result's
         # next copies (its text's bytes, its JSON), each a little larger, and the private
         # memory grew by their size with every large result.
-        del line
         heap.release_kept_memory()
+    if (
+        large
+        and isinstance(item, SessionMessage)
+        and isinstance(item.message, types.JSONRPCResponse)
+    ):
+        with _large_results_lock:
+            _large_results.append(item.message.result)
     return item
+
+
+def release_large_result(result: types.CallToolResult) -> None:
+    """Empty the response `result` was validated from, if it was a large one read here: the
+    call has made its own copies (the log's parts, its JSON) and `result` is its last use, but
+    the SDK's read loop would keep the texts alive until the server's next message — another
+    result's size while the next large result lands. Found by identity (the validated result
+    holds the response's very strings), so no other response is touched."""
+    texts = {id(block.text) for block in result.content if isinstance(block, types.TextContent)}
+    if not texts:
+        return
+    with _large_results_lock:
+        for raw in list(_large_results):
+            content = raw.get("content")
+            if isinstance(content, list) and any(
+                isinstance(block, dict) and id(block.get("text")) in texts for block in content
+            ):
+                raw.clear()
+                _large_results.remove(raw)
 
 
 async def _parse(pieces: list[bytes], size: int) -> Item:
