@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 import httpx2 as httpx
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
 from psych_sidecar.config import Settings
@@ -470,3 +472,217 @@ def test_refused_client_credentials_need_authorizing(
         put.authorization_required_reason
         == connection_pb2.AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED
     )
+
+
+def token_auth(server: HttpServer) -> dict[str, int]:
+    """How many token requests the server saw per client authentication method."""
+    answer: dict[str, int] = httpx.get(
+        f"http://127.0.0.1:{server.port}/admin/token-auth", timeout=10
+    ).json()
+    return answer
+
+
+def create_client(server: HttpServer, **client: str) -> None:
+    httpx.post(f"http://127.0.0.1:{server.port}/admin/clients", json=client, timeout=10)
+
+
+@pytest.mark.parametrize(
+    "named", ["https://elsewhere.example/mcp", "http://127.0.0.1:{port}/another"]
+)
+def test_metadata_for_another_resource_is_refused_before_any_authorization_url(
+    tmp_path: Path, named: str
+) -> None:
+    port = free_port()
+    with (
+        running(oauth_server(port, "--resource", named.format(port=port))) as misnamed,
+        RunningSidecar(sidecar_settings(tmp_path)) as sidecar,
+        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
+    ):
+        stubs = Stubs.on(channel)
+        put_oauth(stubs, "t", "misnamed", url_of(misnamed))
+        failure = rpc_failure(lambda: begin(stubs, "t", "misnamed"))
+        assert (failure.code, failure.info.reason) == (UNAVAILABLE, "OAUTH_DISCOVERY_FAILED")
+        assert "protected-resource metadata is for" in failure.message
+        # Refused before the client was registered or a sign-in was stored.
+        assert stats(misnamed)["registrations"] == 0
+        connection = listed(stubs, "t")["misnamed"]
+        assert (
+            connection.authorization_required_reason
+            == connection_pb2.AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN
+        )
+        stubs.connections.DeleteConnection(
+            connection_service_pb2.DeleteConnectionRequest(tenant="t", name="misnamed")
+        )
+
+
+def test_metadata_for_a_resource_the_server_is_part_of_is_followed(tmp_path: Path) -> None:
+    """The control of the refusal above: the origin names a resource covering /mcp."""
+    port = free_port()
+    with (
+        running(oauth_server(port, "--resource", f"http://127.0.0.1:{port}/")) as covering,
+        RunningSidecar(sidecar_settings(tmp_path)) as sidecar,
+        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
+    ):
+        stubs = Stubs.on(channel)
+        put_oauth(stubs, "t", "covering", url_of(covering))
+        started = begin(stubs, "t", "covering")
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(started.authorization_url).query)
+        assert query["resource"] == [f"http://127.0.0.1:{port}/"]
+        assert stats(covering)["registrations"] == 1
+        stubs.connections.DeleteConnection(
+            connection_service_pb2.DeleteConnectionRequest(tenant="t", name="covering")
+        )
+
+
+def test_a_pre_registered_client_signs_in_with_http_basic(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    client_id = f"registered-{tenant}"
+    create_client(
+        server,
+        client_id=client_id,
+        client_secret="registered-secret-value",
+        redirect_uri=REDIRECT_URI,
+    )
+    http = connection_pb2.HttpTransport(
+        url=url_of(server),
+        protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+        oauth_authorization_code=connection_pb2.OAuthAuthorizationCode(
+            registered_client=connection_pb2.OAuthRegisteredClient(
+                client_id=client_id, client_secret="registered-secret-value"
+            ),
+            redirect_uri=REDIRECT_URI,
+        ),
+    )
+    connection = connection_pb2.Connection(tenant=tenant, name="registered", http=http)
+    put = stubs.connections.PutConnection(
+        connection_service_pb2.PutConnectionRequest(connection=connection)
+    ).connection
+    assert not put.http.oauth_authorization_code.registered_client.client_secret
+    registrations, before = stats(server)["registrations"], token_auth(server)
+
+    started = begin(stubs, tenant, "registered")
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(started.authorization_url).query)
+    assert query["client_id"] == [client_id]
+    code, state = browse(started.authorization_url)
+    signed_in = complete(stubs, tenant, code, state, "registered")
+    assert signed_in.state == connection_pb2.CONNECTION_STATE_CONNECTED, signed_in.last_error
+
+    after = token_auth(server)
+    assert after["client_secret_basic"] > before["client_secret_basic"]
+    for method in ("client_secret_post", "private_key_jwt", "none"):
+        assert after[method] == before[method], method
+    assert stats(server)["registrations"] == registrations
+    host = Host(stubs, tenant)
+    outcome = host.call(host.run(f"spec-{tenant}"), "registered", "echo", text="basic")
+    assert result_text(outcome) == "basic"
+
+
+def _key_pair() -> tuple[str, str]:
+    """(private key PEM, public key PEM) of a new P-256 key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return private.decode(), public.decode()
+
+
+def put_signed_client(
+    stubs: Stubs, tenant: str, url: str, client_id: str, private_pem: str
+) -> connection_pb2.Connection:
+    http = connection_pb2.HttpTransport(
+        url=url,
+        protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+        oauth_client_credentials=connection_pb2.OAuthClientCredentials(
+            client_id=client_id,
+            private_key_jwt=connection_pb2.OAuthPrivateKeyJwt(
+                private_key_pem=private_pem, algorithm="ES256"
+            ),
+            scopes=["mcp"],
+        ),
+    )
+    connection = connection_pb2.Connection(tenant=tenant, name="signed", http=http)
+    return stubs.connections.PutConnection(
+        connection_service_pb2.PutConnectionRequest(connection=connection)
+    ).connection
+
+
+def test_client_credentials_with_a_private_key_jwt(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    private_pem, public_pem = _key_pair()
+    client_id = f"signed-{tenant}"
+    create_client(server, client_id=client_id, public_key_pem=public_pem)
+    before = token_auth(server)["private_key_jwt"]
+    put = put_signed_client(stubs, tenant, url_of(server), client_id, private_pem)
+    assert put.state == connection_pb2.CONNECTION_STATE_CONNECTED, put.last_error
+    assert not put.http.oauth_client_credentials.private_key_jwt.private_key_pem
+    assert token_auth(server)["private_key_jwt"] > before
+    host = Host(stubs, tenant)
+    outcome = host.call(host.run(f"spec-{tenant}"), "signed", "echo", text="signed")
+    assert result_text(outcome) == "signed"
+
+
+def test_a_private_key_jwt_signed_with_another_key_is_refused(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    """The control of the test above: the server does check the assertion's signature."""
+    _, public_pem = _key_pair()
+    other_private_pem, _ = _key_pair()
+    client_id = f"signed-{tenant}"
+    create_client(server, client_id=client_id, public_key_pem=public_pem)
+    put = put_signed_client(stubs, tenant, url_of(server), client_id, other_private_pem)
+    assert put.state == connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED
+    assert (
+        put.authorization_required_reason
+        == connection_pb2.AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED
+    )
+
+
+def test_insufficient_scope_needs_a_sign_in_that_asks_for_the_scope_too(
+    stubs: Stubs, tenant: str
+) -> None:
+    with running(oauth_server(free_port(), "--step-up-scope", "admin")) as stepping:
+        put_oauth(stubs, tenant, "stepping", url_of(stepping))
+        first = begin(stubs, tenant, "stepping")
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(first.authorization_url).query)
+        assert query["scope"] == ["mcp"]
+        code, state = browse(first.authorization_url)
+        assert complete(stubs, tenant, code, state).state == (
+            connection_pb2.CONNECTION_STATE_CONNECTED
+        )
+        host = Host(stubs, tenant)
+        run_id = host.run(f"spec-{tenant}")
+        assert result_text(host.call(run_id, "stepping", "echo", text="before")) == "before"
+
+        httpx.post(f"http://127.0.0.1:{stepping.port}/admin/require-scope?on=1", timeout=10)
+        outcome = host.call(run_id, "stepping", "echo", text="refused")
+        assert outcome.is_error
+        assert "sign in again" in result_text(outcome)
+        connection = wait_for(
+            lambda: (
+                listed(stubs, tenant)["stepping"]
+                if listed(stubs, tenant)["stepping"].state
+                == connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED
+                else None
+            ),
+            "the connection needs authorizing",
+        )
+        assert (
+            connection.authorization_required_reason
+            == connection_pb2.AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING
+        )
+
+        again = begin(stubs, tenant, "stepping")
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(again.authorization_url).query)
+        assert set(query["scope"][0].split()) == {"mcp", "admin"}
+        code, state = browse(again.authorization_url)
+        assert complete(stubs, tenant, code, state).state == (
+            connection_pb2.CONNECTION_STATE_CONNECTED
+        )
+        assert result_text(host.call(run_id, "stepping", "echo", text="after")) == "after"

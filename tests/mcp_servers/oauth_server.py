@@ -2,21 +2,32 @@
 resource server in one, built on the MCP SDK's server auth.
 
     python tests/mcp_servers/oauth_server.py --port P [--token-seconds S]
-        [--issuer URL] [--metadata-padding BYTES] [--metadata-delay SECONDS] [--approve-code C]
+        [--issuer URL] [--resource URL] [--metadata-padding BYTES] [--metadata-delay SECONDS]
+        [--approve-code C] [--step-up-scope S]
 
 - dynamic client registration on; authorization code with PKCE; the consent is automatic, so
   a test plays the user's browser by following the authorization URL to its redirect;
 - access tokens live `--token-seconds` (default 4); refresh tokens rotate: each refresh
   spends the one presented and issues a new one;
-- the client-credentials grant for clients created with `POST /admin/clients`;
+- `POST /admin/clients` creates a client: {"client_id", "client_secret"} one for the
+  client-credentials grant (client_secret_basic or _post); {"client_id", "public_key_pem"} one
+  for it with private_key_jwt (the assertion's signature checked with that key, its iss, sub
+  and aud); {"client_id", "client_secret", "redirect_uri"} a pre-registered client for the
+  authorization code (client_secret_basic);
+- `GET /admin/token-auth` counts the token requests by the client authentication they carried
+  ({"client_secret_basic", "client_secret_post", "private_key_jwt", "none"});
 - `POST /admin/revoke` forgets every refresh token (and with `?access=1` every access token);
   `POST /admin/refuse-access?on=1` refuses every access token, fresh ones too (`on=0` ends it);
   `GET /admin/stats` answers {"refreshes", "client_credentials", "registrations", "calls",
   "rejected_refreshes"} as counted since start; `GET /admin/tokens` every live access and
   refresh token and registered client secret (to look for them where they must not be);
 - `--issuer` advertises another authorization server in the protected-resource metadata (a
-  non-allowed address, for the refusal tests); `--metadata-padding` pads that metadata to a
-  large size; `--metadata-delay` answers it late;
+  non-allowed address, for the refusal tests); `--resource` names another resource than the
+  server in it; `--metadata-padding` pads that metadata to a large size; `--metadata-delay`
+  answers it late;
+- `--step-up-scope S`: S is a scope of the server too (a registered client may ask for any of
+  the server's scopes); after `POST /admin/require-scope?on=1` a request to /mcp whose token
+  lacks S is refused 403 insufficient_scope naming S (`on=0` ends it);
 - `--approve-code CODE`: the token endpoint also takes CODE as an authorization code for any
   registered client, as if its user had consented (the contract runners speak gRPC only and
   cannot play the browser);
@@ -34,6 +45,7 @@ import time
 import urllib.parse
 from typing import Any
 
+import jwt
 import uvicorn
 from mcp.server.auth.provider import (
     AccessToken,
@@ -49,12 +61,15 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+JWT_BEARER = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+
 
 class MemoryProvider:
     """An OAuthAuthorizationServerProvider holding everything in memory."""
 
-    def __init__(self, token_seconds: int) -> None:
+    def __init__(self, token_seconds: int, scopes: list[str]) -> None:
         self.token_seconds = token_seconds
+        self.scopes = scopes
         self.clients: dict[str, OAuthClientInformationFull] = {}
         self.codes: dict[str, AuthorizationCode] = {}
         self.access: dict[str, AccessToken] = {}
@@ -74,6 +89,8 @@ class MemoryProvider:
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
         assert client_info.client_id is not None
+        # Any of the server's scopes, so that a sign-in may step up to one it lacks.
+        client_info.scope = " ".join(self.scopes)
         self.clients[client_info.client_id] = client_info
         self.stats["registrations"] += 1
 
@@ -161,7 +178,8 @@ class MemoryProvider:
 
 def build_app(options: argparse.Namespace) -> Any:
     base = f"http://127.0.0.1:{options.port}"
-    provider = MemoryProvider(options.token_seconds)
+    scopes = ["mcp", *([options.step_up_scope] if options.step_up_scope else [])]
+    provider = MemoryProvider(options.token_seconds, scopes)
     server: MCPServer[Any] = MCPServer(
         "psych-oauth",
         version="1.0.0",
@@ -171,7 +189,7 @@ def build_app(options: argparse.Namespace) -> Any:
             resource_server_url=f"{base}/mcp",
             validate_token_resource=False,
             client_registration_options=ClientRegistrationOptions(
-                enabled=True, valid_scopes=["mcp"], default_scopes=["mcp"]
+                enabled=True, valid_scopes=scopes, default_scopes=["mcp"]
             ),
             revocation_options=RevocationOptions(enabled=True),
             required_scopes=["mcp"],
@@ -191,10 +209,23 @@ def build_app(options: argparse.Namespace) -> Any:
 
     inner = server.streamable_http_app()
     client_secrets: dict[str, str] = {}
+    client_keys: dict[str, str] = {}
+    token_auth = dict.fromkeys(
+        ("client_secret_basic", "client_secret_post", "private_key_jwt", "none"), 0
+    )
+    # Set by POST /admin/require-scope: the step-up scope every /mcp request's token needs.
+    required_scope = ""
 
     async def admin(request: Request) -> Response:
+        nonlocal required_scope
         if request.url.path == "/admin/stats":
             return JSONResponse(provider.stats)
+        if request.url.path == "/admin/token-auth":
+            return JSONResponse(token_auth)
+        if request.url.path == "/admin/require-scope":
+            on = request.query_params.get("on") == "1"
+            required_scope = options.step_up_scope if on else ""
+            return JSONResponse({"required_scope": required_scope})
         if request.url.path == "/admin/tokens":
             secrets_issued = [
                 *provider.access,
@@ -212,11 +243,53 @@ def build_app(options: argparse.Namespace) -> Any:
             return JSONResponse({"revoked": True})
         if request.url.path == "/admin/clients":
             body = await request.json()
-            client_secrets[body["client_id"]] = body["client_secret"]
+            if "redirect_uri" in body:
+                provider.clients[body["client_id"]] = OAuthClientInformationFull(
+                    client_id=body["client_id"],
+                    client_secret=body["client_secret"],
+                    redirect_uris=[body["redirect_uri"]],
+                    token_endpoint_auth_method="client_secret_basic",
+                    scope=" ".join(scopes),
+                )
+            elif "public_key_pem" in body:
+                client_keys[body["client_id"]] = body["public_key_pem"]
+            else:
+                client_secrets[body["client_id"]] = body["client_secret"]
             return JSONResponse({"created": body["client_id"]})
         return Response(status_code=404)
 
+    def auth_method(form: dict[str, str], authorization: str) -> str:
+        if authorization.lower().startswith("basic "):
+            return "client_secret_basic"
+        if form.get("client_assertion_type") == JWT_BEARER:
+            return "private_key_jwt"
+        return "client_secret_post" if form.get("client_secret") else "none"
+
+    def assertion_client(form: dict[str, str]) -> str | None:
+        """The client a private-key JWT assertion authenticates: signed by its key, issued by
+        and about it, for this server (RFC 7523 §3); None when it does not."""
+        client_id = form.get("client_id", "")
+        key = client_keys.get(client_id)
+        if key is None:
+            return None
+        try:
+            claims = jwt.decode(
+                form.get("client_assertion", ""),
+                key,
+                algorithms=["RS256", "ES256"],
+                audience=[base, f"{base}/", f"{base}/token"],
+                options={"require": ["iss", "sub", "aud", "exp"]},
+            )
+        except jwt.InvalidTokenError:
+            return None
+        return client_id if claims["iss"] == claims["sub"] == client_id else None
+
     def client_credentials(form: dict[str, str], authorization: str) -> Response:
+        if form.get("client_assertion_type") == JWT_BEARER:
+            signed = assertion_client(form)
+            if signed is None:
+                return JSONResponse({"error": "invalid_client"}, status_code=401)
+            return issue_client_credentials(signed, form)
         client_id, secret = form.get("client_id", ""), form.get("client_secret", "")
         if authorization.lower().startswith("basic "):
             pair = base64.b64decode(authorization[6:]).decode()
@@ -224,6 +297,9 @@ def build_app(options: argparse.Namespace) -> Any:
             client_id, secret = urllib.parse.unquote(client_id), urllib.parse.unquote(secret)
         if client_secrets.get(client_id) != secret or not secret:
             return JSONResponse({"error": "invalid_client"}, status_code=401)
+        return issue_client_credentials(client_id, form)
+
+    def issue_client_credentials(client_id: str, form: dict[str, str]) -> Response:
         provider.stats["client_credentials"] += 1
         token = provider._issue(client_id, ["mcp"], form.get("resource"))
         token.refresh_token = None
@@ -235,12 +311,28 @@ def build_app(options: argparse.Namespace) -> Any:
             answer = await admin(Request(scope, receive))
             await answer(scope, receive, send)
             return
+        if scope["type"] == "http" and path.startswith("/mcp") and required_scope:
+            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+            bearer = headers.get("authorization", "").removeprefix("Bearer ")
+            held = provider.access.get(bearer)
+            if held is not None and required_scope not in held.scopes:
+                challenge = (
+                    f'Bearer error="insufficient_scope", scope="{required_scope}", '
+                    f'resource_metadata="{base}/.well-known/oauth-protected-resource/mcp"'
+                )
+                refusal = JSONResponse(
+                    {"error": "insufficient_scope"},
+                    status_code=403,
+                    headers={"WWW-Authenticate": challenge},
+                )
+                await refusal(scope, receive, send)
+                return
         if scope["type"] == "http" and path.startswith("/.well-known/oauth-protected-resource"):
             if options.metadata_delay:
                 await asyncio.sleep(options.metadata_delay)
-            if options.issuer or options.metadata_padding:
+            if options.issuer or options.resource or options.metadata_padding:
                 metadata = {
-                    "resource": f"{base}/mcp",
+                    "resource": options.resource or f"{base}/mcp",
                     "authorization_servers": [options.issuer or base],
                     "scopes_supported": ["mcp"],
                     "padding": "x" * options.metadata_padding,
@@ -255,6 +347,8 @@ def build_app(options: argparse.Namespace) -> Any:
                 if not message.get("more_body"):
                     break
             form = dict(urllib.parse.parse_qsl(body.decode()))
+            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+            token_auth[auth_method(form, headers.get("authorization", ""))] += 1
             if (
                 options.approve_code
                 and form.get("grant_type") == "authorization_code"
@@ -266,7 +360,6 @@ def build_app(options: argparse.Namespace) -> Any:
                 await JSONResponse(token.model_dump(exclude_none=True))(scope, receive, send)
                 return
             if form.get("grant_type") == "client_credentials":
-                headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
                 await client_credentials(form, headers.get("authorization", ""))(
                     scope, receive, send
                 )
@@ -292,9 +385,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--token-seconds", type=int, default=4)
     parser.add_argument("--issuer", default="")
+    parser.add_argument("--resource", default="")
     parser.add_argument("--metadata-padding", type=int, default=0)
     parser.add_argument("--metadata-delay", type=float, default=0.0)
     parser.add_argument("--approve-code", default="")
+    parser.add_argument("--step-up-scope", default="")
     options = parser.parse_args()
     config = uvicorn.Config(
         build_app(options), host="127.0.0.1", port=options.port, log_level="warning"
