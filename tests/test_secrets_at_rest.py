@@ -30,6 +30,17 @@ from tests.support.host import Host, result_text
 from tests.support.polling import wait_for
 from tests.support.processes import COMMAND, ServedSidecar, free_port, running, served
 from tests.support.sidecar import Stubs
+from tests.test_remote_sign_in import (
+    begin,
+    browse,
+    complete,
+    issued_secrets,
+    oauth_server,
+    put_oauth,
+    sign_in,
+    stats,
+    url_of,
+)
 
 ENV_SECRET = "planted-env-secret-5b1f0c"
 HEADER_SECRET = "planted-header-secret-93d2aa"
@@ -387,3 +398,78 @@ def test_postgresql_without_a_key_is_refused_and_pg_dump_shows_no_secret(tmp_pat
             assert b"heady" in dump
             assert ENV_SECRET.encode() not in dump
             assert HEADER_SECRET.encode() not in dump
+
+
+def _sealed_rows(url: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of the tables that hold sealed secrets, in a stable order."""
+    engine = create_database_engine(url, pool_size=1)
+    try:
+        with engine.connect() as connection:
+            return {
+                table: [
+                    tuple(row)
+                    for row in connection.execute(text(f"SELECT * FROM {table} ORDER BY 1, 2"))
+                ]
+                for table in ("connections", "oauth_grants", "oauth_sign_ins")
+            }
+    finally:
+        engine.dispose()
+
+
+def test_a_wrong_key_with_oauth_tokens_stored_changes_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    # A database of its own: the module's one holds rows sealed under other keys.
+    if database_url.startswith("sqlite"):
+        _wrong_key_with_oauth_tokens(f"sqlite:///{tmp_path / 'sidecar.db'}", tmp_path)
+    else:
+        with postgres_database() as url:
+            _wrong_key_with_oauth_tokens(url, tmp_path)
+
+
+def _wrong_key_with_oauth_tokens(url: str, tmp_path: Path) -> None:
+    tenant, key = "t-" + os.urandom(3).hex(), _new_key()
+    flags = _serve_flags(tmp_path, "--database-url", url)
+    env = {
+        **_serve_env(key),
+        "PSYCH_SIDECAR_OAUTH_ALLOW_HTTP_LOOPBACK": "true",
+        "PSYCH_SIDECAR_MCP_RECONNECT_MIN_SECONDS": "0.2",
+        "PSYCH_SIDECAR_MCP_RECONNECT_MAX_SECONDS": "1",
+    }
+    # Tokens that outlive the test: the stored access token itself must serve after restart.
+    with running(oauth_server(free_port(), "--token-seconds", "3600")) as server:
+        with (
+            served(*flags, env=env),
+            grpc.insecure_channel(f"unix:{tmp_path / 's.sock'}") as channel,
+        ):
+            stubs = Stubs.on(channel)
+            put_oauth(stubs, tenant, "tracker", url_of(server))
+            sign_in(stubs, tenant, "tracker")
+            pending = begin(stubs, tenant, "tracker")  # a begun sign-in stored too
+        before = _sealed_rows(url)
+        assert before["oauth_grants"]  # the positive controls
+        assert before["oauth_sign_ins"]
+
+        wrong_key = _new_key()
+        wrong = ServedSidecar(*flags, env={**env, KEYS_ENV: wrong_key})
+        line = _one_line_failure(wrong)
+        assert key_id(base64.b64decode(key)) in line
+        for secret in (*issued_secrets(server), pending.state, key, wrong_key):
+            assert secret not in wrong.log
+        assert _sealed_rows(url) == before
+
+        refreshes = stats(server)["refreshes"]
+        with (
+            served(*flags, env=env),
+            grpc.insecure_channel(f"unix:{tmp_path / 's.sock'}") as channel,
+        ):
+            stubs = Stubs.on(channel)
+            host = Host(stubs, tenant)
+            outcome = host.call(host.run("after-" + tenant), "tracker", "echo", text="kept")
+            assert result_text(outcome) == "kept"
+            assert stats(server)["refreshes"] == refreshes  # the stored token served
+            # The begun sign-in's verifier opens too: it completes.
+            code, state = browse(pending.authorization_url)
+            assert complete(stubs, tenant, code, state).state == (
+                connection_pb2.CONNECTION_STATE_CONNECTED
+            )
