@@ -686,3 +686,45 @@ def test_insufficient_scope_needs_a_sign_in_that_asks_for_the_scope_too(
             connection_pb2.CONNECTION_STATE_CONNECTED
         )
         assert result_text(host.call(run_id, "stepping", "echo", text="after")) == "after"
+
+
+def test_a_client_id_metadata_document_url_signs_in_without_registering(
+    stubs: Stubs, tenant: str
+) -> None:
+    document_url = f"https://client.example/{tenant}/client.json"
+    with running(oauth_server(free_port(), "--client-id-metadata-documents")) as documented:
+        httpx.post(
+            f"http://127.0.0.1:{documented.port}/admin/client-documents",
+            json={
+                "url": document_url,
+                "document": {
+                    "client_id": document_url,
+                    "client_name": "psych-sidecar",
+                    "redirect_uris": [REDIRECT_URI],
+                    "token_endpoint_auth_method": "none",
+                },
+            },
+            timeout=10,
+        )
+        http = connection_pb2.HttpTransport(
+            url=url_of(documented),
+            protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+            oauth_authorization_code=connection_pb2.OAuthAuthorizationCode(
+                client_metadata_url=document_url, redirect_uri=REDIRECT_URI
+            ),
+        )
+        connection = connection_pb2.Connection(tenant=tenant, name="documented", http=http)
+        stubs.connections.PutConnection(
+            connection_service_pb2.PutConnectionRequest(connection=connection)
+        )
+        started = begin(stubs, tenant, "documented")
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(started.authorization_url).query)
+        assert query["client_id"] == [document_url]
+        code, state = browse(started.authorization_url)
+        signed_in = complete(stubs, tenant, code, state, "documented")
+        assert signed_in.state == connection_pb2.CONNECTION_STATE_CONNECTED, signed_in.last_error
+        assert stats(documented)["registrations"] == 0
+        assert token_auth(documented)["none"] >= 1  # a public client: no secret, no assertion
+        host = Host(stubs, tenant)
+        outcome = host.call(host.run(f"spec-{tenant}"), "documented", "echo", text="cimd")
+        assert result_text(outcome) == "cimd"

@@ -3,7 +3,7 @@ resource server in one, built on the MCP SDK's server auth.
 
     python tests/mcp_servers/oauth_server.py --port P [--token-seconds S]
         [--issuer URL] [--resource URL] [--metadata-padding BYTES] [--metadata-delay SECONDS]
-        [--approve-code C] [--step-up-scope S]
+        [--approve-code C] [--step-up-scope S] [--client-id-metadata-documents]
 
 - dynamic client registration on; authorization code with PKCE; the consent is automatic, so
   a test plays the user's browser by following the authorization URL to its redirect;
@@ -14,6 +14,10 @@ resource server in one, built on the MCP SDK's server auth.
   for it with private_key_jwt (the assertion's signature checked with that key, its iss, sub
   and aud); {"client_id", "client_secret", "redirect_uri"} a pre-registered client for the
   authorization code (client_secret_basic);
+- `--client-id-metadata-documents`: the authorization server metadata advertises
+  client_id_metadata_document_supported, and a client_id that is the URL of a document posted
+  to `POST /admin/client-documents` ({"url", "document"}) is that public client. The document
+  is posted rather than fetched: its URL must be https, which a loopback test does not serve;
 - `GET /admin/token-auth` counts the token requests by the client authentication they carried
   ({"client_secret_basic", "client_secret_post", "private_key_jwt", "none"});
 - `POST /admin/revoke` forgets every refresh token (and with `?access=1` every access token);
@@ -47,6 +51,7 @@ from typing import Any
 
 import jwt
 import uvicorn
+from mcp.server.auth.json_response import PydanticJSONResponse
 from mcp.server.auth.provider import (
     AccessToken,
     AuthorizationCode,
@@ -55,6 +60,7 @@ from mcp.server.auth.provider import (
     TokenError,
     construct_redirect_uri,
 )
+from mcp.server.auth.routes import build_metadata
 from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, RevocationOptions
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
@@ -74,6 +80,8 @@ class MemoryProvider:
         self.codes: dict[str, AuthorizationCode] = {}
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
+        # Client ID metadata documents by their URL (--client-id-metadata-documents).
+        self.documents: dict[str, dict[str, Any]] = {}
         # Set by POST /admin/refuse-access: every access token is refused, fresh ones too.
         self.refuse_access = False
         self.stats = {
@@ -85,6 +93,15 @@ class MemoryProvider:
         }
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        document = self.documents.get(client_id)
+        if document is not None and document.get("client_id") == client_id:
+            # A client ID metadata document's client: public, its redirect URIs the document's.
+            return OAuthClientInformationFull(
+                client_id=client_id,
+                redirect_uris=document["redirect_uris"],
+                token_endpoint_auth_method="none",
+                scope=" ".join(self.scopes),
+            )
         return self.clients.get(client_id)
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
@@ -180,21 +197,23 @@ def build_app(options: argparse.Namespace) -> Any:
     base = f"http://127.0.0.1:{options.port}"
     scopes = ["mcp", *([options.step_up_scope] if options.step_up_scope else [])]
     provider = MemoryProvider(options.token_seconds, scopes)
-    server: MCPServer[Any] = MCPServer(
-        "psych-oauth",
-        version="1.0.0",
-        auth_server_provider=provider,
-        auth=AuthSettings(
-            issuer_url=base,
-            resource_server_url=f"{base}/mcp",
-            validate_token_resource=False,
-            client_registration_options=ClientRegistrationOptions(
-                enabled=True, valid_scopes=scopes, default_scopes=["mcp"]
-            ),
-            revocation_options=RevocationOptions(enabled=True),
-            required_scopes=["mcp"],
-        ),
+    registration = ClientRegistrationOptions(
+        enabled=True, valid_scopes=scopes, default_scopes=["mcp"]
     )
+    revocation = RevocationOptions(enabled=True)
+    auth = AuthSettings(
+        issuer_url=base,
+        resource_server_url=f"{base}/mcp",
+        validate_token_resource=False,
+        client_registration_options=registration,
+        revocation_options=revocation,
+        required_scopes=["mcp"],
+    )
+    server: MCPServer[Any] = MCPServer(
+        "psych-oauth", version="1.0.0", auth_server_provider=provider, auth=auth
+    )
+    server_metadata = build_metadata(auth.issuer_url, None, registration, revocation)
+    server_metadata.client_id_metadata_document_supported = True
 
     @server.tool()
     def echo(text: str) -> str:
@@ -220,6 +239,10 @@ def build_app(options: argparse.Namespace) -> Any:
         nonlocal required_scope
         if request.url.path == "/admin/stats":
             return JSONResponse(provider.stats)
+        if request.url.path == "/admin/client-documents":
+            body = await request.json()
+            provider.documents[body["url"]] = body["document"]
+            return JSONResponse({"created": body["url"]})
         if request.url.path == "/admin/token-auth":
             return JSONResponse(token_auth)
         if request.url.path == "/admin/require-scope":
@@ -327,6 +350,13 @@ def build_app(options: argparse.Namespace) -> Any:
                 )
                 await refusal(scope, receive, send)
                 return
+        if (
+            scope["type"] == "http"
+            and path == "/.well-known/oauth-authorization-server"
+            and options.client_id_metadata_documents
+        ):
+            await PydanticJSONResponse(server_metadata)(scope, receive, send)
+            return
         if scope["type"] == "http" and path.startswith("/.well-known/oauth-protected-resource"):
             if options.metadata_delay:
                 await asyncio.sleep(options.metadata_delay)
@@ -390,6 +420,7 @@ def main() -> None:
     parser.add_argument("--metadata-delay", type=float, default=0.0)
     parser.add_argument("--approve-code", default="")
     parser.add_argument("--step-up-scope", default="")
+    parser.add_argument("--client-id-metadata-documents", action="store_true")
     options = parser.parse_args()
     config = uvicorn.Config(
         build_app(options), host="127.0.0.1", port=options.port, log_level="warning"
