@@ -29,12 +29,14 @@ from psych_sidecar.search.encoder import (
     MAX_TOKENS,
     MiniLmEncoder,
     _gelu,
-    default_model_cache_dir,
     load_packaged_encoder,
-    packaged_model_path,
     prepare_model,
-    prepared_model_dir,
     prepared_weights,
+)
+from psych_sidecar.search.model import (
+    default_model_cache_dir,
+    packaged_model_path,
+    prepared_model_dir,
     tool_embeddings,
 )
 from tests.mcp_servers.fixture_server import FIXED_TOOLS
@@ -344,7 +346,7 @@ def test_an_encoder_that_fails_to_load_leaves_search_lexical(
 def test_the_setting_and_a_missing_package_turn_semantic_search_off(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="psych_sidecar.search.encoder"):
+    with caplog.at_level(logging.INFO, logger="psych_sidecar.search.model"):
         assert isinstance(tool_embeddings("auto", cache_dir=tmp_path), ToolEmbeddings)
         assert tool_embeddings("off") is None
         # How Python spells "not installed": find_spec answers None for a None module entry.

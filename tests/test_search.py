@@ -13,7 +13,7 @@ from psych_sidecar.search import (
     normalise_query,
     tokenize,
 )
-from psych_sidecar.search.encoder import tool_embeddings
+from psych_sidecar.search.model import tool_embeddings
 
 
 def test_identifiers_split_in_every_spelling() -> None:

@@ -42,7 +42,8 @@ from psych_sidecar.search import (
     content_key,
     tool_texts,
 )
-from psych_sidecar.search.encoder import MiniLmEncoder, encoder_identity, load_packaged_encoder
+from psych_sidecar.search.encoder import MiniLmEncoder, load_packaged_encoder
+from psych_sidecar.search.model import encoder_identity
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, migrate
 from psych_sidecar.storage.search_vectors import SqlVectorStore

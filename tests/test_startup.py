@@ -100,6 +100,18 @@ def test_serve_on_a_current_schema_imports_no_migrations_mcp_sdk_or_tracing(
     assert not modules & _ON_DEMAND_MODULES
 
 
+def test_serve_with_keyword_search_imports_no_numpy_before_a_search(
+    tmp_path: Path, current_database: str
+) -> None:
+    # With semantic search on, the model (and numpy) loads on its own thread as soon as the
+    # sidecar serves; with it off, numpy comes with the first search index only.
+    loaded = _packages(
+        _loaded_at_serving(tmp_path, "--database-url", current_database, "--semantic-search", "off")
+    )
+    assert "psych_sidecar" in loaded
+    assert not loaded & {*_ON_DEMAND, "numpy", "snowballstemmer", "tokenizers"}
+
+
 def test_serve_imports_migrations_and_tracing_when_they_are_needed(tmp_path: Path) -> None:
     # A fresh database has migrations to apply; traces are made (and dropped by the exporter).
     loaded = _packages(

@@ -37,7 +37,7 @@ from psych.sidecar.v1 import (
     turn_service_pb2_grpc,
 )
 from psych_sidecar.search import SearchDocument, SearchIndex, ToolEmbeddings
-from psych_sidecar.search.encoder import tool_embeddings
+from psych_sidecar.search.model import tool_embeddings
 
 FIXTURE_SERVER = REPO_ROOT / "tests" / "mcp_servers" / "fixture_server.py"
 TWILIO = REPO_ROOT / "tests" / "mcp-peers" / "node_modules" / "@twilio-alpha" / "mcp"

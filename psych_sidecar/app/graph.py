@@ -47,7 +47,7 @@ from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.search import ToolEmbeddings
-from psych_sidecar.search.encoder import tool_embeddings
+from psych_sidecar.search.model import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import create_database_engine, open_read_only, shared_reads
 from psych_sidecar.storage.journal import SqlAssemblyJournal

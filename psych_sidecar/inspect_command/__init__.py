@@ -12,9 +12,10 @@ import argparse
 import json
 import sys
 from datetime import datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from psych_sidecar.inspect_command.views import Refused, Source, render
+if TYPE_CHECKING:
+    from psych_sidecar.inspect_command.views import Source
 
 __all__ = ["add_parser", "run"]
 
@@ -106,6 +107,9 @@ def add_parser(commands: Any) -> None:
 
 def run(arguments: argparse.Namespace, source: Source, out: TextIO | None = None) -> int:
     """Print one inspect view read from `source`; 0, or 1 when the source refused."""
+    # Imported by this command only: every command builds the parser above, serve included.
+    from psych_sidecar.inspect_command.views import Refused, render
+
     try:
         data, table = render(source, arguments)
     except Refused as error:

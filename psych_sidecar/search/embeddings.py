@@ -29,12 +29,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
-import numpy.typing as npt
+from psych_sidecar.search.ranking import tool_texts
 
-from psych_sidecar.search.ranking import Vectors, tool_texts
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from psych_sidecar.search.ranking import Vectors
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ COLLECT_INTERVAL_S = 24 * 3600.0
 # Query vectors kept in memory (paging through results asks again).
 _QUERY_CAPACITY = 1024
 # Stored vectors are float32, little-endian.
-_STORED_DTYPE = np.dtype("<f4")
+_STORED_DTYPE = "<f4"
 
 
 class TextEncoder(Protocol):
@@ -167,6 +170,9 @@ class ToolEmbeddings:
         where there is none yet) and which rows are real. With `fetch`, texts not in memory
         are read from the store in one batch, and those it lacks too are queued for the
         warm-up (once); without, only memory is looked at (a partial index catching up)."""
+        # numpy comes with the first search, not with the sidecar's start.
+        import numpy as np
+
         keys = [content_key(text) for text in texts]
         rows = self._cached(keys)
         if fetch:
@@ -282,6 +288,8 @@ class ToolEmbeddings:
     def vectors(self, texts: Sequence[str]) -> Vectors:
         """One row per text, encoding on the caller's thread those there is no vector for
         (offline use: tests, benchmarks; a sidecar's requests use known_vectors)."""
+        import numpy as np
+
         text_of = {content_key(text): text for text in texts}
         with self._lock:
             self._pending.update(text_of)
@@ -488,6 +496,8 @@ class ToolEmbeddings:
             )
 
     def _read_store(self, keys: list[str]) -> dict[str, Vectors]:
+        import numpy as np
+
         if self._store is None or not keys:
             return {}
         rows = {}

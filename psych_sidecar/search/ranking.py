@@ -59,13 +59,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
-
-import numpy as np
-import numpy.typing as npt
-import snowballstemmer
+from typing import TYPE_CHECKING, Any, Protocol
 
 from psych_sidecar.search.gloss import HAN_RUN, english_gloss
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    Vectors = npt.NDArray[np.float32]
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +95,6 @@ _RRF_K = 10
 # Below this cosine a tool is no semantic match (unrelated sentences score about 0.0-0.15 with
 # this model): it is left out of the semantic ranking, so a query matching nothing finds nothing.
 _MIN_SIMILARITY = 0.2
-
-Vectors = npt.NDArray[np.float32]
 
 _STOP_WORDS = frozenset(
     [
@@ -338,12 +338,19 @@ _CJK_RUN = re.compile(rf"[{_CJK}]+")
 _WORDS = re.compile(r"[^\W_]+")
 # A sentence ends at . ! ? followed by a space, or at a CJK full stop, exclamation or question mark.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])")
-_STEMMER = snowballstemmer.stemmer("english")
+
+
+@lru_cache(maxsize=1)
+def _english_stemmer() -> Any:
+    """Made with the first word stemmed (a search), not when a sidecar starts."""
+    import snowballstemmer
+
+    return snowballstemmer.stemmer("english")
 
 
 @lru_cache(maxsize=65536)
 def _stem(word: str) -> str:
-    stemmed: str = _STEMMER.stemWord(word)
+    stemmed: str = _english_stemmer().stemWord(word)
     return stemmed
 
 
@@ -485,6 +492,8 @@ class SearchIndex:
     def __init__(
         self, documents: Sequence[SearchDocument], embeddings: Embeddings | None = None
     ) -> None:
+        import numpy as np  # imported with the first index: a sidecar starts without numpy
+
         self._documents = list(documents)
         summaries = _summaries(self._documents)
         fields = [self._fields(d, s) for d, s in zip(self._documents, summaries, strict=True)]
@@ -538,6 +547,8 @@ class SearchIndex:
     def refreshed(self) -> SearchIndex:
         """This index with the tool vectors that became known since it was built (from
         memory: cheap enough for every search), or itself when nothing changed."""
+        import numpy as np
+
         embeddings = self._embeddings
         if embeddings is None or self.complete or embeddings.version() == self._version:
             return self
@@ -577,6 +588,8 @@ class SearchIndex:
     def rank(self, query: str, limit: int) -> Ranking:
         """The best `limit` documents for the query, best first; ties by catalogue order.
         Documents matching no query term and no close meaning are left out."""
+        import numpy as np
+
         exact = self._exact.get(query.strip().lower(), [])
         text = normalise_query(query)
         # A Chinese query's gloss lets it match English descriptions too.
@@ -604,6 +617,8 @@ class SearchIndex:
         """Reciprocal rank fusion of the keyword ranking and the semantic one, per document
         (0 for a document in neither). A tool with no vector yet has similarity 0: it is in
         the keyword ranking only."""
+        import numpy as np
+
         count = len(self._documents)
         similarity = np.maximum(self._vectors[:count] @ query, self._vectors[count:] @ query)
         # Stable sort on the negated similarity: ties keep catalogue order.
