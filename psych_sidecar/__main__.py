@@ -1,3 +1,3 @@
-from psych_sidecar.cli import main
+from psych_sidecar.launch import main
 
 raise SystemExit(main())

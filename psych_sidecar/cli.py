@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import sys
@@ -271,6 +272,9 @@ def _inspect_database(arguments: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
+    if arguments.command != "serve":
+        # Off while the modules loaded (psych_sidecar.launch); serve turns it on once serving.
+        gc.enable()
     if arguments.command == "version":
         print(__version__)
         return 0

@@ -15,14 +15,15 @@ import pytest
 
 from tests.support.processes import free_port
 
-# Runs `psych-sidecar serve` in this interpreter's main thread; a thread waits for SERVING,
-# prints the top-level packages loaded then, and stops the sidecar as SIGTERM would.
+# Runs `psych-sidecar serve` through the command's entry point in this interpreter's main
+# thread; a thread waits for SERVING, prints the modules loaded then and whether the
+# garbage collector is on, and stops the sidecar as SIGTERM would.
 _PROBE = textwrap.dedent(
     """
-    import json, os, signal, sys, threading, time
+    import gc, json, os, signal, sys, threading, time
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from psych_sidecar.cli import main
+    from psych_sidecar.launch import main
 
     target = sys.argv[1]
 
@@ -39,10 +40,12 @@ _PROBE = textwrap.dedent(
                 time.sleep(0.02)
         loaded = sorted(sys.modules)
         print("LOADED " + json.dumps(loaded), flush=True)
+        print("GC " + json.dumps(gc.isenabled()), flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, daemon=True).start()
-    sys.exit(main(["serve", "--listen", target, *sys.argv[2:]]))
+    sys.argv = ["psych-sidecar", "serve", "--listen", target, *sys.argv[2:]]
+    sys.exit(main())
     """
 )
 
@@ -53,10 +56,11 @@ _ON_DEMAND = {"alembic", "mcp", "mcp_types", "opentelemetry", "psycopg"}
 _ON_DEMAND_MODULES = {"sqlalchemy.dialects.postgresql", "psych_sidecar.inspect_command.remote"}
 
 
-def _loaded_at_serving(
+def _at_serving(
     tmp_path: Path, *arguments: str, env: dict[str, str] | None = None
-) -> set[str]:
-    """The modules loaded once serve answers SERVING: their full names."""
+) -> tuple[set[str], bool]:
+    """The modules loaded when health first says SERVING (their full names), and whether the
+    garbage collector is on then."""
     target = f"127.0.0.1:{free_port()}"
     completed = subprocess.run(
         [sys.executable, "-c", _PROBE, target, *arguments],
@@ -68,8 +72,10 @@ def _loaded_at_serving(
         check=False,
     )
     assert completed.returncode == 0, completed.stderr
-    (line,) = [line for line in completed.stdout.splitlines() if line.startswith("LOADED ")]
-    return set(json.loads(line.removeprefix("LOADED ")))
+    lines = completed.stdout.splitlines()
+    (loaded,) = [line.removeprefix("LOADED ") for line in lines if line.startswith("LOADED ")]
+    (collecting,) = [line.removeprefix("GC ") for line in lines if line.startswith("GC ")]
+    return set(json.loads(loaded)), json.loads(collecting)
 
 
 def _packages(modules: set[str]) -> set[str]:
@@ -93,11 +99,13 @@ def current_database(tmp_path: Path) -> str:
 def test_serve_on_a_current_schema_imports_no_migrations_mcp_sdk_or_tracing(
     tmp_path: Path, current_database: str
 ) -> None:
-    modules = _loaded_at_serving(tmp_path, "--database-url", current_database)
+    modules, collecting = _at_serving(tmp_path, "--database-url", current_database)
     loaded = _packages(modules)
     assert "psych_sidecar" in loaded
     assert not loaded & _ON_DEMAND
     assert not modules & _ON_DEMAND_MODULES
+    # Off while the modules loaded, on again once serving.
+    assert collecting
 
 
 def test_serve_with_keyword_search_imports_no_numpy_before_a_search(
@@ -105,24 +113,24 @@ def test_serve_with_keyword_search_imports_no_numpy_before_a_search(
 ) -> None:
     # With semantic search on, the model (and numpy) loads on its own thread as soon as the
     # sidecar serves; with it off, numpy comes with the first search index only.
-    loaded = _packages(
-        _loaded_at_serving(tmp_path, "--database-url", current_database, "--semantic-search", "off")
+    modules, _ = _at_serving(
+        tmp_path, "--database-url", current_database, "--semantic-search", "off"
     )
+    loaded = _packages(modules)
     assert "psych_sidecar" in loaded
     assert not loaded & {*_ON_DEMAND, "numpy", "snowballstemmer", "tokenizers"}
 
 
 def test_serve_imports_migrations_and_tracing_when_they_are_needed(tmp_path: Path) -> None:
     # A fresh database has migrations to apply; traces are made (and dropped by the exporter).
-    loaded = _packages(
-        _loaded_at_serving(
-            tmp_path,
-            "--database-url",
-            f"sqlite:///{tmp_path / 'fresh.db'}",
-            "--tracing",
-            "otlp",
-            env={"OTEL_TRACES_EXPORTER": "none"},
-        )
+    modules, _ = _at_serving(
+        tmp_path,
+        "--database-url",
+        f"sqlite:///{tmp_path / 'fresh.db'}",
+        "--tracing",
+        "otlp",
+        env={"OTEL_TRACES_EXPORTER": "none"},
     )
+    loaded = _packages(modules)
     assert {"alembic", "opentelemetry"} <= loaded
     assert not loaded & {"mcp", "mcp_types", "psycopg"}

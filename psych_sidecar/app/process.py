@@ -1,5 +1,6 @@
 """Process-wide tuning for `serve`: the allocator, before any thread starts; the garbage
-collector and the GIL's switch interval, once the sidecar serves."""
+collector (off while the modules load, see psych_sidecar.launch) and the GIL's switch
+interval, once the sidecar serves."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ def after_start() -> None:
     # What start-up made (modules, the contract's descriptors, schemas, servers, pools) lives
     # as long as the process: kept out of the cyclic collector's sight, a full collection no
     # longer walks ~200k permanent objects. On a busy sidecar one full collection otherwise
-    # held the GIL for ~100 ms, stalling the loop.
+    # held the GIL for ~100 ms, stalling the loop. The collector was off until now when the
+    # command started it (psych_sidecar.launch): start-up's objects were never collected.
     gc.freeze()
+    gc.enable()
     # A thread wanting the GIL waits this long before asking the holder to let go (CPython's
     # default: 5 ms). The event loop answers calls while worker threads convert and store
     # large results; each of its turns may wait once, so 5 ms made a health check 12-17 ms
