@@ -14,7 +14,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench._load import median
 from bench._proc import (
-    REPO_ROOT,
     ManagedProcess,
     channel,
     free_port,
@@ -22,7 +21,7 @@ from bench._proc import (
     sidecar_command,
     sidecar_env,
 )
-from bench.cases.robustness import _config, _setup
+from bench.cases.robustness import _config, _setup, _start_lander
 from bench.cases.tool_surface import _commands_env, _connect_twilio, _Host, _twilio_argv, _warm_up
 from bench.registry import BenchContext, case
 
@@ -102,16 +101,7 @@ async def peak_private_mib_large_results(ctx: BenchContext) -> float:
         pid = server.process.pid
         await asyncio.sleep(1.0)
         idle = memory_mib(pid)["RssAnon"]
-        lander = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.cases.robustness",
-            server.target,
-            run_id,
-            str(results),
-            str(size),
-            cwd=REPO_ROOT,
-        )
+        lander = await _start_lander(server.target, run_id, results, size)
         waiting = asyncio.create_task(lander.wait())
         peak, samples = idle, 0
         while not waiting.done():

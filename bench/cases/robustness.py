@@ -152,16 +152,7 @@ async def loop_stall_ratio(ctx: BenchContext) -> float:
         loaded: tuple[list[float], list[float]] = ([], [])
         # The results are fetched by another process: receiving 50 MB responses in this one
         # would stall the loop that times the health checks, not the sidecar's.
-        lander = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.cases.robustness",
-            server.target,
-            run_id,
-            str(results),
-            str(size),
-            cwd=REPO_ROOT,
-        )
+        lander = await _start_lander(server.target, run_id, results, size)
         waiting = asyncio.create_task(lander.wait())
         while not waiting.done():
             await check_both(loaded)
@@ -180,6 +171,22 @@ async def loop_stall_ratio(ctx: BenchContext) -> float:
             **{f"control_{name}": value for name, value in control_figures.items()},
         )
         return ratio
+
+
+async def _start_lander(
+    target: str, run_id: str, results: int, size: int
+) -> asyncio.subprocess.Process:
+    """Another process that fetches `results` results of `size` characters (`_land`)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.cases.robustness",
+        target,
+        run_id,
+        str(results),
+        str(size),
+        cwd=REPO_ROOT,
+    )
 
 
 def _stall_figures(idle: list[float], loaded: list[float]) -> tuple[float, dict[str, float]]:
