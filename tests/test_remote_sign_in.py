@@ -5,7 +5,6 @@ AUTHORIZATION_REQUIRED. Against a real OAuth-protected streamable-HTTP server on
 
 from __future__ import annotations
 
-import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -23,19 +22,25 @@ from psych_sidecar.config import Settings
 from tests.support.connections import listed
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.host import Host, result_text
+from tests.support.oauth_sign_in import (
+    REDIRECT_URI,
+    begin,
+    browse,
+    complete,
+    issued_secrets,
+    oauth_server,
+    put_oauth,
+    sign_in,
+    stats,
+    url_of,
+)
 from tests.support.polling import wait_for
 from tests.support.processes import HttpServer, free_port, running
 from tests.support.prompts import assemble
 from tests.support.sidecar import UNLIMITED_CHANNEL, RunningSidecar, Stubs, rpc_failure
 
-OAUTH_SERVER = Path(__file__).parent / "mcp_servers" / "oauth_server.py"
-REDIRECT_URI = "http://127.0.0.1:9/callback"
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
-
-
-def oauth_server(port: int, *extra: str) -> HttpServer:
-    return HttpServer([sys.executable, str(OAUTH_SERVER), "--port", str(port), *extra], port)
 
 
 def sidecar_settings(tmp_path: Path, **overrides: Any) -> Settings:
@@ -78,72 +83,6 @@ def sidecar(directory: Path) -> Iterator[RunningSidecar]:
 def stubs(sidecar: RunningSidecar) -> Iterator[Stubs]:
     with grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel:
         yield Stubs.on(channel)
-
-
-def url_of(server: HttpServer) -> str:
-    return f"http://127.0.0.1:{server.port}/mcp"
-
-
-def put_oauth(stubs: Stubs, tenant: str, name: str, url: str) -> connection_pb2.Connection:
-    http = connection_pb2.HttpTransport(
-        url=url,
-        protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
-        oauth_authorization_code=connection_pb2.OAuthAuthorizationCode(
-            dynamic_registration=connection_pb2.OAuthDynamicRegistration(),
-            redirect_uri=REDIRECT_URI,
-        ),
-    )
-    connection = connection_pb2.Connection(tenant=tenant, name=name, http=http)
-    request = connection_service_pb2.PutConnectionRequest(connection=connection)
-    return stubs.connections.PutConnection(request).connection
-
-
-def begin(stubs: Stubs, tenant: str, name: str) -> connection_service_pb2.BeginSignInResponse:
-    return stubs.connections.BeginSignIn(
-        connection_service_pb2.BeginSignInRequest(tenant=tenant, name=name)
-    )
-
-
-def browse(authorization_url: str) -> tuple[str, str]:
-    """What the user's browser does: open the URL, consent, land on the redirect URI with
-    `code` and `state` (the test reads them off the redirect instead of following it)."""
-    response = httpx.get(authorization_url, follow_redirects=False, timeout=10)
-    assert response.status_code in (302, 303, 307), response.text
-    location = response.headers["location"]
-    assert location.startswith(REDIRECT_URI)
-    query = urllib.parse.parse_qs(urllib.parse.urlsplit(location).query)
-    return query["code"][0], query["state"][0]
-
-
-def complete(
-    stubs: Stubs, tenant: str, code: str, state: str, name: str = ""
-) -> connection_pb2.Connection:
-    request = connection_service_pb2.CompleteSignInRequest(
-        tenant=tenant, state=state, code=code, name=name
-    )
-    return stubs.connections.CompleteSignIn(request).connection
-
-
-def sign_in(stubs: Stubs, tenant: str, name: str) -> connection_pb2.Connection:
-    started = begin(stubs, tenant, name)
-    code, state = browse(started.authorization_url)
-    assert state == started.state
-    return complete(stubs, tenant, code, state, name)
-
-
-def issued_secrets(server: HttpServer) -> list[str]:
-    """Every token and client secret the server issued and still honours."""
-    answer: list[str] = httpx.get(
-        f"http://127.0.0.1:{server.port}/admin/tokens", timeout=10
-    ).json()["secrets"]
-    return answer
-
-
-def stats(server: HttpServer) -> dict[str, int]:
-    answer: dict[str, int] = httpx.get(
-        f"http://127.0.0.1:{server.port}/admin/stats", timeout=10
-    ).json()
-    return answer
 
 
 @pytest.fixture

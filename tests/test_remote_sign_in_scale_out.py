@@ -13,11 +13,9 @@ import pytest
 
 from psych.sidecar.v1 import connection_pb2
 from tests.support.connections import listed
-from tests.support.databases import POSTGRES_URL_ENV, postgres_database
+from tests.support.databases import POSTGRES_URL_ENV, postgres_database, raw_database_bytes
 from tests.support.host import Host, result_text
-from tests.support.processes import ServedSidecar, free_port, running
-from tests.support.sidecar import UNLIMITED_CHANNEL, Stubs
-from tests.test_remote_sign_in import (
+from tests.support.oauth_sign_in import (
     issued_secrets,
     oauth_server,
     put_oauth,
@@ -25,7 +23,8 @@ from tests.test_remote_sign_in import (
     stats,
     url_of,
 )
-from tests.test_secrets_at_rest import raw_database_bytes
+from tests.support.processes import ServedSidecar, free_port, running
+from tests.support.sidecar import UNLIMITED_CHANNEL, Stubs
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get(POSTGRES_URL_ENV), reason="needs PostgreSQL (scripts/with-postgres)"

@@ -25,12 +25,9 @@ from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.db import alembic_config, create_database_engine, migrate
 from psych_sidecar.storage.oauth import SqlOAuthStore
 from tests.support.connections import fixture_commands, fixture_http, listed, put_http, put_stdio
-from tests.support.databases import POSTGRES_URL_ENV, postgres_database
+from tests.support.databases import POSTGRES_URL_ENV, postgres_database, raw_database_bytes
 from tests.support.host import Host, result_text
-from tests.support.polling import wait_for
-from tests.support.processes import COMMAND, ServedSidecar, free_port, running, served
-from tests.support.sidecar import Stubs
-from tests.test_remote_sign_in import (
+from tests.support.oauth_sign_in import (
     begin,
     browse,
     complete,
@@ -41,6 +38,9 @@ from tests.test_remote_sign_in import (
     stats,
     url_of,
 )
+from tests.support.polling import wait_for
+from tests.support.processes import COMMAND, ServedSidecar, free_port, running, served
+from tests.support.sidecar import Stubs
 
 ENV_SECRET = "planted-env-secret-5b1f0c"
 HEADER_SECRET = "planted-header-secret-93d2aa"
@@ -126,17 +126,6 @@ def _plant_plaintext(engine: Engine) -> None:
                     "deleted": deleted,
                 },
             )
-
-
-def raw_database_bytes(database_url: str) -> bytes:
-    """Everything of the database on disk as an attacker holding the file would read it: the
-    SQLite file and its write-ahead log, or PostgreSQL's pg_dump output."""
-    if database_url.startswith("sqlite"):
-        path = Path(database_url.removeprefix("sqlite:///"))
-        files = [path, path.with_name(path.name + "-wal")]
-        return b"".join(f.read_bytes() for f in files if f.exists())
-    dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
-    return subprocess.run(["pg_dump", dsn], capture_output=True, check=True).stdout
 
 
 def test_the_upgrade_seals_plaintext_secrets_and_leaves_none_readable(database_url: str) -> None:

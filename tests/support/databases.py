@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -55,3 +57,14 @@ def postgres_database() -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def raw_database_bytes(database_url: str) -> bytes:
+    """Everything of the database on disk as an attacker holding the file would read it: the
+    SQLite file and its write-ahead log, or PostgreSQL's pg_dump output."""
+    if database_url.startswith("sqlite"):
+        path = Path(database_url.removeprefix("sqlite:///"))
+        files = [path, path.with_name(path.name + "-wal")]
+        return b"".join(f.read_bytes() for f in files if f.exists())
+    dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
+    return subprocess.run(["pg_dump", dsn], capture_output=True, check=True).stdout
