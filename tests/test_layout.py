@@ -1,7 +1,8 @@
 """The layout the docs promise is the layout on disk: every path docs/design.md names under
 the package exists, its Layers tree lists every subpackage, its migration table gives each
 file's real revision ids and names the head, every domain subpackage has its docstring and
-curated `__all__`, and the top level holds what the README's Layout section lists."""
+curated `__all__` that the rest of the package imports through, and the top level holds what the
+README's Layout section lists."""
 
 from __future__ import annotations
 
@@ -99,6 +100,29 @@ def test_domain_subpackages_have_a_docstring_and_a_curated_surface() -> None:
         assert exported, f"{package.name} has no __all__"
     loose = sorted(p.name for p in (PACKAGE / "domain").glob("*.py") if p.name != "__init__.py")
     assert len(loose) <= 5, loose
+
+
+def test_outside_a_domain_subpackage_nothing_imports_its_modules() -> None:
+    # design.md: a subpackage's __init__ is its public face (surface's `naming` is exported as
+    # a module, so `from psych_sidecar.domain.surface import naming` goes through the face too).
+    concerns = {p.name for p in (PACKAGE / "domain").iterdir() if (p / "__init__.py").is_file()}
+    reaching_in = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                names = module.split(".")
+                if names[:2] != ["psych_sidecar", "domain"] or len(names) < 4:
+                    continue
+                if names[2] in concerns and parts[:2] != ("domain", names[2]):
+                    reaching_in.append(f"{path.relative_to(ROOT)}: {module}")
+    assert reaching_in == []
 
 
 def test_top_level_is_what_the_readme_lists() -> None:

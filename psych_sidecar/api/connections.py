@@ -13,18 +13,16 @@ from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES, timestamp
 from psych_sidecar.api.plumbing import Context
 from psych_sidecar.api.turns import STATES
 from psych_sidecar.domain.catalog import (
+    AuthKind,
+    AuthorizationReason,
     CatalogTool,
+    ClientKind,
     Connection,
     ConnectionService,
     ConnectionStatus,
+    OAuthSettings,
     TransportKind,
     redact_url,
-)
-from psych_sidecar.domain.catalog.oauth import (
-    AuthKind,
-    AuthorizationReason,
-    ClientKind,
-    OAuthSettings,
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
 

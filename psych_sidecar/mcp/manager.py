@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from psych_sidecar.config import McpSettings, OAuthOutboundSettings
-from psych_sidecar.domain.calls.validation import SchemaValidators
+from psych_sidecar.domain.calls import SchemaValidators
 from psych_sidecar.domain.catalog import (
     AllowedCommand,
+    AuthKind,
     CatalogTool,
     CatalogWrite,
     Connection,
@@ -24,19 +25,16 @@ from psych_sidecar.domain.catalog import (
     ConnectionStatus,
     McpToolResult,
     OAuthRepository,
+    PendingSignIn,
     Scrubber,
     StoredConnection,
     ToolCallFailed,
+    connection_authorization_required,
     connection_not_found,
     rejections,
+    sign_in_not_applicable,
     validate_connection,
     without_secrets,
-)
-from psych_sidecar.domain.catalog.oauth import (
-    AuthKind,
-    PendingSignIn,
-    connection_authorization_required,
-    sign_in_not_applicable,
 )
 from psych_sidecar.domain.errors import Reason, SidecarError, short
 from psych_sidecar.domain.runlog import RunBlocking

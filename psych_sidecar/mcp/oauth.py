@@ -64,16 +64,17 @@ from mcp.shared.auth import (
 from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
 
 from psych_sidecar.config import OAuthOutboundSettings
-from psych_sidecar.domain.catalog import Connection, StoredConnection
-from psych_sidecar.domain.catalog.oauth import (
+from psych_sidecar.domain.catalog import (
     AuthKind,
     AuthorizationReason,
     ClientKind,
+    Connection,
     OAuthGrant,
+    OAuthRepository,
     OAuthSettings,
     PendingSignIn,
+    StoredConnection,
 )
-from psych_sidecar.domain.catalog.ports import OAuthRepository
 from psych_sidecar.domain.errors import Reason, SidecarError, short
 from psych_sidecar.domain.runlog import RunBlocking
 

@@ -15,7 +15,7 @@ from psych_sidecar.bulk.slices import (
     json_sliced,
     needs_no_json_escape,
 )
-from psych_sidecar.domain.calls.validation import SchemaValidators, json_within
+from psych_sidecar.domain.calls import SchemaValidators, json_within
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind

@@ -33,9 +33,10 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from psych_sidecar import __version__
 from psych_sidecar.config import StdioCommand
-from psych_sidecar.domain.calls.validation import SchemaValidators
+from psych_sidecar.domain.calls import SchemaValidators
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import (
+    AuthorizationReason,
     CatalogTool,
     CatalogWrite,
     ConnectionState,
@@ -44,10 +45,10 @@ from psych_sidecar.domain.catalog import (
     Scrubber,
     StoredConnection,
     ToolCallFailed,
+    authorization_line,
     rejected_tool,
     tool_definition_problem,
 )
-from psych_sidecar.domain.catalog.oauth import AuthorizationReason, authorization_line
 from psych_sidecar.mcp.oauth import GrantAuth, TokenKeeper
 from psych_sidecar.mcp.results import (
     output_schema_problem,

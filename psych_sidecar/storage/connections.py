@@ -15,17 +15,19 @@ from sqlalchemy import Connection as SqlConnection
 
 from psych_sidecar.domain.catalog import (
     NO_REJECTIONS,
+    AuthKind,
     CatalogTool,
     CatalogVersion,
     CatalogWrite,
+    ClientKind,
     Connection,
+    OAuthSettings,
     Rejections,
     StoredConnection,
     TransportKind,
     listing_fingerprint,
     rejected_tool,
 )
-from psych_sidecar.domain.catalog.oauth import AuthKind, ClientKind, OAuthSettings
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import (

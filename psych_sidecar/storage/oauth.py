@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection as SqlConnection
 from sqlalchemy import Engine, Row, Table, delete, insert, select, update
 
-from psych_sidecar.domain.catalog.oauth import AuthorizationReason, OAuthGrant, PendingSignIn
+from psych_sidecar.domain.catalog import AuthorizationReason, OAuthGrant, PendingSignIn
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import erase_freed_content, settle_freed_content, transaction

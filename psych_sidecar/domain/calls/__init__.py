@@ -4,7 +4,8 @@
 resolved surface; a host's call of one MCP tool): membership re-checked at call time, once per
 (Run, assistant step, call id), every result recorded in the log. :class:`ToolOutputReader`
 reads stored results (``ReadToolOutput`` and ``read_tool_output``: handle, offset, limit,
-grep, in-process over the log).
+grep, in-process over the log). :class:`SchemaValidators` compiles each tool schema's
+validator once; the MCP layer judges results against output schemas with the same cache.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from __future__ import annotations
 from psych_sidecar.domain.calls.results import ToolOutcome
 from psych_sidecar.domain.calls.router import ToolRouter
 from psych_sidecar.domain.calls.tool_output import GrepMatch, ReadResult, ToolOutputReader
+from psych_sidecar.domain.calls.validation import SchemaValidators, json_within
 
 __all__ = [
     "GrepMatch",
     "ReadResult",
+    "SchemaValidators",
     "ToolOutcome",
     "ToolOutputReader",
     "ToolRouter",
+    "json_within",
 ]
