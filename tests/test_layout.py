@@ -125,6 +125,22 @@ def test_outside_a_domain_subpackage_nothing_imports_its_modules() -> None:
     assert reaching_in == []
 
 
+def test_no_test_module_imports_another() -> None:
+    # What more than one module uses lives in tests/support (its docstring says so).
+    importing = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            if any(m.split(".")[-1].startswith("test_") for m in modules if m.startswith("tests")):
+                importing.append(f"{path.relative_to(ROOT)}: {modules[0]}")
+    assert importing == []
+
+
 def test_top_level_is_what_the_readme_lists() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
