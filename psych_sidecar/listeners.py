@@ -9,6 +9,7 @@ before anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -58,6 +59,14 @@ def restrict_unix_sockets(addresses: Iterable[ListenAddress], mode: int) -> None
     for address in addresses:
         if address.unix_path is not None:
             os.chmod(address.unix_path, mode)
+
+
+def remove_unix_sockets(paths: Iterable[str]) -> None:
+    """On stop, the listener that bound these socket files removes them (one already gone is
+    fine)."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def check_tcp_port(address: ListenAddress) -> None:

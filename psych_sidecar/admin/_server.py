@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 from collections.abc import Iterator, Sequence
 
@@ -14,7 +13,11 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from psych_sidecar.config import ListenAddress
-from psych_sidecar.listeners import prepare_unix_socket, restrict_unix_sockets
+from psych_sidecar.listeners import (
+    prepare_unix_socket,
+    remove_unix_sockets,
+    restrict_unix_sockets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +106,4 @@ class AdminServer:
         self._task = None
         for sock in self._sockets:
             sock.close()
-        for address in self._addresses:
-            if address.unix_path is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(address.unix_path)
+        remove_unix_sockets(a.unix_path for a in self._addresses if a.unix_path is not None)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from psych_sidecar.listeners import (
     StartupError,
     check_listeners,
     prepare_unix_socket,
+    remove_unix_sockets,
     restrict_unix_sockets,
 )
 from psych_sidecar.search import EmbeddingCounters
@@ -277,9 +277,7 @@ class Sidecar:
             tracing.uninstall()
             if self._owns_tracer_provider:
                 self._tracer_provider.shutdown()
-        for path in self._socket_files:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        remove_unix_sockets(self._socket_files)
 
 
 async def serve(settings: Settings) -> None:
