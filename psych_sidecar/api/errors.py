@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import google.rpc.error_details_pb2 as error_details_pb2
 import google.rpc.status_pb2 as status_pb2
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 
+from psych_sidecar.api.plumbing import Context
 from psych_sidecar.domain.errors import Reason, SidecarError
 
 ERROR_DOMAIN = "psych.sidecar.v1"
@@ -88,6 +89,6 @@ def status_for(error: SidecarError) -> tuple[grpc.StatusCode, str, bytes]:
     return code, message, status.SerializeToString()
 
 
-async def abort(context: grpc.aio.ServicerContext[Any, Any], error: SidecarError) -> NoReturn:
+async def abort(context: Context, error: SidecarError) -> NoReturn:
     code, message, details = status_for(error)
     await context.abort(code, message, trailing_metadata=((STATUS_DETAILS_KEY, details),))
