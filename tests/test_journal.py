@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import grpc
 import pytest
 from sqlalchemy import Engine, MetaData, create_engine, select, text
 
@@ -154,8 +153,7 @@ def test_the_journal_can_be_turned_off(tmp_path: Path) -> None:
     )
     with RunningSidecar(settings) as running:
         assert running.sidecar.journal is None
-        with grpc.insecure_channel(running.sidecar.bound[0]) as channel:
-            stubs = Stubs.on(channel)
+        with running.stubs() as stubs:
             run_id = run_with(stubs, "agent")
             append(stubs, run_id, user("hello"))
             assemble(stubs, run_id)
@@ -179,8 +177,7 @@ def test_a_journal_that_cannot_write_does_not_fail_the_prompt(
         with engine.begin() as conn:
             conn.execute(text("DROP TABLE assembly_journal"))
         engine.dispose()
-        with grpc.insecure_channel(running.sidecar.bound[0]) as channel:
-            stubs = Stubs.on(channel)
+        with running.stubs() as stubs:
             run_id = run_with(stubs, "agent")
             append(stubs, run_id, user("hello"))
             with caplog.at_level(logging.WARNING, logger="psych_sidecar.storage.journal"):

@@ -37,7 +37,7 @@ from tests.support.oauth_sign_in import (
 from tests.support.polling import wait_for
 from tests.support.processes import HttpServer, free_port, running
 from tests.support.prompts import assemble
-from tests.support.sidecar import UNLIMITED_CHANNEL, RunningSidecar, Stubs, rpc_failure
+from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -81,8 +81,8 @@ def sidecar(directory: Path) -> Iterator[RunningSidecar]:
 
 @pytest.fixture(scope="module")
 def stubs(sidecar: RunningSidecar) -> Iterator[Stubs]:
-    with grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel:
-        yield Stubs.on(channel)
+    with sidecar.stubs() as stubs:
+        yield stubs
 
 
 @pytest.fixture
@@ -303,9 +303,8 @@ def test_an_expired_state_is_a_typed_error(server: HttpServer, tmp_path: Path) -
     settings = sidecar_settings(tmp_path, oauth_sign_in_state_seconds=0.5)
     with (
         RunningSidecar(settings) as sidecar,
-        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
+        sidecar.stubs() as stubs,
     ):
-        stubs = Stubs.on(channel)
         put_oauth(stubs, "t", "tracker", url_of(server))
         started = begin(stubs, "t", "tracker")
         code, state = browse(started.authorization_url)
@@ -338,9 +337,8 @@ def test_untrusted_metadata_is_refused_with_a_typed_error(
     with (
         running(oauth_server(free_port(), *flags)) as hostile,
         RunningSidecar(settings) as sidecar,
-        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
+        sidecar.stubs() as stubs,
     ):
-        stubs = Stubs.on(channel)
         put_oauth(stubs, "t", "hostile", url_of(hostile))
         failure = rpc_failure(lambda: begin(stubs, "t", "hostile"))
         assert (failure.code, failure.info.reason) == (code, reason)
@@ -435,9 +433,8 @@ def test_metadata_for_another_resource_is_refused_before_any_authorization_url(
     with (
         running(oauth_server(port, "--resource", named.format(port=port))) as misnamed,
         RunningSidecar(sidecar_settings(tmp_path)) as sidecar,
-        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
+        sidecar.stubs() as stubs,
     ):
-        stubs = Stubs.on(channel)
         put_oauth(stubs, "t", "misnamed", url_of(misnamed))
         failure = rpc_failure(lambda: begin(stubs, "t", "misnamed"))
         assert (failure.code, failure.info.reason) == (UNAVAILABLE, "OAUTH_DISCOVERY_FAILED")
@@ -460,9 +457,8 @@ def test_metadata_for_a_resource_the_server_is_part_of_is_followed(tmp_path: Pat
     with (
         running(oauth_server(port, "--resource", f"http://127.0.0.1:{port}/")) as covering,
         RunningSidecar(sidecar_settings(tmp_path)) as sidecar,
-        grpc.insecure_channel(sidecar.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel,
+        sidecar.stubs() as stubs,
     ):
-        stubs = Stubs.on(channel)
         put_oauth(stubs, "t", "covering", url_of(covering))
         started = begin(stubs, "t", "covering")
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(started.authorization_url).query)

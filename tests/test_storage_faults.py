@@ -208,9 +208,8 @@ def test_postgresql_crashed_and_restarted_during_appends(tmp_path: Path) -> None
         )
         with (
             RunningSidecar(settings) as running,
-            grpc.insecure_channel(running.sidecar.bound[0]) as channel,
+            running.stubs() as stubs,
         ):
-            stubs = Stubs.on(channel)
             _appends_through_a_crash(stubs, cluster)
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -50,6 +51,13 @@ class RunningSidecar:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self.sidecar.start(), self._loop).result(60)
         return self
+
+    @contextlib.contextmanager
+    def stubs(self) -> Iterator[Stubs]:
+        """Stubs on a channel to its first listen address (no client-side size limit), closed
+        after the block."""
+        with grpc.insecure_channel(self.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel:
+            yield Stubs.on(channel)
 
     def __exit__(self, *exc: object) -> None:
         asyncio.run_coroutine_threadsafe(self.sidecar.stop(), self._loop).result(60)
