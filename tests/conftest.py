@@ -30,6 +30,21 @@ if os.environ.get("CI"):
     hypothesis.settings.load_profile("ci")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module runs its sidecar on fewer databases or transports than every one with
+    SIDECAR_DATABASES or SIDECAR_TRANSPORTS (a comment beside it says why that is enough): its
+    tests are parametrized with those, which take precedence over the fixtures' own params."""
+    for fixture, narrowed in (
+        ("database_url", getattr(metafunc.module, "SIDECAR_DATABASES", None)),
+        ("grpc_addr", getattr(metafunc.module, "SIDECAR_TRANSPORTS", None)),
+    ):
+        if narrowed is not None and fixture in metafunc.fixturenames:
+            metafunc.definition.add_marker(
+                pytest.mark.parametrize(fixture, narrowed, indirect=True, scope="module")
+            )
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def database_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory

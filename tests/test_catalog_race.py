@@ -16,11 +16,8 @@ from tests.support.connections import fixture_commands, put_stdio
 from tests.support.polling import wait_for
 from tests.support.sidecar import RunningSidecar, Stubs, on_loop
 
-
-@pytest.fixture(scope="module")
-def grpc_addr() -> str:
-    """Loopback TCP: the race is in the MCP layer's caches."""
-    return "127.0.0.1:0"
+# Loopback TCP: the race is in the MCP layer's caches.
+SIDECAR_TRANSPORTS = ["tcp"]
 
 
 # The fixture MCP server over stdio.

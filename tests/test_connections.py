@@ -35,10 +35,8 @@ SMALL = ["--tools", "3"]
 BULK3 = ["bulk_000", "bulk_001", "bulk_002"]
 
 
-@pytest.fixture(scope="module")
-def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One listener is enough here: these tests are about MCP, not the gRPC transport."""
-    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+# One listener is enough here: these tests are about MCP, not the gRPC transport.
+SIDECAR_TRANSPORTS = ["unix"]
 
 
 # The fixture server is an allowed command; reconnects, debounce and the TTL are short so that

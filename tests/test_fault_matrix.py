@@ -43,16 +43,10 @@ from tests.support.sidecar import RunningSidecar, Stubs
 FAULT_SERVER = Path(__file__).parent / "mcp_servers" / "fault_server.py"
 
 
-@pytest.fixture(scope="module")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """SQLite: the faults are the MCP servers'."""
-    return f"sqlite:///{tmp_path_factory.mktemp('matrix') / 'sidecar.db'}"
-
-
-@pytest.fixture(scope="module")
-def grpc_addr() -> str:
-    """Loopback TCP."""
-    return "127.0.0.1:0"
+# SQLite: the faults are the MCP servers'.
+SIDECAR_DATABASES = ["sqlite"]
+# Loopback TCP.
+SIDECAR_TRANSPORTS = ["tcp"]
 
 
 # The fault server and the fixture server; short connect and call timeouts so the faults show

@@ -42,16 +42,10 @@ INLINE = 512 * 1024
 FIFTY_MB = 50 * 1000 * 1000
 
 
-@pytest.fixture(scope="module")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """SQLite: the faults here are the MCP server's."""
-    return f"sqlite:///{tmp_path_factory.mktemp('faults') / 'sidecar.db'}"
-
-
-@pytest.fixture(scope="module")
-def grpc_addr() -> str:
-    """Loopback TCP."""
-    return "127.0.0.1:0"
+# SQLite: the faults here are the MCP server's.
+SIDECAR_DATABASES = ["sqlite"]
+# Loopback TCP.
+SIDECAR_TRANSPORTS = ["tcp"]
 
 
 # The smallest message limit, so a few-MB result is already larger than a response.

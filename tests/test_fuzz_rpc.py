@@ -92,16 +92,10 @@ class Known:
     sent: ClassVar[dict[str, int]] = {}
 
 
-@pytest.fixture(scope="module")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """SQLite only: the fuzzer is about request handling, which both backends share."""
-    return f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'sidecar.db'}"
-
-
-@pytest.fixture(scope="module")
-def grpc_addr() -> str:
-    """Loopback TCP: the transport is not what is fuzzed."""
-    return "127.0.0.1:0"
+# SQLite only: the fuzzer is about request handling, which both backends share.
+SIDECAR_DATABASES = ["sqlite"]
+# Loopback TCP: the transport is not what is fuzzed.
+SIDECAR_TRANSPORTS = ["tcp"]
 
 
 # The fixture MCP server may be connected; tool calls give up after 3 s.

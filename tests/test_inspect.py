@@ -37,10 +37,8 @@ SIDECAR_OVERRIDES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One transport is enough: inspect is a client like any other."""
-    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+# One transport is enough: inspect is a client like any other.
+SIDECAR_TRANSPORTS = ["unix"]
 
 
 @pytest.fixture(scope="module")

@@ -68,10 +68,8 @@ REPORT = "\n".join(
 )
 
 
-@pytest.fixture(scope="module")
-def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One transport is enough: the pages sit behind the admin listener, not the gRPC one."""
-    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+# One transport is enough: the pages sit behind the admin listener, not the gRPC one.
+SIDECAR_TRANSPORTS = ["unix"]
 
 
 # The admin listener on a free loopback port, and the fixture MCP server allowed.

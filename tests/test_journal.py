@@ -38,10 +38,8 @@ ZONES = {
 }
 
 
-@pytest.fixture(scope="module")
-def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One transport is enough here: the journal sits behind the servicer, not the socket."""
-    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+# One transport is enough here: the journal sits behind the servicer, not the socket.
+SIDECAR_TRANSPORTS = ["unix"]
 
 
 @pytest.fixture(scope="module")

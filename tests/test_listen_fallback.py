@@ -13,11 +13,8 @@ from tests.support.connections import catalog_names, fixture_commands, put_stdio
 from tests.support.polling import wait_for
 from tests.support.sidecar import RunningSidecar, Stubs
 
-
-@pytest.fixture(scope="module")
-def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One listener: this is about MCP, not the gRPC transport."""
-    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+# One listener: this is about MCP, not the gRPC transport.
+SIDECAR_TRANSPORTS = ["unix"]
 
 
 # The fixture server is an allowed command; a short debounce so a change shows quickly.

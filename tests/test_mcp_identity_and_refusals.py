@@ -25,16 +25,10 @@ RECORDING_SERVER = Path(__file__).parent / "mcp_servers" / "recording_server.py"
 SECRET = "s3cret-bearer-value"
 
 
-@pytest.fixture(scope="module")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """SQLite: what is under test is the MCP side."""
-    return f"sqlite:///{tmp_path_factory.mktemp('refusals') / 'sidecar.db'}"
-
-
-@pytest.fixture(scope="module")
-def grpc_addr() -> str:
-    """Loopback TCP."""
-    return "127.0.0.1:0"
+# SQLite: what is under test is the MCP side.
+SIDECAR_DATABASES = ["sqlite"]
+# Loopback TCP.
+SIDECAR_TRANSPORTS = ["tcp"]
 
 
 @pytest.fixture(scope="module")

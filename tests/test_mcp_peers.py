@@ -74,10 +74,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One listener is enough: these tests are about MCP peers, not the gRPC transport."""
-    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+# One listener is enough: these tests are about MCP peers, not the gRPC transport.
+SIDECAR_TRANSPORTS = ["unix"]
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from psych.sidecar.v1 import (
     connection_pb2,
     connection_service_pb2,
@@ -39,10 +37,8 @@ def test_a_byte_budget_keeps_the_most_recent_values_that_fit() -> None:
     assert len(cache) == 2
 
 
-@pytest.fixture(scope="module")
-def grpc_addr() -> str:
-    """Loopback TCP."""
-    return "127.0.0.1:0"
+# Loopback TCP.
+SIDECAR_TRANSPORTS = ["tcp"]
 
 
 # The fixture MCP server; keyword search (the memory question is the same with vectors).

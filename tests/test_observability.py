@@ -59,10 +59,8 @@ TRACE_METADATA: tuple[tuple[str, str | bytes], ...] = (("traceparent", TRACEPARE
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-@pytest.fixture(scope="module")
-def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One transport is enough here; both databases run."""
-    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+# One transport is enough here; both databases run.
+SIDECAR_TRANSPORTS = ["unix"]
 
 
 @pytest.fixture(scope="module")

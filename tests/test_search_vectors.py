@@ -239,12 +239,6 @@ def test_orphan_collection_removes_vectors_of_texts_no_version_uses(
 # Two sidecars on one database, through the gRPC contract.
 
 
-@pytest.fixture(scope="module")
-def grpc_addr() -> str:
-    """Both sidecars on loopback TCP (port 0)."""
-    return "127.0.0.1:0"
-
-
 def _settings(database_url: str, tmp_path: Any) -> Settings:
     return Settings(
         listen=["127.0.0.1:0"],

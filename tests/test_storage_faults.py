@@ -37,10 +37,8 @@ from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 BUSY_TIMEOUT = 0.3
 
 
-@pytest.fixture(scope="module")
-def grpc_addr() -> str:
-    """One transport is enough here: the faults are in the database, not the socket."""
-    return "127.0.0.1:0"
+# One transport is enough here: the faults are in the database, not the socket.
+SIDECAR_TRANSPORTS = ["tcp"]
 
 
 # A short busy timeout, so a held lock answers within the test's patience.

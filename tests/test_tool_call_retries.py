@@ -38,10 +38,8 @@ SIDECAR_OVERRIDES: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One transport: retries are about the call, not the socket."""
-    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+# One transport: retries are about the call, not the socket.
+SIDECAR_TRANSPORTS = ["unix"]
 
 
 @pytest.fixture

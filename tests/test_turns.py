@@ -30,10 +30,8 @@ PNG_PREFIX = b"\x89PNG\r\n\x1a\n"
 SIDECAR_OVERRIDES = HOST_SIDECAR_OVERRIDES
 
 
-@pytest.fixture(scope="module")
-def grpc_addr(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One transport is enough here (the transports have their own tests); both databases run."""
-    return f"unix:{tmp_path_factory.mktemp('sock') / 's.sock'}"
+# One transport is enough here (the transports have their own tests); both databases run.
+SIDECAR_TRANSPORTS = ["unix"]
 
 
 def tool_result_record(stubs: Stubs, run_id: str, sequence: int) -> run_pb2.Record:
