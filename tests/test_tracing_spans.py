@@ -6,6 +6,7 @@ tracing off nothing is made. Real SDK provider, in-memory exporter."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -22,10 +23,10 @@ METHOD = "/psych.sidecar.v1.RunService/GetRun"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-@pytest.fixture
-def exported() -> Iterator[InMemorySpanExporter]:
+@contextlib.contextmanager
+def installed(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
+    """`provider` installed as the sidecar's, exporting to memory, for the block."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.install(provider)
     try:
@@ -33,6 +34,12 @@ def exported() -> Iterator[InMemorySpanExporter]:
     finally:
         tracing.uninstall()
         provider.shutdown()
+
+
+@pytest.fixture
+def exported() -> Iterator[InMemorySpanExporter]:
+    with installed(TracerProvider()) as exporter:
+        yield exporter
 
 
 def test_internal_spans_nest_under_the_rpc_span_which_continues_the_traceparent(
@@ -95,17 +102,10 @@ def test_an_rpc_answered_with_an_error_code_is_an_error_span(
 @pytest.fixture
 def sampled_at_zero() -> Iterator[InMemorySpanExporter]:
     """The sidecar's sampler at ratio 0: only a host's sampled trace is recorded."""
-    exporter = InMemorySpanExporter()
     sampler = tracing.sampler(0.0)
     assert sampler is not None
-    provider = TracerProvider(sampler=sampler)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(provider)
-    try:
+    with installed(TracerProvider(sampler=sampler)) as exporter:
         yield exporter
-    finally:
-        tracing.uninstall()
-        provider.shutdown()
 
 
 def test_at_ratio_zero_a_trace_starting_here_exports_nothing_and_makes_no_inner_span(
