@@ -1,3 +1,3 @@
 """What more than one test module uses: the sidecar in-process and as a `serve` process,
-polling, databases, request builders, MCP connections and prompt checks. Test modules import
-from here, never from each other."""
+polling, databases, request builders, MCP connections, signing in to an OAuth-protected server
+and prompt checks. Test modules import from here, never from each other (test_layout checks)."""
