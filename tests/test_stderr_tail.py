@@ -4,6 +4,7 @@ are counted in a WARNING when their window closes, whether or not another line a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -18,6 +19,12 @@ WINDOW_SECONDS = 0.2
 # Other tests' sessions may log counts meanwhile (their windows close on timers too): only
 # this label's count lines are the test's.
 LABEL = "stderr-tail-test/flood"
+
+
+def _window_timers() -> list[threading.Thread]:
+    """The timers that would write this label's counts when their windows end."""
+    name = f"mcp-stderr-window {LABEL}"
+    return [thread for thread in threading.enumerate() if thread.name == name]
 
 
 def _counts(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -49,9 +56,14 @@ def test_each_window_counts_its_own_lines_once(caplog: pytest.LogCaptureFixture)
     wait_for(lambda: _counts(caplog), "the first window's count")
     tail.feed(b"second\n" * (LOG_LINES_PER_INTERVAL + 5))
     wait_for(lambda: len(_counts(caplog)) == 2, "the second window's count")
-    # A window with nothing left out writes no count, and none is written twice.
+    # A window with nothing left out writes no count, and none is written twice: the quiet
+    # window is closed by the next line (on this thread, before feed returns), and no timer is
+    # left that could still write one.
     tail.feed(b"quiet\n")
-    time.sleep(3 * WINDOW_SECONDS)
+    quiet_from = time.monotonic()
+    wait_for(lambda: time.monotonic() - quiet_from >= WINDOW_SECONDS, "the quiet window's end")
+    tail.feed(b"after\n")
+    wait_for(lambda: not _window_timers(), "the windows' timers to end")
     assert [c.split(": ")[1] for c in _counts(caplog)] == [
         "3 stderr lines not logged (rate limit)",
         "5 stderr lines not logged (rate limit)",
