@@ -74,11 +74,25 @@ Matrix = npt.NDArray[np.float32]
 
 
 def _layer_norm(x: Matrix, gamma: Matrix, beta: Matrix, eps: float) -> Matrix:
-    mean = x.mean(axis=-1, keepdims=True)
-    centred = x - mean
-    variance = (centred * centred).mean(axis=-1, keepdims=True)
-    normalised: Matrix = centred / np.sqrt(variance + eps) * gamma + beta
-    return normalised
+    """LayerNorm of each row, in place (`x` is overwritten and returned)."""
+    x -= x.mean(axis=-1, keepdims=True)
+    variance = np.square(x).mean(axis=-1, keepdims=True)
+    variance += eps
+    x /= np.sqrt(variance)
+    x *= gamma
+    x += beta
+    return x
+
+
+def _affine(x: Matrix, weight: Matrix, bias: Matrix, residual: Matrix | None = None) -> Matrix:
+    """`residual + x @ weight + bias` (left to right, as written), summed into the product's
+    own array: no temporary the size of the output, which for the inner layer's 1,536 columns
+    cost as much again as the product."""
+    product: Matrix = x @ weight
+    if residual is not None:
+        np.add(residual, product, out=product)
+    product += bias
+    return product
 
 
 def _gelu(x: Matrix) -> Matrix:
@@ -247,7 +261,7 @@ class MiniLmEncoder:
         scale = np.float32(1 / math.sqrt(width))
         padded = np.zeros((rows * length, 3 * hidden), dtype=np.float32)
         for layer in self._layers:
-            padded[real] = x @ layer.qkv_w + layer.qkv_b
+            padded[real] = _affine(x, layer.qkv_w, layer.qkv_b)
             qkv = padded.reshape(rows, length, 3, heads, width)
             q, k, v = (np.ascontiguousarray(qkv[:, :, i].transpose(0, 2, 1, 3)) for i in range(3))
             scores = (q @ k.transpose(0, 1, 3, 2)) * scale + key_bias
@@ -255,9 +269,9 @@ class MiniLmEncoder:
             weights = np.exp(scores)
             weights /= weights.sum(axis=-1, keepdims=True)
             context = (weights @ v).transpose(0, 2, 1, 3).reshape(-1, hidden)[real]
-            x = _layer_norm(x + context @ layer.out_w + layer.out_b, *layer.norm1, self._eps)
-            inner = _gelu(x @ layer.up_w + layer.up_b)
-            x = _layer_norm(x + inner @ layer.down_w + layer.down_b, *layer.norm2, self._eps)
+            x = _layer_norm(_affine(context, layer.out_w, layer.out_b, x), *layer.norm1, self._eps)
+            inner = _gelu(_affine(x, layer.up_w, layer.up_b))
+            x = _layer_norm(_affine(inner, layer.down_w, layer.down_b, x), *layer.norm2, self._eps)
         # Mean pooling over each text's tokens (they are consecutive in x).
         starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
         pooled = np.add.reduceat(x, starts, axis=0) / lengths[:, None].astype(np.float32)
