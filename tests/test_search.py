@@ -10,6 +10,7 @@ from psych_sidecar.search import (
     SearchIndex,
     ToolEmbeddings,
     identifier_words,
+    listing_texts,
     normalise_query,
     tokenize,
 )
@@ -204,4 +205,25 @@ def test_a_leading_sentence_shared_by_a_servers_tools_is_not_their_summary() -> 
         template,  # nothing but the template: it stays
         template,
         "Say bye.",
+    ]
+
+
+def test_the_encoder_reads_a_description_without_its_listings_template() -> None:
+    template = "Acme - Api: This is the public Acme REST API."
+    listing = [
+        ("CreateMessage", f"{template} Send a message. Costs apply."),
+        ("DeleteMessage", f"{template} Delete a message."),
+        ("ListCalls", f"{template}\nList calls."),
+        ("Ping", template),
+    ]
+    assert [description for _, description in listing_texts(listing)] == [
+        "Send a message. Costs apply.",
+        "Delete a message.",
+        "List calls.",
+        template,  # nothing but the template: it stays
+    ]
+    # Two tools sharing a sentence are no template: each reads its whole description.
+    assert listing_texts(listing[:2]) == [
+        ("Create Message", f"{template} Send a message. Costs apply."),
+        ("Delete Message", f"{template} Delete a message."),
     ]

@@ -40,6 +40,7 @@ from psych_sidecar.search import (
     SearchIndex,
     ToolEmbeddings,
     content_key,
+    listing_texts,
     tool_texts,
 )
 from psych_sidecar.search.encoder import MiniLmEncoder, load_packaged_encoder
@@ -233,6 +234,40 @@ def test_orphan_collection_removes_vectors_of_texts_no_version_uses(
     assert ("another-encoder@0", "0" * 32) not in remaining
     assert deleted >= len(stored(gone)) + 1
     assert embeddings.counters().vectors_collected == deleted
+    embeddings.close(wait=True)
+
+
+def test_a_listings_template_sentence_is_not_encoded_and_its_vectors_are_kept(
+    engine: Engine, encoder: MiniLmEncoder, unique: Any
+) -> None:
+    tenant = unique("template")
+    template = "Acme - Api: This is the public Acme REST API."
+    first = [(f"{tenant}_tool_{i}", f"{template} Tool number {i}.") for i in range(3)]
+    # The next version has two of them: alone they are no template, read whole.
+    second = first[:2]
+    _catalog(SqlConnectionStore(engine, keys_of_the_tests()), tenant, [first, second])
+    counting = CountingEncoder(encoder)
+    embeddings = embeddings_on(engine, counting)
+    embeddings.warm(first)
+    assert all(not text.startswith(template) for text in counting.encoded)
+    embeddings.warm(second)
+    assert all(text.startswith(template) for text in counting.encoded[-2:])
+
+    # An index over two of the first version's tools reads the texts the whole listing
+    # gives, which the warm-up encoded: nothing left to encode, nothing keyword-only.
+    texts = dict(zip((name for name, _ in first), listing_texts(first), strict=True))
+    documents = [
+        SearchDocument("srv", name, description, encoder_texts=texts[name])
+        for name, description in first[:2]
+    ]
+    encoded = len(counting.encoded)
+    assert SearchIndex(documents, embeddings).complete
+    assert len(counting.encoded) == encoded
+
+    # Both versions' texts are live: the collection keeps every vector the warm-ups stored.
+    embeddings.collect()
+    remaining = {key for _, key in SqlVectorStore(engine).vector_keys()}
+    assert {content_key(text) for text in counting.encoded} <= remaining
     embeddings.close(wait=True)
 
 

@@ -31,7 +31,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from psych_sidecar.search.ranking import tool_texts
+from psych_sidecar.search.ranking import listing_texts, tool_texts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -77,8 +77,9 @@ class VectorStore(Protocol):
         """Every stored (encoder, key)."""
         ...
 
-    def catalogue_texts(self) -> Iterable[tuple[str, str]]:
-        """Every distinct (tool name, description) of every catalogue version."""
+    def catalogue_listings(self) -> Iterable[Sequence[tuple[str, str]]]:
+        """For each server of each tenant, every distinct (tool name, description) of every
+        one of its catalogue versions."""
         ...
 
     def delete_vectors(self, keys: Sequence[tuple[str, str]]) -> int:
@@ -236,14 +237,14 @@ class ToolEmbeddings:
 
     def warm_in_background(self, tools: Sequence[tuple[str, str]]) -> Future[None] | None:
         """Make the texts of (name, description) pairs ready on the warm-up thread: called
-        when a connection's listing is stored, so the first search over those tools finds
-        them. None once closed or when there is nothing new to do."""
-        texts = {text for name, description in tools for text in tool_texts(name, description)}
+        when a connection's listing (one server's tools) is stored, so the first search over
+        those tools finds them. None once closed or when there is nothing new to do."""
+        texts = {text for pair in listing_texts(tools) for text in pair}
         return self._queue({content_key(text): text for text in texts}, len(tools))
 
     def warm(self, tools: Sequence[tuple[str, str]]) -> None:
         """The same on the caller's thread (benchmarks, offline evaluation)."""
-        texts = {text for name, description in tools for text in tool_texts(name, description)}
+        texts = {text for pair in listing_texts(tools) for text in pair}
         text_of = {content_key(text): text for text in texts}
         with self._lock:
             self._pending.update(text_of)
@@ -303,21 +304,22 @@ class ToolEmbeddings:
     def collect(self) -> int:
         """Delete stored vectors that no catalogue version's text needs: those of texts no
         version of any connection has (a tool's name words or description as the encoder
-        reads them, see ranking.tool_texts), and those of another encoder identity (another
-        release's model). Keys are read before the texts: a vector stored after that read is
-        left alone, and one stored before it belongs to a listing already written, whose
-        texts the scan sees. Returns how many were deleted."""
+        reads them, see ranking.listing_texts: with or without its first sentence, as the
+        server's versions together say, so a text is kept whichever version it came from), and
+        those of another encoder identity (another release's model). Keys are read before
+        the texts: a vector stored after that read is left alone, and one stored before it
+        belongs to a listing already written, whose texts the scan sees. Returns how many
+        were deleted."""
         if self._store is None:
             return 0
         started = time.monotonic()
         stored = self._store.vector_keys()
         if self._closed.is_set():
             return 0
-        live = {
-            content_key(text)
-            for name, description in self._store.catalogue_texts()
-            for text in tool_texts(name, description)
-        }
+        live: set[str] = set()
+        for listing in self._store.catalogue_listings():
+            for pairs in (listing_texts(listing), [tool_texts(*tool) for tool in listing]):
+                live.update(content_key(text) for pair in pairs for text in pair)
         orphans = [
             (encoder, key)
             for encoder, key in stored

@@ -395,6 +395,10 @@ class SearchDocument:
     description: str
     parameter_names: tuple[str, ...] = ()
     server_description: str = ""
+    # What the encoder reads for the tool, from its whole listing (:func:`listing_texts`);
+    # None: from the index's documents of the same server, which are the whole listing unless
+    # the index sees only some of its tools.
+    encoder_texts: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,7 +517,7 @@ class SearchIndex:
         self._have = np.zeros(0, dtype=np.bool_)
         self._version = 0
         if self._embeddings is not None and self._documents:
-            texts = [tool_texts(d.name, d.description) for d in self._documents]
+            texts = _encoder_texts(self._documents)
             self._texts = [name for name, _ in texts] + [desc for _, desc in texts]
             self._version = self._embeddings.version()
             self._vectors, self._have = self._embeddings.known_vectors(self._texts)
@@ -649,32 +653,77 @@ def first_sentence(text: str) -> str:
     return _SENTENCE_END.split(line, maxsplit=1)[0]
 
 
+def listing_texts(tools: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """What the encoder reads for each (name, description) of one server's listing: its
+    :func:`tool_texts`, with the description's leading sentence left out where it is the
+    listing's template (it opens the descriptions of at least _BOILERPLATE_TOOLS of its
+    tools, as "Twilio - Api: This is the public Twilio REST API." opens 1,403 of Twilio's
+    1,409). Every tool of such a listing would otherwise be encoded with the same words in
+    front of its own, a third of Twilio's tokens, and the sentence says nothing that tells
+    its tools apart. One sentence only: what is left out depends on the listing's texts
+    alone, so the texts it could give are those of the listing's tools with or without their
+    first sentence (:meth:`~psych_sidecar.search.embeddings.ToolEmbeddings.collect` keeps
+    both)."""
+    descriptions = [description for _, description in tools]
+    kept = _without_templates([""] * len(tools), descriptions, depth=1)
+    return [
+        tool_texts(name, description) for (name, _), description in zip(tools, kept, strict=True)
+    ]
+
+
+def _encoder_texts(documents: Sequence[SearchDocument]) -> list[tuple[str, str]]:
+    """Each document's encoder texts: its own when given, else :func:`listing_texts` over the
+    documents of its server."""
+    texts: list[tuple[str, str] | None] = [d.encoder_texts for d in documents]
+    by_server: dict[str, list[int]] = {}
+    for index, document in enumerate(documents):
+        if document.encoder_texts is None:
+            by_server.setdefault(document.server, []).append(index)
+    for indexes in by_server.values():
+        listing = [(documents[i].name, documents[i].description) for i in indexes]
+        for index, pair in zip(indexes, listing_texts(listing), strict=True):
+            texts[index] = pair
+    return [pair for pair in texts if pair is not None]
+
+
 def _summaries(documents: Sequence[SearchDocument]) -> list[str]:
-    """Each tool's summary: the first sentence of its description that is not boilerplate.
-    A sentence that opens the descriptions of at least _BOILERPLATE_TOOLS tools of one server
-    is the server's template, not what a tool does (a generated catalogue prefixes every tool
-    with "Twilio - Api: This is the public Twilio REST API."; template detection by repetition,
-    as web indexing drops navigation text repeated across a site's pages). It stays in the
-    description field; a description that is nothing but boilerplate keeps it as its summary."""
-    texts = [document.description.strip() for document in documents]
+    """Each tool's summary: the first sentence of its description that is not boilerplate
+    (see _without_templates). It stays in the description field; a description that is
+    nothing but boilerplate keeps it as its summary."""
+    texts = _without_templates(
+        [document.server for document in documents],
+        [document.description for document in documents],
+        depth=_BOILERPLATE_DEPTH,
+    )
+    return [first_sentence(text) for text in texts]
+
+
+def _without_templates(
+    servers: Sequence[str], descriptions: Sequence[str], depth: int
+) -> list[str]:
+    """The descriptions (stripped) without their leading template sentences, up to `depth` of
+    them. A sentence that opens the descriptions of at least _BOILERPLATE_TOOLS tools of one
+    server is the server's template, not what a tool does (a generated catalogue prefixes
+    every tool with "Twilio - Api: This is the public Twilio REST API."; template detection
+    by repetition, as web indexing drops navigation text repeated across a site's pages). A
+    description that is nothing but boilerplate keeps its last sentence."""
+    texts = [description.strip() for description in descriptions]
     summaries = [first_sentence(text) for text in texts]
-    for _ in range(_BOILERPLATE_DEPTH):
+    for _ in range(depth):
         counts = Counter(
-            (document.server, summary)
-            for document, summary in zip(documents, summaries, strict=True)
-            if summary
+            (server, summary) for server, summary in zip(servers, summaries, strict=True) if summary
         )
         changed = False
-        for index, document in enumerate(documents):
+        for index, server in enumerate(servers):
             summary = summaries[index]
-            if counts[document.server, summary] < _BOILERPLATE_TOOLS:
+            if counts[server, summary] < _BOILERPLATE_TOOLS:
                 continue
             rest = texts[index][texts[index].find(summary) + len(summary) :].strip()
             if first_sentence(rest):
                 texts[index], summaries[index], changed = rest, first_sentence(rest), True
         if not changed:
             break
-    return summaries
+    return texts
 
 
 def identifier_words(name: str) -> str:

@@ -3,6 +3,7 @@ database (search/embeddings.py's VectorStore port)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 from sqlalchemy import Engine, Insert, delete, select, tuple_
@@ -66,14 +67,19 @@ class SqlVectorStore:
         with transaction(self._engine, write=False) as conn:
             return [(e, k) for e, k in conn.execute(select(table.c.encoder, table.c.text_hash))]
 
-    def catalogue_texts(self) -> Iterator[tuple[str, str]]:
-        """Every distinct (tool name, description) of every catalogue version, current or
-        not, of every tenant, streamed."""
+    def catalogue_listings(self) -> Iterator[list[tuple[str, str]]]:
+        """For each server of each tenant, every distinct (tool name, description) of every
+        catalogue version, current or not; streamed a server at a time."""
         catalog = tables.catalog_tools
-        query = select(catalog.c.name, catalog.c.description).distinct()
+        query = (
+            select(catalog.c.tenant, catalog.c.server, catalog.c.name, catalog.c.description)
+            .distinct()
+            .order_by(catalog.c.tenant, catalog.c.server)
+        )
         with transaction(self._engine, write=False) as conn:
             result = conn.execution_options(yield_per=_SCAN_BATCH).execute(query)
-            yield from ((name, description) for name, description in result)
+            for _, rows in itertools.groupby(result, key=lambda row: (row[0], row[1])):
+                yield [(name, description) for _, _, name, description in rows]
 
     def delete_vectors(self, keys: Sequence[tuple[str, str]]) -> int:
         table = tables.search_vectors

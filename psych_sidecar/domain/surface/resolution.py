@@ -47,7 +47,13 @@ from psych_sidecar.domain.surface.tiers import (
     VisibleServer,
     resolve_surface,
 )
-from psych_sidecar.search.ranking import Embeddings, Ranking, SearchDocument, SearchIndex
+from psych_sidecar.search.ranking import (
+    Embeddings,
+    Ranking,
+    SearchDocument,
+    SearchIndex,
+    listing_texts,
+)
 
 SEARCH_PAGE_SIZE = 10
 MAX_SEARCH_PAGE_SIZE = 100
@@ -162,7 +168,20 @@ class ResolvedTurn:
         with embeddings, encoding every text not encoded before)."""
         documents, entries = [], []
         for server, tools in self.permitted.items():
-            description = self.snapshot.servers[server].connection.description
+            listing = self.snapshot.servers[server]
+            # The encoder's texts come from the whole listing, as the warm-up encoded them,
+            # not from the tools this turn may reach.
+            encoder_texts = (
+                dict(
+                    zip(
+                        (tool.name for tool in listing.tools),
+                        listing_texts([(tool.name, tool.description) for tool in listing.tools]),
+                        strict=True,
+                    )
+                )
+                if self.embeddings is not None and self.embeddings.available()
+                else {}
+            )
             for tool in tools.values():
                 entries.append((server, tool))
                 documents.append(
@@ -171,7 +190,8 @@ class ResolvedTurn:
                         tool.name,
                         tool.description,
                         _parameter_names(tool.input_schema_json),
-                        description,
+                        listing.connection.description,
+                        encoder_texts.get(tool.name),
                     )
                 )
         return SearchIndex(documents, self.embeddings), entries
