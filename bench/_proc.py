@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import compileall
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -71,6 +73,16 @@ def sidecar_command() -> list[str]:
     if found:
         return [found]
     return [sys.executable, "-m", "psych_sidecar"]
+
+
+def compile_sidecar_modules() -> None:
+    """Write the bytecode of the sidecar's modules and of its generated contract modules, as
+    the image does when it is built (deploy/Dockerfile). An editable install has none, and
+    with PYTHONDONTWRITEBYTECODE set every start would compile them all again."""
+    for package in ("psych_sidecar", "psych"):
+        spec = importlib.util.find_spec(package)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            compileall.compile_dir(location, quiet=1)
 
 
 def sidecar_env(env: dict[str, str] | None = None) -> dict[str, str]:
