@@ -56,7 +56,7 @@ class Blocking:
         submitted = time.perf_counter()
 
         def run() -> None:
-            metrics.observe(metrics.STORAGE_WAIT_SECONDS, time.perf_counter() - submitted)
+            metrics.record_storage_wait(time.perf_counter() - submitted)
             try:
                 result = context.run(function, *args)
             except BaseException as error:

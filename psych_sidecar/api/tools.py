@@ -229,7 +229,7 @@ class ToolServicer:
     async def SearchTools(
         self, request: tool_service_pb2.SearchToolsRequest, context: Context
     ) -> tool_service_pb2.SearchToolsResponse:
-        with metrics.timed(metrics.SEARCH_SECONDS):
+        with metrics.timed_search():
             # Searching (which may build an index) is CPU work: its own threads.
             hits, token, partial = await self._cpu(
                 self._resolver.search_tools,

@@ -371,7 +371,7 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
             )
         started = time.perf_counter()
         with engine.connect() as connection:
-            metrics.observe(metrics.DB_POOL_WAIT_SECONDS, time.perf_counter() - started)
+            metrics.record_pool_wait(time.perf_counter() - started)
             if write:
                 connection = connection.execution_options(**{_WRITE_OPTION: True})
             with connection.begin():

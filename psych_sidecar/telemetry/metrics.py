@@ -1,4 +1,5 @@
-"""Prometheus metrics: every series the sidecar exports, in one registry, and /metrics.
+"""Prometheus metrics: recording at the edges, and /metrics. The series themselves
+(`telemetry/series.py`, with prometheus_client) are made when recording is enabled.
 
 Recorded at the edges (servicers, the RPC wrapper, the MCP layer, the storage thread pool);
 the domain never sees this module. Labels are bounded: method, status code, connection
@@ -11,204 +12,18 @@ estimated tokens arrive here as numbers computed by the caller.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
-
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.gc_collector import GCCollector
-from prometheus_client.platform_collector import PlatformCollector
-from prometheus_client.process_collector import ProcessCollector
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import BaseRoute
 
-PREFIX = "psych_sidecar"
-# No `_created` series beside every counter and histogram: they double the exposition and
-# no dashboard here uses them.
-disable_created_metrics()  # type: ignore[no-untyped-call]
-REGISTRY = CollectorRegistry(auto_describe=True)
-ProcessCollector(registry=REGISTRY)
-PlatformCollector(registry=REGISTRY)
-GCCollector(registry=REGISTRY)
-
-# Latency buckets (seconds): sub-millisecond RPCs up to a minute-long tool call.
-_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-_SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-_BYTES = tuple(float(4**i) for i in range(4, 14))  # 256 B .. 64 MiB
-_TOKENS = tuple(float(4**i) for i in range(2, 12))  # 16 .. 4 Mi tokens
-
-
-class _LeanHistogram(Collector):
-    """A histogram (and, optionally, the counter of its observations as a series of its own)
-    for what is recorded on every call: one lock and a bisect per observation, where the
-    client library's takes a lock per bucket, sum and count and walks the buckets in Python
-    (~7 µs per RPC for its counter and histogram together, against ~1 µs here). Exposed at
-    scrape time like the library's: `_bucket`, `_sum`, `_count`, and `<counter>_total`."""
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labels: Sequence[str] = (),
-        buckets: Sequence[float] = _FAST,
-        counter: tuple[str, str] | None = None,
-    ) -> None:
-        self._name, self._documentation, self._labels = name, documentation, list(labels)
-        self._bounds = list(buckets)
-        self._le = [*map(floatToGoString, self._bounds), "+Inf"]
-        self._counter = counter
-        self._lock = threading.Lock()
-        # label values -> [count, sum, observations per bucket (the last one: above all)]
-        self._series: dict[tuple[str, ...], list[Any]] = {}
-        REGISTRY.register(self)
-
-    def observe(self, seconds: float, labels: tuple[str, ...] = ()) -> None:
-        slot = bisect.bisect_left(self._bounds, seconds)
-        with self._lock:
-            series = self._series.get(labels)
-            if series is None:
-                series = self._series[labels] = [0, 0.0, [0] * (len(self._bounds) + 1)]
-            series[0] += 1
-            series[1] += seconds
-            series[2][slot] += 1
-
-    def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            snapshot = [(labels, s[0], s[1], list(s[2])) for labels, s in self._series.items()]
-        histogram = HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
-        counter = (
-            CounterMetricFamily(self._counter[0], self._counter[1], labels=self._labels)
-            if self._counter is not None
-            else None
-        )
-        for labels, count, total, per_bucket in sorted(snapshot):
-            cumulative, buckets = 0, []
-            for bound, observed in zip(self._le, per_bucket, strict=True):
-                cumulative += observed
-                buckets.append((bound, float(cumulative)))
-            histogram.add_metric(list(labels), buckets, total)
-            if counter is not None:
-                counter.add_metric(list(labels), float(count))
-        if counter is not None:
-            yield counter
-        yield histogram
-
-    def describe(self) -> Iterator[Metric]:
-        # Registered with its families' names, so that another metric cannot take them.
-        yield HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
-        if self._counter is not None:
-            yield CounterMetricFamily(self._counter[0], self._counter[1], labels=self._labels)
-
-
-# The per-call series: RPCs (psych_sidecar_rpcs_total and psych_sidecar_rpc_seconds), the
-# storage threads' and the pool's waits.
-RPC_SECONDS = _LeanHistogram(
-    f"{PREFIX}_rpc_seconds",
-    "Time to answer a gRPC call in the sidecar (from the handler's start to its answer), "
-    "by method and status code.",
-    ["method", "code"],
-    counter=(f"{PREFIX}_rpcs", "gRPC calls answered, by full method name and status code."),
-)
-TOOL_CALLS = Counter(
-    f"{PREFIX}_mcp_tool_calls",
-    "MCP tool calls, by connection name and outcome: ok, tool_error (the server answered "
-    "with an error), timeout, refused (the server was not connected or the connection closed).",
-    ["connection", "outcome"],
-    registry=REGISTRY,
-)
-TOOL_CALL_SECONDS = Histogram(
-    f"{PREFIX}_mcp_tool_call_seconds",
-    "Time of an MCP tool call, by connection name and outcome.",
-    ["connection", "outcome"],
-    buckets=_SLOW,
-    registry=REGISTRY,
-)
-CATALOG_REFRESHES = Counter(
-    f"{PREFIX}_catalog_refreshes",
-    "Catalogue refreshes (a full tools/list), by trigger (connect, ttl, on_demand, "
-    "list_changed) and outcome (changed: a new version was written, unchanged, failed).",
-    ["trigger", "outcome"],
-    registry=REGISTRY,
-)
-PROMPT_BYTES = Histogram(
-    f"{PREFIX}_prompt_zone_bytes",
-    "Canonical bytes of each zone of an assembled prompt, by zone.",
-    ["zone"],
-    buckets=_BYTES,
-    registry=REGISTRY,
-)
-PROMPT_TOKENS = Histogram(
-    f"{PREFIX}_prompt_zone_estimated_tokens",
-    "Estimated tokens (ceil(bytes / 4)) of each zone of an assembled prompt, by zone.",
-    ["zone"],
-    buckets=_TOKENS,
-    registry=REGISTRY,
-)
-RESULTS_ELIDED = Counter(
-    f"{PREFIX}_results_elided",
-    "Tool results sent elided in an assembled prompt, by reason: prior_turn (the elision "
-    "rules), context_guard (the current turn's, to fit the context budget), current_turn_cap "
-    "(the current turn's, over the context budget's optional per-result cap).",
-    ["reason"],
-    registry=REGISTRY,
-)
-ELIDED_BYTES_SAVED = Counter(
-    f"{PREFIX}_elided_bytes_saved",
-    "Bytes of tool results left out of assembled prompts by elision (full size minus what "
-    "the elided view shows), by reason.",
-    ["reason"],
-    registry=REGISTRY,
-)
-USAGE_TOKENS = Counter(
-    f"{PREFIX}_usage_tokens",
-    "Provider-reported tokens recorded with RecordUsage, by kind: input (uncached input), "
-    "cache_read, cache_write, output.",
-    ["kind"],
-    registry=REGISTRY,
-)
-SEARCH_SECONDS = Histogram(
-    f"{PREFIX}_search_seconds",
-    "Time of a tool search (SearchTools), ranking included.",
-    buckets=_FAST,
-    registry=REGISTRY,
-)
-STORAGE_WAIT_SECONDS = _LeanHistogram(
-    f"{PREFIX}_storage_wait_seconds",
-    "Time a storage call waited for a worker thread, and so for its database connection "
-    "(the pool has one connection per thread).",
-)
-DB_POOL_WAIT_SECONDS = _LeanHistogram(
-    f"{PREFIX}_db_pool_wait_seconds",
-    "Time a transaction waited for a connection from the database pool.",
-)
-LOOP_LAG_SECONDS = Histogram(
-    f"{PREFIX}_event_loop_lag_seconds",
-    "How late the event loop ran a timer that was due (sampled twice a second).",
-    buckets=_FAST,
-    registry=REGISTRY,
-)
+    from psych_sidecar.telemetry.series import Series
 
 
 class StateSource(Protocol):
@@ -227,93 +42,61 @@ class StateSource(Protocol):
         ...
 
 
-CONNECTION_STATES = ("CONNECTING", "CONNECTED", "UNREACHABLE", "AUTHORIZATION_REQUIRED")
-
-
-class _StateCollector(Collector):
-    """Gauges read at scrape time from every live sidecar of the process."""
-
-    def __init__(self) -> None:
-        self.sources: weakref.WeakSet[StateSource] = weakref.WeakSet()
-
-    def collect(self) -> Iterator[Metric]:
-        states = GaugeMetricFamily(
-            f"{PREFIX}_connection_state",
-            "MCP connections of each name in each state (CONNECTING, CONNECTED, UNREACHABLE, "
-            "AUTHORIZATION_REQUIRED): "
-            "1 for the state a connection is in, 0 for the others (names shared by several "
-            "tenants add up).",
-            labels=["connection", "state"],
-        )
-        sizes = GaugeMetricFamily(
-            f"{PREFIX}_catalog_tools",
-            "Tools in each connection's current catalogue, by connection name.",
-            labels=["connection"],
-        )
-        backlog = GaugeMetricFamily(
-            f"{PREFIX}_search_warmup_backlog",
-            "Catalogue listings waiting to be encoded for semantic search.",
-        )
-        counts: dict[str, dict[str, int]] = {}
-        tools: dict[str, int] = {}
-        total_backlog = 0
-        for source in list(self.sources):
-            for connection, current in source.connection_states():
-                per_state = counts.setdefault(connection, dict.fromkeys(CONNECTION_STATES, 0))
-                per_state[current] = per_state.get(current, 0) + 1
-            for connection, size in source.catalog_sizes():
-                tools[connection] = tools.get(connection, 0) + size
-            total_backlog += source.warmup_backlog()
-        for connection, per_state in sorted(counts.items()):
-            for state, count in per_state.items():
-                states.add_metric([connection, state], float(count))
-        for connection, size in sorted(tools.items()):
-            sizes.add_metric([connection], float(size))
-        backlog.add_metric([], float(total_backlog))
-        yield states
-        yield sizes
-        yield backlog
-
-
-_STATE = _StateCollector()
-REGISTRY.register(_STATE)
+# The running sidecars the scrape reads (see `watch`).
+_SOURCES: weakref.WeakSet[StateSource] = weakref.WeakSet()
 
 
 def watch(source: StateSource) -> Callable[[], None]:
     """Report a running sidecar's state at every scrape; call the result to stop."""
-    _STATE.sources.add(source)
-    return lambda: _STATE.sources.discard(source)
+    _SOURCES.add(source)
+    return lambda: _SOURCES.discard(source)
 
 
 # Recording is off until a sidecar with an admin listener enables it (nothing would read
-# the numbers otherwise); process-wide, and never turned off again.
-_enabled = False
+# the numbers otherwise); process-wide, and never turned off again. The series (and
+# prometheus_client) are made then: None, nothing is recorded.
+_series: Series | None = None
 
 
-def enable() -> None:
-    global _enabled
-    _enabled = True
+def enable() -> Series:
+    """Turn recording on (once a process, for good); the series recorded in."""
+    global _series
+    if _series is None:
+        from psych_sidecar.telemetry.series import Series
+
+        _series = Series(_SOURCES)
+    return _series
 
 
 # Recording helpers, so callers need not know label names; each costs one check when off.
 
 
 def record_rpc(method: str, code: str, seconds: float) -> None:
-    if _enabled:
-        RPC_SECONDS.observe(seconds, (method, code))
+    if _series is not None:
+        _series.rpc_seconds.observe(seconds, (method, code))
+
+
+def record_storage_wait(seconds: float) -> None:
+    if _series is not None:
+        _series.storage_wait_seconds.observe(seconds)
+
+
+def record_pool_wait(seconds: float) -> None:
+    if _series is not None:
+        _series.db_pool_wait_seconds.observe(seconds)
 
 
 def record_tool_call(connection: str, outcome: str, seconds: float) -> None:
-    if not _enabled:
+    if _series is None:
         return
-    TOOL_CALLS.labels(connection, outcome).inc()
-    TOOL_CALL_SECONDS.labels(connection, outcome).observe(seconds)
+    _series.tool_calls.labels(connection, outcome).inc()
+    _series.tool_call_seconds.labels(connection, outcome).observe(seconds)
 
 
 def record_refresh(trigger: str, outcome: str) -> None:
-    if not _enabled:
+    if _series is None:
         return
-    CATALOG_REFRESHES.labels(trigger, outcome).inc()
+    _series.catalog_refreshes.labels(trigger, outcome).inc()
 
 
 def record_prompt(
@@ -321,19 +104,19 @@ def record_prompt(
 ) -> None:
     """Zones as (zone, bytes, estimated tokens); elisions as reason -> (results, bytes saved),
     the reasons being prior_turn, context_guard and current_turn_cap."""
-    if not _enabled:
+    if _series is None:
         return
     for zone, size, tokens in zones:
-        PROMPT_BYTES.labels(zone).observe(size)
-        PROMPT_TOKENS.labels(zone).observe(tokens)
+        _series.prompt_bytes.labels(zone).observe(size)
+        _series.prompt_tokens.labels(zone).observe(tokens)
     for reason, (count, saved) in elisions.items():
         if count:
-            RESULTS_ELIDED.labels(reason).inc(count)
-            ELIDED_BYTES_SAVED.labels(reason).inc(saved)
+            _series.results_elided.labels(reason).inc(count)
+            _series.elided_bytes_saved.labels(reason).inc(saved)
 
 
 def record_usage(input_tokens: int, cache_read: int, cache_write: int, output: int) -> None:
-    if not _enabled:
+    if _series is None:
         return
     for kind, value in (
         ("input", input_tokens),
@@ -342,25 +125,18 @@ def record_usage(input_tokens: int, cache_read: int, cache_write: int, output: i
         ("output", output),
     ):
         if value > 0:
-            USAGE_TOKENS.labels(kind).inc(value)
-
-
-class Observed(Protocol):
-    def observe(self, amount: float) -> None: ...
-
-
-def observe(histogram: Observed, seconds: float) -> None:
-    if _enabled:
-        histogram.observe(seconds)
+            _series.usage_tokens.labels(kind).inc(value)
 
 
 @contextlib.contextmanager
-def timed(histogram: Observed) -> Iterator[None]:
+def timed_search() -> Iterator[None]:
+    """Times a tool search (SearchTools), ranking included."""
     started = time.perf_counter()
     try:
         yield
     finally:
-        observe(histogram, time.perf_counter() - started)
+        if _series is not None:
+            _series.search_seconds.observe(time.perf_counter() - started)
 
 
 async def watch_loop_lag(interval: float = 0.5) -> None:
@@ -369,17 +145,19 @@ async def watch_loop_lag(interval: float = 0.5) -> None:
     while True:
         due = loop.time() + interval
         await asyncio.sleep(interval)
-        LOOP_LAG_SECONDS.observe(max(0.0, loop.time() - due))
+        if _series is not None:
+            _series.loop_lag_seconds.observe(max(0.0, loop.time() - due))
 
 
 async def _metrics(request: Request) -> Response:
     from starlette.responses import Response
 
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    series = enable()
+    return Response(series.exposition(), media_type=series.content_type)
 
 
 def admin_routes() -> list[BaseRoute]:
-    """GET /metrics: the Prometheus text exposition of REGISTRY."""
+    """GET /metrics: the Prometheus text exposition of every series."""
     # Starlette comes with the admin listener, not with every sidecar.
     from starlette.routing import Route
 
