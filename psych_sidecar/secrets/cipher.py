@@ -20,10 +20,10 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 ENVELOPE_PREFIX = "sealed:"
 _VERSION = 1
@@ -74,10 +74,24 @@ def _split(stored: str) -> tuple[bytes, bytes, bytes]:
     return raw[:_HEADER_BYTES], raw[_HEADER_BYTES:sealed_from], raw[sealed_from:]
 
 
-@dataclass(frozen=True, slots=True)
 class _Key:
-    id: str
-    cipher: AESGCM
+    """A configured key. Its cipher is made when it first seals or opens: a sidecar that
+    stores no secret does not load cryptography to start."""
+
+    __slots__ = ("_cipher", "_secret", "id")
+
+    def __init__(self, secret: bytes) -> None:
+        self.id = key_id(secret)
+        self._secret = secret
+        self._cipher: AESGCM | None = None
+
+    @property
+    def cipher(self) -> AESGCM:
+        if self._cipher is None:
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+            self._cipher = AESGCM(self._secret)
+        return self._cipher
 
 
 class KeyRing:
@@ -90,7 +104,7 @@ class KeyRing:
         for key in keys:
             if len(key) != KEY_BYTES:
                 raise ValueError(f"a secret key is {KEY_BYTES} bytes, not {len(key)}")
-            ring.setdefault(key_id(key), _Key(key_id(key), AESGCM(key)))
+            ring.setdefault(key_id(key), _Key(key))
         self._keys = ring
         self._primary = ring[key_id(keys[0])]
 
@@ -120,8 +134,11 @@ class KeyRing:
                 f"a stored secret is sealed with key {wanted}, which is not configured "
                 f"(configured: {', '.join(self._keys)})"
             )
+        cipher = key.cipher
+        from cryptography.exceptions import InvalidTag
+
         try:
-            return key.cipher.decrypt(nonce, sealed, header + where).decode()
+            return cipher.decrypt(nonce, sealed, header + where).decode()
         except InvalidTag:
             raise SecretUnreadable(
                 f"a stored secret under key {wanted} fails authentication (altered, or moved "
