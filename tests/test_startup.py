@@ -49,8 +49,17 @@ _PROBE = textwrap.dedent(
     """
 )
 
-# Imported only by the sidecars that need them.
-_ON_DEMAND = {"alembic", "mcp", "mcp_types", "opentelemetry", "psycopg"}
+# Imported only by the sidecars that need them: prometheus_client with the admin listener,
+# cryptography with the first stored secret sealed or opened.
+_ON_DEMAND = {
+    "alembic",
+    "mcp",
+    "mcp_types",
+    "opentelemetry",
+    "psycopg",
+    "prometheus_client",
+    "cryptography",
+}
 # Modules of packages a start needs that a SQLite sidecar's serve does not: the PostgreSQL
 # dialect, the inspect command's gRPC client.
 _ON_DEMAND_MODULES = {"sqlalchemy.dialects.postgresql", "psych_sidecar.inspect_command.remote"}
@@ -121,16 +130,21 @@ def test_serve_with_keyword_search_imports_no_numpy_before_a_search(
     assert not loaded & {*_ON_DEMAND, "numpy", "snowballstemmer", "tokenizers"}
 
 
-def test_serve_imports_migrations_and_tracing_when_they_are_needed(tmp_path: Path) -> None:
-    # A fresh database has migrations to apply; traces are made (and dropped by the exporter).
+def test_serve_imports_migrations_tracing_and_metrics_when_they_are_needed(
+    tmp_path: Path,
+) -> None:
+    # A fresh database has migrations to apply; traces are made (and dropped by the exporter);
+    # the admin listener serves /metrics.
     modules, _ = _at_serving(
         tmp_path,
         "--database-url",
         f"sqlite:///{tmp_path / 'fresh.db'}",
         "--tracing",
         "otlp",
+        "--admin-listen",
+        "127.0.0.1:0",
         env={"OTEL_TRACES_EXPORTER": "none"},
     )
     loaded = _packages(modules)
-    assert {"alembic", "opentelemetry"} <= loaded
+    assert {"alembic", "opentelemetry", "prometheus_client"} <= loaded
     assert not loaded & {"mcp", "mcp_types", "psycopg"}
