@@ -61,8 +61,13 @@ _ON_DEMAND = {
     "cryptography",
 }
 # Modules of packages a start needs that a SQLite sidecar's serve does not: the PostgreSQL
-# dialect, the inspect command's gRPC client.
-_ON_DEMAND_MODULES = {"sqlalchemy.dialects.postgresql", "psych_sidecar.inspect_command.remote"}
+# dialect, the inspect command's gRPC client, the Run inspector's use cases (the admin
+# listener's /ui).
+_ON_DEMAND_MODULES = {
+    "sqlalchemy.dialects.postgresql",
+    "psych_sidecar.inspect_command.remote",
+    "psych_sidecar.domain.inspect",
+}
 
 
 def _at_serving(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine
@@ -40,7 +41,6 @@ from psych_sidecar.domain.catalog import (
     ConnectionService,
     ConnectionSupervisor,
 )
-from psych_sidecar.domain.inspect import PinnedStates, RunInspector, StoredCatalog
 from psych_sidecar.domain.prompt import PromptAssembler
 from psych_sidecar.domain.runlog import RunService, SpecLookup, SpecService
 from psych_sidecar.domain.surface import TurnResolver
@@ -58,7 +58,8 @@ from psych_sidecar.storage.search_vectors import SqlVectorStore
 from psych_sidecar.storage.usage import SqlUsageStore
 
 if TYPE_CHECKING:
-    from psych_sidecar.domain.prompt import AssemblyJournal
+    from psych_sidecar.domain.inspect import RunInspector
+    from psych_sidecar.domain.prompt import AssemblyJournal, TurnSurfaces
     from psych_sidecar.domain.runlog import NonWaitingTurnStarts, RunBlocking
 
 
@@ -110,9 +111,13 @@ def _domain_services(
         pins=store if live else StoredSurfacePins(engine),
         log_now=log_now,
     )
-    assembler = PromptAssembler(
-        runs, specs, log, resolver if live else PinnedStates(resolver), journal=journal
-    )
+    if live:
+        surfaces: TurnSurfaces = resolver
+    else:
+        from psych_sidecar.domain.inspect import PinnedStates
+
+        surfaces = PinnedStates(resolver)
+    assembler = PromptAssembler(runs, specs, log, surfaces, journal=journal)
     return DomainServices(
         store=store,
         log=log,
@@ -203,15 +208,23 @@ class SidecarGraph:
             one_read=lambda: shared_reads(self.engine),
         )
         usage = SqlUsageStore(self.engine)
-        self.inspector = RunInspector(
-            services.runs,
-            services.log,
-            self.journal,
-            usage,
-            reader,
-            self.mcp,
-            services.connection_store,
-        )
+
+        # The Run inspector's use cases, for the admin listener's /ui only: built (and the
+        # domain's inspect modules imported) when first asked for.
+        def make_inspector() -> RunInspector:
+            from psych_sidecar.domain.inspect import RunInspector
+
+            return RunInspector(
+                services.runs,
+                services.log,
+                self.journal,
+                usage,
+                reader,
+                self.mcp,
+                services.connection_store,
+            )
+
+        self._make_inspector = make_inspector
         self.bindings = [
             Binding(
                 SpecServicer(SpecService(services.store), self.blocking),
@@ -248,6 +261,10 @@ class SidecarGraph:
             ),
         ]
 
+    @cached_property
+    def inspector(self) -> RunInspector:
+        return self._make_inspector()
+
     def _warm_search(self, tools: Sequence[CatalogTool]) -> None:
         if self.embeddings is not None:
             self.embeddings.warm_in_background([(t.name, t.description) for t in tools])
@@ -283,6 +300,8 @@ def open_database_reader(database_url: str, timeout: float) -> DatabaseReader:
     engine = open_read_only(database_url, timeout)
     # No keys: a reader shows no secret, so it never opens one (nor needs the keys).
     connection_store = SqlConnectionStore(engine, keys=None)
+    from psych_sidecar.domain.inspect import StoredCatalog
+
     catalog = StoredCatalog(connection_store)
     # No journal: a preview writes no row anyway, and this reader writes nothing.
     services = _domain_services(
