@@ -208,3 +208,37 @@ def test_tracing_off_makes_nothing() -> None:
     assert host_span.name == "host.work"
     assert dict(host_span.attributes or {}) == {}
     assert host_span.status.status_code == StatusCode.UNSET
+
+
+def test_a_trace_starting_here_is_sampled_by_its_trace_id_as_the_ratio_sampler_says() -> None:
+    # The sidecar decides an RPC's root span from its trace id itself (the sampler's own rule);
+    # a sampled one is then made by the SDK with that very trace id.
+    ratio = TraceIdRatioBased(0.5)
+    sampler = tracing.sampler(0.5)
+    assert sampler is not None
+    recorded: set[int] = set()
+    dropped: set[int] = set()
+    with installed(TracerProvider(sampler=sampler)) as exporter:
+        for _ in range(1000):
+            opened = tracing.start_rpc(METHOD, lambda: None)
+            assert opened is not None
+            server, _ = opened
+            trace_id = server.get_span_context().trace_id
+            assert server.get_span_context().is_valid
+            sampled = server.is_recording()
+            assert sampled == (trace_id & ratio.TRACE_ID_LIMIT < ratio.bound)
+            with tracing.span("db.transaction") as inner:
+                assert (inner is not None) == sampled
+            tracing.end_rpc(opened, "OK", 0)
+            (recorded if sampled else dropped).add(trace_id)
+        # A root span of the sidecar's own work after them draws a trace id of its own.
+        with tracing.span("mcp.call_tool") as root:
+            other = root.get_span_context().trace_id if root is not None else None
+        finished = exporter.get_finished_spans()
+    # Half of them, as the ratio says (a quarter if the SDK drew a trace id of its own and
+    # decided again; both are 8 standard deviations from 375).
+    assert 375 < len(recorded) < 625
+    servers = [span for span in finished if span.kind == SpanKind.SERVER]
+    assert {span.context.trace_id for span in servers} == recorded
+    assert all(span.parent is None for span in servers)
+    assert other not in recorded | dropped

@@ -6,7 +6,9 @@ With tracing off, `tracer()` is None and every helper is a no-op costing one che
 
 Spans are sampled (`sampler`: by default parent-based, one root trace in ten). A trace that is
 not sampled costs its RPC's non-recording span and nothing more: the internal helpers make no
-span under it, and nothing builds attributes for a span that does not record.
+span under it, and nothing builds attributes for a span that does not record. Under the
+sampler `sampler` makes, an RPC that starts a trace is decided here, from its trace id as the
+sampler would: one it drops costs two random ids and the span holding them (`_RatioRoots`).
 
 A W3C `traceparent` in a call's gRPC metadata makes the call's server span a child of the
 host's span; storage transactions, MCP calls and prompt assembly nest under it (the storage
@@ -16,9 +18,11 @@ thread pool carries the context across: `api/plumbing.Blocking`).
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from psych_sidecar import __version__
 
@@ -26,15 +30,27 @@ if TYPE_CHECKING:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-    from opentelemetry.sdk.trace.sampling import Sampler
-    from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
+    from opentelemetry.sdk.trace.sampling import Sampler, TraceIdRatioBased
+    from opentelemetry.trace import (
+        NonRecordingSpan,
+        Span,
+        SpanContext,
+        SpanKind,
+        Status,
+        StatusCode,
+        TraceFlags,
+        Tracer,
+    )
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     _PROPAGATOR: TraceContextTextMapPropagator
 
 _NAME = "psych_sidecar"
 _tracer: Tracer | None = None
+_roots: _RatioRoots | None = None
 
 AttributeValue = str | bool | int | float
 
@@ -47,24 +63,36 @@ def _import_opentelemetry() -> None:
     """Bind the OpenTelemetry names the helpers below use. Imported when a provider is made
     or installed, not with this module: a sidecar with tracing off never imports OpenTelemetry
     (its SDK is a tenth of a start's imports), and every helper checks for a tracer first."""
-    global otel_context, trace, Span, SpanKind, Status, StatusCode, Tracer, _PROPAGATOR
+    global otel_context, trace, NonRecordingSpan, Span, SpanContext, SpanKind, Status
+    global StatusCode, TraceFlags, Tracer, _PROPAGATOR
     from opentelemetry import context as otel_context
     from opentelemetry import trace
-    from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+    from opentelemetry.trace import (
+        NonRecordingSpan,
+        Span,
+        SpanContext,
+        SpanKind,
+        Status,
+        StatusCode,
+        TraceFlags,
+        Tracer,
+    )
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     _PROPAGATOR = TraceContextTextMapPropagator()
 
 
 def install(provider: trace.TracerProvider) -> None:
-    global _tracer
+    global _tracer, _roots
     _import_opentelemetry()
     _tracer = provider.get_tracer(_NAME, __version__)
+    _roots = _RatioRoots.of(_tracer, provider)
 
 
 def uninstall() -> None:
-    global _tracer
+    global _tracer, _roots
     _tracer = None
+    _roots = None
 
 
 # The share of root traces (calls without a sampled traceparent) sampled when neither the
@@ -84,7 +112,104 @@ def sampler(sample_ratio: float | None) -> Sampler | None:
         sample_ratio = DEFAULT_SAMPLE_RATIO
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    return ParentBased(TraceIdRatioBased(sample_ratio))
+    root = TraceIdRatioBased(sample_ratio)
+    made = ParentBased(root)
+    _ratio_roots[made] = root
+    return made
+
+
+# The samplers `sampler` made, with the trace-id ratio sampler deciding their roots.
+_ratio_roots: weakref.WeakKeyDictionary[Sampler, TraceIdRatioBased] = weakref.WeakKeyDictionary()
+
+
+class _RatioRoots:
+    """The spans of RPCs that start a trace (no `traceparent`) under a provider whose sampler
+    `sampler` made, decided here as that sampler decides them (parent-based: a root goes to
+    the trace-id ratio): the trace id is drawn first, by the provider's id generator, and one
+    the ratio drops becomes a non-recording span at once, without the SDK's sampling call, its
+    result objects and its span bookkeeping (most of a dropped span's cost). One it samples is
+    made by the SDK with that same trace id (`_ChosenTraceIds`), so its sampler makes the
+    decision again, alike, and the span is recorded as any other."""
+
+    __slots__ = ("_bound", "_chosen", "_ids", "_limit", "_root_context", "_tracer", "_unsampled")
+
+    def __init__(self, tracer: SdkTracer, ratio: TraceIdRatioBased) -> None:
+        # What TraceIdRatioBased.should_sample compares: sampled when below the bound.
+        self._limit, self._bound = ratio.TRACE_ID_LIMIT, ratio.bound
+        current: object = tracer.id_generator
+        if isinstance(current, _ChosenTraceIds):
+            # The provider hands this tracer out again (it caches them): wrapped once.
+            chosen = current
+        else:
+            chosen = _ChosenTraceIds(tracer.id_generator)
+            tracer.id_generator = cast("IdGenerator", chosen)
+        self._chosen = chosen
+        self._ids = chosen.ids
+        self._tracer = tracer
+        self._root_context = otel_context.Context()
+        # Read by nothing but `sampled` (no span of this process propagates or exports one).
+        self._unsampled = TraceFlags(TraceFlags.DEFAULT)
+
+    @classmethod
+    def of(cls, tracer: Tracer, provider: trace.TracerProvider) -> _RatioRoots | None:
+        """For an SDK provider with a sampler of `sampler`'s making; else None: its sampler
+        decides every span."""
+        from opentelemetry.sdk.trace import Tracer as SdkTracer
+        from opentelemetry.sdk.trace import TracerProvider
+
+        if not isinstance(provider, TracerProvider) or not isinstance(tracer, SdkTracer):
+            return None
+        ratio = _ratio_roots.get(provider.sampler)
+        return None if ratio is None else cls(tracer, ratio)
+
+    def start(self, name: str, attributes: Mapping[str, AttributeValue]) -> Span:
+        trace_id = self._ids.generate_trace_id()
+        if trace_id & self._limit >= self._bound:
+            span_context = SpanContext(
+                trace_id, self._ids.generate_span_id(), False, self._unsampled
+            )
+            return NonRecordingSpan(span_context)
+        self._chosen.choose(trace_id)
+        try:
+            return self._tracer.start_span(
+                name,
+                context=self._root_context,
+                kind=SpanKind.SERVER,
+                attributes=attributes,
+                record_exception=False,
+                set_status_on_exception=False,
+            )
+        finally:
+            self._chosen.choose(0)
+
+
+class _ChosenTraceIds:
+    """The id generator of the sidecar's tracer under a sampler of `sampler`'s making (the
+    SDK's IdGenerator interface): the trace id chosen beforehand in this thread, once, when
+    one is (`_RatioRoots`); otherwise, and for span ids, the provider's generator's."""
+
+    __slots__ = ("_chosen", "ids")
+
+    def __init__(self, ids: IdGenerator) -> None:
+        self.ids = ids
+        self._chosen = threading.local()
+
+    def choose(self, trace_id: int) -> None:
+        """The next trace id made in this thread (0: none chosen)."""
+        self._chosen.trace_id = trace_id
+
+    def generate_trace_id(self) -> int:
+        chosen: int = getattr(self._chosen, "trace_id", 0)
+        if chosen:
+            self._chosen.trace_id = 0
+            return chosen
+        return self.ids.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        return self.ids.generate_span_id()
+
+    def is_trace_id_random(self) -> bool:
+        return self.ids.is_trace_id_random()
 
 
 def otlp_provider(sample_ratio: float | None = None) -> TracerProvider:
@@ -148,8 +273,8 @@ def start_rpc(
 ) -> tuple[Span, object] | None:
     """Open the span of one RPC and make it current, continuing the caller's trace when its
     metadata (read only when tracing) carries a W3C `traceparent`; `method` is the full name
-    (`/pkg.Service/Method`). Current even when not sampled (a non-recording span), so that what
-    runs under it knows its trace is not sampled.
+    (`/pkg.Service/Method`); without one, the call starts a trace. Current even when not sampled
+    (a non-recording span), so that what runs under it knows its trace is not sampled.
     None when tracing is off. Close it with `end_rpc`, in the same context."""
     current = _tracer
     if current is None:
@@ -162,14 +287,18 @@ def start_rpc(
             parent = _PROPAGATOR.extract(carrier)
             break
     name, attributes = _rpc_span(method)
-    span = current.start_span(
-        name,
-        context=parent,
-        kind=SpanKind.SERVER,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    )
+    roots = _roots
+    if parent is None and roots is not None:
+        span = roots.start(name, attributes)
+    else:
+        span = current.start_span(
+            name,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
     return span, otel_context.attach(trace.set_span_in_context(span))
 
 
