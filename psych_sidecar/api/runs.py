@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from psych.sidecar.v1 import run_service_pb2, run_service_pb2_grpc
+from psych.sidecar.v1 import run_service_pb2
 from psych_sidecar.api import convert
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
-from psych_sidecar.api.plumbing import Blocking, Context
+from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.runlog import Run, RunService
 
 
-class RunServicer(run_service_pb2_grpc.RunServiceServicer):
+class RunServicer:
     def __init__(
         self,
         runs: RunService,
@@ -21,9 +21,7 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
         self._runs = runs
         self._blocking = blocking
         self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
-        self._responses = ImmutableCache[str, tuple[Run, run_service_pb2.GetRunResponse]](
-            response_cache_size
-        )
+        self._responses = ImmutableCache[str, tuple[Run, Serialized]](response_cache_size)
 
     async def CreateRun(
         self, request: run_service_pb2.CreateRunRequest, context: Context
@@ -37,11 +35,9 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
         )
         return run_service_pb2.CreateRunResponse(run=convert.run_to_proto(run))
 
-    async def GetRun(
-        self, request: run_service_pb2.GetRunRequest, context: Context
-    ) -> run_service_pb2.GetRunResponse:
+    async def GetRun(self, request: run_service_pb2.GetRunRequest, context: Context) -> Serialized:
         # A Run never changes, so one this process has read is answered without a thread hop,
-        # with the response built for it before (responses are never mutated once built).
+        # with the response built and encoded for it before.
         run = self._runs.cached(request.run_id)
         if run is None:
             run = await self._blocking(self._runs.get, request.run_id)
@@ -50,8 +46,9 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
             if built is not None and built[0] is run:
                 return built[1]
         response = run_service_pb2.GetRunResponse(run=convert.run_to_proto(run))
-        self._responses.put(run.run_id, (run, response))
-        return response
+        encoded = Serialized(response.SerializeToString())
+        self._responses.put(run.run_id, (run, encoded))
+        return encoded
 
     async def AppendRecords(
         self, request: run_service_pb2.AppendRecordsRequest, context: Context
