@@ -178,8 +178,11 @@ def _guarded(
         code = grpc.StatusCode.UNKNOWN
         fields = {"rpc": label}
         if not isinstance(request, _Rejected):
-            fields.update((name, getattr(request, field)) for name, field in log_fields)
-        bound = logs.bind(**fields)
+            for name, field in log_fields:
+                value = getattr(request, field)
+                if value:
+                    fields[name] = value
+        bound = logs.bind_call(fields)
         span = tracing.start_rpc(method, context.invocation_metadata)
         failure: SidecarError | None = None
         task = asyncio.current_task()

@@ -27,10 +27,10 @@ _bound: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
 )
 
 
-def bind(**fields: str) -> contextvars.Token[Mapping[str, str]]:
-    """Add fields (empty values are left out) to this context's log lines."""
-    merged = {**_bound.get(), **{key: value for key, value in fields.items() if value}}
-    return _bound.set(merged)
+def bind_call(fields: dict[str, str]) -> contextvars.Token[Mapping[str, str]]:
+    """Add a call's fields (none empty; the dict is given away) to this context's log lines."""
+    outer = _bound.get()
+    return _bound.set({**outer, **fields} if outer else fields)
 
 
 def bind_only(**fields: str) -> None:
