@@ -3,12 +3,18 @@
 Run as ``python -m bench._health_server --listen HOST:PORT``; reports SERVING as soon as it
 listens and stops on SIGTERM or SIGINT. What any Python gRPC server on this machine needs to
 start: the interpreter, grpcio and grpcio-health-checking.
+
+``--import MODULE`` (repeatable) imports modules first, with the garbage collector off as the
+sidecar's start has it: with the libraries the sidecar cannot start without, the same server
+is the floor any start of the sidecar stands on, whatever its own code does.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import importlib
 import signal
 
 import grpc.aio
@@ -34,7 +40,13 @@ async def serve(listen: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--listen", required=True, help="HOST:PORT")
-    asyncio.run(serve(parser.parse_args().listen))
+    parser.add_argument("--import", dest="modules", action="append", default=[], help="MODULE")
+    arguments = parser.parse_args()
+    gc.disable()
+    for module in arguments.modules:
+        importlib.import_module(module)
+    gc.enable()
+    asyncio.run(serve(arguments.listen))
 
 
 if __name__ == "__main__":
