@@ -1,11 +1,12 @@
 """What one tool call costs: the sidecar's calls/s against the MCP SDK client calling the same
-MCP server directly (tool_call_overhead_ratio), and the bytes a result takes on disk
-(stored_bytes_per_result_byte)."""
+MCP server directly and against a bare gRPC-to-MCP relay (tool_call_overhead_ratio), and the
+bytes a result takes on disk (stored_bytes_per_result_byte)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import sqlite3
 import sys
@@ -19,7 +20,17 @@ from google.protobuf import struct_pb2
 from mcp import Client
 
 from bench._load import drive, median
-from bench._proc import REPO_ROOT, Server, channel, free_port, managed, sidecar, wait_until
+from bench._mcp_relay import CALL_TOOL_METHOD
+from bench._proc import (
+    PROBE_CHANNEL_OPTIONS,
+    REPO_ROOT,
+    Server,
+    channel,
+    free_port,
+    managed,
+    sidecar,
+    wait_until,
+)
 from bench.registry import BenchContext, case
 from psych.sidecar.v1 import (
     connection_pb2,
@@ -59,6 +70,46 @@ async def _mcp_server(tmp_dir: Path) -> AsyncIterator[tuple[str, Server]]:
         waited = await wait_until(proc, listening, within=60, what="listening")
         yield f"http://127.0.0.1:{port}/mcp", Server(f"127.0.0.1:{port}", proc, waited)
         proc.check_alive()
+
+
+@contextlib.asynccontextmanager
+async def _mcp_relay(tmp_dir: Path, url: str) -> AsyncIterator[Server]:
+    """The bare gRPC-to-MCP relay (bench._mcp_relay) in front of the MCP server at `url`, once
+    it has relayed a call."""
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "bench._mcp_relay", "--listen", target, "--url", url]
+    with managed("relay", argv, tmp_dir / "relay.log") as proc:
+        # It listens only once its MCP session is open: a short reconnect backoff keeps the
+        # wait from timing gRPC's default one (1 s, then 1.6 s...).
+        async with grpc.aio.insecure_channel(target, options=PROBE_CHANNEL_OPTIONS) as ch:
+            relay = _RelayCalls(ch)
+
+            async def relaying() -> bool:
+                await relay.call("echo", SMALL_ARGUMENTS)
+                return True
+
+            waited = await wait_until(proc, relaying, within=60, what="relaying")
+        yield Server(target, proc, waited)
+        proc.check_alive()
+
+
+class _RelayCalls:
+    """Tool calls through the relay: the call as JSON bytes, the result's JSON back."""
+
+    def __init__(self, ch: grpc.aio.Channel) -> None:
+        self._call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = ch.unary_unary(
+            CALL_TOOL_METHOD
+        )
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> bytes:
+        request = json.dumps({"tool": tool, "arguments": arguments}).encode()
+        result = await self._call(request, timeout=60)
+        # JSON escapes the quotes of a string, so this key appears only as a key; a search, not a
+        # parse, as the sidecar's client reads its `is_error` field without parsing the result.
+        if b'"isError":true' in result:
+            raise AssertionError(f"the tool call failed: {result[:300]!r}")
+        return result
 
 
 class _SidecarCalls:
@@ -129,13 +180,16 @@ async def _abab(
     rounds: int,
     concurrency: int,
 ) -> dict[str, float]:
-    """Median calls/s of each target over `rounds` rounds alternating their order."""
+    """Median calls/s of each target over `rounds` rounds, the order rotated by one each round:
+    with `rounds` a multiple of the number of targets, each target runs in each position
+    equally often."""
     rates: dict[str, list[float]] = {name: [] for name in targets}
     names = list(targets)
     for fn in targets.values():
         await drive(fn, calls=max(calls // 4, concurrency), concurrency=concurrency)
     for index in range(rounds):
-        for name in names if index % 2 == 0 else reversed(names):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
             result = await drive(targets[name], calls=calls, concurrency=concurrency)
             rates[name].append(result.per_second)
         ctx.log(
@@ -155,14 +209,20 @@ async def tool_call_overhead_ratio(ctx: BenchContext) -> float:
     server's echo of 5 characters).
 
     One fixture MCP server process, one sidecar process on SQLite (tool search off) connected
-    to it, and the benchmark process as the client of both: a gRPC channel to the sidecar and
-    one MCP SDK `Client` session to the server. After a warm-up, rounds alternate the order
-    (ABAB); the medians are compared. The details give the same ratio with eight callers and
-    with one caller and a 256 KiB text result, and each target's calls/s per round.
+    to it, one relay process (bench._mcp_relay: a bare grpc.aio server calling the tool through
+    one MCP SDK `Client` session, nothing else) in front of it, and the benchmark process as
+    the client of all three: gRPC channels to the sidecar and the relay, one MCP SDK `Client`
+    session to the server. The relay is the floor of any gateway built on grpc.aio and the SDK:
+    the extra process hop and the SDK client's work, none of the sidecar's. After a warm-up,
+    rounds rotate the three targets' order (each takes each position equally often); the
+    medians are compared. The details give the relay's calls/s, `relay_floor_ratio` (relay
+    over direct: the best a gateway could score) and `sidecar_over_relay` (what the sidecar's
+    own work costs), the same with eight callers and with one caller and a 256 KiB text
+    result, and each target's calls/s per round.
     """
     calls = ctx.pick(full=400, quick=120)
     large_calls = ctx.pick(full=80, quick=30)
-    rounds = ctx.pick(full=6, quick=2)
+    rounds = ctx.pick(full=6, quick=3)
     async with contextlib.AsyncExitStack() as stack:
         url, _ = await stack.enter_async_context(_mcp_server(ctx.tmp_dir))
         server = await stack.enter_async_context(
@@ -171,11 +231,14 @@ async def tool_call_overhead_ratio(ctx: BenchContext) -> float:
         ch = await stack.enter_async_context(channel(server.target))
         through_sidecar = _SidecarCalls(ch)
         await through_sidecar.connect(url)
+        relay_server = await stack.enter_async_context(_mcp_relay(ctx.tmp_dir, url))
+        through_relay = _RelayCalls(await stack.enter_async_context(channel(relay_server.target)))
         direct = await stack.enter_async_context(Client(url))
 
         def targets(tool: str, arguments: dict[str, Any]) -> dict[str, Call]:
             return {
                 "sidecar": lambda: _checked(through_sidecar.call(tool, arguments)),
+                "relay": lambda: through_relay.call(tool, arguments),
                 "direct": lambda: direct.call_tool(tool, arguments),
             }
 
@@ -194,12 +257,21 @@ async def tool_call_overhead_ratio(ctx: BenchContext) -> float:
     ctx.details.update(
         {
             "sidecar_calls_per_s": round(one["sidecar"], 1),
+            "relay_calls_per_s": round(one["relay"], 1),
             "direct_calls_per_s": round(one["direct"], 1),
+            "relay_floor_ratio": round(one["relay"] / one["direct"], 4),
+            "sidecar_over_relay": round(one["sidecar"] / one["relay"], 4),
             "eight_callers_ratio": round(eight["sidecar"] / eight["direct"], 4),
+            "eight_callers_relay_floor_ratio": round(eight["relay"] / eight["direct"], 4),
+            "eight_callers_sidecar_over_relay": round(eight["sidecar"] / eight["relay"], 4),
             "eight_callers_sidecar_calls_per_s": round(eight["sidecar"], 1),
+            "eight_callers_relay_calls_per_s": round(eight["relay"], 1),
             "eight_callers_direct_calls_per_s": round(eight["direct"], 1),
             "ratio_256_kib": round(large["sidecar"] / large["direct"], 4),
+            "relay_floor_ratio_256_kib": round(large["relay"] / large["direct"], 4),
+            "sidecar_over_relay_256_kib": round(large["sidecar"] / large["relay"], 4),
             "sidecar_256_kib_calls_per_s": round(large["sidecar"], 1),
+            "relay_256_kib_calls_per_s": round(large["relay"], 1),
             "direct_256_kib_calls_per_s": round(large["direct"], 1),
             "calls_per_round": calls,
             "calls_per_round_256_kib": large_calls,
