@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 
-import grpc
 import grpc.aio
 from mcp import Client
+
+from bench._echo_server import serve_bytes_method
 
 SERVICE = "bench.McpRelay"
 METHOD = "CallTool"
@@ -35,21 +35,7 @@ async def serve(listen: str, url: str) -> None:
             result = await client.call_tool(call["tool"], call["arguments"])
             return result.model_dump_json(by_alias=True, exclude_none=True).encode()
 
-        server = grpc.aio.server()
-        handler = grpc.method_handlers_generic_handler(
-            SERVICE, {METHOD: grpc.unary_unary_rpc_method_handler(call_tool)}
-        )
-        server.add_generic_rpc_handlers((handler,))
-        if server.add_insecure_port(listen) == 0:
-            raise SystemExit(f"cannot listen on {listen}")
-        await server.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        print(f"MCP relay listening on {listen}, relaying to {url}", flush=True)
-        await stop.wait()
-        await server.stop(grace=1.0)
+        await serve_bytes_method(listen, SERVICE, METHOD, call_tool, f"MCP relay to {url}")
 
 
 def main() -> None:
