@@ -665,7 +665,7 @@ def listing_texts(tools: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     first sentence (:meth:`~psych_sidecar.search.embeddings.ToolEmbeddings.collect` keeps
     both)."""
     descriptions = [description for _, description in tools]
-    kept = _without_templates([""] * len(tools), descriptions, depth=1)
+    kept, _ = _without_templates([""] * len(tools), descriptions, depth=1)
     return [
         tool_texts(name, description) for (name, _), description in zip(tools, kept, strict=True)
     ]
@@ -690,23 +690,24 @@ def _summaries(documents: Sequence[SearchDocument]) -> list[str]:
     """Each tool's summary: the first sentence of its description that is not boilerplate
     (see _without_templates). It stays in the description field; a description that is
     nothing but boilerplate keeps it as its summary."""
-    texts = _without_templates(
+    _, summaries = _without_templates(
         [document.server for document in documents],
         [document.description for document in documents],
         depth=_BOILERPLATE_DEPTH,
     )
-    return [first_sentence(text) for text in texts]
+    return summaries
 
 
 def _without_templates(
     servers: Sequence[str], descriptions: Sequence[str], depth: int
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
     """The descriptions (stripped) without their leading template sentences, up to `depth` of
-    them. A sentence that opens the descriptions of at least _BOILERPLATE_TOOLS tools of one
-    server is the server's template, not what a tool does (a generated catalogue prefixes
-    every tool with "Twilio - Api: This is the public Twilio REST API."; template detection
-    by repetition, as web indexing drops navigation text repeated across a site's pages). A
-    description that is nothing but boilerplate keeps its last sentence."""
+    them, and the first sentence of each of those. A sentence that opens the descriptions of
+    at least _BOILERPLATE_TOOLS tools of one server is the server's template, not what a tool
+    does (a generated catalogue prefixes every tool with "Twilio - Api: This is the public
+    Twilio REST API."; template detection by repetition, as web indexing drops navigation
+    text repeated across a site's pages). A description that is nothing but boilerplate
+    keeps its last sentence."""
     texts = [description.strip() for description in descriptions]
     summaries = [first_sentence(text) for text in texts]
     for _ in range(depth):
@@ -723,7 +724,7 @@ def _without_templates(
                 texts[index], summaries[index], changed = rest, first_sentence(rest), True
         if not changed:
             break
-    return texts
+    return texts, summaries
 
 
 def identifier_words(name: str) -> str:

@@ -171,14 +171,7 @@ class _RatioRoots:
             return NonRecordingSpan(span_context)
         self._chosen.choose(trace_id)
         try:
-            return self._tracer.start_span(
-                name,
-                context=self._root_context,
-                kind=SpanKind.SERVER,
-                attributes=attributes,
-                record_exception=False,
-                set_status_on_exception=False,
-            )
+            return _server_span(self._tracer, name, self._root_context, attributes)
         finally:
             self._chosen.choose(0)
 
@@ -291,15 +284,25 @@ def start_rpc(
     if parent is None and roots is not None:
         span = roots.start(name, attributes)
     else:
-        span = current.start_span(
-            name,
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        )
+        span = _server_span(current, name, parent, attributes)
     return span, otel_context.attach(trace.set_span_in_context(span))
+
+
+def _server_span(
+    tracer: Tracer,
+    name: str,
+    parent: otel_context.Context | None,
+    attributes: Mapping[str, AttributeValue],
+) -> Span:
+    """An RPC's server span, not made current; `end_rpc` sets its status and ends it."""
+    return tracer.start_span(
+        name,
+        context=parent,
+        kind=SpanKind.SERVER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    )
 
 
 def end_rpc(opened: tuple[Span, object] | None, code_name: str, code_value: int) -> None:
