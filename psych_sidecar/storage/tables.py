@@ -76,6 +76,9 @@ records = Table(
     # Total bytes of content, so a page can stop before it outgrows a gRPC message.
     Column("content_bytes", BigInteger, nullable=False),
     ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+    # The turn's start and the latest assistant step (MAX(sequence) of one kind in a Run),
+    # asked by every ResolveTurn, AssemblePrompt and tool call, read without a scan.
+    Index("ix_records_run_kind", "run_id", "kind", "sequence"),
 )
 
 # Content parts live in their own rows, as bytes (UTF-8 for text and JSON): exact,
