@@ -1,4 +1,4 @@
-"""ResolveTurn's read on the event loop (SQLite): `SqliteTurnStartsNow` answers what the
+"""ResolveTurn's read on the event loop (SQLite): `NoWaitTurnStarts` answers what the
 pooled reader answers, sees every commit at once, and says None instead of waiting.
 
 Real SQLite files written by the real sidecar over gRPC; the lock is a second real
@@ -30,8 +30,8 @@ from psych.sidecar.v1 import (
     turn_service_pb2_grpc,
 )
 from psych_sidecar.config import Settings
-from psych_sidecar.storage.db import create_database_engine
-from psych_sidecar.storage.log_reads import SqliteTurnStartsNow, SqlLogReader
+from psych_sidecar.storage.db import NoWaitSqlite, create_database_engine
+from psych_sidecar.storage.log_reads import NoWaitTurnStarts, SqlLogReader
 from tests.support.processes import free_port
 from tests.support.requests import user
 from tests.support.sidecar import RunningSidecar
@@ -67,6 +67,16 @@ def engine(served: tuple[RunningSidecar, grpc.Channel, Path]) -> Iterator[Engine
     created.dispose()
 
 
+@contextlib.contextmanager
+def _turn_starts_now(engine: Engine) -> Iterator[NoWaitTurnStarts]:
+    """The loop's turn-start reader over a `NoWaitSqlite` of `engine`, closed at the end."""
+    no_wait = NoWaitSqlite(engine, background=lambda work: work())
+    try:
+        yield NoWaitTurnStarts(SqlLogReader(engine), no_wait)
+    finally:
+        no_wait.close()
+
+
 def _new_run(
     channel: grpc.Channel,
     unique: Any,
@@ -91,8 +101,8 @@ def test_it_answers_what_the_pooled_reader_answers_and_sees_each_commit_at_once(
     served: tuple[RunningSidecar, grpc.Channel, Path], engine: Engine, unique: Any
 ) -> None:
     _, channel, _ = served
-    now, pooled = SqliteTurnStartsNow(engine), SqlLogReader(engine)
-    try:
+    pooled = SqlLogReader(engine)
+    with _turn_starts_now(engine) as now:
         run_id = _new_run(channel, unique)
         assert now.turn_start_now(run_id) == pooled.turn_start(run_id) == 0
         assert now.turn_start_now("no-such-run") == 0
@@ -104,8 +114,6 @@ def test_it_answers_what_the_pooled_reader_answers_and_sees_each_commit_at_once(
             assert start == pooled.turn_start(run_id)
             assert start is not None
             assert start > 0
-    finally:
-        now.close()
     assert now.turn_start_now(run_id) is None  # closed: the caller takes the worker path
 
 
@@ -117,7 +125,13 @@ def test_it_says_none_rather_than_wait_for_a_lock(tmp_path: Path, unique: Any) -
     engine = create_database_engine(f"sqlite:///{path}", pool_size=1)
     expected = SqlLogReader(engine).turn_start(run_id)
     engine.dispose()
-    now = SqliteTurnStartsNow(engine)
+    with _turn_starts_now(engine) as now:
+        _refused_while_locked_then_answered(path, now, run_id, expected)
+
+
+def _refused_while_locked_then_answered(
+    path: Path, now: NoWaitTurnStarts, run_id: str, expected: int
+) -> None:
     # With nobody else on the file, a connection in exclusive locking mode keeps the lock
     # it takes (and the WAL index to itself) until it closes: every other reader is refused.
     holder = sqlite3.connect(path, isolation_level=None)
@@ -130,7 +144,6 @@ def test_it_says_none_rather_than_wait_for_a_lock(tmp_path: Path, unique: Any) -
         holder.close()
     assert expected > 0
     assert now.turn_start_now(run_id) == expected
-    now.close()
 
 
 def test_resolve_turn_answers_a_new_turn_written_by_another_sidecar_on_the_same_file(

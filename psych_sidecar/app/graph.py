@@ -25,7 +25,7 @@ from psych.sidecar.v1 import (
     usage_service_pb2,
 )
 from psych_sidecar.api.connections import ConnectionServicer
-from psych_sidecar.api.plumbing import Blocking
+from psych_sidecar.api.plumbing import Blocking, LoopFirst
 from psych_sidecar.api.rpc import Binding
 from psych_sidecar.api.runs import RunServicer
 from psych_sidecar.api.specs import SpecServicer
@@ -49,9 +49,14 @@ from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.search import ToolEmbeddings
 from psych_sidecar.search.model import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
-from psych_sidecar.storage.db import create_database_engine, open_read_only, shared_reads
+from psych_sidecar.storage.db import (
+    NoWaitSqlite,
+    create_database_engine,
+    open_read_only,
+    shared_reads,
+)
 from psych_sidecar.storage.journal import SqlAssemblyJournal
-from psych_sidecar.storage.log_reads import SqliteTurnStartsNow, SqlLogReader
+from psych_sidecar.storage.log_reads import NoWaitTurnStarts, SqlLogReader
 from psych_sidecar.storage.oauth import SqlOAuthStore
 from psych_sidecar.storage.repository import SqlStore, StoredSurfacePins
 from psych_sidecar.storage.search_vectors import SqlVectorStore
@@ -140,10 +145,6 @@ class SidecarGraph:
             pool_size=settings.storage.worker_threads,
             busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
         )
-        # SQLite answers the turn-start read of ResolveTurn on the loop when it need not wait.
-        self.turn_starts_now = (
-            SqliteTurnStartsNow(self.engine) if self.engine.dialect.name == "sqlite" else None
-        )
         self.executor = ThreadPoolExecutor(
             max_workers=settings.storage.worker_threads, thread_name_prefix="storage"
         )
@@ -154,6 +155,19 @@ class SidecarGraph:
         )
         self.blocking = Blocking(self.executor)
         cpu = Blocking(self.cpu_executor)
+        # SQLite: a tool call's reads and a small result's append are tried on the event
+        # loop's thread, over a connection that never waits, before a worker is asked.
+        self.no_wait = (
+            NoWaitSqlite(self.engine, background=self.executor.submit)
+            if self.engine.dialect.name == "sqlite"
+            else None
+        )
+        # SQLite answers the turn-start read of ResolveTurn on the loop when it need not wait.
+        self.turn_starts_now = (
+            None
+            if self.no_wait is None
+            else NoWaitTurnStarts(SqlLogReader(self.engine), self.no_wait)
+        )
         # Sentence vectors for tool search (None: keywords only), shared by every Run, and
         # through the database by every sidecar on it.
         self.embeddings = tool_embeddings(
@@ -206,6 +220,9 @@ class SidecarGraph:
             settings.mcp.tool_call_timeout_seconds,
             cpu=cpu,
             one_read=lambda: shared_reads(self.engine),
+            loop_first=None
+            if self.no_wait is None
+            else LoopFirst(self.blocking, self.no_wait.bound),
         )
         usage = SqlUsageStore(self.engine)
 
@@ -272,8 +289,8 @@ class SidecarGraph:
     def close(self) -> None:
         self.executor.shutdown(wait=True)
         self.cpu_executor.shutdown(wait=True)
-        if self.turn_starts_now is not None:
-            self.turn_starts_now.close()
+        if self.no_wait is not None:
+            self.no_wait.close()
         self.engine.dispose()
 
 

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,11 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from psych_sidecar.domain.errors import SidecarError, storage_unavailable
+from psych_sidecar.domain.runlog import (
+    NotForTheEventLoop,
+    attempted_on_the_event_loop,
+    worker_thread_only,
+)
 from psych_sidecar.secrets.cipher import KeyRing
 from psych_sidecar.telemetry import metrics, tracing
 
@@ -337,6 +342,11 @@ def shared_reads(engine: Engine) -> Iterator[None]:
     if getattr(_shared, "engine", None) is not None:
         yield
         return
+    no_wait = _bound_no_wait(engine)
+    if no_wait is not None:
+        with no_wait.transaction(write=False):
+            yield
+        return
     with transaction(engine, write=False) as connection:
         _shared.engine, _shared.connection = engine, connection
         try:
@@ -353,7 +363,11 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
     past the busy timeout, a serialization failure) leaves here as STORAGE_UNAVAILABLE;
     nothing was committed by this transaction unless the failure came after its commit.
     Its wait for a pooled connection is a metric; the transaction is a span when tracing.
-    A read inside a `shared_reads` block of the same engine joins that block's transaction."""
+    A read inside a `shared_reads` block of the same engine joins that block's transaction.
+    Inside a `NoWaitSqlite.bound` block it refuses (NotForTheEventLoop): SQLAlchemy's
+    transactions are the worker threads' path."""
+    if _bound_no_wait(engine) is not None:
+        worker_thread_only("a SQLAlchemy transaction")
     if not write and getattr(_shared, "engine", None) is engine:
         with unavailable_as_typed_errors():
             yield _shared.connection
@@ -384,7 +398,11 @@ def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[
     several times the query itself there, and one SELECT is atomic on its own on both
     databases. `sql` uses the dialect's placeholder (:func:`placeholder`). The driver's
     "not now" failures leave as STORAGE_UNAVAILABLE, as from `transaction`. Inside a
-    `shared_reads` block of the same engine it runs in that block's transaction."""
+    `shared_reads` block of the same engine it runs in that block's transaction; inside a
+    `NoWaitSqlite.bound` block, on that connection."""
+    no_wait = _bound_no_wait(engine)
+    if no_wait is not None:
+        return no_wait.select(sql, parameters)
     if getattr(_shared, "engine", None) is engine:
         with unavailable_as_typed_errors():
             cursor = _shared.connection.connection.cursor()
@@ -407,6 +425,150 @@ def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[
         finally:
             dbapi_connection.close()
     return list(rows)
+
+
+@contextlib.contextmanager
+def driver_write(engine: Engine) -> Iterator[tuple[Any, Connection | None]]:
+    """A write transaction as a DB-API cursor, for the statements every tool call's append
+    runs (SQLAlchemy's statement machinery cost several times what SQLite does for them):
+    on the event loop's `NoWaitSqlite` connection inside its `bound` block (no SQLAlchemy
+    connection then: what needs one is refused there), else in a pooled transaction, whose
+    Connection comes with it (for values streamed into their rows)."""
+    no_wait = _bound_no_wait(engine)
+    if no_wait is not None:
+        with no_wait.transaction(write=True) as cursor:
+            yield cursor, None
+        return
+    with transaction(engine, write=True) as connection:
+        pooled = connection.connection.cursor()
+        try:
+            yield pooled, connection
+        finally:
+            pooled.close()
+
+
+# The NoWaitSqlite bound to this thread (the event loop's) during an attempt.
+_no_wait = threading.local()
+
+
+def _bound_no_wait(engine: Engine) -> NoWaitSqlite | None:
+    bound: NoWaitSqlite | None = getattr(_no_wait, "bound", None)
+    return bound if bound is not None and bound.engine is engine else None
+
+
+class NoWaitSqlite:
+    """One read-write connection to a SQLite file for the event loop's thread, on which a tool
+    call's reads and its append are attempted before a worker thread is asked (see
+    `domain.runlog.loop_attempts`). It never waits: busy timeout 0, and a lock held elsewhere, the
+    connection in use, or any failure of SQLite (whose typed answer the worker path gives)
+    ends the attempt with NotForTheEventLoop, its transaction rolled back. It never
+    checkpoints on the loop either (a checkpoint syncs the file): every `CHECKPOINT_EVERY`
+    commits, a write-ahead log past `CHECKPOINT_WAL_BYTES` is checkpointed by `background`.
+
+    Not for PostgreSQL, whose every statement is a network round trip."""
+
+    CHECKPOINT_EVERY = 64
+    CHECKPOINT_WAL_BYTES = 4 << 20
+
+    def __init__(self, engine: Engine, background: Callable[[Callable[[], None]], object]) -> None:
+        if engine.dialect.name != "sqlite" or not engine.url.database:
+            raise ValueError("a SQLite file's engine is needed")
+        self.engine = engine
+        self._path = Path(engine.url.database)
+        self._background = background
+        self._connection: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._commits = 0
+
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[None]:
+        """This thread's storage work on the engine inside the block runs on this connection
+        (`plain_select`, `shared_reads`, `driver_write`) or refuses (`transaction`)."""
+        if not self._lock.acquire(blocking=False):
+            raise NotForTheEventLoop("the connection is in use")
+        try:
+            if self._closed:
+                raise NotForTheEventLoop("closed")
+            if self._connection is None:
+                try:
+                    self._connection = self._connect()
+                except sqlite3.Error as error:
+                    raise NotForTheEventLoop(str(error)) from error
+            _no_wait.bound = self
+            with attempted_on_the_event_loop():
+                yield
+        finally:
+            _no_wait.bound = None
+            self._lock.release()
+
+    def select(self, sql: str, parameters: tuple[Any, ...]) -> list[Any]:
+        assert self._connection is not None
+        try:
+            return self._connection.execute(sql, parameters).fetchall()
+        except sqlite3.Error as error:
+            raise NotForTheEventLoop(str(error)) from error
+
+    @contextlib.contextmanager
+    def transaction(self, *, write: bool) -> Iterator[sqlite3.Cursor]:
+        connection = self._connection
+        assert connection is not None
+        try:
+            cursor = connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.Error as error:
+            raise NotForTheEventLoop(str(error)) from error
+        try:
+            yield cursor
+            connection.execute("COMMIT")
+        except BaseException as error:
+            if connection.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
+            if isinstance(error, sqlite3.Error):
+                raise NotForTheEventLoop(str(error)) from error
+            raise
+        finally:
+            cursor.close()
+        if write:
+            self._after_commit()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+    def _after_commit(self) -> None:
+        self._commits += 1
+        if self._commits % self.CHECKPOINT_EVERY:
+            return
+        try:
+            wal_bytes = self._path.with_name(self._path.name + "-wal").stat().st_size
+        except OSError:
+            return
+        if wal_bytes > self.CHECKPOINT_WAL_BYTES:
+            # After the commit: a pool already shut down (the sidecar stopping) only skips it.
+            with contextlib.suppress(RuntimeError):
+                self._background(self._checkpoint)
+
+    def _checkpoint(self) -> None:
+        with contextlib.suppress(Exception), self.engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            str(self._path), timeout=0, isolation_level=None, check_same_thread=False
+        )
+        for pragma in (
+            "synchronous=NORMAL",
+            "foreign_keys=ON",
+            f"mmap_size={SQLITE_MMAP_BYTES}",
+            # Checkpoints are `_checkpoint`'s, on a worker.
+            "wal_autocheckpoint=0",
+        ):
+            connection.execute(f"PRAGMA {pragma}")
+        return connection
 
 
 def erase_freed_content(connection: Connection) -> None:

@@ -9,8 +9,6 @@ without copying it), on PostgreSQL with `substr` on the `bytea` column.
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -20,7 +18,6 @@ from sqlalchemy import (
     Engine,
     Integer,
     and_,
-    bindparam,
     column,
     func,
     literal_column,
@@ -32,6 +29,7 @@ from sqlalchemy import (
 from psych_sidecar.domain.runlog import (
     ByteRange,
     ContentPart,
+    NotForTheEventLoop,
     PartKind,
     PartMeta,
     RecordKind,
@@ -40,10 +38,9 @@ from psych_sidecar.domain.runlog import (
 )
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import (
-    SQLITE_MMAP_BYTES,
+    NoWaitSqlite,
     placeholder,
     plain_select,
-    sqlite_read_only_uri,
     transaction,
 )
 
@@ -56,9 +53,11 @@ def _chunks(values: Sequence[Any]) -> Iterator[Sequence[Any]]:
         yield values[start : start + _CHUNK]
 
 
-def _turn_start_sql(marker: str) -> str:
-    """The turn start's query (the Run's last user message), with the driver's parameter
-    marker: run by the pooled reader and by SQLite's non-waiting one."""
+def _latest_of_kind_sql(marker: str) -> str:
+    """The sequence of a Run's last record of one kind (the turn's start: its last user
+    message; a tool call's step: its last assistant message), with the driver's parameter
+    marker: run by the pooled reader and by SQLite's non-waiting one. An index answers it
+    (`ix_records_run_kind`)."""
     return f"SELECT MAX(sequence) FROM records WHERE run_id = {marker} AND kind = {marker}"
 
 
@@ -68,7 +67,7 @@ class SqlLogReader:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._sqlite = engine.dialect.name == "sqlite"
-        self._turn_start_sql = _turn_start_sql(placeholder(engine))
+        self._latest_of_kind_sql = _latest_of_kind_sql(placeholder(engine))
 
     def record_skeletons(self, run_id: str) -> list[RecordSkeleton]:
         r = tables.records
@@ -226,75 +225,34 @@ class SqlLogReader:
 
     def turn_start(self, run_id: str) -> int:
         # Every ResolveTurn and AssemblePrompt runs this (the turn pins the surface).
-        ((value,),) = plain_select(
-            self._engine, self._turn_start_sql, (run_id, RecordKind.USER_MESSAGE.value)
-        )
-        return int(value or 0)
+        return self._latest_of_kind(run_id, RecordKind.USER_MESSAGE)
 
     def latest_assistant_sequence(self, run_id: str) -> int:
-        with transaction(self._engine, write=False) as conn:
-            value = conn.execute(_LATEST_ASSISTANT_SEQUENCE, {"run_id": run_id}).scalar()
+        # Every tool call runs this (its request id names the assistant step).
+        return self._latest_of_kind(run_id, RecordKind.ASSISTANT_MESSAGE)
+
+    def _latest_of_kind(self, run_id: str, kind: RecordKind) -> int:
+        ((value,),) = plain_select(self._engine, self._latest_of_kind_sql, (run_id, kind.value))
         return int(value or 0)
 
 
-# Asked by every tool call (the ledger's look-up): built once, not per call.
-_LATEST_ASSISTANT_SEQUENCE = select(func.max(tables.records.c.sequence)).where(
-    tables.records.c.run_id == bindparam("run_id"),
-    tables.records.c.kind == RecordKind.ASSISTANT_MESSAGE.value,
-)
-
-
-class SqliteTurnStartsNow:
-    """`turn_start_now` on a SQLite database: one read-only connection of its own that never
-    waits (busy timeout 0), for the event loop's thread. A WAL reader does not wait for
-    writers, and this one reads one indexed MAX, about as long as the loop's other
-    bookkeeping for a call; handing it to a worker thread instead cost a ResolveTurn about
-    three times that in thread switches. When SQLite would wait (a lock held in exclusive
-    mode, a WAL being recovered), the connection is in use on another thread, or anything
-    fails, the answer is None and the caller takes the worker path.
+class NoWaitTurnStarts:
+    """`turn_start_now` on a SQLite database: the turn-start read on the event loop's
+    `NoWaitSqlite` connection. A WAL reader does not wait for writers, and this one reads one
+    indexed MAX, about as long as the loop's other bookkeeping for a call; handing it to a
+    worker thread instead cost a ResolveTurn about three times that in thread switches. When
+    SQLite would wait (a lock held in exclusive mode, a WAL being recovered), the connection
+    is in use, or anything fails, the answer is None and the caller takes the worker path.
 
     Not for PostgreSQL, whose every read is a network round trip."""
 
-    def __init__(self, engine: Engine) -> None:
-        if engine.dialect.name != "sqlite" or not engine.url.database:
-            raise ValueError("a SQLite file's engine is needed")
-        self._uri = sqlite_read_only_uri(engine.url.database)
-        self._sql = _turn_start_sql("?")
-        self._user_message = RecordKind.USER_MESSAGE.value
-        self._connection: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-        self._closed = False
+    def __init__(self, reader: SqlLogReader, no_wait: NoWaitSqlite) -> None:
+        self._reader = reader
+        self._no_wait = no_wait
 
     def turn_start_now(self, run_id: str) -> int | None:
-        if not self._lock.acquire(blocking=False):
-            return None
         try:
-            if self._closed:
-                return None
-            if self._connection is None:
-                self._connection = self._connect()
-            # fetchall steps the statement to its end, so no read transaction stays open and
-            # the next call sees every commit made since.
-            ((value,),) = self._connection.execute(
-                self._sql, (run_id, self._user_message)
-            ).fetchall()
-        except sqlite3.Error:
+            with self._no_wait.bound():
+                return self._reader.turn_start(run_id)
+        except NotForTheEventLoop:
             return None
-        finally:
-            self._lock.release()
-        return int(value or 0)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._connection is not None:
-                self._connection.close()
-                self._connection = None
-
-    def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(
-            self._uri, uri=True, timeout=0, isolation_level=None, check_same_thread=False
-        )
-        connection.execute("PRAGMA query_only=ON")
-        connection.execute(f"PRAGMA mmap_size={SQLITE_MMAP_BYTES}")
-        return connection

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -11,15 +12,12 @@ from sqlalchemy import (
     Engine,
     Insert,
     Row,
-    Select,
     Table,
     and_,
-    bindparam,
     func,
     insert,
     or_,
     select,
-    update,
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import IntegrityError
@@ -42,6 +40,7 @@ from psych_sidecar.domain.runlog import (
     StoredRecord,
     ToolCall,
     ToolGrant,
+    worker_thread_only,
 )
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.bulk_values import (
@@ -50,7 +49,7 @@ from psych_sidecar.storage.bulk_values import (
     stream_into_row,
     streamed_later,
 )
-from psych_sidecar.storage.db import transaction
+from psych_sidecar.storage.db import driver_write, placeholder, plain_select, transaction
 
 
 class _AlreadyAppended(Exception):
@@ -63,24 +62,47 @@ class _AlreadyAppended(Exception):
         self.result = result
 
 
+@dataclass(frozen=True, slots=True)
+class _AppendSql:
+    """The statements every tool call's append and look-up run, as the driver's SQL: the same
+    on SQLite (3.35+) and PostgreSQL but for the parameter marker."""
+
+    reserve: str
+    claim: str
+    prior: str
+    record: str
+    part: str
+    recorded: str
+
+    @classmethod
+    def of(cls, marker: str) -> _AppendSql:
+        def values(count: int) -> str:
+            return ", ".join([marker] * count)
+
+        return cls(
+            reserve=f"UPDATE runs SET last_sequence = last_sequence + {marker} "
+            f"WHERE run_id = {marker} RETURNING last_sequence",
+            claim="INSERT INTO append_requests (run_id, request_id, fingerprint, result, "
+            f"call_result_outline, call_result_splices) VALUES ({values(6)}) "
+            "ON CONFLICT DO NOTHING RETURNING request_id",
+            prior="SELECT fingerprint, result FROM append_requests "
+            f"WHERE run_id = {marker} AND request_id = {marker}",
+            record="INSERT INTO records (run_id, sequence, kind, create_time_us, handle, "
+            "call_id, server, tool, is_error, tool_calls, content_bytes) "
+            f"VALUES ({values(11)})",
+            part="INSERT INTO record_parts (run_id, sequence, part_index, kind, mime_type, "
+            f"data, char_count) VALUES ({values(7)})",
+            recorded="SELECT 1 FROM append_requests WHERE run_id = "
+            f"{marker} AND request_id = {marker} AND call_result_outline IS NOT NULL",
+        )
+
+
 class SqlStore:
     """Implements SpecRepository and RunRepository. Every method is one transaction."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._recorded_call_query: Select[Any] | None = None
-        runs, requests = tables.runs, tables.append_requests
-        # Built once: every append (every tool call) runs them, and building a statement and
-        # its cache key anew cost about a tenth of an append.
-        self._reserve_sequences = (
-            update(runs)
-            .where(runs.c.run_id == bindparam("reserved_run_id"))
-            .values(last_sequence=runs.c.last_sequence + bindparam("reserved_count"))
-            .returning(runs.c.last_sequence)
-        )
-        self._claim_request = self._insert_ignoring_conflicts(requests).returning(
-            requests.c.request_id
-        )
+        self._append_sql = _AppendSql.of(placeholder(engine))
 
     # Specs
 
@@ -178,53 +200,86 @@ class SqlStore:
         fingerprint: str,
         call_result: CallResultOutline | None = None,
     ) -> list[AppendedRecord]:
-        requests = tables.append_requests
+        sql = self._append_sql
+        outline = None if call_result is None else call_result.outline
+        streamed = [
+            (sequence_offset, index, part.data)
+            for sequence_offset, record in enumerate(records, start=1)
+            for index, part in enumerate(record.content)
+            if streamed_later(part.data)
+        ]
         try:
-            with transaction(self._engine, write=True) as conn:
+            with driver_write(self._engine) as (cursor, conn):
                 # One statement locks the Run's row, which serialises appends to it (across
                 # sidecars too), and reserves the sequence numbers; a rollback returns them.
-                last = conn.execute(
-                    self._reserve_sequences,
-                    {"reserved_run_id": run_id, "reserved_count": len(records)},
-                ).scalar()
-                if last is None:
+                row = cursor.execute(sql.reserve, (len(records), run_id)).fetchone()
+                if row is None:
                     raise run_not_found(run_id)
-                last -= len(records)
+                last = int(row[0]) - len(records)
                 appended = [
                     AppendedRecord(last + offset, handle)
                     for offset, handle in enumerate(handles, start=1)
                 ]
                 if request_id:
-                    outline = None if call_result is None else call_result.outline
-                    streamed = streamed_later(outline)
-                    claimed = conn.execute(
-                        self._claim_request,
-                        {
-                            "run_id": run_id,
-                            "request_id": request_id,
-                            "fingerprint": fingerprint,
-                            "result": json.dumps([[e.sequence, e.handle] for e in appended]),
-                            "call_result_outline": b"" if streamed else outline,
-                            "call_result_splices": None
-                            if call_result is None
-                            else call_result.splices_json(),
-                        },
-                    ).first()
+                    claimed = cursor.execute(
+                        sql.claim,
+                        (
+                            run_id,
+                            request_id,
+                            fingerprint,
+                            json.dumps([[e.sequence, e.handle] for e in appended]),
+                            b"" if streamed_later(outline) else outline,
+                            None if call_result is None else call_result.splices_json(),
+                        ),
+                    ).fetchone()
                     if claimed is None:
-                        prior = conn.execute(
-                            select(requests.c.fingerprint, requests.c.result).where(
-                                requests.c.run_id == run_id, requests.c.request_id == request_id
-                            )
-                        ).one()
-                        raise _AlreadyAppended(prior.fingerprint, prior.result)
-                    if streamed and outline is not None:
-                        stream_into_row(
-                            conn,
-                            requests.c.call_result_outline,
-                            (requests.c.run_id == run_id, requests.c.request_id == request_id),
-                            outline,
+                        prior_fingerprint, prior_result = cursor.execute(
+                            sql.prior, (run_id, request_id)
+                        ).fetchone()
+                        raise _AlreadyAppended(prior_fingerprint, prior_result)
+                now = tables.now_us()
+                cursor.executemany(
+                    sql.record,
+                    [
+                        (
+                            run_id,
+                            entry.sequence,
+                            record.kind.value,
+                            now,
+                            entry.handle or None,
+                            record.call_id,
+                            record.server,
+                            record.tool,
+                            record.is_error,
+                            json.dumps(
+                                [[c.call_id, c.name, c.arguments_json] for c in record.tool_calls],
+                                ensure_ascii=False,
+                            ),
+                            sum(len(part.data) for part in record.content),
                         )
-                self._insert_records(conn, run_id, records, appended)
+                        for record, entry in zip(records, appended, strict=True)
+                    ],
+                )
+                parts = [
+                    (
+                        run_id,
+                        entry.sequence,
+                        index,
+                        part.kind.value,
+                        part.mime_type,
+                        b"" if streamed_later(part.data) else part.data,
+                        None if part.kind is PartKind.BINARY else utf8_char_count(part.data),
+                    )
+                    for record, entry in zip(records, appended, strict=True)
+                    for index, part in enumerate(record.content)
+                ]
+                if parts:
+                    cursor.executemany(sql.part, parts)
+                if streamed_later(outline) or streamed:
+                    if conn is None:
+                        worker_thread_only("a value streamed into its row")
+                    assert conn is not None
+                    self._stream_values(conn, run_id, request_id, outline, last, streamed)
         except _AlreadyAppended as retry:
             if retry.fingerprint != fingerprint:
                 raise SidecarError(
@@ -236,25 +291,46 @@ class SqlStore:
             return [AppendedRecord(s, h) for s, h in json.loads(retry.result)]
         return appended
 
+    @staticmethod
+    def _stream_values(
+        conn: Connection,
+        run_id: str,
+        request_id: str,
+        outline: bytes | None,
+        last: int,
+        streamed: list[tuple[int, int, bytes]],
+    ) -> None:
+        """Values over a MiB, bound empty with their rows, written in (`stream_into_row`)."""
+        requests, parts = tables.append_requests, tables.record_parts
+        if outline is not None and streamed_later(outline):
+            stream_into_row(
+                conn,
+                requests.c.call_result_outline,
+                (requests.c.run_id == run_id, requests.c.request_id == request_id),
+                outline,
+            )
+        for offset, index, data in streamed:
+            where = (
+                parts.c.run_id == run_id,
+                parts.c.sequence == last + offset,
+                parts.c.part_index == index,
+            )
+            stream_into_row(conn, parts.c.data, where, data)
+
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
+        # Every tool call asks, and nearly always hears no: that answer is one plain SELECT.
+        if not plain_select(self._engine, self._append_sql.recorded, (run_id, request_id)):
+            return None
         requests, records = tables.append_requests, tables.records
         with transaction(self._engine, write=False) as conn:
-            if self._recorded_call_query is None:
-                # Built once: every tool call asks, and building the statement cost about a
-                # third of the look-up.
-                outline = large_value_columns(conn, requests.c.call_result_outline)
-                self._recorded_call_query = select(
-                    requests.c.result, requests.c.call_result_splices, *outline
-                ).where(
-                    requests.c.run_id == bindparam("run_id"),
-                    requests.c.request_id == bindparam("request_id"),
+            outline = large_value_columns(conn, requests.c.call_result_outline)
+            row = conn.execute(
+                select(requests.c.result, requests.c.call_result_splices, *outline).where(
+                    requests.c.run_id == run_id,
+                    requests.c.request_id == request_id,
                     requests.c.call_result_outline.is_not(None),
                 )
-            row = conn.execute(
-                self._recorded_call_query, {"run_id": run_id, "request_id": request_id}
-            ).first()
-            if row is None:
-                return None
+            ).one()
             ((sequence, handle),) = json.loads(row.result)
             is_error = conn.execute(
                 select(records.c.is_error).where(
@@ -296,67 +372,6 @@ class SqlStore:
 
             return postgresql.insert(table).on_conflict_do_nothing()
         return sqlite.insert(table).on_conflict_do_nothing()
-
-    @staticmethod
-    def _insert_records(
-        conn: Connection,
-        run_id: str,
-        records: Sequence[Record],
-        appended: list[AppendedRecord],
-    ) -> None:
-        now = tables.now_us()
-        conn.execute(
-            insert(tables.records),
-            [
-                {
-                    "run_id": run_id,
-                    "sequence": entry.sequence,
-                    "kind": record.kind.value,
-                    "create_time_us": now,
-                    "handle": entry.handle or None,
-                    "call_id": record.call_id,
-                    "server": record.server,
-                    "tool": record.tool,
-                    "is_error": record.is_error,
-                    "tool_calls": json.dumps(
-                        [[c.call_id, c.name, c.arguments_json] for c in record.tool_calls],
-                        ensure_ascii=False,
-                    ),
-                    "content_bytes": sum(len(part.data) for part in record.content),
-                }
-                for record, entry in zip(records, appended, strict=True)
-            ],
-        )
-        parts = tables.record_parts
-        part_rows = []
-        streamed: list[tuple[int, int, bytes]] = []
-        for record, entry in zip(records, appended, strict=True):
-            for index, part in enumerate(record.content):
-                later = streamed_later(part.data)
-                if later:
-                    streamed.append((entry.sequence, index, part.data))
-                part_rows.append(
-                    {
-                        "run_id": run_id,
-                        "sequence": entry.sequence,
-                        "part_index": index,
-                        "kind": part.kind.value,
-                        "mime_type": part.mime_type,
-                        "data": b"" if later else part.data,
-                        "char_count": None
-                        if part.kind is PartKind.BINARY
-                        else utf8_char_count(part.data),
-                    }
-                )
-        if part_rows:
-            conn.execute(insert(parts), part_rows)
-        for sequence, index, data in streamed:
-            where = (
-                parts.c.run_id == run_id,
-                parts.c.sequence == sequence,
-                parts.c.part_index == index,
-            )
-            stream_into_row(conn, parts.c.data, where, data)
 
     def list_records(
         self,

@@ -81,6 +81,11 @@ def record_storage_wait(seconds: float) -> None:
         _series.storage_wait_seconds.observe(seconds)
 
 
+def record_loop_attempt(outcome: str) -> None:
+    if _series is not None:
+        _series.loop_attempts.labels(outcome).inc()
+
+
 def record_pool_wait(seconds: float) -> None:
     if _series is not None:
         _series.db_pool_wait_seconds.observe(seconds)

@@ -248,6 +248,14 @@ class Series:
             "Time a storage call waited for a worker thread, and so for its database "
             "connection (the pool has one connection per thread).",
         )
+        self.loop_attempts = Counter(
+            f"{PREFIX}_loop_storage_attempts",
+            "A tool call's storage steps tried on the event loop's thread (SQLite), by "
+            "outcome: done (there) or worker (it would have waited or done work that grows "
+            "with a catalogue, so a worker thread did it).",
+            ["outcome"],
+            registry=registry,
+        )
         self.db_pool_wait_seconds = LeanHistogram(
             registry,
             f"{PREFIX}_db_pool_wait_seconds",

@@ -30,6 +30,10 @@ Prepared = TypeVar("Prepared")
 ReadScope = Callable[[], AbstractContextManager[object]]
 """Makes the database reads inside its block one transaction (the storage's `shared_reads`)."""
 
+# A result's JSON up to this size is recorded by `loop_first` (on the event loop's thread when
+# the database need not wait); a larger one's outline and parts take a worker thread.
+LOOP_RECORD_BYTES = 16 * 1024
+
 
 class CallLedger:
     def __init__(
@@ -38,10 +42,14 @@ class CallLedger:
         log: LogReader,
         blocking: RunBlocking,
         one_read: ReadScope = contextlib.nullcontext,
+        loop_first: RunBlocking | None = None,
     ) -> None:
         self._runs = runs
         self._log = log
         self._blocking = blocking
+        # A call's reads and a small result's append: tried on the event loop's thread first
+        # (`domain.runlog.loop_attempts`), when the storage offers it.
+        self._loop_first = loop_first or blocking
         self._one_read = one_read
         # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
         # after a lost response) waits for the first and gets its answer.
@@ -89,7 +97,7 @@ class CallLedger:
         prepare: Callable[[], Prepared],
         run: Callable[[Prepared], Awaitable[ToolResult]],
     ) -> ToolOutcome:
-        prepared, request_id, recorded = await self._blocking(
+        prepared, request_id, recorded = await self._loop_first(
             self._prepared_and_recorded, run_id, call_id, prepare
         )
         if recorded is not None:
@@ -132,7 +140,8 @@ class CallLedger:
             tool=result.tool,
             is_error=result.is_error,
         )
-        (appended,) = await self._blocking(
+        small = len(result.result_json) <= LOOP_RECORD_BYTES
+        (appended,) = await (self._loop_first if small else self._blocking)(
             self._runs.append, run_id, request_id, (record,), result.result_json
         )
         return ToolOutcome(result.is_error, result.result_json, appended.sequence, appended.handle)

@@ -66,12 +66,15 @@ class ToolRouter:
         default_timeout_seconds: float,
         cpu: RunBlocking | None = None,
         one_read: ReadScope = contextlib.nullcontext,
+        loop_first: RunBlocking | None = None,
     ) -> None:
         self._resolver = resolver
         self._blocking = blocking
+        self._loop_first = loop_first or blocking
         self._default_timeout = default_timeout_seconds
-        # A call's reads before it runs (its turn, a recorded answer) in one transaction.
-        self._ledger = CallLedger(runs, log, blocking, one_read)
+        # A call's reads before it runs (its turn, a recorded answer) in one transaction, and
+        # with a small result its append, tried on the event loop's thread first.
+        self._ledger = CallLedger(runs, log, blocking, one_read, loop_first)
         # CPU-heavy steps (search, schema validation) run there, never on the storage threads.
         self._mcp = McpCalls(runner, cpu or blocking)
         meta = MetaTools(self._mcp, cpu or blocking)
@@ -100,7 +103,7 @@ class ToolRouter:
             raise field_invalid(
                 "call.call_id", f"at most {MAX_IDENTIFIER_LENGTH} characters, no NUL"
             )
-        context, resolved = await self._blocking(self._resolver.resolved, run_id)
+        context, resolved = await self._loop_first(self._resolver.resolved, run_id)
         route = self.route(resolved, call.name)
         if route is None:
             return None

@@ -20,6 +20,11 @@ from psych_sidecar.domain.runlog.content import (
     binary_marker,
     fetch_text,
 )
+from psych_sidecar.domain.runlog.loop_attempts import (
+    NotForTheEventLoop,
+    attempted_on_the_event_loop,
+    worker_thread_only,
+)
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
 from psych_sidecar.domain.runlog.ports import (
     LogReader,
@@ -79,6 +84,7 @@ __all__ = [
     "ListedRun",
     "LogReader",
     "NonWaitingTurnStarts",
+    "NotForTheEventLoop",
     "PartKind",
     "PartMeta",
     "Piece",
@@ -102,6 +108,7 @@ __all__ = [
     "Thresholds",
     "ToolCall",
     "ToolGrant",
+    "attempted_on_the_event_loop",
     "binary_marker",
     "decode_token",
     "encode_token",
@@ -112,4 +119,5 @@ __all__ = [
     "validate_context_budget",
     "validate_name",
     "validate_request_id",
+    "worker_thread_only",
 ]

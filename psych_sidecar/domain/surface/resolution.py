@@ -36,6 +36,7 @@ from psych_sidecar.domain.runlog import (
     decode_token,
     encode_token,
     page_size,
+    worker_thread_only,
 )
 from psych_sidecar.domain.surface import naming
 from psych_sidecar.domain.surface.ports import SurfacePins
@@ -298,6 +299,7 @@ class TurnResolver:
         cached = self._snapshot_cache.get(key)
         if cached is not None:
             return cached
+        worker_thread_only("a catalogue snapshot to build")
         servers = {}
         for connection, status in connections:
             tools_key = (tenant, connection.name, status.catalog_version)
@@ -326,6 +328,7 @@ class TurnResolver:
         cached = self._turn_cache.get(key)
         if cached is not None:
             return cached
+        worker_thread_only("a surface to resolve")
         grants = context.grants
         visible = []
         permitted: dict[str, dict[str, CatalogTool]] = {}
