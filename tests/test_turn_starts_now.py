@@ -72,7 +72,7 @@ def _turn_starts_now(engine: Engine) -> Iterator[NoWaitTurnStarts]:
     """The loop's turn-start reader over a `NoWaitSqlite` of `engine`, closed at the end."""
     no_wait = NoWaitSqlite(engine, background=lambda work: work())
     try:
-        yield NoWaitTurnStarts(SqlLogReader(engine), no_wait)
+        yield NoWaitTurnStarts(no_wait)
     finally:
         no_wait.close()
 

@@ -163,11 +163,7 @@ class SidecarGraph:
             else None
         )
         # SQLite answers the turn-start read of ResolveTurn on the loop when it need not wait.
-        self.turn_starts_now = (
-            None
-            if self.no_wait is None
-            else NoWaitTurnStarts(SqlLogReader(self.engine), self.no_wait)
-        )
+        self.turn_starts_now = None if self.no_wait is None else NoWaitTurnStarts(self.no_wait)
         # Sentence vectors for tool search (None: keywords only), shared by every Run, and
         # through the database by every sidecar on it.
         self.embeddings = tool_embeddings(

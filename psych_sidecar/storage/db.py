@@ -502,6 +502,23 @@ class NoWaitSqlite:
             _no_wait.bound = None
             self._lock.release()
 
+    def select_now(self, sql: str, parameters: tuple[Any, ...]) -> list[Any] | None:
+        """One SELECT on this connection outside any attempt (ResolveTurn's turn start, the
+        hottest read there is: no binding, no generator), or None where an attempt would
+        end (the connection in use or closed, SQLite would wait, anything failed)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._closed:
+                return None
+            if self._connection is None:
+                self._connection = self._connect()
+            return self._connection.execute(sql, parameters).fetchall()
+        except sqlite3.Error:
+            return None
+        finally:
+            self._lock.release()
+
     def select(self, sql: str, parameters: tuple[Any, ...]) -> list[Any]:
         assert self._connection is not None
         try:

@@ -29,7 +29,6 @@ from sqlalchemy import (
 from psych_sidecar.domain.runlog import (
     ByteRange,
     ContentPart,
-    NotForTheEventLoop,
     PartKind,
     PartMeta,
     RecordKind,
@@ -246,13 +245,16 @@ class NoWaitTurnStarts:
 
     Not for PostgreSQL, whose every read is a network round trip."""
 
-    def __init__(self, reader: SqlLogReader, no_wait: NoWaitSqlite) -> None:
-        self._reader = reader
+    def __init__(self, no_wait: NoWaitSqlite) -> None:
         self._no_wait = no_wait
+        self._user_message = RecordKind.USER_MESSAGE.value
+        self._sql = _latest_of_kind_sql("?")
 
     def turn_start_now(self, run_id: str) -> int | None:
-        try:
-            with self._no_wait.bound():
-                return self._reader.turn_start(run_id)
-        except NotForTheEventLoop:
+        # fetchall steps the statement to its end, so no read transaction stays open and the
+        # next call sees every commit made since.
+        rows = self._no_wait.select_now(self._sql, (run_id, self._user_message))
+        if rows is None:
             return None
+        ((value,),) = rows
+        return int(value or 0)

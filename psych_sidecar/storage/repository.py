@@ -62,6 +62,15 @@ class _AlreadyAppended(Exception):
         self.result = result
 
 
+def _execute_rows(cursor: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    """One statement per row: `execute` for the one row of most appends (psycopg's
+    `executemany` enters pipeline mode, a round trip more for a single row)."""
+    if len(rows) == 1:
+        cursor.execute(sql, rows[0])
+    elif rows:
+        cursor.executemany(sql, rows)
+
+
 @dataclass(frozen=True, slots=True)
 class _AppendSql:
     """The statements every tool call's append and look-up run, as the driver's SQL: the same
@@ -238,7 +247,8 @@ class SqlStore:
                         ).fetchone()
                         raise _AlreadyAppended(prior_fingerprint, prior_result)
                 now = tables.now_us()
-                cursor.executemany(
+                _execute_rows(
+                    cursor,
                     sql.record,
                     [
                         (
@@ -273,8 +283,7 @@ class SqlStore:
                     for record, entry in zip(records, appended, strict=True)
                     for index, part in enumerate(record.content)
                 ]
-                if parts:
-                    cursor.executemany(sql.part, parts)
+                _execute_rows(cursor, sql.part, parts)
                 if streamed_later(outline) or streamed:
                     if conn is None:
                         worker_thread_only("a value streamed into its row")
