@@ -488,13 +488,7 @@ class NoWaitSqlite:
         if not self._lock.acquire(blocking=False):
             raise NotForTheEventLoop("the connection is in use")
         try:
-            if self._closed:
-                raise NotForTheEventLoop("closed")
-            if self._connection is None:
-                try:
-                    self._connection = self._connect()
-                except sqlite3.Error as error:
-                    raise NotForTheEventLoop(str(error)) from error
+            self._opened()
             _no_wait.bound = self
             with attempted_on_the_event_loop():
                 yield
@@ -509,12 +503,8 @@ class NoWaitSqlite:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            if self._closed:
-                return None
-            if self._connection is None:
-                self._connection = self._connect()
-            return self._connection.execute(sql, parameters).fetchall()
-        except sqlite3.Error:
+            return self._opened().execute(sql, parameters).fetchall()
+        except (sqlite3.Error, NotForTheEventLoop):
             return None
         finally:
             self._lock.release()
@@ -572,6 +562,18 @@ class NoWaitSqlite:
     def _checkpoint(self) -> None:
         with contextlib.suppress(Exception), self.engine.connect() as connection:
             connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def _opened(self) -> sqlite3.Connection:
+        """The connection (the lock held), opened on first use; NotForTheEventLoop once closed
+        or when SQLite will not open it."""
+        if self._closed:
+            raise NotForTheEventLoop("closed")
+        if self._connection is None:
+            try:
+                self._connection = self._connect()
+            except sqlite3.Error as error:
+                raise NotForTheEventLoop(str(error)) from error
+        return self._connection
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
