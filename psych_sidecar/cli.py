@@ -8,7 +8,6 @@ flag, the environment (PSYCH_SIDECAR_DATA_DIR) and the TOML file (`data_dir = â€
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import logging
@@ -293,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     # INFO; the migrations' environment logs each applied migration by name instead.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
-    if arguments.command == "serve":
-        from psych_sidecar.app import process
+    from psych_sidecar.app import process
 
+    if arguments.command == "serve":
         process.before_threads(settings)
     from psych_sidecar.app.sidecar import StartupError, serve
 
@@ -307,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         elif arguments.command == "rekey":
             _rekey(settings)
         else:
-            asyncio.run(serve(settings))
+            process.run(serve(settings), settings)
     except StartupError as error:
         return _fail(str(error), 1)
     except SQLAlchemyError as error:
