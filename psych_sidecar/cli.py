@@ -8,6 +8,7 @@ flag, the environment (PSYCH_SIDECAR_DATA_DIR) and the TOML file (`data_dir = â€
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import logging
@@ -292,9 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     # INFO; the migrations' environment logs each applied migration by name instead.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
-    from psych_sidecar.app import process
-
     if arguments.command == "serve":
+        from psych_sidecar.app import process
+
         process.before_threads(settings)
     from psych_sidecar.app.sidecar import StartupError, serve
 
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         elif arguments.command == "rekey":
             _rekey(settings)
         else:
-            process.run(serve(settings), settings)
+            asyncio.run(serve(settings))
     except StartupError as error:
         return _fail(str(error), 1)
     except SQLAlchemyError as error:

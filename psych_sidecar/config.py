@@ -432,16 +432,7 @@ class AdminSettings(_Group):
 
 
 class ProcessSettings(_Group):
-    """The process: its event loop, CPU threads and how malloc keeps large blocks."""
-
-    event_loop: Literal["uvloop", "asyncio"] = Field(
-        default="uvloop",
-        description=(
-            "The event loop `serve` runs on: uvloop (libuv's), whose loop turns, socket reads "
-            "and writes cost less than asyncio's (a tool call makes a dozen turns), or "
-            "Python's own asyncio loop."
-        ),
-    )
+    """The process: CPU threads and how malloc keeps large blocks."""
 
     cpu_threads: int = Field(
         default=2,

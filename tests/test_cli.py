@@ -504,30 +504,6 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
     assert "worker_threads" in lines[0]
 
 
-@pytest.mark.parametrize(
-    ("flags", "fork_support", "loop"),
-    [
-        ((), None, "uvloop"),
-        (("--event-loop", "asyncio"), None, "asyncio"),
-        # uvloop's forks are not safe beside gRPC's fork handlers: asyncio it is, said aloud.
-        ((), "1", "asyncio"),
-    ],
-)
-def test_serve_runs_on_the_configured_event_loop(
-    tmp_path: Path, flags: tuple[str, ...], fork_support: str | None, loop: str
-) -> None:
-    target = f"unix://{tmp_path / 's.sock'}"
-    env = {"GRPC_ENABLE_FORK_SUPPORT": fork_support}
-    with served("--listen", target, "--data-dir", str(tmp_path), *flags, env=env) as sidecar:
-        with grpc.insecure_channel(target) as channel:
-            runs = run_service_pb2_grpc.RunServiceStub(channel)
-            with pytest.raises(grpc.RpcError) as raised:
-                runs.GetRun(run_service_pb2.GetRunRequest(run_id="run_missing"), timeout=10)
-            assert raised.value.code() is grpc.StatusCode.NOT_FOUND
-        assert f"(event loop: {loop})" in sidecar.log
-        assert ("needs gRPC's fork support off" in sidecar.log) == (fork_support == "1")
-
-
 def test_serve_tunes_glibc_malloc_to_reuse_large_buffers() -> None:
     # This machine's C library is glibc (Debian); a value of 0 leaves malloc alone.
     assert os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")

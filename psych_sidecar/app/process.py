@@ -1,20 +1,15 @@
-"""Process-wide tuning for `serve`: the allocator, before any thread starts; the event loop;
-the garbage collector (off while the modules load, see psych_sidecar.launch) and the GIL's
-switch interval, once the sidecar serves."""
+"""Process-wide tuning for `serve`: the allocator, before any thread starts; the garbage
+collector (off while the modules load, see psych_sidecar.launch) and the GIL's switch
+interval, once the sidecar serves."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import sys
-from collections.abc import Coroutine
-from typing import Any
 
 from psych_sidecar.bulk import heap
 from psych_sidecar.config import Settings
-
-log = logging.getLogger(__name__)
 
 # See after_start().
 _GIL_SWITCH_INTERVAL_SECONDS = 0.001
@@ -25,41 +20,6 @@ _KEPT_MEMORY_SECONDS = 5.0
 def before_threads(settings: Settings) -> None:
     """Called first thing by `serve`: malloc's thresholds are set before any thread starts."""
     heap.reuse_large_blocks(settings.process.large_buffer_reuse_bytes)
-
-
-def new_event_loop(settings: Settings) -> asyncio.AbstractEventLoop:
-    """An event loop of the configured kind (`event_loop`).
-
-    uvloop starts a child (a stdio MCP server) with a fork, and gRPC's fork handlers, when on,
-    run at every fork: with gRPC's threads busy, one child in twenty then died before its
-    first read (15 of 300; none on asyncio, whose spawn does not run fork handlers). The
-    `psych-sidecar` command turns them off before grpc loads (psych_sidecar.launch); a process
-    that loaded grpc with them on runs on asyncio."""
-    if settings.process.event_loop == "uvloop":
-        if not _grpc_fork_handlers_on():
-            # Imported here: the other commands never run a loop of their own.
-            import uvloop
-
-            return uvloop.new_event_loop()
-        log.warning(
-            "event_loop uvloop needs gRPC's fork support off (GRPC_ENABLE_FORK_SUPPORT=0 "
-            "before grpc is imported): serving on asyncio's loop"
-        )
-    return asyncio.new_event_loop()
-
-
-def _grpc_fork_handlers_on() -> bool:
-    import importlib
-
-    # Read from GRPC_ENABLE_FORK_SUPPORT when grpc was imported; unknown counts as on.
-    cygrpc = importlib.import_module("grpc._cython.cygrpc")
-    return bool(getattr(cygrpc, "_GRPC_ENABLE_FORK_SUPPORT", True))
-
-
-def run(main: Coroutine[Any, Any, None], settings: Settings) -> None:
-    """Run `serve`'s coroutine to the end on a loop of the configured kind."""
-    with asyncio.Runner(loop_factory=lambda: new_event_loop(settings)) as runner:
-        runner.run(main)
 
 
 def after_start() -> None:

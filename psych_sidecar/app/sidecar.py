@@ -168,11 +168,7 @@ class Sidecar:
             # its prepared copy: a fraction of a second), so a restarted sidecar ranks its
             # stored catalogues by meaning soon after it serves, and never serves later for it.
             graph.embeddings.prepare()
-        log.info(
-            "psych-sidecar serving on %s (event loop: %s)",
-            ", ".join(self.bound),
-            type(asyncio.get_running_loop()).__module__.partition(".")[0],
-        )
+        log.info("psych-sidecar serving on %s", ", ".join(self.bound))
         if self.health_bound:
             log.info("health only on %s", ", ".join(self.health_bound))
 

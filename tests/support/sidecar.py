@@ -21,7 +21,6 @@ from psych.sidecar.v1 import (
     tool_service_pb2_grpc,
     turn_service_pb2_grpc,
 )
-from psych_sidecar.app import process
 from psych_sidecar.app.sidecar import Sidecar
 from psych_sidecar.config import Settings
 
@@ -35,13 +34,12 @@ UNLIMITED_CHANNEL = [
 
 
 class RunningSidecar:
-    """A Sidecar serving on its own event loop (of the kind `serve` runs on) in a background
-    thread."""
+    """A Sidecar serving on its own event loop in a background thread."""
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         self.settings = settings
         self.sidecar = Sidecar(settings, **options)
-        self._loop = process.new_event_loop(settings)
+        self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
     @property
