@@ -94,7 +94,7 @@ def build_trace(seed: int = SEED, turns: int = 16) -> dict[str, Any]:
     16 (the draws continue where the reference's stop)."""
     rnd = random.Random(seed)
     # Files from 100 B to 5 MB, log-uniform, plus two of exactly 5 MB.
-    files = [
+    files: list[dict[str, Any]] = [
         {"path": f"logs/part-{i:02d}.log", "bytes": int(100 * 50_000 ** rnd.random()), "seed": i}
         for i in range(14)
     ]

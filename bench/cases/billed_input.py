@@ -691,7 +691,7 @@ async def billed_input_ratio_vs_naive(ctx: BenchContext) -> float:
     reads 0.1x, 4 breakpoints, 20-block lookback). Details: each host's totals, share of input
     from cache, per-turn totals. `--quick`: files cut to 200 kB, 8 Twilio services."""
     run = await _figures(ctx)
-    return run["sims"]["naive"].billed / run["sims"]["sidecar"].billed
+    return float(run["sims"]["naive"].billed / run["sims"]["sidecar"].billed)
 
 
 @case("billed_input_ratio_vs_careful", unit="ratio", target=">= 5")
@@ -700,7 +700,7 @@ async def billed_input_ratio_vs_careful(ctx: BenchContext) -> float:
     the last message, breakpoints after the tools, the system prompt and the last message)
     over the sidecar's, on the same replay as billed_input_ratio_vs_naive."""
     run = await _figures(ctx)
-    return run["sims"]["careful"].billed / run["sims"]["sidecar"].billed
+    return float(run["sims"]["careful"].billed / run["sims"]["sidecar"].billed)
 
 
 @case("max_request_tokens", unit="tokens", target="<= 200000")
@@ -732,7 +732,7 @@ async def billed_input_ratio_vs_best_practice(ctx: BenchContext) -> float:
         "ratios": _ratios(long),
         **{name: sim.summary() for name, sim in long["sims"].items()},
     }
-    return run["sims"]["best_practice"].billed / run["sims"]["sidecar"].billed
+    return float(run["sims"]["best_practice"].billed / run["sims"]["sidecar"].billed)
 
 
 @case("billed_input_ratio_vs_ideal", unit="ratio", target="<= 1.2")
@@ -745,4 +745,4 @@ async def billed_input_ratio_vs_ideal(ctx: BenchContext) -> float:
     run = await _figures(ctx)
     long = await _run(ctx, long=True)
     ctx.details["long"] = {"ratios": _ratios(long)}
-    return run["sims"]["sidecar"].billed / run["sims"]["ideal"].billed
+    return float(run["sims"]["sidecar"].billed / run["sims"]["ideal"].billed)

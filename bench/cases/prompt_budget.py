@@ -117,7 +117,9 @@ async def _fill(ch: grpc.aio.Channel, run_id: str, result_chars: int) -> int:
     return stored
 
 
-async def _assemble_seconds(turns: turn_service_pb2_grpc.TurnServiceStub, run_id: str) -> float:
+async def _assemble_seconds(
+    turns: turn_service_pb2_grpc.TurnServiceAsyncStub, run_id: str
+) -> float:
     request = turn_service_pb2.AssemblePromptRequest(
         run_id=run_id,
         now=timestamp_pb2.Timestamp(seconds=NOON),

@@ -50,7 +50,7 @@ def _log(size: int) -> str:
 
 
 async def _grep_all(
-    tools: tool_service_pb2_grpc.ToolServiceStub, run_id: str, handle: str, pattern: str
+    tools: tool_service_pb2_grpc.ToolServiceAsyncStub, run_id: str, handle: str, pattern: str
 ) -> tuple[float, int]:
     """Seconds to grep the whole result (following next_offset) and the matches found."""
     offset, matches = 0, 0
