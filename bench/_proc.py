@@ -190,9 +190,11 @@ class ManagedProcess:
         """SIGTERM, wait up to ``timeout`` s, then SIGKILL. Returns the exit code."""
         if self.popen is None:
             return None
+        terminated = False
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.popen.send_signal(signal.SIGTERM)
+                terminated = True
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -203,7 +205,9 @@ class ManagedProcess:
         if self._log is not None:
             self._log.close()
         rc = self.popen.returncode
-        if rc != 0:
+        # Ended by the SIGTERM sent here: stopped as asked (uvicorn, for one, shuts down
+        # gracefully and then re-raises the signal, so its status says so).
+        if rc != 0 and not (terminated and rc == -signal.SIGTERM):
             print(
                 f"  warning: {self.name} exited with code {rc} when stopped\n"
                 f"--- last lines of {self.log_path} ---\n{self.log_tail(15)}",
