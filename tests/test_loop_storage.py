@@ -173,6 +173,33 @@ def test_checkpoints_are_handed_to_a_worker_once_the_log_grows(
         no_wait.close()
 
 
+def test_a_checkpoint_that_fails_is_logged(
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handed: list[Callable[[], None]] = []
+    no_wait = NoWaitSqlite(engine, background=handed.append)
+    monkeypatch.setattr(NoWaitSqlite, "CHECKPOINT_EVERY", 1)
+    monkeypatch.setattr(NoWaitSqlite, "CHECKPOINT_WAL_BYTES", 0)
+    runs = _runs(engine)
+    run = runs.create("t", "s", 1, ())
+    try:
+        with no_wait.bound():
+            runs.append(run.run_id, "one", _result("x"), b"{}")
+        assert len(handed) == 1
+        # The database gone from under the pool: the worker's connection cannot open it.
+        engine.dispose()
+        database = tmp_path / "sidecar.db"
+        database.rename(tmp_path / "moved.db")
+        database.mkdir()
+        handed[0]()
+    finally:
+        no_wait.close()
+    assert "checkpointing the SQLite write-ahead log failed" in caplog.text
+
+
 def test_the_latest_record_of_a_kind_is_read_through_its_index(engine: Engine) -> None:
     plan = plain_select(
         engine,

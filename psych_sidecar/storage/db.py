@@ -560,8 +560,14 @@ class NoWaitSqlite:
                 self._background(self._checkpoint)
 
     def _checkpoint(self) -> None:
-        with contextlib.suppress(Exception), self.engine.connect() as connection:
-            connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        try:
+            with self.engine.connect() as connection:
+                connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except Exception as error:
+            # Nothing is lost (the log keeps every commit, and the next one past the size
+            # tries again), but a log that is never checkpointed grows without end: said.
+            if not self._closed:
+                log.warning("checkpointing the SQLite write-ahead log failed: %s", error)
 
     def _opened(self) -> sqlite3.Connection:
         """The connection (the lock held), opened on first use; NotForTheEventLoop once closed
