@@ -27,7 +27,7 @@ from psych_sidecar.config import (
     load_settings,
     parse_listen_address,
 )
-from psych_sidecar.storage.db import normalize_url
+from psych_sidecar.storage.engines import normalize_url
 from psych_sidecar.telemetry import logs
 
 
@@ -179,12 +179,8 @@ def _health(arguments: argparse.Namespace) -> int:
 
 def _migrate(settings: Settings) -> None:
     from psych_sidecar.app.secret_keys import load_secret_keys
-    from psych_sidecar.storage.db import (
-        create_database_engine,
-        current_revision,
-        migrate,
-        schema_name,
-    )
+    from psych_sidecar.storage.engines import create_database_engine
+    from psych_sidecar.storage.migrate import current_revision, migrate, schema_name
 
     keys = load_secret_keys(settings)
     engine = create_database_engine(settings.resolved_database_url(), pool_size=1)
@@ -200,7 +196,8 @@ def _rekey(settings: Settings) -> None:
     from psych_sidecar.app.secret_keys import check_stored_secrets, load_secret_keys
     from psych_sidecar.listeners import StartupError
     from psych_sidecar.storage.connections import SqlConnectionStore
-    from psych_sidecar.storage.db import DatabaseRefused, check_revision, create_database_engine
+    from psych_sidecar.storage.engines import create_database_engine
+    from psych_sidecar.storage.migrate import DatabaseRefused, check_revision
 
     keys = load_secret_keys(settings)
     engine = create_database_engine(
@@ -251,7 +248,7 @@ def _inspect(arguments: argparse.Namespace) -> int:
 
 def _inspect_database(arguments: argparse.Namespace) -> int:
     from psych_sidecar.inspect_command.database import DatabaseSource
-    from psych_sidecar.storage.db import DatabaseRefused
+    from psych_sidecar.storage.migrate import DatabaseRefused
 
     try:
         where = normalize_url(arguments.database_url).render_as_string(hide_password=True)

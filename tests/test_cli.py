@@ -28,7 +28,7 @@ from psych_sidecar.config import (
     load_settings,
     parse_listen_address,
 )
-from psych_sidecar.storage.db import schema_name
+from psych_sidecar.storage.migrate import schema_name
 from tests.support.databases import HEAD_REVISION, postgres_admin_url, postgres_database
 from tests.support.polling import wait_for
 from tests.support.processes import COMMAND, ServedSidecar, free_port, health_status, served

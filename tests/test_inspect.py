@@ -354,7 +354,7 @@ def test_a_turn_no_sidecar_pinned_is_previewed_from_the_database_and_not_pinned(
     from sqlalchemy import func, select
 
     from psych_sidecar.storage import tables
-    from psych_sidecar.storage.db import create_database_engine
+    from psych_sidecar.storage.engines import create_database_engine
 
     grants = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
     run_id = run_with(stubs, "inspect-c", tenant=TENANT, grants=grants)

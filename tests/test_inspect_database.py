@@ -14,15 +14,10 @@ from sqlalchemy import create_engine, func, select, text
 
 from psych_sidecar import cli
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import (
-    create_database_engine,
-    current_revision,
-    expected_revision,
-    migrate,
-    open_read_only,
-    schema_name,
-    transaction,
-)
+from psych_sidecar.storage.engines import create_database_engine
+from psych_sidecar.storage.migrate import current_revision, expected_revision, migrate, schema_name
+from psych_sidecar.storage.read_only import open_read_only
+from psych_sidecar.storage.transactions import transaction
 from tests.support.databases import postgres_database
 
 

@@ -390,7 +390,8 @@ def test_only_clients_on_this_machine_get_the_pages_unless_the_operator_allows_m
 
 
 async def _blocking(function: Callable[..., Any], *args: Any) -> Any:
-    return function(*args)
+    # Off the loop, as the sidecar's storage threads run it (storage refuses the loop).
+    return await asyncio.to_thread(function, *args)
 
 
 # In the browser.

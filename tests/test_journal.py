@@ -24,7 +24,7 @@ from psych_sidecar.domain.prompt import (
     Zone,
     ZoneSize,
 )
-from psych_sidecar.storage.db import normalize_url
+from psych_sidecar.storage.engines import normalize_url
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from tests.support.prompts import append, assemble, assistant, result, run_with, thresholds
 from tests.support.requests import user

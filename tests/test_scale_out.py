@@ -24,7 +24,7 @@ from psych.sidecar.v1 import (
     turn_pb2,
     turn_service_pb2,
 )
-from psych_sidecar.storage.db import create_database_engine
+from psych_sidecar.storage.engines import create_database_engine
 from tests.support.connections import fixture_http
 from tests.support.databases import HEAD_REVISION, postgres_database
 from tests.support.processes import ServedSidecar, free_port, running

@@ -46,7 +46,8 @@ from psych_sidecar.search import (
 from psych_sidecar.search.encoder import MiniLmEncoder, load_packaged_encoder
 from psych_sidecar.search.model import encoder_identity
 from psych_sidecar.storage.connections import SqlConnectionStore
-from psych_sidecar.storage.db import create_database_engine, migrate
+from psych_sidecar.storage.engines import create_database_engine
+from psych_sidecar.storage.migrate import migrate
 from psych_sidecar.storage.search_vectors import SqlVectorStore
 from tests.support.connections import fixture_commands
 from tests.support.databases import TEST_SECRET_KEY, keys_of_the_tests, postgres_database

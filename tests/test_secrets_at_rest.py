@@ -22,7 +22,8 @@ from psych_sidecar.domain.catalog.oauth import OAuthGrant, PendingSignIn
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context, key_id
 from psych_sidecar.secrets.key_files import KeyFileError, create_key_file, read_key_file
 from psych_sidecar.storage.connections import SqlConnectionStore
-from psych_sidecar.storage.db import alembic_config, create_database_engine, migrate
+from psych_sidecar.storage.engines import create_database_engine
+from psych_sidecar.storage.migrate import alembic_config, migrate
 from psych_sidecar.storage.oauth import SqlOAuthStore
 from tests.support.connections import fixture_commands, fixture_http, listed, put_http, put_stdio
 from tests.support.databases import POSTGRES_URL_ENV, postgres_database, raw_database_bytes

@@ -11,16 +11,13 @@ from sqlalchemy import text
 
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.runlog import RecordedCall
-from psych_sidecar.storage.db import (
+from psych_sidecar.storage.engines import create_database_engine
+from psych_sidecar.storage.migrate import (
     SCHEMA_HEAD,
     alembic_config,
-    create_database_engine,
     current_revision,
     migrate,
     migrations_head,
-    plain_select,
-    shared_reads,
-    transaction,
 )
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.tables import metadata
@@ -201,32 +198,5 @@ def test_calls_recorded_before_the_log_answered_retries_are_converted_to_referen
             ).scalars()
             assert [bytes(value) for value in restored] == [spliced, unmatched]
         migrate(engine)
-    finally:
-        engine.dispose()
-
-
-def test_reads_in_a_shared_block_are_one_transaction_and_writes_their_own(
-    database_url: str,
-) -> None:
-    engine = create_database_engine(database_url, pool_size=2)
-    try:
-        migrate(engine)
-        with shared_reads(engine):
-            with transaction(engine, write=False) as first:
-                pass
-            with transaction(engine, write=False) as second:
-                assert second is first
-            with transaction(engine, write=True) as write:
-                assert write is not first
-                write.execute(text("SELECT 1"))
-            with shared_reads(engine), transaction(engine, write=False) as nested:
-                assert nested is first
-            # A plain SELECT runs on the block's connection: it sees the block's temporary table.
-            first.execute(text("CREATE TEMPORARY TABLE shared_probe (x INTEGER)"))
-            assert [
-                tuple(row) for row in plain_select(engine, "SELECT COUNT(*) FROM shared_probe", ())
-            ] == [(0,)]
-        with transaction(engine, write=False) as after:
-            assert after is not first
     finally:
         engine.dispose()

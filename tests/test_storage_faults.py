@@ -27,7 +27,7 @@ from psych.sidecar.v1 import (
     run_service_pb2,
 )
 from psych_sidecar.config import Settings
-from psych_sidecar.storage.db import normalize_url
+from psych_sidecar.storage.engines import normalize_url
 from tests.support.databases import TEST_SECRET_KEY, postgres_admin_url
 from tests.support.polling import wait_for
 from tests.support.postgres_cluster import Cluster, own_cluster

@@ -1,4 +1,4 @@
-"""ResolveTurn's read on the event loop (SQLite): `NoWaitTurnStarts` answers what the
+"""ResolveTurn's read on the event loop (SQLite): `SqliteNow.turn_start` answers what the
 pooled reader answers, sees every commit at once, and says None instead of waiting.
 
 Real SQLite files written by the real sidecar over gRPC; the lock is a second real
@@ -30,11 +30,14 @@ from psych.sidecar.v1 import (
     turn_service_pb2_grpc,
 )
 from psych_sidecar.config import Settings
-from psych_sidecar.storage.db import NoWaitSqlite, create_database_engine
-from psych_sidecar.storage.log_reads import NoWaitTurnStarts, SqlLogReader
+from psych_sidecar.storage.engines import create_database_engine
+from psych_sidecar.storage.log_reads import SqlLogReader
+from psych_sidecar.storage.loop_connection import LoopConnection
+from psych_sidecar.storage.now import SqliteNow
 from tests.support.processes import free_port
 from tests.support.requests import user
 from tests.support.sidecar import RunningSidecar
+from tests.support.storage_now import storage_now
 
 
 @contextlib.contextmanager
@@ -68,13 +71,14 @@ def engine(served: tuple[RunningSidecar, grpc.Channel, Path]) -> Iterator[Engine
 
 
 @contextlib.contextmanager
-def _turn_starts_now(engine: Engine) -> Iterator[NoWaitTurnStarts]:
-    """The loop's turn-start reader over a `NoWaitSqlite` of `engine`, closed at the end."""
-    no_wait = NoWaitSqlite(engine, background=lambda work: work())
+def _turn_starts_now(engine: Engine) -> Iterator[SqliteNow]:
+    """The storage's answers on the loop over a `LoopConnection` of `engine`, closed at the
+    end."""
+    loop = LoopConnection(engine, background=lambda work: work())
     try:
-        yield NoWaitTurnStarts(no_wait)
+        yield storage_now(loop)
     finally:
-        no_wait.close()
+        loop.close()
 
 
 def _new_run(
@@ -104,17 +108,17 @@ def test_it_answers_what_the_pooled_reader_answers_and_sees_each_commit_at_once(
     pooled = SqlLogReader(engine)
     with _turn_starts_now(engine) as now:
         run_id = _new_run(channel, unique)
-        assert now.turn_start_now(run_id) == pooled.turn_start(run_id) == 0
-        assert now.turn_start_now("no-such-run") == 0
+        assert now.turn_start(run_id) == pooled.turn_start(run_id) == 0
+        assert now.turn_start("no-such-run") == 0
         for turn in range(3):
             # Another connection (the sidecar's) commits; the next read sees it: no read
             # transaction of the last call is left open.
             _say(channel, run_id, f"turn {turn}")
-            start = now.turn_start_now(run_id)
+            start = now.turn_start(run_id)
             assert start == pooled.turn_start(run_id)
             assert start is not None
             assert start > 0
-    assert now.turn_start_now(run_id) is None  # closed: the caller takes the worker path
+    assert now.turn_start(run_id) is None  # closed: the caller takes the worker path
 
 
 def test_it_says_none_rather_than_wait_for_a_lock(tmp_path: Path, unique: Any) -> None:
@@ -130,7 +134,7 @@ def test_it_says_none_rather_than_wait_for_a_lock(tmp_path: Path, unique: Any) -
 
 
 def _refused_while_locked_then_answered(
-    path: Path, now: NoWaitTurnStarts, run_id: str, expected: int
+    path: Path, now: SqliteNow, run_id: str, expected: int
 ) -> None:
     # With nobody else on the file, a connection in exclusive locking mode keeps the lock
     # it takes (and the WAL index to itself) until it closes: every other reader is refused.
@@ -139,11 +143,11 @@ def _refused_while_locked_then_answered(
         holder.execute("PRAGMA locking_mode=EXCLUSIVE")
         holder.execute("BEGIN EXCLUSIVE")
         holder.execute("COMMIT")
-        assert now.turn_start_now(run_id) is None
+        assert now.turn_start(run_id) is None
     finally:
         holder.close()
     assert expected > 0
-    assert now.turn_start_now(run_id) == expected
+    assert now.turn_start(run_id) == expected
 
 
 def test_resolve_turn_answers_a_new_turn_written_by_another_sidecar_on_the_same_file(

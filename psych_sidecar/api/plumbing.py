@@ -1,6 +1,5 @@
 """What every servicer shares: the context alias, the thread hop off the event loop
-(`Blocking`), the attempt on the loop before it (`LoopFirst`) and responses already
-serialized on a worker thread (`Serialized`)."""
+(`Blocking`) and responses already serialized on a worker thread (`Serialized`)."""
 
 from __future__ import annotations
 
@@ -9,14 +8,12 @@ import contextvars
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
-from psych_sidecar.domain.runlog import NotForTheEventLoop
 from psych_sidecar.telemetry import metrics
 
 T = TypeVar("T")
@@ -73,29 +70,6 @@ class Blocking:
         except asyncio.CancelledError:
             work.cancel()
             raise
-
-
-class LoopFirst:
-    """Runs a synchronous domain call on the event loop's thread inside `scope` (storage's
-    `NoWaitSqlite.bound`), and on the worker threads (`blocking`) when the attempt ends with
-    NotForTheEventLoop: for a tool call's short storage steps, which on SQLite take less
-    time than the two thread wake-ups of the hop (`domain.runlog.loop_attempts`)."""
-
-    def __init__(
-        self, blocking: Blocking, scope: Callable[[], AbstractContextManager[object]]
-    ) -> None:
-        self._blocking = blocking
-        self._scope = scope
-
-    async def __call__(self, function: Callable[..., T], *args: Any) -> T:
-        try:
-            with self._scope():
-                result = function(*args)
-        except NotForTheEventLoop:
-            metrics.record_loop_attempt("worker")
-            return await self._blocking(function, *args)
-        metrics.record_loop_attempt("done")
-        return result
 
 
 def _settle_soon(

@@ -25,7 +25,7 @@ from psych.sidecar.v1 import (
     usage_service_pb2,
 )
 from psych_sidecar.api.connections import ConnectionServicer
-from psych_sidecar.api.plumbing import Blocking, LoopFirst
+from psych_sidecar.api.plumbing import Blocking
 from psych_sidecar.api.rpc import Binding
 from psych_sidecar.api.runs import RunServicer
 from psych_sidecar.api.specs import SpecServicer
@@ -49,15 +49,13 @@ from psych_sidecar.mcp.manager import McpManager
 from psych_sidecar.search import ToolEmbeddings
 from psych_sidecar.search.model import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
-from psych_sidecar.storage.db import (
-    NoWaitSqlite,
-    create_database_engine,
-    open_read_only,
-    shared_reads,
-)
+from psych_sidecar.storage.engines import create_database_engine
 from psych_sidecar.storage.journal import SqlAssemblyJournal
-from psych_sidecar.storage.log_reads import NoWaitTurnStarts, SqlLogReader
+from psych_sidecar.storage.log_reads import SqlLogReader
+from psych_sidecar.storage.loop_connection import LoopConnection
+from psych_sidecar.storage.now import SqliteNow
 from psych_sidecar.storage.oauth import SqlOAuthStore
+from psych_sidecar.storage.read_only import open_read_only
 from psych_sidecar.storage.repository import SqlStore, StoredSurfacePins
 from psych_sidecar.storage.search_vectors import SqlVectorStore
 from psych_sidecar.storage.usage import SqlUsageStore
@@ -65,7 +63,7 @@ from psych_sidecar.storage.usage import SqlUsageStore
 if TYPE_CHECKING:
     from psych_sidecar.domain.inspect import RunInspector
     from psych_sidecar.domain.prompt import AssemblyJournal, TurnSurfaces
-    from psych_sidecar.domain.runlog import NonWaitingTurnStarts, RunBlocking
+    from psych_sidecar.domain.runlog import OffLoop, StorageNow
 
 
 T = TypeVar("T")
@@ -83,13 +81,14 @@ class DomainServices:
     resolver: TurnResolver
     assembler: PromptAssembler
     connections: ConnectionService
+    now: StorageNow | None
 
 
 def _domain_services(
     engine: Engine,
     catalog: CatalogView,
     supervisor: ConnectionSupervisor,
-    blocking: RunBlocking,
+    blocking: OffLoop,
     connection_store: SqlConnectionStore,
     *,
     search_index_cache_bytes: int,
@@ -97,12 +96,18 @@ def _domain_services(
     live: bool,
     journal: AssemblyJournal | None = None,
     embeddings: ToolEmbeddings | None = None,
-    log_now: NonWaitingTurnStarts | None = None,
+    loop_connection: LoopConnection | None = None,
 ) -> DomainServices:
     """`live`: sessions run and surfaces are pinned as turns resolve; otherwise a turn's surface
-    and its servers' states are the stored pin's."""
+    and its servers' states are the stored pin's. `loop_connection` (SQLite): the storage
+    answers on the event loop what it can without waiting (`now`)."""
     store = SqlStore(engine)
     log = SqlLogReader(engine)
+    now = (
+        None
+        if loop_connection is None
+        else SqliteNow(loop_connection, store, log, connection_store)
+    )
     runs = RunService(store, store)
     specs = SpecLookup(store)
     resolver = TurnResolver(
@@ -114,7 +119,7 @@ def _domain_services(
         search_index_cache_bytes=search_index_cache_bytes,
         resolution_cache_bytes=resolution_cache_bytes,
         pins=store if live else StoredSurfacePins(engine),
-        log_now=log_now,
+        now=now,
     )
     if live:
         surfaces: TurnSurfaces = resolver
@@ -132,6 +137,7 @@ def _domain_services(
         resolver=resolver,
         assembler=assembler,
         connections=ConnectionService(supervisor, connection_store, blocking),
+        now=now,
     )
 
 
@@ -155,15 +161,14 @@ class SidecarGraph:
         )
         self.blocking = Blocking(self.executor)
         cpu = Blocking(self.cpu_executor)
-        # SQLite: a tool call's reads and a small result's append are tried on the event
-        # loop's thread, over a connection that never waits, before a worker is asked.
-        self.no_wait = (
-            NoWaitSqlite(self.engine, background=self.executor.submit)
+        # SQLite: a tool call's reads and a small result's append, and ResolveTurn's turn
+        # start, are asked on the event loop's thread, over a connection that never waits,
+        # before a worker is asked.
+        self.loop_connection = (
+            LoopConnection(self.engine, background=self.executor.submit)
             if self.engine.dialect.name == "sqlite"
             else None
         )
-        # SQLite answers the turn-start read of ResolveTurn on the loop when it need not wait.
-        self.turn_starts_now = None if self.no_wait is None else NoWaitTurnStarts(self.no_wait)
         # Sentence vectors for tool search (None: keywords only), shared by every Run, and
         # through the database by every sidecar on it.
         self.embeddings = tool_embeddings(
@@ -201,7 +206,7 @@ class SidecarGraph:
             resolution_cache_bytes=settings.prompt.resolution_cache_bytes,
             journal=self.journal,
             embeddings=self.embeddings,
-            log_now=self.turn_starts_now,
+            loop_connection=self.loop_connection,
         )
         self.resolver = services.resolver
         limit = settings.listeners.max_message_bytes
@@ -215,10 +220,7 @@ class SidecarGraph:
             self.blocking,
             settings.mcp.tool_call_timeout_seconds,
             cpu=cpu,
-            one_read=lambda: shared_reads(self.engine),
-            loop_first=None
-            if self.no_wait is None
-            else LoopFirst(self.blocking, self.no_wait.bound),
+            now=services.now,
         )
         usage = SqlUsageStore(self.engine)
 
@@ -285,13 +287,13 @@ class SidecarGraph:
     def close(self) -> None:
         self.executor.shutdown(wait=True)
         self.cpu_executor.shutdown(wait=True)
-        if self.no_wait is not None:
-            self.no_wait.close()
+        if self.loop_connection is not None:
+            self.loop_connection.close()
         self.engine.dispose()
 
 
 async def _inline(function: Callable[..., T], *args: Any) -> T:
-    """RunBlocking for a one-shot reader: the call, on this thread."""
+    """OffLoop for a one-shot reader: the call, on this thread."""
     return function(*args)
 
 

@@ -11,7 +11,7 @@ from psych_sidecar.listeners import StartupError
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable
 from psych_sidecar.secrets.key_files import KeyFileError, load_keys
 from psych_sidecar.storage.connections import SqlConnectionStore
-from psych_sidecar.storage.db import normalize_url
+from psych_sidecar.storage.engines import normalize_url
 
 log = logging.getLogger(__name__)
 

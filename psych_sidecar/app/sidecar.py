@@ -27,7 +27,7 @@ from psych_sidecar.listeners import (
     restrict_unix_sockets,
 )
 from psych_sidecar.search import EmbeddingCounters
-from psych_sidecar.storage.db import DatabaseRefused, check_writable_values, migrate
+from psych_sidecar.storage.migrate import DatabaseRefused, check_writable_values, migrate
 from psych_sidecar.telemetry import metrics, tracing
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from psych_sidecar.domain.catalog import (
     without_secrets,
 )
 from psych_sidecar.domain.errors import Reason, SidecarError, short
-from psych_sidecar.domain.runlog import RunBlocking
+from psych_sidecar.domain.runlog import OffLoop
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
 from psych_sidecar.telemetry import metrics
 
@@ -80,7 +80,7 @@ class McpManager:
     def __init__(
         self,
         store: ConnectionRepository,
-        blocking: RunBlocking,
+        blocking: OffLoop,
         settings: McpSettings,
         on_listed: Callable[[Sequence[CatalogTool]], None] | None = None,
         oauth: tuple[OAuthOutboundSettings, OAuthRepository] | None = None,
@@ -504,13 +504,29 @@ class McpManager:
     # CatalogView (synchronous; storage threads)
 
     def tenant_connections(self, tenant: str) -> list[tuple[Connection, ConnectionStatus]]:
-        versions = self._store.connection_versions(tenant)
+        listed = self._listed(tenant, self._store.connection_versions(tenant), read=True)
+        assert listed is not None
+        return listed
+
+    def tenant_connections_now(
+        self, tenant: str, versions: dict[str, tuple[int, int]]
+    ) -> list[tuple[Connection, ConnectionStatus]] | None:
+        """On the event loop: None when a connection of `versions` is not in memory."""
+        return self._listed(tenant, versions, read=False)
+
+    def _listed(
+        self, tenant: str, versions: dict[str, tuple[int, int]], *, read: bool
+    ) -> list[tuple[Connection, ConnectionStatus]] | None:
+        """The connections of `versions` with their states; a connection not in memory at its
+        revision is read when `read`, else the answer is None."""
         listed: list[tuple[Connection, ConnectionStatus]] = []
         for name in sorted(versions):
             revision, catalog_version = versions[name]
             key = (tenant, name)
             cached = self._public.get(key)
             if cached is None or cached.revision != revision:
+                if not read:
+                    return None
                 stored = self._store.get_connection(tenant, name)
                 if stored is None:
                     continue

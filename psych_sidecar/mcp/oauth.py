@@ -76,7 +76,7 @@ from psych_sidecar.domain.catalog import (
     StoredConnection,
 )
 from psych_sidecar.domain.errors import Reason, SidecarError, short
-from psych_sidecar.domain.runlog import RunBlocking
+from psych_sidecar.domain.runlog import OffLoop
 
 log = logging.getLogger(__name__)
 
@@ -757,7 +757,7 @@ class TokenKeeper:
         stored: StoredConnection,
         flows: OAuthFlows,
         store: OAuthRepository,
-        blocking: RunBlocking,
+        blocking: OffLoop,
         on_token: Callable[[str], None],
     ) -> None:
         self._stored = stored

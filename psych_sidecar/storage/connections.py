@@ -30,14 +30,10 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import (
-    erase_freed_content,
-    placeholder,
-    plain_select,
-    settle_freed_content,
-    transaction,
-)
+from psych_sidecar.storage.engines import erase_freed_content, placeholder, settle_freed_content
+from psych_sidecar.storage.loop_connection import LoopConnection
 from psych_sidecar.storage.oauth import check_oauth_secrets, reseal_oauth_secrets
+from psych_sidecar.storage.transactions import plain_select, transaction
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
 _INSERT_BATCH = 500
@@ -419,8 +415,14 @@ class SqlConnectionStore:
 
     def connection_versions(self, tenant: str) -> dict[str, tuple[int, int]]:
         # Every ResolveTurn and tool call runs this.
-        rows = plain_select(self._engine, self._versions_sql, (tenant,))
-        return {name: (revision, version) for name, revision, version in rows}
+        return _versions(plain_select(self._engine, self._versions_sql, (tenant,)))
+
+    def connection_versions_now(
+        self, loop: LoopConnection, tenant: str
+    ) -> dict[str, tuple[int, int]] | None:
+        """`connection_versions` on the event loop's connection, or None when not now."""
+        rows = loop.select_now(self._versions_sql, (tenant,))
+        return None if rows is None else _versions(rows)
 
     def write_catalog(
         self,
@@ -583,3 +585,7 @@ class SqlConnectionStore:
             for row in rows[:limit]
         ]
         return listed, len(rows) > limit
+
+
+def _versions(rows: list[Any]) -> dict[str, tuple[int, int]]:
+    return {name: (revision, version) for name, revision, version in rows}

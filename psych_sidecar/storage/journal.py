@@ -22,7 +22,7 @@ from psych_sidecar.domain.prompt import (
 )
 from psych_sidecar.domain.runlog import new_id
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import transaction
+from psych_sidecar.storage.transactions import transaction
 
 log = logging.getLogger(__name__)
 

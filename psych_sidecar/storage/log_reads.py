@@ -36,12 +36,9 @@ from psych_sidecar.domain.runlog import (
     ToolCall,
 )
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import (
-    NoWaitSqlite,
-    placeholder,
-    plain_select,
-    transaction,
-)
+from psych_sidecar.storage.engines import placeholder
+from psych_sidecar.storage.loop_connection import LoopConnection
+from psych_sidecar.storage.transactions import plain_select, transaction
 
 # Bound the number of bound parameters per statement (SQLite allows 32766).
 _CHUNK = 500
@@ -55,7 +52,7 @@ def _chunks(values: Sequence[Any]) -> Iterator[Sequence[Any]]:
 def _latest_of_kind_sql(marker: str) -> str:
     """The sequence of a Run's last record of one kind (the turn's start: its last user
     message; a tool call's step: its last assistant message), with the driver's parameter
-    marker: run by the pooled reader and by SQLite's non-waiting one. An index answers it
+    marker: run by the pooled reader and by the event loop's SQLite connection. An index answers it
     (`ix_records_run_kind`)."""
     return f"SELECT MAX(sequence) FROM records WHERE run_id = {marker} AND kind = {marker}"
 
@@ -230,31 +227,19 @@ class SqlLogReader:
         # Every tool call runs this (its request id names the assistant step).
         return self._latest_of_kind(run_id, RecordKind.ASSISTANT_MESSAGE)
 
+    def latest_of_kind_now(self, loop: LoopConnection, run_id: str, kind: RecordKind) -> int | None:
+        """`turn_start` (USER_MESSAGE) or `latest_assistant_sequence` (ASSISTANT_MESSAGE) on
+        the event loop's connection, or None when not now. A WAL reader does not wait for
+        writers, and this one reads one indexed MAX, about as long as the loop's other
+        bookkeeping for a call; handing it to a worker thread instead cost a ResolveTurn about
+        three times that in thread switches."""
+        rows = loop.select_now(self._latest_of_kind_sql, (run_id, kind.value))
+        return None if rows is None else _latest(rows)
+
     def _latest_of_kind(self, run_id: str, kind: RecordKind) -> int:
-        ((value,),) = plain_select(self._engine, self._latest_of_kind_sql, (run_id, kind.value))
-        return int(value or 0)
+        return _latest(plain_select(self._engine, self._latest_of_kind_sql, (run_id, kind.value)))
 
 
-class NoWaitTurnStarts:
-    """`turn_start_now` on a SQLite database: the turn-start read on the event loop's
-    `NoWaitSqlite` connection. A WAL reader does not wait for writers, and this one reads one
-    indexed MAX, about as long as the loop's other bookkeeping for a call; handing it to a
-    worker thread instead cost a ResolveTurn about three times that in thread switches. When
-    SQLite would wait (a lock held in exclusive mode, a WAL being recovered), the connection
-    is in use, or anything fails, the answer is None and the caller takes the worker path.
-
-    Not for PostgreSQL, whose every read is a network round trip."""
-
-    def __init__(self, no_wait: NoWaitSqlite) -> None:
-        self._no_wait = no_wait
-        self._user_message = RecordKind.USER_MESSAGE.value
-        self._sql = _latest_of_kind_sql("?")
-
-    def turn_start_now(self, run_id: str) -> int | None:
-        # fetchall steps the statement to its end, so no read transaction stays open and the
-        # next call sees every commit made since.
-        rows = self._no_wait.select_now(self._sql, (run_id, self._user_message))
-        if rows is None:
-            return None
-        ((value,),) = rows
-        return int(value or 0)
+def _latest(rows: list[Any]) -> int:
+    ((value,),) = rows
+    return int(value or 0)

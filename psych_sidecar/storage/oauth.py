@@ -20,7 +20,8 @@ from sqlalchemy import Engine, Row, Table, delete, insert, select, update
 from psych_sidecar.domain.catalog import AuthorizationReason, OAuthGrant, PendingSignIn
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import erase_freed_content, settle_freed_content, transaction
+from psych_sidecar.storage.engines import erase_freed_content, settle_freed_content
+from psych_sidecar.storage.transactions import transaction
 
 # Spent or expired sign-ins are kept this long (so a late CompleteSignIn is told "used" or
 # "expired" rather than "unknown"), then removed when the next sign-in begins.

@@ -40,7 +40,6 @@ from psych_sidecar.domain.runlog import (
     StoredRecord,
     ToolCall,
     ToolGrant,
-    worker_thread_only,
 )
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.bulk_values import (
@@ -49,7 +48,9 @@ from psych_sidecar.storage.bulk_values import (
     stream_into_row,
     streamed_later,
 )
-from psych_sidecar.storage.db import driver_write, placeholder, plain_select, transaction
+from psych_sidecar.storage.engines import placeholder
+from psych_sidecar.storage.loop_connection import LoopConnection
+from psych_sidecar.storage.transactions import driver_write, plain_select, transaction
 
 
 class _AlreadyAppended(Exception):
@@ -209,96 +210,126 @@ class SqlStore:
         fingerprint: str,
         call_result: CallResultOutline | None = None,
     ) -> list[AppendedRecord]:
-        sql = self._append_sql
         outline = None if call_result is None else call_result.outline
-        streamed = [
-            (sequence_offset, index, part.data)
-            for sequence_offset, record in enumerate(records, start=1)
-            for index, part in enumerate(record.content)
-            if streamed_later(part.data)
-        ]
+        streamed = _streamed_parts(records)
         try:
             with driver_write(self._engine) as (cursor, conn):
-                # One statement locks the Run's row, which serialises appends to it (across
-                # sidecars too), and reserves the sequence numbers; a rollback returns them.
-                row = cursor.execute(sql.reserve, (len(records), run_id)).fetchone()
-                if row is None:
-                    raise run_not_found(run_id)
-                last = int(row[0]) - len(records)
-                appended = [
-                    AppendedRecord(last + offset, handle)
-                    for offset, handle in enumerate(handles, start=1)
-                ]
-                if request_id:
-                    claimed = cursor.execute(
-                        sql.claim,
-                        (
-                            run_id,
-                            request_id,
-                            fingerprint,
-                            json.dumps([[e.sequence, e.handle] for e in appended]),
-                            b"" if streamed_later(outline) else outline,
-                            None if call_result is None else call_result.splices_json(),
-                        ),
-                    ).fetchone()
-                    if claimed is None:
-                        prior_fingerprint, prior_result = cursor.execute(
-                            sql.prior, (run_id, request_id)
-                        ).fetchone()
-                        raise _AlreadyAppended(prior_fingerprint, prior_result)
-                now = tables.now_us()
-                _execute_rows(
-                    cursor,
-                    sql.record,
-                    [
-                        (
-                            run_id,
-                            entry.sequence,
-                            record.kind.value,
-                            now,
-                            entry.handle or None,
-                            record.call_id,
-                            record.server,
-                            record.tool,
-                            record.is_error,
-                            json.dumps(
-                                [[c.call_id, c.name, c.arguments_json] for c in record.tool_calls],
-                                ensure_ascii=False,
-                            ),
-                            sum(len(part.data) for part in record.content),
-                        )
-                        for record, entry in zip(records, appended, strict=True)
-                    ],
+                last, appended = self._append_rows(
+                    cursor, run_id, records, handles, request_id, fingerprint, call_result
                 )
-                parts = [
-                    (
-                        run_id,
-                        entry.sequence,
-                        index,
-                        part.kind.value,
-                        part.mime_type,
-                        b"" if streamed_later(part.data) else part.data,
-                        None if part.kind is PartKind.BINARY else utf8_char_count(part.data),
-                    )
-                    for record, entry in zip(records, appended, strict=True)
-                    for index, part in enumerate(record.content)
-                ]
-                _execute_rows(cursor, sql.part, parts)
                 if streamed_later(outline) or streamed:
-                    if conn is None:
-                        worker_thread_only("a value streamed into its row")
-                    assert conn is not None
                     self._stream_values(conn, run_id, request_id, outline, last, streamed)
         except _AlreadyAppended as retry:
-            if retry.fingerprint != fingerprint:
-                raise SidecarError(
-                    Reason.REQUEST_ID_REUSED,
-                    f"request id {request_id!r} was already used in this run for different records",
-                    run_id=run_id,
-                    request_id=request_id,
-                ) from None
-            return [AppendedRecord(s, h) for s, h in json.loads(retry.result)]
+            return _first_answer(retry, run_id, request_id, fingerprint)
         return appended
+
+    def append_records_now(
+        self,
+        loop: LoopConnection,
+        run_id: str,
+        records: Sequence[Record],
+        handles: Sequence[str],
+        request_id: str,
+        fingerprint: str,
+        call_result: CallResultOutline | None = None,
+    ) -> list[AppendedRecord] | None:
+        """`append_records` on the event loop's connection, or None when not now (nothing
+        appended). Values streamed into their rows are never now: that takes a SQLAlchemy
+        connection, and time that grows with the value."""
+        outline = None if call_result is None else call_result.outline
+        if streamed_later(outline) or _streamed_parts(records):
+            return None
+        try:
+            written = loop.write_now(
+                lambda cursor: self._append_rows(
+                    cursor, run_id, records, handles, request_id, fingerprint, call_result
+                )
+            )
+        except _AlreadyAppended as retry:
+            return _first_answer(retry, run_id, request_id, fingerprint)
+        return None if written is None else written[1]
+
+    def _append_rows(
+        self,
+        cursor: Any,
+        run_id: str,
+        records: Sequence[Record],
+        handles: Sequence[str],
+        request_id: str,
+        fingerprint: str,
+        call_result: CallResultOutline | None,
+    ) -> tuple[int, list[AppendedRecord]]:
+        """The append's statements on a DB-API cursor in a write transaction (a pooled one or
+        the loop's): the sequence before the first record, and the records appended. Values
+        streamed later are bound empty. Raises _AlreadyAppended for a request id used before,
+        RUN_NOT_FOUND for an unknown Run."""
+        sql = self._append_sql
+        outline = None if call_result is None else call_result.outline
+        # One statement locks the Run's row, which serialises appends to it (across
+        # sidecars too), and reserves the sequence numbers; a rollback returns them.
+        row = cursor.execute(sql.reserve, (len(records), run_id)).fetchone()
+        if row is None:
+            raise run_not_found(run_id)
+        last = int(row[0]) - len(records)
+        appended = [
+            AppendedRecord(last + offset, handle) for offset, handle in enumerate(handles, start=1)
+        ]
+        if request_id:
+            claimed = cursor.execute(
+                sql.claim,
+                (
+                    run_id,
+                    request_id,
+                    fingerprint,
+                    json.dumps([[e.sequence, e.handle] for e in appended]),
+                    b"" if streamed_later(outline) else outline,
+                    None if call_result is None else call_result.splices_json(),
+                ),
+            ).fetchone()
+            if claimed is None:
+                prior_fingerprint, prior_result = cursor.execute(
+                    sql.prior, (run_id, request_id)
+                ).fetchone()
+                raise _AlreadyAppended(prior_fingerprint, prior_result)
+        now = tables.now_us()
+        _execute_rows(
+            cursor,
+            sql.record,
+            [
+                (
+                    run_id,
+                    entry.sequence,
+                    record.kind.value,
+                    now,
+                    entry.handle or None,
+                    record.call_id,
+                    record.server,
+                    record.tool,
+                    record.is_error,
+                    json.dumps(
+                        [[c.call_id, c.name, c.arguments_json] for c in record.tool_calls],
+                        ensure_ascii=False,
+                    ),
+                    sum(len(part.data) for part in record.content),
+                )
+                for record, entry in zip(records, appended, strict=True)
+            ],
+        )
+        parts = [
+            (
+                run_id,
+                entry.sequence,
+                index,
+                part.kind.value,
+                part.mime_type,
+                b"" if streamed_later(part.data) else part.data,
+                None if part.kind is PartKind.BINARY else utf8_char_count(part.data),
+            )
+            for record, entry in zip(records, appended, strict=True)
+            for index, part in enumerate(record.content)
+        ]
+        _execute_rows(cursor, sql.part, parts)
+        return last, appended
 
     @staticmethod
     def _stream_values(
@@ -325,6 +356,11 @@ class SqlStore:
                 parts.c.part_index == index,
             )
             stream_into_row(conn, parts.c.data, where, data)
+
+    def call_unrecorded_now(self, loop: LoopConnection, run_id: str, request_id: str) -> bool:
+        """On the event loop's connection: True when it is known now that `recorded_call`
+        would answer None (the first check it makes)."""
+        return loop.select_now(self._append_sql.recorded, (run_id, request_id)) == []
 
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
         # Every tool call asks, and nearly always hears no: that answer is one plain SELECT.
@@ -524,3 +560,29 @@ def _run(row: Row[Any]) -> Run:
         tool_restrictions=tuple(ToolGrant(s, t) for s, t in json.loads(row.tool_restrictions)),
         create_time=tables.from_us(row.create_time_us),
     )
+
+
+def _streamed_parts(records: Sequence[Record]) -> list[tuple[int, int, bytes]]:
+    """The parts whose values are streamed into their rows after the append's statements:
+    (the record's offset from 1, the part's index, the value)."""
+    return [
+        (sequence_offset, index, part.data)
+        for sequence_offset, record in enumerate(records, start=1)
+        for index, part in enumerate(record.content)
+        if streamed_later(part.data)
+    ]
+
+
+def _first_answer(
+    retry: _AlreadyAppended, run_id: str, request_id: str, fingerprint: str
+) -> list[AppendedRecord]:
+    """The first append's answer to a retry with the same records; REQUEST_ID_REUSED for
+    different ones."""
+    if retry.fingerprint != fingerprint:
+        raise SidecarError(
+            Reason.REQUEST_ID_REUSED,
+            f"request id {request_id!r} was already used in this run for different records",
+            run_id=run_id,
+            request_id=request_id,
+        ) from None
+    return [AppendedRecord(s, h) for s, h in json.loads(retry.result)]

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, Insert, delete, select, tuple_
 from sqlalchemy.dialects import sqlite
 
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import transaction
+from psych_sidecar.storage.transactions import transaction
 
 # Keys per SELECT ... IN and rows per INSERT or DELETE: a 1,409-tool listing (2,818 texts)
 # reads in six round trips, well under SQLite's limit on bound parameters.

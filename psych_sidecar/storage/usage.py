@@ -8,7 +8,7 @@ from sqlalchemy.exc import IntegrityError
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.usage import ModelCallUsage, UsageEvent, UsageTotals
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import transaction
+from psych_sidecar.storage.transactions import transaction
 from psych_sidecar.telemetry import metrics
 
 

@@ -250,9 +250,9 @@ class Series:
         )
         self.loop_attempts = Counter(
             f"{PREFIX}_loop_storage_attempts",
-            "A tool call's storage steps tried on the event loop's thread (SQLite), by "
-            "outcome: done (there) or worker (it would have waited or done work that grows "
-            "with a catalogue, so a worker thread did it).",
+            "Storage answers asked on the event loop's thread (SQLite: a tool call's reads "
+            "and small append, ResolveTurn's turn start), by outcome: done (answered there) "
+            "or worker (not now: it would have waited, so a worker thread was asked).",
             ["outcome"],
             registry=registry,
         )

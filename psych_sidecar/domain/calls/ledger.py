@@ -6,29 +6,25 @@ answer, and the tool does not run again."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from psych_sidecar.domain.calls.results import ToolOutcome, ToolResult
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.runlog import (
     LogReader,
+    OffLoop,
     Record,
     RecordedCall,
     RecordKind,
-    RunBlocking,
     RunService,
+    StorageNow,
 )
 from psych_sidecar.domain.surface import RunContext
 
 Prepared = TypeVar("Prepared")
 
-
-ReadScope = Callable[[], AbstractContextManager[object]]
-"""Makes the database reads inside its block one transaction (the storage's `shared_reads`)."""
 
 # A result's JSON up to this size is recorded by `loop_first` (on the event loop's thread when
 # the database need not wait); a larger one's outline and parts take a worker thread.
@@ -40,17 +36,15 @@ class CallLedger:
         self,
         runs: RunService,
         log: LogReader,
-        blocking: RunBlocking,
-        one_read: ReadScope = contextlib.nullcontext,
-        loop_first: RunBlocking | None = None,
+        off_loop: OffLoop,
+        now: StorageNow | None = None,
     ) -> None:
         self._runs = runs
         self._log = log
-        self._blocking = blocking
-        # A call's reads and a small result's append: tried on the event loop's thread first
-        # (`domain.runlog.loop_attempts`), when the storage offers it.
-        self._loop_first = loop_first or blocking
-        self._one_read = one_read
+        self._off_loop = off_loop
+        # A call's reads and a small result's append are asked of the storage on the event
+        # loop's thread first (SQLite), then of the storage threads when it says not now.
+        self._now = now
         # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
         # after a lost response) waits for the first and gets its answer.
         self._in_flight: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
@@ -61,25 +55,27 @@ class CallLedger:
         """The recorded outcome of this call: `run`'s result, recorded, the first time; the
         first time's answer after that."""
         return await self.prepared_once(
-            context.run.run_id, call_id, lambda: None, lambda _prepared: run()
+            context.run.run_id, call_id, _nothing, _nothing, lambda _prepared: run()
         )
 
     async def prepared_once(
         self,
         run_id: str,
         call_id: str,
+        prepare_now: Callable[[], Prepared | None],
         prepare: Callable[[], Prepared],
         run: Callable[[Prepared], Awaitable[ToolResult]],
     ) -> ToolOutcome:
-        """`once`, with `prepare` (a read of the database the call needs, such as the Run's
-        resolved turn) run on the storage threads in the same hop as the look-up of a
-        recorded answer, and its value handed to `run`: one hop less per call."""
+        """`once`, with a read of the database the call needs (such as the Run's resolved
+        turn) made with the look-up of a recorded answer, and its value handed to `run`:
+        `prepare_now` on the event loop's thread (None: not now), else `prepare` on the
+        storage threads in the same hop as the look-up, one hop less per call."""
         key = (run_id, call_id)
         task = self._in_flight.get(key)
         if task is None:
             # Not tied to this RPC: a call whose client gave up (a deadline) still finishes
             # and records its result, which the client's retry then finds.
-            task = asyncio.ensure_future(self._run_once(run_id, call_id, prepare, run))
+            task = asyncio.ensure_future(self._run_once(run_id, call_id, prepare_now, prepare, run))
             self._in_flight[key] = task
             task.add_done_callback(lambda done: self._finished(key, done))
         return await asyncio.shield(task)
@@ -94,14 +90,19 @@ class CallLedger:
         self,
         run_id: str,
         call_id: str,
+        prepare_now: Callable[[], Prepared | None],
         prepare: Callable[[], Prepared],
         run: Callable[[Prepared], Awaitable[ToolResult]],
     ) -> ToolOutcome:
-        prepared, request_id, recorded = await self._loop_first(
-            self._prepared_and_recorded, run_id, call_id, prepare
-        )
-        if recorded is not None:
-            return ToolOutcome.of(recorded)
+        found = self._unrecorded_now(run_id, call_id, prepare_now)
+        if found is None:
+            prepared, request_id, recorded = await self._off_loop(
+                self._prepared_and_recorded, run_id, call_id, prepare
+            )
+            if recorded is not None:
+                return ToolOutcome.of(recorded)
+        else:
+            prepared, request_id = found
         result = await run(prepared)
         try:
             return await self._record(run_id, call_id, result, request_id)
@@ -110,23 +111,38 @@ class CallLedger:
                 raise
             # Another sidecar ran the same call meanwhile and recorded first: its answer
             # stands (this result is not recorded).
-            _, recorded = await self._blocking(self._recorded, run_id, call_id)
+            _, recorded = await self._off_loop(self._recorded, run_id, call_id)
             if recorded is None:
                 raise
             return ToolOutcome.of(recorded)
 
+    def _unrecorded_now(
+        self, run_id: str, call_id: str, prepare_now: Callable[[], Prepared | None]
+    ) -> tuple[Prepared, str] | None:
+        """On the event loop: the prepared value and the call's request id when the call is
+        known now to have no recorded answer; None otherwise (not now, or an answer to read)."""
+        if self._now is None:
+            return None
+        prepared = prepare_now()
+        if prepared is None:
+            return None
+        step = self._now.latest_assistant_sequence(run_id)
+        if step is None:
+            return None
+        request_id = _request_id(step, call_id)
+        if not self._now.call_unrecorded(run_id, request_id):
+            return None
+        return prepared, request_id
+
     def _prepared_and_recorded(
         self, run_id: str, call_id: str, prepare: Callable[[], Prepared]
     ) -> tuple[Prepared, str, RecordedCall | None]:
-        with self._one_read():
-            prepared = prepare()
-            return (prepared, *self._recorded(run_id, call_id))
+        prepared = prepare()
+        return (prepared, *self._recorded(run_id, call_id))
 
     def _recorded(self, run_id: str, call_id: str) -> tuple[str, RecordedCall | None]:
         """The request id naming this call in its assistant step, and its recorded result."""
-        step = self._log.latest_assistant_sequence(run_id)
-        digest = hashlib.sha256(f"{step}\x00{call_id}".encode()).hexdigest()
-        request_id = f"call-{digest[:48]}"
+        request_id = _request_id(self._log.latest_assistant_sequence(run_id), call_id)
         return request_id, self._runs.recorded_call(run_id, request_id)
 
     async def _record(
@@ -140,8 +156,24 @@ class CallLedger:
             tool=result.tool,
             is_error=result.is_error,
         )
-        small = len(result.result_json) <= LOOP_RECORD_BYTES
-        (appended,) = await (self._loop_first if small else self._blocking)(
-            self._runs.append, run_id, request_id, (record,), result.result_json
+        arguments = (run_id, request_id, (record,), result.result_json)
+        found = (
+            self._runs.append_now(self._now, *arguments)
+            if self._now is not None and len(result.result_json) <= LOOP_RECORD_BYTES
+            else None
         )
+        if found is None:
+            found = await self._off_loop(self._runs.append, *arguments)
+        (appended,) = found
         return ToolOutcome(result.is_error, result.result_json, appended.sequence, appended.handle)
+
+
+def _request_id(step: int, call_id: str) -> str:
+    """The request id naming a call in its assistant step (the sequence of its message)."""
+    digest = hashlib.sha256(f"{step}\x00{call_id}".encode()).hexdigest()
+    return f"call-{digest[:48]}"
+
+
+def _nothing() -> tuple[()]:
+    """The prepared value of a call that needs none."""
+    return ()

@@ -17,7 +17,7 @@ from typing import Any
 from psych_sidecar.domain.calls.results import ToolResult
 from psych_sidecar.domain.calls.validation import SchemaValidators
 from psych_sidecar.domain.catalog import ConnectionState, ToolCallFailed, ToolRunner
-from psych_sidecar.domain.runlog import RunBlocking
+from psych_sidecar.domain.runlog import OffLoop
 from psych_sidecar.domain.surface import ExposedTool, ResolvedTurn, naming
 
 # How many schema violations a validation error lists.
@@ -37,7 +37,7 @@ class RoutedCall:
 
 
 class McpCalls:
-    def __init__(self, runner: ToolRunner, cpu: RunBlocking) -> None:
+    def __init__(self, runner: ToolRunner, cpu: OffLoop) -> None:
         self._runner = runner
         # Schema validation is CPU work: on the CPU threads, never the storage ones.
         self._cpu = cpu

@@ -11,7 +11,7 @@ from typing import Any
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall, not_found, unknown_server
 from psych_sidecar.domain.calls.results import ToolResult
 from psych_sidecar.domain.catalog import CatalogTool
-from psych_sidecar.domain.runlog import RunBlocking
+from psych_sidecar.domain.runlog import OffLoop
 from psych_sidecar.domain.surface import naming, one_line, qualified_names
 
 SEARCH_RESULT_LIMIT = 10
@@ -36,7 +36,7 @@ def partial_ranking_note(keyword_only: int, documents: int) -> str:
 
 
 class MetaTools:
-    def __init__(self, mcp: McpCalls, cpu: RunBlocking) -> None:
+    def __init__(self, mcp: McpCalls, cpu: OffLoop) -> None:
         self._mcp = mcp
         # Ranking (which may build an index) is CPU work: on the CPU threads.
         self._cpu = cpu

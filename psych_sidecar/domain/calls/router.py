@@ -14,14 +14,13 @@ id, a handle this Run was never given) is a typed error and nothing is appended.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
-from psych_sidecar.domain.calls.ledger import CallLedger, ReadScope
+from psych_sidecar.domain.calls.ledger import CallLedger
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall
 from psych_sidecar.domain.calls.meta_tools import MetaTools
 from psych_sidecar.domain.calls.own_tools import OwnTools
@@ -32,8 +31,9 @@ from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     MAX_IDENTIFIER_LENGTH,
     LogReader,
-    RunBlocking,
+    OffLoop,
     RunService,
+    StorageNow,
     ToolCall,
 )
 from psych_sidecar.domain.surface import (
@@ -62,19 +62,17 @@ class ToolRouter:
         log: LogReader,
         runner: ToolRunner,
         reader: ToolOutputReader,
-        blocking: RunBlocking,
+        blocking: OffLoop,
         default_timeout_seconds: float,
-        cpu: RunBlocking | None = None,
-        one_read: ReadScope = contextlib.nullcontext,
-        loop_first: RunBlocking | None = None,
+        cpu: OffLoop | None = None,
+        now: StorageNow | None = None,
     ) -> None:
         self._resolver = resolver
         self._blocking = blocking
-        self._loop_first = loop_first or blocking
         self._default_timeout = default_timeout_seconds
-        # A call's reads before it runs (its turn, a recorded answer) in one transaction, and
-        # with a small result its append, tried on the event loop's thread first.
-        self._ledger = CallLedger(runs, log, blocking, one_read, loop_first)
+        # A call's reads before it runs (its turn, a recorded answer), and with a small
+        # result its append, asked of the storage on the event loop's thread first (`now`).
+        self._ledger = CallLedger(runs, log, blocking, now)
         # CPU-heavy steps (search, schema validation) run there, never on the storage threads.
         self._mcp = McpCalls(runner, cpu or blocking)
         meta = MetaTools(self._mcp, cpu or blocking)
@@ -103,7 +101,10 @@ class ToolRouter:
             raise field_invalid(
                 "call.call_id", f"at most {MAX_IDENTIFIER_LENGTH} characters, no NUL"
             )
-        context, resolved = await self._loop_first(self._resolver.resolved, run_id)
+        found = self._resolver.resolved_now(run_id)
+        if found is None:
+            found = await self._blocking(self._resolver.resolved, run_id)
+        context, resolved = found
         route = self.route(resolved, call.name)
         if route is None:
             return None
@@ -143,7 +144,11 @@ class ToolRouter:
         # The Run's turn is resolved in the same hop to the storage threads as the look-up
         # of a recorded answer (an unknown Run fails there, before anything runs).
         return await self._ledger.prepared_once(
-            run_id, call_id, lambda: self._resolver.resolved(run_id), run
+            run_id,
+            call_id,
+            lambda: self._resolver.resolved_now(run_id),
+            lambda: self._resolver.resolved(run_id),
+            run,
         )
 
     def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:

@@ -27,6 +27,14 @@ class CatalogView(Protocol):
         """Every connection of the tenant (secrets emptied), sorted by name."""
         ...
 
+    def tenant_connections_now(
+        self, tenant: str, versions: dict[str, tuple[int, int]]
+    ) -> list[tuple[Connection, ConnectionStatus]] | None:
+        """`tenant_connections` for the connection versions given (read by the caller, see
+        `ConnectionRepository.connection_versions`) from memory alone, on the event loop;
+        None when one of them is not in memory at its revision."""
+        ...
+
     def current_tools(self, tenant: str, server: str, version: int = 0) -> list[CatalogTool]:
         """The tools of catalogue version `version` — the one `tenant_connections` reported —
         or of the newest (removed_in_version == 0) for 0, sorted by name; the last known tools

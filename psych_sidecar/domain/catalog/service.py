@@ -26,7 +26,7 @@ from psych_sidecar.domain.catalog.rules import (
 from psych_sidecar.domain.catalog.secrets import without_secrets
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
-    RunBlocking,
+    OffLoop,
     decode_token,
     encode_token,
     page_size,
@@ -46,7 +46,7 @@ def _tool_bytes(tool: CatalogTool) -> int:
 
 class ConnectionService:
     def __init__(
-        self, manager: ConnectionSupervisor, store: ConnectionRepository, blocking: RunBlocking
+        self, manager: ConnectionSupervisor, store: ConnectionRepository, blocking: OffLoop
     ) -> None:
         self._manager = manager
         self._store = store

@@ -77,6 +77,11 @@ class StoredCatalog:
                 listed.append((without_secrets(stored.connection), self.status(stored)))
         return listed
 
+    def tenant_connections_now(
+        self, tenant: str, versions: dict[str, tuple[int, int]]
+    ) -> list[tuple[Connection, ConnectionStatus]] | None:
+        return None  # a reader keeps nothing in memory: every read is the storage's
+
     def current_tools(self, tenant: str, server: str, version: int = 0) -> list[CatalogTool]:
         read = self._store.catalog_tools(tenant, server, version)
         return [] if read is None else read[1]

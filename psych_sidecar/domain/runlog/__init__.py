@@ -20,18 +20,13 @@ from psych_sidecar.domain.runlog.content import (
     binary_marker,
     fetch_text,
 )
-from psych_sidecar.domain.runlog.loop_attempts import (
-    NotForTheEventLoop,
-    attempted_on_the_event_loop,
-    worker_thread_only,
-)
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
 from psych_sidecar.domain.runlog.ports import (
     LogReader,
-    NonWaitingTurnStarts,
-    RunBlocking,
+    OffLoop,
     RunRepository,
     SpecRepository,
+    StorageNow,
 )
 from psych_sidecar.domain.runlog.runs import (
     ALL_TENANTS,
@@ -83,8 +78,7 @@ __all__ = [
     "EffectiveThresholds",
     "ListedRun",
     "LogReader",
-    "NonWaitingTurnStarts",
-    "NotForTheEventLoop",
+    "OffLoop",
     "PartKind",
     "PartMeta",
     "Piece",
@@ -94,7 +88,6 @@ __all__ = [
     "RecordSkeleton",
     "RecordedCall",
     "Run",
-    "RunBlocking",
     "RunRepository",
     "RunService",
     "Skill",
@@ -102,13 +95,13 @@ __all__ = [
     "SpecLookup",
     "SpecRepository",
     "SpecService",
+    "StorageNow",
     "StoredRecord",
     "Subagent",
     "TextLayout",
     "Thresholds",
     "ToolCall",
     "ToolGrant",
-    "attempted_on_the_event_loop",
     "binary_marker",
     "decode_token",
     "encode_token",
@@ -119,5 +112,4 @@ __all__ = [
     "validate_context_budget",
     "validate_name",
     "validate_request_id",
-    "worker_thread_only",
 ]

@@ -24,9 +24,10 @@ from psych_sidecar.domain.runlog.specs import PublishedSpec, Spec, ToolGrant
 T = TypeVar("T")
 
 
-class RunBlocking(Protocol):
-    """Runs a synchronous call off the event loop (the API layer's thread pool): how async use
-    cases reach storage, which is synchronous."""
+class OffLoop(Protocol):
+    """Runs a synchronous call off the event loop, on a thread pool of the API layer's (the
+    storage threads, or the CPU threads): how async use cases reach storage, which is
+    synchronous."""
 
     def __call__(self, function: Callable[..., T], *args: Any) -> Awaitable[T]: ...
 
@@ -139,11 +140,44 @@ class LogReader(Protocol):
         ...
 
 
-class NonWaitingTurnStarts(Protocol):
-    """`LogReader.turn_start` for the event loop's thread: an answer only when the database
-    gives one without waiting for a lock, a connection or the network."""
+class StorageNow(Protocol):
+    """Storage's answers for the event loop's thread, each one now or not at all: a value when
+    the database gives it without waiting (for a lock, a connection in use, the network), None
+    ("not now") otherwise — also when anything failed, a write then fully rolled back. The
+    caller then asks the storage threads (`OffLoop`) for the same thing, whose answer and
+    typed errors are the real ones. Domain code chooses explicitly:
+    ``found = now.x(...)``, ``if found is None: found = await off_loop(repository.x, ...)``.
 
-    def turn_start_now(self, run_id: str) -> int | None:
-        """As `LogReader.turn_start`, or None when it would wait (or failed: the caller then
-        asks `LogReader.turn_start` on a worker, whose errors are typed)."""
+    Implemented over SQLite by `storage.now.SqliteNow`; with PostgreSQL there is none (every
+    statement is a network round trip), and callers given None go to the storage threads."""
+
+    def turn_start(self, run_id: str) -> int | None:
+        """`LogReader.turn_start`, or None when not now."""
+        ...
+
+    def latest_assistant_sequence(self, run_id: str) -> int | None:
+        """`LogReader.latest_assistant_sequence`, or None when not now."""
+        ...
+
+    def connection_versions(self, tenant: str) -> dict[str, tuple[int, int]] | None:
+        """`ConnectionRepository.connection_versions`, or None when not now."""
+        ...
+
+    def call_unrecorded(self, run_id: str, request_id: str) -> bool:
+        """True when it is known now that no tool result was recorded under this request id
+        (`RunRepository.recorded_call` would answer None); False when one was, or not now:
+        then ask `recorded_call`."""
+        ...
+
+    def append_records(
+        self,
+        run_id: str,
+        records: Sequence[Record],
+        handles: Sequence[str],
+        request_id: str,
+        fingerprint: str,
+        call_result: CallResultOutline | None = None,
+    ) -> list[AppendedRecord] | None:
+        """`RunRepository.append_records` (its typed errors too), or None when not now:
+        nothing appended. Meant for small records: values that need streaming are not now."""
         ...

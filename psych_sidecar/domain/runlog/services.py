@@ -15,7 +15,7 @@ from psych_sidecar.domain.errors import (
 )
 from psych_sidecar.domain.runlog.call_results import CallResultOutline
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
-from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository
+from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository, StorageNow
 from psych_sidecar.domain.runlog.runs import (
     AllTenants,
     AppendedRecord,
@@ -78,6 +78,10 @@ class SpecLookup:
     def __init__(self, specs: SpecRepository, capacity: int = 1_000) -> None:
         self._specs = specs
         self._cache = ImmutableCache[tuple[str, int], Spec](capacity)
+
+    def cached(self, name: str, version: int) -> Spec | None:
+        """The Spec if this process has already read it; no I/O, safe on the event loop."""
+        return self._cache.get((name, version))
 
     def get(self, name: str, version: int) -> Spec:
         key = (name, version)
@@ -171,6 +175,33 @@ class RunService:
         """Append records; `call_result_json` (with one tool result and a request id) is
         what a retried tool call is answered with (`recorded_call`), kept as its outline: the
         log holds the rest."""
+        return self._runs.append_records(
+            *self._append_arguments(run_id, request_id, records, call_result_json)
+        )
+
+    def append_now(
+        self,
+        now: StorageNow,
+        run_id: str,
+        request_id: str,
+        records: tuple[Record, ...],
+        call_result_json: bytes | None = None,
+    ) -> list[AppendedRecord] | None:
+        """`append` on the event loop's thread, or None when the storage would wait (nothing
+        appended: ask `append` on a storage thread)."""
+        return now.append_records(
+            *self._append_arguments(run_id, request_id, records, call_result_json)
+        )
+
+    @staticmethod
+    def _append_arguments(
+        run_id: str,
+        request_id: str,
+        records: tuple[Record, ...],
+        call_result_json: bytes | None,
+    ) -> tuple[str, tuple[Record, ...], list[str], str, str, CallResultOutline | None]:
+        """The checked arguments of an append to the repository: new handles for tool
+        results, the records' fingerprint, a call result's outline."""
         if not run_id:
             raise field_required("run_id")
         validate_request_id(request_id)
@@ -186,9 +217,7 @@ class RunService:
             if call_result_json is None
             else CallResultOutline.of(call_result_json, records[0].content)
         )
-        return self._runs.append_records(
-            run_id, records, handles, request_id, records_fingerprint(records), outline
-        )
+        return run_id, records, handles, request_id, records_fingerprint(records), outline
 
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
         """A tool call's first recorded result, if one was appended under `request_id`."""

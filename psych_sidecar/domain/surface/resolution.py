@@ -28,15 +28,14 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     LogReader,
-    NonWaitingTurnStarts,
     Run,
     RunService,
     Spec,
     SpecLookup,
+    StorageNow,
     decode_token,
     encode_token,
     page_size,
-    worker_thread_only,
 )
 from psych_sidecar.domain.surface import naming
 from psych_sidecar.domain.surface.ports import SurfacePins
@@ -93,6 +92,18 @@ def _turn_bytes(resolved: ResolvedTurn) -> int:
     )
     permitted = sum(200 + 100 * len(tools) for tools in resolved.permitted.values())
     return 1000 + surface + permitted
+
+
+def _snapshot_key(tenant: str, connections: list[tuple[Connection, ConnectionStatus]]) -> Hashable:
+    """A catalogue snapshot's cache key: the tenant and everything about its connections."""
+    return (tenant, tuple(connection_key(c, s) for c, s in connections))
+
+
+def _turn_key(snapshot_key: Hashable, context: RunContext) -> Hashable:
+    """A resolved turn's cache key: the snapshot's, the Spec version and the Run's
+    restrictions."""
+    spec = context.spec
+    return (snapshot_key, spec.name, spec.version, context.run.tool_restrictions)
 
 
 def connection_key(connection: Connection, status: ConnectionStatus) -> Hashable:
@@ -253,11 +264,13 @@ class TurnResolver:
         search_index_cache_bytes: int,
         resolution_cache_bytes: int,
         pins: SurfacePins | None = None,
-        log_now: NonWaitingTurnStarts | None = None,
+        now: StorageNow | None = None,
     ) -> None:
         self._runs = runs
         self._log = log
-        self._log_now = log_now
+        # The storage's answers on the event loop (SQLite), for `pinned_now` and
+        # `resolved_now`; None: every read goes to the storage threads.
+        self._now = now
         self._pin_store = pins
         self._embeddings = embeddings
         self._specs = specs
@@ -295,11 +308,10 @@ class TurnResolver:
         """The tenant's connections as the database has them now; tools from cache when their
         catalogue version was seen before."""
         connections = self._catalog.tenant_connections(tenant)
-        key = (tenant, tuple(connection_key(c, s) for c, s in connections))
+        key = _snapshot_key(tenant, connections)
         cached = self._snapshot_cache.get(key)
         if cached is not None:
             return cached
-        worker_thread_only("a catalogue snapshot to build")
         servers = {}
         for connection, status in connections:
             tools_key = (tenant, connection.name, status.catalog_version)
@@ -319,16 +331,10 @@ class TurnResolver:
         """The Run's tools as of now."""
         snapshot = self.snapshot(context.run.tenant)
         spec = context.spec
-        key = (
-            snapshot.key,
-            spec.name,
-            spec.version,
-            context.run.tool_restrictions,
-        )
+        key = _turn_key(snapshot.key, context)
         cached = self._turn_cache.get(key)
         if cached is not None:
             return cached
-        worker_thread_only("a surface to resolve")
         grants = context.grants
         visible = []
         permitted: dict[str, dict[str, CatalogTool]] = {}
@@ -419,14 +425,43 @@ class TurnResolver:
         `resolve_turn`. Every step of a turn after its first is answered here, without a
         worker thread. The pins in memory are keyed by the turns they pinned, so a Run that
         is unknown or was never resolved here just misses."""
-        if self._log_now is None:
+        if self._now is None:
             return None
-        start = self._log_now.turn_start_now(run_id)
+        start = self._now.turn_start(run_id)
         return None if start is None else self._pins.get((run_id, start))
 
     def resolved(self, run_id: str) -> tuple[RunContext, ResolvedTurn]:
         context = self.context(run_id)
         return context, self.resolve(context)
+
+    def resolved_now(self, run_id: str) -> tuple[RunContext, ResolvedTurn] | None:
+        """What `resolved` answers, when it is at hand without waiting: the Run and its Spec
+        from memory, the tenant's connection versions from the storage's answer now, the
+        connections, the snapshot and the resolved turn from the caches. None otherwise (no
+        `now`, the storage would wait, anything not cached: a surface to build or a catalogue
+        to read does work that grows with a catalogue): call `resolved` on a storage thread.
+        Every call of a Run after its first, while the catalogue stays as it was, is
+        answered here."""
+        if self._now is None:
+            return None
+        run = self._runs.cached(run_id)
+        if run is None:
+            return None
+        spec = self._specs.cached(run.spec_name, run.spec_version)
+        if spec is None:
+            return None
+        versions = self._now.connection_versions(run.tenant)
+        if versions is None:
+            return None
+        connections = self._catalog.tenant_connections_now(run.tenant, versions)
+        if connections is None:
+            return None
+        snapshot = self._snapshot_cache.get(_snapshot_key(run.tenant, connections))
+        if snapshot is None:
+            return None
+        context = RunContext(run, spec)
+        resolved = self._turn_cache.get(_turn_key(snapshot.key, context))
+        return None if resolved is None else (context, resolved)
 
     # Reads for hosts (typed RPCs); the model-facing versions are tool results instead.
 

@@ -1,4 +1,4 @@
-"""Alembic environment: migrations run on the connection psych_sidecar.storage.db hands in.
+"""Alembic environment: migrations run on the connection psych_sidecar.storage.migrate hands in.
 
 Each migration applied (or reverted) is logged by its file's name and summary, not by
 alembic's revision ids (the early ones keep ids from before the files were renamed, which mean

@@ -7,7 +7,7 @@ Revision ID: sealed_connection_secrets
 Revises: 0012 (0007_tool_call_results)
 Create Date: 2026-12-02
 
-Needs the key ring (handed in by psych_sidecar.storage.db.migrate) only when there is plaintext
+Needs the key ring (handed in by psych_sidecar.storage.migrate.migrate) only when there is plaintext
 to seal; the downgrade opens the envelopes again, so it needs the keys that sealed them.
 """
 

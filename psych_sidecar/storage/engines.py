@@ -1,0 +1,152 @@
+"""Engines for SQLite (embedded default) and PostgreSQL: URLs, pools, the per-connection
+settings (pragmas, loaders), and the guard that keeps pooled connections off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy.engine import URL
+
+SQLITE_MMAP_BYTES = 2**31
+DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
+# The execution option that makes a SQLite transaction BEGIN IMMEDIATE (`transactions`).
+WRITE_OPTION = "psych_write"
+
+
+class PooledConnectionOnTheEventLoop(RuntimeError):
+    """A pooled connection was asked for on a thread running an event loop: storage work that
+    could wait (for the pool, a lock, the network) ran where it stalls every RPC. Such work
+    goes to the storage threads; the loop's own SQLite reads and small appends go through
+    `storage.now` (which never waits)."""
+
+
+def normalize_url(database_url: str) -> URL:
+    """Accept plain postgresql:// URLs and point them at psycopg 3."""
+    url = make_url(database_url)
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    if url.drivername not in ("sqlite", "sqlite+pysqlite", "postgresql+psycopg"):
+        raise ValueError(f"unsupported database {url.drivername!r}: use sqlite or postgresql")
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        raise ValueError("SQLite needs a file: sqlite:///relative/path or sqlite:////absolute/path")
+    return url
+
+
+def create_database_engine(
+    database_url: str,
+    pool_size: int,
+    busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+) -> Engine:
+    """An engine whose waits are bounded by `busy_timeout_seconds`: a SQLite writer waiting
+    for the lock, a PostgreSQL statement waiting for a row lock, a connection attempt and a
+    wait for a pooled connection each give up after about that long (STORAGE_UNAVAILABLE)."""
+    url = normalize_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        assert url.database is not None
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            pool_size=pool_size,
+            max_overflow=0,
+            pool_timeout=busy_timeout_seconds,
+            connect_args={"check_same_thread": False, "timeout": busy_timeout_seconds},
+        )
+        configure_sqlite(engine, busy_timeout_seconds)
+        refuse_the_event_loop(engine)
+        return engine
+    lock_ms = max(1, int(busy_timeout_seconds * 1000))
+    engine = create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        pool_timeout=busy_timeout_seconds,
+        connect_args={
+            "connect_timeout": max(1, math.ceil(busy_timeout_seconds)),
+            "options": f"-c lock_timeout={lock_ms}",
+        },
+    )
+    configure_postgresql(engine)
+    refuse_the_event_loop(engine)
+    return engine
+
+
+def configure_postgresql(engine: Engine) -> None:
+    from psych_sidecar.storage.bytea_loader import SlicedByteaLoader
+
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.adapters.register_loader("bytea", SlicedByteaLoader)
+
+
+def configure_sqlite(engine: Engine, busy_timeout_seconds: float, read_only: bool = False) -> None:
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from pysqlite so writes can BEGIN IMMEDIATE: a deferred
+        # transaction that later upgrades to a write lock fails under concurrency instead
+        # of waiting.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        if read_only:
+            # Refuse any write in SQL too (the file is opened read-only already).
+            cursor.execute("PRAGMA query_only=ON")
+        else:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={max(0, int(busy_timeout_seconds * 1000))}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        # Memory-map the file (up to SQLite's compile-time cap, 2 GiB by default): reading a
+        # slice near the end of a long part then follows its overflow-page chain in memory
+        # instead of with one read() call per page.
+        cursor.execute(f"PRAGMA mmap_size={SQLITE_MMAP_BYTES}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(connection: Connection) -> None:
+        write = connection.get_execution_options().get(WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def refuse_the_event_loop(engine: Engine) -> None:
+    """Make every checkout of a pooled connection on a thread running an event loop fail with
+    PooledConnectionOnTheEventLoop: any storage call that forgot to leave the loop fails
+    loudly, in every test that makes it. One C-level look-up per checkout (`storage_guard`
+    in docs/design.md has the measurement). Only engines that serve RPCs carry it: a one-shot
+    reader (``inspect --database-url``) runs its reads inline on purpose."""
+
+    @event.listens_for(engine, "checkout")
+    def on_checkout(_dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        if asyncio._get_running_loop() is not None:
+            raise PooledConnectionOnTheEventLoop(
+                "a pooled database connection was checked out on the event loop's thread"
+            )
+
+
+def erase_freed_content(connection: Connection) -> None:
+    """On SQLite, make this connection zero what its writes delete or replace (``PRAGMA
+    secure_delete``), so an old value is not left readable in the file's free space; used where
+    secrets are rewritten. PostgreSQL keeps old row versions until VACUUM (docs/security.md)."""
+    if connection.dialect.name == "sqlite":
+        connection.exec_driver_sql("PRAGMA secure_delete=ON")
+
+
+def settle_freed_content(engine: Engine) -> None:
+    """On SQLite, copy the write-ahead log into the database file and empty it (a TRUNCATE
+    checkpoint), so the pages as they were before a rewrite of secrets are gone from the log."""
+    if engine.dialect.name != "sqlite":
+        return
+    # On the DB-API connection, outside any transaction: a checkpoint cannot pass an open one.
+    dbapi_connection = engine.raw_connection()
+    try:
+        dbapi_connection.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        dbapi_connection.close()
+
+
+def placeholder(engine: Engine) -> str:
+    """The DB-API parameter marker of the engine's driver (sqlite3: ?, psycopg: %s)."""
+    return "?" if engine.dialect.name == "sqlite" else "%s"
