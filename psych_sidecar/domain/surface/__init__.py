@@ -12,12 +12,8 @@ from __future__ import annotations
 # own and meta tools, that calls/ needs to route and to word its tool errors.
 from psych_sidecar.domain.surface import naming
 from psych_sidecar.domain.surface.ports import SurfacePins
-from psych_sidecar.domain.surface.resolution import (
-    ResolvedTurn,
-    RunContext,
-    TurnResolver,
-    qualified_names,
-)
+from psych_sidecar.domain.surface.resolution import TurnResolver
+from psych_sidecar.domain.surface.resolved import ResolvedTurn, RunContext, qualified_names
 from psych_sidecar.domain.surface.sidecar_tools import (
     LOAD_SKILL,
     MODEL_DEFAULT_LIMIT_CHARS,
