@@ -44,7 +44,10 @@ class Blocking:
     The hop is `loop.run_in_executor`'s minus its second future: the worker settles the
     awaited asyncio future itself (one `call_soon_threadsafe`), rather than a
     concurrent.futures future chained to an asyncio one by callbacks both ways. A call
-    cancelled before a worker took it does not run, as with run_in_executor."""
+    cancelled before a worker took it does not run, as with run_in_executor. Kept because it
+    is measurably cheaper: `loop.run_in_executor` with the same context copy and metric took
+    1.19x and 1.35x as long per hop in two runs of six alternating rounds of 20,000 hops on
+    this 2-core machine (every round slower, by 1.13x to 1.63x)."""
 
     def __init__(self, executor: Executor) -> None:
         self._executor = executor
