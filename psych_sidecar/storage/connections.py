@@ -32,12 +32,12 @@ from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.db import (
     erase_freed_content,
-    placeholder,
     plain_select,
     settle_freed_content,
     transaction,
 )
 from psych_sidecar.storage.oauth import check_oauth_secrets, reseal_oauth_secrets
+from psych_sidecar.storage.statements import driver_statements
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
 _INSERT_BATCH = 500
@@ -213,10 +213,7 @@ class SqlConnectionStore:
     def __init__(self, engine: Engine, keys: KeyRing | None) -> None:
         self._engine = engine
         self._keys = keys
-        self._versions_sql = (
-            "SELECT name, revision, catalog_version FROM connections "
-            f"WHERE tenant = {placeholder(engine)} AND delete_time_us IS NULL"
-        )
+        self._versions_sql = driver_statements(engine).connection_versions
 
     def _binary(self, column: ColumnElement[str]) -> ColumnElement[str]:
         """Order by code point on both databases (SQLite's default; PostgreSQL's "C")."""

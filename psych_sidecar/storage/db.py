@@ -396,7 +396,7 @@ def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[
     """Rows of one SELECT run straight on a pooled DB-API connection, for the reads every
     ResolveTurn and tool call makes: SQLAlchemy's statement and transaction machinery costs
     several times the query itself there, and one SELECT is atomic on its own on both
-    databases. `sql` uses the dialect's placeholder (:func:`placeholder`). The driver's
+    databases. `sql` is the driver's SQL, parameters positional (`statements.py`). The driver's
     "not now" failures leave as STORAGE_UNAVAILABLE, as from `transaction`. Inside a
     `shared_reads` block of the same engine it runs in that block's transaction; inside a
     `NoWaitSqlite.bound` block, on that connection."""
@@ -615,11 +615,6 @@ def settle_freed_content(engine: Engine) -> None:
         dbapi_connection.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     finally:
         dbapi_connection.close()
-
-
-def placeholder(engine: Engine) -> str:
-    """The DB-API parameter marker of the engine's driver (sqlite3: ?, psycopg: %s)."""
-    return "?" if engine.dialect.name == "sqlite" else "%s"
 
 
 def alembic_config(connection: Connection, keys: KeyRing | None = None) -> Config:
