@@ -15,15 +15,16 @@ from psych_sidecar.bulk.slices import (
     json_sliced,
     needs_no_json_escape,
 )
-from psych_sidecar.domain.calls import SchemaValidators, json_within
+from psych_sidecar.domain.calls import (
+    MAX_RESULT_CHARS_CONVERTED_ON_LOOP,
+    SchemaValidators,
+    json_within,
+)
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind
 
 DEFAULT_BINARY_MIME_TYPE = "application/octet-stream"
-# A result holding at most this many characters is converted (and judged) on the event loop:
-# the hop to a worker thread and back costs more than the work (docs/design.md).
-INLINE_RESULT_CHARS = 16 * 1024
 # How much of the first violation of an output schema the tool error quotes.
 MAX_OUTPUT_PROBLEM_CHARS = 300
 
@@ -112,7 +113,9 @@ def _block_chars(block: Any) -> int | None:
     return None
 
 
-def small_result(result: types.CallToolResult, limit: int = INLINE_RESULT_CHARS) -> bool:
+def small_result(
+    result: types.CallToolResult, limit: int = MAX_RESULT_CHARS_CONVERTED_ON_LOOP
+) -> bool:
     """Whether a result holds at most `limit` characters, counted without converting it."""
     left = limit
     for block in result.content:

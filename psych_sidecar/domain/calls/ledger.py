@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
+from psych_sidecar.domain.calls.limits import MAX_RESULT_BYTES_APPENDED_ON_LOOP
 from psych_sidecar.domain.calls.results import ToolOutcome, ToolResult
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.runlog import (
@@ -29,10 +30,6 @@ Prepared = TypeVar("Prepared")
 
 ReadScope = Callable[[], AbstractContextManager[object]]
 """Makes the database reads inside its block one transaction (the storage's `shared_reads`)."""
-
-# A result's JSON up to this size is recorded by `loop_first` (on the event loop's thread when
-# the database need not wait); a larger one's outline and parts take a worker thread.
-LOOP_RECORD_BYTES = 16 * 1024
 
 
 class CallLedger:
@@ -140,7 +137,7 @@ class CallLedger:
             tool=result.tool,
             is_error=result.is_error,
         )
-        small = len(result.result_json) <= LOOP_RECORD_BYTES
+        small = len(result.result_json) <= MAX_RESULT_BYTES_APPENDED_ON_LOOP
         (appended,) = await (self._loop_first if small else self._blocking)(
             self._runs.append, run_id, request_id, (record,), result.result_json
         )
