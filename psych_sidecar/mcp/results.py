@@ -33,29 +33,29 @@ def _dump(model: BaseModel) -> Any:
     return model.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-def _binary(data: str, mime_type: str | None, block: Any) -> ContentPart:
+def _binary(data: str, mime_type: str | None, block: Any, slice_chars: int) -> ContentPart:
     try:
-        decoded = b64decode_sliced(data)
+        decoded = b64decode_sliced(data, slice_chars=slice_chars)
     except (binascii.Error, ValueError):
         # Not base64 after all: keep exactly what the server sent, as JSON.
         return ContentPart(PartKind.JSON, json_sliced(_dump(block), canonical_json))
     return ContentPart(PartKind.BINARY, decoded, mime_type or DEFAULT_BINARY_MIME_TYPE)
 
 
-def content_part(block: Any) -> ContentPart:
+def content_part(block: Any, *, slice_chars: int = SLICE_CHARS) -> ContentPart:
     """One MCP content block as a log part: text as text, images, audio and blobs as bytes
     with their MIME type, anything else (resource links, kinds this SDK does not know) as
     the block's JSON."""
     if isinstance(block, types.TextContent):
         return ContentPart.text(block.text)
     if isinstance(block, types.ImageContent | types.AudioContent):
-        return _binary(block.data, block.mime_type, block)
+        return _binary(block.data, block.mime_type, block, slice_chars)
     if isinstance(block, types.EmbeddedResource):
         resource = block.resource
         if isinstance(resource, types.TextResourceContents):
             return ContentPart.text(resource.text)
         if isinstance(resource, types.BlobResourceContents):
-            return _binary(resource.blob, resource.mime_type, block)
+            return _binary(resource.blob, resource.mime_type, block, slice_chars)
     return ContentPart(PartKind.JSON, canonical_json(_dump(block)))
 
 
