@@ -15,14 +15,10 @@ BYTEA = psycopg.postgres.types["bytea"].oid
 _libpq = psycopg.pq.Escaping()
 
 
-@pytest.fixture(autouse=True)
-def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bytea_loader, "_SLICED_HEX_BYTES", 6)  # three bytes a slice
-
-
 def _load(text: bytes) -> bytes:
-    # psycopg hands a loader a memoryview over the result's buffer.
-    return bytea_loader.SlicedByteaLoader(BYTEA).load(memoryview(text))
+    # psycopg hands a loader a memoryview over the result's buffer. Three bytes a slice.
+    loader = bytea_loader.SlicedByteaLoader(BYTEA, sliced_hex_bytes=6)
+    return loader.load(memoryview(text))
 
 
 @given(st.binary(max_size=50))

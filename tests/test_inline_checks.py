@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import mcp_types as types
 
-from psych_sidecar.domain.calls.validation import (
-    INLINE_CHECK_CHARS,
+from psych_sidecar.domain.calls import (
+    MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP,
+    MAX_RESULT_CHARS_CONVERTED_ON_LOOP,
     SchemaValidators,
     json_within,
 )
 from psych_sidecar.domain.canonical import canonical_json
-from psych_sidecar.mcp.results import INLINE_RESULT_CHARS, small_result
+from psych_sidecar.mcp.results import small_result
 
 PLAIN = canonical_json({"type": "object", "properties": {"text": {"type": "string"}}})
 WITH_PATTERN = canonical_json(
@@ -24,8 +25,11 @@ def test_json_within_counts_strings_keys_and_members() -> None:
     assert not json_within({"text": "x" * 10}, 14)
     assert json_within([1, 2, 3], 7)
     assert not json_within([1, 2, 3], 6)
-    assert not json_within(list(range(10**6)), INLINE_CHECK_CHARS)
-    assert not json_within({"deep": [{"text": "y" * INLINE_CHECK_CHARS}]}, INLINE_CHECK_CHARS)
+    assert not json_within(list(range(10**6)), MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP)
+    assert not json_within(
+        {"deep": [{"text": "y" * MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP}]},
+        MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP,
+    )
 
 
 def test_a_check_is_quick_only_once_compiled_with_no_pattern_and_for_a_small_value() -> None:
@@ -34,7 +38,7 @@ def test_a_check_is_quick_only_once_compiled_with_no_pattern_and_for_a_small_val
     assert not validators.quick(PLAIN, small)  # not compiled yet
     assert validators.errors(PLAIN, small) == []
     assert validators.quick(PLAIN, small)
-    assert not validators.quick(PLAIN, {"text": "x" * (INLINE_CHECK_CHARS + 1)})
+    assert not validators.quick(PLAIN, {"text": "x" * (MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP + 1)})
     assert validators.errors(WITH_PATTERN, {"text": "aaa"}) == []
     assert not validators.quick(WITH_PATTERN, {"text": "aaa"})
     # A property named like the keyword errs on the side of the worker thread.
@@ -49,9 +53,9 @@ def _text(text: str) -> types.TextContent:
 
 def test_a_result_is_small_by_its_texts_data_and_structured_content() -> None:
     assert small_result(types.CallToolResult(content=[_text("hello")]))
-    big = "x" * (INLINE_RESULT_CHARS + 1)
+    big = "x" * (MAX_RESULT_CHARS_CONVERTED_ON_LOOP + 1)
     assert not small_result(types.CallToolResult(content=[_text(big)]))
-    half = "x" * (INLINE_RESULT_CHARS // 2 + 1)
+    half = "x" * (MAX_RESULT_CHARS_CONVERTED_ON_LOOP // 2 + 1)
     assert not small_result(types.CallToolResult(content=[_text(half), _text(half)]))
     image = types.ImageContent(type="image", data=big, mime_type="image/png")
     assert not small_result(types.CallToolResult(content=[image]))

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psych_sidecar.bulk import slices
 from psych_sidecar.bulk.slices import (
     b64decode_sliced,
     b64encode_sliced,
@@ -37,13 +36,8 @@ json_values = st.recursive(
 )
 
 
-@pytest.fixture(autouse=True)
-def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slices, "SLICE_CHARS", SLICE)
-
-
 def canonical_json_sliced(value: Any) -> bytes:
-    return json_sliced(value, canonical_json)
+    return json_sliced(value, canonical_json, slice_chars=SLICE)
 
 
 @given(json_values)
@@ -53,17 +47,17 @@ def test_sliced_is_byte_for_byte_canonical(value: Any) -> None:
 
 @given(st.text())
 def test_utf8_sliced_is_encode(text: str) -> None:
-    assert utf8_sliced(text) == text.encode()
+    assert utf8_sliced(text, slice_chars=SLICE) == text.encode()
 
 
 @given(st.text())
 def test_utf8_char_count_counts_the_characters(text: str) -> None:
-    assert utf8_char_count(text.encode()) == len(text)
+    assert utf8_char_count(text.encode(), slice_chars=SLICE) == len(text)
 
 
 @given(st.binary(max_size=60))
 def test_b64encode_sliced_is_b64encode(raw: bytes) -> None:
-    assert b64encode_sliced(raw) == base64.b64encode(raw).decode()
+    assert b64encode_sliced(raw, slice_chars=SLICE) == base64.b64encode(raw).decode()
 
 
 base64ish = st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefgh0123456789+/=- é\n", max_size=60)
@@ -78,14 +72,14 @@ def _whole(data: str) -> bytes | None:
 
 def _sliced(data: str) -> bytes | None:
     try:
-        return b64decode_sliced(data)
+        return b64decode_sliced(data, slice_chars=SLICE)
     except (binascii.Error, ValueError):
         return None
 
 
 @given(st.binary(max_size=80))
 def test_base64_of_any_bytes_decodes_to_them(raw: bytes) -> None:
-    assert b64decode_sliced(base64.b64encode(raw).decode()) == raw
+    assert b64decode_sliced(base64.b64encode(raw).decode(), slice_chars=SLICE) == raw
 
 
 @given(base64ish)
@@ -134,14 +128,16 @@ encodable_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)))
 @given(encodable_text)
 def test_text_needs_no_escape_exactly_when_json_spells_it_as_its_utf8(text: str) -> None:
     data = text.encode()
-    assert needs_no_json_escape(data) == (canonical_json(text) == b'"' + data + b'"')
+    assert needs_no_json_escape(data, slice_chars=SLICE) == (
+        canonical_json(text) == b'"' + data + b'"'
+    )
 
 
 @given(st.lists(encodable_text, min_size=1, max_size=4))
 def test_texts_spelled_from_their_bytes_give_the_same_json(texts: list[str]) -> None:
     result = {"content": [{"type": "text", "text": text} for text in texts], "isError": False}
-    plain = [(t, t.encode()) for t in texts if needs_no_json_escape(t.encode())]
-    assert json_sliced(result, canonical_json, plain) == canonical_json(result)
+    plain = [(t, t.encode()) for t in texts if needs_no_json_escape(t.encode(), slice_chars=SLICE)]
+    assert json_sliced(result, canonical_json, plain, slice_chars=SLICE) == canonical_json(result)
 
 
 def test_a_plain_text_is_spelled_from_its_bytes_not_encoded_again() -> None:
@@ -149,11 +145,11 @@ def test_a_plain_text_is_spelled_from_its_bytes_not_encoded_again() -> None:
     # Bytes that are not the text's own show where the JSON's spelling came from.
     stand_in = b"B" * len(text)
     result = {"content": [{"type": "text", "text": text}]}
-    assert json_sliced(result, canonical_json, [(text, stand_in)]) == (
+    assert json_sliced(result, canonical_json, [(text, stand_in)], slice_chars=SLICE) == (
         b'{"content":[{"type":"text","text":"' + stand_in + b'"}]}'
     )
     # An equal string that is not the same object is encoded as usual.
-    assert json_sliced(result, canonical_json, [("".join(text), stand_in)]) == (
+    assert json_sliced(result, canonical_json, [("".join(text), stand_in)], slice_chars=SLICE) == (
         canonical_json(result)
     )
 

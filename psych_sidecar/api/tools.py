@@ -23,7 +23,12 @@ from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.bulk import heap
 from psych_sidecar.bulk.protobuf_splice import with_nested_bytes
-from psych_sidecar.domain.calls import ToolOutcome, ToolOutputReader, ToolRouter
+from psych_sidecar.domain.calls import (
+    MAX_RESULT_BYTES_SERIALIZED_ON_LOOP,
+    ToolOutcome,
+    ToolOutputReader,
+    ToolRouter,
+)
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
@@ -144,11 +149,6 @@ def _serialized_and_released(
     return serialized
 
 
-# A result up to this size is put in its response on the event loop; a larger one on the
-# CPU threads, spliced into the response's bytes (`serialized_with_result`).
-INLINE_OUTCOME_BYTES = 256 * 1024
-
-
 class ToolServicer:
     def __init__(
         self,
@@ -202,7 +202,7 @@ class ToolServicer:
     async def _respond(
         self, build: Callable[[ToolOutcome, int], M], outcome: ToolOutcome
     ) -> M | Serialized:
-        if len(outcome.result_json) <= INLINE_OUTCOME_BYTES:
+        if len(outcome.result_json) <= MAX_RESULT_BYTES_SERIALIZED_ON_LOOP:
             return build(outcome, self._inline_bytes)
         return await self._cpu(_serialized_and_released, build, outcome, self._inline_bytes)
 

@@ -15,15 +15,16 @@ from psych_sidecar.bulk.slices import (
     json_sliced,
     needs_no_json_escape,
 )
-from psych_sidecar.domain.calls import SchemaValidators, json_within
+from psych_sidecar.domain.calls import (
+    MAX_RESULT_CHARS_CONVERTED_ON_LOOP,
+    SchemaValidators,
+    json_within,
+)
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import McpToolResult
 from psych_sidecar.domain.runlog import ContentPart, PartKind
 
 DEFAULT_BINARY_MIME_TYPE = "application/octet-stream"
-# A result holding at most this many characters is converted (and judged) on the event loop:
-# the hop to a worker thread and back costs more than the work (docs/design.md).
-INLINE_RESULT_CHARS = 16 * 1024
 # How much of the first violation of an output schema the tool error quotes.
 MAX_OUTPUT_PROBLEM_CHARS = 300
 
@@ -32,29 +33,29 @@ def _dump(model: BaseModel) -> Any:
     return model.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-def _binary(data: str, mime_type: str | None, block: Any) -> ContentPart:
+def _binary(data: str, mime_type: str | None, block: Any, slice_chars: int) -> ContentPart:
     try:
-        decoded = b64decode_sliced(data)
+        decoded = b64decode_sliced(data, slice_chars=slice_chars)
     except (binascii.Error, ValueError):
         # Not base64 after all: keep exactly what the server sent, as JSON.
         return ContentPart(PartKind.JSON, json_sliced(_dump(block), canonical_json))
     return ContentPart(PartKind.BINARY, decoded, mime_type or DEFAULT_BINARY_MIME_TYPE)
 
 
-def content_part(block: Any) -> ContentPart:
+def content_part(block: Any, *, slice_chars: int = SLICE_CHARS) -> ContentPart:
     """One MCP content block as a log part: text as text, images, audio and blobs as bytes
     with their MIME type, anything else (resource links, kinds this SDK does not know) as
     the block's JSON."""
     if isinstance(block, types.TextContent):
         return ContentPart.text(block.text)
     if isinstance(block, types.ImageContent | types.AudioContent):
-        return _binary(block.data, block.mime_type, block)
+        return _binary(block.data, block.mime_type, block, slice_chars)
     if isinstance(block, types.EmbeddedResource):
         resource = block.resource
         if isinstance(resource, types.TextResourceContents):
             return ContentPart.text(resource.text)
         if isinstance(resource, types.BlobResourceContents):
-            return _binary(resource.blob, resource.mime_type, block)
+            return _binary(resource.blob, resource.mime_type, block, slice_chars)
     return ContentPart(PartKind.JSON, canonical_json(_dump(block)))
 
 
@@ -112,7 +113,9 @@ def _block_chars(block: Any) -> int | None:
     return None
 
 
-def small_result(result: types.CallToolResult, limit: int = INLINE_RESULT_CHARS) -> bool:
+def small_result(
+    result: types.CallToolResult, limit: int = MAX_RESULT_CHARS_CONVERTED_ON_LOOP
+) -> bool:
     """Whether a result holds at most `limit` characters, counted without converting it."""
     left = limit
     for block in result.content:

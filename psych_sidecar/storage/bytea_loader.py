@@ -22,13 +22,25 @@ _SLICED_HEX_BYTES = 1 << 20
 
 class SlicedByteaLoader(psycopg.adapt.Loader):
     """psycopg's text bytea loader, a slice at a time for a large value in hex (the server's
-    default `bytea_output`); anything else goes to libpq's unescaping as before."""
+    default `bytea_output`); anything else goes to libpq's unescaping as before. psycopg makes
+    it with the default `sliced_hex_bytes`."""
 
     _escaping = psycopg.pq.Escaping()
 
+    def __init__(
+        self,
+        oid: int,
+        context: psycopg.abc.AdaptContext | None = None,
+        *,
+        sliced_hex_bytes: int = _SLICED_HEX_BYTES,
+    ) -> None:
+        super().__init__(oid, context)
+        self._sliced_hex_bytes = sliced_hex_bytes
+
     def load(self, data: psycopg.abc.Buffer) -> bytes:
         view = memoryview(data)
-        if len(view) <= _SLICED_HEX_BYTES or bytes(view[:2]) != b"\\x":
+        if len(view) <= self._sliced_hex_bytes or bytes(view[:2]) != b"\\x":
             # libpq's unescaping takes bytes; psycopg hands a loader a memoryview.
             return self._escaping.unescape_bytea(bytes(view))
-        return b"".join(binascii.unhexlify(piece) for piece in sliced(view[2:], _SLICED_HEX_BYTES))
+        pieces = sliced(view[2:], self._sliced_hex_bytes)
+        return b"".join(binascii.unhexlify(piece) for piece in pieces)

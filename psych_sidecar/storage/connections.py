@@ -30,9 +30,10 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.engines import erase_freed_content, placeholder, settle_freed_content
+from psych_sidecar.storage.engines import erase_freed_content, settle_freed_content
 from psych_sidecar.storage.loop_connection import LoopConnection
 from psych_sidecar.storage.oauth import check_oauth_secrets, reseal_oauth_secrets
+from psych_sidecar.storage.statements import driver_statements
 from psych_sidecar.storage.transactions import plain_select, transaction
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
@@ -209,10 +210,7 @@ class SqlConnectionStore:
     def __init__(self, engine: Engine, keys: KeyRing | None) -> None:
         self._engine = engine
         self._keys = keys
-        self._versions_sql = (
-            "SELECT name, revision, catalog_version FROM connections "
-            f"WHERE tenant = {placeholder(engine)} AND delete_time_us IS NULL"
-        )
+        self._versions_sql = driver_statements(engine).connection_versions
 
     def _binary(self, column: ColumnElement[str]) -> ColumnElement[str]:
         """Order by code point on both databases (SQLite's default; PostgreSQL's "C")."""

@@ -147,8 +147,3 @@ def settle_freed_content(engine: Engine) -> None:
         dbapi_connection.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     finally:
         dbapi_connection.close()
-
-
-def placeholder(engine: Engine) -> str:
-    """The DB-API parameter marker of the engine's driver (sqlite3: ?, psycopg: %s)."""
-    return "?" if engine.dialect.name == "sqlite" else "%s"

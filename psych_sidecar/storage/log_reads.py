@@ -36,8 +36,8 @@ from psych_sidecar.domain.runlog import (
     ToolCall,
 )
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.engines import placeholder
 from psych_sidecar.storage.loop_connection import LoopConnection
+from psych_sidecar.storage.statements import driver_statements
 from psych_sidecar.storage.transactions import plain_select, transaction
 
 # Bound the number of bound parameters per statement (SQLite allows 32766).
@@ -49,21 +49,13 @@ def _chunks(values: Sequence[Any]) -> Iterator[Sequence[Any]]:
         yield values[start : start + _CHUNK]
 
 
-def _latest_of_kind_sql(marker: str) -> str:
-    """The sequence of a Run's last record of one kind (the turn's start: its last user
-    message; a tool call's step: its last assistant message), with the driver's parameter
-    marker: run by the pooled reader and by the event loop's SQLite connection. An index answers it
-    (`ix_records_run_kind`)."""
-    return f"SELECT MAX(sequence) FROM records WHERE run_id = {marker} AND kind = {marker}"
-
-
 class SqlLogReader:
     """Implements the domain's LogReader over SQLAlchemy Core."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._sqlite = engine.dialect.name == "sqlite"
-        self._latest_of_kind_sql = _latest_of_kind_sql(placeholder(engine))
+        self._latest_of_kind_sql = driver_statements(engine).latest_of_kind
 
     def record_skeletons(self, run_id: str) -> list[RecordSkeleton]:
         r = tables.records

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
     Connection,
     Engine,
-    Insert,
     Row,
-    Table,
     and_,
     func,
     insert,
     or_,
     select,
 )
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import IntegrityError
 
 from psych_sidecar.bulk.slices import utf8_char_count
@@ -48,8 +44,8 @@ from psych_sidecar.storage.bulk_values import (
     stream_into_row,
     streamed_later,
 )
-from psych_sidecar.storage.engines import placeholder
 from psych_sidecar.storage.loop_connection import LoopConnection
+from psych_sidecar.storage.statements import driver_statements, insert_ignoring_conflicts
 from psych_sidecar.storage.transactions import driver_write, plain_select, transaction
 
 
@@ -72,47 +68,12 @@ def _execute_rows(cursor: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
         cursor.executemany(sql, rows)
 
 
-@dataclass(frozen=True, slots=True)
-class _AppendSql:
-    """The statements every tool call's append and look-up run, as the driver's SQL: the same
-    on SQLite (3.35+) and PostgreSQL but for the parameter marker."""
-
-    reserve: str
-    claim: str
-    prior: str
-    record: str
-    part: str
-    recorded: str
-
-    @classmethod
-    def of(cls, marker: str) -> _AppendSql:
-        def values(count: int) -> str:
-            return ", ".join([marker] * count)
-
-        return cls(
-            reserve=f"UPDATE runs SET last_sequence = last_sequence + {marker} "
-            f"WHERE run_id = {marker} RETURNING last_sequence",
-            claim="INSERT INTO append_requests (run_id, request_id, fingerprint, result, "
-            f"call_result_outline, call_result_splices) VALUES ({values(6)}) "
-            "ON CONFLICT DO NOTHING RETURNING request_id",
-            prior="SELECT fingerprint, result FROM append_requests "
-            f"WHERE run_id = {marker} AND request_id = {marker}",
-            record="INSERT INTO records (run_id, sequence, kind, create_time_us, handle, "
-            "call_id, server, tool, is_error, tool_calls, content_bytes) "
-            f"VALUES ({values(11)})",
-            part="INSERT INTO record_parts (run_id, sequence, part_index, kind, mime_type, "
-            f"data, char_count) VALUES ({values(7)})",
-            recorded="SELECT 1 FROM append_requests WHERE run_id = "
-            f"{marker} AND request_id = {marker} AND call_result_outline IS NOT NULL",
-        )
-
-
 class SqlStore:
     """Implements SpecRepository and RunRepository. Every method is one transaction."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._append_sql = _AppendSql.of(placeholder(engine))
+        self._append_sql = driver_statements(engine)
 
     # Specs
 
@@ -394,7 +355,7 @@ class SqlStore:
         pins = tables.turn_surfaces
         with transaction(self._engine, write=True) as conn:
             conn.execute(
-                self._insert_ignoring_conflicts(pins),
+                insert_ignoring_conflicts(self._engine.dialect, pins),
                 {
                     "run_id": run_id,
                     "turn_start": turn_start,
@@ -408,15 +369,6 @@ class SqlStore:
                 )
             ).scalar_one()
         return str(stored).encode()
-
-    def _insert_ignoring_conflicts(self, table: Table) -> Insert:
-        """INSERT … ON CONFLICT DO NOTHING, in the engine's dialect."""
-        if self._engine.dialect.name == "postgresql":
-            # Imported here: its dialect costs a SQLite sidecar's start ~40 ms.
-            from sqlalchemy.dialects import postgresql
-
-            return postgresql.insert(table).on_conflict_do_nothing()
-        return sqlite.insert(table).on_conflict_do_nothing()
 
     def list_records(
         self,

@@ -51,7 +51,7 @@ def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[
     """Rows of one SELECT run straight on a pooled DB-API connection, for the reads every
     ResolveTurn and tool call makes: SQLAlchemy's statement and transaction machinery costs
     several times the query itself there, and one SELECT is atomic on its own on both
-    databases. `sql` uses the dialect's placeholder (`engines.placeholder`), and is the same
+    databases. `sql` is the driver's SQL, parameters positional (`statements.py`), the same
     string the loop's connection runs (`LoopConnection.select_now`). The driver's "not now"
     failures leave as STORAGE_UNAVAILABLE, as from `transaction`."""
     with unavailable_as_typed_errors():

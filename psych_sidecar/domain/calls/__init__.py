@@ -6,16 +6,27 @@ resolved surface; a host's call of one MCP tool): membership re-checked at call 
 reads stored results (``ReadToolOutput`` and ``read_tool_output``: handle, offset, limit,
 grep, in-process over the log). :class:`SchemaValidators` compiles each tool schema's
 validator once; the MCP layer judges results against output schemas with the same cache.
+The limits on what a call's steps handle on the event loop's thread are in ``limits.py``.
 """
 
 from __future__ import annotations
 
+from psych_sidecar.domain.calls.limits import (
+    MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP,
+    MAX_RESULT_BYTES_APPENDED_ON_LOOP,
+    MAX_RESULT_BYTES_SERIALIZED_ON_LOOP,
+    MAX_RESULT_CHARS_CONVERTED_ON_LOOP,
+)
 from psych_sidecar.domain.calls.results import ToolOutcome
 from psych_sidecar.domain.calls.router import ToolRouter
 from psych_sidecar.domain.calls.tool_output import GrepMatch, ReadResult, ToolOutputReader
 from psych_sidecar.domain.calls.validation import SchemaValidators, json_within
 
 __all__ = [
+    "MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP",
+    "MAX_RESULT_BYTES_APPENDED_ON_LOOP",
+    "MAX_RESULT_BYTES_SERIALIZED_ON_LOOP",
+    "MAX_RESULT_CHARS_CONVERTED_ON_LOOP",
     "GrepMatch",
     "ReadResult",
     "SchemaValidators",

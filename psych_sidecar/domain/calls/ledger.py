@@ -10,6 +10,7 @@ import hashlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from psych_sidecar.domain.calls.limits import MAX_RESULT_BYTES_APPENDED_ON_LOOP
 from psych_sidecar.domain.calls.results import ToolOutcome, ToolResult
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.runlog import (
@@ -24,11 +25,6 @@ from psych_sidecar.domain.runlog import (
 from psych_sidecar.domain.surface import RunContext
 
 Prepared = TypeVar("Prepared")
-
-
-# A result's JSON up to this size is recorded by `loop_first` (on the event loop's thread when
-# the database need not wait); a larger one's outline and parts take a worker thread.
-LOOP_RECORD_BYTES = 16 * 1024
 
 
 class CallLedger:
@@ -159,7 +155,8 @@ class CallLedger:
         arguments = (run_id, request_id, (record,), result.result_json)
         found = (
             self._runs.append_now(self._now, *arguments)
-            if self._now is not None and len(result.result_json) <= LOOP_RECORD_BYTES
+            if self._now is not None
+            and len(result.result_json) <= MAX_RESULT_BYTES_APPENDED_ON_LOOP
             else None
         )
         if found is None:

@@ -9,18 +9,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from psych_sidecar.domain.cache import ImmutableCache
+from psych_sidecar.domain.calls.limits import MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP
 
-# A value with at most this many characters (strings, keys, one per scalar and per member) is
-# judged on the calling thread, the event loop included, when its schema is compiled and has
-# no regular expression: the hop to a worker thread and back costs more than such a check.
-INLINE_CHECK_CHARS = 4096
 # Keywords whose check runs a server's regular expression: its time has no bound worth the
 # event loop's risk, whatever the size of the value.
 _REGEX_KEYWORDS = frozenset({"pattern", "patternProperties"})
 
 
 def json_within(value: Any, limit: int) -> bool:
-    """Whether a JSON-like value holds at most `limit` characters (see INLINE_CHECK_CHARS):
+    """Whether a JSON-like value holds at most `limit` characters (a limit of limits.py):
     stops counting as soon as it is over, so a large value costs no more than a small one."""
     stack = [value]
     left = limit
@@ -72,9 +69,13 @@ class SchemaValidators:
     def quick(self, schema_json: bytes, value: Any) -> bool:
         """Whether checking `value` against the schema is cheap enough for the event loop:
         the schema's validator is built (building one is not), the schema runs no regular
-        expression and the value is small (INLINE_CHECK_CHARS)."""
+        expression and the value is small (MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP)."""
         cached = self._cache.get(schema_json)
-        return cached is not None and cached[1] and json_within(value, INLINE_CHECK_CHARS)
+        return (
+            cached is not None
+            and cached[1]
+            and json_within(value, MAX_ARGUMENT_CHARS_CHECKED_ON_LOOP)
+        )
 
     def errors(self, schema_json: bytes, arguments: Mapping[str, Any]) -> list[str] | None:
         """The violations, or None when the server's schema itself is unusable (then the
