@@ -333,9 +333,7 @@ class _Client:
             response = self.search(run_id, query)
             return None if response.partial else response
 
-        found = wait_for(ranked, "a ranking that is not partial")
-        assert found is not None
-        return found
+        return wait_for(ranked, "a ranking that is not partial")
 
 
 def test_the_model_is_told_when_its_search_was_ranked_before_the_tools_were_indexed(
