@@ -34,7 +34,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.config import Settings
 from psych_sidecar.domain.calls.meta_tools import partial_ranking_note
-from psych_sidecar.domain.catalog import CatalogTool, Connection, TransportKind
+from psych_sidecar.domain.catalog import CatalogTool, CatalogWrite, Connection, TransportKind
 from psych_sidecar.search import (
     SearchDocument,
     SearchIndex,
@@ -109,12 +109,13 @@ def _catalog(
     stored = store.put_connection(
         Connection(tenant=tenant, name="srv", transport=TransportKind.STDIO, command="fixture")
     )
-    for tools in versions:
+    for version, tools in enumerate(versions, start=1):
         listing = [
             CatalogTool(server="srv", name=name, description=description, input_schema_json=b"")
             for name, description in tools
         ]
-        assert store.write_catalog(tenant, "srv", stored.revision, listing) is not None
+        written = store.write_catalog(tenant, "srv", stored.revision, listing)
+        assert written == CatalogWrite(version, len(listing), changed=True)
 
 
 def test_stored_vectors_survive_a_restart(
