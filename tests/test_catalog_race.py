@@ -28,8 +28,7 @@ def _listed_once(
     grpc_server: RunningSidecar, stubs: Stubs, unique: Callable[[str], str]
 ) -> tuple[McpManager, str]:
     """The sidecar's catalogue view and a new tenant whose connection `fx` is at version 1."""
-    view = grpc_server.sidecar.catalog
-    assert isinstance(view, McpManager)
+    view = grpc_server.sidecar.mcp
     tenant = unique("tenant")
     put_stdio(stubs, tenant, "fx", args=["--tools", "0"])
     wait_for(
@@ -116,9 +115,7 @@ def test_a_version_superseded_between_its_two_reads_still_permits_its_tools(
         return original(asked_tenant, server, version)
 
     monkeypatch.setattr(store, "catalog_tools", superseded_first)
-    resolver = grpc_server.sidecar.resolver
-    assert resolver is not None
-    _, resolved = resolver.resolved(run_id)
+    _, resolved = grpc_server.sidecar.resolver.resolved(run_id)
     assert resolved.snapshot.servers["fx"].status.catalog_version == 1
     assert all(tool.removed_in_version == 2 for tool in resolved.snapshot.servers["fx"].tools)
     assert "add_tool" in resolved.permitted["fx"]

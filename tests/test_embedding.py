@@ -5,6 +5,7 @@ fail rather than skip without it, so a missing install step cannot pass unnotice
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -12,7 +13,6 @@ import math
 import os
 import sys
 import threading
-import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -258,10 +258,13 @@ def test_warm_up_runs_at_the_lowest_priority_and_blas_on_one_thread(
     assert warming is not None
     warming.result(timeout=120)
     # This index's warm-up thread, and any other still winding down after its close.
-    warmers = [t.native_id for t in threading.enumerate() if t.name.startswith("search-warmup")]
+    warmers = [
+        t.native_id
+        for t in threading.enumerate()
+        if t.name.startswith("search-warmup") and t.native_id is not None
+    ]
     assert warmers
     for native_id in warmers:
-        assert native_id is not None
         with contextlib.suppress(ProcessLookupError):  # a closed one may have ended meanwhile
             assert os.getpriority(os.PRIO_PROCESS, native_id) == 19
     # Requests' own threads keep theirs.
@@ -282,12 +285,12 @@ def test_a_warm_up_on_two_threads_encodes_each_text_once_at_the_lowest_priority(
     warming = embeddings.warm_in_background(many)
     assert warming is not None
     priorities = set()
-    while not warming.done():
+    # Sampled until the warm-up is done: every 10 ms, or at once when it finishes.
+    while concurrent.futures.wait([warming], timeout=0.01).not_done:
         for thread in threading.enumerate():
             if thread.name.startswith("search-warmup-encode") and thread.native_id is not None:
                 with contextlib.suppress(ProcessLookupError):
                     priorities.add(os.getpriority(os.PRIO_PROCESS, thread.native_id))
-        time.sleep(0.01)
     warming.result(timeout=120)
     assert priorities == {19}
     encoded = counting.encoded
@@ -366,7 +369,10 @@ def test_a_prepared_copy_serves_without_the_package(
     prepared = prepare_model(tmp_path)
     monkeypatch.setitem(sys.modules, "all_minilm_l6_v2", None)
     assert packaged_model_path() is None
-    assert tool_embeddings("auto", cache_dir=tmp_path) is not None
+    embeddings = tool_embeddings("auto", cache_dir=tmp_path)
+    assert embeddings is not None
+    assert embeddings.load()  # from the prepared copy
+    embeddings.close(wait=True)
     texts = ["Send an SMS message.", "List the files of a folder."]
     assert np.array_equal(
         MiniLmEncoder.from_prepared(prepared).encode(texts), encoder.encode(texts)

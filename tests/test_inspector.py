@@ -371,7 +371,6 @@ def test_only_clients_on_this_machine_get_the_pages_unless_the_operator_allows_m
 ) -> None:
     sidecar = grpc_server.sidecar
     inspector = sidecar.graph.inspector
-    assert inspector is not None
 
     def status(allow_remote: bool, client: tuple[str, int] | None, path: str = "/ui") -> int:
         app = Starlette(routes=ui.admin_routes(inspector, _blocking, allow_remote))

@@ -1,8 +1,9 @@
 """The layout the docs promise is the layout on disk: every path docs/design.md names under
 the package exists, its Layers tree lists every subpackage, its migration table gives each
 file's real revision ids and names the head, every domain subpackage has its docstring and
-curated `__all__` that the rest of the package imports through, and the top level holds what the
-README's Layout section lists."""
+curated `__all__` that the rest of the package imports through, the top level holds what the
+README's Layout section lists, and no module is over 500 lines or keeps state in a thread-local
+(but those on an allowlist that only shrinks)."""
 
 from __future__ import annotations
 
@@ -171,3 +172,50 @@ def test_every_runtime_dependency_has_a_row_in_design_md_and_every_row_is_one() 
             continue
         named |= {name.split("[")[0].lower() for name in re.findall(r"`([^`]+)`", cell)}
     assert named == declared
+
+
+# Modules over the limit today, each being split by a change under way; this list only shrinks.
+OVER_500_LINES_FOR_NOW = {
+    "mcp/oauth.py",
+    "mcp/session.py",
+    "mcp/manager.py",
+    "storage/db.py",
+    "search/ranking.py",
+    "search/embeddings.py",
+    "storage/connections.py",
+    "config.py",
+    "storage/repository.py",
+    "domain/prompt/assembly.py",
+}
+
+
+def test_no_module_in_the_package_is_over_500_lines() -> None:
+    sizes = {
+        path.relative_to(PACKAGE).as_posix(): len(path.read_text().splitlines())
+        for path in PACKAGE.rglob("*.py")
+    }
+    over = {path: lines for path, lines in sizes.items() if lines > 500}
+    assert {p: n for p, n in over.items() if p not in OVER_500_LINES_FOR_NOW} == {}
+    # A split module leaves the list with its split.
+    assert sorted(OVER_500_LINES_FOR_NOW - over.keys()) == []
+
+
+# Modules that keep state per thread: storage/db.py and domain/runlog/loop_attempts.py until a
+# change under way passes theirs along explicitly; telemetry/tracing.py because the
+# OpenTelemetry SDK calls its id generator without arguments, so the trace id chosen for the
+# next span can only reach it through the thread. This list only shrinks.
+THREAD_LOCALS_FOR_NOW = {
+    "storage/db.py",
+    "domain/runlog/loop_attempts.py",
+    "telemetry/tracing.py",
+}
+
+
+def test_no_module_keeps_state_in_a_thread_local() -> None:
+    using = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if "threading.local(" in path.read_text()
+    }
+    assert sorted(using - THREAD_LOCALS_FOR_NOW) == []
+    assert sorted(THREAD_LOCALS_FOR_NOW - using) == []

@@ -69,7 +69,6 @@ def test_runs_of_different_specs_with_the_same_reach_share_one_search_index(
         "the first listing",
     )
     resolver = grpc_server.sidecar.resolver
-    assert resolver is not None
     count_before, bytes_before = resolver.search_indexes
     runs = []
     for _ in range(3):

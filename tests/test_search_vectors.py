@@ -34,7 +34,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.config import Settings
 from psych_sidecar.domain.calls.meta_tools import partial_ranking_note
-from psych_sidecar.domain.catalog import CatalogTool, Connection, TransportKind
+from psych_sidecar.domain.catalog import CatalogTool, CatalogWrite, Connection, TransportKind
 from psych_sidecar.search import (
     SearchDocument,
     SearchIndex,
@@ -110,12 +110,13 @@ def _catalog(
     stored = store.put_connection(
         Connection(tenant=tenant, name="srv", transport=TransportKind.STDIO, command="fixture")
     )
-    for tools in versions:
+    for version, tools in enumerate(versions, start=1):
         listing = [
             CatalogTool(server="srv", name=name, description=description, input_schema_json=b"")
             for name, description in tools
         ]
-        assert store.write_catalog(tenant, "srv", stored.revision, listing) is not None
+        written = store.write_catalog(tenant, "srv", stored.revision, listing)
+        assert written == CatalogWrite(version, len(listing), changed=True)
 
 
 def test_stored_vectors_survive_a_restart(
@@ -334,9 +335,7 @@ class _Client:
             response = self.search(run_id, query)
             return None if response.partial else response
 
-        found = wait_for(ranked, "a ranking that is not partial")
-        assert found is not None
-        return found
+        return wait_for(ranked, "a ranking that is not partial")
 
 
 def test_the_model_is_told_when_its_search_was_ranked_before_the_tools_were_indexed(

@@ -16,28 +16,31 @@ import pytest
 from tests.support.processes import free_port
 
 # Runs `psych-sidecar serve` through the command's entry point in this interpreter's main
-# thread; a thread waits for SERVING, prints the modules loaded then and whether the
-# garbage collector is on, and stops the sidecar as SIGTERM would.
+# thread; a thread watches its health (the call waits for the listener: reconnect attempts
+# every 20 ms), prints the modules loaded at SERVING and whether the garbage collector is on,
+# and stops the sidecar as SIGTERM would.
 _PROBE = textwrap.dedent(
     """
-    import gc, json, os, signal, sys, threading, time
+    import gc, json, os, signal, sys, threading
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from psych_sidecar.launch import main
 
     target = sys.argv[1]
+    RECONNECT = [
+        ("grpc.initial_reconnect_backoff_ms", 20),
+        ("grpc.min_reconnect_backoff_ms", 20),
+        ("grpc.max_reconnect_backoff_ms", 20),
+    ]
 
     def watch():
-        with grpc.insecure_channel(target) as channel:
+        with grpc.insecure_channel(target, options=RECONNECT) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                try:
-                    answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.02)
+            changes = stub.Watch(health_pb2.HealthCheckRequest(), wait_for_ready=True)
+            for answer in changes:
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+            changes.cancel()
         loaded = sorted(sys.modules)
         print("LOADED " + json.dumps(loaded), flush=True)
         print("GC " + json.dumps(gc.isenabled()), flush=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,7 +231,7 @@ def _appends_through_a_crash(stubs: Stubs, cluster: Cluster) -> None:
                     assert failure is not None, "an error without a google.rpc.Status"
                     if error.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
                         reasons.add(_reason(failure))
-                    time.sleep(0.05)
+                    stop.wait(0.05)  # a pause before the retry, cut short by the end
                     continue  # retried with the same request id
                 acknowledged[request_id] = answer.records[0].sequence
                 outcomes.append("OK")

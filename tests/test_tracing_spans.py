@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from psych_sidecar.telemetry import tracing
@@ -34,6 +35,14 @@ def installed(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
     finally:
         tracing.uninstall()
         provider.shutdown()
+
+
+def ratio_sampler(ratio: float) -> Sampler:
+    """The sidecar's sampler at `ratio`: parent-based, the roots decided by trace-id ratio."""
+    made = cast(Sampler, tracing.sampler(ratio))
+    # Its description says what it is (the SDK's samplers define no equality).
+    assert made.get_description() == ParentBased(TraceIdRatioBased(ratio)).get_description()
+    return made
 
 
 @pytest.fixture
@@ -102,8 +111,7 @@ def test_an_rpc_answered_with_an_error_code_is_an_error_span(
 @pytest.fixture
 def sampled_at_zero() -> Iterator[InMemorySpanExporter]:
     """The sidecar's sampler at ratio 0: only a host's sampled trace is recorded."""
-    sampler = tracing.sampler(0.0)
-    assert sampler is not None
+    sampler = ratio_sampler(0.0)
     with installed(TracerProvider(sampler=sampler)) as exporter:
         yield exporter
 
@@ -151,8 +159,7 @@ def test_at_ratio_zero_a_call_continuing_a_sampled_trace_is_exported_with_its_at
 
 def test_a_host_trace_not_sampled_is_not_sampled_here_at_any_ratio() -> None:
     exporter = InMemorySpanExporter()
-    sampler = tracing.sampler(1.0)
-    assert sampler is not None
+    sampler = ratio_sampler(1.0)
     provider = TracerProvider(sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.install(provider)
@@ -183,7 +190,6 @@ def test_the_sampler_setting_beats_the_standard_variables_which_beat_the_default
     assert tracing.sampler(None) is None
     assert TracerProvider(sampler=tracing.sampler(None)).sampler is ALWAYS_ON
     configured = tracing.sampler(0.25)
-    assert configured is not None
     assert configured.get_description() == ParentBased(TraceIdRatioBased(0.25)).get_description()
 
 
@@ -214,8 +220,7 @@ def test_a_trace_starting_here_is_sampled_by_its_trace_id_as_the_ratio_sampler_s
     # The sidecar decides an RPC's root span from its trace id itself (the sampler's own rule);
     # a sampled one is then made by the SDK with that very trace id.
     ratio = TraceIdRatioBased(0.5)
-    sampler = tracing.sampler(0.5)
-    assert sampler is not None
+    sampler = ratio_sampler(0.5)
     recorded: set[int] = set()
     dropped: set[int] = set()
     with installed(TracerProvider(sampler=sampler)) as exporter:

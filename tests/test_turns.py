@@ -53,11 +53,9 @@ def wait_for_state(
         line = seen.get(server)
         return line if line is not None and line.state == state else None
 
-    line = wait_for(
+    return wait_for(
         reached, lambda: f"{server} to reach state {state}: {seen}", within=within, every=0.1
     )
-    assert line is not None
-    return line
 
 
 def test_a_server_connected_between_two_turns_is_usable_on_the_second(

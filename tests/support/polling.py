@@ -14,13 +14,14 @@ SETTLE_SECONDS = 30.0
 
 
 def wait_for(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     what: str | Callable[[], str],
     *,
     within: float = SETTLE_SECONDS,
     every: float = 0.02,
 ) -> T:
-    """Poll until `condition()` is truthy and return that value; fail after `within` seconds,
+    """Poll until `condition()` is truthy and return that value (never None, so a condition
+    that answers None for "not yet" gives its value's type); fail after `within` seconds,
     saying what was awaited (`what`, or what it returns then, so the message can show the
     state last seen) and the last value. `condition` may itself raise to fail at once (a
     process that exited)."""

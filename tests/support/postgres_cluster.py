@@ -74,8 +74,6 @@ def own_cluster(*, durable: bool) -> Iterator[Cluster]:
             env=env,
             text=True,
         )
-        assert process.stdin is not None
-        assert process.stdout is not None
         try:
             line = process.stdout.readline()
             if not line:

@@ -127,16 +127,16 @@ def run_scenario(scenario: dict[str, Any], invoke: Invoke) -> None:
             if "error" in step:
                 _check_error(expand(step["error"], variables), outcome)
             else:
-                _check_response(expand(step["response"], variables), outcome)
+                response = _check_response(expand(step["response"], variables), outcome)
                 for name, capture_path in step.get("capture", {}).items():
                     _require(name not in variables, f"variable {name} is already defined")
-                    assert outcome.response is not None
-                    variables[name] = capture(outcome.response, capture_path)
+                    variables[name] = capture(response, capture_path)
         except ScenarioError as error:
             raise ScenarioError(f"{scenario['name']}: {where}: {error}") from None
 
 
-def _check_response(expected: dict[str, Any], outcome: Outcome) -> None:
+def _check_response(expected: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
+    """The response, when it matches `expected`."""
     if outcome.response is None:
         raise ScenarioError(
             f"expected a response, got {outcome.code}: {outcome.message} {outcome.details}"
@@ -144,6 +144,7 @@ def _check_response(expected: dict[str, Any], outcome: Outcome) -> None:
     problem = mismatch(expected, outcome.response)
     if problem:
         raise ScenarioError(f"{problem}; the response: {json.dumps(outcome.response)[:2000]}")
+    return outcome.response
 
 
 def _check_error(expected: dict[str, Any], outcome: Outcome) -> None:
@@ -173,8 +174,8 @@ def substitute(text: str, variables: dict[str, str]) -> str:
     position = 0
     while (start := text.find("${", position)) >= 0:
         reference = _REFERENCE.match(text, start)
-        _require(reference is not None, f"malformed variable reference in {text[:200]!r}")
-        assert reference is not None
+        if reference is None:
+            raise ScenarioError(f"malformed variable reference in {text[:200]!r}")
         name = reference.group(1)
         _require(name in variables, f"undefined variable ${{{name}}}")
         parts += [text[position:start], variables[name]]
