@@ -258,6 +258,16 @@ class McpSettings(_Group):
         ge=0,
         description="tools/list_changed notifications within this window cause one refresh.",
     )
+    stdio_max_line_bytes: int = Field(
+        alias="mcp_stdio_max_line_bytes",
+        # As one server-sent event over HTTP (docs/operations.md, "MCP servers").
+        default=256 * MIB,
+        gt=0,
+        description=(
+            "The longest line (one JSON-RPC message) read from a stdio server; a longer one "
+            "ends the connection."
+        ),
+    )
 
 
 class OAuthOutboundSettings(_Group):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from psych.sidecar.v1 import run_service_pb2, spec_pb2, spec_service_pb2
-from psych_sidecar.mcp.manager import McpManager
+from psych_sidecar.mcp.catalog_view import SessionCatalogView
 from tests.support.connections import fixture_commands, put_stdio
 from tests.support.polling import wait_for
 from tests.support.sidecar import RunningSidecar, Stubs, on_loop
@@ -26,9 +26,9 @@ SIDECAR_OVERRIDES: dict[str, Any] = {"mcp_commands": fixture_commands()}
 
 def _listed_once(
     grpc_server: RunningSidecar, stubs: Stubs, unique: Callable[[str], str]
-) -> tuple[McpManager, str]:
+) -> tuple[SessionCatalogView, str]:
     """The sidecar's catalogue view and a new tenant whose connection `fx` is at version 1."""
-    view = grpc_server.sidecar.mcp
+    view = grpc_server.sidecar.catalog
     tenant = unique("tenant")
     put_stdio(stubs, tenant, "fx", args=["--tools", "0"])
     wait_for(

@@ -8,11 +8,13 @@ SQLite and one transport: the faults are the MCP server's; storage faults have t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,10 +29,9 @@ from psych.sidecar.v1 import (
     spec_pb2,
     tool_service_pb2,
 )
-from psych_sidecar.config import MIB
-from psych_sidecar.mcp import session as mcp_session
-from psych_sidecar.mcp import stdio as mcp_stdio
+from psych_sidecar.config import MIB, Settings
 from tests.support.connections import fixture_commands
+from tests.support.databases import TEST_SECRET_KEY
 from tests.support.polling import wait_for
 from tests.support.requests import all_records, publish
 from tests.support.sidecar import RunningSidecar, Stubs
@@ -61,7 +62,11 @@ SIDECAR_OVERRIDES: dict[str, Any] = {
 @pytest.fixture
 def run_id(stubs: Stubs, unique: Callable[[str], str]) -> str:
     """A Run of a fresh tenant with its own fixture server connected (no bulk tools)."""
-    tenant = unique("tenant")
+    return fixture_run(stubs, unique("tenant"), unique("spec"))
+
+
+def fixture_run(stubs: Stubs, tenant: str, spec: str) -> str:
+    """A Run of `tenant` with its fixture server `fx` connected (no bulk tools)."""
     connection = connection_pb2.Connection(
         tenant=tenant,
         name="fx",
@@ -71,11 +76,29 @@ def run_id(stubs: Stubs, unique: Callable[[str], str]) -> str:
     stubs.connections.PutConnection(
         connection_service_pb2.PutConnectionRequest(connection=connection)
     )
-    spec = unique("spec")
     publish(stubs, spec, grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")])
     return stubs.runs.CreateRun(
         run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec, spec_version=1)
     ).run.run_id
+
+
+@contextlib.contextmanager
+def own_sidecar(
+    tmp_path: Path, overrides: dict[str, Any] | None = None, **options: Any
+) -> Iterator[tuple[Stubs, str]]:
+    """A sidecar of this module's settings plus `overrides`, built with `options`, and a Run
+    on it with the fixture server connected: for a fault the shared sidecar must not have."""
+    settings = Settings(
+        listen=[f"unix://{tmp_path / 's.sock'}"],
+        database_url=f"sqlite:///{tmp_path / 'sidecar.db'}",
+        data_dir=tmp_path,
+        shutdown_grace_seconds=5,
+        secret_keys=TEST_SECRET_KEY,
+        **SIDECAR_OVERRIDES,
+        **(overrides or {}),
+    )
+    with RunningSidecar(settings, **options) as running, running.stubs() as stubs:
+        yield stubs, fixture_run(stubs, "tenant", "spec")
 
 
 def call(
@@ -212,60 +235,51 @@ def test_a_server_exiting_mid_call_is_a_tool_error_in_the_log(
 
 
 def test_a_bug_during_a_call_is_logged_with_its_stack_and_the_model_gets_a_tool_error(
-    stubs: Stubs,
-    run_id: str,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Stands in for a bug in the sidecar's own result conversion: nothing in a real server
     # can make correct code raise this.
     def broken(result: Any) -> Any:
         raise KeyError("a bug")
 
-    call(stubs, run_id, "echo", "warm", text="connected")
-    monkeypatch.setattr(mcp_session, "tool_result", broken)
-    with caplog.at_level(logging.ERROR, logger="psych_sidecar.mcp.session"):
+    with (
+        own_sidecar(tmp_path, convert_tool_result=broken) as (stubs, run_id),
+        caplog.at_level(logging.ERROR, logger="psych_sidecar.mcp.tool_calls"),
+    ):
         outcome = call(stubs, run_id, "echo", "c1", text="hi")
-    assert outcome.is_error
-    (logged,) = [r for r in caplog.records if "unexpected error calling" in r.getMessage()]
-    assert logged.exc_info is not None
-    correlation_id = logged.getMessage().rsplit(" ", 1)[-1]
-    assert correlation_id in text(outcome)
-    assert any(
-        r.tool_result.call_id == "c1" and r.tool_result.is_error
-        for r in all_records(stubs, run_id)
-        if r.WhichOneof("kind") == "tool_result"
-    )
+        assert outcome.is_error
+        (logged,) = [r for r in caplog.records if "unexpected error calling" in r.getMessage()]
+        assert logged.exc_info is not None
+        correlation_id = logged.getMessage().rsplit(" ", 1)[-1]
+        assert correlation_id in text(outcome)
+        assert any(
+            r.tool_result.call_id == "c1" and r.tool_result.is_error
+            for r in all_records(stubs, run_id)
+            if r.WhichOneof("kind") == "tool_result"
+        )
 
 
 def test_a_stdio_line_over_the_limit_is_a_tool_error_and_the_server_comes_back(
-    stubs: Stubs,
-    run_id: str,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A server's line longer than the sidecar reads (256 MiB; 1 MiB here, so a 2 MiB result
-    crosses it) closes the connection: the call is a tool error in the log, the reason is
-    logged, and the server is reconnected."""
-    monkeypatch.setattr(mcp_stdio, "MAX_LINE_BYTES", MIB)
-    # The limit is read when a transport opens: end the one opened before the patch.
-    assert call(stubs, run_id, "exit", "restart").is_error
-    wait_for(
-        lambda: not call(stubs, run_id, "echo", f"up-{time.monotonic()}", text="hi").is_error,
-        "the server to be reconnected",
-    )
-    with caplog.at_level(logging.WARNING, logger="psych_sidecar.mcp.session"):
+    """A server's line longer than the sidecar reads (256 MiB by default; 1 MiB here, so a
+    2 MiB result crosses it) closes the connection: the call is a tool error in the log, the
+    reason is logged, and the server is reconnected."""
+    with (
+        own_sidecar(tmp_path, {"mcp_stdio_max_line_bytes": MIB}) as (stubs, run_id),
+        caplog.at_level(logging.WARNING, logger="psych_sidecar.mcp.session"),
+    ):
         outcome = call(stubs, run_id, "huge_text", "big", size=2 * MIB)
-    assert outcome.is_error
-    assert "closed" in text(outcome)
-    assert any(f"more than {MIB} bytes" in r.getMessage() for r in caplog.records)
-    logged = [
-        r.tool_result
-        for r in all_records(stubs, run_id)
-        if r.WhichOneof("kind") == "tool_result" and r.tool_result.call_id == "big"
-    ]
-    assert [result.is_error for result in logged] == [True]
-    wait_for(
-        lambda: not call(stubs, run_id, "echo", f"back-{time.monotonic()}", text="hi").is_error,
-        "the server to be reconnected after the long line",
-    )
+        assert outcome.is_error
+        assert "closed" in text(outcome)
+        assert any(f"more than {MIB} bytes" in r.getMessage() for r in caplog.records)
+        logged = [
+            r.tool_result
+            for r in all_records(stubs, run_id)
+            if r.WhichOneof("kind") == "tool_result" and r.tool_result.call_id == "big"
+        ]
+        assert [result.is_error for result in logged] == [True]
+        wait_for(
+            lambda: not call(stubs, run_id, "echo", f"back-{time.monotonic()}", text="hi").is_error,
+            "the server to be reconnected after the long line",
+        )

@@ -34,11 +34,12 @@ def test_the_listen_fallback_is_quiet_and_the_era_is_noted(
     era: str,
 ) -> None:
     tenant = unique("era")
-    with caplog.at_level(logging.DEBUG, logger="psych_sidecar.mcp.session"):
+    with caplog.at_level(logging.DEBUG, logger="psych_sidecar.mcp.catalog_refresh"):
         put_stdio(stubs, tenant, "srv", args=["--tools", "2", *args])
-        session = grpc_server.sidecar.mcp._running[(tenant, "srv")].session
-        wait_for(lambda: session.protocol_era, "the protocol era")
-        assert session.protocol_era == era
+        session = grpc_server.sidecar.mcp.running_session(tenant, "srv")
+        assert session is not None
+        wait_for(lambda: session.catalog.protocol_era, "the protocol era")
+        assert session.catalog.protocol_era == era
         wait_for(lambda: "bulk_000" in catalog_names(stubs, tenant, "srv"), "the listing")
     mine = [r for r in caplog.records if f"{tenant}/srv" in r.getMessage()]
     assert not [r for r in mine if "listen ended" in r.getMessage()]

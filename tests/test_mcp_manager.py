@@ -1,4 +1,4 @@
-"""McpManager owns every task it starts: after stop() nothing starts, and a deleted
+"""The MCP session registry owns every task it starts: after stop() nothing starts, and a deleted
 connection leaves nothing behind. Against a real sidecar on a real SQLite file and the
 project's fixture MCP server."""
 
@@ -29,7 +29,7 @@ def _fixture(tenant: str, name: str) -> Connection:
 
 
 def _session_tasks(running: RunningSidecar) -> list[str]:
-    """The manager's tasks, read on the sidecar's loop. That loop runs callbacks in the order
+    """The registry's tasks, read on the sidecar's loop. That loop runs callbacks in the order
     they were scheduled: whatever another thread scheduled before this call has run."""
 
     async def names() -> list[str]:
@@ -46,7 +46,7 @@ def test_nothing_starts_after_stop(tmp_path: Path) -> None:
         # Another sidecar on the same database stores a connection; this one notices it when
         # a storage thread lists the tenant's connections, and starts its session.
         sidecar.graph.connection_store.put_connection(_fixture("acme", "early"))
-        sidecar.mcp.tenant_connections("acme")
+        sidecar.catalog.tenant_connections("acme")
         wait_for(
             lambda: "mcp-session early" in _session_tasks(running),
             "the session of a connection another sidecar stored",
@@ -56,7 +56,7 @@ def test_nothing_starts_after_stop(tmp_path: Path) -> None:
         # After stop the same notice starts nothing: listed as not running here yet (the
         # state that would have started its session), and no task.
         sidecar.graph.connection_store.put_connection(_fixture("acme", "late"))
-        listed = sidecar.mcp.tenant_connections("acme")
+        listed = sidecar.catalog.tenant_connections("acme")
         assert [(connection.name, status.state) for connection, status in listed] == [
             ("early", ConnectionState.CONNECTING),
             ("late", ConnectionState.CONNECTING),
@@ -67,7 +67,7 @@ def test_nothing_starts_after_stop(tmp_path: Path) -> None:
 def test_stop_ends_every_task_it_started(tmp_path: Path) -> None:
     with RunningSidecar(_settings(tmp_path)) as running:
         sidecar = running.sidecar
-        on_loop(running, sidecar.mcp.put_connection(_fixture("acme", "first")))
+        on_loop(running, sidecar.graph.supervisor.put_connection(_fixture("acme", "first")))
         assert _session_tasks(running) == ["mcp-catalog-sweep", "mcp-session first"]
         on_loop(running, sidecar.mcp.stop())
         assert _session_tasks(running) == []
@@ -75,10 +75,10 @@ def test_stop_ends_every_task_it_started(tmp_path: Path) -> None:
 
 def test_a_deleted_connection_leaves_no_lock_behind(tmp_path: Path) -> None:
     with RunningSidecar(_settings(tmp_path)) as running:
-        manager = running.sidecar.mcp
+        supervisor = running.sidecar.graph.supervisor
         for index in range(5):
-            on_loop(running, manager.put_connection(_fixture("acme", f"c{index}")))
-            on_loop(running, manager.delete_connection("acme", f"c{index}"))
+            on_loop(running, supervisor.put_connection(_fixture("acme", f"c{index}")))
+            on_loop(running, supervisor.delete_connection("acme", f"c{index}"))
         # Per-name locks exist only for live connections: the map does not grow with every
         # name ever used.
-        assert manager._key_locks == {}
+        assert running.sidecar.mcp._key_locks == {}

@@ -18,11 +18,10 @@ import mcp_types as types
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.message import SessionMessage
 
-from psych_sidecar.config import MIB
+from psych_sidecar.config import MIB, McpSettings
 from psych_sidecar.mcp import stdio
 from psych_sidecar.mcp.stdio import (
     INLINE_PARSE_BYTES,
-    MAX_LINE_BYTES,
     RELEASED_LINE_BYTES,
     LineTooLong,
     release_large_result,
@@ -30,6 +29,8 @@ from psych_sidecar.mcp.stdio import (
 )
 from tests.mcp_servers.stdout_server import SPLIT_TEXT_BYTES
 
+# The setting's default.
+MAX_LINE_BYTES = McpSettings().stdio_max_line_bytes
 SERVER = Path(__file__).parent / "mcp_servers" / "stdout_server.py"
 # A guard against a hang, not a speed check.
 GUARD_SECONDS = 60

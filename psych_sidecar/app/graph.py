@@ -40,12 +40,17 @@ from psych_sidecar.domain.catalog import (
     CatalogView,
     ConnectionService,
     ConnectionSupervisor,
+    McpToolResult,
 )
 from psych_sidecar.domain.prompt import PromptAssembler
 from psych_sidecar.domain.runlog import RunService, SpecLookup, SpecService
 from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.domain.usage import UsageService
-from psych_sidecar.mcp.manager import McpManager
+from psych_sidecar.mcp.catalog_view import SessionCatalogView
+from psych_sidecar.mcp.registry import SessionRegistry
+from psych_sidecar.mcp.sign_in import OAuthSignIn
+from psych_sidecar.mcp.supervisor import SessionSupervisor
+from psych_sidecar.mcp.tool_runner import SessionToolRunner
 from psych_sidecar.search import ToolEmbeddings
 from psych_sidecar.search.model import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
@@ -61,6 +66,8 @@ from psych_sidecar.storage.search_vectors import SqlVectorStore
 from psych_sidecar.storage.usage import SqlUsageStore
 
 if TYPE_CHECKING:
+    import mcp_types
+
     from psych_sidecar.domain.inspect import RunInspector
     from psych_sidecar.domain.prompt import AssemblyJournal, TurnSurfaces
     from psych_sidecar.domain.runlog import OffLoop, StorageNow
@@ -145,7 +152,13 @@ class SidecarGraph:
     """Everything a serving sidecar runs on, built from its settings; `close` releases the
     thread pools and the database once nothing uses them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        convert_tool_result: Callable[[mcp_types.CallToolResult], McpToolResult] | None = None,
+    ) -> None:
+        """`convert_tool_result` replaces how a tool result becomes what the log keeps (tests
+        pass one that fails, standing in for a bug)."""
         self.engine = create_database_engine(
             settings.resolved_database_url(),
             pool_size=settings.storage.worker_threads,
@@ -177,18 +190,23 @@ class SidecarGraph:
             settings.search.search_model_cache_dir,
             encode_threads=settings.process.cpu_threads,
         )
-        # The MCP layer: one session per connection. It is the CatalogView, the
-        # ConnectionSupervisor and the ToolRunner of domain/catalog. Each listing it stores is
-        # encoded for search in the background, so the first search does not pay for it.
+        # The MCP layer: one session per connection, in one registry, over which the
+        # CatalogView, the ConnectionSupervisor (with sign-in) and the ToolRunner of
+        # domain/catalog are built. Each listing it stores is encoded for search in the
+        # background, so the first search does not pay for it.
         self.secret_keys = load_secret_keys(settings)
         self.connection_store = connection_store = SqlConnectionStore(self.engine, self.secret_keys)
-        self.mcp = McpManager(
+        self.mcp = SessionRegistry(
             connection_store,
             self.blocking,
             settings.mcp,
             on_listed=self._warm_search if self.embeddings is not None else None,
             oauth=(settings.oauth, SqlOAuthStore(self.engine, self.secret_keys)),
+            convert_result=convert_tool_result,
         )
+        self.catalog = SessionCatalogView(self.mcp)
+        self.tool_runner = SessionToolRunner(self.mcp)
+        self.supervisor = SessionSupervisor(self.mcp, OAuthSignIn(self.mcp))
         # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
         self.journal = (
             SqlAssemblyJournal(self.engine, settings.prompt.assembly_journal_retention_hours * 3600)
@@ -197,8 +215,8 @@ class SidecarGraph:
         )
         services = _domain_services(
             self.engine,
-            self.mcp,
-            self.mcp,
+            self.catalog,
+            self.supervisor,
             self.blocking,
             connection_store,
             live=True,
@@ -215,7 +233,7 @@ class SidecarGraph:
             services.resolver,
             services.runs,
             services.log,
-            self.mcp,
+            self.tool_runner,
             reader,
             self.blocking,
             settings.mcp.tool_call_timeout_seconds,
@@ -235,7 +253,7 @@ class SidecarGraph:
                 self.journal,
                 usage,
                 reader,
-                self.mcp,
+                self.catalog,
                 services.connection_store,
             )
 

@@ -31,10 +31,12 @@ from psych_sidecar.storage.migrate import DatabaseRefused, check_writable_values
 from psych_sidecar.telemetry import metrics, tracing
 
 if TYPE_CHECKING:
+    import mcp_types
     from opentelemetry.sdk.trace import TracerProvider
     from starlette.routing import BaseRoute
 
     from psych_sidecar.admin import AdminServer
+    from psych_sidecar.domain.catalog import McpToolResult
 
 __all__ = ["Sidecar", "StartupError", "serve"]
 
@@ -52,18 +54,24 @@ _STOP_BACKSTOP_SECONDS = 5.0
 class Sidecar:
     """One running sidecar: storage, domain services and the gRPC server around them."""
 
-    def __init__(self, settings: Settings, tracer_provider: TracerProvider | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        tracer_provider: TracerProvider | None = None,
+        convert_tool_result: Callable[[mcp_types.CallToolResult], McpToolResult] | None = None,
+    ) -> None:
         """`tracer_provider` overrides the one the `tracing` setting would build (tests export
-        to memory with it)."""
+        to memory with it); `convert_tool_result` how a tool result becomes what the log keeps
+        (tests pass one that fails, standing in for a bug)."""
         self.settings = settings
         self._tracer_provider = tracer_provider
         self._owns_tracer_provider = False
         self._addresses = settings.listen_addresses()
-        self.graph = SidecarGraph(settings)
+        self.graph = SidecarGraph(settings, convert_tool_result)
         self._health = health.aio.HealthServicer()
         self.mcp = self.graph.mcp
-        self.catalog = self.graph.mcp
-        self.tool_runner = self.graph.mcp
+        self.catalog = self.graph.catalog
+        self.tool_runner = self.graph.tool_runner
         # The turn resolver (its caches are inspectable) and the assembly journal.
         self.resolver = self.graph.resolver
         self.journal = self.graph.journal

@@ -9,9 +9,10 @@ SDK's own helpers, and replaces the read side only:
 
 - it works on bytes and looks for the newline in each new chunk only, keeping a line's chunks
   in a list that is joined once, when the line ends;
-- a line is bounded (`MAX_LINE_BYTES`): an MCP server is untrusted, and a line without end must
-  not take the sidecar's memory. A longer line ends the connection (its pending calls fail
-  with CONNECTION_CLOSED, the session reconnects) after a transport error naming the limit;
+- a line is bounded (the `mcp_stdio_max_line_bytes` setting, 256 MiB): an MCP server is
+  untrusted, and a line without end must not take the sidecar's memory. A longer line ends
+  the connection (its pending calls fail with CONNECTION_CLOSED, the session reconnects)
+  after a transport error naming the limit;
 - a large line is parsed and validated on a worker thread, small ones inline (a thread hop
   costs more than parsing a few KiB), after a block its size is left in malloc's keeping with
   its pages in memory (`heap.leave_touched_block`), for the parse's strings; once parsed,
@@ -50,9 +51,6 @@ from psych_sidecar.bulk import heap
 
 log = logging.getLogger(__name__)
 
-# The longest line (one JSON-RPC message) read from a stdio server: the same bound as one
-# server-sent event over HTTP (docs/operations.md, "MCP servers").
-MAX_LINE_BYTES = 256 * 1024 * 1024
 # Lines up to this size are parsed on the event loop; longer ones on a worker thread.
 INLINE_PARSE_BYTES = 64 * 1024
 # A response from a line longer than this is emptied once its call is done with it
@@ -183,11 +181,10 @@ def _too_long(size: int, limit: int) -> str:
 
 @asynccontextmanager
 async def stdio_transport(
-    server: StdioServerParameters, errlog: TextIO, max_line_bytes: int | None = None
+    server: StdioServerParameters, errlog: TextIO, max_line_bytes: int
 ) -> AsyncIterator[tuple[MemoryObjectReceiveStream[Item], MemoryObjectSendStream[SessionMessage]]]:
     """The SDK's `stdio_client` (mcp/client/stdio.py) with the reader above; lines up to
-    `max_line_bytes` (default MAX_LINE_BYTES, read when the transport opens)."""
-    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    `max_line_bytes`."""
     command = await _get_executable_command(server.command)
     process = await _create_platform_compatible_process(
         command=command,
@@ -215,7 +212,7 @@ async def stdio_transport(
             async with read_stream_writer:
                 try:
                     # One line at a time; no read-ahead while a delivery is blocked.
-                    async for line in read_lines(chunks(), limit):
+                    async for line in read_lines(chunks(), max_line_bytes):
                         try:
                             if isinstance(line, LineTooLong):
                                 # The session logs it, naming the connection.

@@ -181,12 +181,14 @@ async def _streamable_http(
 
 
 @asynccontextmanager
-async def _stdio(parameters: StdioServerParameters, stderr: StderrTail) -> AsyncIterator[Streams]:
+async def _stdio(
+    parameters: StdioServerParameters, stderr: StderrTail, max_line_bytes: int
+) -> AsyncIterator[Streams]:
     # The server's stderr goes to a pipe read into its connection's bounded tail, never
     # straight into the sidecar's own stderr (mcp/stderr.py).
     with stderr.pipe() as errlog:
         # The SDK's process handling with a linear, bounded reader (mcp/stdio.py).
-        async with stdio_transport(parameters, errlog) as streams:
+        async with stdio_transport(parameters, errlog, max_line_bytes) as streams:
             yield streams
 
 
@@ -196,9 +198,10 @@ def _base_transport(
     stderr: StderrTail,
     refusals: HttpRefusals,
     auth: httpx2.Auth | None,
+    max_line_bytes: int,
 ) -> AbstractAsyncContextManager[Any]:
     if connection.transport is TransportKind.STDIO:
-        return _stdio(stdio_parameters(connection, commands), stderr)
+        return _stdio(stdio_parameters(connection, commands), stderr, max_line_bytes)
     if connection.transport is TransportKind.STREAMABLE_HTTP:
         return _streamable_http(connection.url, connection.headers, refusals, auth)
     return sse_client(
@@ -217,11 +220,14 @@ async def open_transport(
     stderr: StderrTail,
     refusals: HttpRefusals,
     auth: httpx2.Auth | None = None,
+    *,
+    max_line_bytes: int,
 ) -> AsyncIterator[Streams]:
     """The connection's transport; `closed` is set when it stops delivering messages; a
     stdio server's stderr is kept in `stderr`, an HTTP server's 401 and 403 in `refusals`;
-    `auth` (an OAuth connection's tokens) signs every HTTP request."""
-    async with _base_transport(connection, commands, stderr, refusals, auth) as (
+    `auth` (an OAuth connection's tokens) signs every HTTP request; a stdio server's line
+    longer than `max_line_bytes` ends the connection."""
+    async with _base_transport(connection, commands, stderr, refusals, auth, max_line_bytes) as (
         read_stream,
         write_stream,
     ):

@@ -1,6 +1,7 @@
 """What the catalogue concern needs from outside the domain: the MCP
 layer implements :class:`ConnectionSupervisor`, :class:`CatalogView` and :class:`ToolRunner`
-(``McpManager``); storage implements :class:`ConnectionRepository`."""
+(one class each, over the MCP layer's session registry); storage implements
+:class:`ConnectionRepository`."""
 
 from __future__ import annotations
 
@@ -58,8 +59,8 @@ class ToolRunner(Protocol):
 
 
 class ConnectionSupervisor(Protocol):
-    """What the connection use cases need of the MCP layer (``McpManager``): it owns the
-    sessions, so putting, deleting and refreshing a connection go through it."""
+    """What the connection use cases need of the MCP layer: it owns the sessions, so
+    putting, deleting and refreshing a connection go through it."""
 
     async def put_connection(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:
         """Validate and store the connection, then (re)start its session."""

@@ -1,7 +1,7 @@
 """ConnectionService's use cases: put, delete, list, refresh, read and diff catalogues.
 
-The MCP layer is reached through :class:`ConnectionSupervisor` (``McpManager`` implements it),
-storage through :class:`ConnectionRepository`."""
+The MCP layer is reached through :class:`ConnectionSupervisor`, storage through
+:class:`ConnectionRepository`."""
 
 from __future__ import annotations
 

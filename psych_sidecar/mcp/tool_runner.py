@@ -1,0 +1,33 @@
+"""The ToolRunner of domain/catalog: a tool call goes to its connection's live session."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from psych_sidecar.domain.catalog import McpToolResult, ToolCallFailed
+from psych_sidecar.mcp.registry import SessionRegistry
+from psych_sidecar.telemetry import metrics
+
+
+class SessionToolRunner:
+    """Implements ToolRunner over `sessions`. Runs on the server's event loop."""
+
+    def __init__(self, sessions: SessionRegistry) -> None:
+        self._sessions = sessions
+
+    async def call_tool(
+        self,
+        tenant: str,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, object],
+        timeout_seconds: float,
+    ) -> McpToolResult:
+        session = self._sessions.running_session(tenant, server)
+        if session is None:
+            # Not running here: another sidecar stored it (then it starts now), or no such.
+            session = await self._sessions.session(tenant, server)
+        if session is None:
+            metrics.record_tool_call(server, "refused", 0.0)
+            raise ToolCallFailed(f"There is no MCP server named {server!r}.")
+        return await session.calls.call_tool(tool, arguments, timeout_seconds)
