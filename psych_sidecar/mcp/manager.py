@@ -42,7 +42,8 @@ from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, Session
 from psych_sidecar.telemetry import metrics
 
 if TYPE_CHECKING:
-    from psych_sidecar.mcp.oauth import OAuthFlows, TokenKeeper
+    from psych_sidecar.mcp.oauth.flows import OAuthFlows
+    from psych_sidecar.mcp.oauth.grants import TokenKeeper
     from psych_sidecar.mcp.session import ConnectionSession
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class McpManager:
         keeper = None
         auth = connection.auth
         if auth is not None and auth.kind is not AuthKind.STATIC_HEADERS and self._oauth:
-            from psych_sidecar.mcp.oauth import TokenKeeper
+            from psych_sidecar.mcp.oauth.grants import TokenKeeper
 
             flows, grants = self._flows()
 
@@ -317,13 +318,13 @@ class McpManager:
         if self._oauth is None:
             raise RuntimeError("this sidecar was started without OAuth")
         if self._oauth_flows is None:
-            from psych_sidecar.mcp.oauth import OAuthFlows
+            from psych_sidecar.mcp.oauth.flows import OAuthFlows
 
             self._oauth_flows = OAuthFlows(self._oauth[0])
         return self._oauth_flows, self._oauth[1]
 
     async def begin_sign_in(self, tenant: str, name: str) -> tuple[str, str, datetime]:
-        from psych_sidecar.mcp.oauth import step_up_scope
+        from psych_sidecar.mcp.oauth.flows import step_up_scope
 
         flows, grants = self._flows()
         stored: StoredConnection | None = await self._blocking(
@@ -344,7 +345,7 @@ class McpManager:
     async def complete_sign_in(
         self, tenant: str, state: str, code: str, name: str
     ) -> tuple[Connection, ConnectionStatus]:
-        from psych_sidecar.mcp.oauth import TokenRefused, state_digest
+        from psych_sidecar.mcp.oauth.flows import TokenRefused, state_digest
 
         flows, grants = self._flows()
         now = datetime.now(UTC)

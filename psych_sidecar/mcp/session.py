@@ -49,7 +49,7 @@ from psych_sidecar.domain.catalog import (
     rejected_tool,
     tool_definition_problem,
 )
-from psych_sidecar.mcp.oauth import GrantAuth, TokenKeeper
+from psych_sidecar.mcp.oauth.grants import GrantAuth, TokenKeeper
 from psych_sidecar.mcp.results import (
     output_schema_problem,
     schema_broken_result,
