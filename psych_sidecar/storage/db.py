@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 _MIGRATION_LOCK_KEY = 0x7073_6964_6563_6172  # "psidecar"
 # The revision the newest migration makes (storage/migrations/versions; a test holds it to
 # alembic's head). Known without alembic, so a start on a current schema never imports it.
-SCHEMA_HEAD = "records_by_kind"
+SCHEMA_HEAD = "oauth_refresh_claims"
 _WRITE_OPTION = "psych_write"
 SQLITE_MMAP_BYTES = 2**31
 DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0

@@ -12,8 +12,9 @@ private-key JWT assertion of its client-credentials extension). Not its `OAuthCl
 that provider runs a whole sign-in inside one HTTP request of one process (it awaits the
 browser's redirect in between) and refreshes tokens with no coordination between processes.
 Here a sign-in spans two RPCs, possibly on two sidecars, so its state lives sealed in the
-database; and a refresh takes the grant's row lock, so that with many sidecars on one database
-a rotating refresh token is spent once (docs/security.md).
+database; and a refresh claims the grant in a short transaction before its token request (no
+lock held over the request), so that with many sidecars on one database a rotating refresh
+token is spent once (docs/security.md).
 
 Every request this package sends (discovery, registration, token) goes through `OutboundGuard`:
 https only (plain http to loopback only when the operator allows it), addresses the operator

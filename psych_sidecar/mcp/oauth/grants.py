@@ -1,14 +1,15 @@
 """A session's OAuth grant kept usable: `TokenKeeper` reads the tokens from the database and
 renews them before they expire and after a 401; `GrantAuth` puts its bearer token on every
 request of the session's HTTP client. Not the MCP SDK's `OAuthClientProvider`: that refreshes
-with no coordination between processes, and here a refresh takes the grant's row lock, so
-that with many sidecars on one database a rotating refresh token is spent once
-(docs/security.md)."""
+with no coordination between processes, and here a refresh claims the grant first (a
+short transaction; no lock is held over the token request), so that with many sidecars on one
+database a rotating refresh token is spent once (docs/security.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import secrets
+import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from psych_sidecar.domain.catalog import (
     AuthorizationReason,
     OAuthGrant,
     OAuthRepository,
+    RefreshClaim,
     StoredConnection,
 )
 from psych_sidecar.domain.errors import SidecarError
@@ -35,6 +37,11 @@ from psych_sidecar.mcp.oauth.discovery import Discovery
 from psych_sidecar.mcp.oauth.flows import OAuthFlows
 
 log = logging.getLogger(__name__)
+
+# Waiting out another's refresh claim: the first pause before asking again, doubled up to
+# the last.
+_FIRST_CLAIM_POLL_SECONDS = 0.05
+_LAST_CLAIM_POLL_SECONDS = 1.0
 
 
 class AuthorizationNeeded(Exception):
@@ -47,8 +54,9 @@ class AuthorizationNeeded(Exception):
 
 class TokenKeeper:
     """One session's OAuth tokens: read from the database, renewed before they expire and
-    after a 401, each renewal under the grant's row lock (one sidecar at a time; the others
-    read its result). `required` says why the connection needs authorizing, once known."""
+    after a 401, each renewal under the grant's refresh claim (one sidecar at a time; the
+    others read its result). `required` says why the connection needs authorizing, once
+    known."""
 
     def __init__(
         self,
@@ -171,28 +179,65 @@ class TokenKeeper:
         return self._take(grant)
 
     async def _renew(self, known_tokens: str, force: bool = False) -> OAuthGrant:
-        """Renew under the grant's row lock. Runs the storage call on a storage thread, which
-        holds the lock while the token request runs here on the loop."""
-        loop = asyncio.get_running_loop()
+        """Renew the grant, one refresh of it at a time across sidecars, with no lock or
+        transaction held over the token request: the refresh is claimed in one short
+        transaction, the token endpoint asked, and the result stored in another only while
+        the claim is still this call's. Another's live claim is waited out, then its result
+        read; a claim left by a sidecar that stopped mid-refresh is taken over once it expires.
+        (Calls of this session reach here one at a time: the keeper's lock.)"""
         connection = self._stored.connection
-        flows = self._flows
-        timeout = flows.settings.request_timeout_seconds * 3
+        key = (connection.tenant, connection.name)
+        # A refresh is one guarded token request (at most request_timeout_seconds); its claim
+        # lasts three times that, so it outlives the request with room to store the result.
+        claim_seconds = self._flows.settings.request_timeout_seconds * 3
 
-        def renew(current: OAuthGrant) -> OAuthGrant:
+        def needs_refresh(current: OAuthGrant) -> bool:
             if current.authorization_reason is not None:
-                return current
-            if current.tokens_json != known_tokens and not self._expiring(current):
-                return current  # another call or sidecar renewed it meanwhile
-            if current.tokens_json == known_tokens and not force and not self._expiring(current):
-                return current
-            return asyncio.run_coroutine_threadsafe(
-                flows.refresh(connection, current), loop
-            ).result(timeout)
+                return False
+            if self._expiring(current):
+                return True
+            # Fresh: renewed meanwhile by another call or sidecar, unless these are the very
+            # tokens the server just refused.
+            return force and current.tokens_json == known_tokens
 
-        renewed: OAuthGrant | None = await self._blocking(
-            self._store.renew_grant, connection.tenant, connection.name, renew
+        claimant = secrets.token_hex(16)
+        pause = _FIRST_CLAIM_POLL_SECONDS
+        give_up = time.monotonic() + 2 * claim_seconds
+        while True:
+            found: RefreshClaim | None = await self._blocking(
+                self._store.claim_refresh, *key, claimant, claim_seconds, needs_refresh
+            )
+            if found is None or not found.held_elsewhere:
+                break
+            if time.monotonic() > give_up:
+                raise self._flows.guard.failed(
+                    connection.name,
+                    connection.url,
+                    f"another refresh of its tokens did not end within {2 * claim_seconds:g} s",
+                )
+            await anyio.sleep(pause)
+            pause = min(2 * pause, _LAST_CLAIM_POLL_SECONDS)
+        if found is None or not found.claimed:
+            return self._take(None if found is None else found.grant)
+        try:
+            renewed = await self._flows.refresh(connection, found.grant)
+        except BaseException:
+            # Failed or cancelled: the claim ends now rather than at its expiry, so the next
+            # call (here or on another sidecar) tries at once.
+            with anyio.CancelScope(shield=True):
+                await self._blocking(self._store.release_refresh, *key, claimant)
+            raise
+        stored: OAuthGrant | None = await self._blocking(
+            self._store.store_refreshed, *key, claimant, renewed
         )
-        return self._take(renewed)
+        if stored is not renewed:
+            log.warning(
+                "MCP connection %s/%s: a refreshed grant was not stored: its claim ended first "
+                "(a new sign-in, or the claim expired and another sidecar took it)",
+                connection.tenant,
+                connection.name,
+            )
+        return self._take(stored)
 
 
 class _NoGrantYet(Exception):
