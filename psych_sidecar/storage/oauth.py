@@ -145,15 +145,10 @@ class SqlOAuthStore:
         self, tenant: str, name: str, renew: Callable[[OAuthGrant], OAuthGrant]
     ) -> OAuthGrant | None:
         """Lock the grant's row, read it again, and store what `renew` makes of it (`renew`
-        returns its argument when there is nothing to do: another sidecar just renewed it).
+        returns its argument when there is nothing to change).
         None when the connection has no grant."""
-        table = tables.oauth_grants
         with transaction(self._engine, write=True) as conn:
-            row = conn.execute(
-                select(table)
-                .where(table.c.tenant == tenant, table.c.name == name)
-                .with_for_update()
-            ).first()
+            row = _locked_grant_row(conn, tenant, name)
             if row is None:
                 return None
             current = self._grant(row)
@@ -171,9 +166,8 @@ class SqlOAuthStore:
         needs_refresh: Callable[[OAuthGrant], bool],
     ) -> RefreshClaim | None:
         table = tables.oauth_grants
-        key = (table.c.tenant == tenant, table.c.name == name)
         with transaction(self._engine, write=True) as conn:
-            row = conn.execute(select(table).where(*key).with_for_update()).first()
+            row = _locked_grant_row(conn, tenant, name)
             if row is None:
                 return None
             current = self._grant(row)
@@ -185,7 +179,7 @@ class SqlOAuthStore:
                 return RefreshClaim(current, held_elsewhere=True)
             conn.execute(
                 update(table)
-                .where(*key)
+                .where(table.c.tenant == tenant, table.c.name == name)
                 .values(
                     refresh_claimant=claimant,
                     refresh_claim_until_us=now + int(claim_seconds * 1_000_000),
@@ -196,13 +190,8 @@ class SqlOAuthStore:
     def store_refreshed(
         self, tenant: str, name: str, claimant: str, grant: OAuthGrant
     ) -> OAuthGrant | None:
-        table = tables.oauth_grants
         with transaction(self._engine, write=True) as conn:
-            row = conn.execute(
-                select(table)
-                .where(table.c.tenant == tenant, table.c.name == name)
-                .with_for_update()
-            ).first()
+            row = _locked_grant_row(conn, tenant, name)
             if row is None:
                 return None
             if row.refresh_claimant != claimant:
@@ -270,6 +259,14 @@ class SqlOAuthStore:
                 else AuthorizationReason(row.authorization_reason)
             ),
         )
+
+
+def _locked_grant_row(conn: SqlConnection, tenant: str, name: str) -> Row[Any] | None:
+    """The grant's row, read with its lock taken (FOR UPDATE; SQLite's write transaction)."""
+    table = tables.oauth_grants
+    return conn.execute(
+        select(table).where(table.c.tenant == tenant, table.c.name == name).with_for_update()
+    ).first()
 
 
 # The sealed fields of the OAuth tables, with how each row's key is named in its context:
