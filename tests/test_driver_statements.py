@@ -15,13 +15,15 @@ from sqlalchemy.dialects import sqlite
 
 from psych_sidecar.domain.runlog import RecordKind, Spec
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.db import create_database_engine, driver_write, migrate, plain_select
+from psych_sidecar.storage.engines import create_database_engine
+from psych_sidecar.storage.migrate import migrate
 from psych_sidecar.storage.repository import SqlStore
 from psych_sidecar.storage.statements import (
     DriverStatements,
     compile_statements,
     driver_statements,
 )
+from psych_sidecar.storage.transactions import driver_write, plain_select
 
 # The SQL these statements were written as by hand, `{m}` the driver's parameter marker.
 HAND_WRITTEN = DriverStatements(

@@ -43,7 +43,8 @@ from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, Session
 if TYPE_CHECKING:
     import mcp_types
 
-    from psych_sidecar.mcp.oauth import OAuthFlows, TokenKeeper
+    from psych_sidecar.mcp.oauth.flows import OAuthFlows
+    from psych_sidecar.mcp.oauth.grants import TokenKeeper
     from psych_sidecar.mcp.session import ConnectionSession
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,7 @@ class SessionRegistry:
         if self._oauth is None:
             raise RuntimeError("this sidecar was started without OAuth")
         if self._oauth_flows is None:
-            from psych_sidecar.mcp.oauth import OAuthFlows
+            from psych_sidecar.mcp.oauth.flows import OAuthFlows
 
             self._oauth_flows = OAuthFlows(self._oauth[0])
         return self._oauth_flows, self._oauth[1]
@@ -236,7 +237,7 @@ class SessionRegistry:
         keeper = None
         auth = connection.auth
         if auth is not None and auth.kind is not AuthKind.STATIC_HEADERS and self._oauth:
-            from psych_sidecar.mcp.oauth import TokenKeeper
+            from psych_sidecar.mcp.oauth.grants import TokenKeeper
 
             flows, grants = self.oauth_flows()
 

@@ -31,7 +31,7 @@ from psych_sidecar.domain.catalog import (
     StoredConnection,
 )
 from psych_sidecar.mcp.catalog_refresh import CatalogRefresh
-from psych_sidecar.mcp.oauth import GrantAuth
+from psych_sidecar.mcp.oauth.grants import GrantAuth
 from psych_sidecar.mcp.results import tool_result
 from psych_sidecar.mcp.session_state import SessionState
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
@@ -41,7 +41,7 @@ from psych_sidecar.mcp.transport import open_transport
 from psych_sidecar.telemetry import logs, tracing
 
 if TYPE_CHECKING:
-    from psych_sidecar.mcp.oauth import TokenKeeper
+    from psych_sidecar.mcp.oauth.grants import TokenKeeper
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from psych_sidecar.mcp.transport import HttpRefusal, HttpRefusals
 if TYPE_CHECKING:
     from mcp import Client
 
-    from psych_sidecar.mcp.oauth import TokenKeeper
+    from psych_sidecar.mcp.oauth.grants import TokenKeeper
 
 log = logging.getLogger(__name__)
 

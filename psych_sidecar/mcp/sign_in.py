@@ -27,7 +27,7 @@ class OAuthSignIn:
         self._sessions = sessions
 
     async def begin(self, tenant: str, name: str) -> tuple[str, str, datetime]:
-        from psych_sidecar.mcp.oauth import step_up_scope
+        from psych_sidecar.mcp.oauth.flows import step_up_scope
 
         sessions = self._sessions
         flows, grants = sessions.oauth_flows()
@@ -49,7 +49,7 @@ class OAuthSignIn:
     async def complete(
         self, tenant: str, state: str, code: str, name: str
     ) -> tuple[Connection, ConnectionStatus]:
-        from psych_sidecar.mcp.oauth import TokenRefused, state_digest
+        from psych_sidecar.mcp.oauth.flows import TokenRefused, state_digest
 
         sessions = self._sessions
         flows, grants = sessions.oauth_flows()

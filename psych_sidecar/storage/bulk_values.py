@@ -45,7 +45,7 @@ _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_byte
 _COPY_TRAILER = (-1).to_bytes(2, "big", signed=True)
 # Where a large value waits on PostgreSQL before the UPDATE that moves it into its row: one
 # per session, emptied by that UPDATE's DELETE and, failing that, at commit. The sidecar's role
-# needs the TEMPORARY privilege for it (`db.check_writable_values`, checked at start).
+# needs the TEMPORARY privilege for it (`migrate.check_writable_values`, checked at start).
 _INCOMING = "psych_incoming_value"
 
 

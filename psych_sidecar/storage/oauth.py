@@ -1,10 +1,12 @@
 """SqlOAuthStore: OAuth grants (tokens, client) and begun sign-ins in SQL, sealed.
 
 Tokens, the registered client and a sign-in's PKCE verifier are envelopes (psych_sidecar.secrets)
-bound to their row and field; they are sealed and opened here. A refresh runs inside one write
-transaction with the grant's row locked (SELECT ... FOR UPDATE on PostgreSQL, SQLite's single
-writer), and reads the row again once it holds the lock: with many sidecars on one database,
-one refreshes and the others find its result.
+bound to their row and field; they are sealed and opened here. A refresh is two short write
+transactions with the grant's row locked (SELECT ... FOR UPDATE on PostgreSQL, SQLite's single
+writer) and the token request between them, outside any: the first reads the row again and
+claims the refresh (`refresh_claimant`, `refresh_claim_until_us`), the second stores the
+result only while the claim is still the claimant's. With many sidecars on one database, one
+refreshes and the others find its claim, wait, then read its result.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from typing import Any
 from sqlalchemy import Connection as SqlConnection
 from sqlalchemy import Engine, Row, Table, delete, insert, select, update
 
-from psych_sidecar.domain.catalog import AuthorizationReason, OAuthGrant, PendingSignIn
+from psych_sidecar.domain.catalog import (
+    AuthorizationReason,
+    OAuthGrant,
+    PendingSignIn,
+    RefreshClaim,
+)
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.engines import erase_freed_content, settle_freed_content
@@ -133,34 +140,90 @@ class SqlOAuthStore:
 
     def put_grant(self, tenant: str, name: str, grant: OAuthGrant) -> None:
         with transaction(self._engine, write=True) as conn:
-            self._write_grant(conn, tenant, name, grant, exists=None)
+            self._write_grant(conn, tenant, name, grant, exists=None, end_claim=True)
 
     def renew_grant(
         self, tenant: str, name: str, renew: Callable[[OAuthGrant], OAuthGrant]
     ) -> OAuthGrant | None:
         """Lock the grant's row, read it again, and store what `renew` makes of it (`renew`
-        returns its argument when there is nothing to do: another sidecar just renewed it).
+        returns its argument when there is nothing to change).
         None when the connection has no grant."""
-        table = tables.oauth_grants
         with transaction(self._engine, write=True) as conn:
-            row = conn.execute(
-                select(table)
-                .where(table.c.tenant == tenant, table.c.name == name)
-                .with_for_update()
-            ).first()
+            row = _locked_grant_row(conn, tenant, name)
             if row is None:
                 return None
             current = self._grant(row)
             renewed = renew(current)
             if renewed is not current:
-                self._write_grant(conn, tenant, name, renewed, exists=True)
+                self._write_grant(conn, tenant, name, renewed, exists=True, end_claim=False)
         return renewed
 
+    def claim_refresh(
+        self,
+        tenant: str,
+        name: str,
+        claimant: str,
+        claim_seconds: float,
+        needs_refresh: Callable[[OAuthGrant], bool],
+    ) -> RefreshClaim | None:
+        table = tables.oauth_grants
+        with transaction(self._engine, write=True) as conn:
+            row = _locked_grant_row(conn, tenant, name)
+            if row is None:
+                return None
+            current = self._grant(row)
+            if not needs_refresh(current):
+                return RefreshClaim(current)
+            now = tables.now_us()
+            claimed_until = row.refresh_claim_until_us
+            if row.refresh_claimant not in (None, claimant) and claimed_until > now:
+                return RefreshClaim(current, held_elsewhere=True)
+            conn.execute(
+                update(table)
+                .where(table.c.tenant == tenant, table.c.name == name)
+                .values(
+                    refresh_claimant=claimant,
+                    refresh_claim_until_us=now + int(claim_seconds * 1_000_000),
+                )
+            )
+        return RefreshClaim(current, claimed=True)
+
+    def store_refreshed(
+        self, tenant: str, name: str, claimant: str, grant: OAuthGrant
+    ) -> OAuthGrant | None:
+        with transaction(self._engine, write=True) as conn:
+            row = _locked_grant_row(conn, tenant, name)
+            if row is None:
+                return None
+            if row.refresh_claimant != claimant:
+                return self._grant(row)
+            self._write_grant(conn, tenant, name, grant, exists=True, end_claim=True)
+        return grant
+
+    def release_refresh(self, tenant: str, name: str, claimant: str) -> None:
+        table = tables.oauth_grants
+        with transaction(self._engine, write=True) as conn:
+            conn.execute(
+                update(table)
+                .where(
+                    table.c.tenant == tenant,
+                    table.c.name == name,
+                    table.c.refresh_claimant == claimant,
+                )
+                .values(refresh_claimant=None, refresh_claim_until_us=None)
+            )
+
     def _write_grant(
-        self, conn: SqlConnection, tenant: str, name: str, grant: OAuthGrant, exists: bool | None
+        self,
+        conn: SqlConnection,
+        tenant: str,
+        name: str,
+        grant: OAuthGrant,
+        exists: bool | None,
+        end_claim: bool,
     ) -> None:
         table = tables.oauth_grants
-        values = {
+        values: dict[str, object] = {
             "revision": grant.revision,
             "tokens": self._keys.seal(grant.tokens_json, _grant_context(tenant, name, "tokens")),
             "client": self._keys.seal(grant.client_json, _grant_context(tenant, name, "client")),
@@ -171,6 +234,8 @@ class SqlOAuthStore:
             ),
             "update_time_us": tables.now_us(),
         }
+        if end_claim:
+            values.update(refresh_claimant=None, refresh_claim_until_us=None)
         key = (table.c.tenant == tenant, table.c.name == name)
         if exists is None:
             exists = (
@@ -195,6 +260,14 @@ class SqlOAuthStore:
                 else AuthorizationReason(row.authorization_reason)
             ),
         )
+
+
+def _locked_grant_row(conn: SqlConnection, tenant: str, name: str) -> Row[Any] | None:
+    """The grant's row, read with its lock taken (FOR UPDATE; SQLite's write transaction)."""
+    table = tables.oauth_grants
+    return conn.execute(
+        select(table).where(table.c.tenant == tenant, table.c.name == name).with_for_update()
+    ).first()
 
 
 # The sealed fields of the OAuth tables, with how each row's key is named in its context:

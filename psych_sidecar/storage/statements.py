@@ -1,6 +1,7 @@
-"""The SQL text of the statements run straight on a DB-API cursor (`db.plain_select`,
-`db.driver_write`): those every tool call and ResolveTurn runs, where SQLAlchemy's statement
-machinery costs several times the query. Each is a Core statement over the tables of
+"""The SQL text of the statements run straight on a DB-API cursor
+(`transactions.plain_select`, `transactions.driver_write`, `loop_connection.LoopConnection`):
+those every tool call and ResolveTurn runs, where SQLAlchemy's statement machinery costs
+several times the query. Each is a Core statement over the tables of
 `tables.py`, compiled once per dialect to the driver's SQL with positional parameters, so a
 column changed there changes these too. `compile_statements` names the parameters each binds,
 in the order its callers pass them."""

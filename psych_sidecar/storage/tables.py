@@ -179,10 +179,9 @@ connections = Table(
 )
 
 # What an OAuth connection holds from its authorization server: one row per connection,
-# written by a sign-in (or a client-credentials grant) and by every refresh, the row locked
-# meanwhile so that one sidecar refreshes at a time. `tokens` and `client` are envelopes;
-# `metadata` the discovered (public) metadata as JSON. `revision` is the connection's when
-# granted: a replaced connection's tokens are not used.
+# written by a sign-in (or a client-credentials grant) and by every refresh. `tokens` and
+# `client` are envelopes; `metadata` the discovered (public) metadata as JSON. `revision` is
+# the connection's when granted: a replaced connection's tokens are not used.
 oauth_grants = Table(
     "oauth_grants",
     metadata,
@@ -196,6 +195,10 @@ oauth_grants = Table(
     # Set (an AuthorizationReason) when the tokens are no longer usable.
     Column("authorization_reason", String(32), nullable=True),
     Column("update_time_us", BigInteger, nullable=False),
+    # A refresh's claim, so that one sidecar refreshes at a time with no lock held over the
+    # token request: who holds it (a random token) and until when; NULL when none.
+    Column("refresh_claimant", String(64), nullable=True),
+    Column("refresh_claim_until_us", BigInteger, nullable=True),
 )
 
 # Begun sign-ins, keyed by the SHA-256 of their state (the state itself is not stored).

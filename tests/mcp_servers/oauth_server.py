@@ -20,6 +20,10 @@ resource server in one, built on the MCP SDK's server auth.
   is posted rather than fetched: its URL must be https, which a loopback test does not serve;
 - `GET /admin/token-auth` counts the token requests by the client authentication they carried
   ({"client_secret_basic", "client_secret_post", "private_key_jwt", "none"});
+- `POST /admin/hold-tokens?on=1`: the token endpoint holds every request it receives (reads
+  it, answers nothing) until `POST /admin/hold-tokens?on=0` lets them all through;
+  `GET /admin/held-tokens?count=N&within=S` answers {"held"} (how many it holds now) once it
+  holds N, or after S seconds when it does not;
 - `POST /admin/revoke` forgets every refresh token (and with `?access=1` every access token);
   `POST /admin/refuse-access?on=1` refuses every access token, fresh ones too (`on=0` ends it);
   `GET /admin/stats` answers {"refreshes", "client_credentials", "registrations", "calls",
@@ -43,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import secrets
 import sys
 import time
@@ -234,6 +239,29 @@ def build_app(options: argparse.Namespace) -> Any:
     )
     # Set by POST /admin/require-scope: the step-up scope every /mcp request's token needs.
     required_scope = ""
+    # Cleared by POST /admin/hold-tokens?on=1: token requests wait for it; `held` counts them.
+    tokens_flow = asyncio.Event()
+    tokens_flow.set()
+    held = 0
+    held_changed = asyncio.Condition()
+
+    async def hold_token_request() -> None:
+        nonlocal held
+        async with held_changed:
+            held += 1
+            held_changed.notify_all()
+        try:
+            await tokens_flow.wait()
+        finally:
+            async with held_changed:
+                held -= 1
+                held_changed.notify_all()
+
+    async def held_tokens(count: int, within: float) -> int:
+        async with held_changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(held_changed.wait_for(lambda: held >= count), within)
+            return held
 
     async def admin(request: Request) -> Response:
         nonlocal required_scope
@@ -249,6 +277,16 @@ def build_app(options: argparse.Namespace) -> Any:
             on = request.query_params.get("on") == "1"
             required_scope = options.step_up_scope if on else ""
             return JSONResponse({"required_scope": required_scope})
+        if request.url.path == "/admin/hold-tokens":
+            if request.query_params.get("on") == "1":
+                tokens_flow.clear()
+            else:
+                tokens_flow.set()
+            return JSONResponse({"holding": not tokens_flow.is_set()})
+        if request.url.path == "/admin/held-tokens":
+            count = int(request.query_params["count"])
+            within = float(request.query_params["within"])
+            return JSONResponse({"held": await held_tokens(count, within)})
         if request.url.path == "/admin/tokens":
             secrets_issued = [
                 *provider.access,
@@ -376,6 +414,8 @@ def build_app(options: argparse.Namespace) -> Any:
                 body += message.get("body", b"")
                 if not message.get("more_body"):
                     break
+            if not tokens_flow.is_set():
+                await hold_token_request()
             form = dict(urllib.parse.parse_qsl(body.decode()))
             headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
             token_auth[auth_method(form, headers.get("authorization", ""))] += 1

@@ -28,7 +28,7 @@ def keys_of_the_tests() -> KeyRing:
 
 
 # The newest migration: what a migrated database reports.
-HEAD_REVISION = "records_by_kind"
+HEAD_REVISION = "oauth_refresh_claims"
 
 
 def postgres_admin_url() -> str:

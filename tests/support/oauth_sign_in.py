@@ -86,3 +86,18 @@ def stats(server: HttpServer) -> dict[str, int]:
         f"http://127.0.0.1:{server.port}/admin/stats", timeout=10
     ).json()
     return answer
+
+
+def admin_post(server: HttpServer, path: str) -> None:
+    httpx.post(f"http://127.0.0.1:{server.port}/admin/{path}", timeout=10).raise_for_status()
+
+
+def held_token_requests(server: HttpServer, count: int, within: float) -> int:
+    """How many token requests the server holds, answered once it holds `count` (or after
+    `within` seconds, when it does not)."""
+    answer: int = httpx.get(
+        f"http://127.0.0.1:{server.port}/admin/held-tokens",
+        params={"count": count, "within": within},
+        timeout=within + 10,
+    ).json()["held"]
+    return answer

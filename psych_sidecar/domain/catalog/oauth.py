@@ -101,6 +101,18 @@ class OAuthGrant:
 
 
 @dataclass(frozen=True, slots=True)
+class RefreshClaim:
+    """What asking to refresh a grant found: the grant as stored, and either the refresh
+    claim, taken for the asker (`claimed`: it asks the token endpoint, then stores the result
+    while the claim is still its own), or another's live claim on it (`held_elsewhere`: the
+    asker waits and asks again). Neither: the grant needs no refresh (it was just renewed)."""
+
+    grant: OAuthGrant
+    claimed: bool = False
+    held_elsewhere: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class PendingSignIn:
     """A begun sign-in, waiting for its code. The state is stored as its digest only; the
     verifier and the client are secrets."""

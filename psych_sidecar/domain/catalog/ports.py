@@ -17,7 +17,7 @@ from psych_sidecar.domain.catalog.connections import (
     McpToolResult,
     Rejections,
 )
-from psych_sidecar.domain.catalog.oauth import OAuthGrant, PendingSignIn
+from psych_sidecar.domain.catalog.oauth import OAuthGrant, PendingSignIn, RefreshClaim
 from psych_sidecar.domain.catalog.rules import CatalogVersion, CatalogWrite, StoredConnection
 
 
@@ -104,13 +104,42 @@ class OAuthRepository(Protocol):
 
     def get_grant(self, tenant: str, name: str) -> OAuthGrant | None: ...
 
-    def put_grant(self, tenant: str, name: str, grant: OAuthGrant) -> None: ...
+    def put_grant(self, tenant: str, name: str, grant: OAuthGrant) -> None:
+        """Store a new grant (a sign-in's, a first client-credentials one); a refresh claim
+        on the one it replaces ends."""
+        ...
 
     def renew_grant(
         self, tenant: str, name: str, renew: Callable[[OAuthGrant], OAuthGrant]
     ) -> OAuthGrant | None:
         """With the grant's row locked and read again, store `renew(grant)` (unless it is the
-        grant itself); None when there is no grant."""
+        grant itself); None when there is no grant. `renew` makes no request: the lock is
+        held while it runs."""
+        ...
+
+    def claim_refresh(
+        self,
+        tenant: str,
+        name: str,
+        claimant: str,
+        claim_seconds: float,
+        needs_refresh: Callable[[OAuthGrant], bool],
+    ) -> RefreshClaim | None:
+        """The grant read again and, when `needs_refresh` says so and no other claimant's
+        claim is live, its refresh claimed for `claimant` for `claim_seconds`; None when there
+        is no grant. A short transaction: the token request is made after it."""
+        ...
+
+    def store_refreshed(
+        self, tenant: str, name: str, claimant: str, grant: OAuthGrant
+    ) -> OAuthGrant | None:
+        """Store the refreshed `grant` and end the claim if `claimant` still holds it (then
+        `grant` itself is returned); else the grant as it stands (a new sign-in replaced it,
+        or the claim expired and another took it), None when there is none."""
+        ...
+
+    def release_refresh(self, tenant: str, name: str, claimant: str) -> None:
+        """End `claimant`'s claim, storing nothing (its refresh failed)."""
         ...
 
 
