@@ -11,7 +11,7 @@ from psych_sidecar.api import convert
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
-from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.errors import MessageTooLarge
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt import (
     AssembledPrompt,
@@ -255,8 +255,7 @@ class TurnServicer:
         size = len(response.data)
         if size > self._max_message_bytes:
             # The current turn's results go in full; a prompt this large cannot be answered.
-            raise SidecarError(
-                Reason.MESSAGE_TOO_LARGE,
+            raise MessageTooLarge(
                 f"the assembled prompt is {size} bytes, over the limit of "
                 f"{self._max_message_bytes} bytes",
                 limit_bytes=self._max_message_bytes,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
+from psych_sidecar.domain.errors import ContextBudgetExceeded, field_invalid
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
 from psych_sidecar.domain.prompt.elision import (
     BatchResult,
@@ -417,8 +417,7 @@ class PromptAssembler:
                     estimate = attempt.estimated_tokens
             assembled, previous_end = attempt, end
         if estimate > budget:
-            raise SidecarError(
-                Reason.CONTEXT_BUDGET_EXCEEDED,
+            raise ContextBudgetExceeded(
                 f"the prompt is about {estimate} tokens even with the current turn's results "
                 f"elided ({full} in full), over the budget of {budget} tokens (a context window "
                 f"of {window} less {reserve} for the output)",
