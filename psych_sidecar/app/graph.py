@@ -63,8 +63,8 @@ from psych_sidecar.storage.search_vectors import SqlVectorStore
 from psych_sidecar.storage.usage import SqlUsageStore
 
 if TYPE_CHECKING:
-    from psych_sidecar.domain.inspect import RunInspector
     from psych_sidecar.domain.prompt import AssemblyJournal, TurnSurfaces
+    from psych_sidecar.domain.run_inspector import RunInspector
     from psych_sidecar.domain.runlog import NonWaitingTurnStarts, RunBlocking
 
 
@@ -119,7 +119,7 @@ def _domain_services(
     if live:
         surfaces: TurnSurfaces = resolver
     else:
-        from psych_sidecar.domain.inspect import PinnedStates
+        from psych_sidecar.domain.run_inspector import PinnedStates
 
         surfaces = PinnedStates(resolver)
     assembler = PromptAssembler(runs, specs, log, surfaces, journal=journal)
@@ -225,7 +225,7 @@ class SidecarGraph:
         # The Run inspector's use cases, for the admin listener's /ui only: built (and the
         # domain's inspect modules imported) when first asked for.
         def make_inspector() -> RunInspector:
-            from psych_sidecar.domain.inspect import RunInspector
+            from psych_sidecar.domain.run_inspector import RunInspector
 
             return RunInspector(
                 services.runs,
@@ -313,7 +313,7 @@ def open_database_reader(database_url: str, timeout: float) -> DatabaseReader:
     engine = open_read_only(database_url, timeout)
     # No keys: a reader shows no secret, so it never opens one (nor needs the keys).
     connection_store = SqlConnectionStore(engine, keys=None)
-    from psych_sidecar.domain.inspect import StoredCatalog
+    from psych_sidecar.domain.run_inspector import StoredCatalog
 
     catalog = StoredCatalog(connection_store)
     # No journal: a preview writes no row anyway, and this reader writes nothing.

@@ -20,8 +20,8 @@ from psych_sidecar.domain.catalog import (
     ConnectionStatus,
     diff_catalog,
 )
-from psych_sidecar.domain.inspect.explain import CacheMiss, explain_miss
 from psych_sidecar.domain.prompt import AssemblyEntry, AssemblyJournal, ElidedResult
+from psych_sidecar.domain.run_inspector.explain import CacheMiss, explain_miss
 from psych_sidecar.domain.runlog import (
     AllTenants,
     ListedRun,
