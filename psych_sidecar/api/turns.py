@@ -18,6 +18,7 @@ from psych_sidecar.domain.prompt import (
     GuardDecision,
     Prompt,
     PromptAssembler,
+    PromptCall,
     PromptMessage,
     Role,
     ToolResultView,
@@ -234,18 +235,19 @@ class TurnServicer:
             else datetime.now(UTC)
         )
         with tracing.span("prompt.assemble") as span:
-            assembled = await self._blocking(
-                self._assembler.assemble,
-                request.run_id,
-                request.dynamic_tail,
-                request.transient_note,
-                now,
-                request.model,
-                request.max_tokens,
-                convert.context_budget_from_proto(request.context_budget)
+            call = PromptCall(
+                run_id=request.run_id,
+                now=now,
+                host_tail=request.dynamic_tail,
+                transient_note=request.transient_note,
+                model=request.model,
+                max_tokens=request.max_tokens,
+                budget_override=convert.context_budget_from_proto(request.context_budget)
                 if request.HasField("context_budget")
                 else None,
-                not request.preview,
+            )
+            assembled = await self._blocking(
+                self._assembler.preview if request.preview else self._assembler.assemble, call
             )
             if not request.preview:
                 _observe(assembled, span)
