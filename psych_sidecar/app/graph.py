@@ -122,7 +122,7 @@ def _domain_services(
         from psych_sidecar.domain.run_inspector import PinnedStates
 
         surfaces = PinnedStates(resolver)
-    assembler = PromptAssembler(runs, specs, log, surfaces, journal=journal)
+    assembler = PromptAssembler(runs=runs, specs=specs, log=log, surfaces=surfaces, journal=journal)
     return DomainServices(
         store=store,
         log=log,
@@ -186,7 +186,10 @@ class SidecarGraph:
         )
         # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
         self.journal = (
-            SqlAssemblyJournal(self.engine, settings.prompt.assembly_journal_retention_hours * 3600)
+            SqlAssemblyJournal(
+                engine=self.engine,
+                retention_seconds=settings.prompt.assembly_journal_retention_hours * 3600,
+            )
             if settings.prompt.assembly_journal
             else None
         )
@@ -228,13 +231,13 @@ class SidecarGraph:
             from psych_sidecar.domain.run_inspector import RunInspector
 
             return RunInspector(
-                services.runs,
-                services.log,
-                self.journal,
-                usage,
-                reader,
-                self.mcp,
-                services.connection_store,
+                runs=services.runs,
+                log=services.log,
+                journal=self.journal,
+                usage=usage,
+                reader=reader,
+                catalog=self.mcp,
+                connections=services.connection_store,
             )
 
         self._make_inspector = make_inspector

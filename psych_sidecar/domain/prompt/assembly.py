@@ -154,6 +154,7 @@ class _ElidedViews:
 
     def __init__(
         self,
+        *,
         log: LogReader,
         cache: ViewCache,
         run_id: str,
@@ -228,6 +229,7 @@ class _ElidedViews:
 class PromptAssembler:
     def __init__(
         self,
+        *,
         runs: RunService,
         specs: SpecLookup,
         log: LogReader,

@@ -109,6 +109,7 @@ def pair_usage(entries: Sequence[AssemblyEntry], events: Sequence[UsageEvent]) -
 class RunInspector:
     def __init__(
         self,
+        *,
         runs: RunService,
         log: LogReader,
         journal: AssemblyJournal | None,
