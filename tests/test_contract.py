@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import grpc
@@ -11,7 +13,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from psych.sidecar.v1 import errors_pb2
 from psych_sidecar.api.errors import STATUS_CODES
-from psych_sidecar.domain.errors import Reason
+from psych_sidecar.domain import errors
+from psych_sidecar.domain.errors import Reason, SidecarError
 
 SERVICES = {
     "psych.sidecar.v1.SpecService",
@@ -73,3 +76,69 @@ def test_the_error_catalogue_documents_every_reason_with_its_status() -> None:
     document = (Path(__file__).parent.parent / "docs" / "errors.md").read_text()
     for reason, code in STATUS_CODES.items():
         assert f"| `{reason.value}` | {code.name} |" in document, reason
+
+
+def _error_classes() -> dict[Reason, type[SidecarError]]:
+    """The typed error of each reason: every concrete subclass of SidecarError, by reason."""
+    found: dict[Reason, type[SidecarError]] = {}
+    pending = list(SidecarError.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        reason = cls.__dict__.get("reason")
+        if isinstance(reason, Reason):
+            assert reason not in found, f"{reason} has two classes: {found[reason]}, {cls}"
+            found[reason] = cls
+    return found
+
+
+def _documented_metadata_keys() -> dict[str, set[str]]:
+    """docs/errors.md's metadata column, by reason: the key names quoted there."""
+    document = (Path(__file__).parent.parent / "docs" / "errors.md").read_text()
+    keys: dict[str, set[str]] = {}
+    for line in document.splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) < 6 or not re.fullmatch(r"`[A-Z_]+`", cells[1]):
+            continue
+        keys[cells[1].strip("`")] = set(re.findall(r"`([a-z_]+)`", cells[4]))
+    return keys
+
+
+def test_every_reason_has_one_typed_error_whose_fields_are_its_documented_metadata() -> None:
+    classes = _error_classes()
+    assert set(classes) == set(Reason)
+    documented = _documented_metadata_keys()
+    for reason, cls in classes.items():
+        names = {field.name for field in dataclasses.fields(cls)} - {"message"}
+        # One field stands for a key the class attribute `reason` already names.
+        names = {"reason" if name == "reason_name" else name for name in names}
+        assert names == documented[reason.value], reason
+
+
+def test_a_typed_errors_metadata_is_its_fields_as_strings() -> None:
+    error = errors.ContextBudgetExceeded(
+        "too large",
+        estimated_tokens=1,
+        full_estimated_tokens=2,
+        context_window_tokens=3,
+        output_reserve_tokens=4,
+        budget_tokens=5,
+    )
+    assert error.metadata == {
+        "estimated_tokens": "1",
+        "full_estimated_tokens": "2",
+        "context_window_tokens": "3",
+        "output_reserve_tokens": "4",
+        "budget_tokens": "5",
+    }
+    assert str(error) == "too large"
+    assert errors.CommandNotAllowed("no", command="x").metadata == {"command": "x"}
+    assert errors.CommandNotAllowed("no", command="x", env="PATH").metadata == {
+        "command": "x",
+        "env": "PATH",
+    }
+    assert errors.ConnectionAuthorizationRequired(
+        "sign in", connection="c", reason_name="NEVER_SIGNED_IN"
+    ).metadata == {"connection": "c", "reason": "NEVER_SIGNED_IN"}
+    assert errors.storage_unavailable("locked").retry_delay_seconds == 0.5
+    assert errors.field_invalid("a", "b").retry_delay_seconds is None

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from psych_sidecar.domain.inspect import MissCause, explain_miss, pair_usage
 from psych_sidecar.domain.prompt import (
     AssemblyEntry,
     ElidedResult,
@@ -15,6 +14,7 @@ from psych_sidecar.domain.prompt import (
     Zone,
     ZoneSize,
 )
+from psych_sidecar.domain.run_inspector import MissCause, explain_miss, pair_usage
 from psych_sidecar.domain.usage import ModelCallUsage, UsageEvent
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -69,7 +69,7 @@ _ON_DEMAND = {
 _ON_DEMAND_MODULES = {
     "sqlalchemy.dialects.postgresql",
     "psych_sidecar.inspect_command.remote",
-    "psych_sidecar.domain.inspect",
+    "psych_sidecar.domain.run_inspector",
 }
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from psych_sidecar.domain.inspect import ModelCall
 from psych_sidecar.domain.prompt import Zone
+from psych_sidecar.domain.run_inspector import ModelCall
 
 ZONE_NAMES = {
     Zone.STATIC_SYSTEM: "static system",

@@ -36,8 +36,8 @@ from starlette.routing import BaseRoute, Route
 
 from psych_sidecar.admin.charts import ZONE_NAMES, timeline_chart
 from psych_sidecar.domain.errors import Reason, SidecarError
-from psych_sidecar.domain.inspect import RunInspector
 from psych_sidecar.domain.prompt import Zone
+from psych_sidecar.domain.run_inspector import RunInspector
 from psych_sidecar.domain.runlog import ALL_TENANTS
 
 T = TypeVar("T")

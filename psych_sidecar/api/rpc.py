@@ -19,7 +19,14 @@ from google.protobuf.message import DecodeError, Message
 
 from psych_sidecar.api.errors import STATUS_CODES, abort
 from psych_sidecar.api.plumbing import Context, Serialized, serialize_response
-from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
+from psych_sidecar.domain.errors import (
+    InternalError,
+    MessageTooLarge,
+    NotImplementedHere,
+    ShuttingDown,
+    SidecarError,
+    field_invalid,
+)
 from psych_sidecar.telemetry import logs, metrics, tracing
 
 log = logging.getLogger(__name__)
@@ -53,8 +60,7 @@ def _deserializer(message_class: type[Message], limit: int) -> Callable[[bytes],
     def deserialize(data: bytes) -> object:
         if len(data) > limit:
             return _Rejected(
-                SidecarError(
-                    Reason.MESSAGE_TOO_LARGE,
+                MessageTooLarge(
                     f"request of {len(data)} bytes exceeds the limit of {limit} bytes",
                     limit_bytes=limit,
                     size_bytes=len(data),
@@ -72,9 +78,7 @@ def _deserializer(message_class: type[Message], limit: int) -> Callable[[bytes],
 
 def _unimplemented(method: str) -> Behaviour:
     async def behaviour(request: Any, context: Context) -> Message:
-        raise SidecarError(
-            Reason.NOT_IMPLEMENTED, f"{method} is not implemented in this release", method=method
-        )
+        raise NotImplementedHere(f"{method} is not implemented in this release", method=method)
 
     return behaviour
 
@@ -104,13 +108,11 @@ class InFlight:
 
     async def settle(self, grace_seconds: float) -> None:
         """Wait up to the grace for in-flight calls, then cut the rest short."""
-        self.shutting_down = SidecarError(
-            Reason.SHUTTING_DOWN,
+        self.shutting_down = ShuttingDown(
             f"the sidecar is shutting down; the call did not finish within {grace_seconds:g} s",
             grace_seconds=grace_seconds,
         )
-        self._refused = SidecarError(
-            Reason.SHUTTING_DOWN,
+        self._refused = ShuttingDown(
             "the sidecar is shutting down and takes no new calls; retry on another sidecar "
             "or after the restart",
             grace_seconds=grace_seconds,
@@ -213,8 +215,7 @@ def _guarded(
                 correlation_id,
                 extra={"correlation_id": correlation_id},
             )
-            failure = SidecarError(
-                Reason.INTERNAL,
+            failure = InternalError(
                 f"internal error, correlation id {correlation_id}",
                 correlation_id=correlation_id,
             )

@@ -11,13 +11,14 @@ from psych_sidecar.api import convert
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
-from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.errors import MessageTooLarge
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt import (
     AssembledPrompt,
     GuardDecision,
     Prompt,
     PromptAssembler,
+    PromptCall,
     PromptMessage,
     Role,
     ToolResultView,
@@ -234,18 +235,19 @@ class TurnServicer:
             else datetime.now(UTC)
         )
         with tracing.span("prompt.assemble") as span:
-            assembled = await self._blocking(
-                self._assembler.assemble,
-                request.run_id,
-                request.dynamic_tail,
-                request.transient_note,
-                now,
-                request.model,
-                request.max_tokens,
-                convert.context_budget_from_proto(request.context_budget)
+            call = PromptCall(
+                run_id=request.run_id,
+                now=now,
+                host_tail=request.dynamic_tail,
+                transient_note=request.transient_note,
+                model=request.model,
+                max_tokens=request.max_tokens,
+                budget_override=convert.context_budget_from_proto(request.context_budget)
                 if request.HasField("context_budget")
                 else None,
-                not request.preview,
+            )
+            assembled = await self._blocking(
+                self._assembler.preview if request.preview else self._assembler.assemble, call
             )
             if not request.preview:
                 _observe(assembled, span)
@@ -255,8 +257,7 @@ class TurnServicer:
         size = len(response.data)
         if size > self._max_message_bytes:
             # The current turn's results go in full; a prompt this large cannot be answered.
-            raise SidecarError(
-                Reason.MESSAGE_TOO_LARGE,
+            raise MessageTooLarge(
                 f"the assembled prompt is {size} bytes, over the limit of "
                 f"{self._max_message_bytes} bytes",
                 limit_bytes=self._max_message_bytes,

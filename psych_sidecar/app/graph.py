@@ -68,8 +68,8 @@ from psych_sidecar.storage.usage import SqlUsageStore
 if TYPE_CHECKING:
     import mcp_types
 
-    from psych_sidecar.domain.inspect import RunInspector
     from psych_sidecar.domain.prompt import AssemblyJournal, TurnSurfaces
+    from psych_sidecar.domain.run_inspector import RunInspector
     from psych_sidecar.domain.runlog import OffLoop, StorageNow
 
 
@@ -131,10 +131,10 @@ def _domain_services(
     if live:
         surfaces: TurnSurfaces = resolver
     else:
-        from psych_sidecar.domain.inspect import PinnedStates
+        from psych_sidecar.domain.run_inspector import PinnedStates
 
         surfaces = PinnedStates(resolver)
-    assembler = PromptAssembler(runs, specs, log, surfaces, journal=journal)
+    assembler = PromptAssembler(runs=runs, specs=specs, log=log, surfaces=surfaces, journal=journal)
     return DomainServices(
         store=store,
         log=log,
@@ -209,7 +209,10 @@ class SidecarGraph:
         self.supervisor = SessionSupervisor(self.mcp, OAuthSignIn(self.mcp))
         # One row of metadata per AssemblePrompt, for the Run inspector (None: turned off).
         self.journal = (
-            SqlAssemblyJournal(self.engine, settings.prompt.assembly_journal_retention_hours * 3600)
+            SqlAssemblyJournal(
+                engine=self.engine,
+                retention_seconds=settings.prompt.assembly_journal_retention_hours * 3600,
+            )
             if settings.prompt.assembly_journal
             else None
         )
@@ -245,16 +248,16 @@ class SidecarGraph:
         # The Run inspector's use cases, for the admin listener's /ui only: built (and the
         # domain's inspect modules imported) when first asked for.
         def make_inspector() -> RunInspector:
-            from psych_sidecar.domain.inspect import RunInspector
+            from psych_sidecar.domain.run_inspector import RunInspector
 
             return RunInspector(
-                services.runs,
-                services.log,
-                self.journal,
-                usage,
-                reader,
-                self.catalog,
-                services.connection_store,
+                runs=services.runs,
+                log=services.log,
+                journal=self.journal,
+                usage=usage,
+                reader=reader,
+                catalog=self.catalog,
+                connections=services.connection_store,
             )
 
         self._make_inspector = make_inspector
@@ -333,7 +336,7 @@ def open_database_reader(database_url: str, timeout: float) -> DatabaseReader:
     engine = open_read_only(database_url, timeout)
     # No keys: a reader shows no secret, so it never opens one (nor needs the keys).
     connection_store = SqlConnectionStore(engine, keys=None)
-    from psych_sidecar.domain.inspect import StoredCatalog
+    from psych_sidecar.domain.run_inspector import StoredCatalog
 
     catalog = StoredCatalog(connection_store)
     # No journal: a preview writes no row anyway, and this reader writes nothing.

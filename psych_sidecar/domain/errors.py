@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from enum import StrEnum
+from typing import ClassVar
 
 
 class Reason(StrEnum):
@@ -61,49 +63,293 @@ def quoted(value: object) -> str:
     return repr(short(value))
 
 
+@dataclass(eq=False)
 class SidecarError(Exception):
-    """An error the caller can act on: a reason, a message, and metadata for ErrorInfo."""
+    """An error the caller can act on: one reason of the ErrorInfo catalogue (`reason`, set by
+    each subclass), a message, and the typed fields that reason's metadata carries (the
+    subclass's dataclass fields, named as docs/errors.md lists them; a test keeps the two
+    identical). Raise a subclass; switch on the class or on `reason`."""
 
+    reason: ClassVar[Reason]
     # Set on errors a caller may retry: how long to wait first (google.rpc.RetryInfo).
-    retry_delay_seconds: float | None = None
+    retry_delay_seconds: ClassVar[float | None] = None
 
-    def __init__(self, reason: Reason, message: str, **metadata: object) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.metadata = {key: str(value) for key, value in metadata.items()}
+    message: str
 
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
-def field_required(field: str) -> SidecarError:
-    return SidecarError(Reason.FIELD_REQUIRED, f"{field} is required", field=field)
-
-
-def field_invalid(field: str, detail: str) -> SidecarError:
-    return SidecarError(Reason.FIELD_INVALID, f"{field}: {detail}", field=field, detail=detail)
-
-
-def spec_not_found(name: str, version: int) -> SidecarError:
-    return SidecarError(
-        Reason.SPEC_NOT_FOUND,
-        f"no spec {short(name)} version {version}",
-        spec_name=short(name),
-        spec_version=version,
-    )
+    @property
+    def metadata(self) -> dict[str, str]:
+        """ErrorInfo's metadata: every field but the message, as strings (a field left None
+        is left out)."""
+        return {
+            field.name: str(value)
+            for field in fields(self)
+            if field.name != "message" and (value := getattr(self, field.name)) is not None
+        }
 
 
-def run_not_found(run_id: str) -> SidecarError:
-    return SidecarError(Reason.RUN_NOT_FOUND, f"no run {short(run_id)}", run_id=short(run_id))
+# Errors of a field in the request ------------------------------------------------------------
+
+
+@dataclass(eq=False, kw_only=True)
+class FieldRequired(SidecarError):
+    reason = Reason.FIELD_REQUIRED
+    field: str
+
+
+@dataclass(eq=False, kw_only=True)
+class FieldError(SidecarError):
+    """A field's value refused, and why."""
+
+    field: str
+    detail: str
+
+
+class FieldInvalid(FieldError):
+    reason = Reason.FIELD_INVALID
+
+
+class SpecThresholdsContradict(FieldError):
+    reason = Reason.SPEC_THRESHOLDS_CONTRADICT
+
+
+class PatternInvalid(FieldError):
+    reason = Reason.PATTERN_INVALID
+
+
+class PatternTooComplex(FieldError):
+    reason = Reason.PATTERN_TOO_COMPLEX
+
+
+# Specs, Runs and their logs ----------------------------------------------------------------------
+
+
+@dataclass(eq=False, kw_only=True)
+class SpecVersionError(SidecarError):
+    spec_name: str
+    spec_version: int
+
+
+class SpecNotFound(SpecVersionError):
+    reason = Reason.SPEC_NOT_FOUND
+
+
+class SpecVersionExists(SpecVersionError):
+    reason = Reason.SPEC_VERSION_EXISTS
+
+
+@dataclass(eq=False, kw_only=True)
+class RunNotFound(SidecarError):
+    reason = Reason.RUN_NOT_FOUND
+    run_id: str
+
+
+@dataclass(eq=False, kw_only=True)
+class RequestIdReused(SidecarError):
+    reason = Reason.REQUEST_ID_REUSED
+    run_id: str
+    request_id: str
+
+
+@dataclass(eq=False, kw_only=True)
+class InvalidDeferredHandle(SidecarError):
+    reason = Reason.INVALID_DEFERRED_HANDLE
+    run_id: str
+    handle: str
+
+
+@dataclass(eq=False, kw_only=True)
+class MessageTooLarge(SidecarError):
+    reason = Reason.MESSAGE_TOO_LARGE
+    limit_bytes: int
+    size_bytes: int
+
+
+@dataclass(eq=False, kw_only=True)
+class ContextBudgetExceeded(SidecarError):
+    reason = Reason.CONTEXT_BUDGET_EXCEEDED
+    estimated_tokens: int
+    full_estimated_tokens: int
+    context_window_tokens: int
+    output_reserve_tokens: int
+    budget_tokens: int
+
+
+# Connections and their catalogues --------------------------------------------------------------
+
+
+@dataclass(eq=False, kw_only=True)
+class ConnectionNotFound(SidecarError):
+    reason = Reason.CONNECTION_NOT_FOUND
+    tenant: str
+    connection: str
+
+
+@dataclass(eq=False, kw_only=True)
+class CommandNotAllowed(SidecarError):
+    reason = Reason.COMMAND_NOT_ALLOWED
+    command: str
+    # The environment variable refused, when that is the refusal.
+    env: str | None = None
+
+
+@dataclass(eq=False, kw_only=True)
+class CatalogVersionNotFound(SidecarError):
+    reason = Reason.CATALOG_VERSION_NOT_FOUND
+    connection: str
+    catalog_version: int
+
+
+@dataclass(eq=False, kw_only=True)
+class ConnectionFailure(SidecarError):
+    """A connection's server (or its authorization server) failed or refused, and why."""
+
+    connection: str
+    detail: str
+
+
+class ConnectionUnreachable(ConnectionFailure):
+    reason = Reason.CONNECTION_UNREACHABLE
+
+
+class OAuthRegistrationFailed(ConnectionFailure):
+    reason = Reason.OAUTH_REGISTRATION_FAILED
+
+
+class OAuthGrantRefused(ConnectionFailure):
+    reason = Reason.OAUTH_GRANT_REFUSED
+
+
+@dataclass(eq=False, kw_only=True)
+class OAuthUrlError(SidecarError):
+    """A URL of a sign-in's discovery or flow, refused or failed, and why."""
+
+    connection: str
+    url: str
+    detail: str
+
+
+class OAuthUrlRefused(OAuthUrlError):
+    reason = Reason.OAUTH_URL_REFUSED
+
+
+class OAuthDiscoveryFailed(OAuthUrlError):
+    reason = Reason.OAUTH_DISCOVERY_FAILED
+
+
+@dataclass(eq=False, kw_only=True)
+class ConnectionAuthorizationRequired(SidecarError):
+    reason = Reason.CONNECTION_AUTHORIZATION_REQUIRED
+    connection: str
+    # The contract's AuthorizationRequiredReason name without its prefix.
+    reason_name: str
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        # The catalogue's key is `reason`, which the class attribute names already.
+        return {"connection": self.connection, "reason": self.reason_name}
+
+
+@dataclass(eq=False, kw_only=True)
+class SignInNotApplicable(SidecarError):
+    reason = Reason.SIGN_IN_NOT_APPLICABLE
+    connection: str
+    auth: str
+
+
+# Sign-in states --------------------------------------------------------------------------------
+
+
+@dataclass(eq=False, kw_only=True)
+class SignInStateUnknown(SidecarError):
+    reason = Reason.SIGN_IN_STATE_UNKNOWN
+    tenant: str
+
+
+class SignInStateWrongTenant(SignInStateUnknown):
+    reason = Reason.SIGN_IN_STATE_WRONG_TENANT
+
+
+@dataclass(eq=False, kw_only=True)
+class SignInStateUsed(SidecarError):
+    reason = Reason.SIGN_IN_STATE_USED
+    tenant: str
+    connection: str
+
+
+@dataclass(eq=False, kw_only=True)
+class SignInStateExpired(SidecarError):
+    reason = Reason.SIGN_IN_STATE_EXPIRED
+    tenant: str
+    connection: str
+    expire_time: str
+
+
+@dataclass(eq=False, kw_only=True)
+class SignInStateMismatch(SidecarError):
+    reason = Reason.SIGN_IN_STATE_MISMATCH
+    tenant: str
+    connection: str
+    detail: str
+
+
+# The sidecar itself ----------------------------------------------------------------------------
+
+
+@dataclass(eq=False, kw_only=True)
+class NotImplementedHere(SidecarError):
+    reason = Reason.NOT_IMPLEMENTED
+    method: str
+
+
+@dataclass(eq=False, kw_only=True)
+class InternalError(SidecarError):
+    reason = Reason.INTERNAL
+    correlation_id: str
 
 
 # How long a caller should wait before retrying after STORAGE_UNAVAILABLE.
 STORAGE_RETRY_DELAY_SECONDS = 0.5
 
 
-def storage_unavailable(detail: str) -> SidecarError:
+@dataclass(eq=False, kw_only=True)
+class StorageUnavailable(SidecarError):
     """The database could not be used just now (down, locked, a lost serialization race);
     nothing was stored, and the same request may be retried."""
-    error = SidecarError(
-        Reason.STORAGE_UNAVAILABLE, f"storage unavailable: {detail}", detail=detail
+
+    reason = Reason.STORAGE_UNAVAILABLE
+    retry_delay_seconds = STORAGE_RETRY_DELAY_SECONDS
+    detail: str
+
+
+@dataclass(eq=False, kw_only=True)
+class ShuttingDown(SidecarError):
+    reason = Reason.SHUTTING_DOWN
+    grace_seconds: float
+
+
+# The errors most often raised, with their messages ----------------------------------------------
+
+
+def field_required(field: str) -> FieldRequired:
+    return FieldRequired(f"{field} is required", field=field)
+
+
+def field_invalid(field: str, detail: str) -> FieldInvalid:
+    return FieldInvalid(f"{field}: {detail}", field=field, detail=detail)
+
+
+def spec_not_found(name: str, version: int) -> SpecNotFound:
+    return SpecNotFound(
+        f"no spec {short(name)} version {version}", spec_name=short(name), spec_version=version
     )
-    error.retry_delay_seconds = STORAGE_RETRY_DELAY_SECONDS
-    return error
+
+
+def run_not_found(run_id: str) -> RunNotFound:
+    return RunNotFound(f"no run {short(run_id)}", run_id=short(run_id))
+
+
+def storage_unavailable(detail: str) -> StorageUnavailable:
+    return StorageUnavailable(f"storage unavailable: {detail}", detail=detail)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from psych_sidecar.app.graph import open_database_reader
 from psych_sidecar.domain.catalog import TransportKind
 from psych_sidecar.domain.errors import SidecarError
-from psych_sidecar.domain.prompt import ToolResultView
+from psych_sidecar.domain.prompt import PromptCall, ToolResultView
 from psych_sidecar.inspect_command.views import (
     ChangeRow,
     ConnectionRow,
@@ -101,15 +101,7 @@ class DatabaseSource:
     def prompt(self, run_id: str, now: datetime | None) -> PromptPreview:
         # AssemblePrompt's defaults (no tail, note, model, max_tokens or budget), as a preview.
         assembled = self._read(
-            self._assembler.assemble,
-            run_id,
-            "",
-            "",
-            now or datetime.now(UTC),
-            "",
-            0,
-            None,
-            False,
+            self._assembler.preview, PromptCall(run_id=run_id, now=now or datetime.now(UTC))
         )
         elided = frozenset(
             part.handle

@@ -36,7 +36,7 @@ from psych_sidecar.domain.catalog import (
     rejections,
     without_secrets,
 )
-from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.errors import ConnectionUnreachable
 from psych_sidecar.domain.runlog import OffLoop
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
 
@@ -57,10 +57,10 @@ _STOP_TIMEOUT = 10.0
 _SWEEPS_PER_TTL = 4
 
 
-def _closed_error() -> SidecarError:
-    return SidecarError(
-        Reason.CONNECTION_UNREACHABLE,
+def _closed_error(connection: str) -> ConnectionUnreachable:
+    return ConnectionUnreachable(
         "the sidecar is shutting down: no MCP session starts any more",
+        connection=connection,
         detail="shutting down",
     )
 
@@ -164,7 +164,7 @@ class SessionRegistry:
         """Start a task owned by this registry (see `_tasks`)."""
         if self._closed:
             work.close()
-            raise _closed_error()
+            raise _closed_error(name)
         task = asyncio.create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -279,7 +279,7 @@ class SessionRegistry:
     async def session(self, tenant: str, name: str) -> ConnectionSession | None:
         """The session for a stored connection, started here if another sidecar stored it."""
         if self._closed:
-            raise _closed_error()
+            raise _closed_error(name)
         key = (tenant, name)
         async with self.lock(key):
             stored: StoredConnection | None = await self.blocking(

@@ -15,7 +15,15 @@ from psych_sidecar.domain.catalog import (
     connection_not_found,
     sign_in_not_applicable,
 )
-from psych_sidecar.domain.errors import Reason, SidecarError, short
+from psych_sidecar.domain.errors import (
+    OAuthGrantRefused,
+    SignInStateExpired,
+    SignInStateMismatch,
+    SignInStateUnknown,
+    SignInStateUsed,
+    SignInStateWrongTenant,
+    short,
+)
 from psych_sidecar.mcp.registry import SessionRegistry
 
 
@@ -59,22 +67,19 @@ class OAuthSignIn:
             # The tenant first: another tenant learns nothing of the sign-in, not even
             # whether it was used or expired, and spends nothing.
             if pending.tenant != tenant:
-                raise SidecarError(
-                    Reason.SIGN_IN_STATE_WRONG_TENANT,
+                raise SignInStateWrongTenant(
                     f"the state was not issued to tenant {short(tenant)!r}",
                     tenant=short(tenant),
                 )
             if pending.used_time is not None:
-                raise SidecarError(
-                    Reason.SIGN_IN_STATE_USED,
+                raise SignInStateUsed(
                     f"the state of this sign-in to {pending.name!r} was already used; begin again",
                     tenant=short(tenant),
                     connection=pending.name,
                 )
             if pending.expire_time <= now:
                 expired = pending.expire_time.strftime("%Y-%m-%dT%H:%M:%SZ")
-                raise SidecarError(
-                    Reason.SIGN_IN_STATE_EXPIRED,
+                raise SignInStateExpired(
                     f"the sign-in to {pending.name!r} expired at {expired}; begin again",
                     tenant=short(tenant),
                     connection=pending.name,
@@ -90,8 +95,7 @@ class OAuthSignIn:
             elif revision != pending.revision:
                 detail = f"connection {pending.name!r} was replaced since the sign-in began"
             if detail:
-                raise SidecarError(
-                    Reason.SIGN_IN_STATE_MISMATCH,
+                raise SignInStateMismatch(
                     detail,
                     tenant=short(tenant),
                     connection=pending.name,
@@ -102,8 +106,7 @@ class OAuthSignIn:
             grants.spend_sign_in, state_digest(state), check
         )
         if pending is None:
-            raise SidecarError(
-                Reason.SIGN_IN_STATE_UNKNOWN,
+            raise SignInStateUnknown(
                 "no sign-in with this state: it was never begun, or was removed long after it "
                 "expired",
                 tenant=short(tenant),
@@ -113,8 +116,7 @@ class OAuthSignIn:
             sessions.store.get_connection, *key
         )
         if stored is None or stored.revision != pending.revision:
-            raise SidecarError(
-                Reason.SIGN_IN_STATE_MISMATCH,
+            raise SignInStateMismatch(
                 f"connection {pending.name!r} changed during the sign-in",
                 tenant=short(tenant),
                 connection=pending.name,
@@ -123,8 +125,7 @@ class OAuthSignIn:
         try:
             grant = await flows.complete(stored.connection, pending, code)
         except TokenRefused as refused:
-            raise SidecarError(
-                Reason.OAUTH_GRANT_REFUSED,
+            raise OAuthGrantRefused(
                 f"connection {pending.name!r}: the authorization server refused the code: "
                 f"{refused}; begin again",
                 connection=pending.name,

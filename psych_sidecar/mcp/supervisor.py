@@ -15,7 +15,7 @@ from psych_sidecar.domain.catalog import (
     connection_not_found,
     validate_connection,
 )
-from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.errors import ConnectionUnreachable
 from psych_sidecar.mcp.registry import SessionRegistry, describe
 from psych_sidecar.mcp.session_types import CatalogUnavailable
 from psych_sidecar.mcp.sign_in import OAuthSignIn
@@ -70,8 +70,7 @@ class SessionSupervisor:
             return await session.catalog.refresh("on_demand")
         except CatalogUnavailable as error:
             detail = describe(error)
-            raise SidecarError(
-                Reason.CONNECTION_UNREACHABLE,
+            raise ConnectionUnreachable(
                 f"could not refresh the catalogue of {name!r}: {detail}; nothing was removed",
                 connection=name,
                 detail=detail,

@@ -118,6 +118,7 @@ class ToolEmbeddings:
     def __init__(
         self,
         load_encoder: Callable[[], TextEncoder | None],
+        *,
         encoder_id: str = "",
         store: VectorStore | None = None,
         capacity: int = 20_000,

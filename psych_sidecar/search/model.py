@@ -114,8 +114,5 @@ def tool_embeddings(
         return load_packaged_encoder(cache)
 
     return ToolEmbeddings(
-        load,
-        encoder_identity(),
-        store,
-        encode_threads=encode_threads,
+        load, encoder_id=encoder_identity(), store=store, encode_threads=encode_threads
     )

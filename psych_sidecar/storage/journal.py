@@ -48,6 +48,7 @@ class SqlAssemblyJournal:
     def __init__(
         self,
         engine: Engine,
+        *,
         retention_seconds: float,
         prune_interval_seconds: float = DEFAULT_PRUNE_INTERVAL_SECONDS,
         clock: Callable[[], int] = tables.now_us,

@@ -19,7 +19,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from psych_sidecar.bulk.slices import utf8_char_count
-from psych_sidecar.domain.errors import Reason, SidecarError, run_not_found
+from psych_sidecar.domain.errors import RequestIdReused, run_not_found
 from psych_sidecar.domain.runlog import (
     AllTenants,
     AppendedRecord,
@@ -531,8 +531,7 @@ def _first_answer(
     """The first append's answer to a retry with the same records; REQUEST_ID_REUSED for
     different ones."""
     if retry.fingerprint != fingerprint:
-        raise SidecarError(
-            Reason.REQUEST_ID_REUSED,
+        raise RequestIdReused(
             f"request id {request_id!r} was already used in this run for different records",
             run_id=run_id,
             request_id=request_id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.errors import RequestIdReused
 from psych_sidecar.domain.usage import ModelCallUsage, UsageEvent, UsageTotals
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.transactions import transaction
@@ -70,8 +70,7 @@ class SqlUsageStore:
         if stored is None:
             return False
         if stored != fingerprint:
-            raise SidecarError(
-                Reason.REQUEST_ID_REUSED,
+            raise RequestIdReused(
                 f"request id {event_id!r} was already used in this run for different usage",
                 run_id=run_id,
                 request_id=event_id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
 from psych_sidecar.domain.calls.results import ToolResult
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
-from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.errors import PatternInvalid, PatternTooComplex
 from psych_sidecar.domain.runlog import ContentPart, PartKind, Run, ToolCall, binary_marker
 from psych_sidecar.domain.surface import (
     MODEL_DEFAULT_LIMIT_CHARS,
@@ -48,10 +48,8 @@ class OwnTools:
             result = self._reader.read_in(
                 run, handle, offset, limit, grep, 4 * MODEL_MAX_LIMIT_CHARS
             )
-        except SidecarError as error:
-            if error.reason in (Reason.PATTERN_INVALID, Reason.PATTERN_TOO_COMPLEX):
-                return ToolResult.error(f"read_tool_output: grep {error.metadata['detail']}")
-            raise
+        except (PatternInvalid, PatternTooComplex) as error:
+            return ToolResult.error(f"read_tool_output: grep {error.detail}")
         if result.binary:
             return self._binary_for_model(run, handle, result.total_length, result.mime_type)
         end = result.next_offset

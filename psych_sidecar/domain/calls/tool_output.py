@@ -31,7 +31,9 @@ from typing import Any
 import re2
 
 from psych_sidecar.domain.errors import (
-    Reason,
+    InvalidDeferredHandle,
+    PatternInvalid,
+    PatternTooComplex,
     SidecarError,
     field_invalid,
     field_required,
@@ -94,16 +96,17 @@ def never_stop() -> bool:
 
 
 def invalid_handle(run_id: str, handle: str) -> SidecarError:
-    return SidecarError(
-        Reason.INVALID_DEFERRED_HANDLE,
+    return InvalidDeferredHandle(
         f"handle {quoted(handle)} is not a tool result of run {short(run_id)}",
         run_id=short(run_id),
         handle=short(handle),
     )
 
 
-def _pattern_error(reason: Reason, field: str, detail: str) -> SidecarError:
-    return SidecarError(reason, f"{field}: {detail}", field=field, detail=detail)
+def _pattern_error(
+    kind: type[PatternInvalid | PatternTooComplex], field: str, detail: str
+) -> PatternInvalid | PatternTooComplex:
+    return kind(f"{field}: {detail}", field=field, detail=detail)
 
 
 def compile_pattern(pattern: str, field: str) -> Any:
@@ -111,9 +114,7 @@ def compile_pattern(pattern: str, field: str) -> Any:
     at line boundaries, groups not capturing. Refused with PATTERN_INVALID when too long or
     not RE2, PATTERN_TOO_COMPLEX when its program is too large."""
     if len(pattern) > MAX_PATTERN_CHARS:
-        raise _pattern_error(
-            Reason.PATTERN_INVALID, field, f"longer than {MAX_PATTERN_CHARS} characters"
-        )
+        raise _pattern_error(PatternInvalid, field, f"longer than {MAX_PATTERN_CHARS} characters")
     options = re2.Options()
     options.never_nl = True
     options.never_capture = True
@@ -128,20 +129,19 @@ def compile_pattern(pattern: str, field: str) -> Any:
         detail = message.decode(errors="replace") if isinstance(message, bytes) else str(message)
         if "too large" in detail or "too big" in detail:
             raise _pattern_error(
-                Reason.PATTERN_TOO_COMPLEX,
+                PatternTooComplex,
                 field,
                 f"compiles to a program larger than RE2's memory bound ({detail}); "
                 "use fewer or smaller repetitions and narrower character classes",
             ) from None
-        raise SidecarError(
-            Reason.PATTERN_INVALID,
+        raise PatternInvalid(
             f"{field}: not a valid RE2 pattern: {detail}",
             field=field,
             detail=detail,
         ) from None
     if compiled.programsize > MAX_PROGRAM_SIZE:
         raise _pattern_error(
-            Reason.PATTERN_TOO_COMPLEX,
+            PatternTooComplex,
             field,
             f"compiles to an RE2 program of {compiled.programsize} instructions, more than "
             f"{MAX_PROGRAM_SIZE}; use fewer or smaller repetitions ({{n}}) and narrower "
@@ -346,7 +346,7 @@ def _chunk_end(data: bytes, position: int, chunk_bytes: int, program_size: int) 
         f"of {program_size} RE2 instructions (at most {chunk_bytes} bytes per line for it); "
         "use a simpler pattern, or read the line by offset"
     )
-    raise _pattern_error(Reason.PATTERN_TOO_COMPLEX, "grep", detail)
+    raise _pattern_error(PatternTooComplex, "grep", detail)
 
 
 def _cut_to_bytes(text: str, max_bytes: int) -> str:

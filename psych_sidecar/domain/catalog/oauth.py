@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from psych_sidecar.domain.errors import Reason, SidecarError, short
+from psych_sidecar.domain.errors import (
+    ConnectionAuthorizationRequired,
+    SignInNotApplicable,
+    short,
+)
 
 
 class AuthKind(StrEnum):
@@ -131,10 +135,9 @@ class PendingSignIn:
     used_time: datetime | None = None
 
 
-def sign_in_not_applicable(name: str, kind: AuthKind | None) -> SidecarError:
+def sign_in_not_applicable(name: str, kind: AuthKind | None) -> SignInNotApplicable:
     auth = kind.value if kind is not None else "none (stdio)"
-    return SidecarError(
-        Reason.SIGN_IN_NOT_APPLICABLE,
+    return SignInNotApplicable(
         f"connection {short(name)!r} does not sign in with the OAuth authorization code "
         f"(its auth is {auth}); a sign-in needs oauth_authorization_code",
         connection=short(name),
@@ -142,15 +145,14 @@ def sign_in_not_applicable(name: str, kind: AuthKind | None) -> SidecarError:
     )
 
 
-def connection_authorization_required(name: str, reason: AuthorizationReason) -> SidecarError:
-    error = SidecarError(
-        Reason.CONNECTION_AUTHORIZATION_REQUIRED,
+def connection_authorization_required(
+    name: str, reason: AuthorizationReason
+) -> ConnectionAuthorizationRequired:
+    return ConnectionAuthorizationRequired(
         f"connection {short(name)!r} needs authorizing first ({reason.value.replace('_', ' ')})",
         connection=short(name),
+        reason_name=reason.name,
     )
-    # The metadata key is `reason`, which the constructor's own parameter takes.
-    error.metadata["reason"] = reason.name
-    return error
 
 
 def authorization_line(server: str, reason: AuthorizationReason) -> str:

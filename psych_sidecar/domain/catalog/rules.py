@@ -25,8 +25,9 @@ from psych_sidecar.domain.catalog.connections import (
 )
 from psych_sidecar.domain.catalog.oauth import AuthKind, ClientKind
 from psych_sidecar.domain.errors import (
-    Reason,
-    SidecarError,
+    CatalogVersionNotFound,
+    CommandNotAllowed,
+    ConnectionNotFound,
     field_invalid,
     field_required,
     quoted,
@@ -174,18 +175,16 @@ class CatalogDiff:
     removed: tuple[CatalogTool, ...]
 
 
-def connection_not_found(tenant: str, name: str) -> SidecarError:
-    return SidecarError(
-        Reason.CONNECTION_NOT_FOUND,
+def connection_not_found(tenant: str, name: str) -> ConnectionNotFound:
+    return ConnectionNotFound(
         f"no connection {quoted(name)} for tenant {quoted(tenant)}",
         tenant=short(tenant),
         connection=short(name),
     )
 
 
-def catalog_version_not_found(name: str, version: int) -> SidecarError:
-    return SidecarError(
-        Reason.CATALOG_VERSION_NOT_FOUND,
+def catalog_version_not_found(name: str, version: int) -> CatalogVersionNotFound:
+    return CatalogVersionNotFound(
         f"connection {quoted(name)} has no catalogue version {version}",
         connection=short(name),
         catalog_version=version,
@@ -233,8 +232,7 @@ def _validate_stdio(connection: Connection, allowed_commands: Mapping[str, Allow
         raise field_required("connection.stdio.command")
     allowed = allowed_commands.get(connection.command)
     if allowed is None:
-        raise SidecarError(
-            Reason.COMMAND_NOT_ALLOWED,
+        raise CommandNotAllowed(
             f"command {quoted(connection.command)} is not one the operator allowed in the "
             "sidecar's configuration (mcp_commands)",
             command=short(connection.command),
@@ -254,8 +252,7 @@ def _validate_stdio(connection: Connection, allowed_commands: Mapping[str, Allow
     for name in sorted(connection.env):
         if not env_name_allowed(name, allowed.allowed_env):
             shown = quoted(name)
-            raise SidecarError(
-                Reason.COMMAND_NOT_ALLOWED,
+            raise CommandNotAllowed(
                 f"connection.stdio.env may not set {shown}: the operator's entry for "
                 f"{quoted(connection.command)} does not allow it (mcp_commands allowed_env)",
                 command=short(connection.command),

@@ -13,6 +13,7 @@ from psych_sidecar.domain.prompt.assembly import (
     GuardDecision,
     GuardedResult,
     PromptAssembler,
+    PromptCall,
 )
 from psych_sidecar.domain.prompt.journal import (
     AssemblyEntry,
@@ -34,6 +35,7 @@ __all__ = [
     "GuardedResult",
     "Prompt",
     "PromptAssembler",
+    "PromptCall",
     "PromptMessage",
     "Role",
     "SurfaceServer",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
+from psych_sidecar.domain.errors import ContextBudgetExceeded, field_invalid
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
 from psych_sidecar.domain.prompt.elision import (
     BatchResult,
@@ -87,6 +87,21 @@ class GuardDecision:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptCall:
+    """What one model call asks of AssemblePrompt: the Run, the clock of its transient
+    message, and the host's optional parts (empty: none; `max_tokens` 0: the default)."""
+
+    run_id: str
+    now: datetime
+    host_tail: str = ""
+    transient_note: str = ""
+    model: str = ""
+    max_tokens: int = 0
+    # Overrides the Spec's context budget field by field.
+    budget_override: ContextBudget | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class AssembledPrompt:
     """One call's prompt, its per-zone sizes and hashes, both provider bodies and the
@@ -139,6 +154,7 @@ class _ElidedViews:
 
     def __init__(
         self,
+        *,
         log: LogReader,
         cache: ViewCache,
         run_id: str,
@@ -213,6 +229,7 @@ class _ElidedViews:
 class PromptAssembler:
     def __init__(
         self,
+        *,
         runs: RunService,
         specs: SpecLookup,
         log: LogReader,
@@ -231,18 +248,18 @@ class PromptAssembler:
         # Told each prompt's metadata (never its content) after it is assembled.
         self._journal = journal
 
-    def assemble(
-        self,
-        run_id: str,
-        host_tail: str,
-        transient_note: str,
-        now: datetime,
-        model: str,
-        max_tokens: int,
-        budget_override: ContextBudget | None = None,
-        journal: bool = True,
-    ) -> AssembledPrompt:
-        """The prompt for one model call; `journal=False` (a preview) leaves no journal row."""
+    def assemble(self, call: PromptCall) -> AssembledPrompt:
+        """The prompt for one model call, told to the assembly journal."""
+        return self._assemble(call, self._journal)
+
+    def preview(self, call: PromptCall) -> AssembledPrompt:
+        """The prompt the call would get, leaving no journal row (nothing was sent)."""
+        return self._assemble(call, None)
+
+    def _assemble(self, call: PromptCall, journal: AssemblyJournal | None) -> AssembledPrompt:
+        run_id, model, max_tokens = call.run_id, call.model, call.max_tokens
+        host_tail, transient_note, now = call.host_tail, call.transient_note, call.now
+        budget_override = call.budget_override
         if max_tokens < 0:
             raise field_invalid("max_tokens", "must not be negative")
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
@@ -322,8 +339,8 @@ class PromptAssembler:
                 capped_results=len(capped),
                 cap_bytes_saved=sum(saved[sequence] for sequence in capped),
             )
-            if self._journal is not None and journal:
-                self._journal.record(
+            if journal is not None:
+                journal.record(
                     assembly_entry(
                         run_id=run_id,
                         time=datetime.now(UTC),
@@ -417,8 +434,7 @@ class PromptAssembler:
                     estimate = attempt.estimated_tokens
             assembled, previous_end = attempt, end
         if estimate > budget:
-            raise SidecarError(
-                Reason.CONTEXT_BUDGET_EXCEEDED,
+            raise ContextBudgetExceeded(
                 f"the prompt is about {estimate} tokens even with the current turn's results "
                 f"elided ({full} in full), over the budget of {budget} tokens (a context window "
                 f"of {window} less {reserve} for the output)",

@@ -6,8 +6,7 @@ import secrets
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.errors import (
-    Reason,
-    SidecarError,
+    SpecVersionExists,
     field_invalid,
     field_required,
     run_not_found,
@@ -53,8 +52,7 @@ class SpecService:
         validate_spec(spec)
         stored = self._specs.insert_spec(spec)
         if stored.spec.fingerprint() != spec.fingerprint():
-            raise SidecarError(
-                Reason.SPEC_VERSION_EXISTS,
+            raise SpecVersionExists(
                 f"spec {spec.name} version {spec.version} was already published with "
                 "different content; versions are immutable",
                 spec_name=spec.name,

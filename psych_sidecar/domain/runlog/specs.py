@@ -10,7 +10,11 @@ from datetime import datetime
 from typing import Any
 
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
-from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid, field_required
+from psych_sidecar.domain.errors import (
+    SpecThresholdsContradict,
+    field_invalid,
+    field_required,
+)
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -232,8 +236,7 @@ def validate_spec(spec: Spec) -> None:
             f"per_result_tokens {effective.per_result_tokens} exceeds "
             f"per_batch_tokens {effective.per_batch_tokens}"
         )
-        raise SidecarError(
-            Reason.SPEC_THRESHOLDS_CONTRADICT,
+        raise SpecThresholdsContradict(
             detail,
             field="spec.thresholds.per_result_tokens",
             detail=detail,

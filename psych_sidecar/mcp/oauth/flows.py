@@ -50,7 +50,7 @@ from psych_sidecar.domain.catalog import (
     PendingSignIn,
     StoredConnection,
 )
-from psych_sidecar.domain.errors import Reason, SidecarError, short
+from psych_sidecar.domain.errors import OAuthRegistrationFailed, short
 from psych_sidecar.mcp.oauth.discovery import CLIENT_NAME, Discovery, discover
 from psych_sidecar.mcp.oauth.guard import MAX_OAUTH_ERROR_CHARS, OutboundGuard
 
@@ -186,8 +186,7 @@ class OAuthFlows:
             ]:
                 return known
         if metadata.registration_endpoint is None:
-            raise SidecarError(
-                Reason.OAUTH_REGISTRATION_FAILED,
+            raise OAuthRegistrationFailed(
                 f"connection {short(connection.name)!r}: the authorization server offers no "
                 "dynamic client registration; configure a registered client or a client "
                 "metadata URL",
@@ -211,8 +210,7 @@ class OAuthFlows:
             client = await handle_registration_response(response)
         except OAuthRegistrationError:
             detail = _oauth_error_text(response)
-            raise SidecarError(
-                Reason.OAUTH_REGISTRATION_FAILED,
+            raise OAuthRegistrationFailed(
                 f"connection {short(connection.name)!r}: dynamic client registration "
                 f"refused: {detail}",
                 connection=short(connection.name),

@@ -12,7 +12,11 @@ import anyio
 import httpx2
 
 from psych_sidecar.config import OAuthOutboundSettings
-from psych_sidecar.domain.errors import Reason, SidecarError, short
+from psych_sidecar.domain.errors import (
+    OAuthDiscoveryFailed,
+    OAuthUrlRefused,
+    short,
+)
 
 # How much of an authorization server's error an error text quotes.
 MAX_OAUTH_ERROR_CHARS = 200
@@ -36,9 +40,8 @@ class OutboundGuard:
             ipaddress.ip_network(n, strict=False) for n in settings.allowed_networks
         )
 
-    def _refused(self, connection: str, url: str, detail: str) -> SidecarError:
-        return SidecarError(
-            Reason.OAUTH_URL_REFUSED,
+    def _refused(self, connection: str, url: str, detail: str) -> OAuthUrlRefused:
+        return OAuthUrlRefused(
             f"connection {short(connection)!r}: will not request {without_query(url)}: {detail}",
             connection=short(connection),
             url=without_query(url),
@@ -91,9 +94,8 @@ class OutboundGuard:
             if why:
                 raise self._refused(connection, url, f"{host} is {why} ({address})")
 
-    def failed(self, connection: str, url: str, detail: str) -> SidecarError:
-        return SidecarError(
-            Reason.OAUTH_DISCOVERY_FAILED,
+    def failed(self, connection: str, url: str, detail: str) -> OAuthDiscoveryFailed:
+        return OAuthDiscoveryFailed(
             f"connection {short(connection)!r}: {without_query(url)}: {detail}",
             connection=short(connection),
             url=without_query(url),

@@ -20,8 +20,8 @@ from psych_sidecar.domain.catalog import (
     ConnectionStatus,
     diff_catalog,
 )
-from psych_sidecar.domain.inspect.explain import CacheMiss, explain_miss
 from psych_sidecar.domain.prompt import AssemblyEntry, AssemblyJournal, ElidedResult
+from psych_sidecar.domain.run_inspector.explain import CacheMiss, explain_miss
 from psych_sidecar.domain.runlog import (
     AllTenants,
     ListedRun,
@@ -109,6 +109,7 @@ def pair_usage(entries: Sequence[AssemblyEntry], events: Sequence[UsageEvent]) -
 class RunInspector:
     def __init__(
         self,
+        *,
         runs: RunService,
         log: LogReader,
         journal: AssemblyJournal | None,

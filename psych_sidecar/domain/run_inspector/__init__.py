@@ -10,8 +10,13 @@ explainer (:func:`explain_miss`).
 
 from __future__ import annotations
 
-from psych_sidecar.domain.inspect.explain import CacheMiss, MissCause, MissReason, explain_miss
-from psych_sidecar.domain.inspect.service import (
+from psych_sidecar.domain.run_inspector.explain import (
+    CacheMiss,
+    MissCause,
+    MissReason,
+    explain_miss,
+)
+from psych_sidecar.domain.run_inspector.service import (
     CatalogVersionView,
     ConnectionView,
     ModelCall,
@@ -20,7 +25,7 @@ from psych_sidecar.domain.inspect.service import (
     Timeline,
     pair_usage,
 )
-from psych_sidecar.domain.inspect.stored import PinnedStates, StoredCatalog
+from psych_sidecar.domain.run_inspector.stored import PinnedStates, StoredCatalog
 
 __all__ = [
     "CacheMiss",

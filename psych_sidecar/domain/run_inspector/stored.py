@@ -22,14 +22,14 @@ from psych_sidecar.domain.catalog import (
     StoredConnection,
     without_secrets,
 )
-from psych_sidecar.domain.errors import Reason, SidecarError
+from psych_sidecar.domain.errors import NotImplementedHere
 from psych_sidecar.domain.surface import ToolSurface, TurnResolver
 
 
-def _read_only() -> SidecarError:
-    return SidecarError(
-        Reason.NOT_IMPLEMENTED,
-        "this reader only reads: it runs no MCP sessions and writes nothing",
+def _read_only(method: str) -> NotImplementedHere:
+    return NotImplementedHere(
+        f"{method}: this reader only reads: it runs no MCP sessions and writes nothing",
+        method=method,
     )
 
 
@@ -51,21 +51,21 @@ class StoredCatalog:
         )
 
     async def put_connection(self, connection: Connection) -> tuple[Connection, ConnectionStatus]:
-        raise _read_only()
+        raise _read_only("put_connection")
 
     async def delete_connection(self, tenant: str, name: str) -> None:
-        raise _read_only()
+        raise _read_only("delete_connection")
 
     async def refresh_catalog(self, tenant: str, name: str) -> CatalogWrite:
-        raise _read_only()
+        raise _read_only("refresh_catalog")
 
     async def begin_sign_in(self, tenant: str, name: str) -> tuple[str, str, datetime]:
-        raise _read_only()
+        raise _read_only("begin_sign_in")
 
     async def complete_sign_in(
         self, tenant: str, state: str, code: str, name: str
     ) -> tuple[Connection, ConnectionStatus]:
-        raise _read_only()
+        raise _read_only("complete_sign_in")
 
     # CatalogView
 
