@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from sqlalchemy import exc as sa_exc
 
-from psych_sidecar.domain.errors import SidecarError, storage_unavailable
+from psych_sidecar.domain.errors import StorageUnavailable, storage_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ _SQLITE_TRANSIENT = (
 )
 
 
-def unavailable_error(error: BaseException) -> SidecarError | None:
+def unavailable_error(error: BaseException) -> StorageUnavailable | None:
     """The typed error for a driver failure that means "the database cannot be used just
     now", or None for one that means a bug (bad SQL, a missing table, a constraint).
 
@@ -84,5 +84,5 @@ def unavailable_as_typed_errors() -> Iterator[None]:
         mapped = unavailable_error(error)
         if mapped is None:
             raise
-        log.warning("database unavailable: %s", mapped.metadata["detail"])
+        log.warning("database unavailable: %s", mapped.detail)
         raise mapped from error
