@@ -23,7 +23,8 @@ from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.bulk import heap
 from psych_sidecar.bulk.protobuf_splice import with_nested_bytes
-from psych_sidecar.domain.calls import ToolOutcome, ToolOutputReader, ToolRouter
+from psych_sidecar.domain import calls
+from psych_sidecar.domain.calls import ToolOutputReader, ToolRouter
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
@@ -56,7 +57,7 @@ def _integral_floats_as_ints(value: Any) -> Any:
     return value
 
 
-def fitted(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
+def fitted(outcome: calls.ToolOutcome, max_bytes: int) -> calls.ToolOutcome:
     """The outcome as a response carries it: whole when its result JSON fits in `max_bytes`,
     else an elided view — a text saying how large the result is and how to read it through
     its handle — with the handle. The log always keeps the whole result."""
@@ -72,13 +73,13 @@ def fitted(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
         "isError": outcome.is_error,
         "_meta": {"psych.sidecar/elided": {"result_json_bytes": size, "handle": outcome.handle}},
     }
-    return ToolOutcome(
+    return calls.ToolOutcome(
         outcome.is_error, canonical_json(sorted_keys(view)), outcome.sequence, outcome.handle
     )
 
 
 def fill_outcome(
-    target: tool_service_pb2.ToolOutcome, outcome: ToolOutcome, max_bytes: int
+    target: tool_service_pb2.ToolOutcome, outcome: calls.ToolOutcome, max_bytes: int
 ) -> None:
     """The outcome into `target` (a response's field, filled in place: no copy of the
     message), elided when its result would not fit in a response (`fitted`)."""
@@ -90,7 +91,7 @@ def fill_outcome(
 
 
 def _call_response(
-    outcome: ToolOutcome, max_bytes: int
+    outcome: calls.ToolOutcome, max_bytes: int
 ) -> tool_service_pb2.CallDeferredToolResponse:
     response = tool_service_pb2.CallDeferredToolResponse()
     fill_outcome(response.outcome, outcome, max_bytes)
@@ -98,7 +99,7 @@ def _call_response(
 
 
 def _dispatch_response(
-    outcome: ToolOutcome, max_bytes: int
+    outcome: calls.ToolOutcome, max_bytes: int
 ) -> tool_service_pb2.DispatchToolCallResponse:
     response = tool_service_pb2.DispatchToolCallResponse(
         disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED
@@ -107,12 +108,12 @@ def _dispatch_response(
     return response
 
 
-# The field of ToolOutcome a large result is spliced into (`serialized_with_result`).
+# The field of the protobuf ToolOutcome a large result is spliced into (`serialized_with_result`).
 _RESULT_JSON_FIELD = tool_service_pb2.ToolOutcome.DESCRIPTOR.fields_by_name["result_json"].number
 
 
 def serialized_with_result(
-    build: Callable[[ToolOutcome, int], Message], outcome: ToolOutcome, max_bytes: int
+    build: Callable[[calls.ToolOutcome, int], Message], outcome: calls.ToolOutcome, max_bytes: int
 ) -> Serialized:
     """The response `build` makes, serialized, with a large result's JSON spliced in at the
     wire level (`bulk.protobuf_splice`): the response is serialized without it, on a worker
@@ -132,7 +133,7 @@ def serialized_with_result(
 
 
 def _serialized_and_released(
-    build: Callable[[ToolOutcome, int], Message], outcome: ToolOutcome, max_bytes: int
+    build: Callable[[calls.ToolOutcome, int], Message], outcome: calls.ToolOutcome, max_bytes: int
 ) -> Serialized:
     """`serialized_with_result`, then the free memory malloc kept while this result came in
     handed back (`heap.release_kept_memory`). Kept from one large result to the next, the
@@ -205,7 +206,7 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
         return await self._respond(_call_response, outcome)
 
     async def _respond(
-        self, build: Callable[[ToolOutcome, int], M], outcome: ToolOutcome
+        self, build: Callable[[calls.ToolOutcome, int], M], outcome: calls.ToolOutcome
     ) -> M | Serialized:
         if len(outcome.result_json) <= INLINE_OUTCOME_BYTES:
             return build(outcome, self._inline_bytes)
