@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import grpc
 from google.protobuf import descriptor, message_factory
@@ -35,6 +35,9 @@ from psych_sidecar.api.errors import STATUS_CODES, abort
 from psych_sidecar.api.plumbing import Context, Serialized, serialize_response
 from psych_sidecar.domain.errors import Reason, SidecarError, field_invalid
 from psych_sidecar.telemetry import logs, metrics, tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 S = TypeVar("S")
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
+_State = TypeVar("_State")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,24 +219,40 @@ def _code_of(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
+def _ended(
+    behaviour: Behaviour,
+    begin: Callable[[Context], _State],
+    end: Callable[[_State, grpc.StatusCode], None],
+) -> Behaviour:
+    """`behaviour` between `begin` and `end`, which is told the status the call ends with."""
+
+    async def ended(request: Any, context: Context) -> Message | Serialized:
+        state = begin(context)
+        code = grpc.StatusCode.OK
+        try:
+            return await behaviour(request, context)
+        except BaseException as error:
+            code = _code_of(error)
+            raise
+        finally:
+            end(state, code)
+
+    return ended
+
+
 class _Span(_Concern):
     """The call's span, continuing the caller's traceparent, current while it runs."""
 
     def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
         name = _full_name(method)
 
-        async def traced(request: Any, context: Context) -> Message | Serialized:
-            span = tracing.start_rpc(name, context.invocation_metadata)
-            code = grpc.StatusCode.OK
-            try:
-                return await behaviour(request, context)
-            except BaseException as error:
-                code = _code_of(error)
-                raise
-            finally:
-                tracing.end_rpc(span, code.name, code.value[0])
+        def begin(context: Context) -> tuple[Span, object] | None:
+            return tracing.start_rpc(name, context.invocation_metadata)
 
-        return traced
+        def end(span: tuple[Span, object] | None, code: grpc.StatusCode) -> None:
+            tracing.end_rpc(span, code.name, code.value[0])
+
+        return _ended(behaviour, begin, end)
 
 
 class _LogContext(_Concern):
@@ -269,21 +289,16 @@ class _Timing(_Concern):
     def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
         label = _full_name(method).lstrip("/")
 
-        async def timed(request: Any, context: Context) -> Message | Serialized:
-            started = time.perf_counter()
-            code = grpc.StatusCode.OK
-            try:
-                return await behaviour(request, context)
-            except BaseException as error:
-                code = _code_of(error)
-                raise
-            finally:
-                elapsed = time.perf_counter() - started
-                metrics.record_rpc(label, code.name, elapsed)
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("%s answered %s in %.2f ms", label, code.name, elapsed * 1000)
+        def begin(context: Context) -> float:
+            return time.perf_counter()
 
-        return timed
+        def end(started: float, code: grpc.StatusCode) -> None:
+            elapsed = time.perf_counter() - started
+            metrics.record_rpc(label, code.name, elapsed)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s answered %s in %.2f ms", label, code.name, elapsed * 1000)
+
+        return _ended(behaviour, begin, end)
 
 
 class _UnexpectedErrors(_Concern):
