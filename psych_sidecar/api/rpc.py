@@ -17,6 +17,7 @@ registration, as registered methods (see `_GenericHandlersOnly`).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import functools
 import logging
@@ -181,14 +182,16 @@ class _Concern(grpc.aio.ServerInterceptor):
         return handler
 
     def rewrite(self, method: descriptor.MethodDescriptor, handler: Handler) -> Handler:
+        """The handler with its behaviour wrapped, its (de)serializers as they were."""
         return grpc.unary_unary_rpc_method_handler(
             self.wrap(method, cast(Behaviour, handler.unary_unary)),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
 
+    @abc.abstractmethod
     def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
-        raise NotImplementedError
+        """`behaviour` with this concern around it."""
 
 
 def _full_name(method: descriptor.MethodDescriptor) -> str:
