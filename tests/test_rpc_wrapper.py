@@ -1,6 +1,6 @@
-"""The RPC wrapper's promise for a servicer that lacks an RPC of its service: the call answers
-UNIMPLEMENTED with NOT_IMPLEMENTED, even though the generated base class the servicer extends
-has a method of that name (one that would fail the call INTERNAL)."""
+"""The RPC interceptors' promise for a servicer that lacks an RPC of its service: the call
+answers UNIMPLEMENTED with NOT_IMPLEMENTED, even though the generated base class the servicer
+extends has a method of that name (one that would fail the call INTERNAL)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 
 from psych.sidecar.v1 import spec_pb2, spec_service_pb2, spec_service_pb2_grpc
-from psych_sidecar.api.rpc import Binding, InFlight, rpc_server
+from psych_sidecar.api.rpc import InFlight, bind, rpc_server
 from tests.support.sidecar import rpc_failure
 
 
@@ -42,7 +42,10 @@ def test_an_rpc_the_servicer_lacks_answers_unimplemented(tmp_path: Path) -> None
 
     async def serve_and_call() -> None:
         service = spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"]
-        server = rpc_server([Binding(_PublishOnly(), service)], 1 << 20, InFlight())
+        binding = bind(
+            _PublishOnly(), spec_service_pb2_grpc.add_SpecServiceServicer_to_server, service
+        )
+        server = rpc_server([binding], 1 << 20, InFlight())
         server.add_insecure_port(target)
         await server.start()
         try:

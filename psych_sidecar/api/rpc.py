@@ -1,17 +1,32 @@
-"""The RPC wrapper every call goes through: request size limit and decoding, one ErrorInfo per
-error, the call's metric, span and log context, UNIMPLEMENTED for an RPC a servicer lacks, and
-the in-flight calls that shutdown answers when its grace ends."""
+"""The contract's services on a gRPC server: each servicer registered with its generated
+`add_*Servicer_to_server` (`bind`: mypy holds the servicer to its generated base), and every
+call through one chain of interceptors, one concern each, ordered in `interceptors`: the
+answer of an error (status and one ErrorInfo), the span, the log context, the metric,
+unexpected errors and RPCs a servicer lacks, shutdown's in-flight calls, and the request's
+size limit and decoding.
+
+Interceptors rather than one hand-written wrapper, by measurement: the sidecar's server CPU
+per GetRun (8,000 calls a round, 6 rounds alternating with the one wrapper this chain
+replaced, both sidecars on one CPU) was 0.98x the wrapper's with metrics and tracing off and
+1.00x with metrics and tracing at 0.1; in process, the chain costs ~2 µs a call more (5.8
+against 3.8 µs of CPU, of a GetRun's ~360 µs). Each concern wraps a method's handler once,
+at its first call, and the outermost keeps the result: a call costs one interceptor look-up
+and one coroutine frame per concern. What did cost was the generated functions' second
+registration, as registered methods (see `_GenericHandlersOnly`).
+"""
 
 from __future__ import annotations
 
+import abc
 import asyncio
+import functools
 import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import grpc
 from google.protobuf import descriptor, message_factory
@@ -29,6 +44,9 @@ from psych_sidecar.domain.errors import (
 )
 from psych_sidecar.telemetry import logs, metrics, tracing
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
 log = logging.getLogger(__name__)
 
 # gRPC sets SO_REUSEPORT by default, so a second sidecar on a TCP port would silently share
@@ -36,6 +54,31 @@ log = logging.getLogger(__name__)
 NO_REUSEPORT = ("grpc.so_reuseport", 0)
 
 Behaviour = Callable[[Any, Context], Awaitable[Message | Serialized]]
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+S = TypeVar("S")
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+_State = TypeVar("_State")
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A service of the contract (its descriptor: its name and requests, for reflection,
+    health and the chain) and the registration of its servicer. Made by `bind`."""
+
+    service: descriptor.ServiceDescriptor
+    register: Callable[[grpc.aio.Server], None]
+
+
+def bind(
+    servicer: S,
+    register: Callable[[S, grpc.aio.Server], None],
+    service: descriptor.ServiceDescriptor,
+) -> Binding:
+    """`servicer` registered with `register`, the service's generated
+    `add_*Servicer_to_server`: mypy then holds the servicer to the generated `*Servicer`
+    base, so its class must implement every RPC with the contract's types."""
+    return Binding(service, functools.partial(register, servicer))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,43 +87,6 @@ class _Rejected:
     with a proper ErrorInfo instead of the transport's bare status."""
 
     error: SidecarError
-
-
-@dataclass(frozen=True, slots=True)
-class Binding:
-    """A service of the contract and its servicer. An RPC the servicer has no method of its
-    own for (one added to the contract before its behaviour) answers UNIMPLEMENTED with
-    NOT_IMPLEMENTED rather than failing the server's start."""
-
-    servicer: object
-    service: descriptor.ServiceDescriptor
-
-
-def _deserializer(message_class: type[Message], limit: int) -> Callable[[bytes], object]:
-    def deserialize(data: bytes) -> object:
-        if len(data) > limit:
-            return _Rejected(
-                MessageTooLarge(
-                    f"request of {len(data)} bytes exceeds the limit of {limit} bytes",
-                    limit_bytes=limit,
-                    size_bytes=len(data),
-                )
-            )
-        try:
-            return message_class.FromString(data)
-        except DecodeError as error:
-            return _Rejected(
-                field_invalid("request", f"not a valid {message_class.__name__}: {error}")
-            )
-
-    return deserialize
-
-
-def _unimplemented(method: str) -> Behaviour:
-    async def behaviour(request: Any, context: Context) -> Message:
-        raise NotImplementedHere(f"{method} is not implemented in this release", method=method)
-
-    return behaviour
 
 
 class InFlight:
@@ -153,132 +159,324 @@ class InFlight:
         self._released.set()
 
 
-def _log_fields(request_class: type[Message], service: str) -> list[tuple[str, str]]:
-    """(log field, request field) pairs this method's requests carry: the Run id, tenant
-    and connection a log line of the call is about."""
-    present = {field.name for field in request_class.DESCRIPTOR.fields}
-    connection = "name" if service.endswith("ConnectionService") else "server"
-    pairs = [("run_id", "run_id"), ("tenant", "tenant"), ("connection", connection)]
-    return [(log_field, field) for log_field, field in pairs if field in present]
+class _Concern(grpc.aio.ServerInterceptor):
+    """One cross-cutting concern of the contract's RPCs: `wrap` gives a method's behaviour
+    with the concern around it, once per method, at its first call. Other services' calls
+    (health, reflection) and unknown methods pass through as they are."""
+
+    def __init__(self, methods: Mapping[str, descriptor.MethodDescriptor]) -> None:
+        self._methods = methods
+        self._handlers: dict[str, Handler] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Request, _Response] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[_Request, _Response] | None:
+        name = handler_call_details.method
+        handler: Handler | None = self._handlers.get(name)
+        if handler is not None:
+            return handler
+        handler = await continuation(handler_call_details)
+        method = self._methods.get(name)
+        if handler is None or method is None:
+            return handler
+        handler = self._handlers[name] = self.rewrite(method, handler)
+        return handler
+
+    def rewrite(self, method: descriptor.MethodDescriptor, handler: Handler) -> Handler:
+        """The handler with its behaviour wrapped, its (de)serializers as they were."""
+        return grpc.unary_unary_rpc_method_handler(
+            self.wrap(method, cast(Behaviour, handler.unary_unary)),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    @abc.abstractmethod
+    def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
+        """`behaviour` with this concern around it."""
 
 
-def _guarded(
-    method: str,
+def _full_name(method: descriptor.MethodDescriptor) -> str:
+    return f"/{method.containing_service.full_name}/{method.name}"
+
+
+class _AnswerErrors(_Concern):
+    """A SidecarError becomes the call's status with exactly one ErrorInfo (and RetryInfo
+    when it advises a delay); no stack trace reaches the client. Outermost: every other
+    concern has seen the error before the answer leaves."""
+
+    def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
+        async def answer_errors(request: Any, context: Context) -> Message | Serialized:
+            try:
+                return await behaviour(request, context)
+            except SidecarError as error:
+                await abort(context, error)
+
+        return answer_errors
+
+
+def _code_of(error: BaseException) -> grpc.StatusCode:
+    """The status a call that raised `error` ends with (errors are SidecarErrors here)."""
+    if isinstance(error, SidecarError):
+        return STATUS_CODES[error.reason]
+    if isinstance(error, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED  # the client cancelled, or its deadline passed
+    return grpc.StatusCode.UNKNOWN
+
+
+def _ended(
     behaviour: Behaviour,
-    log_fields: Sequence[tuple[str, str]] = (),
-    in_flight: InFlight | None = None,
+    begin: Callable[[Context], _State],
+    end: Callable[[_State, grpc.StatusCode], None],
 ) -> Behaviour:
-    """Every RPC goes through here: one ErrorInfo per error, no stack trace to the client;
-    its metric, its span (continuing the caller's traceparent) and its log context. A call
-    still running when shutdown's grace ends is answered UNAVAILABLE / SHUTTING_DOWN."""
+    """`behaviour` between `begin` and `end`, which is told the status the call ends with."""
 
-    label = method.lstrip("/")
-    tracked = in_flight or InFlight()
-
-    async def handle(request: Any, context: Context) -> Message | Serialized:
-        started = time.perf_counter()
-        code = grpc.StatusCode.UNKNOWN
-        fields = {"rpc": label}
-        if not isinstance(request, _Rejected):
-            for name, field in log_fields:
-                value = getattr(request, field)
-                if value:
-                    fields[name] = value
-        bound = logs.bind_call(fields)
-        span = tracing.start_rpc(method, context.invocation_metadata)
-        failure: SidecarError | None = None
-        task = asyncio.current_task()
-        assert task is not None
-        tracked.tasks.add(task)
+    async def ended(request: Any, context: Context) -> Message | Serialized:
+        state = begin(context)
+        code = grpc.StatusCode.OK
         try:
-            if tracked.shutting_down is not None:
-                await tracked.refuse()
-            if isinstance(request, _Rejected):
-                raise request.error
-            response = await behaviour(request, context)
-            code = grpc.StatusCode.OK
-        except SidecarError as error:
-            code = STATUS_CODES[error.reason]
-            failure = error
-        except asyncio.CancelledError:
-            if tracked.shutting_down is None:
-                code = grpc.StatusCode.CANCELLED
-                raise  # the client cancelled, or its deadline passed: nobody to answer
-            code = grpc.StatusCode.UNAVAILABLE
-            failure = tracked.shutting_down
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
-            correlation_id = uuid.uuid4().hex
-            log.exception(
-                "unexpected error in %s, correlation id %s",
-                method,
-                correlation_id,
-                extra={"correlation_id": correlation_id},
-            )
-            failure = InternalError(
-                f"internal error, correlation id {correlation_id}",
-                correlation_id=correlation_id,
-            )
+            return await behaviour(request, context)
+        except BaseException as error:
+            code = _code_of(error)
+            raise
         finally:
-            tracked.tasks.discard(task)
-            # Recorded before the answer leaves: a client that saw it finds it counted.
+            end(state, code)
+
+    return ended
+
+
+class _Span(_Concern):
+    """The call's span, continuing the caller's traceparent, current while it runs."""
+
+    def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
+        name = _full_name(method)
+
+        def begin(context: Context) -> tuple[Span, object] | None:
+            return tracing.start_rpc(name, context.invocation_metadata)
+
+        def end(span: tuple[Span, object] | None, code: grpc.StatusCode) -> None:
+            tracing.end_rpc(span, code.name, code.value[0])
+
+        return _ended(behaviour, begin, end)
+
+
+class _LogContext(_Concern):
+    """The call's log fields: its RPC, and the Run id, tenant and connection its request
+    names."""
+
+    def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
+        label = _full_name(method).lstrip("/")
+        present = {field.name for field in method.input_type.fields}
+        connection = "name" if method.containing_service.name == "ConnectionService" else "server"
+        pairs = [("run_id", "run_id"), ("tenant", "tenant"), ("connection", connection)]
+        log_fields = [(log_field, field) for log_field, field in pairs if field in present]
+
+        async def in_log_context(request: Any, context: Context) -> Message | Serialized:
+            fields = {"rpc": label}
+            if not isinstance(request, _Rejected):
+                for name, field in log_fields:
+                    value = getattr(request, field)
+                    if value:
+                        fields[name] = value
+            bound = logs.bind_call(fields)
+            try:
+                return await behaviour(request, context)
+            finally:
+                logs.unbind(bound)
+
+        return in_log_context
+
+
+class _Timing(_Concern):
+    """The call's metric (by method and status code), recorded before the answer leaves, so a
+    client that saw the answer finds it counted; and its answered line at DEBUG."""
+
+    def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
+        label = _full_name(method).lstrip("/")
+
+        def begin(context: Context) -> float:
+            return time.perf_counter()
+
+        def end(started: float, code: grpc.StatusCode) -> None:
             elapsed = time.perf_counter() - started
             metrics.record_rpc(label, code.name, elapsed)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s answered %s in %.2f ms", label, code.name, elapsed * 1000)
-            tracing.end_rpc(span, code.name, code.value[0])
-            logs.unbind(bound)
-        if failure is not None:
-            await abort(context, failure)
-        return response
 
-    return handle
+        return _ended(behaviour, begin, end)
 
 
-def _own_method(servicer: object, name: str) -> Behaviour | None:
-    """The servicer's method for an RPC, or None when it has none of its own: the generated
-    base class's stand-in (which raises NotImplementedError, an INTERNAL error here) does not
-    count."""
-    behaviour = getattr(servicer, name, None)
-    if behaviour is None or getattr(behaviour, "__module__", "").endswith("_pb2_grpc"):
-        return None
-    return behaviour  # type: ignore[no-any-return]
+class _UnexpectedErrors(_Concern):
+    """Any other exception is INTERNAL with a correlation id, logged with its stack; an RPC
+    the servicer has no method of its own for (one added to the contract before its
+    behaviour) is UNIMPLEMENTED / NOT_IMPLEMENTED: the generated base class's stand-in sets
+    UNIMPLEMENTED and raises NotImplementedError."""
+
+    def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
+        name = _full_name(method)
+
+        async def expected(request: Any, context: Context) -> Message | Serialized:
+            try:
+                return await behaviour(request, context)
+            except SidecarError:
+                raise
+            except Exception as error:
+                if (
+                    isinstance(error, NotImplementedError)
+                    and context.code() == grpc.StatusCode.UNIMPLEMENTED
+                ):
+                    raise NotImplementedHere(
+                        f"{name} is not implemented in this release",
+                        method=name,
+                    ) from None
+                correlation_id = uuid.uuid4().hex
+                log.exception(
+                    "unexpected error in %s, correlation id %s",
+                    name,
+                    correlation_id,
+                    extra={"correlation_id": correlation_id},
+                )
+                raise InternalError(
+                    f"internal error, correlation id {correlation_id}",
+                    correlation_id=correlation_id,
+                ) from None
+
+        return expected
 
 
-def _generic_handler(binding: Binding, limit: int, in_flight: InFlight) -> grpc.GenericRpcHandler:
-    handlers = {}
-    for method in binding.service.methods:
-        assert not method.client_streaming, "the contract has only unary RPCs"
-        assert not method.server_streaming, "the contract has only unary RPCs"
-        full_name = f"/{binding.service.full_name}/{method.name}"
-        # A servicer may define only some of its service's RPCs; the rest are UNIMPLEMENTED.
-        behaviour = _own_method(binding.servicer, method.name) or _unimplemented(full_name)
-        request_class = message_factory.GetMessageClass(method.input_type)
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(
-                full_name,
-                behaviour,
-                _log_fields(request_class, binding.service.full_name),
-                in_flight,
+class _Shutdown(_Concern):
+    """The call is tracked in flight; after shutdown began it is refused, and one still
+    running when the grace ends is answered UNAVAILABLE / SHUTTING_DOWN (see InFlight)."""
+
+    def __init__(
+        self, methods: Mapping[str, descriptor.MethodDescriptor], in_flight: InFlight
+    ) -> None:
+        super().__init__(methods)
+        self._in_flight = in_flight
+
+    def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
+        tracked = self._in_flight
+
+        async def in_flight(request: Any, context: Context) -> Message | Serialized:
+            task = asyncio.current_task()
+            assert task is not None
+            tracked.tasks.add(task)
+            try:
+                if tracked.shutting_down is not None:
+                    await tracked.refuse()
+                return await behaviour(request, context)
+            except asyncio.CancelledError:
+                if tracked.shutting_down is None:
+                    raise  # the client cancelled, or its deadline passed: nobody to answer
+                raise tracked.shutting_down from None
+            finally:
+                tracked.tasks.discard(task)
+
+        return in_flight
+
+
+class _RequestLimit(_Concern):
+    """A request over `limit` bytes, or one that does not decode, is answered with an
+    ErrorInfo (MESSAGE_TOO_LARGE, FIELD_INVALID) by the handler, not refused bare by the
+    transport; a response a servicer serialized itself (`Serialized`) passes through."""
+
+    def __init__(self, methods: Mapping[str, descriptor.MethodDescriptor], limit: int) -> None:
+        super().__init__(methods)
+        self._limit = limit
+
+    def rewrite(self, method: descriptor.MethodDescriptor, handler: Handler) -> Handler:
+        return grpc.unary_unary_rpc_method_handler(
+            self.wrap(method, cast(Behaviour, handler.unary_unary)),
+            request_deserializer=_deserializer(
+                message_factory.GetMessageClass(method.input_type), self._limit
             ),
-            request_deserializer=_deserializer(request_class, limit),
             response_serializer=serialize_response,
         )
-    return grpc.method_handlers_generic_handler(binding.service.full_name, handlers)
+
+    def wrap(self, method: descriptor.MethodDescriptor, behaviour: Behaviour) -> Behaviour:
+        async def decoded(request: Any, context: Context) -> Message | Serialized:
+            if isinstance(request, _Rejected):
+                raise request.error
+            return await behaviour(request, context)
+
+        return decoded
+
+
+def _deserializer(message_class: type[Message], limit: int) -> Callable[[bytes], object]:
+    def deserialize(data: bytes) -> object:
+        if len(data) > limit:
+            return _Rejected(
+                MessageTooLarge(
+                    f"request of {len(data)} bytes exceeds the limit of {limit} bytes",
+                    limit_bytes=limit,
+                    size_bytes=len(data),
+                )
+            )
+        try:
+            return message_class.FromString(data)
+        except DecodeError as error:
+            return _Rejected(
+                field_invalid("request", f"not a valid {message_class.__name__}: {error}")
+            )
+
+    return deserialize
+
+
+def interceptors(
+    services: Sequence[descriptor.ServiceDescriptor], limit: int, in_flight: InFlight
+) -> list[grpc.aio.ServerInterceptor]:
+    """The chain every call of `services` goes through, outermost first: a call meets them in
+    this order, its answer (or error) in the reverse."""
+    methods = {_full_name(method): method for service in services for method in service.methods}
+    assert not any(m.client_streaming or m.server_streaming for m in methods.values()), (
+        "the contract has only unary RPCs"
+    )
+    return [
+        _AnswerErrors(methods),
+        _Span(methods),
+        _LogContext(methods),
+        _Timing(methods),
+        _UnexpectedErrors(methods),
+        _Shutdown(methods, in_flight),
+        _RequestLimit(methods, limit),
+    ]
 
 
 def rpc_server(bindings: Sequence[Binding], limit: int, in_flight: InFlight) -> grpc.aio.Server:
-    """A gRPC server with every binding's RPCs wrapped, each request held to `limit` bytes."""
+    """A gRPC server with every binding's servicer registered and its calls through the
+    chain (`interceptors`), each request held to `limit` bytes."""
     # The transport admits up to twice the limit so that a request over the limit reaches the
     # handler and gets MESSAGE_TOO_LARGE with an ErrorInfo; beyond that the transport itself
     # refuses it with a bare RESOURCE_EXHAUSTED.
     transport_limit = min(2 * limit, 2**31 - 1)
     server = grpc.aio.server(
+        interceptors=interceptors([b.service for b in bindings], limit, in_flight),
         options=[
             ("grpc.max_receive_message_length", transport_limit),
             ("grpc.max_send_message_length", transport_limit),
             NO_REUSEPORT,
-        ]
+        ],
     )
-    server.add_generic_rpc_handlers([_generic_handler(b, limit, in_flight) for b in bindings])
+    for binding in bindings:
+        binding.register(cast(grpc.aio.Server, _GenericHandlersOnly(server)))
     return server
+
+
+class _GenericHandlersOnly:
+    """The server as a generated `add_*Servicer_to_server` sees it: its handlers are taken as
+    a generic handler, and their copy as registered methods is dropped. For every call it
+    accepts, grpc.aio's server waits anew on one future per registered method
+    (`asyncio.wait` over all of them): with the contract's 30 methods a GetRun cost the
+    sidecar ~8 % more CPU (~30 µs) than with none registered."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: object) -> None:
+        pass

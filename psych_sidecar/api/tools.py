@@ -16,16 +16,16 @@ from typing import Any, TypeVar
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from psych.sidecar.v1 import tool_service_pb2
+from psych.sidecar.v1 import tool_service_pb2, tool_service_pb2_grpc
 from psych_sidecar.api import convert
 from psych_sidecar.api.connections import catalog_tool_to_proto
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.bulk import heap
 from psych_sidecar.bulk.protobuf_splice import with_nested_bytes
+from psych_sidecar.domain import calls
 from psych_sidecar.domain.calls import (
     MAX_RESULT_BYTES_SERIALIZED_ON_LOOP,
-    ToolOutcome,
     ToolOutputReader,
     ToolRouter,
 )
@@ -61,7 +61,7 @@ def _integral_floats_as_ints(value: Any) -> Any:
     return value
 
 
-def fitted(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
+def fitted(outcome: calls.ToolOutcome, max_bytes: int) -> calls.ToolOutcome:
     """The outcome as a response carries it: whole when its result JSON fits in `max_bytes`,
     else an elided view — a text saying how large the result is and how to read it through
     its handle — with the handle. The log always keeps the whole result."""
@@ -77,13 +77,13 @@ def fitted(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
         "isError": outcome.is_error,
         "_meta": {"psych.sidecar/elided": {"result_json_bytes": size, "handle": outcome.handle}},
     }
-    return ToolOutcome(
+    return calls.ToolOutcome(
         outcome.is_error, canonical_json(sorted_keys(view)), outcome.sequence, outcome.handle
     )
 
 
 def fill_outcome(
-    target: tool_service_pb2.ToolOutcome, outcome: ToolOutcome, max_bytes: int
+    target: tool_service_pb2.ToolOutcome, outcome: calls.ToolOutcome, max_bytes: int
 ) -> None:
     """The outcome into `target` (a response's field, filled in place: no copy of the
     message), elided when its result would not fit in a response (`fitted`)."""
@@ -95,7 +95,7 @@ def fill_outcome(
 
 
 def _call_response(
-    outcome: ToolOutcome, max_bytes: int
+    outcome: calls.ToolOutcome, max_bytes: int
 ) -> tool_service_pb2.CallDeferredToolResponse:
     response = tool_service_pb2.CallDeferredToolResponse()
     fill_outcome(response.outcome, outcome, max_bytes)
@@ -103,7 +103,7 @@ def _call_response(
 
 
 def _dispatch_response(
-    outcome: ToolOutcome, max_bytes: int
+    outcome: calls.ToolOutcome, max_bytes: int
 ) -> tool_service_pb2.DispatchToolCallResponse:
     response = tool_service_pb2.DispatchToolCallResponse(
         disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED
@@ -112,12 +112,12 @@ def _dispatch_response(
     return response
 
 
-# The field of ToolOutcome a large result is spliced into (`serialized_with_result`).
+# The field of the protobuf ToolOutcome a large result is spliced into (`serialized_with_result`).
 _RESULT_JSON_FIELD = tool_service_pb2.ToolOutcome.DESCRIPTOR.fields_by_name["result_json"].number
 
 
 def serialized_with_result(
-    build: Callable[[ToolOutcome, int], Message], outcome: ToolOutcome, max_bytes: int
+    build: Callable[[calls.ToolOutcome, int], Message], outcome: calls.ToolOutcome, max_bytes: int
 ) -> Serialized:
     """The response `build` makes, serialized, with a large result's JSON spliced in at the
     wire level (`bulk.protobuf_splice`): the response is serialized without it, on a worker
@@ -137,7 +137,7 @@ def serialized_with_result(
 
 
 def _serialized_and_released(
-    build: Callable[[ToolOutcome, int], Message], outcome: ToolOutcome, max_bytes: int
+    build: Callable[[calls.ToolOutcome, int], Message], outcome: calls.ToolOutcome, max_bytes: int
 ) -> Serialized:
     """`serialized_with_result`, then the free memory malloc kept while this result came in
     handed back (`heap.release_kept_memory`). Kept from one large result to the next, the
@@ -149,9 +149,14 @@ def _serialized_and_released(
     return serialized
 
 
-class ToolServicer:
+class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
+    """A tool call's response with a large result is serialized off the event loop
+    (`Serialized`), which the generated base's return types do not allow: those two
+    overrides are exempt from mypy's check."""
+
     def __init__(
         self,
+        *,
         resolver: TurnResolver,
         router: ToolRouter,
         reader: ToolOutputReader,
@@ -176,7 +181,7 @@ class ToolServicer:
         # the storage threads, so that other RPCs always find one free.
         self._grep_slots = asyncio.Semaphore(max(1, grep_threads))
 
-    async def CallDeferredTool(
+    async def CallDeferredTool(  # type: ignore[override]
         self, request: tool_service_pb2.CallDeferredToolRequest, context: Context
     ) -> tool_service_pb2.CallDeferredToolResponse | Serialized:
         if not request.run_id:
@@ -200,7 +205,7 @@ class ToolServicer:
         return await self._respond(_call_response, outcome)
 
     async def _respond(
-        self, build: Callable[[ToolOutcome, int], M], outcome: ToolOutcome
+        self, build: Callable[[calls.ToolOutcome, int], M], outcome: calls.ToolOutcome
     ) -> M | Serialized:
         if len(outcome.result_json) <= MAX_RESULT_BYTES_SERIALIZED_ON_LOOP:
             return build(outcome, self._inline_bytes)
@@ -282,7 +287,7 @@ class ToolServicer:
             ],
         )
 
-    async def DispatchToolCall(
+    async def DispatchToolCall(  # type: ignore[override]
         self, request: tool_service_pb2.DispatchToolCallRequest, context: Context
     ) -> tool_service_pb2.DispatchToolCallResponse | Serialized:
         if not request.run_id:

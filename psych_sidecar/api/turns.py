@@ -6,7 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from psych.sidecar.v1 import connection_pb2, content_pb2, turn_pb2, turn_service_pb2
+from psych.sidecar.v1 import (
+    connection_pb2,
+    content_pb2,
+    turn_pb2,
+    turn_service_pb2,
+    turn_service_pb2_grpc,
+)
 from psych_sidecar.api import convert
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.domain.cache import ImmutableCache
@@ -192,9 +198,14 @@ def _observe(assembled: AssembledPrompt, span: Span | None) -> None:
         span.set_attribute("psych.prompt.elided_bytes_saved", assembled.elided_bytes_saved)
 
 
-class TurnServicer:
+class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
+    """Both RPCs answer with bytes serialized before or off the event loop (`Serialized`),
+    which the generated base's return types do not allow: their overrides are exempt from
+    mypy's check."""
+
     def __init__(
         self,
+        *,
         resolver: TurnResolver,
         assembler: PromptAssembler,
         blocking: Blocking,
@@ -210,7 +221,7 @@ class TurnServicer:
         # while its entry lives.
         self._responses = ImmutableCache[int, tuple[ToolSurface, Serialized]](cache_size)
 
-    async def ResolveTurn(
+    async def ResolveTurn(  # type: ignore[override]
         self, request: turn_service_pb2.ResolveTurnRequest, context: Context
     ) -> Serialized:
         # A later step of a pinned turn is answered on the loop (TurnResolver.pinned_now);
@@ -226,7 +237,7 @@ class TurnServicer:
         self._responses.put(id(surface), (surface, encoded))
         return encoded
 
-    async def AssemblePrompt(
+    async def AssemblePrompt(  # type: ignore[override]
         self, request: turn_service_pb2.AssemblePromptRequest, context: Context
     ) -> Serialized:
         now = (

@@ -18,15 +18,21 @@ from sqlalchemy import Engine
 
 from psych.sidecar.v1 import (
     connection_service_pb2,
+    connection_service_pb2_grpc,
     run_service_pb2,
+    run_service_pb2_grpc,
     spec_service_pb2,
+    spec_service_pb2_grpc,
     tool_service_pb2,
+    tool_service_pb2_grpc,
     turn_service_pb2,
+    turn_service_pb2_grpc,
     usage_service_pb2,
+    usage_service_pb2_grpc,
 )
 from psych_sidecar.api.connections import ConnectionServicer
 from psych_sidecar.api.plumbing import Blocking
-from psych_sidecar.api.rpc import Binding
+from psych_sidecar.api.rpc import bind
 from psych_sidecar.api.runs import RunServicer
 from psych_sidecar.api.specs import SpecServicer
 from psych_sidecar.api.tools import ToolServicer
@@ -262,37 +268,48 @@ class SidecarGraph:
 
         self._make_inspector = make_inspector
         self.bindings = [
-            Binding(
+            bind(
                 SpecServicer(SpecService(services.store), self.blocking),
+                spec_service_pb2_grpc.add_SpecServiceServicer_to_server,
                 spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"],
             ),
-            Binding(
-                RunServicer(services.runs, self.blocking, limit),
+            bind(
+                RunServicer(runs=services.runs, blocking=self.blocking, max_message_bytes=limit),
+                run_service_pb2_grpc.add_RunServiceServicer_to_server,
                 run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
             ),
-            Binding(
+            bind(
                 ConnectionServicer(services.connections, limit),
+                connection_service_pb2_grpc.add_ConnectionServiceServicer_to_server,
                 connection_service_pb2.DESCRIPTOR.services_by_name["ConnectionService"],
             ),
-            Binding(
-                TurnServicer(services.resolver, services.assembler, self.blocking, limit),
+            bind(
+                TurnServicer(
+                    resolver=services.resolver,
+                    assembler=services.assembler,
+                    blocking=self.blocking,
+                    max_message_bytes=limit,
+                ),
+                turn_service_pb2_grpc.add_TurnServiceServicer_to_server,
                 turn_service_pb2.DESCRIPTOR.services_by_name["TurnService"],
             ),
-            Binding(
+            bind(
                 ToolServicer(
-                    services.resolver,
-                    router,
-                    reader,
-                    self.blocking,
-                    limit,
+                    resolver=services.resolver,
+                    router=router,
+                    reader=reader,
+                    blocking=self.blocking,
+                    max_message_bytes=limit,
                     inline_result_bytes=settings.prompt.inline_result_bytes,
                     grep_threads=settings.storage.worker_threads // 2,
                     cpu=cpu,
                 ),
+                tool_service_pb2_grpc.add_ToolServiceServicer_to_server,
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],
             ),
-            Binding(
+            bind(
                 UsageServicer(UsageService(services.runs, usage), self.blocking),
+                usage_service_pb2_grpc.add_UsageServiceServicer_to_server,
                 usage_service_pb2.DESCRIPTOR.services_by_name["UsageService"],
             ),
         ]

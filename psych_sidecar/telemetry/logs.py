@@ -1,6 +1,6 @@
 """Log lines: text (the default) or JSON, one object per line, with the call's context.
 
-The RPC wrapper binds the RPC, tenant, Run id and connection of each call (from its request)
+The RPC interceptors bind the RPC, tenant, Run id and connection of each call (from its request)
 to a context variable; MCP sessions bind their connection; the storage thread pool carries
 the context across. The JSON formatter writes those fields, the correlation id of an
 internal error, and the current trace id, so a log line can be joined to its trace.

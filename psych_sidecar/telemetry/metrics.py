@@ -1,7 +1,7 @@
 """Prometheus metrics: recording at the edges, and /metrics. The series themselves
 (`telemetry/series.py`, with prometheus_client) are made when recording is enabled.
 
-Recorded at the edges (servicers, the RPC wrapper, the MCP layer, the storage thread pool);
+Recorded at the edges (servicers, the RPC interceptors, the MCP layer, the storage thread pool);
 the domain never sees this module. Labels are bounded: method, status code, connection
 name, outcome, trigger, zone, kind; never a Run id, a handle or a tenant-supplied free text.
 

@@ -47,13 +47,18 @@ _TOKENS = tuple(float(4**i) for i in range(2, 12))  # 16 .. 4 Mi tokens
 
 class LeanHistogram(Collector):
     """A histogram (and, optionally, the counter of its observations as a series of its own)
-    for what is recorded on every call: one lock and a bisect per observation, where the
-    client library's takes a lock per bucket, sum and count and walks the buckets in Python
-    (~7 µs per RPC for its counter and histogram together, against ~1 µs here). Exposed at
-    scrape time like the library's: `_bucket`, `_sum`, `_count`, and `<counter>_total`."""
+    for what is recorded on every RPC: one lock and a bisect per observation, where the
+    client library takes a lock per child and per value and walks the buckets in Python.
+    Measured (1M observations of a (method, code)-labelled counter and histogram, 4 rounds
+    alternating, CPU time): 0.74 µs here against 6.0 µs for the library's `Counter` and
+    `Histogram`, ~1.5 % of a GetRun's CPU in the sidecar; without labels or counter the two
+    are close (0.75 against 1.4 µs), so series recorded less often use the library's.
+    Exposed at scrape time like the library's, the same sample names, labels, buckets and
+    values: `_bucket`, `_sum`, `_count`, and `<counter>_total`; series sorted by label."""
 
     def __init__(
         self,
+        *,
         registry: CollectorRegistry,
         name: str,
         documentation: str,
@@ -167,21 +172,21 @@ class Series:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
-        # The per-call series: RPCs (psych_sidecar_rpcs_total and psych_sidecar_rpc_seconds),
-        # the storage threads' and the pool's waits.
+        # The per-RPC series: psych_sidecar_rpcs_total and psych_sidecar_rpc_seconds.
         self.rpc_seconds = LeanHistogram(
-            registry,
-            f"{PREFIX}_rpc_seconds",
-            "Time to answer a gRPC call in the sidecar (from the handler's start to its "
-            "answer), by method and status code.",
-            ["method", "code"],
+            registry=registry,
+            name=f"{PREFIX}_rpc_seconds",
+            documentation="Time to answer a gRPC call in the sidecar (from the handler's start "
+            "to its answer), by method and status code.",
+            labels=["method", "code"],
             counter=(f"{PREFIX}_rpcs", "gRPC calls answered, by full method name and status code."),
         )
         self.tool_calls = Counter(
             f"{PREFIX}_mcp_tool_calls",
             "MCP tool calls, by connection name and outcome: ok, tool_error (the server "
-            "answered with an error), timeout, refused (the server was not connected or the "
-            "connection closed).",
+            "answered with an error), server_error (its answer was not an MCP result, or "
+            "broke its tool's output schema), timeout, refused (the server was not connected "
+            "or the connection closed).",
             ["connection", "outcome"],
             registry=registry,
         )
@@ -242,11 +247,12 @@ class Series:
             buckets=_FAST,
             registry=registry,
         )
-        self.storage_wait_seconds = LeanHistogram(
-            registry,
+        self.storage_wait_seconds = Histogram(
             f"{PREFIX}_storage_wait_seconds",
             "Time a storage call waited for a worker thread, and so for its database "
             "connection (the pool has one connection per thread).",
+            buckets=_FAST,
+            registry=registry,
         )
         self.loop_attempts = Counter(
             f"{PREFIX}_loop_storage_attempts",
@@ -256,10 +262,11 @@ class Series:
             ["outcome"],
             registry=registry,
         )
-        self.db_pool_wait_seconds = LeanHistogram(
-            registry,
+        self.db_pool_wait_seconds = Histogram(
             f"{PREFIX}_db_pool_wait_seconds",
             "Time a transaction waited for a connection from the database pool.",
+            buckets=_FAST,
+            registry=registry,
         )
         self.loop_lag_seconds = Histogram(
             f"{PREFIX}_event_loop_lag_seconds",
