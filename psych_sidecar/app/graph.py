@@ -203,9 +203,9 @@ class SidecarGraph:
         self.secret_keys = load_secret_keys(settings)
         self.connection_store = connection_store = SqlConnectionStore(self.engine, self.secret_keys)
         self.mcp = SessionRegistry(
-            connection_store,
-            self.blocking,
-            settings.mcp,
+            store=connection_store,
+            blocking=self.blocking,
+            settings=settings.mcp,
             on_listed=self._warm_search if self.embeddings is not None else None,
             oauth=(settings.oauth, SqlOAuthStore(self.engine, self.secret_keys)),
             convert_result=convert_tool_result,

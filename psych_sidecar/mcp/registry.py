@@ -89,12 +89,12 @@ class SessionRegistry:
 
     def __init__(
         self,
+        *,
         store: ConnectionRepository,
         blocking: OffLoop,
         settings: McpSettings,
         on_listed: Callable[[Sequence[CatalogTool]], None] | None = None,
         oauth: tuple[OAuthOutboundSettings, OAuthRepository] | None = None,
-        *,
         convert_result: Callable[[mcp_types.CallToolResult], McpToolResult] | None = None,
     ):
         """`on_listed` is told every listing this sidecar stores (on the loop: it must not
@@ -242,15 +242,21 @@ class SessionRegistry:
             flows, grants = self.oauth_flows()
 
             def keeper(scrub: Scrubber) -> TokenKeeper:
-                return TokenKeeper(stored, flows, grants, self.blocking, scrub.add)
+                return TokenKeeper(
+                    stored=stored,
+                    flows=flows,
+                    store=grants,
+                    blocking=self.blocking,
+                    on_token=scrub.add,
+                )
 
         session = ConnectionSession(
-            stored,
-            self._settings.commands,
-            self.timings,
-            write_catalog,
-            self._validators,
-            keeper,
+            stored=stored,
+            commands=self._settings.commands,
+            timings=self.timings,
+            write_catalog=write_catalog,
+            validators=self._validators,
+            keeper=keeper,
             max_line_bytes=self._settings.stdio_max_line_bytes,
             convert_result=self._convert_result,
         )

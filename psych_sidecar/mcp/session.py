@@ -57,13 +57,13 @@ class ConnectionSession:
 
     def __init__(
         self,
+        *,
         stored: StoredConnection,
         commands: Mapping[str, StdioCommand],
         timings: SessionTimings,
         write_catalog: Callable[[Listing], Awaitable[CatalogWrite | None]],
         validators: SchemaValidators,
         keeper: Callable[[Scrubber], TokenKeeper] | None = None,
-        *,
         max_line_bytes: int,
         convert_result: Callable[[types.CallToolResult], McpToolResult] | None = None,
     ) -> None:
@@ -72,11 +72,11 @@ class ConnectionSession:
         self.state = SessionState(stored, keeper)
         self.catalog = CatalogRefresh(self.state, timings, write_catalog)
         self.calls = ToolCalls(
-            self.state,
-            validators,
-            self.catalog.output_schema,
-            timings.connect_timeout,
-            convert_result or tool_result,
+            state=self.state,
+            validators=validators,
+            output_schema=self.catalog.output_schema,
+            connect_timeout=timings.connect_timeout,
+            convert=convert_result or tool_result,
         )
         self._commands = commands
         self._timings = timings

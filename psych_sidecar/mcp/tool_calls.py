@@ -65,6 +65,7 @@ class ToolCalls:
 
     def __init__(
         self,
+        *,
         state: SessionState,
         validators: SchemaValidators,
         output_schema: Callable[[str], bytes],

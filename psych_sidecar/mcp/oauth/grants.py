@@ -60,6 +60,7 @@ class TokenKeeper:
 
     def __init__(
         self,
+        *,
         stored: StoredConnection,
         flows: OAuthFlows,
         store: OAuthRepository,
