@@ -12,7 +12,7 @@ from psych_sidecar.domain.calls import (
     json_within,
 )
 from psych_sidecar.domain.canonical import canonical_json
-from psych_sidecar.mcp.results import small_result
+from psych_sidecar.mcp.result_parts import small_result
 
 PLAIN = canonical_json({"type": "object", "properties": {"text": {"type": "string"}}})
 WITH_PATTERN = canonical_json(

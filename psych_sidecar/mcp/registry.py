@@ -101,7 +101,7 @@ class SessionRegistry:
         block); the server uses it to encode new tools for search ahead of the first search.
         `oauth`: the OAuth requests' settings and the grants' storage (without them, OAuth
         connections stay AUTHORIZATION_REQUIRED). `convert_result`: how a tool result becomes
-        what the log keeps (tests pass one that fails; None: `results.tool_result`)."""
+        what the log keeps (tests pass one that fails; None: `result_parts.tool_result`)."""
         self.store = store
         self.blocking = blocking
         self._oauth = oauth

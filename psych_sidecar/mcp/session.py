@@ -32,7 +32,7 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.mcp.catalog_refresh import CatalogRefresh
 from psych_sidecar.mcp.oauth.grants import GrantAuth
-from psych_sidecar.mcp.results import tool_result
+from psych_sidecar.mcp.result_parts import tool_result
 from psych_sidecar.mcp.session_state import SessionState
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
 from psych_sidecar.mcp.stdio import LineTooLong
@@ -68,7 +68,7 @@ class ConnectionSession:
         convert_result: Callable[[types.CallToolResult], McpToolResult] | None = None,
     ) -> None:
         """`max_line_bytes`: the longest line a stdio server may send; `convert_result` makes
-        a result what the log keeps (see `ToolCalls`; None: `results.tool_result`)."""
+        a result what the log keeps (see `ToolCalls`; None: `result_parts.tool_result`)."""
         self.state = SessionState(stored, keeper)
         self.catalog = CatalogRefresh(self.state, timings, write_catalog)
         self.calls = ToolCalls(

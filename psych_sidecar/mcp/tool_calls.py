@@ -24,7 +24,7 @@ from psych_sidecar.domain.catalog import (
     ToolCallFailed,
     authorization_line,
 )
-from psych_sidecar.mcp.results import (
+from psych_sidecar.mcp.result_parts import (
     output_schema_problem,
     schema_broken_result,
     small_result,
@@ -61,7 +61,7 @@ def _expected(error: BaseException) -> bool:
 class ToolCalls:
     """Calls into one connection's live session (`state.client`). `output_schema` gives a
     tool's output schema as last listed; `convert` makes a result what the log keeps
-    (`results.tool_result`; a test passes one that fails, standing in for a bug)."""
+    (`result_parts.tool_result`; a test passes one that fails, standing in for a bug)."""
 
     def __init__(
         self,

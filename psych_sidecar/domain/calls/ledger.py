@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from psych_sidecar.domain.calls.limits import MAX_RESULT_BYTES_APPENDED_ON_LOOP
-from psych_sidecar.domain.calls.results import ToolOutcome, ToolResult
+from psych_sidecar.domain.calls.outcomes import ToolOutcome, ToolResult
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.runlog import (
     LogReader,

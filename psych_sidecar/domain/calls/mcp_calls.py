@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from psych_sidecar.domain.calls.results import ToolResult
+from psych_sidecar.domain.calls.outcomes import ToolResult
 from psych_sidecar.domain.calls.validation import SchemaValidators
 from psych_sidecar.domain.catalog import ConnectionState, ToolCallFailed, ToolRunner
 from psych_sidecar.domain.runlog import OffLoop

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall, not_found, unknown_server
-from psych_sidecar.domain.calls.results import ToolResult
+from psych_sidecar.domain.calls.outcomes import ToolResult
 from psych_sidecar.domain.catalog import CatalogTool
 from psych_sidecar.domain.runlog import OffLoop
 from psych_sidecar.domain.surface import naming, one_line, qualified_names

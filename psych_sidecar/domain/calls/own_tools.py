@@ -10,7 +10,7 @@ in this Run is not a model error but a protocol violation: INVALID_DEFERRED_HAND
 from __future__ import annotations
 
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
-from psych_sidecar.domain.calls.results import ToolResult
+from psych_sidecar.domain.calls.outcomes import ToolResult
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
 from psych_sidecar.domain.errors import PatternInvalid, PatternTooComplex
 from psych_sidecar.domain.runlog import ContentPart, PartKind, Run, ToolCall, binary_marker

@@ -23,8 +23,8 @@ from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
 from psych_sidecar.domain.calls.ledger import CallLedger
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall
 from psych_sidecar.domain.calls.meta_tools import MetaTools
+from psych_sidecar.domain.calls.outcomes import ToolOutcome, ToolResult
 from psych_sidecar.domain.calls.own_tools import OwnTools
-from psych_sidecar.domain.calls.results import ToolOutcome, ToolResult
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
 from psych_sidecar.domain.catalog import ToolRunner
 from psych_sidecar.domain.errors import field_invalid, field_required

@@ -9,7 +9,6 @@ read or a preview loads only what it shows). Storage implements :class:`SpecRepo
 
 from __future__ import annotations
 
-from psych_sidecar.domain.runlog.call_results import CallResultOutline
 from psych_sidecar.domain.runlog.content import (
     SEPARATOR,
     ByteRange,
@@ -28,6 +27,7 @@ from psych_sidecar.domain.runlog.ports import (
     SpecRepository,
     StorageNow,
 )
+from psych_sidecar.domain.runlog.result_outline import CallResultOutline
 from psych_sidecar.domain.runlog.runs import (
     ALL_TENANTS,
     MAX_IDENTIFIER_LENGTH,

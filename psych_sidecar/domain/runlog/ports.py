@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from psych_sidecar.domain.runlog.call_results import CallResultOutline
 from psych_sidecar.domain.runlog.content import ByteRange, PartMeta, RecordSkeleton
+from psych_sidecar.domain.runlog.result_outline import CallResultOutline
 from psych_sidecar.domain.runlog.runs import (
     AllTenants,
     AppendedRecord,

@@ -12,9 +12,9 @@ from psych_sidecar.domain.errors import (
     run_not_found,
     spec_not_found,
 )
-from psych_sidecar.domain.runlog.call_results import CallResultOutline
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
 from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository, StorageNow
+from psych_sidecar.domain.runlog.result_outline import CallResultOutline
 from psych_sidecar.domain.runlog.runs import (
     AllTenants,
     AppendedRecord,
