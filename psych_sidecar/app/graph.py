@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from psych_sidecar.domain.prompt import AssemblyJournal, TurnSurfaces
     from psych_sidecar.domain.run_inspector import RunInspector
     from psych_sidecar.domain.runlog import OffLoop, StorageNow
+    from psych_sidecar.domain.surface import SurfacePins
 
 
 T = TypeVar("T")
@@ -98,29 +99,24 @@ class DomainServices:
 
 
 def _domain_services(
-    engine: Engine,
+    store: SqlStore,
+    log: SqlLogReader,
+    *,
     catalog: CatalogView,
     supervisor: ConnectionSupervisor,
     blocking: OffLoop,
     connection_store: SqlConnectionStore,
-    *,
+    pins: SurfacePins,
+    surfaces_of: Callable[[TurnResolver], TurnSurfaces],
     search_index_cache_bytes: int,
     resolution_cache_bytes: int,
-    live: bool,
     journal: AssemblyJournal | None = None,
     embeddings: ToolEmbeddings | None = None,
-    loop_connection: LoopConnection | None = None,
+    now: StorageNow | None = None,
 ) -> DomainServices:
-    """`live`: sessions run and surfaces are pinned as turns resolve; otherwise a turn's surface
-    and its servers' states are the stored pin's. `loop_connection` (SQLite): the storage
-    answers on the event loop what it can without waiting (`now`)."""
-    store = SqlStore(engine)
-    log = SqlLogReader(engine)
-    now = (
-        None
-        if loop_connection is None
-        else SqliteNow(loop_connection, store, log, connection_store)
-    )
+    """The use cases over the database of `store` and `log`: turns pinned by `pins`, prompts
+    told their surfaces and servers' states by `surfaces_of(resolver)`, and `now` (SQLite)
+    answering on the event loop what it can without waiting."""
     runs = RunService(store, store)
     specs = SpecLookup(store)
     resolver = TurnResolver(
@@ -131,16 +127,12 @@ def _domain_services(
         embeddings=embeddings,
         search_index_cache_bytes=search_index_cache_bytes,
         resolution_cache_bytes=resolution_cache_bytes,
-        pins=store if live else StoredSurfacePins(engine),
+        pins=pins,
         now=now,
     )
-    if live:
-        surfaces: TurnSurfaces = resolver
-    else:
-        from psych_sidecar.domain.run_inspector import PinnedStates
-
-        surfaces = PinnedStates(resolver)
-    assembler = PromptAssembler(runs=runs, specs=specs, log=log, surfaces=surfaces, journal=journal)
+    assembler = PromptAssembler(
+        runs=runs, specs=specs, log=log, surfaces=surfaces_of(resolver), journal=journal
+    )
     return DomainServices(
         store=store,
         log=log,
@@ -222,18 +214,24 @@ class SidecarGraph:
             if settings.prompt.assembly_journal
             else None
         )
+        # Sessions run, and each turn's surface is pinned as it is first resolved.
+        store, log = SqlStore(self.engine), SqlLogReader(self.engine)
         services = _domain_services(
-            self.engine,
-            self.catalog,
-            self.supervisor,
-            self.blocking,
-            connection_store,
-            live=True,
+            store,
+            log,
+            catalog=self.catalog,
+            supervisor=self.supervisor,
+            blocking=self.blocking,
+            connection_store=connection_store,
+            pins=store,
+            surfaces_of=lambda resolver: resolver,
             search_index_cache_bytes=settings.search.search_index_cache_bytes,
             resolution_cache_bytes=settings.prompt.resolution_cache_bytes,
             journal=self.journal,
             embeddings=self.embeddings,
-            loop_connection=self.loop_connection,
+            now=None
+            if self.loop_connection is None
+            else SqliteNow(self.loop_connection, store, log, connection_store),
         )
         self.resolver = services.resolver
         limit = settings.listeners.max_message_bytes
@@ -353,17 +351,20 @@ def open_database_reader(database_url: str, timeout: float) -> DatabaseReader:
     engine = open_read_only(database_url, timeout)
     # No keys: a reader shows no secret, so it never opens one (nor needs the keys).
     connection_store = SqlConnectionStore(engine, keys=None)
-    from psych_sidecar.domain.run_inspector import StoredCatalog
+    from psych_sidecar.domain.run_inspector import PinnedStates, StoredCatalog
 
     catalog = StoredCatalog(connection_store)
     # No journal: a preview writes no row anyway, and this reader writes nothing.
+    # No session runs: a turn's surface and its servers' states are the stored pin's.
     services = _domain_services(
-        engine,
-        catalog,
-        catalog,
-        _inline,
-        connection_store,
-        live=False,
+        SqlStore(engine),
+        SqlLogReader(engine),
+        catalog=catalog,
+        supervisor=catalog,
+        blocking=_inline,
+        connection_store=connection_store,
+        pins=StoredSurfacePins(engine),
+        surfaces_of=PinnedStates,
         # A reader has no settings: the caches' defaults.
         search_index_cache_bytes=SearchSettings().search_index_cache_bytes,
         resolution_cache_bytes=PromptSettings().resolution_cache_bytes,
