@@ -87,7 +87,7 @@ def test_domain_subpackages_have_a_docstring_and_a_curated_surface() -> None:
         "surface",
         "prompt",
         "calls",
-        "inspect",
+        "run_inspector",
     }
     for package in [*subpackages, PACKAGE / "search"]:
         tree = ast.parse((package / "__init__.py").read_text())
@@ -174,18 +174,18 @@ def test_every_runtime_dependency_has_a_row_in_design_md_and_every_row_is_one() 
     assert named == declared
 
 
-# Modules over the limit today, each being split by a change under way; this list only shrinks.
-OVER_500_LINES_FOR_NOW = {
-    "mcp/oauth.py",
-    "mcp/session.py",
-    "mcp/manager.py",
-    "storage/db.py",
-    "search/ranking.py",
-    "search/embeddings.py",
-    "storage/connections.py",
+# Modules over 500 lines, each with the reason it stays whole; this list only shrinks.
+OVER_500_LINES = {
+    # The settings' one schema: every setting, its default, its bounds and its documentation,
+    # read by pydantic-settings from flags, environment and TOML alike.
     "config.py",
+    # One algorithm: BM25F over a tool's fields and its fusion with sentence vectors, pure
+    # functions over one index structure.
+    "search/ranking.py",
     "storage/repository.py",
+    "storage/connections.py",
     "domain/prompt/assembly.py",
+    "search/embeddings.py",
 }
 
 
@@ -195,20 +195,15 @@ def test_no_module_in_the_package_is_over_500_lines() -> None:
         for path in PACKAGE.rglob("*.py")
     }
     over = {path: lines for path, lines in sizes.items() if lines > 500}
-    assert {p: n for p, n in over.items() if p not in OVER_500_LINES_FOR_NOW} == {}
+    assert {p: n for p, n in over.items() if p not in OVER_500_LINES} == {}
     # A split module leaves the list with its split.
-    assert sorted(OVER_500_LINES_FOR_NOW - over.keys()) == []
+    assert sorted(OVER_500_LINES - over.keys()) == []
 
 
-# Modules that keep state per thread: storage/db.py and domain/runlog/loop_attempts.py until a
-# change under way passes theirs along explicitly; telemetry/tracing.py because the
-# OpenTelemetry SDK calls its id generator without arguments, so the trace id chosen for the
-# next span can only reach it through the thread. This list only shrinks.
-THREAD_LOCALS_FOR_NOW = {
-    "storage/db.py",
-    "domain/runlog/loop_attempts.py",
-    "telemetry/tracing.py",
-}
+# Modules that keep state per thread, and why: telemetry/tracing.py because the OpenTelemetry
+# SDK calls its id generator without arguments, so the trace id chosen for the next span can
+# only reach it through the thread. This list only shrinks.
+THREAD_LOCALS = {"telemetry/tracing.py"}
 
 
 def test_no_module_keeps_state_in_a_thread_local() -> None:
@@ -217,5 +212,26 @@ def test_no_module_keeps_state_in_a_thread_local() -> None:
         for path in PACKAGE.rglob("*.py")
         if "threading.local(" in path.read_text()
     }
-    assert sorted(using - THREAD_LOCALS_FOR_NOW) == []
-    assert sorted(THREAD_LOCALS_FOR_NOW - using) == []
+    assert sorted(using - THREAD_LOCALS) == []
+    assert sorted(THREAD_LOCALS - using) == []
+
+
+def test_constructors_of_more_than_three_parameters_take_them_by_keyword() -> None:
+    """A class's __init__ with more than three parameters takes at most one positionally (the
+    thing it wraps), so no call site passes a run of values that only their order names."""
+    positional_runs = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:
+                if not (isinstance(item, ast.FunctionDef) and item.name == "__init__"):
+                    continue
+                arguments = item.args
+                positional = [a.arg for a in arguments.posonlyargs + arguments.args][1:]
+                if len(positional) + len(arguments.kwonlyargs) > 3 and len(positional) > 1:
+                    where = path.relative_to(PACKAGE).as_posix()
+                    positional_runs.append(f"{where} {node.name}({', '.join(positional)})")
+    assert positional_runs == []

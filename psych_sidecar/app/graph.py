@@ -120,10 +120,10 @@ def _domain_services(
     runs = RunService(store, store)
     specs = SpecLookup(store)
     resolver = TurnResolver(
-        runs,
-        specs,
-        catalog,
-        log,
+        runs=runs,
+        specs=specs,
+        catalog=catalog,
+        log=log,
         embeddings=embeddings,
         search_index_cache_bytes=search_index_cache_bytes,
         resolution_cache_bytes=resolution_cache_bytes,
@@ -231,19 +231,21 @@ class SidecarGraph:
             embeddings=self.embeddings,
             now=None
             if self.loop_connection is None
-            else SqliteNow(self.loop_connection, store, log, connection_store),
+            else SqliteNow(
+                self.loop_connection, store=store, log=log, connections=connection_store
+            ),
         )
         self.resolver = services.resolver
         limit = settings.listeners.max_message_bytes
         reader = ToolOutputReader(services.runs, services.log)
         router = ToolRouter(
-            services.resolver,
-            services.runs,
-            services.log,
-            self.tool_runner,
-            reader,
-            self.blocking,
-            settings.mcp.tool_call_timeout_seconds,
+            resolver=services.resolver,
+            runs=services.runs,
+            log=services.log,
+            runner=self.tool_runner,
+            reader=reader,
+            blocking=self.blocking,
+            default_timeout_seconds=settings.mcp.tool_call_timeout_seconds,
             cpu=cpu,
             now=services.now,
         )

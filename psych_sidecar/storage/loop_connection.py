@@ -37,8 +37,8 @@ class LoopConnection:
     def __init__(
         self,
         engine: Engine,
-        background: Callable[[Callable[[], None]], object],
         *,
+        background: Callable[[Callable[[], None]], object],
         checkpoint_every: int = 64,
         checkpoint_wal_bytes: int = 4 << 20,
     ) -> None:

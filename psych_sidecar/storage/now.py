@@ -38,6 +38,7 @@ class SqliteNow:
     def __init__(
         self,
         loop: LoopConnection,
+        *,
         store: SqlStore,
         log: SqlLogReader,
         connections: SqlConnectionStore,

@@ -13,5 +13,8 @@ from psych_sidecar.storage.repository import SqlStore
 def storage_now(loop: LoopConnection) -> SqliteNow:
     engine = loop.engine
     return SqliteNow(
-        loop, SqlStore(engine), SqlLogReader(engine), SqlConnectionStore(engine, keys=None)
+        loop,
+        store=SqlStore(engine),
+        log=SqlLogReader(engine),
+        connections=SqlConnectionStore(engine, keys=None),
     )

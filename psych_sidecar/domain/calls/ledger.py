@@ -30,6 +30,7 @@ Prepared = TypeVar("Prepared")
 class CallLedger:
     def __init__(
         self,
+        *,
         runs: RunService,
         log: LogReader,
         off_loop: OffLoop,

@@ -57,6 +57,7 @@ Handler = Callable[[RunContext, ResolvedTurn, ExposedTool, ToolCall], Awaitable[
 class ToolRouter:
     def __init__(
         self,
+        *,
         resolver: TurnResolver,
         runs: RunService,
         log: LogReader,
@@ -72,7 +73,7 @@ class ToolRouter:
         self._default_timeout = default_timeout_seconds
         # A call's reads before it runs (its turn, a recorded answer), and with a small
         # result its append, asked of the storage on the event loop's thread first (`now`).
-        self._ledger = CallLedger(runs, log, blocking, now)
+        self._ledger = CallLedger(runs=runs, log=log, off_loop=blocking, now=now)
         # CPU-heavy steps (search, schema validation) run there, never on the storage threads.
         self._mcp = McpCalls(runner, cpu or blocking)
         meta = MetaTools(self._mcp, cpu or blocking)

@@ -92,13 +92,13 @@ class TurnResolver:
 
     def __init__(
         self,
+        *,
         runs: RunService,
         specs: SpecLookup,
         catalog: CatalogView,
         log: LogReader,
         cache_size: int = 1024,
         embeddings: Embeddings | None = None,
-        *,
         search_index_cache_bytes: int,
         resolution_cache_bytes: int,
         pins: SurfacePins | None = None,
