@@ -169,20 +169,6 @@ class ToolOutputReader:
         self._runs = runs
         self._log = log
 
-    def read(
-        self,
-        run_id: str,
-        handle: str,
-        offset: int,
-        limit: int,
-        grep: str,
-        max_bytes: int,
-        stop: Callable[[], bool] = never_stop,
-    ) -> ReadResult:
-        """ReadToolOutput: the Run must exist, and the handle must be one of its results.
-        `stop` says the caller gave up (cancelled, deadline passed): a grep ends early."""
-        return self.read_in(self._runs.get(run_id), handle, offset, limit, grep, max_bytes, stop)
-
     def resolve(self, run: Run, handle: str) -> int:
         """The sequence of the tool result `handle` names in this Run."""
         if not handle:
@@ -192,9 +178,9 @@ class ToolOutputReader:
             raise invalid_handle(run.run_id, handle)
         return found[1]
 
-    def read_in(
+    def read(
         self,
-        run: Run,
+        run: Run | str,
         handle: str,
         offset: int,
         limit: int,
@@ -202,6 +188,11 @@ class ToolOutputReader:
         max_bytes: int,
         stop: Callable[[], bool] = never_stop,
     ) -> ReadResult:
+        """ReadToolOutput: the Run (given by id, it must exist), and the handle must be one of
+        its results. `stop` says the caller gave up (cancelled, deadline passed): a grep ends
+        early."""
+        if isinstance(run, str):
+            run = self._runs.get(run)
         if offset < 0:
             raise field_invalid("offset", "must not be negative")
         if limit < 0:
