@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from sqlalchemy import Engine, delete, insert, select
+from sqlalchemy import Engine, delete, insert
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -22,7 +22,7 @@ from psych_sidecar.domain.prompt import (
 )
 from psych_sidecar.domain.runlog import new_id
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.transactions import transaction
+from psych_sidecar.storage.transactions import newest_of_run, transaction
 
 log = logging.getLogger(__name__)
 
@@ -115,16 +115,8 @@ class SqlAssemblyJournal:
             return True
 
     def entries(self, run_id: str, limit: int) -> list[AssemblyEntry]:
-        journal = tables.assembly_journal
-        query = (
-            select(journal)
-            .where(journal.c.run_id == run_id)
-            .order_by(journal.c.create_time_us.desc(), journal.c.entry_id.desc())
-            .limit(limit)
-        )
-        with transaction(self._engine, write=False) as conn:
-            rows = conn.execute(query).all()
-        return [_entry(row) for row in reversed(rows)]
+        rows = newest_of_run(self._engine, tables.assembly_journal, "entry_id", run_id, limit)
+        return [_entry(row) for row in rows]
 
 
 def _entry(row: Row[object]) -> AssemblyEntry:

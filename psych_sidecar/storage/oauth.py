@@ -85,9 +85,6 @@ class SqlOAuthStore:
     def spend_sign_in(
         self, state_digest: str, check: Callable[[PendingSignIn, int | None], None]
     ) -> PendingSignIn | None:
-        """The begun sign-in with that state digest, marked used; None when there is none.
-        `check` is given it (with the connection's current revision, None when deleted)
-        before it is spent, and may refuse by raising: then nothing changes."""
         table = tables.oauth_sign_ins
         connections = tables.connections
         with transaction(self._engine, write=True) as conn:

@@ -1,8 +1,8 @@
 """How the worker threads run SQL: a SQLAlchemy transaction, one SELECT straight on a pooled
-DB-API connection, and a write transaction as a DB-API cursor. Each maps the driver's "not
-now" failures to STORAGE_UNAVAILABLE (`failures`). None of them is for the event loop's thread
-(a pooled connection may be waited for: `engines.refuse_the_event_loop`); the loop's own
-SQLite connection is `loop_connection`."""
+DB-API connection, a write transaction as a DB-API cursor, and a Run's newest rows of a table.
+Each maps the driver's "not now" failures to STORAGE_UNAVAILABLE (`failures`). None of them is
+for the event loop's thread (a pooled connection may be waited for:
+`engines.refuse_the_event_loop`); the loop's own SQLite connection is `loop_connection`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, Row, Table, select
 
 from psych_sidecar.storage.engines import WRITE_OPTION
 from psych_sidecar.storage.failures import unavailable_as_typed_errors
@@ -81,3 +81,19 @@ def driver_write(engine: Engine) -> Iterator[tuple[Any, Connection]]:
             yield pooled, connection
         finally:
             pooled.close()
+
+
+def newest_of_run(
+    engine: Engine, table: Table, tiebreak: str, run_id: str, limit: int
+) -> list[Row[Any]]:
+    """A Run's newest `limit` rows of `table` (by create time, then the `tiebreak` column),
+    oldest first."""
+    query = (
+        select(table)
+        .where(table.c.run_id == run_id)
+        .order_by(table.c.create_time_us.desc(), table.c[tiebreak].desc())
+        .limit(limit)
+    )
+    with transaction(engine, write=False) as conn:
+        rows = conn.execute(query).all()
+    return list(reversed(rows))

@@ -8,7 +8,7 @@ from sqlalchemy.exc import IntegrityError
 from psych_sidecar.domain.errors import RequestIdReused
 from psych_sidecar.domain.usage import ModelCallUsage, UsageEvent, UsageTotals
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.transactions import transaction
+from psych_sidecar.storage.transactions import newest_of_run, transaction
 from psych_sidecar.telemetry import metrics
 
 
@@ -82,15 +82,6 @@ class SqlUsageStore:
             return self._totals(conn, run_id)
 
     def usage_events(self, run_id: str, limit: int) -> list[UsageEvent]:
-        events = tables.usage_events
-        query = (
-            select(events)
-            .where(events.c.run_id == run_id)
-            .order_by(events.c.create_time_us.desc(), events.c.event_id.desc())
-            .limit(limit)
-        )
-        with transaction(self._engine, write=False) as conn:
-            rows = conn.execute(query).all()
         return [
             UsageEvent(
                 row.event_id,
@@ -103,7 +94,7 @@ class SqlUsageStore:
                 ),
                 tables.from_us(row.create_time_us),
             )
-            for row in reversed(rows)
+            for row in newest_of_run(self._engine, tables.usage_events, "event_id", run_id, limit)
         ]
 
     @staticmethod

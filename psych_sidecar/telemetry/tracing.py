@@ -34,28 +34,18 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
     from opentelemetry.sdk.trace.id_generator import IdGenerator
     from opentelemetry.sdk.trace.sampling import Sampler, TraceIdRatioBased
-    from opentelemetry.trace import (
-        NonRecordingSpan,
-        Span,
-        SpanContext,
-        SpanKind,
-        Status,
-        StatusCode,
-        TraceFlags,
-        Tracer,
-    )
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     _PROPAGATOR: TraceContextTextMapPropagator
 
 _NAME = "psych_sidecar"
-_tracer: Tracer | None = None
+_tracer: trace.Tracer | None = None
 _roots: _RatioRoots | None = None
 
 AttributeValue = str | bool | int | float
 
 
-def tracer() -> Tracer | None:
+def tracer() -> trace.Tracer | None:
     return _tracer
 
 
@@ -63,20 +53,9 @@ def _import_opentelemetry() -> None:
     """Bind the OpenTelemetry names the helpers below use. Imported when a provider is made
     or installed, not with this module: a sidecar with tracing off never imports OpenTelemetry
     (its SDK is a tenth of a start's imports), and every helper checks for a tracer first."""
-    global otel_context, trace, NonRecordingSpan, Span, SpanContext, SpanKind, Status
-    global StatusCode, TraceFlags, Tracer, _PROPAGATOR
+    global otel_context, trace, _PROPAGATOR
     from opentelemetry import context as otel_context
     from opentelemetry import trace
-    from opentelemetry.trace import (
-        NonRecordingSpan,
-        Span,
-        SpanContext,
-        SpanKind,
-        Status,
-        StatusCode,
-        TraceFlags,
-        Tracer,
-    )
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     _PROPAGATOR = TraceContextTextMapPropagator()
@@ -148,10 +127,10 @@ class _RatioRoots:
         self._tracer = tracer
         self._root_context = otel_context.Context()
         # Read by nothing but `sampled` (no span of this process propagates or exports one).
-        self._unsampled = TraceFlags(TraceFlags.DEFAULT)
+        self._unsampled = trace.TraceFlags(trace.TraceFlags.DEFAULT)
 
     @classmethod
-    def of(cls, tracer: Tracer, provider: trace.TracerProvider) -> _RatioRoots | None:
+    def of(cls, tracer: trace.Tracer, provider: trace.TracerProvider) -> _RatioRoots | None:
         """For an SDK provider with a sampler of `sampler`'s making; else None: its sampler
         decides every span."""
         from opentelemetry.sdk.trace import Tracer as SdkTracer
@@ -162,13 +141,13 @@ class _RatioRoots:
         ratio = _ratio_roots.get(provider.sampler)
         return None if ratio is None else cls(tracer, ratio)
 
-    def start(self, name: str, attributes: Mapping[str, AttributeValue]) -> Span:
+    def start(self, name: str, attributes: Mapping[str, AttributeValue]) -> trace.Span:
         trace_id = self._ids.generate_trace_id()
         if trace_id & self._limit >= self._bound:
-            span_context = SpanContext(
+            span_context = trace.SpanContext(
                 trace_id, self._ids.generate_span_id(), False, self._unsampled
             )
-            return NonRecordingSpan(span_context)
+            return trace.NonRecordingSpan(span_context)
         self._chosen.choose(trace_id)
         try:
             return _server_span(self._tracer, name, self._root_context, attributes)
@@ -263,7 +242,7 @@ def _rpc_span(method: str) -> tuple[str, dict[str, AttributeValue]]:
 
 def start_rpc(
     method: str, metadata: Callable[[], Iterable[tuple[str, str | bytes]] | None]
-) -> tuple[Span, object] | None:
+) -> tuple[trace.Span, object] | None:
     """Open the span of one RPC and make it current, continuing the caller's trace when its
     metadata (read only when tracing) carries a W3C `traceparent`; `method` is the full name
     (`/pkg.Service/Method`); without one, the call starts a trace. Current even when not sampled
@@ -289,30 +268,30 @@ def start_rpc(
 
 
 def _server_span(
-    tracer: Tracer,
+    tracer: trace.Tracer,
     name: str,
     parent: otel_context.Context | None,
     attributes: Mapping[str, AttributeValue],
-) -> Span:
+) -> trace.Span:
     """An RPC's server span, not made current; `end_rpc` sets its status and ends it."""
     return tracer.start_span(
         name,
         context=parent,
-        kind=SpanKind.SERVER,
+        kind=trace.SpanKind.SERVER,
         attributes=attributes,
         record_exception=False,
         set_status_on_exception=False,
     )
 
 
-def end_rpc(opened: tuple[Span, object] | None, code_name: str, code_value: int) -> None:
+def end_rpc(opened: tuple[trace.Span, object] | None, code_name: str, code_value: int) -> None:
     if opened is None:
         return
     span, token = opened
     if span.is_recording():
         span.set_attribute("rpc.grpc.status_code", code_value)
         if code_name != "OK":
-            span.set_status(Status(StatusCode.ERROR, code_name))
+            span.set_status(trace.Status(trace.StatusCode.ERROR, code_name))
         span.end()
     otel_context.detach(token)  # type: ignore[arg-type]
 
@@ -332,10 +311,10 @@ class _Internal:
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None) -> None:
         self._name = name
         self._attributes = attributes
-        self._span: Span | None = None
+        self._span: trace.Span | None = None
         self._token: object = None
 
-    def __enter__(self) -> Span | None:
+    def __enter__(self) -> trace.Span | None:
         current = _tracer
         if current is None:
             return None
@@ -363,7 +342,9 @@ class _Internal:
         # is not.
         if isinstance(error, Exception) and opened.is_recording():
             opened.record_exception(error)
-            opened.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            opened.set_status(
+                trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
+            )
         opened.end()
 
 

@@ -67,12 +67,25 @@ class CallLedger:
         turn) made with the look-up of a recorded answer, and its value handed to `run`:
         `prepare_now` on the event loop's thread (None: not now), else `prepare` on the
         storage threads in the same hop as the look-up, one hop less per call."""
+
+        async def run_once() -> ToolOutcome:
+            found = self._unrecorded_now(run_id, call_id, prepare_now)
+            if found is None:
+                prepared, request_id, recorded = await self._off_loop(
+                    self._prepared_and_recorded, run_id, call_id, prepare
+                )
+                if recorded is not None:
+                    return ToolOutcome.of(recorded)
+            else:
+                prepared, request_id = found
+            return await self._record(run_id, call_id, await run(prepared), request_id)
+
         key = (run_id, call_id)
         task = self._in_flight.get(key)
         if task is None:
             # Not tied to this RPC: a call whose client gave up (a deadline) still finishes
             # and records its result, which the client's retry then finds.
-            task = asyncio.ensure_future(self._run_once(run_id, call_id, prepare_now, prepare, run))
+            task = asyncio.ensure_future(run_once())
             self._in_flight[key] = task
             task.add_done_callback(lambda done: self._finished(key, done))
         return await asyncio.shield(task)
@@ -82,36 +95,6 @@ class CallLedger:
             del self._in_flight[key]
         if not task.cancelled():
             task.exception()  # retrieved: every waiter may have gone
-
-    async def _run_once(
-        self,
-        run_id: str,
-        call_id: str,
-        prepare_now: Callable[[], Prepared | None],
-        prepare: Callable[[], Prepared],
-        run: Callable[[Prepared], Awaitable[ToolResult]],
-    ) -> ToolOutcome:
-        found = self._unrecorded_now(run_id, call_id, prepare_now)
-        if found is None:
-            prepared, request_id, recorded = await self._off_loop(
-                self._prepared_and_recorded, run_id, call_id, prepare
-            )
-            if recorded is not None:
-                return ToolOutcome.of(recorded)
-        else:
-            prepared, request_id = found
-        result = await run(prepared)
-        try:
-            return await self._record(run_id, call_id, result, request_id)
-        except SidecarError as error:
-            if error.reason is not Reason.REQUEST_ID_REUSED:
-                raise
-            # Another sidecar ran the same call meanwhile and recorded first: its answer
-            # stands (this result is not recorded).
-            _, recorded = await self._off_loop(self._recorded, run_id, call_id)
-            if recorded is None:
-                raise
-            return ToolOutcome.of(recorded)
 
     def _unrecorded_now(
         self, run_id: str, call_id: str, prepare_now: Callable[[], Prepared | None]
@@ -143,6 +126,21 @@ class CallLedger:
         return request_id, self._runs.recorded_call(run_id, request_id)
 
     async def _record(
+        self, run_id: str, call_id: str, result: ToolResult, request_id: str
+    ) -> ToolOutcome:
+        try:
+            return await self._append(run_id, call_id, result, request_id)
+        except SidecarError as error:
+            if error.reason is not Reason.REQUEST_ID_REUSED:
+                raise
+            # Another sidecar ran the same call meanwhile and recorded first: its answer
+            # stands (this result is not recorded).
+            _, recorded = await self._off_loop(self._recorded, run_id, call_id)
+            if recorded is None:
+                raise
+            return ToolOutcome.of(recorded)
+
+    async def _append(
         self, run_id: str, call_id: str, result: ToolResult, request_id: str
     ) -> ToolOutcome:
         record = Record(

@@ -45,9 +45,7 @@ class OwnTools:
         grep = arguments.get("grep", "")
         handle = arguments["handle"]
         try:
-            result = self._reader.read_in(
-                run, handle, offset, limit, grep, 4 * MODEL_MAX_LIMIT_CHARS
-            )
+            result = self._reader.read(run, handle, offset, limit, grep, 4 * MODEL_MAX_LIMIT_CHARS)
         except (PatternInvalid, PatternTooComplex) as error:
             return ToolResult.error(f"read_tool_output: grep {error.detail}")
         if result.binary:
@@ -80,7 +78,7 @@ class OwnTools:
         if total > MODEL_MAX_BINARY_BYTES:
             note = f"{marker} Too large to show (over {MODEL_MAX_BINARY_BYTES} bytes)."
             return ToolResult.of((ContentPart.text(note),))
-        whole = self._reader.read_in(run, handle, 0, total, "", MODEL_MAX_BINARY_BYTES)
+        whole = self._reader.read(run, handle, 0, total, "", MODEL_MAX_BINARY_BYTES)
         note = f"{marker} offset, limit and grep do not apply to binary content."
         content = (ContentPart.text(note), ContentPart(PartKind.BINARY, whole.data, mime_type))
         return ToolResult.of(content, source_handle=handle)

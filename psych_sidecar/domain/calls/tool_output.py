@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import re2
 
@@ -150,26 +150,24 @@ def compile_pattern(pattern: str, field: str) -> Any:
     return compiled
 
 
+class _Span(NamedTuple):
+    """What one read covers: a tool result's rendering (`layout`), from `offset`, at most
+    `limit` characters (0: no limit) and `max_bytes` bytes."""
+
+    run_id: str
+    sequence: int
+    layout: TextLayout
+    offset: int
+    limit: int
+    max_bytes: int
+
+
 class ToolOutputReader:
     """The one reader behind the ReadToolOutput RPC and the model's read_tool_output tool."""
 
     def __init__(self, runs: RunService, log: LogReader) -> None:
         self._runs = runs
         self._log = log
-
-    def read(
-        self,
-        run_id: str,
-        handle: str,
-        offset: int,
-        limit: int,
-        grep: str,
-        max_bytes: int,
-        stop: Callable[[], bool] = never_stop,
-    ) -> ReadResult:
-        """ReadToolOutput: the Run must exist, and the handle must be one of its results.
-        `stop` says the caller gave up (cancelled, deadline passed): a grep ends early."""
-        return self.read_in(self._runs.get(run_id), handle, offset, limit, grep, max_bytes, stop)
 
     def resolve(self, run: Run, handle: str) -> int:
         """The sequence of the tool result `handle` names in this Run."""
@@ -180,9 +178,9 @@ class ToolOutputReader:
             raise invalid_handle(run.run_id, handle)
         return found[1]
 
-    def read_in(
+    def read(
         self,
-        run: Run,
+        run: Run | str,
         handle: str,
         offset: int,
         limit: int,
@@ -190,6 +188,11 @@ class ToolOutputReader:
         max_bytes: int,
         stop: Callable[[], bool] = never_stop,
     ) -> ReadResult:
+        """ReadToolOutput: the Run (given by id, it must exist), and the handle must be one of
+        its results. `stop` says the caller gave up (cancelled, deadline passed): a grep ends
+        early."""
+        if isinstance(run, str):
+            run = self._runs.get(run)
         if offset < 0:
             raise field_invalid("offset", "must not be negative")
         if limit < 0:
@@ -199,25 +202,15 @@ class ToolOutputReader:
         # The rendering of what the model sees in full (`model_view`), so that offsets in
         # a preview's guidance continue where its head stops.
         metas = self._log.part_metas(run.run_id, [sequence]).get(sequence, [])
-        layout = TextLayout(model_view(metas))
-        if layout.is_binary:
-            return self._read_binary(
-                run.run_id, sequence, layout, offset, limit, pattern, max_bytes
-            )
+        span = _Span(run.run_id, sequence, TextLayout(model_view(metas)), offset, limit, max_bytes)
+        if span.layout.is_binary:
+            return self._read_binary(span, pattern)
         if pattern is not None:
-            return self._grep(run.run_id, sequence, layout, offset, limit, pattern, max_bytes, stop)
-        return self._read_text(run.run_id, sequence, layout, offset, limit, max_bytes)
+            return self._grep(span, pattern, stop)
+        return self._read_text(span)
 
-    def _read_binary(
-        self,
-        run_id: str,
-        sequence: int,
-        layout: TextLayout,
-        offset: int,
-        limit: int,
-        pattern: Any,
-        max_bytes: int,
-    ) -> ReadResult:
+    def _read_binary(self, span: _Span, pattern: Any) -> ReadResult:
+        run_id, sequence, layout, offset, limit, max_bytes = span
         part = layout.parts[0]
         total = part.byte_length
         end = min(total, offset + (limit or total), offset + max_bytes)
@@ -230,15 +223,8 @@ class ToolOutputReader:
         next_offset = total if pattern is not None or offset >= total else end
         return ReadResult(True, "", data, part.mime_type, total, next_offset, ())
 
-    def _read_text(
-        self,
-        run_id: str,
-        sequence: int,
-        layout: TextLayout,
-        offset: int,
-        limit: int,
-        max_bytes: int,
-    ) -> ReadResult:
+    def _read_text(self, span: _Span) -> ReadResult:
+        run_id, sequence, layout, offset, limit, max_bytes = span
         total = layout.total_chars
         if offset >= total:
             return ReadResult(False, "", b"", "", total, total, ())
@@ -251,17 +237,8 @@ class ToolOutputReader:
                 text = encoded[:max_bytes].decode(errors="ignore")
         return ReadResult(False, text, b"", "", total, offset + len(text), ())
 
-    def _grep(
-        self,
-        run_id: str,
-        sequence: int,
-        layout: TextLayout,
-        offset: int,
-        limit: int,
-        pattern: Any,
-        max_bytes: int,
-        stop: Callable[[], bool],
-    ) -> ReadResult:
+    def _grep(self, span: _Span, pattern: Any, stop: Callable[[], bool]) -> ReadResult:
+        run_id, sequence, layout, offset, limit, max_bytes = span
         total = layout.total_chars
         if offset >= total:
             return ReadResult(False, "", b"", "", total, total, ())

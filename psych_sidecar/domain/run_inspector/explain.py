@@ -149,26 +149,20 @@ def explain_miss(before: AssemblyEntry | None, after: AssemblyEntry) -> CacheMis
         # Mid-turn only the context guard elides; results the previous call never sent
         # (newer than its log) change nothing it cached.
         rewritten = [e for e in newly if e.sequence <= before.last_sequence]
-        if rewritten:
-            first = first or Zone.HISTORY
-            listed = ", ".join(f"#{e.sequence}" for e in rewritten)
-            reasons.append(
-                MissReason(
-                    MissCause.CONTEXT_GUARD,
-                    f"context guard mid-turn (turn {after.turn}, step {after.step}): {listed} "
-                    "elided after an earlier call of the turn sent it in full",
+        for changed, what in (
+            (rewritten, "elided after an earlier call of the turn sent it in full"),
+            (restored, "back in full after an earlier call of the turn sent it elided"),
+        ):
+            if changed:
+                first = first or Zone.HISTORY
+                listed = ", ".join(f"#{e.sequence}" for e in changed)
+                reasons.append(
+                    MissReason(
+                        MissCause.CONTEXT_GUARD,
+                        f"context guard mid-turn (turn {after.turn}, step {after.step}): "
+                        f"{listed} {what}",
+                    )
                 )
-            )
-        if restored:
-            first = first or Zone.HISTORY
-            listed = ", ".join(f"#{e.sequence}" for e in restored)
-            reasons.append(
-                MissReason(
-                    MissCause.CONTEXT_GUARD,
-                    f"context guard mid-turn (turn {after.turn}, step {after.step}): {listed} "
-                    "back in full after an earlier call of the turn sent it elided",
-                )
-            )
     elif newly or restored:
         first = first or Zone.HISTORY
         listed = ", ".join(f"#{e.sequence} ({e.rule.value})" for e in newly)
