@@ -5,7 +5,6 @@ from the session registry."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from psych_sidecar.domain.catalog import (
     CatalogTool,
@@ -33,46 +32,34 @@ class SessionCatalogView:
 
     def tenant_connections(self, tenant: str) -> list[tuple[Connection, ConnectionStatus]]:
         versions = self._store.connection_versions(tenant)
-        return self._listed(tenant, versions, self._stored_public)
-
-    def tenant_connections_now(
-        self, tenant: str, versions: dict[str, tuple[int, int]]
-    ) -> list[tuple[Connection, ConnectionStatus]] | None:
-        """`tenant_connections` at the versions just read, on the event loop: from memory alone,
-        None when a connection is not there at its revision."""
-        try:
-            return self._listed(tenant, versions, _not_in_memory)
-        except _NotNow:
-            return None
-
-    def _listed(
-        self,
-        tenant: str,
-        versions: dict[str, tuple[int, int]],
-        uncached: Callable[[Key], StoredConnection | None],
-    ) -> list[tuple[Connection, ConnectionStatus]]:
-        """The connections at these versions, from memory, or else from `uncached` (None: the
-        connection is gone, and left out)."""
         listed: list[tuple[Connection, ConnectionStatus]] = []
         for name in sorted(versions):
             revision, catalog_version = versions[name]
             key = (tenant, name)
             cached = self._public_at(key, revision)
             if cached is None:
-                cached = uncached(key)
-                if cached is None:
+                stored = self._store.get_connection(tenant, name)
+                if stored is None:
                     continue
+                cached = dataclasses.replace(stored, connection=without_secrets(stored.connection))
+                self._public[key] = cached
             listed.append(self._with_status(key, cached, catalog_version))
         return listed
 
-    def _stored_public(self, key: Key) -> StoredConnection | None:
-        """The stored connection without its secrets, kept in memory; None when it is gone."""
-        stored = self._store.get_connection(*key)
-        if stored is None:
-            return None
-        cached = dataclasses.replace(stored, connection=without_secrets(stored.connection))
-        self._public[key] = cached
-        return cached
+    def tenant_connections_now(
+        self, tenant: str, versions: dict[str, tuple[int, int]]
+    ) -> list[tuple[Connection, ConnectionStatus]] | None:
+        """`tenant_connections` at the versions just read, on the event loop: from memory alone,
+        None when a connection is not there at its revision."""
+        listed: list[tuple[Connection, ConnectionStatus]] = []
+        for name in sorted(versions):
+            revision, catalog_version = versions[name]
+            key = (tenant, name)
+            cached = self._public_at(key, revision)
+            if cached is None:
+                return None
+            listed.append(self._with_status(key, cached, catalog_version))
+        return listed
 
     def _public_at(self, key: Key, revision: int) -> StoredConnection | None:
         """The connection without its secrets, as kept in memory at this revision."""
@@ -111,11 +98,3 @@ class SessionCatalogView:
     def _forget(self, key: Key) -> None:
         self._public.pop(key, None)
         self._tools.pop(key, None)
-
-
-class _NotNow(Exception):
-    """A connection is not in memory at its revision: reading it takes the storage threads."""
-
-
-def _not_in_memory(key: Key) -> StoredConnection | None:
-    raise _NotNow
