@@ -32,33 +32,45 @@ class SessionCatalogView:
 
     def tenant_connections(self, tenant: str) -> list[tuple[Connection, ConnectionStatus]]:
         versions = self._store.connection_versions(tenant)
-        listed: list[tuple[Connection, ConnectionStatus]] = []
-        for name in sorted(versions):
-            revision, catalog_version = versions[name]
-            key = (tenant, name)
-            cached = self._public_at(key, revision)
-            if cached is None:
-                stored = self._store.get_connection(tenant, name)
-                if stored is None:
-                    continue
-                cached = dataclasses.replace(stored, connection=without_secrets(stored.connection))
-                self._public[key] = cached
-            listed.append(self._with_status(key, cached, catalog_version))
-        return listed
+        read: dict[str, StoredConnection] = {}
+        for name in self._not_in_memory(tenant, versions):
+            stored = self._store.get_connection(tenant, name)
+            if stored is not None:  # deleted since the versions were read: not listed
+                public = dataclasses.replace(stored, connection=without_secrets(stored.connection))
+                read[name] = self._public[(tenant, name)] = public
+        return self._listed(tenant, versions, read)
 
     def tenant_connections_now(
         self, tenant: str, versions: dict[str, tuple[int, int]]
     ) -> list[tuple[Connection, ConnectionStatus]] | None:
         """`tenant_connections` at the versions just read, on the event loop: from memory alone,
         None when a connection is not there at its revision."""
+        if self._not_in_memory(tenant, versions):
+            return None
+        return self._listed(tenant, versions, {})
+
+    def _not_in_memory(self, tenant: str, versions: dict[str, tuple[int, int]]) -> list[str]:
+        return [
+            name
+            for name, (revision, _) in versions.items()
+            if self._public_at((tenant, name), revision) is None
+        ]
+
+    def _listed(
+        self,
+        tenant: str,
+        versions: dict[str, tuple[int, int]],
+        read: dict[str, StoredConnection],
+    ) -> list[tuple[Connection, ConnectionStatus]]:
+        """The connections of `versions` in name order, each as kept in memory at its revision
+        or as just `read`, with its state."""
         listed: list[tuple[Connection, ConnectionStatus]] = []
         for name in sorted(versions):
             revision, catalog_version = versions[name]
             key = (tenant, name)
-            cached = self._public_at(key, revision)
-            if cached is None:
-                return None
-            listed.append(self._with_status(key, cached, catalog_version))
+            cached = self._public_at(key, revision) or read.get(name)
+            if cached is not None:
+                listed.append(self._with_status(key, cached, catalog_version))
         return listed
 
     def _public_at(self, key: Key, revision: int) -> StoredConnection | None:
