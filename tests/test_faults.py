@@ -164,7 +164,7 @@ def test_a_result_over_the_inline_size_is_elided_though_a_message_could_carry_it
 def test_a_retried_large_call_is_answered_from_the_log_byte_for_byte(
     stubs: Stubs, run_id: str
 ) -> None:
-    # Over a MiB, SQLite's copies are streamed into their rows (storage/repository.py): the
+    # Over a MiB, SQLite's copies are streamed into their rows (storage/appends.py): the
     # recorded result the retry is answered with, and the log's text, read back whole.
     first = call(stubs, run_id, "huge_text", "retried", size=3 * MIB)
     again = call(stubs, run_id, "huge_text", "retried", size=3 * MIB)

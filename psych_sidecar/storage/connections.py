@@ -1,4 +1,5 @@
-"""SqlConnectionStore: connections and the versioned, soft-delete catalogue in SQL.
+"""SqlConnectionStore: connections in SQL, their versions and sealed secrets; their tool
+catalogue is SqlCatalogs (storage/catalogs.py).
 
 A connection's env and headers are stored sealed (psych_sidecar.secrets): each field is one
 envelope of its JSON, bound to its tenant, name and field. They are sealed and opened here, at
@@ -7,42 +8,32 @@ the row boundary; nothing above storage sees an envelope, nothing below it a sec
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Row, Select, and_, delete, insert, select, update
-from sqlalchemy import Connection as SqlConnection
 
 from psych_sidecar.domain.catalog import (
-    NO_REJECTIONS,
     AuthKind,
-    CatalogTool,
-    CatalogVersion,
-    CatalogWrite,
     ClientKind,
     Connection,
     OAuthSettings,
-    Rejections,
     StoredConnection,
     TransportKind,
-    listing_fingerprint,
-    rejected_tool,
 )
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
+from psych_sidecar.storage.catalogs import (
+    SqlCatalogs,
+    append_catalog_version,
+    stored_json,
+    stored_rejections,
+)
 from psych_sidecar.storage.engines import erase_freed_content, settle_freed_content
 from psych_sidecar.storage.loop_connection import LoopConnection
 from psych_sidecar.storage.oauth import check_oauth_secrets, reseal_oauth_secrets
 from psych_sidecar.storage.statements import driver_statements
 from psych_sidecar.storage.transactions import plain_select, transaction
-
-# Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
-_INSERT_BATCH = 500
-
-
-def _dump(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-
 
 # The fields of a connection's row that hold secrets, sealed one envelope each.
 SECRET_FIELDS = ("env", "headers", "auth_secrets")
@@ -57,7 +48,7 @@ def _auth_json(auth: OAuthSettings | None) -> str:
     if auth is None:
         return ""
     shown = auth.without_secrets()
-    return _dump(
+    return stored_json(
         {
             "kind": shown.kind.value,
             "client_kind": shown.client_kind.value,
@@ -100,7 +91,7 @@ def _auth(row: Row[Any], keys: KeyRing | None) -> OAuthSettings | None:
 def _connection_values(connection: Connection, keys: KeyRing) -> dict[str, Any]:
     def sealed(field: str, value: Mapping[str, str]) -> str:
         where = secret_context(connection.tenant, connection.name, field)
-        return keys.seal(_dump(dict(value)), where)
+        return keys.seal(stored_json(dict(value)), where)
 
     auth = connection.auth
     auth_secrets = None
@@ -113,31 +104,18 @@ def _connection_values(connection: Connection, keys: KeyRing) -> dict[str, Any]:
     return {
         "transport": connection.transport.value,
         "command": connection.command,
-        "args": _dump(list(connection.args)),
+        "args": stored_json(list(connection.args)),
         "env": sealed("env", connection.env),
         "url": connection.url,
         "headers": sealed("headers", connection.headers),
         "auth": _auth_json(auth),
         "auth_secrets": auth_secrets,
         "preload": connection.preload,
-        "eager_tools": _dump(list(connection.eager_tools)),
+        "eager_tools": stored_json(list(connection.eager_tools)),
         "description": connection.description,
-        "allow_tools": _dump(list(connection.allow_tools)),
-        "deny_tools": _dump(list(connection.deny_tools)),
+        "allow_tools": stored_json(list(connection.allow_tools)),
+        "deny_tools": stored_json(list(connection.deny_tools)),
     }
-
-
-def _rejections_json(rejected: Rejections) -> str:
-    return _dump([[item.name, item.reason] for item in rejected.tools])
-
-
-def _rejections(count: int | None, listed: str | None) -> Rejections:
-    """A version's rejections as stored; none for a connection with no version yet."""
-    if not count or listed is None:
-        return NO_REJECTIONS
-    return Rejections(
-        tuple(rejected_tool(name, reason) for name, reason in json.loads(listed)), count
-    )
 
 
 def _with_rejections() -> Select[Any]:
@@ -183,32 +161,20 @@ def _stored(row: Row[Any], keys: KeyRing | None) -> StoredConnection:
         revision=row.revision,
         catalog_version=row.catalog_version,
         update_time=tables.from_us(row.update_time_us),
-        rejected=_rejections(row.rejected_tool_count, row.rejected_tools),
+        rejected=stored_rejections(row.rejected_tool_count, row.rejected_tools),
     )
 
 
-def _tool(row: Row[Any], server: str) -> CatalogTool:
-    return CatalogTool(
-        server=server,
-        name=row.name,
-        description=row.description,
-        input_schema_json=bytes(row.input_schema),
-        output_schema_json=bytes(row.output_schema),
-        annotations_json=bytes(row.annotations),
-        catalog_version=row.catalog_version,
-        removed_in_version=row.removed_in_version,
-    )
-
-
-class SqlConnectionStore:
-    """Implements ConnectionRepository. Every method is one transaction.
+class SqlConnectionStore(SqlCatalogs):
+    """Implements ConnectionRepository (its catalogue in SqlCatalogs). Every method is one
+    transaction.
 
     `keys` seal and open the secret fields. A reader that shows no secret (the read-only
     inspector) passes None: its connections come back with empty env and headers, and it
     cannot write one."""
 
     def __init__(self, engine: Engine, keys: KeyRing | None) -> None:
-        self._engine = engine
+        super().__init__(engine)
         self._keys = keys
         self._versions_sql = driver_statements(engine).connection_versions
 
@@ -295,7 +261,7 @@ class SqlConnectionStore:
             conn.execute(delete(grants).where(grants.c.tenant == tenant, grants.c.name == name))
             if row.catalog_version > 0:
                 # Its tools leave every surface: an empty version supersedes the last one.
-                self._append_version(conn, tenant, name, row.catalog_version, [], now)
+                append_catalog_version(conn, tenant, name, row.catalog_version, [], now)
         return True
 
     def get_connection(self, tenant: str, name: str) -> StoredConnection | None:
@@ -421,168 +387,6 @@ class SqlConnectionStore:
         """`connection_versions` on the event loop's connection, or None when not now."""
         rows = loop.select_now(self._versions_sql, (tenant,))
         return None if rows is None else _versions(rows)
-
-    def write_catalog(
-        self,
-        tenant: str,
-        server: str,
-        revision: int,
-        tools: Sequence[CatalogTool],
-        rejected: Rejections = NO_REJECTIONS,
-    ) -> CatalogWrite | None:
-        table, versions = tables.connections, tables.catalog_versions
-        fingerprint = listing_fingerprint(tools, rejected)
-        with transaction(self._engine, write=True) as conn:
-            # Locking the connection's row serialises refreshes, across sidecars too.
-            current = conn.execute(
-                select(table.c.catalog_version)
-                .where(
-                    table.c.tenant == tenant,
-                    table.c.name == server,
-                    table.c.revision == revision,
-                    table.c.delete_time_us.is_(None),
-                )
-                .with_for_update()
-            ).scalar()
-            if current is None:
-                return None
-            if current > 0:
-                previous = conn.execute(
-                    select(versions.c.fingerprint).where(
-                        versions.c.tenant == tenant,
-                        versions.c.server == server,
-                        versions.c.catalog_version == current,
-                    )
-                ).scalar()
-                if previous == fingerprint:
-                    return CatalogWrite(current, len(tools), False, rejected.count)
-            version = self._append_version(
-                conn, tenant, server, current, tools, tables.now_us(), rejected
-            )
-        return CatalogWrite(version, len(tools), True, rejected.count)
-
-    @staticmethod
-    def _append_version(
-        conn: SqlConnection,
-        tenant: str,
-        server: str,
-        current: int,
-        tools: Sequence[CatalogTool],
-        now: int,
-        rejected: Rejections = NO_REJECTIONS,
-    ) -> int:
-        """Write every tool at a new version, then mark all older current rows removed as of
-        it, in one statement. The caller holds the connection's row lock. Rejected tools are
-        kept with the version only, never as catalogue rows: one that becomes valid later is
-        an added tool, one that becomes invalid a removed one."""
-        catalog, versions = tables.catalog_tools, tables.catalog_versions
-        version = current + 1
-        conn.execute(
-            insert(versions).values(
-                tenant=tenant,
-                server=server,
-                catalog_version=version,
-                tool_count=len(tools),
-                fingerprint=listing_fingerprint(tools, rejected),
-                create_time_us=now,
-                rejected_tool_count=rejected.count,
-                rejected_tools=_rejections_json(rejected),
-            )
-        )
-        rows = [
-            {
-                "tenant": tenant,
-                "server": server,
-                "catalog_version": version,
-                "name": tool.name,
-                "description": tool.description,
-                "input_schema": tool.input_schema_json,
-                "output_schema": tool.output_schema_json,
-                "annotations": tool.annotations_json,
-                "removed_in_version": 0,
-            }
-            for tool in tools
-        ]
-        for start in range(0, len(rows), _INSERT_BATCH):
-            conn.execute(insert(catalog), rows[start : start + _INSERT_BATCH])
-        conn.execute(
-            update(catalog)
-            .where(
-                catalog.c.tenant == tenant,
-                catalog.c.server == server,
-                catalog.c.removed_in_version == 0,
-                catalog.c.catalog_version < version,
-            )
-            .values(removed_in_version=version)
-        )
-        conn.execute(
-            update(tables.connections)
-            .where(tables.connections.c.tenant == tenant, tables.connections.c.name == server)
-            .values(catalog_version=version)
-        )
-        return version
-
-    def catalog_tools(
-        self, tenant: str, server: str, version: int
-    ) -> tuple[int, list[CatalogTool]] | None:
-        table, versions, catalog = (
-            tables.connections,
-            tables.catalog_versions,
-            tables.catalog_tools,
-        )
-        query = select(catalog).where(catalog.c.tenant == tenant, catalog.c.server == server)
-        with transaction(self._engine, write=False) as conn:
-            if version == 0:
-                current = conn.execute(
-                    select(table.c.catalog_version).where(
-                        table.c.tenant == tenant, table.c.name == server
-                    )
-                ).scalar()
-                if current is None:
-                    return None
-                # The current catalogue is what carries no removal marker.
-                rows = conn.execute(query.where(catalog.c.removed_in_version == 0)).all()
-                version = rows[0].catalog_version if rows else current
-            else:
-                exists = conn.execute(
-                    select(versions.c.catalog_version).where(
-                        versions.c.tenant == tenant,
-                        versions.c.server == server,
-                        versions.c.catalog_version == version,
-                    )
-                ).first()
-                if exists is None:
-                    return None
-                rows = conn.execute(query.where(catalog.c.catalog_version == version)).all()
-        # Sorted here, not in SQL: a database's collation must not decide the order.
-        return version, sorted((_tool(row, server) for row in rows), key=lambda t: t.name)
-
-    def catalog_versions(
-        self, tenant: str, server: str, before_version: int, limit: int
-    ) -> tuple[list[CatalogVersion], bool] | None:
-        table, versions = tables.connections, tables.catalog_versions
-        query = select(versions).where(versions.c.tenant == tenant, versions.c.server == server)
-        if before_version:
-            query = query.where(versions.c.catalog_version < before_version)
-        query = query.order_by(versions.c.catalog_version.desc()).limit(limit + 1)
-        with transaction(self._engine, write=False) as conn:
-            known = conn.execute(
-                select(table.c.name).where(table.c.tenant == tenant, table.c.name == server)
-            ).first()
-            if known is None:
-                return None
-            rows = conn.execute(query).all()
-        listed = [
-            CatalogVersion(
-                catalog_version=row.catalog_version,
-                tool_count=row.tool_count,
-                sha256=row.fingerprint,
-                create_time=tables.from_us(row.create_time_us),
-                rejected_count=row.rejected_tool_count,
-            )
-            for row in rows[:limit]
-        ]
-        return listed, len(rows) > limit
 
 
 def _versions(rows: list[Any]) -> dict[str, tuple[int, int]]:
