@@ -17,7 +17,7 @@ from psych_sidecar.storage import tables
 from psych_sidecar.storage.engines import create_database_engine
 from psych_sidecar.storage.migrate import current_revision, expected_revision, migrate, schema_name
 from psych_sidecar.storage.read_only import open_read_only
-from psych_sidecar.storage.transactions import transaction
+from psych_sidecar.storage.transactions import read_transaction
 from tests.support.databases import postgres_database
 
 
@@ -122,10 +122,10 @@ def test_the_read_only_engine_cannot_write(migrated_url: str) -> None:
         )
         with (
             pytest.raises(Exception, match=r"(?i)read.?only"),
-            transaction(engine, write=False) as connection,
+            read_transaction(engine) as connection,
         ):
             connection.execute(insert)
-        with transaction(engine, write=False) as connection:
+        with read_transaction(engine) as connection:
             assert connection.execute(select(func.count()).select_from(tables.specs)).scalar() == 0
     finally:
         engine.dispose()

@@ -47,7 +47,7 @@ from psych_sidecar.storage.loop_connection import LoopConnection
 from psych_sidecar.storage.migrate import migrate
 from psych_sidecar.storage.now import SqliteNow
 from psych_sidecar.storage.repository import SqlStore
-from psych_sidecar.storage.transactions import plain_select, transaction
+from psych_sidecar.storage.transactions import plain_select, read_transaction
 from tests.support.connections import fixture_commands, put_stdio
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.requests import publish, user
@@ -196,7 +196,7 @@ def test_a_pooled_connection_on_the_event_loop_fails_loudly(engine: Engine, now:
     async def on_the_loop() -> int | None:
         with pytest.raises(PooledConnectionOnTheEventLoop):
             reader.turn_start("run_x")
-        with pytest.raises(PooledConnectionOnTheEventLoop), transaction(engine, write=False):
+        with pytest.raises(PooledConnectionOnTheEventLoop), read_transaction(engine):
             pass
         return now.turn_start("run_x")  # the loop's own connection is what answers there
 

@@ -29,7 +29,7 @@ from psych_sidecar.storage.bulk_values import (
 )
 from psych_sidecar.storage.loop_connection import LoopConnection
 from psych_sidecar.storage.statements import driver_statements
-from psych_sidecar.storage.transactions import driver_write, plain_select, transaction
+from psych_sidecar.storage.transactions import driver_write, plain_select, read_transaction
 
 
 class _AlreadyAppended(Exception):
@@ -225,7 +225,7 @@ class RecordAppends:
         if not plain_select(self._engine, self._append_sql.recorded, (run_id, request_id)):
             return None
         requests, records = tables.append_requests, tables.records
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             outline = large_value_columns(conn, requests.c.call_result_outline)
             row = conn.execute(
                 select(requests.c.result, requests.c.call_result_splices, *outline).where(

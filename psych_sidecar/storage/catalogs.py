@@ -19,7 +19,7 @@ from psych_sidecar.domain.catalog import (
     rejected_tool,
 )
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.transactions import transaction
+from psych_sidecar.storage.transactions import read_transaction, write_transaction
 
 # Rows per INSERT: large catalogues (a thousand tools and more) go in a few round trips.
 _INSERT_BATCH = 500
@@ -73,7 +73,7 @@ class SqlCatalogs:
     ) -> CatalogWrite | None:
         table, versions = tables.connections, tables.catalog_versions
         fingerprint = listing_fingerprint(tools, rejected)
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             # Locking the connection's row serialises refreshes, across sidecars too.
             current = conn.execute(
                 select(table.c.catalog_version)
@@ -111,7 +111,7 @@ class SqlCatalogs:
             tables.catalog_tools,
         )
         query = select(catalog).where(catalog.c.tenant == tenant, catalog.c.server == server)
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             if version == 0:
                 current = conn.execute(
                     select(table.c.catalog_version).where(
@@ -145,7 +145,7 @@ class SqlCatalogs:
         if before_version:
             query = query.where(versions.c.catalog_version < before_version)
         query = query.order_by(versions.c.catalog_version.desc()).limit(limit + 1)
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             known = conn.execute(
                 select(table.c.name).where(table.c.tenant == tenant, table.c.name == server)
             ).first()

@@ -33,7 +33,7 @@ from psych_sidecar.storage.engines import erase_freed_content, settle_freed_cont
 from psych_sidecar.storage.loop_connection import LoopConnection
 from psych_sidecar.storage.oauth import check_oauth_secrets, reseal_oauth_secrets
 from psych_sidecar.storage.statements import driver_statements
-from psych_sidecar.storage.transactions import plain_select, transaction
+from psych_sidecar.storage.transactions import plain_select, read_transaction, write_transaction
 
 # The fields of a connection's row that hold secrets, sealed one envelope each.
 SECRET_FIELDS = ("env", "headers", "auth_secrets")
@@ -189,7 +189,7 @@ class SqlConnectionStore(SqlCatalogs):
         key = (table.c.tenant == connection.tenant, table.c.name == connection.name)
         values = _connection_values(connection, self._require_keys())
         now = tables.now_us()
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             row = conn.execute(
                 select(table.c.revision, table.c.url, table.c.auth, table.c.delete_time_us)
                 .where(*key)
@@ -236,7 +236,7 @@ class SqlConnectionStore(SqlCatalogs):
     def delete_connection(self, tenant: str, name: str) -> bool:
         table = tables.connections
         key = (table.c.tenant == tenant, table.c.name == name)
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             row = conn.execute(
                 select(table.c.revision, table.c.catalog_version)
                 .where(*key, table.c.delete_time_us.is_(None))
@@ -266,7 +266,7 @@ class SqlConnectionStore(SqlCatalogs):
 
     def get_connection(self, tenant: str, name: str) -> StoredConnection | None:
         table = tables.connections
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             row = conn.execute(
                 _with_rejections().where(
                     table.c.tenant == tenant,
@@ -281,7 +281,7 @@ class SqlConnectionStore(SqlCatalogs):
     ) -> tuple[list[StoredConnection], bool]:
         table = tables.connections
         name = self._binary(table.c.name)
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             rows = conn.execute(
                 _with_rejections()
                 .where(
@@ -296,7 +296,7 @@ class SqlConnectionStore(SqlCatalogs):
 
     def all_connections(self) -> list[StoredConnection]:
         table = tables.connections
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             rows = conn.execute(
                 _with_rejections()
                 .where(table.c.delete_time_us.is_(None))
@@ -310,7 +310,7 @@ class SqlConnectionStore(SqlCatalogs):
         the connection and the key (never a secret); returns how many fields were opened."""
         keys = self._require_keys()
         table = tables.connections
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             rows = conn.execute(
                 select(
                     table.c.tenant, table.c.name, table.c.env, table.c.headers, table.c.auth_secrets
@@ -339,14 +339,14 @@ class SqlConnectionStore(SqlCatalogs):
         envelopes are zeroed in the file, not left in its free space."""
         keys = self._require_keys()
         table = tables.connections
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             names = conn.execute(
                 select(table.c.tenant, table.c.name).where(table.c.delete_time_us.is_(None))
             ).all()
         resealed = already = 0
         for tenant, name in names:
             key = (table.c.tenant == tenant, table.c.name == name)
-            with transaction(self._engine, write=True) as conn:
+            with write_transaction(self._engine) as conn:
                 erase_freed_content(conn)
                 row = conn.execute(
                     select(table.c.env, table.c.headers, table.c.auth_secrets)

@@ -22,7 +22,7 @@ from psych_sidecar.domain.prompt import (
 )
 from psych_sidecar.domain.runlog import new_id
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.transactions import newest_of_run, transaction
+from psych_sidecar.storage.transactions import newest_of_run, write_transaction
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class SqlAssemblyJournal:
             values[f"{prefix}_bytes"] = size.byte_length
             values[f"{prefix}_tokens"] = size.estimated_tokens
             values[f"{prefix}_sha256"] = size.sha256
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             conn.execute(insert(tables.assembly_journal).values(**values))
             if self._prune_due(now):
                 journal = tables.assembly_journal

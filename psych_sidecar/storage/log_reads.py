@@ -38,7 +38,7 @@ from psych_sidecar.domain.runlog import (
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.loop_connection import LoopConnection
 from psych_sidecar.storage.statements import driver_statements
-from psych_sidecar.storage.transactions import plain_select, transaction
+from psych_sidecar.storage.transactions import plain_select, read_transaction
 
 # Bound the number of bound parameters per statement (SQLite allows 32766).
 _CHUNK = 500
@@ -74,7 +74,7 @@ class SqlLogReader:
             .where(r.c.run_id == run_id)
             .order_by(r.c.sequence)
         )
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             rows = conn.execute(query).all()
         return [
             RecordSkeleton(
@@ -94,7 +94,7 @@ class SqlLogReader:
     def part_metas(self, run_id: str, sequences: Sequence[int]) -> dict[int, list[PartMeta]]:
         p = tables.record_parts
         metas: dict[int, list[PartMeta]] = {}
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             for chunk in _chunks(sorted(set(sequences))):
                 query = (
                     select(
@@ -123,7 +123,7 @@ class SqlLogReader:
     def read_ranges(self, run_id: str, ranges: Sequence[ByteRange]) -> list[bytes]:
         if not ranges:
             return []
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             if self._sqlite:
                 return self._sqlite_ranges(conn, run_id, ranges)
             return self._sql_ranges(conn, run_id, ranges)
@@ -188,7 +188,7 @@ class SqlLogReader:
     ) -> dict[int, tuple[ContentPart, ...]]:
         p = tables.record_parts
         contents: dict[int, list[ContentPart]] = {}
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             for chunk in _chunks(sorted(set(sequences))):
                 query = (
                     select(p.c.sequence, p.c.kind, p.c.mime_type, p.c.data)
@@ -203,7 +203,7 @@ class SqlLogReader:
 
     def resolve_handle(self, handle: str) -> tuple[str, int] | None:
         r = tables.records
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             row = conn.execute(
                 select(r.c.run_id, r.c.sequence).where(
                     r.c.handle == handle, r.c.kind == RecordKind.TOOL_RESULT.value

@@ -28,7 +28,7 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.secrets.cipher import KeyRing, SecretUnreadable, context
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.engines import erase_freed_content, settle_freed_content
-from psych_sidecar.storage.transactions import transaction
+from psych_sidecar.storage.transactions import read_transaction, write_transaction
 
 # Spent or expired sign-ins are kept this long (so a late CompleteSignIn is told "used" or
 # "expired" rather than "unknown"), then removed when the next sign-in begins.
@@ -60,7 +60,7 @@ class SqlOAuthStore:
         table = tables.oauth_sign_ins
         secrets = json.dumps({"verifier": pending.verifier, "client": pending.client_json})
         now = tables.now_us()
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             conn.execute(
                 delete(table).where(
                     table.c.expire_time_us < now - int(_SIGN_IN_KEPT.total_seconds() * 1e6)
@@ -87,7 +87,7 @@ class SqlOAuthStore:
     ) -> PendingSignIn | None:
         table = tables.oauth_sign_ins
         connections = tables.connections
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             row = conn.execute(
                 select(table).where(table.c.state_digest == state_digest).with_for_update()
             ).first()
@@ -129,14 +129,14 @@ class SqlOAuthStore:
 
     def get_grant(self, tenant: str, name: str) -> OAuthGrant | None:
         table = tables.oauth_grants
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             row = conn.execute(
                 select(table).where(table.c.tenant == tenant, table.c.name == name)
             ).first()
         return None if row is None else self._grant(row)
 
     def put_grant(self, tenant: str, name: str, grant: OAuthGrant) -> None:
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             self._write_grant(conn, tenant, name, grant, exists=None, end_claim=True)
 
     def renew_grant(
@@ -145,7 +145,7 @@ class SqlOAuthStore:
         """Lock the grant's row, read it again, and store what `renew` makes of it (`renew`
         returns its argument when there is nothing to change).
         None when the connection has no grant."""
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             row = _locked_grant_row(conn, tenant, name)
             if row is None:
                 return None
@@ -164,7 +164,7 @@ class SqlOAuthStore:
         needs_refresh: Callable[[OAuthGrant], bool],
     ) -> RefreshClaim | None:
         table = tables.oauth_grants
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             row = _locked_grant_row(conn, tenant, name)
             if row is None:
                 return None
@@ -188,7 +188,7 @@ class SqlOAuthStore:
     def store_refreshed(
         self, tenant: str, name: str, claimant: str, grant: OAuthGrant
     ) -> OAuthGrant | None:
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             row = _locked_grant_row(conn, tenant, name)
             if row is None:
                 return None
@@ -199,7 +199,7 @@ class SqlOAuthStore:
 
     def release_refresh(self, tenant: str, name: str, claimant: str) -> None:
         table = tables.oauth_grants
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             conn.execute(
                 update(table)
                 .where(
@@ -293,7 +293,7 @@ def check_oauth_secrets(engine: Engine, keys: KeyRing) -> int:
     many were opened."""
     opened = 0
     for table, key, field, where in _sealed_fields():
-        with transaction(engine, write=False) as conn:
+        with read_transaction(engine) as conn:
             rows = conn.execute(select(*(table.c[k] for k in key), table.c[field])).all()
         for row in rows:
             try:
@@ -310,11 +310,11 @@ def reseal_oauth_secrets(engine: Engine, keys: KeyRing) -> tuple[int, int]:
     already under it)."""
     resealed = already = 0
     for table, key, field, where in _sealed_fields():
-        with transaction(engine, write=False) as conn:
+        with read_transaction(engine) as conn:
             names = conn.execute(select(*(table.c[k] for k in key))).all()
         for name in names:
             match = [table.c[k] == value for k, value in zip(key, name, strict=True)]
-            with transaction(engine, write=True) as conn:
+            with write_transaction(engine) as conn:
                 erase_freed_content(conn)
                 row = conn.execute(
                     select(*(table.c[k] for k in key), table.c[field])

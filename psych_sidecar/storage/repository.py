@@ -32,7 +32,7 @@ from psych_sidecar.domain.runlog import (
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.appends import RecordAppends, records_content
 from psych_sidecar.storage.statements import insert_ignoring_conflicts
-from psych_sidecar.storage.transactions import transaction
+from psych_sidecar.storage.transactions import read_transaction, write_transaction
 
 
 class SqlStore(RecordAppends):
@@ -47,7 +47,7 @@ class SqlStore(RecordAppends):
             return existing
         now = tables.now_us()
         try:
-            with transaction(self._engine, write=True) as conn:
+            with write_transaction(self._engine) as conn:
                 conn.execute(
                     insert(tables.specs).values(
                         name=spec.name,
@@ -65,7 +65,7 @@ class SqlStore(RecordAppends):
         return PublishedSpec(spec, tables.from_us(now))
 
     def get_spec(self, name: str, version: int) -> PublishedSpec | None:
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             row = conn.execute(
                 select(tables.specs.c.body, tables.specs.c.create_time_us).where(
                     tables.specs.c.name == name, tables.specs.c.version == version
@@ -87,7 +87,7 @@ class SqlStore(RecordAppends):
     ) -> Run:
         now = tables.now_us()
         restrictions = json.dumps([[g.server_pattern, g.tool_pattern] for g in tool_restrictions])
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             conn.execute(
                 insert(tables.runs).values(
                     run_id=run_id,
@@ -103,7 +103,7 @@ class SqlStore(RecordAppends):
 
     def get_run(self, run_id: str) -> Run | None:
         runs = tables.runs
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
         return None if row is None else _run(row)
 
@@ -123,12 +123,12 @@ class SqlStore(RecordAppends):
     def tenants(self, limit: int) -> list[str]:
         runs = tables.runs
         query = select(runs.c.tenant).distinct().order_by(runs.c.tenant).limit(limit)
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             return [str(tenant) for (tenant,) in conn.execute(query)]
 
     def pin_surface(self, run_id: str, turn_start: int, surface_json: bytes) -> bytes:
         pins = tables.turn_surfaces
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             conn.execute(
                 insert_ignoring_conflicts(self._engine.dialect, pins),
                 {
@@ -159,7 +159,7 @@ class SqlStore(RecordAppends):
         )
         if kinds:
             query = query.where(records.c.kind.in_([kind.value for kind in kinds]))
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             # One row past the page tells whether another page follows.
             rows = conn.execute(query.order_by(records.c.sequence).limit(limit + 1)).all()
             kept, total = 0, 0
@@ -206,7 +206,7 @@ class StoredSurfacePins:
         query = select(pins.c.surface).where(
             pins.c.run_id == run_id, pins.c.turn_start == turn_start
         )
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             stored = conn.execute(query).scalar()
         return surface_json if stored is None else str(stored).encode()
 
@@ -234,7 +234,7 @@ def _select_runs(
         query = select(runs)
     if one_tenant is not None:
         query = query.where(runs.c.tenant == one_tenant)
-    with transaction(engine, write=False) as conn:
+    with read_transaction(engine) as conn:
         if after_run_id:
             position = select(runs.c.create_time_us).where(runs.c.run_id == after_run_id)
             if one_tenant is not None:

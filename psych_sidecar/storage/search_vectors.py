@@ -10,7 +10,7 @@ from sqlalchemy import Engine, Insert, delete, select, tuple_
 from sqlalchemy.dialects import sqlite
 
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.transactions import transaction
+from psych_sidecar.storage.transactions import read_transaction, write_transaction
 
 # Keys per SELECT ... IN and rows per INSERT or DELETE: a 1,409-tool listing (2,818 texts)
 # reads in six round trips, well under SQLite's limit on bound parameters.
@@ -39,7 +39,7 @@ class SqlVectorStore:
         found: dict[str, bytes] = {}
         if not keys:
             return found
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             for start in range(0, len(keys), _BATCH):
                 rows = conn.execute(
                     select(table.c.text_hash, table.c.vector).where(
@@ -58,13 +58,13 @@ class SqlVectorStore:
             {"encoder": encoder, "text_hash": key, "vector": vector, "create_time_us": now}
             for key, vector in rows
         ]
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             for start in range(0, len(values), _BATCH):
                 conn.execute(self._insert, values[start : start + _BATCH])
 
     def vector_keys(self) -> list[tuple[str, str]]:
         table = tables.search_vectors
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             return [(e, k) for e, k in conn.execute(select(table.c.encoder, table.c.text_hash))]
 
     def catalogue_listings(self) -> Iterator[list[tuple[str, str]]]:
@@ -76,7 +76,7 @@ class SqlVectorStore:
             .distinct()
             .order_by(catalog.c.tenant, catalog.c.server)
         )
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             result = conn.execution_options(yield_per=_SCAN_BATCH).execute(query)
             for _, rows in itertools.groupby(result, key=lambda row: (row[0], row[1])):
                 yield [(name, description) for _, _, name, description in rows]
@@ -84,7 +84,7 @@ class SqlVectorStore:
     def delete_vectors(self, keys: Sequence[tuple[str, str]]) -> int:
         table = tables.search_vectors
         deleted = 0
-        with transaction(self._engine, write=True) as conn:
+        with write_transaction(self._engine) as conn:
             for start in range(0, len(keys), _BATCH):
                 batch = list(keys[start : start + _BATCH])
                 result = conn.execute(

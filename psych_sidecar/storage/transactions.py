@@ -20,10 +20,20 @@ from psych_sidecar.telemetry import metrics, tracing
 
 
 @contextlib.contextmanager
-def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
-    """A transaction; `write=True` takes SQLite's write lock up front (PostgreSQL ignores it).
+def read_transaction(engine: Engine) -> Iterator[Connection]:
+    """A transaction for reads (`_transaction`)."""
+    yield from _transaction(engine, write=False)
 
-    Every driver failure that means the database is unavailable (down, restarting, locked
+
+@contextlib.contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A transaction that takes SQLite's write lock up front (PostgreSQL needs no such thing),
+    so it never fails to upgrade a read lock halfway (`_transaction`)."""
+    yield from _transaction(engine, write=True)
+
+
+def _transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
+    """Every driver failure that means the database is unavailable (down, restarting, locked
     past the busy timeout, a serialization failure) leaves here as STORAGE_UNAVAILABLE;
     nothing was committed by this transaction unless the failure came after its commit.
     Its wait for a pooled connection is a metric; the transaction is a span when tracing."""
@@ -33,9 +43,10 @@ def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
                 {
                     "db.system.name": engine.dialect.name,
                     "psych.write": write,
-                    # The repository method that opened it (frames: this body, contextlib's
-                    # __enter__, the caller), so a slow transaction is named in the trace.
-                    "code.function": sys._getframe(2).f_code.co_qualname,
+                    # The repository method that opened it (frames: this body, the read or
+                    # write transaction, contextlib's __enter__, the caller), so a slow
+                    # transaction is named in the trace.
+                    "code.function": sys._getframe(3).f_code.co_qualname,
                 }
             )
         started = time.perf_counter()
@@ -53,7 +64,7 @@ def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[
     several times the query itself there, and one SELECT is atomic on its own on both
     databases. `sql` is the driver's SQL, parameters positional (`statements.py`), the same
     string the loop's connection runs (`LoopConnection.select_now`). The driver's "not now"
-    failures leave as STORAGE_UNAVAILABLE, as from `transaction`."""
+    failures leave as STORAGE_UNAVAILABLE, as from a transaction."""
     with unavailable_as_typed_errors():
         dbapi_connection = engine.raw_connection()
         try:
@@ -75,7 +86,7 @@ def driver_write(engine: Engine) -> Iterator[tuple[Any, Connection]]:
     """A write transaction as a DB-API cursor, for the statements every tool call's append
     runs (SQLAlchemy's statement machinery cost several times what SQLite does for them),
     with the pooled transaction's Connection (for values streamed into their rows)."""
-    with transaction(engine, write=True) as connection:
+    with write_transaction(engine) as connection:
         pooled = connection.connection.cursor()
         try:
             yield pooled, connection
@@ -94,6 +105,6 @@ def newest_of_run(
         .order_by(table.c.create_time_us.desc(), table.c[tiebreak].desc())
         .limit(limit)
     )
-    with transaction(engine, write=False) as conn:
+    with read_transaction(engine) as conn:
         rows = conn.execute(query).all()
     return list(reversed(rows))

@@ -8,7 +8,7 @@ from sqlalchemy.exc import IntegrityError
 from psych_sidecar.domain.errors import RequestIdReused
 from psych_sidecar.domain.usage import ModelCallUsage, UsageEvent, UsageTotals
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.transactions import newest_of_run, transaction
+from psych_sidecar.storage.transactions import newest_of_run, read_transaction, write_transaction
 from psych_sidecar.telemetry import metrics
 
 
@@ -23,7 +23,7 @@ class SqlUsageStore:
     ) -> UsageTotals:
         events = tables.usage_events
         try:
-            with transaction(self._engine, write=True) as conn:
+            with write_transaction(self._engine) as conn:
                 inserted = not self._already_recorded(conn, run_id, event_id, fingerprint)
                 if inserted:
                     # Checked before storing: a Run whose totals overflowed int64 could never
@@ -55,7 +55,7 @@ class SqlUsageStore:
             return totals
         except IntegrityError:
             # A concurrent retry of the same event won the insert; compare with what it stored.
-            with transaction(self._engine, write=False) as conn:
+            with read_transaction(self._engine) as conn:
                 self._already_recorded(conn, run_id, event_id, fingerprint)
                 return self._totals(conn, run_id)
 
@@ -78,7 +78,7 @@ class SqlUsageStore:
         return True
 
     def usage_totals(self, run_id: str) -> UsageTotals:
-        with transaction(self._engine, write=False) as conn:
+        with read_transaction(self._engine) as conn:
             return self._totals(conn, run_id)
 
     def usage_events(self, run_id: str, limit: int) -> list[UsageEvent]:
