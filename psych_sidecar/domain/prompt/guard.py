@@ -88,7 +88,8 @@ def apply_context_guard(
     guarded: dict[int, ToolResultView] = {}
     chosen: list[GuardedResult] = []
     previous_end = 0
-    assembled, estimate = in_full, full
+    assembled = attempt = in_full
+    estimate = full
     forced = False  # whether an earlier step of the turn had to elide an earlier result
 
     def elide(skeleton: RecordSkeleton) -> int:
@@ -101,6 +102,17 @@ def apply_context_guard(
         chosen.append(GuardedResult(skeleton.call_id, skeleton.handle, full_tokens, view_tokens))
         return max(full_tokens - view_tokens, 0)
 
+    def elide_until(target: int, order: list[RecordSkeleton], end: int) -> None:
+        """Elide from the front of `order` until the prompt over the first `end` records is
+        within `target` or nothing is left, rebuilding it whenever the estimates say it fits."""
+        nonlocal attempt, estimate
+        while estimate > target and order:
+            projected = estimate
+            while order and projected > target:
+                projected -= elide(order.pop(0))
+            attempt = build(guarded, end)
+            estimate = attempt.estimated_tokens
+
     for end in _step_ends(skeletons):
         attempt = in_full if end == len(skeletons) and not guarded else build(guarded, end)
         estimate = attempt.estimated_tokens
@@ -112,13 +124,9 @@ def apply_context_guard(
         earlier = [s for s in present if position[s.sequence] < previous_end]
         # Results added since the previous step first, largest first: the cached prefix
         # ends before them, so which one costs nothing.
-        order = sorted(newer, key=lambda s: (-view_bytes[s.sequence], -s.sequence))
-        while estimate > budget and order:
-            projected = estimate
-            while order and projected > budget:
-                projected -= elide(order.pop(0))
-            attempt = build(guarded, end)
-            estimate = attempt.estimated_tokens
+        elide_until(
+            budget, sorted(newer, key=lambda s: (-view_bytes[s.sequence], -s.sequence)), end
+        )
         if estimate > budget and earlier:
             # Unavoidable: an earlier result the previous call sent in full must go, one
             # cache miss from the first one elided. The newest go first, so the miss
@@ -127,13 +135,7 @@ def apply_context_guard(
             # the turn outgrows that room too, every earlier result goes at once.
             target = budget - budget // HEADROOM_DIVISOR if not forced else 0
             forced = True
-            order = sorted(earlier, key=lambda s: -s.sequence)
-            while estimate > target and order:
-                projected = estimate
-                while order and projected > target:
-                    projected -= elide(order.pop(0))
-                attempt = build(guarded, end)
-                estimate = attempt.estimated_tokens
+            elide_until(target, sorted(earlier, key=lambda s: -s.sequence), end)
         assembled, previous_end = attempt, end
     if estimate > budget:
         raise ContextBudgetExceeded(
