@@ -184,7 +184,6 @@ OVER_500_LINES = {
     "search/ranking.py",
     "storage/repository.py",
     "storage/connections.py",
-    "search/embeddings.py",
 }
 
 
