@@ -182,8 +182,6 @@ OVER_500_LINES = {
     # One algorithm: BM25F over a tool's fields and its fusion with sentence vectors, pure
     # functions over one index structure.
     "search/ranking.py",
-    "domain/prompt/assembly.py",
-    "search/embeddings.py",
 }
 
 

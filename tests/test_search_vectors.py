@@ -97,7 +97,9 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 
 def embeddings_on(engine: Engine, counting: CountingEncoder) -> ToolEmbeddings:
-    return ToolEmbeddings(lambda: counting, encoder_identity(), SqlVectorStore(engine))
+    return ToolEmbeddings(
+        lambda: counting, encoder_id=encoder_identity(), store=SqlVectorStore(engine)
+    )
 
 
 def texts_of(tools: Sequence[tuple[str, str]]) -> list[str]:
@@ -198,7 +200,9 @@ def test_a_search_before_the_model_loads_is_keywords_only_and_partial(engine: En
         assert loading.wait(SETTLE_SECONDS)
         return load_packaged_encoder()
 
-    embeddings = ToolEmbeddings(slow_load, encoder_identity(), SqlVectorStore(engine))
+    embeddings = ToolEmbeddings(
+        slow_load, encoder_id=encoder_identity(), store=SqlVectorStore(engine)
+    )
     documents = [SearchDocument("s", name, description) for name, description in TOOLS]
     ranking = SearchIndex(documents, embeddings).rank("write file", 2)
     assert ranking.partial

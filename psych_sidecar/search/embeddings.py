@@ -2,8 +2,8 @@
 on it, kept across restarts), and encoded only in the background, the warm-up: one listing
 after another, each listing's chunks on `encode_threads` threads at the lowest priority.
 
-This is the one place of search that owns threads and OS calls (the warm-up threads, their
-nice value); ranking (:mod:`psych_sidecar.search.ranking`) only reads vectors. The database
+The threads themselves and their nice value are :mod:`psych_sidecar.search.warmup`'s; ranking
+(:mod:`psych_sidecar.search.ranking`) only reads vectors. The database
 is reached through the :class:`VectorStore` port, which storage implements: search never
 imports storage.
 
@@ -17,21 +17,19 @@ loaded.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 import random
-import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from psych_sidecar.search.ranking import listing_texts, tool_texts
+from psych_sidecar.search.warmup import WarmupThreads
 
 if TYPE_CHECKING:
     import numpy as np
@@ -129,8 +127,6 @@ class ToolEmbeddings:
         self._store = store if encoder_id else None
         self._encoder: TextEncoder | None = None
         self._loaded = False
-        self._load_queued = False
-        self._loader: threading.Thread | None = None
         self._load_lock = threading.Lock()
         self._capacity = capacity
         self._vectors: OrderedDict[str, Vectors] = OrderedDict()
@@ -145,14 +141,7 @@ class ToolEmbeddings:
         self._version = 0
         self._counters = EmbeddingCounters()
         self._last_collection: float | None = None
-        # Warm-up runs on its own thread, one job after another, never on a request's; a job
-        # encodes its chunks on the encoding threads (the GIL is released in the matrix
-        # products, so two threads encode a listing nearly twice as fast on two idle cores).
-        self._warmer: ThreadPoolExecutor | None = None
-        self._encode_threads = max(1, encode_threads)
-        self._encoders: ThreadPoolExecutor | None = None
-        self._warmer_lock = threading.Lock()
-        self._closed = threading.Event()
+        self._threads = WarmupThreads(encode_threads)
         self._chunk_order = random.Random()
 
     # What ranking needs (search.ranking.Embeddings)
@@ -221,14 +210,8 @@ class ToolEmbeddings:
         encoding, the load runs at normal priority: searches wait for it to rank by meaning
         (their queries need the model), and it is about a second of CPU once per process;
         at nice 19 on a busy machine it took several times that."""
-        with self._warmer_lock:
-            if self._loaded or self._load_queued or self._closed.is_set():
-                return
-            self._load_queued = True
-            self._loader = threading.Thread(
-                target=self._load_logged, name="search-model-load", daemon=True
-            )
-            self._loader.start()
+        if not self._loaded:
+            self._threads.start_loader(self._load_logged)
 
     def _load_logged(self) -> None:
         try:
@@ -255,14 +238,7 @@ class ToolEmbeddings:
         """Stop warming: queued jobs are dropped, the one under way stops at its next chunk
         (so shutting down never waits for a whole catalogue's encoding). With `wait`, return
         once that job has stopped: the store is no longer used after this returns."""
-        self._closed.set()
-        with self._warmer_lock:
-            warmer, encoders, loader = self._warmer, self._encoders, self._loader
-        for pool in (encoders, warmer):
-            if pool is not None:
-                pool.shutdown(wait=wait, cancel_futures=True)
-        if wait and loader is not None:
-            loader.join()
+        self._threads.close(wait)
 
     def counters(self) -> EmbeddingCounters:
         with self._lock:
@@ -315,7 +291,7 @@ class ToolEmbeddings:
             return 0
         started = time.monotonic()
         stored = self._store.vector_keys()
-        if self._closed.is_set():
+        if self._threads.closed():
             return 0
         live: set[str] = set()
         for listing in self._store.catalogue_listings():
@@ -326,7 +302,7 @@ class ToolEmbeddings:
             for encoder, key in stored
             if encoder != self.encoder_id or key not in live
         ]
-        if self._closed.is_set():
+        if self._threads.closed():
             return 0
         deleted = self._store.delete_vectors(orphans) if orphans else 0
         with self._lock:
@@ -352,30 +328,11 @@ class ToolEmbeddings:
             self._pending.update(new)
         if not new:
             return None
-        future = self._submit(lambda: self._fill(new, tools))
+        future = self._threads.submit(lambda: self._fill(new, tools))
         if future is None:
             with self._lock:
                 self._pending.difference_update(new)
         return future
-
-    def _submit(self, job: Callable[[], object]) -> Future[None] | None:
-        def run() -> None:
-            try:
-                job()
-            except Exception:
-                log.exception("search warm-up failed; searches stay partial until a later one")
-
-        with self._warmer_lock:
-            if self._closed.is_set():
-                return None
-            if self._warmer is None:
-                self._warmer = ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="search-warmup", initializer=_lowest_priority
-                )
-            try:
-                return self._warmer.submit(run)
-            except RuntimeError:  # shut down meanwhile
-                return None
 
     def _fill(self, text_of: dict[str, str], tools: int, quiet: bool = False) -> dict[str, Vectors]:
         """Make these texts' vectors known, and return them: memory, then one batched store
@@ -399,7 +356,7 @@ class ToolEmbeddings:
             def encode(chunk: list[str]) -> tuple[dict[str, Vectors], int]:
                 """The chunk's rows, and how many of them were read from the store (re-read
                 first, in case another sidecar stored them meanwhile) rather than encoded."""
-                if self._closed.is_set() and not quiet:
+                if self._threads.closed() and not quiet:
                     return {}, 0
                 found = self._read_store(chunk)
                 todo = [key for key in chunk if key not in found]
@@ -415,12 +372,12 @@ class ToolEmbeddings:
             chunks = [todo[i : i + _WARM_CHUNK] for i in range(0, len(todo), _WARM_CHUNK)]
             self._chunk_order.shuffle(chunks)
             encoded, began = 0, time.monotonic()
-            for done, from_store in self._map_chunks(encode, chunks):
+            for done, from_store in self._threads.map_chunks(encode, chunks):
                 rows.update(done)
                 read += from_store
                 encoded += len(done) - from_store
             encode_s = time.monotonic() - began
-            if self._closed.is_set() and not quiet:
+            if self._threads.closed() and not quiet:
                 return rows
             if (encoded or read) and not quiet:
                 log.info(
@@ -433,7 +390,7 @@ class ToolEmbeddings:
                     read_s,
                     encoded,
                     encode_s,
-                    self._encode_threads,
+                    self._threads.encode_threads,
                     "model already loaded" if load_s is None else f"model loaded in {load_s:.1f} s",
                 )
         finally:
@@ -442,7 +399,7 @@ class ToolEmbeddings:
         if (
             self._store is not None
             and not quiet
-            and not self._closed.is_set()
+            and not self._threads.closed()
             and (
                 self._last_collection is None
                 or time.monotonic() - self._last_collection > COLLECT_INTERVAL_S
@@ -450,40 +407,6 @@ class ToolEmbeddings:
         ):
             self.collect()
         return rows
-
-    def _map_chunks(
-        self,
-        encode: Callable[[list[str]], tuple[dict[str, Vectors], int]],
-        chunks: list[list[str]],
-    ) -> Iterator[tuple[dict[str, Vectors], int]]:
-        """`encode` of every chunk, on the encoding threads (on the caller's thread when there
-        is one, or a single chunk, or once closed); stops early when closing cancels them."""
-        pool = None
-        if self._encode_threads > 1 and len(chunks) > 1:
-            with self._warmer_lock:
-                if not self._closed.is_set():
-                    if self._encoders is None:
-                        self._encoders = ThreadPoolExecutor(
-                            max_workers=self._encode_threads,
-                            thread_name_prefix="search-warmup-encode",
-                            initializer=_lowest_priority,
-                        )
-                    pool = self._encoders
-        if pool is None:
-            yield from map(encode, chunks)
-            return
-        try:
-            futures = [pool.submit(encode, chunk) for chunk in chunks]
-        except RuntimeError:  # shut down meanwhile: closing
-            return
-        try:
-            for future in futures:
-                yield future.result()
-        except CancelledError:  # closing cancelled the chunks not started
-            return
-        finally:
-            for future in futures:
-                future.cancel()
 
     def _write_store(self, keys: list[str], vectors: Vectors) -> None:
         if self._store is None:
@@ -544,15 +467,6 @@ class ToolEmbeddings:
                 texts_encoded=self._counters.texts_encoded + encoded,
                 vectors_read=self._counters.vectors_read + read,
             )
-
-
-def _lowest_priority() -> None:
-    """Run the calling thread at the lowest CPU priority (nice 19), so a warm-up takes only
-    the CPU that requests leave idle. Linux keeps a nice value per thread; elsewhere it is
-    per process, so this does nothing there rather than slow the whole sidecar."""
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def content_key(text: str) -> str:

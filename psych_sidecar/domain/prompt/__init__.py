@@ -1,20 +1,16 @@
 """The prompt of one model call: four cache zones, elision, provider bodies.
 
 Owns AssemblePrompt (:class:`PromptAssembler`): zones ordered outermost-stable first, the
-prior-turn elision boundary and algorithm (previews, failure truncation), canonical JSON for
-byte-stable output, the Anthropic and OpenAI request bodies, and the assembly journal's
-entry for each prompt (metadata only; storage implements :class:`AssemblyJournal`).
+prior-turn elision boundary and algorithm (previews, failure truncation), the context guard
+that elides current-turn results to fit the budget, canonical JSON for byte-stable output,
+the Anthropic and OpenAI request bodies, and the assembly journal's entry for each prompt
+(metadata only; storage implements :class:`AssemblyJournal`).
 """
 
 from __future__ import annotations
 
-from psych_sidecar.domain.prompt.assembly import (
-    AssembledPrompt,
-    GuardDecision,
-    GuardedResult,
-    PromptAssembler,
-    PromptCall,
-)
+from psych_sidecar.domain.prompt.assembly import AssembledPrompt, PromptAssembler, PromptCall
+from psych_sidecar.domain.prompt.guard import GuardDecision, GuardedResult
 from psych_sidecar.domain.prompt.journal import (
     AssemblyEntry,
     ElidedResult,
