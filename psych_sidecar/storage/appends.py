@@ -17,6 +17,7 @@ from psych_sidecar.domain.runlog import (
     CallResultOutline,
     ContentPart,
     PartKind,
+    PendingAppend,
     Record,
     RecordedCall,
 )
@@ -59,69 +60,42 @@ class RecordAppends:
         self._engine = engine
         self._append_sql = driver_statements(engine)
 
-    def append_records(
-        self,
-        run_id: str,
-        records: Sequence[Record],
-        handles: Sequence[str],
-        request_id: str,
-        fingerprint: str,
-        call_result: CallResultOutline | None = None,
-    ) -> list[AppendedRecord]:
-        outline = None if call_result is None else call_result.outline
-        streamed = _streamed_parts(records)
+    def append_records(self, append: PendingAppend) -> list[AppendedRecord]:
+        run_id, request_id = append.run_id, append.request_id
+        outline = None if append.call_result is None else append.call_result.outline
+        streamed = _streamed_parts(append.records)
         try:
             with driver_write(self._engine) as (cursor, conn):
-                last, appended = self._append_rows(
-                    cursor, run_id, records, handles, request_id, fingerprint, call_result
-                )
+                last, appended = self._append_rows(cursor, append)
                 if streamed_later(outline) or streamed:
                     self._stream_values(conn, run_id, request_id, outline, last, streamed)
         except _AlreadyAppended as retry:
-            return _first_answer(retry, run_id, request_id, fingerprint)
+            return _first_answer(retry, append)
         return appended
 
     def append_records_now(
-        self,
-        loop: LoopConnection,
-        run_id: str,
-        records: Sequence[Record],
-        handles: Sequence[str],
-        request_id: str,
-        fingerprint: str,
-        call_result: CallResultOutline | None = None,
+        self, loop: LoopConnection, append: PendingAppend
     ) -> list[AppendedRecord] | None:
         """`append_records` on the event loop's connection, or None when not now (nothing
         appended). Values streamed into their rows are never now: that takes a SQLAlchemy
         connection, and time that grows with the value."""
-        outline = None if call_result is None else call_result.outline
-        if streamed_later(outline) or _streamed_parts(records):
+        outline = None if append.call_result is None else append.call_result.outline
+        if streamed_later(outline) or _streamed_parts(append.records):
             return None
         try:
-            written = loop.write_now(
-                lambda cursor: self._append_rows(
-                    cursor, run_id, records, handles, request_id, fingerprint, call_result
-                )
-            )
+            written = loop.write_now(lambda cursor: self._append_rows(cursor, append))
         except _AlreadyAppended as retry:
-            return _first_answer(retry, run_id, request_id, fingerprint)
+            return _first_answer(retry, append)
         return None if written is None else written[1]
 
-    def _append_rows(
-        self,
-        cursor: Any,
-        run_id: str,
-        records: Sequence[Record],
-        handles: Sequence[str],
-        request_id: str,
-        fingerprint: str,
-        call_result: CallResultOutline | None,
-    ) -> tuple[int, list[AppendedRecord]]:
+    def _append_rows(self, cursor: Any, append: PendingAppend) -> tuple[int, list[AppendedRecord]]:
         """The append's statements on a DB-API cursor in a write transaction (a pooled one or
         the loop's): the sequence before the first record, and the records appended. Values
         streamed later are bound empty. Raises _AlreadyAppended for a request id used before,
         RUN_NOT_FOUND for an unknown Run."""
         sql = self._append_sql
+        run_id, records, request_id = append.run_id, append.records, append.request_id
+        call_result = append.call_result
         outline = None if call_result is None else call_result.outline
         # One statement locks the Run's row, which serialises appends to it (across
         # sidecars too), and reserves the sequence numbers; a rollback returns them.
@@ -130,7 +104,8 @@ class RecordAppends:
             raise run_not_found(run_id)
         last = int(row[0]) - len(records)
         appended = [
-            AppendedRecord(last + offset, handle) for offset, handle in enumerate(handles, start=1)
+            AppendedRecord(last + offset, handle)
+            for offset, handle in enumerate(append.handles, start=1)
         ]
         if request_id:
             claimed = cursor.execute(
@@ -138,7 +113,7 @@ class RecordAppends:
                 (
                     run_id,
                     request_id,
-                    fingerprint,
+                    append.fingerprint,
                     json.dumps([[e.sequence, e.handle] for e in appended]),
                     b"" if streamed_later(outline) else outline,
                     None if call_result is None else call_result.splices_json(),
@@ -286,15 +261,13 @@ def _streamed_parts(records: Sequence[Record]) -> list[tuple[int, int, bytes]]:
     ]
 
 
-def _first_answer(
-    retry: _AlreadyAppended, run_id: str, request_id: str, fingerprint: str
-) -> list[AppendedRecord]:
+def _first_answer(retry: _AlreadyAppended, append: PendingAppend) -> list[AppendedRecord]:
     """The first append's answer to a retry with the same records; REQUEST_ID_REUSED for
     different ones."""
-    if retry.fingerprint != fingerprint:
+    if retry.fingerprint != append.fingerprint:
         raise RequestIdReused(
-            f"request id {request_id!r} was already used in this run for different records",
-            run_id=run_id,
-            request_id=request_id,
+            f"request id {append.request_id!r} was already used in this run for different records",
+            run_id=append.run_id,
+            request_id=append.request_id,
         ) from None
     return [AppendedRecord(s, h) for s, h in json.loads(retry.result)]

@@ -19,10 +19,13 @@ now)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TypeVar
 
-from psych_sidecar.domain.runlog import AppendedRecord, CallResultOutline, Record, RecordKind
+from psych_sidecar.domain.runlog import (
+    AppendedRecord,
+    PendingAppend,
+    RecordKind,
+)
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.loop_connection import LoopConnection
@@ -64,20 +67,8 @@ class SqliteNow:
         metrics.record_loop_attempt("done" if unrecorded else "worker")
         return unrecorded
 
-    def append_records(
-        self,
-        run_id: str,
-        records: Sequence[Record],
-        handles: Sequence[str],
-        request_id: str,
-        fingerprint: str,
-        call_result: CallResultOutline | None = None,
-    ) -> list[AppendedRecord] | None:
-        return _counted(
-            self._store.append_records_now(
-                self._loop, run_id, records, handles, request_id, fingerprint, call_result
-            )
-        )
+    def append_records(self, append: PendingAppend) -> list[AppendedRecord] | None:
+        return _counted(self._store.append_records_now(self._loop, append))
 
 
 def _counted(answer: T | None) -> T | None:

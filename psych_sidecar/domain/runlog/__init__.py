@@ -23,6 +23,7 @@ from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_
 from psych_sidecar.domain.runlog.ports import (
     LogReader,
     OffLoop,
+    PendingAppend,
     RunRepository,
     SpecRepository,
     StorageNow,
@@ -81,6 +82,7 @@ __all__ = [
     "OffLoop",
     "PartKind",
     "PartMeta",
+    "PendingAppend",
     "Piece",
     "PublishedSpec",
     "Record",

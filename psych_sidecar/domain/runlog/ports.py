@@ -4,6 +4,7 @@ never sees SQL."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from psych_sidecar.domain.runlog.content import ByteRange, PartMeta, RecordSkeleton
@@ -22,6 +23,20 @@ from psych_sidecar.domain.runlog.runs import (
 from psych_sidecar.domain.runlog.specs import PublishedSpec, Spec, ToolGrant
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAppend:
+    """One append as storage is given it: the records and the handles of their tool results,
+    the request id that answers a retry once, the records' fingerprint a retry is compared by,
+    and a tool call's result outline (what a retried call is answered with)."""
+
+    run_id: str
+    records: Sequence[Record]
+    handles: Sequence[str]
+    request_id: str
+    fingerprint: str
+    call_result: CallResultOutline | None = None
 
 
 class OffLoop(Protocol):
@@ -68,15 +83,7 @@ class RunRepository(Protocol):
         """Tenants that have Runs, sorted, at most `limit`."""
         ...
 
-    def append_records(
-        self,
-        run_id: str,
-        records: Sequence[Record],
-        handles: Sequence[str],
-        request_id: str,
-        fingerprint: str,
-        call_result: CallResultOutline | None = None,
-    ) -> list[AppendedRecord]:
+    def append_records(self, append: PendingAppend) -> list[AppendedRecord]:
         """Append atomically with gap-free sequences.
 
         With a request id already used in the Run, stores nothing and raises
@@ -169,15 +176,7 @@ class StorageNow(Protocol):
         then ask `recorded_call`."""
         ...
 
-    def append_records(
-        self,
-        run_id: str,
-        records: Sequence[Record],
-        handles: Sequence[str],
-        request_id: str,
-        fingerprint: str,
-        call_result: CallResultOutline | None = None,
-    ) -> list[AppendedRecord] | None:
+    def append_records(self, append: PendingAppend) -> list[AppendedRecord] | None:
         """`RunRepository.append_records` (its typed errors too), or None when not now:
         nothing appended. Meant for small records: values that need streaming are not now."""
         ...

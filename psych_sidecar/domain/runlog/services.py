@@ -13,7 +13,12 @@ from psych_sidecar.domain.errors import (
     spec_not_found,
 )
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
-from psych_sidecar.domain.runlog.ports import RunRepository, SpecRepository, StorageNow
+from psych_sidecar.domain.runlog.ports import (
+    PendingAppend,
+    RunRepository,
+    SpecRepository,
+    StorageNow,
+)
 from psych_sidecar.domain.runlog.result_outline import CallResultOutline
 from psych_sidecar.domain.runlog.runs import (
     AllTenants,
@@ -174,7 +179,7 @@ class RunService:
         what a retried tool call is answered with (`recorded_call`), kept as its outline: the
         log holds the rest."""
         return self._runs.append_records(
-            *self._append_arguments(run_id, request_id, records, call_result_json)
+            self._pending(run_id, request_id, records, call_result_json)
         )
 
     def append_now(
@@ -187,19 +192,17 @@ class RunService:
     ) -> list[AppendedRecord] | None:
         """`append` on the event loop's thread, or None when the storage would wait (nothing
         appended: ask `append` on a storage thread)."""
-        return now.append_records(
-            *self._append_arguments(run_id, request_id, records, call_result_json)
-        )
+        return now.append_records(self._pending(run_id, request_id, records, call_result_json))
 
     @staticmethod
-    def _append_arguments(
+    def _pending(
         run_id: str,
         request_id: str,
         records: tuple[Record, ...],
         call_result_json: bytes | None,
-    ) -> tuple[str, tuple[Record, ...], list[str], str, str, CallResultOutline | None]:
-        """The checked arguments of an append to the repository: new handles for tool
-        results, the records' fingerprint, a call result's outline."""
+    ) -> PendingAppend:
+        """The checked append the repository is given: new handles for tool results, the
+        records' fingerprint, a call result's outline."""
         if not run_id:
             raise field_required("run_id")
         validate_request_id(request_id)
@@ -215,7 +218,9 @@ class RunService:
             if call_result_json is None
             else CallResultOutline.of(call_result_json, records[0].content)
         )
-        return run_id, records, handles, request_id, records_fingerprint(records), outline
+        return PendingAppend(
+            run_id, records, handles, request_id, records_fingerprint(records), outline
+        )
 
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:
         """A tool call's first recorded result, if one was appended under `request_id`."""
