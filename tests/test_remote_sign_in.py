@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import urllib.parse
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -317,7 +318,8 @@ def test_an_expired_state_is_a_typed_error(server: HttpServer, tmp_path: Path) -
         put_oauth(stubs, "t", "tracker", url_of(server))
         started = begin(stubs, "t", "tracker")
         code, state = browse(started.authorization_url)
-        time.sleep(1)
+        expires = started.expire_time.ToDatetime(tzinfo=UTC)
+        wait_for(lambda: datetime.now(UTC) > expires, "the state's expire_time", within=5)
         failure = rpc_failure(lambda: complete(stubs, "t", code, state))
         assert failure.code == grpc.StatusCode.FAILED_PRECONDITION
         assert failure.info.reason == "SIGN_IN_STATE_EXPIRED"
