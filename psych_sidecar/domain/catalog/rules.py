@@ -324,6 +324,8 @@ def _validate_oauth(connection: Connection) -> None:
         _validate_url(auth.redirect_uri, f"{base}.redirect_uri")
         if auth.client_kind is ClientKind.REGISTERED and not auth.client_id:
             raise field_required(f"{base}.registered_client.client_id")
+        if auth.issuer:
+            _validate_url(auth.issuer, f"{base}.registered_client.issuer")
         if auth.client_kind is ClientKind.METADATA_URL and not re.fullmatch(
             r"https://[^\s/?#]+/[^\s]+", auth.client_metadata_url
         ):
