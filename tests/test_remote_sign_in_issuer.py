@@ -7,6 +7,7 @@ real sidecar on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -17,9 +18,11 @@ import httpx2 as httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from sqlalchemy import create_engine, select, update
 
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
 from psych_sidecar.config import Settings
+from psych_sidecar.storage import tables
 from tests.support.connections import listed
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.host import Host, result_text
@@ -185,6 +188,38 @@ def test_a_registered_client_without_issuer_is_bound_to_its_first_sign_in(
         # The session's own renewals go to the authorization server that issued its grant.
         host = Host(stubs, tenant)
         host.call(host.run(f"spec-{tenant}"), "registered", "echo", text="moved")
+    finally:
+        httpx.post(admin, params={"url": ""}, timeout=10).raise_for_status()
+    assert token_requests(elsewhere) == received
+
+
+def test_a_grant_stored_before_issuers_were_kept_binds_its_registered_client(
+    stubs: Stubs, server: HttpServer, elsewhere: HttpServer, tenant: str, database_url: str
+) -> None:
+    """A connection signed in by an earlier version: its grant's metadata has no issuer as
+    spelled, only the metadata model's; the client is bound to that one, no migration."""
+    put_registered(stubs, tenant, server, secret="secret-of-an-older-grant", issuer="")
+    sign_in(stubs, tenant, "registered")
+    grants = tables.oauth_grants
+    key = (grants.c.tenant == tenant, grants.c.name == "registered")
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            stored = json.loads(connection.execute(select(grants.c.metadata).where(*key)).one()[0])
+            assert stored.pop("issuer") == issuer_of(server)
+            connection.execute(update(grants).where(*key).values(metadata=json.dumps(stored)))
+    finally:
+        engine.dispose()
+    received = token_requests(elsewhere)
+    admin = f"{base_of(server)}/admin/authorization-server"
+    httpx.post(admin, params={"url": base_of(elsewhere)}, timeout=10).raise_for_status()
+    try:
+        assert_issuer_mismatch(
+            lambda: begin(stubs, tenant, "registered"),
+            "registered",
+            bound=issuer_of(server),
+            named=issuer_of(elsewhere),
+        )
     finally:
         httpx.post(admin, params={"url": ""}, timeout=10).raise_for_status()
     assert token_requests(elsewhere) == received
@@ -359,4 +394,31 @@ def test_an_authorization_response_from_another_issuer_is_refused(
     assert again.info.reason == "SIGN_IN_STATE_USED"
     assert listed(stubs, tenant)["tracker"].state == (
         connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED
+    )
+
+
+@pytest.mark.parametrize("issuer", ["not a url", "https://auth.example.com/\nx"])
+def test_a_registered_client_issuer_that_is_no_url_is_refused(
+    stubs: Stubs, server: HttpServer, tenant: str, issuer: str
+) -> None:
+    http = connection_pb2.HttpTransport(
+        url=url_of(server),
+        protocol=connection_pb2.HTTP_PROTOCOL_STREAMABLE_HTTP,
+        oauth_authorization_code=connection_pb2.OAuthAuthorizationCode(
+            registered_client=connection_pb2.OAuthRegisteredClient(
+                client_id="registered", client_secret="secret", issuer=issuer
+            ),
+            redirect_uri=REDIRECT_URI,
+        ),
+    )
+    connection = connection_pb2.Connection(tenant=tenant, name="registered", http=http)
+    failure = rpc_failure(
+        lambda: stubs.connections.PutConnection(
+            connection_service_pb2.PutConnectionRequest(connection=connection)
+        )
+    )
+    assert failure.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert failure.info.reason == "FIELD_INVALID"
+    assert failure.info.metadata["field"] == (
+        "connection.http.oauth_authorization_code.registered_client.issuer"
     )

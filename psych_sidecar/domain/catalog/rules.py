@@ -302,12 +302,15 @@ def _validate_oauth(connection: Connection) -> None:
             "with OAuth the sidecar sets the authorization header itself",
         )
     base = f"connection.http.{auth.kind.value}"
+    issuer_field = (
+        "registered_client.issuer" if auth.kind is AuthKind.AUTHORIZATION_CODE else "issuer"
+    )
     texts = {
         "client_id": auth.client_id,
         "client_secret": auth.client_secret,
         "client_name": auth.client_name,
         "resource": auth.resource,
-        "issuer": auth.issuer,
+        issuer_field: auth.issuer,
         "redirect_uri": auth.redirect_uri,
         **{f"scopes[{index}]": scope for index, scope in enumerate(auth.scopes)},
     }
