@@ -1,7 +1,7 @@
 """OAuth sign-in to a connection (authorization code with PKCE): begin hands out the
 authorization URL and a state; complete spends the state, checks the response's issuer
 (RFC 9207), exchanges the code, stores the grant and restarts the connection's session with
-it. A client's credentials go to the authorization server they are bound to only (flows)."""
+it. A client's credentials go to the authorization server they are bound to only (issuers)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ class OAuthSignIn:
         self._sessions = sessions
 
     async def begin(self, tenant: str, name: str) -> tuple[str, str, datetime]:
-        from psych_sidecar.mcp.oauth.flows import grant_issuer, step_up_scope
+        from psych_sidecar.mcp.oauth.flows import step_up_scope
+        from psych_sidecar.mcp.oauth.issuers import grant_issuer
 
         sessions = self._sessions
         flows, grants = sessions.oauth_flows()
@@ -61,7 +62,8 @@ class OAuthSignIn:
     async def complete(
         self, tenant: str, state: str, code: str, name: str, *, iss: str | None
     ) -> tuple[Connection, ConnectionStatus]:
-        from psych_sidecar.mcp.oauth.flows import TokenRefused, grant_issuer, state_digest
+        from psych_sidecar.mcp.oauth.flows import TokenRefused, state_digest
+        from psych_sidecar.mcp.oauth.issuers import grant_issuer
 
         sessions = self._sessions
         flows, grants = sessions.oauth_flows()

@@ -49,14 +49,15 @@ from psych_sidecar.domain.catalog import (
     PendingSignIn,
     StoredConnection,
 )
-from psych_sidecar.domain.errors import (
-    OAuthIssuerMismatch,
-    OAuthRegistrationFailed,
-    SignInIssuerMismatch,
-    short,
-)
+from psych_sidecar.domain.errors import OAuthRegistrationFailed, short
 from psych_sidecar.mcp.oauth.discovery import CLIENT_NAME, Discovery, discover
 from psych_sidecar.mcp.oauth.guard import MAX_OAUTH_ERROR_CHARS, OutboundGuard
+from psych_sidecar.mcp.oauth.issuers import (
+    bound_issuer,
+    check_bound,
+    check_response_issuer,
+    uses_own_credentials,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,62 +95,6 @@ def step_up_scope(grant: OAuthGrant | None) -> str | None:
     return union_scopes(granted, challenged) if challenged else None
 
 
-def grant_issuer(grant: OAuthGrant | None) -> str:
-    """The issuer of the authorization server a grant came from, as its metadata spelled it;
-    "" without a grant."""
-    return "" if grant is None else Discovery.from_json(grant.metadata_json).issuer
-
-
-def _uses_own_credentials(auth: OAuthSettings) -> bool:
-    """Whether the connection's configuration holds the client's credentials (a registered
-    client, client credentials), as opposed to a client the sidecar registered itself or a
-    client metadata document URL."""
-    return auth.kind is AuthKind.CLIENT_CREDENTIALS or auth.client_kind is ClientKind.REGISTERED
-
-
-def bound_issuer(
-    auth: OAuthSettings, client: OAuthClientInformationFull | None, granted_by: str
-) -> str:
-    """The issuer a client's credentials may go to; "" while they are bound to none yet. The
-    connection's own client: its configured issuer, else the one its grant came from
-    (`granted_by`; trust on first use, docs/security.md). A dynamically registered client: the
-    one it was registered at. A client metadata document's: none (it is public, made for any
-    authorization server)."""
-    if _uses_own_credentials(auth):
-        return auth.issuer or granted_by
-    return (client.issuer or "") if client is not None else ""
-
-
-def _check_bound(connection: Connection, bound: str, discovery: Discovery) -> None:
-    if bound and discovery.issuer != bound:
-        raise OAuthIssuerMismatch(
-            f"connection {short(connection.name)!r}: its client's credentials are bound to "
-            f"the authorization server {short(bound, 200)}, but the server names "
-            f"{short(discovery.issuer, 200)}; nothing was sent there",
-            connection=short(connection.name),
-            bound_issuer=short(bound, 200),
-            named_issuer=short(discovery.issuer, 200),
-        )
-
-
-def check_response_issuer(connection: Connection, discovery: Discovery, iss: str | None) -> None:
-    """RFC 9207: an authorization response's `iss` (None: it had none) is the issuer of the
-    authorization server the sign-in began with, compared as strings; it may be missing only
-    when that server does not advertise authorization_response_iss_parameter_supported."""
-    advertised = discovery.server_metadata.authorization_response_iss_parameter_supported
-    if iss == discovery.issuer or (iss is None and not advertised):
-        return
-    said = "sent no iss" if iss is None else f"came from {short(iss, 200)!r}"
-    raise SignInIssuerMismatch(
-        f"connection {short(connection.name)!r}: the authorization response {said}, not "
-        f"from {short(discovery.issuer, 200)!r}; the code was not used, begin again",
-        tenant=short(connection.tenant),
-        connection=short(connection.name),
-        issuer=short(discovery.issuer, 200),
-        iss=short(iss or "", 200),
-    )
-
-
 class TokenRefused(Exception):
     """The authorization server refused a grant (a code, a refresh token, credentials)."""
 
@@ -180,10 +125,10 @@ class OAuthFlows:
         auth = connection.auth
         assert auth is not None
         discovery = await discover(self.guard, connection)
-        if _uses_own_credentials(auth):
+        if uses_own_credentials(auth):
             # Refused now, before the user is sent to an authorization server the client's
             # secret would then have to be presented to.
-            _check_bound(connection, bound_issuer(auth, None, granted_by), discovery)
+            check_bound(connection, bound_issuer(auth, None, granted_by), discovery)
         metadata = discovery.server_metadata
         scope = " ".join(auth.scopes) or get_client_metadata_scopes(
             discovery.challenged_scope,
@@ -309,7 +254,7 @@ class OAuthFlows:
         discovery = Discovery.from_json(pending.metadata_json)
         check_response_issuer(connection, discovery, iss)
         client = OAuthClientInformationFull.model_validate_json(pending.client_json)
-        _check_bound(connection, bound_issuer(auth, client, granted_by), discovery)
+        check_bound(connection, bound_issuer(auth, client, granted_by), discovery)
         data = {
             "grant_type": "authorization_code",
             "code": code,
@@ -330,7 +275,7 @@ class OAuthFlows:
         discovery = Discovery.from_json(grant.metadata_json)
         client = OAuthClientInformationFull.model_validate_json(grant.client_json)
         current = OAuthToken.model_validate_json(grant.tokens_json)
-        _check_bound(connection, bound_issuer(auth, client, discovery.issuer), discovery)
+        check_bound(connection, bound_issuer(auth, client, discovery.issuer), discovery)
         if auth.kind is AuthKind.CLIENT_CREDENTIALS and not current.refresh_token:
             return await self.client_credentials(connection, grant.revision, discovery)
         if not current.refresh_token:
@@ -373,7 +318,7 @@ class OAuthFlows:
             granted_by = discovery.issuer
         # The secret or the signed assertion goes to the configured issuer only (the first
         # grant's, when none is configured).
-        _check_bound(connection, bound_issuer(auth, None, granted_by), discovery)
+        check_bound(connection, bound_issuer(auth, None, granted_by), discovery)
         client = OAuthClientInformationFull(
             client_id=auth.client_id,
             client_secret=auth.client_secret or None,
