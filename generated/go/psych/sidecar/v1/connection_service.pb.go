@@ -166,7 +166,8 @@ type CompleteSignInRequest struct {
 	// and when that server advertises
 	// authorization_response_iss_parameter_supported it must be present,
 	// else FAILED_PRECONDITION with reason SIGN_IN_ISSUER_MISMATCH (the code
-	// is not exchanged).
+	// is not exchanged). So a host that leaves it unset cannot sign in to such
+	// a server even when the redirect had one.
 	Iss           *string `protobuf:"bytes,5,opt,name=iss,proto3,oneof" json:"iss,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

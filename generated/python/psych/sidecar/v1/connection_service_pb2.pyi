@@ -116,7 +116,8 @@ class CompleteSignInRequest(_message.Message):
     and when that server advertises
     authorization_response_iss_parameter_supported it must be present,
     else FAILED_PRECONDITION with reason SIGN_IN_ISSUER_MISMATCH (the code
-    is not exchanged).
+    is not exchanged). So a host that leaves it unset cannot sign in to such
+    a server even when the redirect had one.
     """
     def __init__(
         self,

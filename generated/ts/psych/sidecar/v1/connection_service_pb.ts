@@ -128,7 +128,8 @@ export type CompleteSignInRequest = Message<"psych.sidecar.v1.CompleteSignInRequ
    * and when that server advertises
    * authorization_response_iss_parameter_supported it must be present,
    * else FAILED_PRECONDITION with reason SIGN_IN_ISSUER_MISMATCH (the code
-   * is not exchanged).
+   * is not exchanged). So a host that leaves it unset cannot sign in to such
+   * a server even when the redirect had one.
    *
    * @generated from field: optional string iss = 5;
    */
