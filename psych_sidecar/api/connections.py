@@ -48,6 +48,7 @@ def auth_from_proto(http: connection_pb2.HttpTransport) -> OAuthSettings | None:
             client_kind=ClientKind(client),
             client_id=code.registered_client.client_id,
             client_secret=code.registered_client.client_secret,
+            issuer=code.registered_client.issuer,
             client_metadata_url=code.client_metadata_url,
             client_name=code.dynamic_registration.client_name,
         )
@@ -84,6 +85,7 @@ def _auth_to_proto(auth: OAuthSettings | None, http: connection_pb2.HttpTranspor
     code.redirect_uri = auth.redirect_uri
     if auth.client_kind is ClientKind.REGISTERED:
         code.registered_client.client_id = auth.client_id
+        code.registered_client.issuer = auth.issuer
     elif auth.client_kind is ClientKind.METADATA_URL:
         code.client_metadata_url = auth.client_metadata_url
     else:
@@ -232,7 +234,11 @@ class ConnectionServicer(connection_service_pb2_grpc.ConnectionServiceServicer):
         self, request: connection_service_pb2.CompleteSignInRequest, context: Context
     ) -> connection_service_pb2.CompleteSignInResponse:
         connection, status = await self._connections.complete_sign_in(
-            request.tenant, request.state, request.code, request.name
+            request.tenant,
+            request.state,
+            request.code,
+            request.name,
+            iss=request.iss if request.HasField("iss") else None,
         )
         return connection_service_pb2.CompleteSignInResponse(
             connection=connection_to_proto(connection, status)

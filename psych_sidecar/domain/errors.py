@@ -44,6 +44,8 @@ class Reason(StrEnum):
     OAUTH_REGISTRATION_FAILED = "OAUTH_REGISTRATION_FAILED"
     OAUTH_GRANT_REFUSED = "OAUTH_GRANT_REFUSED"
     CONNECTION_AUTHORIZATION_REQUIRED = "CONNECTION_AUTHORIZATION_REQUIRED"
+    OAUTH_ISSUER_MISMATCH = "OAUTH_ISSUER_MISMATCH"
+    SIGN_IN_ISSUER_MISMATCH = "SIGN_IN_ISSUER_MISMATCH"
 
 
 # Ids and names a caller sent are quoted in messages and metadata only up to this many
@@ -240,6 +242,17 @@ class OAuthDiscoveryFailed(OAuthUrlError):
 
 
 @dataclass(eq=False, kw_only=True)
+class OAuthIssuerMismatch(SidecarError):
+    """A client's credentials are bound to one authorization server and the MCP server named
+    another: nothing was sent to the other."""
+
+    reason = Reason.OAUTH_ISSUER_MISMATCH
+    connection: str
+    bound_issuer: str
+    named_issuer: str
+
+
+@dataclass(eq=False, kw_only=True)
 class ConnectionAuthorizationRequired(SidecarError):
     reason = Reason.CONNECTION_AUTHORIZATION_REQUIRED
     connection: str
@@ -293,6 +306,18 @@ class SignInStateMismatch(SidecarError):
     tenant: str
     connection: str
     detail: str
+
+
+@dataclass(eq=False, kw_only=True)
+class SignInIssuerMismatch(SidecarError):
+    """The authorization response's `iss` (RFC 9207) is not the sign-in's authorization
+    server, or is missing where that server said it sends one."""
+
+    reason = Reason.SIGN_IN_ISSUER_MISMATCH
+    tenant: str
+    connection: str
+    issuer: str
+    iss: str
 
 
 # The sidecar itself ----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """OAuth sign-in to a connection (authorization code with PKCE): begin hands out the
-authorization URL and a state; complete spends the state, exchanges the code, stores the
-grant and restarts the connection's session with it."""
+authorization URL and a state; complete spends the state, checks the response's issuer
+(RFC 9207), exchanges the code, stores the grant and restarts the connection's session with
+it. A client's credentials go to the authorization server they are bound to only (issuers)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class OAuthSignIn:
 
     async def begin(self, tenant: str, name: str) -> tuple[str, str, datetime]:
         from psych_sidecar.mcp.oauth.flows import step_up_scope
+        from psych_sidecar.mcp.oauth.issuers import grant_issuer
 
         sessions = self._sessions
         flows, grants = sessions.oauth_flows()
@@ -49,15 +51,19 @@ class OAuthSignIn:
             raise sign_in_not_applicable(name, auth.kind if auth is not None else None)
         grant = await sessions.blocking(grants.get_grant, tenant, name)
         url, state, pending = await flows.begin(
-            stored, grant.client_json if grant is not None else None, step_up_scope(grant)
+            stored,
+            grant.client_json if grant is not None else None,
+            step_up_scope(grant),
+            granted_by=grant_issuer(grant),
         )
         await sessions.blocking(grants.save_sign_in, pending)
         return url, state, pending.expire_time
 
     async def complete(
-        self, tenant: str, state: str, code: str, name: str
+        self, tenant: str, state: str, code: str, name: str, *, iss: str | None
     ) -> tuple[Connection, ConnectionStatus]:
         from psych_sidecar.mcp.oauth.flows import TokenRefused, state_digest
+        from psych_sidecar.mcp.oauth.issuers import grant_issuer
 
         sessions = self._sessions
         flows, grants = sessions.oauth_flows()
@@ -122,8 +128,15 @@ class OAuthSignIn:
                 connection=pending.name,
                 detail="the connection changed during the sign-in",
             )
+        current = await sessions.blocking(grants.get_grant, *key)
         try:
-            grant = await flows.complete(stored.connection, pending, code)
+            grant = await flows.complete(
+                stored.connection,
+                pending,
+                code=code,
+                iss=iss,
+                granted_by=grant_issuer(current),
+            )
         except TokenRefused as refused:
             raise OAuthGrantRefused(
                 f"connection {pending.name!r}: the authorization server refused the code: "

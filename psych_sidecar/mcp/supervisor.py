@@ -80,6 +80,6 @@ class SessionSupervisor:
         return await self._sign_in.begin(tenant, name)
 
     async def complete_sign_in(
-        self, tenant: str, state: str, code: str, name: str
+        self, tenant: str, state: str, code: str, name: str, *, iss: str | None
     ) -> tuple[Connection, ConnectionStatus]:
-        return await self._sign_in.complete(tenant, state, code, name)
+        return await self._sign_in.complete(tenant, state, code, name, iss=iss)

@@ -19,8 +19,9 @@ metadata document URL (dynamic registration when the server does not take one). 
 connection needs authorization, the host signs in as a user would: BeginSignIn, its
 authorization URL followed as a browser would (the suite's authorization server approves at
 once and redirects to the host's redirect URI, which the host reads without following), and
-CompleteSignIn with the redirect's state and code. A tool call refused for want of a scope is
-retried after signing in again; the host signs in at most MAX_SIGN_INS times a scenario.
+CompleteSignIn with the redirect's state, code and iss (when it had one). A tool call refused
+for want of a scope is retried after signing in again; the host signs in at most MAX_SIGN_INS
+times a scenario.
 """
 
 from __future__ import annotations
@@ -172,8 +173,9 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def browse(authorization_url: str) -> tuple[str, str]:
-    """What the user's browser brings back to the host's redirect URI: (state, code). The
+def browse(authorization_url: str) -> tuple[str, str, str | None]:
+    """What the user's browser brings back to the host's redirect URI: (state, code, iss or
+    None when the redirect had none). The
     authorization server answers the URL with a redirect there, which is read, not followed."""
     opener = urllib.request.build_opener(_NoRedirects)
     try:
@@ -188,7 +190,8 @@ def browse(authorization_url: str) -> tuple[str, str]:
     query = parse_qs(urlsplit(location).query)
     if "error" in query:
         raise RuntimeError(f"the authorization server refused: {query}")
-    return query["state"][0], query["code"][0]
+    # The redirect's iss (RFC 9207) goes to CompleteSignIn as it came, or not at all.
+    return query["state"][0], query["code"][0], query.get("iss", [None])[0]
 
 
 def sign_in(
@@ -201,10 +204,10 @@ def sign_in(
             timeout=RPC_TIMEOUT_SECONDS,
         )
         print(f"host: sign-in: {begun.authorization_url}", file=sys.stderr)
-        state, code = browse(begun.authorization_url)
+        state, code, iss = browse(begun.authorization_url)
         completed = connections.CompleteSignIn(
             connection_service_pb2.CompleteSignInRequest(
-                tenant=TENANT, state=state, code=code, name=name
+                tenant=TENANT, state=state, code=code, name=name, iss=iss
             ),
             timeout=RPC_TIMEOUT_SECONDS,
         )

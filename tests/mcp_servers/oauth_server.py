@@ -33,6 +33,15 @@ resource server in one, built on the MCP SDK's server auth.
   non-allowed address, for the refusal tests); `--resource` names another resource than the
   server in it; `--metadata-padding` pads that metadata to a large size; `--metadata-delay`
   answers it late;
+- `POST /admin/iss?mode=M&advertise=A`: the authorization response's `iss` (RFC 9207): M is
+  `omit` (the default: none), `correct` (the issuer), `wrong` (another server's) or
+  `normalized` (the issuer with a "/" added); A=1 advertises
+  authorization_response_iss_parameter_supported in the authorization server metadata;
+- `POST /admin/authorization-server?url=U`: the protected-resource metadata names U (another
+  instance of this server) as the authorization server instead of this one, and /mcp then takes
+  only U's access tokens (asked of U at `GET /admin/token-check?token=T`, which answers
+  {"valid", "scopes"}), refusing this server's own with 401 (`url=` ends it); this server's
+  authorization server still answers;
 - `--step-up-scope S`: S is a scope of the server too (a registered client may ask for any of
   the server's scopes); after `POST /admin/require-scope?on=1` a request to /mcp whose token
   lacks S is refused 403 insufficient_scope naming S (`on=0` ends it);
@@ -54,6 +63,7 @@ import time
 import urllib.parse
 from typing import Any
 
+import httpx2 as httpx
 import jwt
 import uvicorn
 from mcp.server.auth.json_response import PydanticJSONResponse
@@ -89,6 +99,10 @@ class MemoryProvider:
         self.documents: dict[str, dict[str, Any]] = {}
         # Set by POST /admin/refuse-access: every access token is refused, fresh ones too.
         self.refuse_access = False
+        # Set by POST /admin/iss: what `iss` the authorization response carries, and the
+        # issuer it is checked against (the published one).
+        self.iss_mode = "omit"
+        self.issuer = ""
         self.stats = {
             "refreshes": 0,
             "rejected_refreshes": 0,
@@ -132,7 +146,15 @@ class MemoryProvider:
             redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
             resource=params.resource,
         )
-        return construct_redirect_uri(str(params.redirect_uri), code=code, state=params.state)
+        iss = {
+            "omit": None,
+            "correct": self.issuer,
+            "wrong": "https://evil.example.com",
+            "normalized": self.issuer + "/",
+        }[self.iss_mode]
+        return construct_redirect_uri(
+            str(params.redirect_uri), code=code, state=params.state, iss=iss
+        )
 
     async def load_authorization_code(
         self, client: OAuthClientInformationFull, authorization_code: str
@@ -218,7 +240,15 @@ def build_app(options: argparse.Namespace) -> Any:
         "psych-oauth", version="1.0.0", auth_server_provider=provider, auth=auth
     )
     server_metadata = build_metadata(auth.issuer_url, None, registration, revocation)
-    server_metadata.client_id_metadata_document_supported = True
+    provider.issuer = str(server_metadata.issuer)
+    if options.client_id_metadata_documents:
+        server_metadata.client_id_metadata_document_supported = True
+    # Set by POST /admin/iss?advertise=: the metadata is then served by the app below.
+    iss_advertised: bool | None = None
+    # Set by POST /admin/authorization-server: the authorization server the protected-resource
+    # metadata names instead of this one, and the access tokens of it seen valid.
+    delegate = ""
+    delegated: set[str] = set()
 
     @server.tool()
     def echo(text: str) -> str:
@@ -264,7 +294,20 @@ def build_app(options: argparse.Namespace) -> Any:
             return held
 
     async def admin(request: Request) -> Response:
-        nonlocal required_scope
+        nonlocal required_scope, iss_advertised, delegate
+        if request.url.path == "/admin/iss":
+            provider.iss_mode = request.query_params.get("mode", "omit")
+            iss_advertised = request.query_params.get("advertise") == "1"
+            return JSONResponse({"mode": provider.iss_mode, "advertised": iss_advertised})
+        if request.url.path == "/admin/authorization-server":
+            delegate = request.query_params.get("url", "")
+            delegated.clear()
+            return JSONResponse({"authorization_server": delegate or base})
+        if request.url.path == "/admin/token-check":
+            found = await provider.load_access_token(request.query_params.get("token", ""))
+            return JSONResponse(
+                {"valid": found is not None, "scopes": [] if found is None else found.scopes}
+            )
         if request.url.path == "/admin/stats":
             return JSONResponse(provider.stats)
         if request.url.path == "/admin/client-documents":
@@ -318,6 +361,30 @@ def build_app(options: argparse.Namespace) -> Any:
                 client_secrets[body["client_id"]] = body["client_secret"]
             return JSONResponse({"created": body["client_id"]})
         return Response(status_code=404)
+
+    async def delegated_token(scope: dict[str, Any]) -> bool:
+        """Whether a /mcp request carries an access token of the delegate authorization server
+        (then taken as this server's own, so that the MCP server accepts it)."""
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        bearer = headers.get("authorization", "").removeprefix("Bearer ")
+        if not bearer:
+            return True  # the MCP server's own 401 answers it
+        if bearer in delegated:
+            return True
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = (
+                await client.get(f"{delegate}/admin/token-check", params={"token": bearer})
+            ).json()
+        if not answer["valid"]:
+            return False
+        delegated.add(bearer)
+        provider.access[bearer] = AccessToken(
+            token=bearer,
+            client_id="delegated",
+            scopes=answer["scopes"],
+            expires_at=int(time.time()) + 3600,
+        )
+        return True
 
     def auth_method(form: dict[str, str], authorization: str) -> str:
         if authorization.lower().startswith("basic "):
@@ -390,18 +457,38 @@ def build_app(options: argparse.Namespace) -> Any:
                 return
         if (
             scope["type"] == "http"
-            and path == "/.well-known/oauth-authorization-server"
-            and options.client_id_metadata_documents
+            and path.startswith("/mcp")
+            and delegate
+            and not await delegated_token(scope)
         ):
-            await PydanticJSONResponse(server_metadata)(scope, receive, send)
+            challenge = (
+                'Bearer error="invalid_token", '
+                f'resource_metadata="{base}/.well-known/oauth-protected-resource/mcp"'
+            )
+            refusal = JSONResponse(
+                {"error": "invalid_token"},
+                status_code=401,
+                headers={"WWW-Authenticate": challenge},
+            )
+            await refusal(scope, receive, send)
+            return
+        if (
+            scope["type"] == "http"
+            and path == "/.well-known/oauth-authorization-server"
+            and (options.client_id_metadata_documents or iss_advertised is not None)
+        ):
+            served = server_metadata.model_copy(
+                update={"authorization_response_iss_parameter_supported": iss_advertised}
+            )
+            await PydanticJSONResponse(served)(scope, receive, send)
             return
         if scope["type"] == "http" and path.startswith("/.well-known/oauth-protected-resource"):
             if options.metadata_delay:
                 await asyncio.sleep(options.metadata_delay)
-            if options.issuer or options.resource or options.metadata_padding:
+            if options.issuer or options.resource or options.metadata_padding or delegate:
                 metadata = {
                     "resource": options.resource or f"{base}/mcp",
-                    "authorization_servers": [options.issuer or base],
+                    "authorization_servers": [delegate or options.issuer or base],
                     "scopes_supported": ["mcp"],
                     "padding": "x" * options.metadata_padding,
                 }

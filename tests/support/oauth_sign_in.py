@@ -46,31 +46,39 @@ def begin(stubs: Stubs, tenant: str, name: str) -> connection_service_pb2.BeginS
     )
 
 
-def browse(authorization_url: str) -> tuple[str, str]:
-    """What the user's browser does: open the URL, consent, land on the redirect URI with
-    `code` and `state` (the test reads them off the redirect instead of following it)."""
+def redirect_query(authorization_url: str) -> dict[str, str]:
+    """What the user's browser does: open the URL, consent, land on the redirect URI; the
+    redirect's query parameters (`code`, `state`, maybe `iss`), read off the redirect instead
+    of following it."""
     response = httpx.get(authorization_url, follow_redirects=False, timeout=10)
     assert response.status_code in (302, 303, 307), response.text
     location = response.headers["location"]
     assert location.startswith(REDIRECT_URI)
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(location).query)
-    return query["code"][0], query["state"][0]
+    return {name: values[0] for name, values in query.items()}
+
+
+def browse(authorization_url: str) -> tuple[str, str]:
+    """The redirect's `code` and `state` (redirect_query)."""
+    query = redirect_query(authorization_url)
+    return query["code"], query["state"]
 
 
 def complete(
-    stubs: Stubs, tenant: str, code: str, state: str, name: str = ""
+    stubs: Stubs, tenant: str, code: str, state: str, name: str = "", iss: str | None = None
 ) -> connection_pb2.Connection:
+    """CompleteSignIn as a host calls it: `iss` is the redirect's (None: it had none)."""
     request = connection_service_pb2.CompleteSignInRequest(
-        tenant=tenant, state=state, code=code, name=name
+        tenant=tenant, state=state, code=code, name=name, iss=iss
     )
     return stubs.connections.CompleteSignIn(request).connection
 
 
 def sign_in(stubs: Stubs, tenant: str, name: str) -> connection_pb2.Connection:
     started = begin(stubs, tenant, name)
-    code, state = browse(started.authorization_url)
-    assert state == started.state
-    return complete(stubs, tenant, code, state, name)
+    query = redirect_query(started.authorization_url)
+    assert query["state"] == started.state
+    return complete(stubs, tenant, query["code"], query["state"], name, query.get("iss"))
 
 
 def issued_secrets(server: HttpServer) -> list[str]:

@@ -83,9 +83,10 @@ class ConnectionSupervisor(Protocol):
         ...
 
     async def complete_sign_in(
-        self, tenant: str, state: str, code: str, name: str
+        self, tenant: str, state: str, code: str, name: str, *, iss: str | None
     ) -> tuple[Connection, ConnectionStatus]:
-        """Exchange the redirect's code, store the tokens, connect; the state after that."""
+        """Check the redirect's `iss` (None: it had none), exchange its code, store the
+        tokens, connect; the state after that."""
         ...
 
 

@@ -302,12 +302,15 @@ def _validate_oauth(connection: Connection) -> None:
             "with OAuth the sidecar sets the authorization header itself",
         )
     base = f"connection.http.{auth.kind.value}"
+    issuer_field = (
+        "registered_client.issuer" if auth.kind is AuthKind.AUTHORIZATION_CODE else "issuer"
+    )
     texts = {
         "client_id": auth.client_id,
         "client_secret": auth.client_secret,
         "client_name": auth.client_name,
         "resource": auth.resource,
-        "issuer": auth.issuer,
+        issuer_field: auth.issuer,
         "redirect_uri": auth.redirect_uri,
         **{f"scopes[{index}]": scope for index, scope in enumerate(auth.scopes)},
     }
@@ -324,6 +327,8 @@ def _validate_oauth(connection: Connection) -> None:
         _validate_url(auth.redirect_uri, f"{base}.redirect_uri")
         if auth.client_kind is ClientKind.REGISTERED and not auth.client_id:
             raise field_required(f"{base}.registered_client.client_id")
+        if auth.issuer:
+            _validate_url(auth.issuer, f"{base}.registered_client.issuer")
         if auth.client_kind is ClientKind.METADATA_URL and not re.fullmatch(
             r"https://[^\s/?#]+/[^\s]+", auth.client_metadata_url
         ):

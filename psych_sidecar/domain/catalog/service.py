@@ -79,7 +79,7 @@ class ConnectionService:
         return await self._manager.begin_sign_in(tenant, name)
 
     async def complete_sign_in(
-        self, tenant: str, state: str, code: str, name: str
+        self, tenant: str, state: str, code: str, name: str, *, iss: str | None
     ) -> tuple[Connection, ConnectionStatus]:
         validate_name(tenant, "tenant")
         if not state:
@@ -92,7 +92,9 @@ class ConnectionService:
             raise field_invalid("code", "longer than 4096 characters")
         if name:
             validate_connection_name(name, "name")
-        return await self._manager.complete_sign_in(tenant, state, code, name)
+        if iss is not None and len(iss) > 2048:
+            raise field_invalid("iss", "longer than 2048 characters")
+        return await self._manager.complete_sign_in(tenant, state, code, name, iss=iss)
 
     async def refresh(self, tenant: str, name: str) -> CatalogWrite:
         _validate_key(tenant, name)

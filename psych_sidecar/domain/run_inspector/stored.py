@@ -63,7 +63,7 @@ class StoredCatalog:
         raise _read_only("begin_sign_in")
 
     async def complete_sign_in(
-        self, tenant: str, state: str, code: str, name: str
+        self, tenant: str, state: str, code: str, name: str, *, iss: str | None
     ) -> tuple[Connection, ConnectionStatus]:
         raise _read_only("complete_sign_in")
 

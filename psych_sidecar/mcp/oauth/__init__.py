@@ -1,9 +1,10 @@
 """OAuth for HTTP connections: sign-in over two calls, client credentials, tokens kept fresh.
 
-In four modules, one job each: `guard` (the outbound address guard every request goes
-through), `discovery` (what a server and its authorization server publish), `flows` (the
-sign-in, registration, refresh and client-credentials requests), `grants` (a session's tokens
-kept fresh, and the bearer auth of its HTTP client).
+In five modules, one job each: `guard` (the outbound address guard every request goes
+through), `discovery` (what a server and its authorization server publish), `issuers` (which
+authorization server a client's credentials may go to, and the authorization response's `iss`),
+`flows` (the sign-in, registration, refresh and client-credentials requests), `grants` (a
+session's tokens kept fresh, and the bearer auth of its HTTP client).
 
 Built from the MCP SDK's auth client pieces (`mcp.client.auth.utils`: the RFC 9728 and
 RFC 8414 discovery URLs and response handling, client registration, scope selection; its

@@ -40,6 +40,14 @@ class Discovery:
     resource_metadata: ProtectedResourceMetadata | None
     server_metadata: OAuthMetadata
     challenged_scope: str | None
+    # The authorization server's issuer exactly as its metadata spelled it: what credentials
+    # are bound to and an authorization response's `iss` is compared with, as strings (the
+    # model's URL lowercases the host and drops a default port).
+    issuer: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.issuer:
+            object.__setattr__(self, "issuer", str(self.server_metadata.issuer))
 
     def to_json(self) -> str:
         return json.dumps(
@@ -49,11 +57,14 @@ class Discovery:
                 else self.resource_metadata.model_dump(mode="json", exclude_none=True),
                 "server": self.server_metadata.model_dump(mode="json", exclude_none=True),
                 "scope": self.challenged_scope,
+                "issuer": self.issuer,
             }
         )
 
     @classmethod
     def from_json(cls, text: str) -> Discovery:
+        """What to_json wrote; a discovery stored before the issuer was kept as spelled has
+        the metadata model's."""
         data = json.loads(text)
         return cls(
             resource_metadata=None
@@ -61,6 +72,7 @@ class Discovery:
             else ProtectedResourceMetadata.model_validate(data["resource"]),
             server_metadata=OAuthMetadata.model_validate(data["server"]),
             challenged_scope=data["scope"],
+            issuer=data.get("issuer") or "",
         )
 
     def resource(self, server_url: str, configured: str = "") -> str:
@@ -102,6 +114,7 @@ async def discover(guard: OutboundGuard, connection: Connection) -> Discovery:
         else None
     )
     server_metadata: OAuthMetadata | None = None
+    issuer = ""
     tried = ""
     last_status = 0
     for url in build_oauth_authorization_server_metadata_discovery_urls(
@@ -117,6 +130,7 @@ async def discover(guard: OutboundGuard, connection: Connection) -> Discovery:
         if not found:
             break
         if server_metadata is not None:
+            issuer = _spelled_issuer(response.content)
             if auth_server is not None:
                 try:
                     validate_metadata_issuer(server_metadata, auth_server)
@@ -134,7 +148,17 @@ async def discover(guard: OutboundGuard, connection: Connection) -> Discovery:
             await guard.check(name, str(endpoint))
     await guard.check(name, str(server_metadata.authorization_endpoint), browser=True)
     scope = extract_scope_from_www_auth(challenge) if challenge else None
-    return Discovery(resource_metadata, server_metadata, scope)
+    return Discovery(resource_metadata, server_metadata, scope, issuer)
+
+
+def _spelled_issuer(content: bytes) -> str:
+    """The `issuer` of authorization-server metadata as the server spelled it ("" if it is
+    not a string: the validated model's then stands)."""
+    try:
+        issuer = json.loads(content).get("issuer")
+    except (ValueError, AttributeError):
+        return ""
+    return issuer if isinstance(issuer, str) else ""
 
 
 async def _challenge(guard: OutboundGuard, connection: Connection) -> httpx2.Response | None:

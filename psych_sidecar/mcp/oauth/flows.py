@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx2
 import pydantic
-from mcp.client.auth.exceptions import OAuthFlowError, OAuthRegistrationError
+from mcp.client.auth.exceptions import OAuthRegistrationError
 from mcp.client.auth.extensions.client_credentials import SignedJWTParameters
 from mcp.client.auth.oauth2 import PKCEParameters
 from mcp.client.auth.utils import (
@@ -30,7 +30,6 @@ from mcp.client.auth.utils import (
     handle_registration_response,
     should_use_client_metadata_url,
     union_scopes,
-    validate_metadata_issuer,
 )
 from mcp.shared.auth import (
     OAuthClientInformationFull,
@@ -53,6 +52,12 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.domain.errors import OAuthRegistrationFailed, short
 from psych_sidecar.mcp.oauth.discovery import CLIENT_NAME, Discovery, discover
 from psych_sidecar.mcp.oauth.guard import MAX_OAUTH_ERROR_CHARS, OutboundGuard
+from psych_sidecar.mcp.oauth.issuers import (
+    bound_issuer,
+    check_bound,
+    check_response_issuer,
+    uses_own_credentials,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +111,24 @@ class OAuthFlows:
     # Sign-in, first half
 
     async def begin(
-        self, stored: StoredConnection, existing_client: str | None, step_up: str | None = None
+        self,
+        stored: StoredConnection,
+        existing_client: str | None,
+        step_up: str | None = None,
+        *,
+        granted_by: str = "",
     ) -> tuple[str, str, PendingSignIn]:
         """(authorization URL, state, the pending sign-in to store). `step_up`: the scopes to
-        ask for besides the usual ones, when the server refused a call for want of them."""
+        ask for besides the usual ones, when the server refused a call for want of them.
+        `granted_by`: the issuer of the connection's grant ("" without one)."""
         connection = stored.connection
         auth = connection.auth
         assert auth is not None
         discovery = await discover(self.guard, connection)
+        if uses_own_credentials(auth):
+            # Refused now, before the user is sent to an authorization server the client's
+            # secret would then have to be presented to.
+            check_bound(connection, bound_issuer(auth, None, granted_by), discovery)
         metadata = discovery.server_metadata
         scope = " ".join(auth.scopes) or get_client_metadata_scopes(
             discovery.challenged_scope,
@@ -180,8 +195,10 @@ class OAuthFlows:
                 auth.client_metadata_url, redirect_uris=[pydantic.AnyUrl(auth.redirect_uri)]
             )
         if existing:
+            # Reused only at the authorization server it was registered at: a server that
+            # moved to another gets a new registration there, and a new sign-in.
             known = OAuthClientInformationFull.model_validate_json(existing)
-            if known.issuer == str(metadata.issuer) and known.redirect_uris == [
+            if known.issuer == discovery.issuer and known.redirect_uris == [
                 pydantic.AnyUrl(auth.redirect_uri)
             ]:
                 return known
@@ -216,18 +233,28 @@ class OAuthFlows:
                 connection=short(connection.name),
                 detail=detail,
             ) from None
-        client.issuer = str(metadata.issuer)
+        client.issuer = discovery.issuer
         return client
 
     # Sign-in, second half
 
     async def complete(
-        self, connection: Connection, pending: PendingSignIn, code: str
+        self,
+        connection: Connection,
+        pending: PendingSignIn,
+        *,
+        code: str,
+        iss: str | None,
+        granted_by: str,
     ) -> OAuthGrant:
+        """The grant for the redirect's `code` and `iss` (None: it had none). `granted_by`: the
+        issuer of the connection's grant now ("" without one)."""
         auth = connection.auth
         assert auth is not None
         discovery = Discovery.from_json(pending.metadata_json)
+        check_response_issuer(connection, discovery, iss)
         client = OAuthClientInformationFull.model_validate_json(pending.client_json)
+        check_bound(connection, bound_issuer(auth, client, granted_by), discovery)
         data = {
             "grant_type": "authorization_code",
             "code": code,
@@ -248,6 +275,7 @@ class OAuthFlows:
         discovery = Discovery.from_json(grant.metadata_json)
         client = OAuthClientInformationFull.model_validate_json(grant.client_json)
         current = OAuthToken.model_validate_json(grant.tokens_json)
+        check_bound(connection, bound_issuer(auth, client, discovery.issuer), discovery)
         if auth.kind is AuthKind.CLIENT_CREDENTIALS and not current.refresh_token:
             return await self.client_credentials(connection, grant.revision, discovery)
         if not current.refresh_token:
@@ -282,14 +310,15 @@ class OAuthFlows:
     ) -> OAuthGrant:
         auth = connection.auth
         assert auth is not None
+        granted_by = ""
         if discovery is None:
             discovery = await discover(self.guard, connection)
-        metadata = discovery.server_metadata
-        if auth.issuer:
-            try:
-                validate_metadata_issuer(metadata, auth.issuer)
-            except OAuthFlowError as error:
-                raise self.guard.failed(connection.name, connection.url, str(error)) from None
+        else:
+            # Renewing a grant: its authorization server, the one the credentials went to.
+            granted_by = discovery.issuer
+        # The secret or the signed assertion goes to the configured issuer only (the first
+        # grant's, when none is configured).
+        check_bound(connection, bound_issuer(auth, None, granted_by), discovery)
         client = OAuthClientInformationFull(
             client_id=auth.client_id,
             client_secret=auth.client_secret or None,
@@ -342,7 +371,7 @@ class OAuthFlows:
                 **data,
                 "client_id": auth.client_id,
                 "client_assertion_type": _JWT_BEARER,
-                "client_assertion": await assertion(str(metadata.issuer)),
+                "client_assertion": await assertion(discovery.issuer),
             }
         elif method == "client_secret_basic" and client.client_secret:
             pair = f"{urllib.parse.quote(client.client_id, safe='')}:" + urllib.parse.quote(

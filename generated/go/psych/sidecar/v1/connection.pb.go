@@ -954,7 +954,14 @@ type OAuthRegisteredClient struct {
 	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	// The client's secret; empty for a public client. Secret: never returned
 	// or logged, sealed at rest.
-	ClientSecret  string `protobuf:"bytes,2,opt,name=client_secret,json=clientSecret,proto3" json:"client_secret,omitempty"`
+	ClientSecret string `protobuf:"bytes,2,opt,name=client_secret,json=clientSecret,proto3" json:"client_secret,omitempty"`
+	// The issuer of the authorization server the client was registered at
+	// (its metadata's `issuer`, compared as an exact string). The client's
+	// secret and id go to that server's endpoints only: a server whose
+	// metadata names another is refused with OAUTH_ISSUER_MISMATCH before
+	// anything is sent. Empty: bound to the issuer of its first completed
+	// sign-in (trust on first use, docs/security.md); set it.
+	Issuer        string `protobuf:"bytes,3,opt,name=issuer,proto3" json:"issuer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1003,6 +1010,13 @@ func (x *OAuthRegisteredClient) GetClientSecret() string {
 	return ""
 }
 
+func (x *OAuthRegisteredClient) GetIssuer() string {
+	if x != nil {
+		return x.Issuer
+	}
+	return ""
+}
+
 // OAuthClientCredentials gets tokens with the client-credentials grant.
 type OAuthClientCredentials struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1021,8 +1035,10 @@ type OAuthClientCredentials struct {
 	// Empty: the server's URL, as discovery confirms it.
 	Resource string `protobuf:"bytes,5,opt,name=resource,proto3" json:"resource,omitempty"`
 	// The issuer of the authorization server the client belongs to. When
-	// set, the sidecar only uses metadata of exactly that issuer; empty uses
-	// the one discovery finds.
+	// set, the sidecar only uses metadata of exactly that issuer, and the
+	// secret or assertion goes to no other (OAUTH_ISSUER_MISMATCH). Empty:
+	// bound to the issuer of the first grant (trust on first use,
+	// docs/security.md); set it.
 	Issuer        string `protobuf:"bytes,6,opt,name=issuer,proto3" json:"issuer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1444,10 +1460,11 @@ const file_psych_sidecar_v1_connection_proto_rawDesc = "" +
 	"\x06client\"A\n" +
 	"\x18OAuthDynamicRegistration\x12%\n" +
 	"\vclient_name\x18\x01 \x01(\tB\x04\xe2A\x01\x01R\n" +
-	"clientName\"e\n" +
+	"clientName\"\x83\x01\n" +
 	"\x15OAuthRegisteredClient\x12!\n" +
 	"\tclient_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bclientId\x12)\n" +
-	"\rclient_secret\x18\x02 \x01(\tB\x04\xe2A\x01\x04R\fclientSecret\"\xaa\x02\n" +
+	"\rclient_secret\x18\x02 \x01(\tB\x04\xe2A\x01\x04R\fclientSecret\x12\x1c\n" +
+	"\x06issuer\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\x06issuer\"\xaa\x02\n" +
 	"\x16OAuthClientCredentials\x12!\n" +
 	"\tclient_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bclientId\x12+\n" +
 	"\rclient_secret\x18\x02 \x01(\tB\x04\xe2A\x01\x04H\x00R\fclientSecret\x12T\n" +

@@ -159,7 +159,16 @@ type CompleteSignInRequest struct {
 	// The connection the host began the sign-in for. When set, a state issued
 	// for another connection is FAILED_PRECONDITION with reason
 	// SIGN_IN_STATE_MISMATCH.
-	Name          string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// The `iss` query parameter of the redirect (RFC 9207), exactly as
+	// received, when the redirect had one; unset when it had none. Hosts must
+	// pass it: when present it must equal the authorization server's issuer,
+	// and when that server advertises
+	// authorization_response_iss_parameter_supported it must be present,
+	// else FAILED_PRECONDITION with reason SIGN_IN_ISSUER_MISMATCH (the code
+	// is not exchanged). So a host that leaves it unset cannot sign in to such
+	// a server even when the redirect had one.
+	Iss           *string `protobuf:"bytes,5,opt,name=iss,proto3,oneof" json:"iss,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -218,6 +227,13 @@ func (x *CompleteSignInRequest) GetCode() string {
 func (x *CompleteSignInRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *CompleteSignInRequest) GetIss() string {
+	if x != nil && x.Iss != nil {
+		return *x.Iss
 	}
 	return ""
 }
@@ -1110,12 +1126,14 @@ const file_psych_sidecar_v1_connection_service_proto_rawDesc = "" +
 	"\x11authorization_url\x18\x01 \x01(\tR\x10authorizationUrl\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12;\n" +
 	"\vexpire_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime\"\x85\x01\n" +
+	"expireTime\"\xaa\x01\n" +
 	"\x15CompleteSignInRequest\x12\x1c\n" +
 	"\x06tenant\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06tenant\x12\x1a\n" +
 	"\x05state\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x05state\x12\x18\n" +
 	"\x04code\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\x04code\x12\x18\n" +
-	"\x04name\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\x04name\"V\n" +
+	"\x04name\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\x04name\x12\x1b\n" +
+	"\x03iss\x18\x05 \x01(\tB\x04\xe2A\x01\x01H\x00R\x03iss\x88\x01\x01B\x06\n" +
+	"\x04_iss\"V\n" +
 	"\x16CompleteSignInResponse\x12<\n" +
 	"\n" +
 	"connection\x18\x01 \x01(\v2\x1c.psych.sidecar.v1.ConnectionR\n" +
@@ -1268,6 +1286,7 @@ func file_psych_sidecar_v1_connection_service_proto_init() {
 		return
 	}
 	file_psych_sidecar_v1_connection_proto_init()
+	file_psych_sidecar_v1_connection_service_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -62,8 +62,9 @@ type ConnectionServiceClient interface {
 	// verifier and a state, stores them sealed, and returns the URL for the
 	// user's browser. Any sidecar sharing the database can complete it.
 	BeginSignIn(ctx context.Context, in *BeginSignInRequest, opts ...grpc.CallOption) (*BeginSignInResponse, error)
-	// CompleteSignIn takes the `state` and `code` the authorization server
-	// sent to the host's redirect URI, exchanges the code for tokens, stores
+	// CompleteSignIn takes the `state`, `code` and `iss` the authorization
+	// server sent to the host's redirect URI, checks `iss` (RFC 9207),
+	// exchanges the code for tokens, stores
 	// them sealed, connects and lists the catalogue. A state is single-use,
 	// bound to its tenant and connection, and expires.
 	CompleteSignIn(ctx context.Context, in *CompleteSignInRequest, opts ...grpc.CallOption) (*CompleteSignInResponse, error)
@@ -199,8 +200,9 @@ type ConnectionServiceServer interface {
 	// verifier and a state, stores them sealed, and returns the URL for the
 	// user's browser. Any sidecar sharing the database can complete it.
 	BeginSignIn(context.Context, *BeginSignInRequest) (*BeginSignInResponse, error)
-	// CompleteSignIn takes the `state` and `code` the authorization server
-	// sent to the host's redirect URI, exchanges the code for tokens, stores
+	// CompleteSignIn takes the `state`, `code` and `iss` the authorization
+	// server sent to the host's redirect URI, checks `iss` (RFC 9207),
+	// exchanges the code for tokens, stores
 	// them sealed, connects and lists the catalogue. A state is single-use,
 	// bound to its tenant and connection, and expires.
 	CompleteSignIn(context.Context, *CompleteSignInRequest) (*CompleteSignInResponse, error)

@@ -184,6 +184,26 @@ const (
 	// AuthorizationRequiredReason name without its prefix, e.g.
 	// "REFRESH_REFUSED").
 	ErrorReason_ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED ErrorReason = 33
+	// A client's credentials (a registered client's secret, a private key, a
+	// dynamically registered client) are bound to one authorization server:
+	// the connection's `issuer`, else the one the client was registered at or
+	// first used with. The MCP server's metadata named another, and nothing
+	// was sent to it. If the server did move, put the connection with a
+	// client registered at the new authorization server and its issuer.
+	// Status FAILED_PRECONDITION. Metadata: `connection`, `bound_issuer`,
+	// `named_issuer`.
+	// Example: {reason: "OAUTH_ISSUER_MISMATCH", metadata: {connection:
+	// "tracker", bound_issuer: "https://auth.example.com", named_issuer:
+	// "https://evil.example.net"}}.
+	ErrorReason_ERROR_REASON_OAUTH_ISSUER_MISMATCH ErrorReason = 34
+	// CompleteSignIn's `iss` (the authorization response's issuer, RFC 9207)
+	// is not the issuer of the authorization server the sign-in began with,
+	// compared as exact strings; or it is missing while that server
+	// advertises authorization_response_iss_parameter_supported. The code is
+	// not exchanged and the state is spent: begin again.
+	// Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`, `issuer`
+	// (the expected one), `iss` (the one received; empty when missing).
+	ErrorReason_ERROR_REASON_SIGN_IN_ISSUER_MISMATCH ErrorReason = 35
 )
 
 // Enum value maps for ErrorReason.
@@ -221,6 +241,8 @@ var (
 		31: "ERROR_REASON_OAUTH_REGISTRATION_FAILED",
 		32: "ERROR_REASON_OAUTH_GRANT_REFUSED",
 		33: "ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED",
+		34: "ERROR_REASON_OAUTH_ISSUER_MISMATCH",
+		35: "ERROR_REASON_SIGN_IN_ISSUER_MISMATCH",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                       0,
@@ -255,6 +277,8 @@ var (
 		"ERROR_REASON_OAUTH_REGISTRATION_FAILED":         31,
 		"ERROR_REASON_OAUTH_GRANT_REFUSED":               32,
 		"ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED": 33,
+		"ERROR_REASON_OAUTH_ISSUER_MISMATCH":             34,
+		"ERROR_REASON_SIGN_IN_ISSUER_MISMATCH":           35,
 	}
 )
 
@@ -289,7 +313,8 @@ var File_psych_sidecar_v1_errors_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xdc\t\n" +
+	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xae\n" +
+	"\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_REASON_FIELD_REQUIRED\x10\x01\x12\x1e\n" +
@@ -323,7 +348,9 @@ const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"#ERROR_REASON_OAUTH_DISCOVERY_FAILED\x10\x1e\x12*\n" +
 	"&ERROR_REASON_OAUTH_REGISTRATION_FAILED\x10\x1f\x12$\n" +
 	" ERROR_REASON_OAUTH_GRANT_REFUSED\x10 \x122\n" +
-	".ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED\x10!\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
+	".ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED\x10!\x12&\n" +
+	"\"ERROR_REASON_OAUTH_ISSUER_MISMATCH\x10\"\x12(\n" +
+	"$ERROR_REASON_SIGN_IN_ISSUER_MISMATCH\x10#\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
 	"\x14dev.psych.sidecar.v1B\vErrorsProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (

@@ -576,21 +576,31 @@ class OAuthRegisteredClient(_message.Message):
 
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     CLIENT_SECRET_FIELD_NUMBER: _builtins.int
+    ISSUER_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     """The client's id."""
     client_secret: _builtins.str
     """The client's secret; empty for a public client. Secret: never returned
     or logged, sealed at rest.
     """
+    issuer: _builtins.str
+    """The issuer of the authorization server the client was registered at
+    (its metadata's `issuer`, compared as an exact string). The client's
+    secret and id go to that server's endpoints only: a server whose
+    metadata names another is refused with OAUTH_ISSUER_MISMATCH before
+    anything is sent. Empty: bound to the issuer of its first completed
+    sign-in (trust on first use, docs/security.md); set it.
+    """
     def __init__(
         self,
         *,
         client_id: _builtins.str = ...,
         client_secret: _builtins.str = ...,
+        issuer: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_secret", b"client_secret"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_secret", b"client_secret", "issuer", b"issuer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -620,8 +630,10 @@ class OAuthClientCredentials(_message.Message):
     """
     issuer: _builtins.str
     """The issuer of the authorization server the client belongs to. When
-    set, the sidecar only uses metadata of exactly that issuer; empty uses
-    the one discovery finds.
+    set, the sidecar only uses metadata of exactly that issuer, and the
+    secret or assertion goes to no other (OAUTH_ISSUER_MISMATCH). Empty:
+    bound to the issuer of the first grant (trust on first use,
+    docs/security.md); set it.
     """
     @_builtins.property
     def private_key_jwt(self) -> Global___OAuthPrivateKeyJwt:

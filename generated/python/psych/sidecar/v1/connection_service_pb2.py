@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from psych.sidecar.v1 import connection_pb2 as psych_dot_sidecar_dot_v1_dot_connection__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)psych/sidecar/v1/connection_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!psych/sidecar/v1/connection.proto\">\n\x12\x42\x65ginSignInRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"p\n\x13\x42\x65ginSignInResponse\x12\x19\n\x11\x61uthorization_url\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"j\n\x15\x43ompleteSignInRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05state\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04\x63ode\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"J\n\x16\x43ompleteSignInResponse\x12\x30\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.psych.sidecar.v1.Connection\"N\n\x14PutConnectionRequest\x12\x36\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.psych.sidecar.v1.ConnectionB\x04\xe2\x41\x01\x02\"I\n\x15PutConnectionResponse\x12\x30\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.psych.sidecar.v1.Connection\"C\n\x17\x44\x65leteConnectionRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\x1a\n\x18\x44\x65leteConnectionResponse\"a\n\x16ListConnectionsRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"e\n\x17ListConnectionsResponse\x12\x31\n\x0b\x63onnections\x18\x01 \x03(\x0b\x32\x1c.psych.sidecar.v1.Connection\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"A\n\x15RefreshCatalogRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"b\n\x16RefreshCatalogResponse\x12\x17\n\x0f\x63\x61talog_version\x18\x01 \x01(\x03\x12\x12\n\ntool_count\x18\x02 \x01(\x05\x12\x1b\n\x13rejected_tool_count\x18\x03 \x01(\x05\"\x95\x01\n\x17ListCatalogToolsRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0f\x63\x61talog_version\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x17\n\tpage_size\x18\x04 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\"a\n\x18ListCatalogToolsResponse\x12,\n\x05tools\x18\x01 \x03(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"t\n\x12\x44iffCatalogRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x66rom_version\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x18\n\nto_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\"\xa3\x01\n\x13\x44iffCatalogResponse\x12,\n\x05\x61\x64\x64\x65\x64\x18\x01 \x03(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\x12.\n\x07\x63hanged\x18\x02 \x03(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\x12.\n\x07removed\x18\x03 \x03(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"y\n\x1aListCatalogVersionsRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x1bListCatalogVersionsResponse\x12\x32\n\x08versions\x18\x01 \x03(\x0b\x32 .psych.sidecar.v1.CatalogVersion\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xa9\x07\n\x11\x43onnectionService\x12`\n\rPutConnection\x12&.psych.sidecar.v1.PutConnectionRequest\x1a\'.psych.sidecar.v1.PutConnectionResponse\x12i\n\x10\x44\x65leteConnection\x12).psych.sidecar.v1.DeleteConnectionRequest\x1a*.psych.sidecar.v1.DeleteConnectionResponse\x12\x66\n\x0fListConnections\x12(.psych.sidecar.v1.ListConnectionsRequest\x1a).psych.sidecar.v1.ListConnectionsResponse\x12\x63\n\x0eRefreshCatalog\x12\'.psych.sidecar.v1.RefreshCatalogRequest\x1a(.psych.sidecar.v1.RefreshCatalogResponse\x12i\n\x10ListCatalogTools\x12).psych.sidecar.v1.ListCatalogToolsRequest\x1a*.psych.sidecar.v1.ListCatalogToolsResponse\x12Z\n\x0b\x44iffCatalog\x12$.psych.sidecar.v1.DiffCatalogRequest\x1a%.psych.sidecar.v1.DiffCatalogResponse\x12r\n\x13ListCatalogVersions\x12,.psych.sidecar.v1.ListCatalogVersionsRequest\x1a-.psych.sidecar.v1.ListCatalogVersionsResponse\x12Z\n\x0b\x42\x65ginSignIn\x12$.psych.sidecar.v1.BeginSignInRequest\x1a%.psych.sidecar.v1.BeginSignInResponse\x12\x63\n\x0e\x43ompleteSignIn\x12\'.psych.sidecar.v1.CompleteSignInRequest\x1a(.psych.sidecar.v1.CompleteSignInResponseB\xc1\x01\n\x14\x64\x65v.psych.sidecar.v1B\x16\x43onnectionServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)psych/sidecar/v1/connection_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!psych/sidecar/v1/connection.proto\">\n\x12\x42\x65ginSignInRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"p\n\x13\x42\x65ginSignInResponse\x12\x19\n\x11\x61uthorization_url\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x01\n\x15\x43ompleteSignInRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05state\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04\x63ode\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x03iss\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x42\x06\n\x04_iss\"J\n\x16\x43ompleteSignInResponse\x12\x30\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.psych.sidecar.v1.Connection\"N\n\x14PutConnectionRequest\x12\x36\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.psych.sidecar.v1.ConnectionB\x04\xe2\x41\x01\x02\"I\n\x15PutConnectionResponse\x12\x30\n\nconnection\x18\x01 \x01(\x0b\x32\x1c.psych.sidecar.v1.Connection\"C\n\x17\x44\x65leteConnectionRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\x1a\n\x18\x44\x65leteConnectionResponse\"a\n\x16ListConnectionsRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"e\n\x17ListConnectionsResponse\x12\x31\n\x0b\x63onnections\x18\x01 \x03(\x0b\x32\x1c.psych.sidecar.v1.Connection\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"A\n\x15RefreshCatalogRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"b\n\x16RefreshCatalogResponse\x12\x17\n\x0f\x63\x61talog_version\x18\x01 \x01(\x03\x12\x12\n\ntool_count\x18\x02 \x01(\x05\x12\x1b\n\x13rejected_tool_count\x18\x03 \x01(\x05\"\x95\x01\n\x17ListCatalogToolsRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1d\n\x0f\x63\x61talog_version\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x17\n\tpage_size\x18\x04 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\"a\n\x18ListCatalogToolsResponse\x12,\n\x05tools\x18\x01 \x03(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"t\n\x12\x44iffCatalogRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x66rom_version\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x18\n\nto_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\"\xa3\x01\n\x13\x44iffCatalogResponse\x12,\n\x05\x61\x64\x64\x65\x64\x18\x01 \x03(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\x12.\n\x07\x63hanged\x18\x02 \x03(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\x12.\n\x07removed\x18\x03 \x03(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"y\n\x1aListCatalogVersionsRequest\x12\x14\n\x06tenant\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x1bListCatalogVersionsResponse\x12\x32\n\x08versions\x18\x01 \x03(\x0b\x32 .psych.sidecar.v1.CatalogVersion\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xa9\x07\n\x11\x43onnectionService\x12`\n\rPutConnection\x12&.psych.sidecar.v1.PutConnectionRequest\x1a\'.psych.sidecar.v1.PutConnectionResponse\x12i\n\x10\x44\x65leteConnection\x12).psych.sidecar.v1.DeleteConnectionRequest\x1a*.psych.sidecar.v1.DeleteConnectionResponse\x12\x66\n\x0fListConnections\x12(.psych.sidecar.v1.ListConnectionsRequest\x1a).psych.sidecar.v1.ListConnectionsResponse\x12\x63\n\x0eRefreshCatalog\x12\'.psych.sidecar.v1.RefreshCatalogRequest\x1a(.psych.sidecar.v1.RefreshCatalogResponse\x12i\n\x10ListCatalogTools\x12).psych.sidecar.v1.ListCatalogToolsRequest\x1a*.psych.sidecar.v1.ListCatalogToolsResponse\x12Z\n\x0b\x44iffCatalog\x12$.psych.sidecar.v1.DiffCatalogRequest\x1a%.psych.sidecar.v1.DiffCatalogResponse\x12r\n\x13ListCatalogVersions\x12,.psych.sidecar.v1.ListCatalogVersionsRequest\x1a-.psych.sidecar.v1.ListCatalogVersionsResponse\x12Z\n\x0b\x42\x65ginSignIn\x12$.psych.sidecar.v1.BeginSignInRequest\x1a%.psych.sidecar.v1.BeginSignInResponse\x12\x63\n\x0e\x43ompleteSignIn\x12\'.psych.sidecar.v1.CompleteSignInRequest\x1a(.psych.sidecar.v1.CompleteSignInResponseB\xc1\x01\n\x14\x64\x65v.psych.sidecar.v1B\x16\x43onnectionServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,6 +47,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETESIGNINREQUEST'].fields_by_name['code']._serialized_options = b'\342A\001\002'
   _globals['_COMPLETESIGNINREQUEST'].fields_by_name['name']._loaded_options = None
   _globals['_COMPLETESIGNINREQUEST'].fields_by_name['name']._serialized_options = b'\342A\001\001'
+  _globals['_COMPLETESIGNINREQUEST'].fields_by_name['iss']._loaded_options = None
+  _globals['_COMPLETESIGNINREQUEST'].fields_by_name['iss']._serialized_options = b'\342A\001\001'
   _globals['_PUTCONNECTIONREQUEST'].fields_by_name['connection']._loaded_options = None
   _globals['_PUTCONNECTIONREQUEST'].fields_by_name['connection']._serialized_options = b'\342A\001\002'
   _globals['_DELETECONNECTIONREQUEST'].fields_by_name['tenant']._loaded_options = None
@@ -93,38 +95,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BEGINSIGNINREQUEST']._serialized_end=226
   _globals['_BEGINSIGNINRESPONSE']._serialized_start=228
   _globals['_BEGINSIGNINRESPONSE']._serialized_end=340
-  _globals['_COMPLETESIGNINREQUEST']._serialized_start=342
-  _globals['_COMPLETESIGNINREQUEST']._serialized_end=448
-  _globals['_COMPLETESIGNINRESPONSE']._serialized_start=450
-  _globals['_COMPLETESIGNINRESPONSE']._serialized_end=524
-  _globals['_PUTCONNECTIONREQUEST']._serialized_start=526
-  _globals['_PUTCONNECTIONREQUEST']._serialized_end=604
-  _globals['_PUTCONNECTIONRESPONSE']._serialized_start=606
-  _globals['_PUTCONNECTIONRESPONSE']._serialized_end=679
-  _globals['_DELETECONNECTIONREQUEST']._serialized_start=681
-  _globals['_DELETECONNECTIONREQUEST']._serialized_end=748
-  _globals['_DELETECONNECTIONRESPONSE']._serialized_start=750
-  _globals['_DELETECONNECTIONRESPONSE']._serialized_end=776
-  _globals['_LISTCONNECTIONSREQUEST']._serialized_start=778
-  _globals['_LISTCONNECTIONSREQUEST']._serialized_end=875
-  _globals['_LISTCONNECTIONSRESPONSE']._serialized_start=877
-  _globals['_LISTCONNECTIONSRESPONSE']._serialized_end=978
-  _globals['_REFRESHCATALOGREQUEST']._serialized_start=980
-  _globals['_REFRESHCATALOGREQUEST']._serialized_end=1045
-  _globals['_REFRESHCATALOGRESPONSE']._serialized_start=1047
-  _globals['_REFRESHCATALOGRESPONSE']._serialized_end=1145
-  _globals['_LISTCATALOGTOOLSREQUEST']._serialized_start=1148
-  _globals['_LISTCATALOGTOOLSREQUEST']._serialized_end=1297
-  _globals['_LISTCATALOGTOOLSRESPONSE']._serialized_start=1299
-  _globals['_LISTCATALOGTOOLSRESPONSE']._serialized_end=1396
-  _globals['_DIFFCATALOGREQUEST']._serialized_start=1398
-  _globals['_DIFFCATALOGREQUEST']._serialized_end=1514
-  _globals['_DIFFCATALOGRESPONSE']._serialized_start=1517
-  _globals['_DIFFCATALOGRESPONSE']._serialized_end=1680
-  _globals['_LISTCATALOGVERSIONSREQUEST']._serialized_start=1682
-  _globals['_LISTCATALOGVERSIONSREQUEST']._serialized_end=1803
-  _globals['_LISTCATALOGVERSIONSRESPONSE']._serialized_start=1805
-  _globals['_LISTCATALOGVERSIONSRESPONSE']._serialized_end=1911
-  _globals['_CONNECTIONSERVICE']._serialized_start=1914
-  _globals['_CONNECTIONSERVICE']._serialized_end=2851
+  _globals['_COMPLETESIGNINREQUEST']._serialized_start=343
+  _globals['_COMPLETESIGNINREQUEST']._serialized_end=481
+  _globals['_COMPLETESIGNINRESPONSE']._serialized_start=483
+  _globals['_COMPLETESIGNINRESPONSE']._serialized_end=557
+  _globals['_PUTCONNECTIONREQUEST']._serialized_start=559
+  _globals['_PUTCONNECTIONREQUEST']._serialized_end=637
+  _globals['_PUTCONNECTIONRESPONSE']._serialized_start=639
+  _globals['_PUTCONNECTIONRESPONSE']._serialized_end=712
+  _globals['_DELETECONNECTIONREQUEST']._serialized_start=714
+  _globals['_DELETECONNECTIONREQUEST']._serialized_end=781
+  _globals['_DELETECONNECTIONRESPONSE']._serialized_start=783
+  _globals['_DELETECONNECTIONRESPONSE']._serialized_end=809
+  _globals['_LISTCONNECTIONSREQUEST']._serialized_start=811
+  _globals['_LISTCONNECTIONSREQUEST']._serialized_end=908
+  _globals['_LISTCONNECTIONSRESPONSE']._serialized_start=910
+  _globals['_LISTCONNECTIONSRESPONSE']._serialized_end=1011
+  _globals['_REFRESHCATALOGREQUEST']._serialized_start=1013
+  _globals['_REFRESHCATALOGREQUEST']._serialized_end=1078
+  _globals['_REFRESHCATALOGRESPONSE']._serialized_start=1080
+  _globals['_REFRESHCATALOGRESPONSE']._serialized_end=1178
+  _globals['_LISTCATALOGTOOLSREQUEST']._serialized_start=1181
+  _globals['_LISTCATALOGTOOLSREQUEST']._serialized_end=1330
+  _globals['_LISTCATALOGTOOLSRESPONSE']._serialized_start=1332
+  _globals['_LISTCATALOGTOOLSRESPONSE']._serialized_end=1429
+  _globals['_DIFFCATALOGREQUEST']._serialized_start=1431
+  _globals['_DIFFCATALOGREQUEST']._serialized_end=1547
+  _globals['_DIFFCATALOGRESPONSE']._serialized_start=1550
+  _globals['_DIFFCATALOGRESPONSE']._serialized_end=1713
+  _globals['_LISTCATALOGVERSIONSREQUEST']._serialized_start=1715
+  _globals['_LISTCATALOGVERSIONSREQUEST']._serialized_end=1836
+  _globals['_LISTCATALOGVERSIONSRESPONSE']._serialized_start=1838
+  _globals['_LISTCATALOGVERSIONSRESPONSE']._serialized_end=1944
+  _globals['_CONNECTIONSERVICE']._serialized_start=1947
+  _globals['_CONNECTIONSERVICE']._serialized_end=2884
 # @@protoc_insertion_point(module_scope)

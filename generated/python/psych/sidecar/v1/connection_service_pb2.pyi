@@ -97,6 +97,7 @@ class CompleteSignInRequest(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     CODE_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    ISS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant that began the sign-in."""
     state: _builtins.str
@@ -108,6 +109,16 @@ class CompleteSignInRequest(_message.Message):
     for another connection is FAILED_PRECONDITION with reason
     SIGN_IN_STATE_MISMATCH.
     """
+    iss: _builtins.str
+    """The `iss` query parameter of the redirect (RFC 9207), exactly as
+    received, when the redirect had one; unset when it had none. Hosts must
+    pass it: when present it must equal the authorization server's issuer,
+    and when that server advertises
+    authorization_response_iss_parameter_supported it must be present,
+    else FAILED_PRECONDITION with reason SIGN_IN_ISSUER_MISMATCH (the code
+    is not exchanged). So a host that leaves it unset cannot sign in to such
+    a server even when the redirect had one.
+    """
     def __init__(
         self,
         *,
@@ -115,12 +126,15 @@ class CompleteSignInRequest(_message.Message):
         state: _builtins.str = ...,
         code: _builtins.str = ...,
         name: _builtins.str = ...,
+        iss: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_iss", b"_iss", "iss", b"iss"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "name", b"name", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_iss", b"_iss", "code", b"code", "iss", b"iss", "name", b"name", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__iss: _TypeAlias = _typing.Literal["iss"]  # noqa: Y015
+    _WhichOneofArgType__iss: _TypeAlias = _typing.Literal["_iss", b"_iss"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__iss) -> _WhichOneofReturnType__iss | None: ...
 
 Global___CompleteSignInRequest: _TypeAlias = CompleteSignInRequest  # noqa: Y015
 

@@ -154,8 +154,9 @@ class ConnectionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CompleteSignIn(self, request, context):
-        """CompleteSignIn takes the `state` and `code` the authorization server
-        sent to the host's redirect URI, exchanges the code for tokens, stores
+        """CompleteSignIn takes the `state`, `code` and `iss` the authorization
+        server sent to the host's redirect URI, checks `iss` (RFC 9207),
+        exchanges the code for tokens, stores
         them sealed, connects and lists the catalogue. A state is single-use,
         bound to its tenant and connection, and expires.
         """

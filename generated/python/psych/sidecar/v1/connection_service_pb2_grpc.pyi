@@ -66,8 +66,9 @@ class ConnectionServiceStub:
     user's browser. Any sidecar sharing the database can complete it.
     """
     CompleteSignIn: _grpc.UnaryUnaryMultiCallable[_connection_service_pb2.CompleteSignInRequest, _connection_service_pb2.CompleteSignInResponse]
-    """CompleteSignIn takes the `state` and `code` the authorization server
-    sent to the host's redirect URI, exchanges the code for tokens, stores
+    """CompleteSignIn takes the `state`, `code` and `iss` the authorization
+    server sent to the host's redirect URI, checks `iss` (RFC 9207),
+    exchanges the code for tokens, stores
     them sealed, connects and lists the catalogue. A state is single-use,
     bound to its tenant and connection, and expires.
     """
@@ -110,8 +111,9 @@ class ConnectionServiceAsyncStub(ConnectionServiceStub):
     user's browser. Any sidecar sharing the database can complete it.
     """
     CompleteSignIn: _aio.UnaryUnaryMultiCallable[_connection_service_pb2.CompleteSignInRequest, _connection_service_pb2.CompleteSignInResponse]  # type: ignore[assignment]
-    """CompleteSignIn takes the `state` and `code` the authorization server
-    sent to the host's redirect URI, exchanges the code for tokens, stores
+    """CompleteSignIn takes the `state`, `code` and `iss` the authorization
+    server sent to the host's redirect URI, checks `iss` (RFC 9207),
+    exchanges the code for tokens, stores
     them sealed, connects and lists the catalogue. A state is single-use,
     bound to its tenant and connection, and expires.
     """
@@ -205,8 +207,9 @@ class ConnectionServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _connection_service_pb2.CompleteSignInRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_connection_service_pb2.CompleteSignInResponse, _abc.Awaitable[_connection_service_pb2.CompleteSignInResponse]]:
-        """CompleteSignIn takes the `state` and `code` the authorization server
-        sent to the host's redirect URI, exchanges the code for tokens, stores
+        """CompleteSignIn takes the `state`, `code` and `iss` the authorization
+        server sent to the host's redirect URI, checks `iss` (RFC 9207),
+        exchanges the code for tokens, stores
         them sealed, connects and lists the catalogue. A state is single-use,
         bound to its tenant and connection, and expires.
         """

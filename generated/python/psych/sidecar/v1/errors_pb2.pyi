@@ -201,6 +201,28 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     AuthorizationRequiredReason name without its prefix, e.g.
     "REFRESH_REFUSED").
     """
+    ERROR_REASON_OAUTH_ISSUER_MISMATCH: _ErrorReason.ValueType  # 34
+    """A client's credentials (a registered client's secret, a private key, a
+    dynamically registered client) are bound to one authorization server:
+    the connection's `issuer`, else the one the client was registered at or
+    first used with. The MCP server's metadata named another, and nothing
+    was sent to it. If the server did move, put the connection with a
+    client registered at the new authorization server and its issuer.
+    Status FAILED_PRECONDITION. Metadata: `connection`, `bound_issuer`,
+    `named_issuer`.
+    Example: {reason: "OAUTH_ISSUER_MISMATCH", metadata: {connection:
+    "tracker", bound_issuer: "https://auth.example.com", named_issuer:
+    "https://evil.example.net"}}.
+    """
+    ERROR_REASON_SIGN_IN_ISSUER_MISMATCH: _ErrorReason.ValueType  # 35
+    """CompleteSignIn's `iss` (the authorization response's issuer, RFC 9207)
+    is not the issuer of the authorization server the sign-in began with,
+    compared as exact strings; or it is missing while that server
+    advertises authorization_response_iss_parameter_supported. The code is
+    not exchanged and the state is spent: begin again.
+    Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`, `issuer`
+    (the expected one), `iss` (the one received; empty when missing).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -394,5 +416,27 @@ CONNECTION_STATE_AUTHORIZATION_REQUIRED: sign in first.
 Status FAILED_PRECONDITION. Metadata: `connection`, `reason` (the
 AuthorizationRequiredReason name without its prefix, e.g.
 "REFRESH_REFUSED").
+"""
+ERROR_REASON_OAUTH_ISSUER_MISMATCH: ErrorReason.ValueType  # 34
+"""A client's credentials (a registered client's secret, a private key, a
+dynamically registered client) are bound to one authorization server:
+the connection's `issuer`, else the one the client was registered at or
+first used with. The MCP server's metadata named another, and nothing
+was sent to it. If the server did move, put the connection with a
+client registered at the new authorization server and its issuer.
+Status FAILED_PRECONDITION. Metadata: `connection`, `bound_issuer`,
+`named_issuer`.
+Example: {reason: "OAUTH_ISSUER_MISMATCH", metadata: {connection:
+"tracker", bound_issuer: "https://auth.example.com", named_issuer:
+"https://evil.example.net"}}.
+"""
+ERROR_REASON_SIGN_IN_ISSUER_MISMATCH: ErrorReason.ValueType  # 35
+"""CompleteSignIn's `iss` (the authorization response's issuer, RFC 9207)
+is not the issuer of the authorization server the sign-in began with,
+compared as exact strings; or it is missing while that server
+advertises authorization_response_iss_parameter_supported. The code is
+not exchanged and the state is spent: begin again.
+Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`, `issuer`
+(the expected one), `iss` (the one received; empty when missing).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
