@@ -51,7 +51,12 @@ from psych_sidecar.domain.catalog import (
     StoredConnection,
 )
 from psych_sidecar.domain.errors import OAuthRegistrationFailed, short
-from psych_sidecar.mcp.oauth.discovery import CLIENT_NAME, Discovery, discover
+from psych_sidecar.mcp.oauth.discovery import (
+    CLIENT_NAME,
+    Discovery,
+    discover,
+    metadata_refused,
+)
 from psych_sidecar.mcp.oauth.guard import MAX_OAUTH_ERROR_CHARS, OutboundGuard
 
 log = logging.getLogger(__name__)
@@ -289,7 +294,7 @@ class OAuthFlows:
             try:
                 validate_metadata_issuer(metadata, auth.issuer)
             except OAuthFlowError as error:
-                raise self.guard.failed(connection.name, connection.url, str(error)) from None
+                raise metadata_refused(connection.name, connection.url, str(error)) from None
         client = OAuthClientInformationFull(
             client_id=auth.client_id,
             client_secret=auth.client_secret or None,

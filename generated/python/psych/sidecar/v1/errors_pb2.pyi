@@ -201,6 +201,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     AuthorizationRequiredReason name without its prefix, e.g.
     "REFRESH_REFUSED").
     """
+    ERROR_REASON_OAUTH_METADATA_REFUSED: _ErrorReason.ValueType  # 34
+    """The server's protected-resource metadata or its authorization server's
+    metadata was had, and is refused for what it says: it names another
+    resource than the server (RFC 9728 §3.3), or its issuer is not the
+    authorization server it was asked of (RFC 8414 §3.3). Not retryable:
+    the same metadata gets the same answer until its publisher fixes it.
+    Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -394,5 +402,13 @@ CONNECTION_STATE_AUTHORIZATION_REQUIRED: sign in first.
 Status FAILED_PRECONDITION. Metadata: `connection`, `reason` (the
 AuthorizationRequiredReason name without its prefix, e.g.
 "REFRESH_REFUSED").
+"""
+ERROR_REASON_OAUTH_METADATA_REFUSED: ErrorReason.ValueType  # 34
+"""The server's protected-resource metadata or its authorization server's
+metadata was had, and is refused for what it says: it names another
+resource than the server (RFC 9728 §3.3), or its issuer is not the
+authorization server it was asked of (RFC 8414 §3.3). Not retryable:
+the same metadata gets the same answer until its publisher fixes it.
+Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
