@@ -360,6 +360,27 @@ def test_untrusted_metadata_is_refused_with_a_typed_error(
         )
 
 
+def test_authorization_server_metadata_of_another_issuer_is_refused_as_not_retryable(
+    tmp_path: Path,
+) -> None:
+    """The protected-resource metadata names the authorization server as localhost, whose
+    metadata says its issuer is 127.0.0.1 (RFC 8414 §3.3): refused for what it says, a
+    FAILED_PRECONDITION a host does not retry, not an outage's UNAVAILABLE."""
+    port = free_port()
+    with (
+        running(oauth_server(port, "--issuer", f"http://localhost:{port}")) as misissued,
+        RunningSidecar(sidecar_settings(tmp_path)) as sidecar,
+        sidecar.stubs() as stubs,
+    ):
+        put_oauth(stubs, "t", "misissued", url_of(misissued))
+        failure = rpc_failure(lambda: begin(stubs, "t", "misissued"))
+        assert (failure.code, failure.info.reason) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "OAUTH_METADATA_REFUSED",
+        ), failure
+        assert stats(misissued)["registrations"] == 0
+
+
 def test_begin_sign_in_on_a_connection_without_oauth_is_a_typed_error(
     stubs: Stubs, server: HttpServer, tenant: str
 ) -> None:
