@@ -738,6 +738,15 @@ def test_a_connection_never_signed_in_is_not_told_to_sign_in_again(
         outcome.authorization_required_reason
         == connection_pb2.AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN
     )
+    # A call the model made, dispatched, says so too.
+    dispatched = host.dispatch(
+        run_id, "mcp_call_tool", {"server": "fresh", "tool": "echo", "input": {"text": "hi"}}
+    )
+    assert dispatched.outcome.is_error, dispatched
+    assert (
+        dispatched.outcome.authorization_required_reason
+        == connection_pb2.AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN
+    ), dispatched
 
 
 def test_a_client_id_metadata_document_url_signs_in_without_registering(
