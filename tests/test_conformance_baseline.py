@@ -64,3 +64,16 @@ def test_draft_scenarios_are_reported_not_judged(tmp_path: Path) -> None:
 def test_an_entry_naming_no_scenario_of_the_suite_fails(tmp_path: Path) -> None:
     problems = judge([], {"auth/renamed": "gone"}, KNOWN)
     assert problems == ["the baseline names auth/renamed, which the installed suite does not have"]
+
+
+def test_a_next_suite_scenario_is_judged_by_the_same_baseline_and_named_with_its_suite(
+    tmp_path: Path,
+) -> None:
+    step_up = Scenario("auth/scope-step-up", frozenset({"2026-07-28"}), "", "0.2.0-alpha.12")
+    assert step_up.label == "auth/scope-step-up [0.2.0-alpha.12]"
+    known = KNOWN | {step_up.name}
+    assert judge([outcome(step_up, False, tmp_path)], {step_up.name: "a reason"}, known) == []
+    problems = judge([outcome(step_up, False, tmp_path)], {}, known)
+    assert problems == [
+        "regression: auth/scope-step-up [0.2.0-alpha.12] failed and is not in the baseline"
+    ]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import grpc
 import pytest
 from google.protobuf import struct_pb2
@@ -30,6 +31,7 @@ from psych.sidecar.v1 import (
     tool_service_pb2,
 )
 from psych_sidecar.config import MIB, Settings
+from psych_sidecar.mcp.session_state import describe_error
 from tests.support.connections import fixture_commands
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.polling import wait_for
@@ -283,3 +285,14 @@ def test_a_stdio_line_over_the_limit_is_a_tool_error_and_the_server_comes_back(
             lambda: not call(stubs, run_id, "echo", f"back-{time.monotonic()}", text="hi").is_error,
             "the server to be reconnected after the long line",
         )
+
+
+def test_a_stream_that_ends_without_a_message_is_described_not_just_named() -> None:
+    """anyio's stream errors carry no message: a warning or last_error saying only
+    "BrokenResourceError" tells an operator nothing (the session's warning adds the connection
+    and what it was doing)."""
+    assert describe_error(anyio.BrokenResourceError()) == (
+        "the transport's stream ended (BrokenResourceError)"
+    )
+    grouped = BaseExceptionGroup("lost", [anyio.EndOfStream(), TimeoutError()])
+    assert describe_error(grouped) == "the transport's stream ended (EndOfStream); timed out"

@@ -25,6 +25,7 @@ from tests.support.databases import TEST_SECRET_KEY
 from tests.support.host import Host, result_text
 from tests.support.oauth_sign_in import (
     REDIRECT_URI,
+    admin_post,
     begin,
     browse,
     complete,
@@ -229,7 +230,7 @@ def test_a_revoked_refresh_needs_the_user_again_and_a_new_sign_in_restores_it(
     host.new_turn(run_id)
     prompt = assemble(stubs, run_id).prompt
     transient = "".join(part.content.text for part in prompt.transient.parts)
-    assert "tracker needs the user to sign in again: its calls fail until they do." in transient
+    assert "tracker needs the user to sign in: its calls fail until they do." in transient
 
     signed_in = sign_in(stubs, tenant, "tracker")
     assert signed_in.state == connection_pb2.CONNECTION_STATE_CONNECTED
@@ -359,6 +360,27 @@ def test_untrusted_metadata_is_refused_with_a_typed_error(
         )
 
 
+def test_authorization_server_metadata_of_another_issuer_is_refused_as_not_retryable(
+    tmp_path: Path,
+) -> None:
+    """The protected-resource metadata names the authorization server as localhost, whose
+    metadata says its issuer is 127.0.0.1 (RFC 8414 §3.3): refused for what it says, a
+    FAILED_PRECONDITION a host does not retry, not an outage's UNAVAILABLE."""
+    port = free_port()
+    with (
+        running(oauth_server(port, "--issuer", f"http://localhost:{port}")) as misissued,
+        RunningSidecar(sidecar_settings(tmp_path)) as sidecar,
+        sidecar.stubs() as stubs,
+    ):
+        put_oauth(stubs, "t", "misissued", url_of(misissued))
+        failure = rpc_failure(lambda: begin(stubs, "t", "misissued"))
+        assert (failure.code, failure.info.reason) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "OAUTH_METADATA_REFUSED",
+        ), failure
+        assert stats(misissued)["registrations"] == 0
+
+
 def test_begin_sign_in_on_a_connection_without_oauth_is_a_typed_error(
     stubs: Stubs, server: HttpServer, tenant: str
 ) -> None:
@@ -448,7 +470,11 @@ def test_metadata_for_another_resource_is_refused_before_any_authorization_url(
     ):
         put_oauth(stubs, "t", "misnamed", url_of(misnamed))
         failure = rpc_failure(lambda: begin(stubs, "t", "misnamed"))
-        assert (failure.code, failure.info.reason) == (UNAVAILABLE, "OAUTH_DISCOVERY_FAILED")
+        # Not retryable: the same metadata gets the same answer.
+        assert (failure.code, failure.info.reason) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "OAUTH_METADATA_REFUSED",
+        )
         assert "protected-resource metadata is for" in failure.message
         # Refused before the client was registered or a sign-in was stored.
         assert stats(misnamed)["registrations"] == 0
@@ -610,6 +636,11 @@ def test_insufficient_scope_needs_a_sign_in_that_asks_for_the_scope_too(
         outcome = host.call(run_id, "stepping", "echo", text="refused")
         assert outcome.is_error
         assert "sign in again" in result_text(outcome)
+        # The host reads why in the outcome itself, not in ListConnections a moment later.
+        assert (
+            outcome.authorization_required_reason
+            == connection_pb2.AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING
+        )
         connection = wait_for(
             lambda: (
                 listed(stubs, tenant)["stepping"]
@@ -632,6 +663,90 @@ def test_insufficient_scope_needs_a_sign_in_that_asks_for_the_scope_too(
             connection_pb2.CONNECTION_STATE_CONNECTED
         )
         assert result_text(host.call(run_id, "stepping", "echo", text="after")) == "after"
+
+
+def test_a_scope_refused_after_initialize_is_asked_for_at_the_first_sign_in(
+    stubs: Stubs, tenant: str
+) -> None:
+    """A server that lets initialize through without a token and refuses what follows (401
+    naming the scopes it wants): the first sign-in asks for them, and the connection
+    connects."""
+    with running(
+        oauth_server(free_port(), "--step-up-scope", "admin", "--open-initialize")
+    ) as opened:
+        put_oauth(stubs, tenant, "opened", url_of(opened))
+        first = begin(stubs, tenant, "opened")
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(first.authorization_url).query)
+        assert set(query["scope"][0].split()) == {"mcp", "admin"}
+        code, state = browse(first.authorization_url)
+        connection = complete(stubs, tenant, code, state)
+        assert connection.state == connection_pb2.CONNECTION_STATE_CONNECTED, connection
+        host = Host(stubs, tenant)
+        run_id = host.run(f"spec-{tenant}")
+        assert result_text(host.call(run_id, "opened", "echo", text="in")) == "in"
+
+
+def test_a_listing_refused_for_a_scope_is_signed_in_again_with_it(
+    stubs: Stubs, tenant: str
+) -> None:
+    """initialize passes, tools/list is refused 403 insufficient_scope: the connection needs
+    a sign-in that asks for the granted scope and the challenged one, and then connects. Until
+    the user signs in, the sidecar sends the server nothing more."""
+    with running(oauth_server(free_port(), "--step-up-scope", "admin")) as stepping:
+        put_oauth(stubs, tenant, "listing", url_of(stepping))
+        sign_in(stubs, tenant, "listing")
+        admin_post(stepping, "require-scope?on=1&method=tools/list")
+        failure = rpc_failure(
+            lambda: stubs.connections.RefreshCatalog(
+                connection_service_pb2.RefreshCatalogRequest(tenant=tenant, name="listing")
+            )
+        )
+        assert failure.code == UNAVAILABLE, failure
+        connection = wait_for(
+            lambda: (
+                listed(stubs, tenant)["listing"]
+                if listed(stubs, tenant)["listing"].state
+                == connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED
+                else None
+            ),
+            "the connection needs authorizing",
+        )
+        assert (
+            connection.authorization_required_reason
+            == connection_pb2.AUTHORIZATION_REQUIRED_REASON_SCOPE_MISSING
+        )
+        again = begin(stubs, tenant, "listing")
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(again.authorization_url).query)
+        assert set(query["scope"][0].split()) == {"mcp", "admin"}
+        code, state = browse(again.authorization_url)
+        connection = complete(stubs, tenant, code, state)
+        assert connection.state == connection_pb2.CONNECTION_STATE_CONNECTED, connection
+
+
+def test_a_connection_never_signed_in_is_not_told_to_sign_in_again(
+    stubs: Stubs, server: HttpServer, tenant: str
+) -> None:
+    put = put_oauth(stubs, tenant, "fresh", url_of(server))
+    assert "again" not in put.last_error
+    assert "needs the user to sign in" in put.last_error
+    host = Host(stubs, tenant)
+    run_id = host.run(f"spec-{tenant}")
+    outcome = host.call(run_id, "fresh", "echo", text="hello")
+    assert outcome.is_error
+    assert "again" not in result_text(outcome), result_text(outcome)
+    assert (
+        outcome.authorization_required_reason
+        == connection_pb2.AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN
+    )
+    # A call the model made, dispatched, says so too.
+    dispatched = host.dispatch(
+        run_id, "mcp_call_tool", {"server": "fresh", "tool": "echo", "input": {"text": "hi"}}
+    )
+    assert dispatched.outcome.is_error, dispatched
+    assert (
+        dispatched.outcome.authorization_required_reason
+        == connection_pb2.AUTHORIZATION_REQUIRED_REASON_NEVER_SIGNED_IN
+    ), dispatched
 
 
 def test_a_client_id_metadata_document_url_signs_in_without_registering(

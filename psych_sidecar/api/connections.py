@@ -26,7 +26,8 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.domain.errors import field_invalid, field_required
 
-_AUTHORIZATION_REASONS = {
+# Why a connection needs authorizing, as the protobuf enum: a connection's, and a tool outcome's.
+AUTHORIZATION_REASONS = {
     reason: connection_pb2.AuthorizationRequiredReason.Value(
         f"AUTHORIZATION_REQUIRED_REASON_{reason.name}"
     )
@@ -154,7 +155,7 @@ def connection_to_proto(
         rejected_tool_count=status.rejected.count,
     )
     if status.authorization_reason is not None:
-        message.authorization_required_reason = _AUTHORIZATION_REASONS[status.authorization_reason]
+        message.authorization_required_reason = AUTHORIZATION_REASONS[status.authorization_reason]
     if status.token_expire_time is not None:
         message.token_expire_time.CopyFrom(timestamp(status.token_expire_time))
     if connection.preload is not None:

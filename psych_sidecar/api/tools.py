@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 
 from psych.sidecar.v1 import tool_service_pb2, tool_service_pb2_grpc
 from psych_sidecar.api import convert
-from psych_sidecar.api.connections import catalog_tool_to_proto
+from psych_sidecar.api.connections import AUTHORIZATION_REASONS, catalog_tool_to_proto
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.bulk import heap
@@ -78,7 +78,11 @@ def fitted(outcome: calls.ToolOutcome, max_bytes: int) -> calls.ToolOutcome:
         "_meta": {"psych.sidecar/elided": {"result_json_bytes": size, "handle": outcome.handle}},
     }
     return calls.ToolOutcome(
-        outcome.is_error, canonical_json(sorted_keys(view)), outcome.sequence, outcome.handle
+        outcome.is_error,
+        canonical_json(sorted_keys(view)),
+        outcome.sequence,
+        outcome.handle,
+        outcome.authorization,
     )
 
 
@@ -92,6 +96,8 @@ def fill_outcome(
     target.result_json = outcome.result_json
     target.sequence = outcome.sequence
     target.handle = outcome.handle
+    if outcome.authorization is not None:
+        target.authorization_required_reason = AUTHORIZATION_REASONS[outcome.authorization]
 
 
 def _call_response(

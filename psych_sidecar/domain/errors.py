@@ -46,6 +46,7 @@ class Reason(StrEnum):
     CONNECTION_AUTHORIZATION_REQUIRED = "CONNECTION_AUTHORIZATION_REQUIRED"
     OAUTH_ISSUER_MISMATCH = "OAUTH_ISSUER_MISMATCH"
     SIGN_IN_ISSUER_MISMATCH = "SIGN_IN_ISSUER_MISMATCH"
+    OAUTH_METADATA_REFUSED = "OAUTH_METADATA_REFUSED"
 
 
 # Ids and names a caller sent are quoted in messages and metadata only up to this many
@@ -238,7 +239,15 @@ class OAuthUrlRefused(OAuthUrlError):
 
 
 class OAuthDiscoveryFailed(OAuthUrlError):
+    """The metadata could not be had (the network, the server's answer): retryable."""
+
     reason = Reason.OAUTH_DISCOVERY_FAILED
+
+
+class OAuthMetadataRefused(OAuthUrlError):
+    """The metadata was had and is refused for what it says: not retryable."""
+
+    reason = Reason.OAUTH_METADATA_REFUSED
 
 
 @dataclass(eq=False, kw_only=True)

@@ -315,6 +315,12 @@ class CatalogRefresh:
             except Exception as error:
                 if (failed := mcp_error(error)) and failed.code == types.CONNECTION_CLOSED:
                     state.broken.set()
+                if (reason := state.authorization_required()) is not None:
+                    # The server refused the listing as only the user can fix (a scope the
+                    # tokens lack, tokens it will not take): as a refused call, the session
+                    # ends and the state says why (`ToolCalls`).
+                    state.set_authorization_required(reason)
+                    state.broken.set()
                 detail = state.describe(error, refusals_before)
                 raise CatalogUnavailable(f"listing tools failed: {detail}") from None
             write = await self._write_catalog(listing)

@@ -84,6 +84,8 @@ class ConnectionSession:
         self._wake = anyio.Event()
         # Why the transport ended, when it said so (a stdio line over the limit).
         self._close_reason = ""
+        # What the current attempt is doing, for the warning when it fails.
+        self._doing = "connecting"
 
     def stop(self) -> None:
         self.state.stopping.set()
@@ -128,9 +130,10 @@ class ConnectionSession:
                 )
                 log.log(
                     logging.DEBUG if repeated else logging.WARNING,
-                    "MCP connection %s/%s: %s",
+                    "MCP connection %s/%s failed while %s: %s",
                     tenant,
                     name,
+                    self._doing,
                     detail,
                 )
                 state.set_status(ConnectionState.UNREACHABLE, detail)
@@ -164,10 +167,12 @@ class ConnectionSession:
         state = self.state
         closed = anyio.Event()
         self._close_reason = ""
+        self._doing = "connecting"
         state.new_attempt()
         self.catalog.new_session()
         auth = None
         if state.keeper is not None:
+            self._doing = "getting an access token"
             # No token, no attempt: a connection nobody signed in to is not a server outage.
             await state.keeper.access_token()
             auth = GrantAuth(state.keeper)
@@ -190,7 +195,9 @@ class ConnectionSession:
         deadline = anyio.current_time() + self._timings.connect_timeout
         try:
             with anyio.CancelScope(deadline=deadline) as connecting:
+                self._doing = "connecting (initialize)"
                 async with client, anyio.create_task_group() as group:
+                    self._doing = "listing its tools"
                     leave_results_to_the_sidecar(client.session)
                     # Subscribe before the first listing, so no change between them is lost.
                     await group.start(self.catalog.listen, client)
@@ -200,6 +207,7 @@ class ConnectionSession:
                     connecting.deadline = math.inf
                     state.set_status(ConnectionState.CONNECTED)
                     state.finish_attempt()
+                    self._doing = "connected, serving calls"
                     group.start_soon(self.catalog.refresh_on_change)
                     await _first_of(state.stopping, closed, state.broken)
                     # No new call may start on a session that is going away.

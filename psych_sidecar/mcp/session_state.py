@@ -27,6 +27,7 @@ from psych_sidecar.domain.catalog import (
 )
 from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.transport import HttpRefusal, HttpRefusals
+from psych_sidecar.telemetry import logs
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -53,6 +54,11 @@ def describe_error(error: BaseException) -> str:
         return "; ".join(dict.fromkeys(describe_error(e) for e in error.exceptions))
     if isinstance(error, TimeoutError):
         return "timed out"
+    if not str(error) and isinstance(
+        error, (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
+    ):
+        # These say nothing of themselves: what they mean here.
+        return f"the transport's stream ended ({type(error).__name__})"
     text = str(error) or type(error).__name__
     if isinstance(error, MCPError):
         text = f"MCP error {error.code}: {error.message}"
@@ -93,6 +99,8 @@ class SessionState:
     ) -> None:
         self.stored = stored
         self.scrub = Scrubber(stored.connection)
+        # Lines of the HTTP and MCP libraries are scrubbed with it too (telemetry/logs.py).
+        logs.scrub_library_lines_with(self.scrub)
         self.stderr = StderrTail(f"{self.key[0]}/{self.key[1]}", self.scrub)
         # An OAuth connection's tokens (None for the others); it adds every token it holds to
         # the scrubber, so no error text or log line can quote one.
@@ -107,7 +115,7 @@ class SessionState:
         self._attempt_finished = anyio.Event()
         # The current attempt's HTTP 401/403 answers, which the SDK reports only as
         # "Server returned an error response".
-        self.refusals = HttpRefusals()
+        self.refusals = HttpRefusals(self.scrub)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -119,7 +127,7 @@ class SessionState:
 
     def new_attempt(self) -> None:
         """A connection attempt starts: the last one's refusals and breakage are forgotten."""
-        self.refusals = HttpRefusals()
+        self.refusals = HttpRefusals(self.scrub)
         self.broken = anyio.Event()
 
     def set_status(

@@ -19,6 +19,7 @@ from mcp import Client, MCPError
 
 from psych_sidecar.domain.calls import SchemaValidators
 from psych_sidecar.domain.catalog import (
+    AuthorizationReason,
     ConnectionState,
     McpToolResult,
     ToolCallFailed,
@@ -111,7 +112,7 @@ class ToolCalls:
             )
         client = state.client
         if client is None or state.status.state is not ConnectionState.CONNECTED:
-            raise ToolCallFailed(state.unreachable_text())
+            raise ToolCallFailed(state.unreachable_text(), state.status.authorization_reason)
         refusals_before = state.refusals.count
         try:
             return await self._call_connected(
@@ -124,7 +125,9 @@ class ToolCalls:
                 state.set_authorization_required(reason)
                 state.broken.set()
                 raise _CallFailed(
-                    authorization_line(state.stored.connection.name, reason), "refused"
+                    authorization_line(state.stored.connection.name, reason),
+                    "refused",
+                    reason,
                 ) from None
             raise
 
@@ -242,8 +245,10 @@ class ToolCalls:
 class _CallFailed(ToolCallFailed):
     """A call the server was asked and did not answer with a result."""
 
-    def __init__(self, message: str, outcome: str) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, outcome: str, authorization: AuthorizationReason | None = None
+    ) -> None:
+        super().__init__(message, authorization)
         self.outcome = outcome
 
 

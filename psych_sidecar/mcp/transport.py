@@ -8,9 +8,8 @@ an error response", so the status and the server's challenge are kept here for t
 
 from __future__ import annotations
 
-import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -27,11 +26,11 @@ from psych_sidecar.config import StdioCommand
 from psych_sidecar.domain.catalog import Connection, TransportKind, env_name_allowed
 from psych_sidecar.mcp.stderr import StderrTail
 from psych_sidecar.mcp.stdio import stdio_transport
+from psych_sidecar.telemetry import logs
 
-# These libraries' INFO and DEBUG lines quote request URLs, whose user-info and query may hold
-# secrets (docs/security.md): they log from WARNING on, whatever the sidecar's level.
-for _library in ("httpx2", "mcp.client.streamable_http", "mcp.client.sse"):
-    logging.getLogger(_library).setLevel(logging.WARNING)
+# The HTTP and MCP libraries' INFO and DEBUG lines quote URLs, headers and messages, tokens
+# included: they log from WARNING on, whatever the sidecar's level (telemetry/logs.py).
+logs.quiet_libraries()
 
 Item = SessionMessage | Exception
 # The read and write streams a transport yields (the SDK's TransportStreams).
@@ -63,15 +62,21 @@ class HttpRefusal:
 
 class HttpRefusals:
     """The authorization refusals one session's HTTP client has seen: the last one, and how
-    many (so a call can tell whether one arrived while it ran)."""
+    many (so a call can tell whether one arrived while it ran). `scrub` is the connection's
+    scrubber: a challenge may echo the token it refused, and is scrubbed before it is
+    flattened and cut short (a token cut in two would be found by neither half)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scrub: Callable[[str], str] | None = None) -> None:
         self.last: HttpRefusal | None = None
         self.count = 0
+        self._scrub = scrub
 
     async def on_response(self, response: httpx2.Response) -> None:
         if response.status_code in (401, 403):
-            challenge = re.sub(r"\s+", " ", response.headers.get("www-authenticate", "")).strip()
+            challenge = response.headers.get("www-authenticate", "")
+            if self._scrub is not None:
+                challenge = self._scrub(challenge)
+            challenge = re.sub(r"\s+", " ", challenge).strip()
             if len(challenge) > MAX_CHALLENGE_CHARS:
                 challenge = challenge[: MAX_CHALLENGE_CHARS - 1] + "…"
             self.last = HttpRefusal(response.status_code, challenge)

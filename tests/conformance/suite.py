@@ -2,7 +2,7 @@
 tests/conformance/host.py as the client under test, and judges them against the baseline.
 
     python -m tests.conformance.suite --node NODE --runner CONFORMANCE_JS --output DIR
-        [--baseline FILE] [--scenario NAME ...]
+        [--next-runner CONFORMANCE_JS] [--baseline FILE] [--scenario NAME ...]
 
 Every client scenario of the installed suite runs (the runner's own `--suite` runs them all at
 once, which on a small machine makes the sidecar's timing part of the verdict). A scenario
@@ -11,11 +11,16 @@ exited 0 and did not time out. Draft-spec scenarios are reported, not judged; ev
 is judged against the baseline, as the runner's `--expected-failures` would judge it: a failure
 not in the baseline is a regression, a baseline entry that passes is stale, and either fails the
 run. PSYCH_SIDECAR_ADDRESS (inherited by the host) names the sidecar.
+
+With `--next-runner`, the scenarios of `NEXT_SCENARIOS` also run from that (newer) suite, after
+the pinned suite's, and are judged against the same baseline: a baseline entry names a
+scenario whichever suite runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import re
 import shlex
@@ -31,12 +36,23 @@ BASELINE = Path(__file__).with_name("baseline.txt")
 SCENARIO_TIMEOUT_MS = 60_000
 # Spec versions whose scenarios are reported, not judged.
 REPORTED_ONLY = {"draft"}
+# The scenarios run from the next suite (`--next-runner`) beside the pinned one: the scored
+# auth scenarios of the 2026-07-28 revision that the pinned suite lacks or tests less
+# (docs/conformance.md).
+NEXT_SCENARIOS = ("auth/iss-*", "auth/scope-step-up", "auth/authorization-server-migration")
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
     spec_versions: frozenset[str]
+    # The runner that plays it, and its suite's version when not the pinned one.
+    runner: str = ""
+    next_version: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} [{self.next_version}]" if self.next_version else self.name
 
     @property
     def suites(self) -> list[str]:
@@ -67,16 +83,27 @@ class Outcome:
     result_dir: Path
 
 
-def client_scenarios(node: str, runner: str) -> list[Scenario]:
-    """The client scenarios of the installed suite, from `conformance list`."""
+def client_scenarios(node: str, runner: str, next_version: str = "") -> list[Scenario]:
+    """The client scenarios of the installed suite, from `conformance list`; of the next
+    suite (`next_version` set), those of `NEXT_SCENARIOS`."""
     listing = subprocess.run(
         [node, runner, "list"], check=True, capture_output=True, text=True, cwd=ROOT
     ).stdout
     _, _, client_part = listing.partition("Client scenarios")
-    return [
-        Scenario(match[1], frozenset(match[2].split(",")))
+    client_part, _, _ = client_part.partition("Authorization server scenarios")
+    found = [
+        Scenario(match[1], frozenset(match[2].split(",")), runner, next_version)
         for match in re.finditer(r"^\s*- (\S+) \[([^\]]*)\]$", client_part, re.MULTILINE)
     ]
+    if not next_version:
+        return found
+    return [s for s in found if any(fnmatch.fnmatch(s.name, p) for p in NEXT_SCENARIOS)]
+
+
+def suite_version(node: str, runner: str) -> str:
+    return subprocess.run(
+        [node, runner, "--version"], check=True, capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
 
 
 def read_baseline(path: Path) -> dict[str, str]:
@@ -93,7 +120,9 @@ def read_baseline(path: Path) -> dict[str, str]:
     return entries
 
 
-def run_scenario(node: str, runner: str, scenario: Scenario, output: Path) -> Outcome:
+def run_scenario(node: str, scenario: Scenario, output: Path) -> Outcome:
+    if scenario.next_version:
+        output = output / scenario.next_version
     result_dir = output / re.sub(r"[^A-Za-z0-9._-]", "_", scenario.name)
     result_dir.mkdir(parents=True)
     # The runner splits the command at spaces and runs it through a shell, appending the URL.
@@ -102,7 +131,7 @@ def run_scenario(node: str, runner: str, scenario: Scenario, output: Path) -> Ou
         status = subprocess.run(
             [
                 node,
-                runner,
+                scenario.runner,
                 "client",
                 "--command",
                 host,
@@ -164,10 +193,12 @@ def judge(outcomes: list[Outcome], baseline: dict[str, str], known: set[str]) ->
             if name in baseline:
                 problems.append(f"{name} is reported, not judged: remove it from the baseline")
         elif not outcome.passed and name not in baseline:
-            problems.append(f"regression: {name} failed and is not in the baseline")
+            problems.append(
+                f"regression: {outcome.scenario.label} failed and is not in the baseline"
+            )
             show_failure(outcome)
         elif outcome.passed and name in baseline:
-            problems.append(f"stale baseline entry: {name} passes now; remove it")
+            problems.append(f"stale baseline entry: {outcome.scenario.label} passes now; remove it")
     problems.extend(
         f"the baseline names {name}, which the installed suite does not have"
         for name in sorted(set(baseline) - known)
@@ -179,6 +210,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--node", required=True)
     parser.add_argument("--runner", required=True, help="the suite's dist/index.js")
+    parser.add_argument("--next-runner", help="the next suite's dist/index.js, for NEXT_SCENARIOS")
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--baseline", type=Path, default=BASELINE)
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
@@ -186,6 +218,9 @@ def main() -> int:
 
     started = time.monotonic()
     scenarios = client_scenarios(options.node, options.runner)
+    if options.next_runner:
+        version = suite_version(options.node, options.next_runner)
+        scenarios += client_scenarios(options.node, options.next_runner, version)
     known = {scenario.name for scenario in scenarios}
     if options.scenario:
         unknown = sorted(set(options.scenario) - known)
@@ -196,12 +231,12 @@ def main() -> int:
 
     outcomes: list[Outcome] = []
     for scenario in scenarios:
-        outcome = run_scenario(options.node, options.runner, scenario, options.output)
+        outcome = run_scenario(options.node, scenario, options.output)
         outcomes.append(outcome)
         mark = "✓" if outcome.passed else ("~" if scenario.name in baseline else "✗")
         note = "" if scenario.judged else " (draft: reported, not judged)"
         print(
-            f"{mark} {scenario.name}: {outcome.checks_passed} passed, {outcome.checks_failed} "
+            f"{mark} {scenario.label}: {outcome.checks_passed} passed, {outcome.checks_failed} "
             f"failed, {outcome.warnings} warnings{note}",
             flush=True,
         )
@@ -209,11 +244,16 @@ def main() -> int:
     print()
     suites: dict[str, list[Outcome]] = {}
     for outcome in outcomes:
+        if outcome.scenario.next_version:
+            suites.setdefault(outcome.scenario.next_version, []).append(outcome)
+            continue
         for suite in outcome.scenario.suites:
             suites.setdefault(suite, []).append(outcome)
     for suite in ("core", "auth", "backcompat", "extensions", "draft"):
         if suite in suites:
-            print(summary_line(suite, suites[suite]))
+            print(summary_line(suite, suites.pop(suite)))
+    for suite, run in suites.items():
+        print(summary_line(f"{suite} ({', '.join(NEXT_SCENARIOS)})", run))
     print(summary_line("all", outcomes))
 
     problems = judge(outcomes, baseline, known)

@@ -4,6 +4,7 @@ resource server in one, built on the MCP SDK's server auth.
     python tests/mcp_servers/oauth_server.py --port P [--token-seconds S]
         [--issuer URL] [--resource URL] [--metadata-padding BYTES] [--metadata-delay SECONDS]
         [--approve-code C] [--step-up-scope S] [--client-id-metadata-documents]
+        [--open-initialize]
 
 - dynamic client registration on; authorization code with PKCE; the consent is automatic, so
   a test plays the user's browser by following the authorization URL to its redirect;
@@ -44,7 +45,16 @@ resource server in one, built on the MCP SDK's server auth.
   authorization server still answers;
 - `--step-up-scope S`: S is a scope of the server too (a registered client may ask for any of
   the server's scopes); after `POST /admin/require-scope?on=1` a request to /mcp whose token
-  lacks S is refused 403 insufficient_scope naming S (`on=0` ends it);
+  lacks S is refused 403 insufficient_scope naming S (`on=0` ends it); with `&method=M` only
+  requests of JSON-RPC method M are (`tools/list`, `tools/call`...);
+- `--open-initialize`: an `initialize` without a token is answered (statelessly, by this
+  server), as are notifications; any other /mcp request without one is refused 401 with a
+  challenge naming every scope of the server, so a client learns the scope it needs only
+  from a request after initialize;
+- `POST /admin/echo-token?on=1`: every /mcp request with a token is refused 403 with a
+  WWW-Authenticate that echoes the token it refused (`on=0` ends it);
+  `POST /admin/next-access-token` with {"token"}: the next access token issued is that one
+  (a canary: it may hold CR/LF, which no HTTP header may carry);
 - `--approve-code CODE`: the token endpoint also takes CODE as an authorization code for any
   registered client, as if its user had consented (the contract runners speak gRPC only and
   cannot play the browser);
@@ -57,6 +67,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import json
 import secrets
 import sys
 import time
@@ -103,6 +114,8 @@ class MemoryProvider:
         # issuer it is checked against (the published one).
         self.iss_mode = "omit"
         self.issuer = ""
+        # Set by POST /admin/next-access-token: the next access token issued.
+        self.next_access = ""
         self.stats = {
             "refreshes": 0,
             "rejected_refreshes": 0,
@@ -162,7 +175,7 @@ class MemoryProvider:
         return self.codes.get(authorization_code)
 
     def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
-        access = secrets.token_urlsafe(24)
+        access, self.next_access = self.next_access or secrets.token_urlsafe(24), ""
         refresh = secrets.token_urlsafe(24)
         expires = int(time.time()) + self.token_seconds
         self.access[access] = AccessToken(
@@ -220,6 +233,29 @@ class MemoryProvider:
         self.refresh.pop(token.token, None)
 
 
+async def read_body(receive: Any) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+def replay_of(body: bytes, receive: Any) -> Any:
+    """An ASGI receive that gives the body already read, then what `receive` gives."""
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if replayed:
+            return await receive()  # type: ignore[no-any-return]
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
 def build_app(options: argparse.Namespace) -> Any:
     base = f"http://127.0.0.1:{options.port}"
     scopes = ["mcp", *([options.step_up_scope] if options.step_up_scope else [])]
@@ -267,8 +303,12 @@ def build_app(options: argparse.Namespace) -> Any:
     token_auth = dict.fromkeys(
         ("client_secret_basic", "client_secret_post", "private_key_jwt", "none"), 0
     )
-    # Set by POST /admin/require-scope: the step-up scope every /mcp request's token needs.
+    # Set by POST /admin/require-scope: the step-up scope every /mcp request's token needs
+    # (only those of `scoped_method`, when set).
     required_scope = ""
+    scoped_method = ""
+    # Set by POST /admin/echo-token: every /mcp request with a token is refused, echoing it.
+    echo_token = False
     # Cleared by POST /admin/hold-tokens?on=1: token requests wait for it; `held` counts them.
     tokens_flow = asyncio.Event()
     tokens_flow.set()
@@ -294,7 +334,7 @@ def build_app(options: argparse.Namespace) -> Any:
             return held
 
     async def admin(request: Request) -> Response:
-        nonlocal required_scope, iss_advertised, delegate
+        nonlocal required_scope, iss_advertised, delegate, scoped_method, echo_token
         if request.url.path == "/admin/iss":
             provider.iss_mode = request.query_params.get("mode", "omit")
             iss_advertised = request.query_params.get("advertise") == "1"
@@ -319,7 +359,14 @@ def build_app(options: argparse.Namespace) -> Any:
         if request.url.path == "/admin/require-scope":
             on = request.query_params.get("on") == "1"
             required_scope = options.step_up_scope if on else ""
+            scoped_method = request.query_params.get("method", "")
             return JSONResponse({"required_scope": required_scope})
+        if request.url.path == "/admin/echo-token":
+            echo_token = request.query_params.get("on") == "1"
+            return JSONResponse({"echo_token": echo_token})
+        if request.url.path == "/admin/next-access-token":
+            provider.next_access = (await request.json())["token"]
+            return JSONResponse({"next": True})
         if request.url.path == "/admin/hold-tokens":
             if request.query_params.get("on") == "1":
                 tokens_flow.clear()
@@ -433,28 +480,69 @@ def build_app(options: argparse.Namespace) -> Any:
         token.refresh_token = None
         return JSONResponse(token.model_dump(exclude_none=True))
 
+    def guard_mcp(scope: dict[str, Any], body: bytes) -> Response | None:
+        """The refusal (or the stateless initialize) this server's knobs make of an /mcp
+        request; None: the SDK's server answers it."""
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        try:
+            message = json.loads(body) if body else {}
+        except ValueError:
+            message = {}
+        method = message.get("method", "") if isinstance(message, dict) else ""
+        authorization = headers.get("authorization", "")
+        metadata = f"{base}/.well-known/oauth-protected-resource/mcp"
+        if options.open_initialize and not authorization:
+            if method == "initialize":
+                return JSONResponse(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": message.get("id"),
+                        "result": {
+                            "protocolVersion": message["params"]["protocolVersion"],
+                            "capabilities": {"tools": {}},
+                            "serverInfo": {"name": "psych-oauth", "version": "1.0.0"},
+                        },
+                    }
+                )
+            if method.startswith("notifications/"):
+                return Response(status_code=202)
+            challenge = (
+                f'Bearer error="invalid_token", scope="{" ".join(scopes)}", '
+                f'resource_metadata="{metadata}"'
+            )
+            return JSONResponse(
+                {"error": "invalid_token"}, status_code=401, headers={"WWW-Authenticate": challenge}
+            )
+        bearer = authorization.removeprefix("Bearer ")
+        if echo_token and bearer:
+            challenge = f'Bearer error="invalid_token", error_description="{bearer} is refused"'
+            return JSONResponse(
+                {"error": "invalid_token"}, status_code=403, headers={"WWW-Authenticate": challenge}
+            )
+        held = provider.access.get(bearer)
+        if (
+            required_scope
+            and held is not None
+            and required_scope not in held.scopes
+            and (not scoped_method or method == scoped_method)
+        ):
+            challenge = (
+                f'Bearer error="insufficient_scope", scope="{required_scope}", '
+                f'resource_metadata="{metadata}"'
+            )
+            return JSONResponse(
+                {"error": "insufficient_scope"},
+                status_code=403,
+                headers={"WWW-Authenticate": challenge},
+            )
+        return None
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
         if scope["type"] == "http" and path.startswith("/admin/"):
             answer = await admin(Request(scope, receive))
             await answer(scope, receive, send)
             return
-        if scope["type"] == "http" and path.startswith("/mcp") and required_scope:
-            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-            bearer = headers.get("authorization", "").removeprefix("Bearer ")
-            held = provider.access.get(bearer)
-            if held is not None and required_scope not in held.scopes:
-                challenge = (
-                    f'Bearer error="insufficient_scope", scope="{required_scope}", '
-                    f'resource_metadata="{base}/.well-known/oauth-protected-resource/mcp"'
-                )
-                refusal = JSONResponse(
-                    {"error": "insufficient_scope"},
-                    status_code=403,
-                    headers={"WWW-Authenticate": challenge},
-                )
-                await refusal(scope, receive, send)
-                return
         if (
             scope["type"] == "http"
             and path.startswith("/mcp")
@@ -471,6 +559,14 @@ def build_app(options: argparse.Namespace) -> Any:
                 headers={"WWW-Authenticate": challenge},
             )
             await refusal(scope, receive, send)
+            return
+        if scope["type"] == "http" and path.startswith("/mcp"):
+            body = await read_body(receive)
+            answer = guard_mcp(scope, body)
+            if answer is not None:
+                await answer(scope, receive, send)
+                return
+            await inner(scope, replay_of(body, receive), send)
             return
         if (
             scope["type"] == "http"
@@ -495,12 +591,7 @@ def build_app(options: argparse.Namespace) -> Any:
                 await JSONResponse(metadata)(scope, receive, send)
                 return
         if scope["type"] == "http" and path == "/token" and scope["method"] == "POST":
-            body = b""
-            while True:
-                message = await receive()
-                body += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
+            body = await read_body(receive)
             if not tokens_flow.is_set():
                 await hold_token_request()
             form = dict(urllib.parse.parse_qsl(body.decode()))
@@ -521,16 +612,7 @@ def build_app(options: argparse.Namespace) -> Any:
                     scope, receive, send
                 )
                 return
-            replayed = False
-
-            async def replay() -> dict[str, Any]:
-                nonlocal replayed
-                if replayed:
-                    return await receive()
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
-            await inner(scope, replay, send)
+            await inner(scope, replay_of(body, receive), send)
             return
         await inner(scope, receive, send)
 
@@ -548,6 +630,7 @@ def main() -> None:
     parser.add_argument("--approve-code", default="")
     parser.add_argument("--step-up-scope", default="")
     parser.add_argument("--client-id-metadata-documents", action="store_true")
+    parser.add_argument("--open-initialize", action="store_true")
     options = parser.parse_args()
     config = uvicorn.Config(
         build_app(options), host="127.0.0.1", port=options.port, log_level="warning"

@@ -95,7 +95,8 @@ def health_status(target: str) -> int | None:
 class ServedSidecar:
     """A `psych-sidecar serve` process with these flags, started at once, in this process's
     environment without its PSYCH_SIDECAR_* variables but with `env` (a None value unsets a
-    variable). Its log (stderr) goes to a file: `log` reads it, also after it stopped.
+    variable). Its log (stderr, and stdout with it) goes to a file: `log` reads it, also after
+    it stopped.
 
     `health` is the gRPC target its health service answers on; by default the first
     `--listen` address (a listen address is also a gRPC target). Only `wait_serving` needs
@@ -132,7 +133,7 @@ class ServedSidecar:
                 cwd=cwd,
                 env=environment,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=log,
                 stderr=log,
             )
 

@@ -161,7 +161,13 @@ class CallLedger:
         if found is None:
             found = await self._off_loop(self._runs.append, *arguments)
         (appended,) = found
-        return ToolOutcome(result.is_error, result.result_json, appended.sequence, appended.handle)
+        return ToolOutcome(
+            result.is_error,
+            result.result_json,
+            appended.sequence,
+            appended.handle,
+            result.authorization,
+        )
 
 
 def _request_id(step: int, call_id: str) -> str:

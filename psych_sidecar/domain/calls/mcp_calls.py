@@ -16,7 +16,12 @@ from typing import Any
 
 from psych_sidecar.domain.calls.outcomes import ToolResult
 from psych_sidecar.domain.calls.validation import SchemaValidators
-from psych_sidecar.domain.catalog import ConnectionState, ToolCallFailed, ToolRunner
+from psych_sidecar.domain.catalog import (
+    AuthorizationReason,
+    ConnectionState,
+    ToolCallFailed,
+    ToolRunner,
+)
 from psych_sidecar.domain.runlog import OffLoop
 from psych_sidecar.domain.surface import ExposedTool, ResolvedTurn, naming
 
@@ -92,7 +97,12 @@ class McpCalls:
                 timeout_seconds,
             )
         except ToolCallFailed as failure:
-            return ToolResult.error(f"{server}/{tool} did not answer: {failure}", server, tool)
+            return ToolResult.error(
+                f"{server}/{tool} did not answer: {failure}",
+                server,
+                tool,
+                authorization=failure.authorization,
+            )
         return ToolResult(result.is_error, result.result_json, result.content, server, tool)
 
 
@@ -112,14 +122,26 @@ def not_found(resolved: ResolvedTurn, server: str, tool: object) -> ToolResult:
         reason = f": {status.last_error}" if status.last_error else ""
         why = f"it is unreachable since {since}{reason}. Its tools can be called once it connects"
     elif status.state is ConnectionState.AUTHORIZATION_REQUIRED:
-        why = "it needs the user to sign in again. Its tools can be called once they do"
+        why = authorization_needed(status.authorization_reason)
     else:
         why = "it is still connecting; try again shortly"
     return ToolResult.error(
         f"MCP server {server!r} has not listed its tools: {why}.",
         server,
         tool if isinstance(tool, str) else "",
+        authorization=status.authorization_reason,
     )
+
+
+def authorization_needed(reason: AuthorizationReason | None) -> str:
+    if reason is AuthorizationReason.NEVER_SIGNED_IN:
+        return "nobody has signed in to it yet. Its tools can be called once the user does"
+    if reason is AuthorizationReason.CREDENTIALS_REFUSED:
+        return (
+            "its server refused the sidecar's credentials. Its tools can be called once an "
+            "operator fixes them"
+        )
+    return "it needs the user to sign in again. Its tools can be called once they do"
 
 
 def refused(server: str, tool: object) -> ToolResult:

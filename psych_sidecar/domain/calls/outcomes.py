@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
+from psych_sidecar.domain.catalog import AuthorizationReason
 from psych_sidecar.domain.runlog import ContentPart, PartKind, RecordedCall
 from psych_sidecar.domain.surface import mcp_result_json
 
@@ -16,13 +17,15 @@ class ToolResult:
     """A result before it is recorded: what the model sees (`content`), the MCP
     CallToolResult JSON the host gets, and the MCP tool it is recorded under (empty for a
     result no one MCP tool gave; the router then records it under the name the model
-    called)."""
+    called). `authorization`: why the call failed, when it is that its connection needs
+    authorizing (told to the host beside the result, not recorded)."""
 
     is_error: bool
     result_json: bytes
     content: tuple[ContentPart, ...]
     server: str = ""
     tool: str = ""
+    authorization: AuthorizationReason | None = None
 
     @classmethod
     def of(
@@ -32,11 +35,18 @@ class ToolResult:
         return cls(is_error, mcp_result_json(content, is_error, source_handle), content)
 
     @classmethod
-    def error(cls, message: str, server: str = "", tool: str = "") -> ToolResult:
+    def error(
+        cls,
+        message: str,
+        server: str = "",
+        tool: str = "",
+        *,
+        authorization: AuthorizationReason | None = None,
+    ) -> ToolResult:
         """What the model got wrong, or what went wrong for it: a tool result with is_error
         set, the one way every tool says so."""
         content = (ContentPart.text(message),)
-        return cls(True, mcp_result_json(content, True), content, server, tool)
+        return cls(True, mcp_result_json(content, True), content, server, tool, authorization)
 
     @classmethod
     def structured(cls, value: Any) -> ToolResult:
@@ -55,12 +65,15 @@ class ToolResult:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
-    """A result as recorded in the Run's log: what the host gets for a call."""
+    """A result as recorded in the Run's log: what the host gets for a call; with why the
+    call failed when it is that its connection needs authorizing (the call that failed
+    only: a retry's answer, read back from the log, does not say)."""
 
     is_error: bool
     result_json: bytes
     sequence: int
     handle: str
+    authorization: AuthorizationReason | None = None
 
     @classmethod
     def of(cls, recorded: RecordedCall) -> ToolOutcome:

@@ -127,4 +127,9 @@ class McpToolResult:
 
 class ToolCallFailed(Exception):
     """A call that reached no result: the server is unreachable, timed out or died.
-    The message is written for the model, which gets it as a tool error."""
+    The message is written for the model, which gets it as a tool error; `authorization`
+    says why, when it is that the connection needs authorizing (for the host to act on)."""
+
+    def __init__(self, message: str, authorization: AuthorizationReason | None = None) -> None:
+        super().__init__(message)
+        self.authorization = authorization

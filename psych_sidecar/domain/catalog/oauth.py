@@ -163,6 +163,11 @@ def authorization_line(server: str, reason: AuthorizationReason) -> str:
             f"{short(server)} needs re-authorizing: its server refused the sidecar's "
             "credentials. Its tools fail until an operator fixes them."
         )
+    if reason is AuthorizationReason.NEVER_SIGNED_IN:
+        return (
+            f"{short(server)} needs the user to sign in; nobody has yet, and its tools fail "
+            "until they do. Tell the user if they need it."
+        )
     return (
         f"{short(server)} needs the user to sign in again; its tools fail until they do. "
         "Tell the user if they need it."

@@ -9,6 +9,7 @@ quoting the URL, a server echoing a token).
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 from dataclasses import replace
 
@@ -67,6 +68,27 @@ def _url_secrets(url: str) -> set[str]:
     return found
 
 
+def quoted_forms(secret: str) -> set[str]:
+    """The ways a library may quote a secret in its text: as it is; escaped as a Python string
+    or bytes repr (a CR/LF kept as the four characters \\r\\n, as an HTTP client's "Illegal
+    header value" error has it) or as JSON; percent-encoded; its whitespace runs flattened to
+    one space (a header quoted on one line); and, for one spanning lines, each of its lines.
+    Forms shorter than the scrubbing minimum are left out."""
+    forms = {
+        secret,
+        " ".join(secret.split()),
+        repr(secret)[1:-1],
+        repr(secret.encode("utf-8", "surrogateescape"))[2:-1],
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        urllib.parse.quote(secret, safe=""),
+        urllib.parse.quote_plus(secret, safe=""),
+    }
+    if "\n" in secret or "\r" in secret:
+        forms.update(secret.splitlines())
+    return {form for form in forms if len(form) >= _MIN_SCRUBBED_CHARS}
+
+
 class Scrubber:
     """Removes a connection's secrets from free text (errors, log lines, server output)."""
 
@@ -78,15 +100,18 @@ class Scrubber:
             secrets.update(connection.auth.secrets())
         if connection.url:
             secrets |= _url_secrets(connection.url)
+        forms: set[str] = set()
+        for secret in secrets:
+            forms |= quoted_forms(secret)
         # Longest first, so a secret containing another is replaced whole.
-        self._secrets = sorted(
-            (s for s in secrets if len(s) >= _MIN_SCRUBBED_CHARS), key=len, reverse=True
-        )
+        self._secrets = sorted(forms, key=len, reverse=True)
 
     def add(self, secret: str) -> None:
-        """Scrub this secret too (a token the connection was given after it was put)."""
-        if len(secret) >= _MIN_SCRUBBED_CHARS and secret not in self._secrets:
-            self._secrets = sorted([*self._secrets, secret], key=len, reverse=True)
+        """Scrub this secret too (a token the connection was given after it was put), in
+        every form a library may quote it."""
+        new = quoted_forms(secret) - set(self._secrets)
+        if new:
+            self._secrets = sorted([*self._secrets, *new], key=len, reverse=True)
 
     def __call__(self, text: str) -> str:
         if self._url and self._url in text:

@@ -222,9 +222,7 @@ def status_note(lines: Sequence[ServerLine], states: Mapping[str, ConnectionStat
         if state is ConnectionState.UNREACHABLE:
             notes.append(f"{line.server} is UNREACHABLE: its calls fail until it reconnects.")
         elif state is ConnectionState.AUTHORIZATION_REQUIRED:
-            notes.append(
-                f"{line.server} needs the user to sign in again: its calls fail until they do."
-            )
+            notes.append(f"{line.server} needs the user to sign in: its calls fail until they do.")
         elif state is ConnectionState.CONNECTING:
             notes.append(f"{line.server} is still connecting.")
     return "Tool server status: " + " ".join(notes) if notes else ""

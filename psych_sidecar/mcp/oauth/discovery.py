@@ -4,6 +4,7 @@ the MCP SDK's URL building and response handling; every request through the outb
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.parse
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
 from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
 
 from psych_sidecar.domain.catalog import Connection
-from psych_sidecar.mcp.oauth.guard import OutboundGuard, without_query
+from psych_sidecar.domain.errors import OAuthMetadataRefused, short
+from psych_sidecar.mcp.oauth.guard import MAX_OAUTH_ERROR_CHARS, OutboundGuard, without_query
 
 # The name the sidecar gives itself as an OAuth client and in its unauthenticated initialize.
 CLIENT_NAME = "psych-sidecar"
@@ -135,7 +137,7 @@ async def discover(guard: OutboundGuard, connection: Connection) -> Discovery:
                 try:
                     validate_metadata_issuer(server_metadata, auth_server)
                 except OAuthFlowError as error:
-                    raise guard.failed(name, url, str(error)) from None
+                    raise metadata_refused(name, url, str(error)) from None
             break
     if server_metadata is None and auth_server is None and last_status == 404:
         server_metadata = _default_endpoints(connection.url)
@@ -161,35 +163,70 @@ def _spelled_issuer(content: bytes) -> str:
     return issuer if isinstance(issuer, str) else ""
 
 
-async def _challenge(guard: OutboundGuard, connection: Connection) -> httpx2.Response | None:
-    """The server's answer to a request without a token: its 401 names its metadata."""
-    request = httpx2.Request(
+def _probe_request(
+    connection: Connection, message: dict[str, object], headers: dict[str, str]
+) -> httpx2.Request:
+    return httpx2.Request(
         "POST",
         connection.url,
-        headers={**connection.headers, "accept": _MCP_ACCEPT},
-        json={
-            "jsonrpc": "2.0",
+        headers={**connection.headers, **headers, "accept": _MCP_ACCEPT},
+        json={"jsonrpc": "2.0", **message},
+    )
+
+
+async def _challenge(guard: OutboundGuard, connection: Connection) -> httpx2.Response | None:
+    """The server's answer to requests without a token: its 401 (or 403) names its metadata
+    and the scope it wants. A server may let `initialize` through and refuse only what
+    follows, so when it answers `initialize`, the probe goes on as a client would, with
+    `notifications/initialized` and `tools/list`, and takes the first refusal's challenge."""
+    version = "2025-06-18"
+    probes: list[dict[str, object]] = [
+        {
             "id": 0,
             "method": "initialize",
             "params": {
-                "protocolVersion": "2025-06-18",
+                "protocolVersion": version,
                 "capabilities": {},
                 "clientInfo": {"name": CLIENT_NAME, "version": "0"},
             },
         },
-    )
+        {"method": "notifications/initialized"},
+        {"id": 1, "method": "tools/list"},
+    ]
+    headers: dict[str, str] = {}
+    answered = False
     try:
         async with httpx2.AsyncClient(trust_env=False) as client:
             with anyio.fail_after(guard.settings.request_timeout_seconds):
-                response = await client.send(request, stream=True)
-                await response.aclose()
+                for message in probes:
+                    request = _probe_request(connection, message, headers)
+                    response = await client.send(request, stream=True)
+                    await response.aclose()
+                    if response.status_code in (401, 403):
+                        return response
+                    if not response.is_success:
+                        return None
+                    answered = True
+                    session = response.headers.get("mcp-session-id")
+                    if session and "mcp-session-id" not in headers:
+                        headers = {"mcp-session-id": session, "mcp-protocol-version": version}
+                if "mcp-session-id" in headers:
+                    # The probe's session ends here (a server may refuse: no matter).
+                    with contextlib.suppress(httpx2.HTTPError):
+                        ended = httpx2.Request(
+                            "DELETE", connection.url, headers={**connection.headers, **headers}
+                        )
+                        await (await client.send(ended, stream=True)).aclose()
     except (TimeoutError, httpx2.HTTPError) as error:
+        if answered:
+            # It answered initialize: a server, whose metadata the well-known URLs give.
+            return None
         raise guard.failed(
             connection.name,
             connection.url,
             f"the server did not answer: {type(error).__name__}",
         ) from None
-    return response if response.status_code in (401, 403) else None
+    return None
 
 
 def _check_resource(
@@ -203,11 +240,22 @@ def _check_resource(
     named = str(metadata.resource)
     expected = resource_url_from_server_url(connection.url)
     if not check_resource_allowed(requested_resource=expected, configured_resource=named):
-        raise guard.failed(
+        raise metadata_refused(
             connection.name,
             url,
             f"the protected-resource metadata is for {without_query(named)}, not {expected}",
         )
+
+
+def metadata_refused(connection: str, url: str, detail: str) -> OAuthMetadataRefused:
+    """Metadata refused for what it says (another resource, another issuer): not retryable,
+    unlike a discovery that failed (`OutboundGuard.failed`)."""
+    return OAuthMetadataRefused(
+        f"connection {short(connection)!r}: {without_query(url)}: {detail}",
+        connection=short(connection),
+        url=without_query(url),
+        detail=short(detail, MAX_OAUTH_ERROR_CHARS),
+    )
 
 
 def _default_endpoints(server_url: str) -> OAuthMetadata:

@@ -204,6 +204,13 @@ const (
 	// Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`, `issuer`
 	// (the expected one), `iss` (the one received; empty when missing).
 	ErrorReason_ERROR_REASON_SIGN_IN_ISSUER_MISMATCH ErrorReason = 35
+	// The server's protected-resource metadata or its authorization server's
+	// metadata was had, and is refused for what it says: it names another
+	// resource than the server (RFC 9728 §3.3), or its issuer is not the
+	// authorization server it was asked of (RFC 8414 §3.3). Not retryable:
+	// the same metadata gets the same answer until its publisher fixes it.
+	// Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
+	ErrorReason_ERROR_REASON_OAUTH_METADATA_REFUSED ErrorReason = 36
 )
 
 // Enum value maps for ErrorReason.
@@ -243,6 +250,7 @@ var (
 		33: "ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED",
 		34: "ERROR_REASON_OAUTH_ISSUER_MISMATCH",
 		35: "ERROR_REASON_SIGN_IN_ISSUER_MISMATCH",
+		36: "ERROR_REASON_OAUTH_METADATA_REFUSED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                       0,
@@ -279,6 +287,7 @@ var (
 		"ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED": 33,
 		"ERROR_REASON_OAUTH_ISSUER_MISMATCH":             34,
 		"ERROR_REASON_SIGN_IN_ISSUER_MISMATCH":           35,
+		"ERROR_REASON_OAUTH_METADATA_REFUSED":            36,
 	}
 )
 
@@ -313,7 +322,7 @@ var File_psych_sidecar_v1_errors_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xae\n" +
+	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xd7\n" +
 	"\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
@@ -350,7 +359,8 @@ const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	" ERROR_REASON_OAUTH_GRANT_REFUSED\x10 \x122\n" +
 	".ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED\x10!\x12&\n" +
 	"\"ERROR_REASON_OAUTH_ISSUER_MISMATCH\x10\"\x12(\n" +
-	"$ERROR_REASON_SIGN_IN_ISSUER_MISMATCH\x10#\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
+	"$ERROR_REASON_SIGN_IN_ISSUER_MISMATCH\x10#\x12'\n" +
+	"#ERROR_REASON_OAUTH_METADATA_REFUSED\x10$\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
 	"\x14dev.psych.sidecar.v1B\vErrorsProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (

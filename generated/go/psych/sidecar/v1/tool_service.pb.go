@@ -90,9 +90,16 @@ type ToolOutcome struct {
 	// The sequence number of the tool-result record appended to the log.
 	Sequence int64 `protobuf:"varint,3,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// The handle of that record, for ReadToolOutput.
-	Handle        string `protobuf:"bytes,4,opt,name=handle,proto3" json:"handle,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Handle string `protobuf:"bytes,4,opt,name=handle,proto3" json:"handle,omitempty"`
+	// Set when the call failed (is_error) because its connection needs
+	// authorizing: why, as Connection.authorization_required_reason says it. A
+	// host can act on it at once: sign its user in (BeginSignIn) for
+	// NEVER_SIGNED_IN, REFRESH_REFUSED or SCOPE_MISSING, or have an operator fix
+	// CREDENTIALS_REFUSED, then call again with a new call id. Unset for every
+	// other outcome, and on a retry's answer read back from the log.
+	AuthorizationRequiredReason AuthorizationRequiredReason `protobuf:"varint,5,opt,name=authorization_required_reason,json=authorizationRequiredReason,proto3,enum=psych.sidecar.v1.AuthorizationRequiredReason" json:"authorization_required_reason,omitempty"`
+	unknownFields               protoimpl.UnknownFields
+	sizeCache                   protoimpl.SizeCache
 }
 
 func (x *ToolOutcome) Reset() {
@@ -151,6 +158,13 @@ func (x *ToolOutcome) GetHandle() string {
 		return x.Handle
 	}
 	return ""
+}
+
+func (x *ToolOutcome) GetAuthorizationRequiredReason() AuthorizationRequiredReason {
+	if x != nil {
+		return x.AuthorizationRequiredReason
+	}
+	return AuthorizationRequiredReason_AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED
 }
 
 // CallDeferredToolRequest is the request of ToolService.CallDeferredTool.
@@ -1096,13 +1110,14 @@ var File_psych_sidecar_v1_tool_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\n" +
-	"#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"}\n" +
+	"#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xf0\x01\n" +
 	"\vToolOutcome\x12\x19\n" +
 	"\bis_error\x18\x01 \x01(\bR\aisError\x12\x1f\n" +
 	"\vresult_json\x18\x02 \x01(\fR\n" +
 	"resultJson\x12\x1a\n" +
 	"\bsequence\x18\x03 \x01(\x03R\bsequence\x12\x16\n" +
-	"\x06handle\x18\x04 \x01(\tR\x06handle\"\x85\x02\n" +
+	"\x06handle\x18\x04 \x01(\tR\x06handle\x12q\n" +
+	"\x1dauthorization_required_reason\x18\x05 \x01(\x0e2-.psych.sidecar.v1.AuthorizationRequiredReasonR\x1bauthorizationRequiredReason\"\x85\x02\n" +
 	"\x17CallDeferredToolRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1c\n" +
 	"\x06server\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06server\x12\x18\n" +
@@ -1212,38 +1227,40 @@ var file_psych_sidecar_v1_tool_service_proto_goTypes = []any{
 	(*SearchHit)(nil),                // 13: psych.sidecar.v1.SearchHit
 	(*DispatchToolCallRequest)(nil),  // 14: psych.sidecar.v1.DispatchToolCallRequest
 	(*DispatchToolCallResponse)(nil), // 15: psych.sidecar.v1.DispatchToolCallResponse
-	(*structpb.Struct)(nil),          // 16: google.protobuf.Struct
-	(*durationpb.Duration)(nil),      // 17: google.protobuf.Duration
-	(*CatalogTool)(nil),              // 18: psych.sidecar.v1.CatalogTool
-	(*ToolCall)(nil),                 // 19: psych.sidecar.v1.ToolCall
+	(AuthorizationRequiredReason)(0), // 16: psych.sidecar.v1.AuthorizationRequiredReason
+	(*structpb.Struct)(nil),          // 17: google.protobuf.Struct
+	(*durationpb.Duration)(nil),      // 18: google.protobuf.Duration
+	(*CatalogTool)(nil),              // 19: psych.sidecar.v1.CatalogTool
+	(*ToolCall)(nil),                 // 20: psych.sidecar.v1.ToolCall
 }
 var file_psych_sidecar_v1_tool_service_proto_depIdxs = []int32{
-	16, // 0: psych.sidecar.v1.CallDeferredToolRequest.arguments:type_name -> google.protobuf.Struct
-	17, // 1: psych.sidecar.v1.CallDeferredToolRequest.timeout:type_name -> google.protobuf.Duration
-	1,  // 2: psych.sidecar.v1.CallDeferredToolResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
-	6,  // 3: psych.sidecar.v1.ReadToolOutputResponse.matches:type_name -> psych.sidecar.v1.GrepMatch
-	18, // 4: psych.sidecar.v1.DescribeToolResponse.tool:type_name -> psych.sidecar.v1.CatalogTool
-	13, // 5: psych.sidecar.v1.SearchToolsResponse.hits:type_name -> psych.sidecar.v1.SearchHit
-	19, // 6: psych.sidecar.v1.DispatchToolCallRequest.call:type_name -> psych.sidecar.v1.ToolCall
-	0,  // 7: psych.sidecar.v1.DispatchToolCallResponse.disposition:type_name -> psych.sidecar.v1.DispatchDisposition
-	1,  // 8: psych.sidecar.v1.DispatchToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
-	2,  // 9: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
-	4,  // 10: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
-	7,  // 11: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
-	9,  // 12: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
-	11, // 13: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
-	14, // 14: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
-	3,  // 15: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
-	5,  // 16: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
-	8,  // 17: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
-	10, // 18: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
-	12, // 19: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
-	15, // 20: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
-	15, // [15:21] is the sub-list for method output_type
-	9,  // [9:15] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	16, // 0: psych.sidecar.v1.ToolOutcome.authorization_required_reason:type_name -> psych.sidecar.v1.AuthorizationRequiredReason
+	17, // 1: psych.sidecar.v1.CallDeferredToolRequest.arguments:type_name -> google.protobuf.Struct
+	18, // 2: psych.sidecar.v1.CallDeferredToolRequest.timeout:type_name -> google.protobuf.Duration
+	1,  // 3: psych.sidecar.v1.CallDeferredToolResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	6,  // 4: psych.sidecar.v1.ReadToolOutputResponse.matches:type_name -> psych.sidecar.v1.GrepMatch
+	19, // 5: psych.sidecar.v1.DescribeToolResponse.tool:type_name -> psych.sidecar.v1.CatalogTool
+	13, // 6: psych.sidecar.v1.SearchToolsResponse.hits:type_name -> psych.sidecar.v1.SearchHit
+	20, // 7: psych.sidecar.v1.DispatchToolCallRequest.call:type_name -> psych.sidecar.v1.ToolCall
+	0,  // 8: psych.sidecar.v1.DispatchToolCallResponse.disposition:type_name -> psych.sidecar.v1.DispatchDisposition
+	1,  // 9: psych.sidecar.v1.DispatchToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	2,  // 10: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
+	4,  // 11: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
+	7,  // 12: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
+	9,  // 13: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
+	11, // 14: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
+	14, // 15: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
+	3,  // 16: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
+	5,  // 17: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
+	8,  // 18: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
+	10, // 19: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
+	12, // 20: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
+	15, // 21: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
+	16, // [16:22] is the sub-list for method output_type
+	10, // [10:16] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_tool_service_proto_init() }

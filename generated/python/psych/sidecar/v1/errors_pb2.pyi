@@ -223,6 +223,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`, `issuer`
     (the expected one), `iss` (the one received; empty when missing).
     """
+    ERROR_REASON_OAUTH_METADATA_REFUSED: _ErrorReason.ValueType  # 36
+    """The server's protected-resource metadata or its authorization server's
+    metadata was had, and is refused for what it says: it names another
+    resource than the server (RFC 9728 §3.3), or its issuer is not the
+    authorization server it was asked of (RFC 8414 §3.3). Not retryable:
+    the same metadata gets the same answer until its publisher fixes it.
+    Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -438,5 +446,13 @@ advertises authorization_response_iss_parameter_supported. The code is
 not exchanged and the state is spent: begin again.
 Status FAILED_PRECONDITION. Metadata: `tenant`, `connection`, `issuer`
 (the expected one), `iss` (the one received; empty when missing).
+"""
+ERROR_REASON_OAUTH_METADATA_REFUSED: ErrorReason.ValueType  # 36
+"""The server's protected-resource metadata or its authorization server's
+metadata was had, and is refused for what it says: it names another
+resource than the server (RFC 9728 §3.3), or its issuer is not the
+authorization server it was asked of (RFC 8414 §3.3). Not retryable:
+the same metadata gets the same answer until its publisher fixes it.
+Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -57,6 +57,7 @@ class ToolOutcome(_message.Message):
     RESULT_JSON_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
     HANDLE_FIELD_NUMBER: _builtins.int
+    AUTHORIZATION_REQUIRED_REASON_FIELD_NUMBER: _builtins.int
     is_error: _builtins.bool
     """Whether the call failed, as the model should see it."""
     result_json: _builtins.bytes
@@ -69,6 +70,14 @@ class ToolOutcome(_message.Message):
     """The sequence number of the tool-result record appended to the log."""
     handle: _builtins.str
     """The handle of that record, for ReadToolOutput."""
+    authorization_required_reason: _connection_pb2.AuthorizationRequiredReason.ValueType
+    """Set when the call failed (is_error) because its connection needs
+    authorizing: why, as Connection.authorization_required_reason says it. A
+    host can act on it at once: sign its user in (BeginSignIn) for
+    NEVER_SIGNED_IN, REFRESH_REFUSED or SCOPE_MISSING, or have an operator fix
+    CREDENTIALS_REFUSED, then call again with a new call id. Unset for every
+    other outcome, and on a retry's answer read back from the log.
+    """
     def __init__(
         self,
         *,
@@ -76,10 +85,11 @@ class ToolOutcome(_message.Message):
         result_json: _builtins.bytes = ...,
         sequence: _builtins.int = ...,
         handle: _builtins.str = ...,
+        authorization_required_reason: _connection_pb2.AuthorizationRequiredReason.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle", b"handle", "is_error", b"is_error", "result_json", b"result_json", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authorization_required_reason", b"authorization_required_reason", "handle", b"handle", "is_error", b"is_error", "result_json", b"result_json", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
