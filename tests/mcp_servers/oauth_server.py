@@ -25,6 +25,8 @@ resource server in one, built on the MCP SDK's server auth.
   it, answers nothing) until `POST /admin/hold-tokens?on=0` lets them all through;
   `GET /admin/held-tokens?count=N&within=S` answers {"held"} (how many it holds now) once it
   holds N, or after S seconds when it does not;
+- `POST /admin/claim-expires-in?seconds=N`: every token response from then on claims
+  expires_in N (a hostile or careless number; the tokens still live `--token-seconds`);
 - `POST /admin/revoke` forgets every refresh token (and with `?access=1` every access token);
   `POST /admin/refuse-access?on=1` refuses every access token, fresh ones too (`on=0` ends it);
   `GET /admin/stats` answers {"refreshes", "client_credentials", "registrations", "calls",
@@ -116,6 +118,8 @@ class MemoryProvider:
         self.issuer = ""
         # Set by POST /admin/next-access-token: the next access token issued.
         self.next_access = ""
+        # Set by POST /admin/claim-expires-in: what token responses claim as expires_in.
+        self.claimed_expires_in: int | None = None
         self.stats = {
             "refreshes": 0,
             "rejected_refreshes": 0,
@@ -186,7 +190,7 @@ class MemoryProvider:
         )
         return OAuthToken(
             access_token=access,
-            expires_in=self.token_seconds,
+            expires_in=self.claimed_expires_in or self.token_seconds,
             scope=" ".join(scopes),
             refresh_token=refresh,
         )
@@ -387,6 +391,9 @@ def build_app(options: argparse.Namespace) -> Any:
         if request.url.path == "/admin/refuse-access":
             provider.refuse_access = request.query_params.get("on") == "1"
             return JSONResponse({"refuse_access": provider.refuse_access})
+        if request.url.path == "/admin/claim-expires-in":
+            provider.claimed_expires_in = int(request.query_params["seconds"])
+            return JSONResponse({"claimed_expires_in": provider.claimed_expires_in})
         if request.url.path == "/admin/revoke":
             provider.refresh.clear()
             if request.query_params.get("access"):

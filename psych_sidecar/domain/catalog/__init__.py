@@ -67,9 +67,11 @@ from psych_sidecar.domain.catalog.secrets import (
     without_secrets,
 )
 from psych_sidecar.domain.catalog.service import ConnectionService
+from psych_sidecar.domain.catalog.urls import MAX_URL_CHARS, http_url_problem
 
 __all__ = [
     "DESCRIPTION_PROMPT_CHARS",
+    "MAX_URL_CHARS",
     "NO_REJECTIONS",
     "REDACTED",
     "AllowedCommand",
@@ -108,6 +110,7 @@ __all__ = [
     "diff_catalog",
     "env_name_allowed",
     "glob_match",
+    "http_url_problem",
     "listing_fingerprint",
     "redact_url",
     "rejected_tool",

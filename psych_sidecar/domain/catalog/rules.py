@@ -24,6 +24,7 @@ from psych_sidecar.domain.catalog.connections import (
     TransportKind,
 )
 from psych_sidecar.domain.catalog.oauth import AuthKind, ClientKind
+from psych_sidecar.domain.catalog.urls import http_url_problem
 from psych_sidecar.domain.errors import (
     CatalogVersionNotFound,
     CommandNotAllowed,
@@ -261,10 +262,13 @@ def _validate_stdio(connection: Connection, allowed_commands: Mapping[str, Allow
 
 
 def _validate_url(url: str, field_path: str) -> None:
+    # The parser every URL of a connection meets again later (the sign-in's requests, the
+    # SDK's URL type), so what passes here does not fail there.
     if not url:
         raise field_required(field_path)
-    if not re.fullmatch(r"https?://[^\s/?#]+[^\s]*", url):
-        raise field_invalid(field_path, "must be an http:// or https:// URL")
+    problem = http_url_problem(url)
+    if problem:
+        raise field_invalid(field_path, f"must be an http:// or https:// URL: {problem}")
 
 
 def _validate_strings(values: Mapping[str, str], field_path: str) -> None:
@@ -329,8 +333,9 @@ def _validate_oauth(connection: Connection) -> None:
             raise field_required(f"{base}.registered_client.client_id")
         if auth.issuer:
             _validate_url(auth.issuer, f"{base}.registered_client.issuer")
-        if auth.client_kind is ClientKind.METADATA_URL and not re.fullmatch(
-            r"https://[^\s/?#]+/[^\s]+", auth.client_metadata_url
+        if auth.client_kind is ClientKind.METADATA_URL and (
+            not re.fullmatch(r"https://[^\s/?#]+/[^\s]+", auth.client_metadata_url)
+            or http_url_problem(auth.client_metadata_url)
         ):
             raise field_invalid(
                 f"{base}.client_metadata_url", "must be an https:// URL with a path other than /"

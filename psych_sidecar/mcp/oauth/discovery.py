@@ -96,10 +96,15 @@ async def discover(guard: OutboundGuard, connection: Connection) -> Discovery:
     allows (its 401 challenge, the RFC 9728 and RFC 8414 well-known URLs); every endpoint the
     sidecar will request checked by the guard."""
     name = connection.name
+    # A connection stored before its URL met the parser is refused here, typed, not by the
+    # HTTP client.
+    guard.parse(name, connection.url)
     challenge = await _challenge(guard, connection)
     resource_metadata: ProtectedResourceMetadata | None = None
     pointed = extract_resource_metadata_from_www_auth(challenge) if challenge else None
     for url in build_protected_resource_metadata_discovery_urls(pointed, connection.url):
+        # The challenge's URL is the server's to choose: parsed before it is requested.
+        guard.parse(name, url)
         response = await guard.send(name, create_oauth_metadata_request(url))
         if response.status_code >= 500 or response.status_code == 429:
             raise guard.failed(name, url, f"HTTP {response.status_code}")
@@ -123,6 +128,7 @@ async def discover(guard: OutboundGuard, connection: Connection) -> Discovery:
         auth_server, connection.url
     ):
         tried = url
+        guard.parse(name, url)
         response = await guard.send(name, create_oauth_metadata_request(url))
         last_status = response.status_code
         try:

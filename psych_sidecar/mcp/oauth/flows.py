@@ -233,6 +233,7 @@ class OAuthFlows:
                 connection=short(connection.name),
                 detail=detail,
             ) from None
+        _check_registered_client(connection, client)
         client.issuer = discovery.issuer
         return client
 
@@ -360,6 +361,8 @@ class OAuthFlows:
             "accept": "application/json",
         }
         method = client.token_endpoint_auth_method
+        if method == "private_key_jwt" and not auth.private_key_pem:
+            raise _unusable_client(connection, "private_key_jwt, with no private key configured")
         if method == "private_key_jwt":
             assertion = SignedJWTParameters(
                 issuer=auth.client_id,
@@ -396,6 +399,29 @@ class OAuthFlows:
             ) from None
 
 
+# What the sidecar can authenticate a dynamically registered client with at the token
+# endpoint: nothing (a public client) or the secret the registration answer holds. Not
+# private_key_jwt: a registered client has no key of the sidecar's.
+_REGISTERED_CLIENT_METHODS = ("none", "client_secret_post", "client_secret_basic")
+
+
+def _check_registered_client(connection: Connection, client: OAuthClientInformationFull) -> None:
+    """Refuse a registration answer the sidecar could not sign in with, at registration rather
+    than at the token request."""
+    method = client.token_endpoint_auth_method or "client_secret_post"
+    if method not in _REGISTERED_CLIENT_METHODS:
+        raise _unusable_client(connection, f"{method}, which a registered client cannot use")
+
+
+def _unusable_client(connection: Connection, what: str) -> OAuthRegistrationFailed:
+    detail = f"the client authenticates at the token endpoint by {what}"
+    return OAuthRegistrationFailed(
+        f"connection {short(connection.name)!r}: {detail}; configure a registered client",
+        connection=short(connection.name),
+        detail=detail,
+    )
+
+
 def _registered_client_auth_method(metadata: OAuthMetadata, has_secret: bool) -> str:
     """How a pre-registered client authenticates at the token endpoint: a public one not at
     all; one with a secret by HTTP Basic (client_secret_basic, which every authorization server
@@ -413,6 +439,21 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+# The range a token response's expires_in is clamped to (docs/security.md): at least a second,
+# at most a year. Beyond it a date overflows (10^12 s is 31,000 years); a year-long access
+# token is renewed yearly anyway.
+MIN_TOKEN_LIFETIME_SECONDS = 1
+MAX_TOKEN_LIFETIME_SECONDS = 365 * 24 * 3600
+
+
+def token_lifetime(expires_in: int | None) -> int | None:
+    """A token response's expires_in, clamped to [MIN_TOKEN_LIFETIME_SECONDS,
+    MAX_TOKEN_LIFETIME_SECONDS]; None (no expiry named) stays None."""
+    if expires_in is None:
+        return None
+    return max(MIN_TOKEN_LIFETIME_SECONDS, min(MAX_TOKEN_LIFETIME_SECONDS, expires_in))
+
+
 def _grant(
     revision: int,
     token: OAuthToken,
@@ -420,6 +461,9 @@ def _grant(
     discovery: Discovery,
     reason: AuthorizationReason | None,
 ) -> OAuthGrant:
+    # Clamped where it arrives: the stored token and its expire_time agree, and a hostile
+    # number never reaches date arithmetic.
+    token.expires_in = token_lifetime(token.expires_in)
     expire_time = (
         None
         if token.expires_in is None
