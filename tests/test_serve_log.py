@@ -1,10 +1,12 @@
 """What `psych-sidecar serve` says in its log: a warning naming each allowed stdio command
-that cannot start, and none of gRPC core's INFO lines ("Got goaway") while it serves."""
+that cannot start, and none of gRPC core's INFO lines ("Got goaway") while it serves; and
+`scripts/serve` with another sidecar answering, which says so before it installs anything."""
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +14,8 @@ from psych_sidecar.config import StdioCommand
 from psych_sidecar.mcp.command_check import commands_that_cannot_start
 from tests.support.processes import served
 
-FIXTURE_SERVER = Path(__file__).parent / "mcp_servers" / "fixture_server.py"
+ROOT = Path(__file__).parent.parent
+FIXTURE_SERVER = ROOT / "tests" / "mcp_servers" / "fixture_server.py"
 
 
 def test_each_allowed_command_that_cannot_start_is_named_at_start(tmp_path: Path) -> None:
@@ -87,3 +90,21 @@ def test_a_client_s_goaway_leaves_no_grpc_core_line_in_the_log(tmp_path: Path) -
     # Before: "I1204 05:16:17.238822 28876 chttp2_transport.cc:1403] unix:: Got goaway [2] ..."
     assert "Got goaway" not in sidecar.log
     assert "chttp2_transport.cc" not in sidecar.log
+
+
+def test_a_second_scripts_serve_says_another_serves_before_installing(tmp_path: Path) -> None:
+    """scripts/serve uses the clone's .venv (scripts/test, and so CI, makes it)."""
+    listen = f"unix://{tmp_path / 's.sock'}"
+    with served("--listen", listen, "--data-dir", str(tmp_path / "one")):
+        second = subprocess.run(
+            [ROOT / "scripts" / "serve", "--listen", listen, "--data-dir", str(tmp_path / "two")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    # Before: "[1/3] using the virtualenv .venv", "[2/3] installing psych-sidecar …" (pip, 8 s).
+    assert second.returncode == 1
+    assert "another sidecar is already serving on" in second.stderr
+    assert "installing" not in second.stdout + second.stderr
+    assert not (tmp_path / "two").exists()

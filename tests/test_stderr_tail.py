@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 
 import pytest
-from psych.sidecar.v1 import connection_pb2
 
+from psych.sidecar.v1 import connection_pb2
 from psych_sidecar.mcp.stderr import LOG_LINES_PER_INTERVAL, OPENING_LINE_CHARS, StderrTail
 from tests.support.connections import put_stdio
 from tests.support.polling import wait_for
@@ -36,7 +36,8 @@ SIDECAR_OVERRIDES = {
             "argv": [
                 sys.executable,
                 "-c",
-                "import os, sys; sys.exit('Error: refused ' + os.environ['APP_TOKEN'] + 'x' * 9000)",
+                "import os, sys; "
+                "sys.exit('Error: refused ' + os.environ['APP_TOKEN'] + 'x' * 9000)",
             ],
             "allowed_env": ["APP_*"],
         },
@@ -117,7 +118,9 @@ def test_a_node_server_without_its_script_says_so_in_last_error(
 ) -> None:
     error = _last_error(stubs, unique("tenant"), "node-without-its-script")
     # Before: "MCP error -32000: Connection closed", the cause only in the sidecar's log.
-    assert error.startswith("MCP error -32000: Connection closed; stderr: Error: Cannot find module")
+    assert error.startswith(
+        "MCP error -32000: Connection closed; stderr: Error: Cannot find module"
+    )
     assert "/nonexistent/mcp-server/index.js" in error
 
 
