@@ -5,6 +5,7 @@
 #
 # Job control (set -m) is what gives each background step its own process group. A Ctrl-C on a
 # terminal reaches only the script (the terminal's foreground group); the trap passes it on.
+# A step reads nothing from the terminal (stdin is /dev/null): in a group of its own it could not.
 
 set -m
 step_pid=""
@@ -24,7 +25,7 @@ trap 'stop_on_signal INT' INT
 trap 'stop_on_signal TERM' TERM
 
 run() { # CMD [ARGS...]: its exit status is the step's
-    "$@" &
+    "$@" </dev/null &
     step_pid=$!
     local status=0
     # (wait's stderr is job control's "[1]+ Done" notice.)
