@@ -54,9 +54,10 @@ class _Opening:
 
     def line(self) -> str:
         """The first line naming an error, else the first line that is not blank."""
-        text = self.data.decode(errors="replace")
+        data = bytes(self.data)  # the reader may still be adding to it (a child holds the pipe)
+        text = data.decode(errors="replace")
         head, _, cut = text.rpartition("\n")
-        if len(self.data) >= OPENING_BYTES and len(cut) < OPENING_BYTES // 2:
+        if len(data) >= OPENING_BYTES and len(cut) < OPENING_BYTES // 2:
             # A line cut at the limit could end in part of a secret the scrubber would miss;
             # one that ran for half the limit is quoted far from the cut.
             text = head
