@@ -94,6 +94,8 @@ def test_a_client_s_goaway_leaves_no_grpc_core_line_in_the_log(tmp_path: Path) -
 
 def test_a_second_scripts_serve_says_another_serves_before_installing(tmp_path: Path) -> None:
     """scripts/serve uses the clone's .venv (scripts/test, and so CI, makes it)."""
+    # Without it scripts/serve would make it: a first install, not this test's business.
+    assert (ROOT / ".venv" / "bin" / "psych-sidecar").exists(), "no .venv: run scripts/test"
     listen = f"unix://{tmp_path / 's.sock'}"
     with served("--listen", listen, "--data-dir", str(tmp_path / "one")):
         second = subprocess.run(
