@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 from psych_sidecar.config import load_settings
+from tests.support.processes import served
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
-FIRST_CALLS = "### First calls from Go or TypeScript, in your own project"
+FIRST_CALLS = "### First calls from Python, Go or TypeScript, in your own project"
+PYTHON = "#### Python"
 GO = "#### Go"
 TYPESCRIPT = "#### TypeScript"
 # How the README names the reader's clone in its set-up commands.
@@ -105,6 +109,61 @@ def test_the_address_comes_from_the_environment_as_scripts_serve_prints_it() -> 
     assert export == f"export PSYCH_SIDECAR_ADDRESS=unix:{CLONE}/psych-sidecar-data/sidecar.sock\n"
     for path in ("tests/go/readme/main.go", "tests/ts/src/readme.ts"):
         assert "PSYCH_SIDECAR_ADDRESS" in _region(path)
+    (python,) = _blocks("python", PYTHON)
+    assert 'os.environ.get("PSYCH_SIDECAR_ADDRESS", "")' in python
+
+
+def test_the_python_set_up_names_its_interpreter() -> None:
+    """A plain python3 has no grpc: the README runs the snippet with the clone's .venv, and
+    says how to install the stubs and the client into a host's own environment instead."""
+    create, run = _blocks("sh", PYTHON)
+    assert create == "mkdir my-host && cd my-host\n"
+    assert run == f"{CLONE}/.venv/bin/python main.py\n"
+    assert f"`pip install {CLONE}\n{CLONE}/clients/python`" in README
+
+
+def _python_snippet(directory: Path, address: str) -> subprocess.CompletedProcess[str]:
+    """The README's Python snippet, saved as main.py in `directory` (outside the clone) and run
+    there with this interpreter (the clone's .venv in CI), as the README says."""
+    (snippet,) = _blocks("python", PYTHON)
+    (directory / "main.py").write_text(snippet)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PSYCH_SIDECAR_")}
+    return subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=directory,
+        env={**environment, "PSYCH_SIDECAR_ADDRESS": address},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_python_snippet_runs_from_a_directory_outside_the_clone(tmp_path: Path) -> None:
+    (tmp_path / "clone").mkdir()
+    (tmp_path / "my-host").mkdir()
+    socket_path = tmp_path / "clone" / "psych-sidecar-data" / "sidecar.sock"
+    # scripts/serve's defaults, from the clone's root.
+    with served(health=f"unix:{socket_path}", cwd=tmp_path / "clone"):
+        outcome = _python_snippet(tmp_path / "my-host", f"unix:{socket_path}")
+    assert outcome.returncode == 0, outcome.stderr
+    assert outcome.stdout.splitlines() == [
+        "appended at sequence 1",
+        "NOT_FOUND RUN_NOT_FOUND run_missing",
+    ]
+
+
+def test_the_python_snippet_names_a_missing_socket_at_once(tmp_path: Path) -> None:
+    """Before: a relative address tried from another directory, 10 s of waiting, then a
+    FutureTimeoutError traceback that never named the address."""
+    for address in ("unix:psych-sidecar-data/sidecar.sock", f"unix://{tmp_path / 'nobody.sock'}"):
+        outcome = _python_snippet(tmp_path, address)
+        socket_path = address.removeprefix("unix:").removeprefix("//")
+        assert outcome.returncode == 1
+        assert outcome.stderr == (
+            f"no socket at {socket_path} (PSYCH_SIDECAR_ADDRESS={address}): "
+            "is scripts/serve running?\n"
+        )
 
 
 if __name__ == "__main__":

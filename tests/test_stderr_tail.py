@@ -1,16 +1,53 @@
-"""A stdio server's stderr rate limit (psych_sidecar/mcp/stderr.py): the lines it leaves out
-are counted in a WARNING when their window closes, whether or not another line arrives."""
+"""A stdio server's stderr (psych_sidecar/mcp/stderr.py): the rate limit's left-out lines are
+counted in a WARNING when their window closes, whether or not another line arrives; a server
+that dies as it starts has the line naming its error in the connection's last_error."""
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
-from psych_sidecar.mcp.stderr import LOG_LINES_PER_INTERVAL, StderrTail
+from psych.sidecar.v1 import connection_pb2
+from psych_sidecar.mcp.stderr import LOG_LINES_PER_INTERVAL, OPENING_LINE_CHARS, StderrTail
+from tests.support.connections import put_stdio
 from tests.support.polling import wait_for
+from tests.support.sidecar import Stubs
+
+# Servers that die as they start, each saying why on stderr in its own way.
+SIDECAR_OVERRIDES = {
+    "mcp_commands": {
+        # Node's "Cannot find module" comes after a few lines of its loader's source.
+        "node-without-its-script": {"argv": ["node", "/nonexistent/mcp-server/index.js", "stdio"]},
+        # Python's error is the traceback's last line.
+        "python-without-its-sdk": {
+            "argv": [
+                sys.executable,
+                "-c",
+                "import sys; print('starting', file=sys.stderr); import an_sdk_not_installed",
+            ]
+        },
+        # A secret in the error, and a line longer than a last_error may quote.
+        "quoting-its-token": {
+            "argv": [
+                sys.executable,
+                "-c",
+                "import os, sys; "
+                "sys.exit('Error: refused ' + os.environ['APP_TOKEN'] + 'x' * 9000)",
+            ],
+            "allowed_env": ["APP_*"],
+        },
+    },
+    "mcp_reconnect_min_seconds": 30,
+    "semantic_search": "off",
+}
+# The attempt's failure is the same on every backend and transport.
+SIDECAR_DATABASES = ["sqlite"]
+SIDECAR_TRANSPORTS = ["unix"]
 
 # Short enough that the tests wait fractions of a second for a window to close.
 WINDOW_SECONDS = 0.2
@@ -68,3 +105,45 @@ def test_each_window_counts_its_own_lines_once(caplog: pytest.LogCaptureFixture)
         "3 stderr lines not logged (rate limit)",
         "5 stderr lines not logged (rate limit)",
     ]
+
+
+def _last_error(stubs: Stubs, tenant: str, command: str, **fields: object) -> str:
+    connection = put_stdio(stubs, tenant, command, command, **fields)
+    assert connection.state == connection_pb2.CONNECTION_STATE_UNREACHABLE
+    return connection.last_error
+
+
+def test_a_node_server_without_its_script_says_so_in_last_error(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    error = _last_error(stubs, unique("tenant"), "node-without-its-script")
+    # Before: "MCP error -32000: Connection closed", the cause only in the sidecar's log.
+    assert error.startswith(
+        "MCP error -32000: Connection closed; stderr: Error: Cannot find module"
+    )
+    assert "/nonexistent/mcp-server/index.js" in error
+
+
+def test_a_python_server_without_its_sdk_says_so_in_last_error(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    error = _last_error(stubs, unique("tenant"), "python-without-its-sdk")
+    assert error.endswith(
+        "; stderr: ModuleNotFoundError: No module named 'an_sdk_not_installed'"
+    ), error
+
+
+def test_the_quoted_stderr_line_is_scrubbed_and_bounded(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    token = "tok-" + unique("secret")
+    error = _last_error(
+        stubs,
+        unique("tenant"),
+        "quoting-its-token",
+        env={"APP_TOKEN": token},
+    )
+    quoted = error.split("; stderr: ", 1)[1]
+    assert quoted.startswith("Error: refused REDACTED")
+    assert token not in error
+    assert len(quoted) == OPENING_LINE_CHARS

@@ -21,6 +21,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	sidecarv1 "github.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1"
@@ -77,8 +81,13 @@ type Client struct {
 
 // Dial connects to address — "unix:///absolute.sock", "unix:relative.sock"
 // or "host:port", as the sidecar's --listen takes them — and waits until it
-// reports SERVING, for at most ReadyTimeout.
+// reports SERVING, for at most ReadyTimeout. Before it waits, CheckAddress
+// says at once what is wrong with the address: a Unix socket that is not
+// there, or a socket path written without "unix:".
 func Dial(ctx context.Context, address string, options Options) (*Client, error) {
+	if err := CheckAddress(address); err != nil {
+		return nil, err
+	}
 	if options.ReadyTimeout == 0 {
 		options.ReadyTimeout = DefaultReadyTimeout
 	}
@@ -117,6 +126,52 @@ func Dial(ctx context.Context, address string, options Options) (*Client, error)
 	}
 	return c, nil
 }
+
+// CheckAddress returns what is wrong with address, at once: a "unix:" socket
+// that is not there (errors.Is(err, fs.ErrNotExist) holds) or is not a
+// socket, or a socket path written without "unix:". A TCP address is only
+// tried, by Dial.
+func CheckAddress(address string) error {
+	if address == "" {
+		return errors.New("no sidecar address: give the one scripts/serve prints (unix:/…/psych-sidecar-data/sidecar.sock)")
+	}
+	rest, isUnix := strings.CutPrefix(address, "unix:")
+	if !isUnix {
+		if !strings.Contains(address, "://") && (strings.HasPrefix(address, "/") ||
+			strings.HasPrefix(address, ".") || strings.HasPrefix(address, "~") ||
+			strings.HasSuffix(address, ".sock") ||
+			(strings.Contains(address, "/") && !strings.Contains(address, ":"))) {
+			return fmt.Errorf("%s is a socket path without unix: in front: write unix:%s", address, address)
+		}
+		return nil
+	}
+	path, err := filepath.Abs(strings.TrimPrefix(rest, "//"))
+	if err != nil {
+		return err
+	}
+	info, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		why := "is the sidecar running, and listening there?"
+		if dir, statErr := os.Stat(filepath.Dir(path)); statErr != nil || !dir.IsDir() {
+			why = fmt.Sprintf("the directory %s does not exist", filepath.Dir(path))
+		}
+		return missingSocket(fmt.Sprintf("no socket at %s (from %s): %s", path, address, why))
+	}
+	if err != nil {
+		return err
+	}
+	if info.Mode()&fs.ModeSocket == 0 {
+		return fmt.Errorf("%s (from %s) is not a socket", path, address)
+	}
+	return nil
+}
+
+// missingSocket is CheckAddress's error for a socket that is not there.
+type missingSocket string
+
+func (m missingSocket) Error() string { return string(m) }
+
+func (m missingSocket) Is(target error) bool { return target == fs.ErrNotExist }
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.Conn.Close() }

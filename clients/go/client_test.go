@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -96,7 +97,14 @@ func startSidecar() (*sidecarProcess, error) {
 	if err := s.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (set PSYCH_SIDECAR_BIN): %w", bin, err)
 	}
-	// The client's own Dial waits for readiness right after the process starts.
+	// The client's own Dial waits for readiness once the socket file is there (Dial says at
+	// once that a socket is missing).
+	socketPath := strings.TrimPrefix(s.unix, "unix://")
+	for deadline := time.Now().Add(readyTimeout); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(socketPath); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	client, err := sidecarclient.Dial(context.Background(), s.unix, sidecarclient.Options{ReadyTimeout: readyTimeout})
 	if err != nil {
 		s.cmd.Process.Kill()
@@ -271,10 +279,60 @@ func TestDialReachesAUnixSocketOrATCPAddress(t *testing.T) {
 }
 
 func TestDialGivesUpAfterTheReadyTimeout(t *testing.T) {
-	address := "unix://" + filepath.Join(t.TempDir(), "nobody.sock")
-	_, err := sidecarclient.Dial(context.Background(), address, sidecarclient.Options{ReadyTimeout: 500 * time.Millisecond})
+	// A socket nobody answers on (listening, never accepting): Dial waits, then gives up.
+	path := filepath.Join(shortTempDir(t), "nobody.sock")
+	listener, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
+	address := "unix://" + path
+	_, err = sidecarclient.Dial(context.Background(), address, sidecarclient.Options{ReadyTimeout: 500 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "not SERVING within 500ms") {
 		t.Fatalf("Dial = %v, want a readiness timeout", err)
+	}
+}
+
+func shortTempDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "pscl") // short: socket paths are limited to ~107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// Before: 20 s of retries, then "not SERVING (Unavailable)", the path never named. The
+// ready timeout here is an hour: only an answer at once passes.
+func TestDialNamesAMissingSocketAtOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nobody.sock")
+	_, err := sidecarclient.Dial(context.Background(), "unix://"+path, sidecarclient.Options{ReadyTimeout: time.Hour})
+	want := "no socket at " + path + " (from unix://" + path + "): is the sidecar running, and listening there?"
+	if err == nil || err.Error() != want || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Dial = %v, want %q", err, want)
+	}
+	cwd, _ := os.Getwd()
+	_, err = sidecarclient.Dial(context.Background(), "unix:psych-sidecar-data/sidecar.sock", sidecarclient.Options{ReadyTimeout: time.Hour})
+	if err == nil || !strings.HasPrefix(err.Error(), "no socket at "+filepath.Join(cwd, "psych-sidecar-data", "sidecar.sock")+" (from unix:psych-sidecar-data/sidecar.sock): the directory ") {
+		t.Fatalf("Dial of a relative path = %v", err)
+	}
+}
+
+func TestDialSaysAtOnceWhatIsWrongWithAnAddress(t *testing.T) {
+	notSocket := filepath.Join(t.TempDir(), "sidecar.sock")
+	if err := os.WriteFile(notSocket, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for address, want := range map[string]string{
+		"":                                "no sidecar address: give the one scripts/serve prints",
+		"/run/psych/sidecar.sock":         "/run/psych/sidecar.sock is a socket path without unix: in front: write unix:/run/psych/sidecar.sock",
+		"psych-sidecar-data/sidecar.sock": "write unix:psych-sidecar-data/sidecar.sock",
+		"unix:" + notSocket:               notSocket + " (from unix:" + notSocket + ") is not a socket",
+	} {
+		_, err := sidecarclient.Dial(context.Background(), address, sidecarclient.Options{ReadyTimeout: time.Hour})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Dial(%q) = %v, want %q", address, err, want)
+		}
 	}
 }
 

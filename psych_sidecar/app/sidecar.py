@@ -26,6 +26,7 @@ from psych_sidecar.listeners import (
     remove_unix_sockets,
     restrict_unix_sockets,
 )
+from psych_sidecar.mcp.command_check import commands_that_cannot_start
 from psych_sidecar.search import EmbeddingCounters
 from psych_sidecar.storage.migrate import DatabaseRefused, check_writable_values, migrate
 from psych_sidecar.telemetry import metrics, tracing
@@ -120,6 +121,8 @@ class Sidecar:
             await loop.run_in_executor(graph.executor, check_writable_values, graph.engine)
         except DatabaseRefused as error:
             raise StartupError(str(error)) from None
+        for name, problem in commands_that_cannot_start(self.settings.mcp.commands).items():
+            log.warning("the stdio MCP command %s cannot start: %s", name, problem)
         await self.mcp.start()
         bindings = graph.bindings
         server = rpc_server(bindings, self.settings.listeners.max_message_bytes, self._in_flight)

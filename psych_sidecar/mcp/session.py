@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 # offers no roots, no sampling and no elicitation (a server's question has no user to reach in
 # the middle of a call), so a conforming server does not ask for them.
 CLIENT_INFO = types.Implementation(name="psych-sidecar", version=__version__)
+# How long a failed attempt waits for its stdio server's stderr to end (it has exited, or been
+# killed, by then; a child of it may hold the pipe open), to quote the line naming its error.
+STDERR_END_WAIT_SECONDS = 1.0
 
 
 class ConnectionSession:
@@ -86,6 +89,8 @@ class ConnectionSession:
         self._close_reason = ""
         # What the current attempt is doing, for the warning when it fails.
         self._doing = "connecting"
+        # Whether the current attempt got as far as CONNECTED.
+        self._connected = False
 
     def stop(self) -> None:
         self.state.stopping.set()
@@ -123,6 +128,11 @@ class ConnectionSession:
                     await self._pause(delay)
                     continue
                 detail = state.describe(error)
+                if not self._connected and (
+                    line := await state.stderr.opening_line(STDERR_END_WAIT_SECONDS)
+                ):
+                    # A stdio server that died as it started: what it said about it.
+                    detail = f"{detail}; stderr: {line}"
                 # Each new failure is a warning; the same one again, retry after retry, is not.
                 repeated = (
                     state.status.state is ConnectionState.UNREACHABLE
@@ -168,7 +178,9 @@ class ConnectionSession:
         closed = anyio.Event()
         self._close_reason = ""
         self._doing = "connecting"
+        self._connected = False
         state.new_attempt()
+        state.stderr.forget_opening()
         self.catalog.new_session()
         auth = None
         if state.keeper is not None:
@@ -206,6 +218,7 @@ class ConnectionSession:
                     await self.catalog.refresh_with(client, "connect")
                     connecting.deadline = math.inf
                     state.set_status(ConnectionState.CONNECTED)
+                    self._connected = True
                     state.finish_attempt()
                     self._doing = "connected, serving calls"
                     group.start_soon(self.catalog.refresh_on_change)

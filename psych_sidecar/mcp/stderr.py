@@ -5,6 +5,11 @@ inherit the sidecar's own stderr (200 MB in 10 s reached the log). Now each proc
 a reader thread keeps the tail in a ring buffer (shown as the connection's `recent_output`)
 and logs at most a few lines per interval, counting the ones it drops. The count is written
 when the interval ends, by a timer: a flood that stops inside one interval is counted too.
+
+A server that dies as it starts usually says why on stderr ("Error: Cannot find module …",
+"ModuleNotFoundError: …"), while the MCP client sees only "Connection closed". Each process's
+first few KiB are kept apart, so the failed attempt's `last_error` can quote the line that
+names the error (`opening_line`): scrubbed and cut like a logged line.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
+
+import anyio
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +33,40 @@ LOG_LINES_PER_INTERVAL = 20
 LOG_INTERVAL_SECONDS = 10.0
 LINE_CHARS = 500
 _READ_BYTES = 65536
+# A process's opening output kept to find the line naming its error, and that line's length
+# in a connection's last_error.
+OPENING_BYTES = 8192
+OPENING_LINE_CHARS = 300
+# A line naming an error: "Error: …", "ModuleNotFoundError: …", "error: …", "FATAL …".
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]*(?:Error|Exception)\b|error\b|fatal\b)", re.IGNORECASE)
+
+
+class _Opening:
+    """The first OPENING_BYTES one process wrote to stderr, and whether its stderr ended."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.ended = threading.Event()
+
+    def feed(self, data: bytes) -> None:
+        if len(self.data) < OPENING_BYTES:
+            self.data += data[: OPENING_BYTES - len(self.data)]
+
+    def line(self) -> str:
+        """The first line naming an error, else the first line that is not blank."""
+        data = bytes(self.data)  # the reader may still be adding to it (a child holds the pipe)
+        text = data.decode(errors="replace")
+        head, _, cut = text.rpartition("\n")
+        if len(data) >= OPENING_BYTES and len(cut) < OPENING_BYTES // 2:
+            # A line cut at the limit could end in part of a secret the scrubber would miss;
+            # one that ran for half the limit is quoted far from the cut.
+            text = head
+        lines = [line.strip() for line in text.splitlines()]
+        lines = [line for line in lines if line]
+        for line in lines:
+            if _ERROR_LINE.match(line):
+                return line
+        return lines[0] if lines else ""
 
 
 class StderrTail:
@@ -50,6 +92,23 @@ class StderrTail:
         self._window_start = time.monotonic()
         self._logged = 0
         self._dropped = 0
+        # The current process's opening output; None before a process, or after `forget`.
+        self._opening: _Opening | None = None
+
+    def forget_opening(self) -> None:
+        """A new attempt starts: the last process's opening lines are no longer its news."""
+        self._opening = None
+
+    async def opening_line(self, within: float) -> str:
+        """The line of the current process's stderr that names its error (else its first
+        line), scrubbed and cut to OPENING_LINE_CHARS; "" when it wrote nothing. Waits up to
+        `within` seconds for its stderr to end, so a process that just died has said it all."""
+        opening = self._opening
+        if opening is None:
+            return ""
+        if not opening.ended.is_set():
+            await anyio.to_thread.run_sync(opening.ended.wait, within)
+        return self._scrub(opening.line())[:OPENING_LINE_CHARS]
 
     def text(self) -> str:
         """The tail, scrubbed; computed once per change (every turn's status reads it)."""
@@ -123,9 +182,13 @@ class StderrTail:
         a grandchild holding the pipe open must not hold up the session's end."""
         read_fd, write_fd = os.pipe()
         writer = os.fdopen(write_fd, "w")
+        opening = self._opening = _Opening()
         try:
             threading.Thread(
-                target=self._read, args=(read_fd,), name=f"mcp-stderr {self._label}", daemon=True
+                target=self._read,
+                args=(read_fd, opening),
+                name=f"mcp-stderr {self._label}",
+                daemon=True,
             ).start()
         except BaseException:
             os.close(read_fd)
@@ -136,11 +199,13 @@ class StderrTail:
         finally:
             writer.close()
 
-    def _read(self, fd: int) -> None:
+    def _read(self, fd: int, opening: _Opening) -> None:
         try:
             while chunk := os.read(fd, _READ_BYTES):
+                opening.feed(chunk)
                 self.feed(chunk)
         except OSError:
             pass
         finally:
             os.close(fd)
+            opening.ended.set()

@@ -1,6 +1,7 @@
 package polyglot_test
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +14,8 @@ import (
 // TestReadmeSnippet builds the README's Go snippet (readme/main.go) and runs
 // it, as a newcomer would, beside a sidecar started on scripts/serve's
 // defaults (psych-sidecar-data/sidecar.sock under the working directory), with
-// PSYCH_SIDECAR_ADDRESS naming that socket. The snippet waits for SERVING itself.
+// PSYCH_SIDECAR_ADDRESS naming that socket, once the socket is there (as a newcomer runs
+// it once scripts/serve says SERVING). The snippet waits for SERVING itself.
 func TestReadmeSnippet(t *testing.T) {
 	bin := os.Getenv("PSYCH_SIDECAR_BIN")
 	if bin == "" {
@@ -57,9 +59,15 @@ func TestReadmeSnippet(t *testing.T) {
 		}
 	}()
 
+	socket := filepath.Join(dir, "psych-sidecar-data", "sidecar.sock")
+	for deadline := time.Now().Add(exitTimeout); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(socket); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	run := exec.Command(program)
 	run.Dir = dir
-	run.Env = append(os.Environ(), "PSYCH_SIDECAR_ADDRESS=unix:"+filepath.Join(dir, "psych-sidecar-data", "sidecar.sock"))
+	run.Env = append(os.Environ(), "PSYCH_SIDECAR_ADDRESS=unix:"+socket)
 	got, err := run.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the README's Go snippet failed: %v\n%s", err, got)
@@ -67,6 +75,31 @@ func TestReadmeSnippet(t *testing.T) {
 	for _, want := range []string{"appended at sequence 1\n", "NotFound RUN_NOT_FOUND run_missing\n"} {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("the README's Go snippet printed %q, want a line %q", got, want)
+		}
+	}
+}
+
+// TestReadmeSnippetNamesAMissingSocketAtOnce: a wrong socket path (here a
+// relative one, from another directory) fails at once, naming it. Before: 20 s
+// of retries, then "not SERVING: context deadline exceeded".
+func TestReadmeSnippetNamesAMissingSocketAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	program := filepath.Join(dir, "readme")
+	build := exec.Command("go", "build", "-o", program, "./readme")
+	if output, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./readme: %v\n%s", err, output)
+	}
+	for _, address := range []string{"unix:psych-sidecar-data/sidecar.sock", "unix://" + filepath.Join(dir, "nobody.sock")} {
+		ctx, cancel := context.WithTimeout(context.Background(), exitTimeout)
+		run := exec.CommandContext(ctx, program)
+		run.Dir = dir
+		run.Env = append(withoutSidecarSettings(os.Environ()), "PSYCH_SIDECAR_ADDRESS="+address)
+		got, err := run.CombinedOutput()
+		cancel()
+		socket := strings.TrimPrefix(strings.TrimPrefix(address, "unix:"), "//")
+		want := "no socket at " + socket + " (PSYCH_SIDECAR_ADDRESS=" + address + "): is scripts/serve running?"
+		if err == nil || !strings.Contains(string(got), want) {
+			t.Errorf("with %s the snippet said %q (%v), want %q", address, got, err, want)
 		}
 	}
 }

@@ -20,6 +20,7 @@ from psych_sidecar_client._client import (
     RETRYABLE_CODES,
     SidecarClient,
     SidecarError,
+    check_address,
     connect,
 )
 
@@ -32,5 +33,6 @@ __all__ = [
     "ErrorReason",
     "SidecarClient",
     "SidecarError",
+    "check_address",
     "connect",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 import uuid
 from collections.abc import Sequence
@@ -163,7 +165,10 @@ def connect(
 ) -> SidecarClient:
     """Dial `address` — `unix:///absolute.sock`, `unix:relative.sock` or `HOST:PORT`, as the
     sidecar's --listen takes them — and wait until it reports SERVING, for at most
-    `ready_timeout` seconds (TimeoutError otherwise)."""
+    `ready_timeout` seconds (TimeoutError otherwise). Before it waits, a Unix socket must be
+    there (FileNotFoundError otherwise) and the address well-formed (ValueError otherwise):
+    either says at once which path it looked at."""
+    check_address(address)
     channel = grpc.insecure_channel(
         address,
         options=[
@@ -179,6 +184,39 @@ def connect(
         channel.close()
         raise
     return SidecarClient(channel, call_timeout=call_timeout)
+
+
+def check_address(address: str) -> None:
+    """What is wrong with `address`, at once: a `unix:` socket that is not there (or is not a
+    socket), or a socket path written without `unix:`. A TCP address is only tried."""
+    if not address:
+        raise ValueError(
+            "no sidecar address: give the one scripts/serve prints "
+            "(unix:/…/psych-sidecar-data/sidecar.sock)"
+        )
+    if not address.startswith("unix:"):
+        if "://" not in address and (
+            address.startswith(("/", ".", "~"))
+            or address.endswith(".sock")
+            or ("/" in address and ":" not in address)
+        ):
+            raise ValueError(
+                f"{address} is a socket path without unix: in front: write unix:{address}"
+            )
+        return
+    path = os.path.abspath(address.removeprefix("unix:").removeprefix("//"))
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        directory = os.path.dirname(path)
+        why = (
+            "is the sidecar running, and listening there?"
+            if os.path.isdir(directory)
+            else f"the directory {directory} does not exist"
+        )
+        raise FileNotFoundError(f"no socket at {path} (from {address}): {why}") from None
+    if not stat.S_ISSOCK(mode):
+        raise ValueError(f"{path} (from {address}) is not a socket")
 
 
 def _wait_serving(channel: grpc.Channel, address: str, ready_timeout: float) -> None:

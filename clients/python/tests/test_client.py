@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,8 +54,8 @@ class Sidecar:
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     """`psych-sidecar serve` on a Unix socket and loopback TCP, SQLite in a temporary
-    directory. Waited for with the client's own connect(), right after the process starts:
-    that is the readiness wait under test."""
+    directory. Waited for with the client's own connect() once its socket file is there
+    (connect says at once that a socket is missing): that is the readiness wait under test."""
     yield from _serve(tmp_path_factory.mktemp("client"), {})
 
 
@@ -95,10 +97,15 @@ def _serve(directory: Path, extra_env: dict[str, str]) -> Iterator[Sidecar]:
             stderr=subprocess.STDOUT,
         )
     try:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while not socket_path.exists() and process.poll() is None:
+            if time.monotonic() > deadline:
+                pytest.fail(f"no socket at {socket_path}\n{log.read_text(errors='replace')}")
+            time.sleep(0.05)
         try:
             with connect(f"unix://{socket_path}", ready_timeout=READY_TIMEOUT_SECONDS):
                 pass
-        except TimeoutError as error:
+        except (TimeoutError, FileNotFoundError) as error:
             pytest.fail(f"{error}\n{log.read_text(errors='replace')}")
         yield Sidecar(f"unix://{socket_path}", tcp, database)
     finally:
@@ -222,8 +229,46 @@ def test_connect_dials_a_unix_socket_or_a_tcp_address(
 
 
 def test_connect_gives_up_after_the_ready_timeout(tmp_path: Path) -> None:
-    with pytest.raises(TimeoutError, match=r"not SERVING within 0\.5 s"):
-        connect(f"unix://{tmp_path / 'nobody.sock'}", ready_timeout=0.5)
+    # A socket file nobody accepts on (bound, not listening): connect waits, then gives up.
+    with socket.socket(socket.AF_UNIX) as bound:
+        bound.bind(str(tmp_path / "nobody.sock"))
+        with pytest.raises(TimeoutError, match=r"not SERVING within 0\.5 s"):
+            connect(f"unix://{tmp_path / 'nobody.sock'}", ready_timeout=0.5)
+
+
+def test_connect_names_a_missing_socket_at_once(tmp_path: Path) -> None:
+    """Before: 20 s of retries, then "not SERVING (UNAVAILABLE)", the path never named. The
+    ready timeout here is an hour: only an answer at once passes."""
+    with pytest.raises(FileNotFoundError) as caught:
+        connect(f"unix://{tmp_path / 'nobody.sock'}", ready_timeout=3600)
+    assert str(caught.value) == (
+        f"no socket at {tmp_path / 'nobody.sock'} (from unix://{tmp_path / 'nobody.sock'}): "
+        "is the sidecar running, and listening there?"
+    )
+    relative = "unix:psych-sidecar-data/sidecar.sock"
+    with pytest.raises(FileNotFoundError) as caught:
+        connect(relative, ready_timeout=3600)
+    absolute = Path.cwd() / "psych-sidecar-data" / "sidecar.sock"
+    assert str(caught.value).startswith(f"no socket at {absolute} (from {relative}): ")
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("", "no sidecar address: give the one scripts/serve prints"),
+        ("/run/psych/sidecar.sock", "/run/psych/sidecar.sock is a socket path without unix:"),
+        ("psych-sidecar-data/sidecar.sock", "write unix:psych-sidecar-data/sidecar.sock"),
+    ],
+)
+def test_connect_says_at_once_what_is_wrong_with_an_address(address: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        connect(address, ready_timeout=3600)
+
+
+def test_connect_refuses_a_file_that_is_not_a_socket(tmp_path: Path) -> None:
+    (tmp_path / "sidecar.sock").write_text("")
+    with pytest.raises(ValueError, match=r"sidecar\.sock \(from unix:.*\) is not a socket$"):
+        connect(f"unix:{tmp_path / 'sidecar.sock'}", ready_timeout=3600)
 
 
 def test_an_error_info_becomes_an_error_reason_to_switch_on(client: SidecarClient) -> None:

@@ -5,7 +5,7 @@
 
 import assert from "node:assert/strict";
 import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -69,7 +69,11 @@ async function startSidecar(): Promise<Sidecar> {
     rmSync(dir, { recursive: true, force: true });
     if (code !== 0) throw new Error(`sidecar exit ${code} after SIGTERM\n${output}`);
   };
-  // The client's own connect() waits for readiness right after the process starts.
+  // The client's own connect() waits for readiness once the socket file is there (connect
+  // says at once that a socket is missing).
+  for (const until = Date.now() + 30_000; !existsSync(join(dir, "s.sock")) && Date.now() < until; ) {
+    await sleep(50);
+  }
   try {
     (await connect(unix, { readyTimeoutMs: 30_000 })).close();
   } catch (error) {
@@ -206,9 +210,50 @@ test("the TypeScript host client against a sidecar process", async (t) => {
     });
 
     await subtest("connect gives up after the ready timeout", async () => {
+      // A socket nobody answers on (it accepts, and never speaks): connect waits, then gives up.
       const dir = mkdtempSync(join(tmpdir(), "pscl"));
+      const silent = net.createServer(() => {});
+      await new Promise<void>((done) => silent.listen(join(dir, "nobody.sock"), done));
       try {
         await assert.rejects(connect(`unix://${join(dir, "nobody.sock")}`, { readyTimeoutMs: 500 }), /not SERVING within 500 ms/);
+      } finally {
+        silent.close();
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
+
+    // Before: 20 s of retries, then "not SERVING (Unavailable)", the path never named. The
+    // ready timeout here is an hour: only an answer at once passes.
+    await subtest("connect names a missing socket at once", async () => {
+      const dir = mkdtempSync(join(tmpdir(), "pscl"));
+      const path = join(dir, "nobody.sock");
+      try {
+        await assert.rejects(connect(`unix://${path}`, { readyTimeoutMs: 3_600_000 }), {
+          message: `no socket at ${path} (from unix://${path}): is the sidecar running, and listening there?`,
+          code: "ENOENT",
+        });
+        const relative = "unix:psych-sidecar-data/sidecar.sock";
+        await assert.rejects(connect(relative, { readyTimeoutMs: 3_600_000 }), (error: Error) =>
+          error.message.startsWith(`no socket at ${resolve("psych-sidecar-data/sidecar.sock")} (from ${relative}): `),
+        );
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
+
+    await subtest("connect says at once what is wrong with an address", async () => {
+      const dir = mkdtempSync(join(tmpdir(), "pscl"));
+      const notSocket = join(dir, "sidecar.sock");
+      writeFileSync(notSocket, "");
+      try {
+        for (const [address, message] of [
+          ["", "no sidecar address: give the one scripts/serve prints"],
+          ["/run/psych/sidecar.sock", "/run/psych/sidecar.sock is a socket path without unix: in front: write unix:/run/psych/sidecar.sock"],
+          ["psych-sidecar-data/sidecar.sock", "write unix:psych-sidecar-data/sidecar.sock"],
+          [`unix:${notSocket}`, `${notSocket} (from unix:${notSocket}) is not a socket`],
+        ]) {
+          await assert.rejects(connect(address, { readyTimeoutMs: 3_600_000 }), (error: Error) => error.message.includes(message));
+        }
       } finally {
         rmSync(dir, { recursive: true, force: true });
       }

@@ -16,7 +16,9 @@
 // response never stores twice.
 
 import { randomBytes } from "node:crypto";
+import { statSync } from "node:fs";
 import net from "node:net";
+import { dirname, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import type { MessageInitShape } from "@bufbuild/protobuf";
@@ -175,11 +177,43 @@ export class SidecarClient {
 }
 
 /**
+ * Throws at once what is wrong with `address`: a "unix:" socket that is not
+ * there (the error's `code` is "ENOENT") or is not a socket, or a socket path
+ * written without "unix:". A TCP address is only tried, by connect().
+ */
+export function checkAddress(address: string): void {
+  if (!address) {
+    throw new Error("no sidecar address: give the one scripts/serve prints (unix:/…/psych-sidecar-data/sidecar.sock)");
+  }
+  if (!address.startsWith("unix:")) {
+    if (
+      !address.includes("://") &&
+      (/^[/.~]/.test(address) || address.endsWith(".sock") || (address.includes("/") && !address.includes(":")))
+    ) {
+      throw new Error(`${address} is a socket path without unix: in front: write unix:${address}`);
+    }
+    return;
+  }
+  const path = resolve(address.replace(/^unix:(\/\/)?/, ""));
+  const info = statSync(path, { throwIfNoEntry: false });
+  if (info === undefined) {
+    const directory = dirname(path);
+    const why = statSync(directory, { throwIfNoEntry: false })?.isDirectory()
+      ? "is the sidecar running, and listening there?"
+      : `the directory ${directory} does not exist`;
+    throw Object.assign(new Error(`no socket at ${path} (from ${address}): ${why}`), { code: "ENOENT" });
+  }
+  if (!info.isSocket()) throw new Error(`${path} (from ${address}) is not a socket`);
+}
+
+/**
  * Dials `address` — "unix:///absolute.sock", "unix:relative.sock" or
  * "host:port", as the sidecar's --listen takes them — and waits until it
- * reports SERVING, for at most readyTimeoutMs.
+ * reports SERVING, for at most readyTimeoutMs. Before it waits, checkAddress
+ * says at once what is wrong with the address.
  */
 export async function connect(address: string, options: ConnectOptions = {}): Promise<SidecarClient> {
+  checkAddress(address);
   const readyTimeoutMs = options.readyTimeoutMs ?? DEFAULT_READY_TIMEOUT_MS;
   const maxMessageBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   const socket = address.startsWith("unix:") ? address.replace(/^unix:(\/\/)?/, "") : undefined;

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strings"
 	"time"
 
 	sidecarv1 "github.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1"
@@ -25,8 +26,14 @@ import (
 func main() {
 	// The address scripts/serve printed ("serve: SERVING on unix:/…/sidecar.sock").
 	address := os.Getenv("PSYCH_SIDECAR_ADDRESS")
-	if address == "" {
+	socket, isUnix := strings.CutPrefix(address, "unix:")
+	if !isUnix {
 		log.Fatal("set PSYCH_SIDECAR_ADDRESS to the address scripts/serve printed (unix:/…/sidecar.sock)")
+	}
+	// No socket there: say so now, not after 20 s of retries.
+	socket = strings.TrimPrefix(socket, "//")
+	if info, err := os.Stat(socket); err != nil || info.Mode()&os.ModeSocket == 0 {
+		log.Fatalf("no socket at %s (PSYCH_SIDECAR_ADDRESS=%s): is scripts/serve running?", socket, address)
 	}
 	conn, err := grpc.NewClient(address,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),

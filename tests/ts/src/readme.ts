@@ -4,6 +4,7 @@
 // project outside the clone, made as the README says.
 
 // README begin
+import { statSync } from "node:fs";
 import net from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -20,6 +21,10 @@ if (!address?.startsWith("unix:")) {
   throw new Error("set PSYCH_SIDECAR_ADDRESS to the address scripts/serve printed (unix:/…/sidecar.sock)");
 }
 const socket = address.replace(/^unix:(\/\/)?/, "");
+// No socket there: say so now, not after 20 s of retries.
+if (!statSync(socket, { throwIfNoEntry: false })?.isSocket()) {
+  throw new Error(`no socket at ${socket} (PSYCH_SIDECAR_ADDRESS=${address}): is scripts/serve running?`);
+}
 
 // gRPC over HTTP/2 on the Unix socket: the URL only names the authority.
 const transport = createGrpcTransport({
