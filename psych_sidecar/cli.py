@@ -183,7 +183,12 @@ def _migrate(settings: Settings) -> None:
     from psych_sidecar.storage.migrate import current_revision, migrate, schema_name
 
     keys = load_secret_keys(settings)
-    engine = create_database_engine(settings.resolved_database_url(), pool_size=1)
+    engine = create_database_engine(
+        settings.resolved_database_url(),
+        pool_size=1,
+        busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+        pooling=settings.storage.database_pooling,
+    )
     try:
         migrate(engine, keys)
         print(f"database at schema {schema_name(current_revision(engine))}")
@@ -204,6 +209,7 @@ def _rekey(settings: Settings) -> None:
         settings.resolved_database_url(),
         pool_size=1,
         busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+        pooling=settings.storage.database_pooling,
     )
     try:
         try:

@@ -201,6 +201,15 @@ class StorageSettings(_Group):
             "connection; past it the call fails UNAVAILABLE (STORAGE_UNAVAILABLE)."
         ),
     )
+    database_pooling: Literal["session", "transaction"] = Field(
+        default="session",
+        description=(
+            "How PostgreSQL connections reach the server: session, each a server session of "
+            "its own (direct, or PgBouncer in session mode); transaction, through PgBouncer in "
+            "transaction mode (no server-side prepared statements, the lock timeout set per "
+            "transaction). Ignored on SQLite. docs/operations.md."
+        ),
+    )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     secret_keys: SecretStr = Field(
         default=SecretStr(""),

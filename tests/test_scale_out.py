@@ -26,7 +26,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.storage.engines import create_database_engine
 from tests.support.connections import fixture_http
-from tests.support.databases import HEAD_REVISION, postgres_database
+from tests.support.databases import HEAD_REVISION, database_of_kind, pooling_of
 from tests.support.processes import ServedSidecar, free_port, running
 from tests.support.requests import text_part, tool_result, user
 from tests.support.sidecar import UNLIMITED_CHANNEL, Stubs
@@ -40,7 +40,11 @@ class SidecarProcess:
     def __init__(self, socket_path: Path, database_url: str) -> None:
         self.database_url = database_url
         self.served = ServedSidecar(
-            "--listen", f"unix://{socket_path}", "--database-url", database_url
+            "--listen",
+            f"unix://{socket_path}",
+            "--database-url",
+            database_url,
+            env={"PSYCH_SIDECAR_DATABASE_POOLING": pooling_of(database_url)},
         )
         self.channel = grpc.insecure_channel(f"unix:{socket_path}", options=UNLIMITED_CHANNEL)
         stubs = Stubs.on(self.channel)
@@ -55,11 +59,14 @@ class SidecarProcess:
         self.served.stop_cleanly()
 
 
-@pytest.fixture(scope="module")
-def sidecars(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SidecarProcess]]:
-    """Several sidecar processes started at once on one new PostgreSQL database, so their
-    migrations race each other as they would in a rolling deployment."""
-    with postgres_database() as url:
+@pytest.fixture(scope="module", params=["postgresql", "pgbouncer"])
+def sidecars(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[SidecarProcess]]:
+    """Several sidecar processes started at once on one new PostgreSQL database (directly, and
+    through PgBouncer in transaction mode), so their migrations race each other as they would
+    in a rolling deployment."""
+    with database_of_kind(request.param, tmp_path_factory.mktemp("unused")) as url:
         directory = tmp_path_factory.mktemp("scale")
         started = [SidecarProcess(directory / f"s{i}.sock", url) for i in range(SIDECARS)]
         try:
@@ -98,7 +105,8 @@ def test_sidecars_started_together_on_an_empty_database_all_migrate_and_serve(
 ) -> None:
     # The fixture started every sidecar at once on a new database and waited for SERVING,
     # which each reports only after its migrations: all of them got there, on one schema.
-    engine = create_database_engine(sidecars[0].database_url, pool_size=1)
+    url = sidecars[0].database_url
+    engine = create_database_engine(url, pool_size=1, pooling=pooling_of(url))
     try:
         with engine.connect() as connection:
             versions = connection.execute(text("SELECT version_num FROM alembic_version")).all()

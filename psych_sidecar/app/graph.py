@@ -161,6 +161,7 @@ class SidecarGraph:
             settings.resolved_database_url(),
             pool_size=settings.storage.worker_threads,
             busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+            pooling=settings.storage.database_pooling,
         )
         self.executor = ThreadPoolExecutor(
             max_workers=settings.storage.worker_threads, thread_name_prefix="storage"
