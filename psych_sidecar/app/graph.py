@@ -49,7 +49,7 @@ from psych_sidecar.domain.catalog import (
     McpToolResult,
 )
 from psych_sidecar.domain.prompt import PromptAssembler
-from psych_sidecar.domain.runlog import RunService, SpecLookup, SpecService
+from psych_sidecar.domain.runlog import RunDeletion, RunService, SpecLookup, SpecService
 from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.mcp.catalog_view import SessionCatalogView
@@ -60,6 +60,7 @@ from psych_sidecar.mcp.tool_runner import SessionToolRunner
 from psych_sidecar.search import ToolEmbeddings
 from psych_sidecar.search.model import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
+from psych_sidecar.storage.deletion import RunDeletions
 from psych_sidecar.storage.engines import create_database_engine
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
@@ -239,6 +240,7 @@ class SidecarGraph:
         self.resolver = services.resolver
         limit = settings.listeners.max_message_bytes
         reader = ToolOutputReader(services.runs, services.log)
+        self.deletion = RunDeletion(services.runs, RunDeletions(self.engine))
         router = ToolRouter(
             resolver=services.resolver,
             runs=services.runs,
@@ -275,7 +277,12 @@ class SidecarGraph:
                 spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"],
             ),
             bind(
-                RunServicer(runs=services.runs, blocking=self.blocking, max_message_bytes=limit),
+                RunServicer(
+                    runs=services.runs,
+                    deletion=self.deletion,
+                    blocking=self.blocking,
+                    max_message_bytes=limit,
+                ),
                 run_service_pb2_grpc.add_RunServiceServicer_to_server,
                 run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
             ),
