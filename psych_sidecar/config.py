@@ -210,6 +210,15 @@ class StorageSettings(_Group):
             "transaction). Ignored on SQLite. docs/operations.md."
         ),
     )
+    run_retention_hours: float = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Delete Runs created longer ago than this, with everything stored for them: the "
+            "sidecar looks every 10 minutes (on PostgreSQL one sidecar deletes at a time); 0 "
+            "keeps Runs until deleted. docs/operations.md, Deleting data."
+        ),
+    )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
     secret_keys: SecretStr = Field(
         default=SecretStr(""),
