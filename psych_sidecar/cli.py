@@ -203,10 +203,13 @@ def _migrate(settings: Settings) -> None:
 
     keys = load_secret_keys(settings)
     engine = create_database_engine(
-        settings.resolved_database_url(),
+        settings.resolved_migration_database_url(),
         pool_size=1,
         busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
-        pooling=settings.storage.database_pooling,
+        # A separate migration URL is the server's own (docs/operations.md, PgBouncer).
+        pooling="session"
+        if settings.storage.migration_database_url
+        else settings.storage.database_pooling,
     )
     try:
         migrate(engine, keys)

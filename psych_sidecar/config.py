@@ -220,6 +220,14 @@ class StorageSettings(_Group):
         ),
     )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
+    migration_database_url: str = Field(
+        default="",
+        description=(
+            "SQLAlchemy URL migrations run on (`serve`'s at start, `migrate`); default: "
+            "database_url. PostgreSQL's own address when database_url names PgBouncer, so a "
+            "long migration holds no pooled server connection."
+        ),
+    )
     secret_keys: SecretStr = Field(
         default=SecretStr(""),
         description=(
@@ -564,6 +572,9 @@ class Settings(BaseSettings):
 
     def resolved_database_url(self) -> str:
         return self.storage.database_url or f"sqlite:///{(self.data_dir / 'sidecar.db').resolve()}"
+
+    def resolved_migration_database_url(self) -> str:
+        return self.storage.migration_database_url or self.resolved_database_url()
 
 
 @dataclass(frozen=True, slots=True)

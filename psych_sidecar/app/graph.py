@@ -65,6 +65,7 @@ from psych_sidecar.storage.engines import create_database_engine
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.loop_connection import LoopConnection
+from psych_sidecar.storage.migrate import migrate
 from psych_sidecar.storage.now import SqliteNow
 from psych_sidecar.storage.oauth import SqlOAuthStore
 from psych_sidecar.storage.read_only import open_read_only
@@ -158,6 +159,7 @@ class SidecarGraph:
     ) -> None:
         """`convert_tool_result` replaces how a tool result becomes what the log keeps (tests
         pass one that fails, standing in for a bug)."""
+        self.settings = settings
         self.engine = create_database_engine(
             settings.resolved_database_url(),
             pool_size=settings.storage.worker_threads,
@@ -329,6 +331,23 @@ class SidecarGraph:
     def _warm_search(self, tools: Sequence[CatalogTool]) -> None:
         if self.embeddings is not None:
             self.embeddings.warm_in_background([(t.name, t.description) for t in tools])
+
+    def migrate(self) -> None:
+        """Bring the schema to this version's: on the serving engine, or on an engine of its
+        own when migrations have a URL of their own (the server's, past PgBouncer)."""
+        settings = self.settings
+        if not settings.storage.migration_database_url:
+            migrate(self.engine, self.secret_keys)
+            return
+        engine = create_database_engine(
+            settings.storage.migration_database_url,
+            pool_size=1,
+            busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+        )
+        try:
+            migrate(engine, self.secret_keys)
+        finally:
+            engine.dispose()
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)

@@ -29,7 +29,7 @@ from psych_sidecar.listeners import (
     restrict_unix_sockets,
 )
 from psych_sidecar.search import EmbeddingCounters
-from psych_sidecar.storage.migrate import DatabaseRefused, check_writable_values, migrate
+from psych_sidecar.storage.migrate import DatabaseRefused, check_writable_values
 from psych_sidecar.telemetry import metrics, tracing
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         graph = self.graph
         if self.settings.storage.migrate_on_start:
-            await loop.run_in_executor(graph.executor, migrate, graph.engine, graph.secret_keys)
+            await loop.run_in_executor(graph.executor, graph.migrate)
         await loop.run_in_executor(graph.executor, check_stored_secrets, graph.connection_store)
         try:
             await loop.run_in_executor(graph.executor, check_writable_values, graph.engine)
