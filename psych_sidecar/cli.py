@@ -13,6 +13,7 @@ import gc
 import json
 import logging
 import sys
+from datetime import timedelta
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import ValidationError
@@ -112,6 +113,24 @@ def _parser() -> argparse.ArgumentParser:
         help="unix:///path or HOST:PORT (default: the first listen address of the settings)",
     )
     check.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
+    prune = commands.add_parser(
+        "prune",
+        parents=[settings],
+        help="delete the Runs older than an age, then give the space back (safe while "
+        "sidecars serve)",
+    )
+    prune.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        default=None,
+        help="e.g. 30d, 12h, 45m (default: run_retention_hours, when set)",
+    )
+    forget = commands.add_parser(
+        "delete-tenant",
+        parents=[settings],
+        help="delete every Run, connection, catalogue, OAuth grant and sealed secret of a tenant",
+    )
+    forget.add_argument("tenant", metavar="TENANT")
     inspect_command.add_parser(commands)
     commands.add_parser("version", help="print the version")
     return parser
@@ -183,7 +202,15 @@ def _migrate(settings: Settings) -> None:
     from psych_sidecar.storage.migrate import current_revision, migrate, schema_name
 
     keys = load_secret_keys(settings)
-    engine = create_database_engine(settings.resolved_database_url(), pool_size=1)
+    engine = create_database_engine(
+        settings.resolved_migration_database_url(),
+        pool_size=1,
+        busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+        # A separate migration URL is the server's own (docs/operations.md, PgBouncer).
+        pooling="session"
+        if settings.storage.migration_database_url
+        else settings.storage.database_pooling,
+    )
     try:
         migrate(engine, keys)
         print(f"database at schema {schema_name(current_revision(engine))}")
@@ -204,6 +231,7 @@ def _rekey(settings: Settings) -> None:
         settings.resolved_database_url(),
         pool_size=1,
         busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+        pooling=settings.storage.database_pooling,
     )
     try:
         try:
@@ -220,6 +248,54 @@ def _rekey(settings: Settings) -> None:
         )
     finally:
         engine.dispose()
+
+
+def _delete_data(arguments: argparse.Namespace, settings: Settings) -> int:
+    """`prune` and `delete-tenant`, on a database at this version's schema."""
+    from psych_sidecar.app.retention import delete_tenant, parse_duration, prune
+    from psych_sidecar.domain.errors import SidecarError
+    from psych_sidecar.domain.runlog import RunDeletion, RunService
+    from psych_sidecar.listeners import StartupError
+    from psych_sidecar.storage.deletion import RunDeletions
+    from psych_sidecar.storage.engines import create_database_engine
+    from psych_sidecar.storage.migrate import DatabaseRefused, check_revision
+    from psych_sidecar.storage.repository import SqlStore
+
+    if arguments.command == "prune":
+        hours = settings.storage.run_retention_hours
+        if arguments.older_than is None and not hours:
+            return _fail("prune needs --older-than (or run_retention_hours)", 2)
+        try:
+            older_than = (
+                parse_duration(arguments.older_than)
+                if arguments.older_than is not None
+                else timedelta(hours=hours)
+            )
+        except ValueError as error:
+            return _fail(f"--older-than: {error}", 2)
+    engine = create_database_engine(
+        settings.resolved_database_url(),
+        pool_size=1,
+        busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+        pooling=settings.storage.database_pooling,
+    )
+    try:
+        try:
+            check_revision(engine)
+        except DatabaseRefused as error:
+            raise StartupError(str(error)) from None
+        store = SqlStore(engine)
+        deletion = RunDeletion(RunService(store, store), RunDeletions(engine))
+        if arguments.command == "prune":
+            print(prune(deletion, engine, older_than))
+        else:
+            try:
+                print(delete_tenant(deletion, engine, arguments.tenant))
+            except SidecarError as error:
+                return _fail(str(error), 2)
+    finally:
+        engine.dispose()
+    return 0
 
 
 def _inspect(arguments: argparse.Namespace) -> int:
@@ -303,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             _migrate(settings)
         elif arguments.command == "rekey":
             _rekey(settings)
+        elif arguments.command in ("prune", "delete-tenant"):
+            return _delete_data(arguments, settings)
         else:
             asyncio.run(serve(settings))
     except StartupError as error:

@@ -201,7 +201,33 @@ class StorageSettings(_Group):
             "connection; past it the call fails UNAVAILABLE (STORAGE_UNAVAILABLE)."
         ),
     )
+    database_pooling: Literal["session", "transaction"] = Field(
+        default="session",
+        description=(
+            "How PostgreSQL connections reach the server: session, each a server session of "
+            "its own (direct, or PgBouncer in session mode); transaction, through PgBouncer in "
+            "transaction mode (no server-side prepared statements, the lock timeout set per "
+            "transaction). Ignored on SQLite. docs/operations.md."
+        ),
+    )
+    run_retention_hours: float = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Delete Runs created longer ago than this, with everything stored for them: the "
+            "sidecar looks every 10 minutes (on PostgreSQL one sidecar deletes at a time); 0 "
+            "keeps Runs until deleted. docs/operations.md, Deleting data."
+        ),
+    )
     migrate_on_start: bool = Field(default=True, description="Apply migrations when serving.")
+    migration_database_url: str = Field(
+        default="",
+        description=(
+            "SQLAlchemy URL migrations run on (`serve`'s at start, `migrate`); default: "
+            "database_url. PostgreSQL's own address when database_url names PgBouncer, so a "
+            "long migration holds no pooled server connection."
+        ),
+    )
     secret_keys: SecretStr = Field(
         default=SecretStr(""),
         description=(
@@ -546,6 +572,9 @@ class Settings(BaseSettings):
 
     def resolved_database_url(self) -> str:
         return self.storage.database_url or f"sqlite:///{(self.data_dir / 'sidecar.db').resolve()}"
+
+    def resolved_migration_database_url(self) -> str:
+        return self.storage.migration_database_url or self.resolved_database_url()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import pytest
 from psych.sidecar.v1 import connection_service_pb2
 from psych_sidecar.config import Settings
 from tests.support.connections import listed
-from tests.support.databases import TEST_SECRET_KEY, postgres_database
+from tests.support.databases import TEST_SECRET_KEY, database_of_kind, pooling_of
 from tests.support.host import Host
 from tests.support.sidecar import UNLIMITED_CHANNEL, RunningSidecar, Stubs
 
@@ -49,11 +49,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def database_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """A fresh, empty database per test module, on each backend the sidecar supports."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'sidecar.db'}"
-        return
-    with postgres_database() as url:
+    """A fresh, empty database per test module, on each backend the sidecar supports (and,
+    for a module that asks for it in SIDECAR_DATABASES, PostgreSQL through PgBouncer)."""
+    with database_of_kind(request.param, tmp_path_factory.mktemp("sqlite")) as url:
         yield url
 
 
@@ -86,6 +84,7 @@ def grpc_server(
     settings = Settings(
         listen=[listen],
         database_url=database_url,
+        database_pooling=pooling_of(database_url),
         data_dir=tmp_path_factory.mktemp("data"),
         shutdown_grace_seconds=5,
         secret_keys=TEST_SECRET_KEY,

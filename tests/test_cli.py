@@ -190,6 +190,7 @@ def test_a_health_only_listener_serves_health_and_nothing_else(tmp_path: Path) -
 # not say what is valid gets its own.
 _SAMPLES: dict[str, Any] = {
     "database_url": "sqlite:///elsewhere.db",
+    "migration_database_url": "sqlite:///migrated.db",
     "log_level": "DEBUG",
     "mcp_commands": {"time": {"argv": ["mcp-server-time"], "allow_extra_args": True}},
     "tls_cert_file": "/tmp/cert.pem",

@@ -362,7 +362,7 @@ def test_a_turn_no_sidecar_pinned_is_previewed_from_the_database_and_not_pinned(
     pins = select(func.count()).where(tables.turn_surfaces.c.run_id == run_id)
 
     def pinned() -> int:
-        engine = create_database_engine(grpc_server.settings.resolved_database_url(), 1)
+        engine = create_database_engine(grpc_server.settings.resolved_database_url(), pool_size=1)
         try:
             with engine.connect() as connection:
                 return int(connection.execute(pins).scalar_one())

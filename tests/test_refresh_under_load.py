@@ -23,7 +23,12 @@ from psych_sidecar.storage.engines import create_database_engine
 from psych_sidecar.storage.migrate import migrate
 from psych_sidecar.storage.oauth import SqlOAuthStore
 from tests.support.connections import listed
-from tests.support.databases import POSTGRES_URL_ENV, postgres_database
+from tests.support.databases import (
+    POSTGRES_URL_ENV,
+    WITH_PGBOUNCER,
+    database_of_kind,
+    pooling_of,
+)
 from tests.support.host import Host
 from tests.support.oauth_sign_in import (
     admin_post,
@@ -44,14 +49,11 @@ STORAGE_THREADS = 2
 DEADLINE_SECONDS = 30.0
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=WITH_PGBOUNCER)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'sidecar.db'}"
-        return
-    if not os.environ.get(POSTGRES_URL_ENV):
+    if request.param != "sqlite" and not os.environ.get(POSTGRES_URL_ENV):
         pytest.skip("needs PostgreSQL (scripts/with-postgres)")
-    with postgres_database() as url:
+    with database_of_kind(request.param, tmp_path) as url:
         yield url
 
 
@@ -65,6 +67,7 @@ def stubs(database_url: str, tmp_path: Path) -> Iterator[Stubs]:
         database_url,
         env={
             "PSYCH_SIDECAR_WORKER_THREADS": str(STORAGE_THREADS),
+            "PSYCH_SIDECAR_DATABASE_POOLING": pooling_of(database_url),
             "PSYCH_SIDECAR_OAUTH_ALLOW_HTTP_LOOPBACK": "true",
             # The held token requests must not time out while the test looks.
             "PSYCH_SIDECAR_OAUTH_REQUEST_TIMEOUT_SECONDS": str(4 * DEADLINE_SECONDS),
@@ -144,7 +147,7 @@ def _always(grant: OAuthGrant) -> bool:
 def test_a_refresh_claim_admits_one_claimant_until_it_stores_releases_or_expires(
     database_url: str,
 ) -> None:
-    engine = create_database_engine(database_url, pool_size=2)
+    engine = create_database_engine(database_url, pool_size=2, pooling=pooling_of(database_url))
     try:
         migrate(engine)
         store = SqlOAuthStore(engine, KeyRing([bytes([7]) * 32]))

@@ -10,8 +10,13 @@ from collections.abc import Callable
 import grpc
 
 from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2
+from tests.support.databases import WITH_PGBOUNCER
 from tests.support.requests import all_records, new_run, publish, text_part, tool_result, user
 from tests.support.sidecar import Stubs, rpc_failure
+
+# Appends, reads and large values (the temporary table of bulk_values) through PgBouncer in
+# transaction mode too.
+SIDECAR_DATABASES = WITH_PGBOUNCER
 
 MIB = 1024 * 1024
 

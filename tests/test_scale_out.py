@@ -26,7 +26,13 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.storage.engines import create_database_engine
 from tests.support.connections import fixture_http
-from tests.support.databases import HEAD_REVISION, postgres_database
+from tests.support.databases import (
+    HEAD_REVISION,
+    database_of_kind,
+    pgbouncer_url,
+    pooling_of,
+    postgres_database,
+)
 from tests.support.processes import ServedSidecar, free_port, running
 from tests.support.requests import text_part, tool_result, user
 from tests.support.sidecar import UNLIMITED_CHANNEL, Stubs
@@ -37,10 +43,14 @@ SIDECARS = 3
 class SidecarProcess:
     """A `psych-sidecar serve` process on a Unix socket, and stubs on a channel to it."""
 
-    def __init__(self, socket_path: Path, database_url: str) -> None:
+    def __init__(self, socket_path: Path, database_url: str, **env: str) -> None:
         self.database_url = database_url
         self.served = ServedSidecar(
-            "--listen", f"unix://{socket_path}", "--database-url", database_url
+            "--listen",
+            f"unix://{socket_path}",
+            "--database-url",
+            database_url,
+            env={"PSYCH_SIDECAR_DATABASE_POOLING": pooling_of(database_url), **env},
         )
         self.channel = grpc.insecure_channel(f"unix:{socket_path}", options=UNLIMITED_CHANNEL)
         stubs = Stubs.on(self.channel)
@@ -55,11 +65,14 @@ class SidecarProcess:
         self.served.stop_cleanly()
 
 
-@pytest.fixture(scope="module")
-def sidecars(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SidecarProcess]]:
-    """Several sidecar processes started at once on one new PostgreSQL database, so their
-    migrations race each other as they would in a rolling deployment."""
-    with postgres_database() as url:
+@pytest.fixture(scope="module", params=["postgresql", "pgbouncer"])
+def sidecars(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[SidecarProcess]]:
+    """Several sidecar processes started at once on one new PostgreSQL database (directly, and
+    through PgBouncer in transaction mode), so their migrations race each other as they would
+    in a rolling deployment."""
+    with database_of_kind(request.param, tmp_path_factory.mktemp("unused")) as url:
         directory = tmp_path_factory.mktemp("scale")
         started = [SidecarProcess(directory / f"s{i}.sock", url) for i in range(SIDECARS)]
         try:
@@ -98,7 +111,8 @@ def test_sidecars_started_together_on_an_empty_database_all_migrate_and_serve(
 ) -> None:
     # The fixture started every sidecar at once on a new database and waited for SERVING,
     # which each reports only after its migrations: all of them got there, on one schema.
-    engine = create_database_engine(sidecars[0].database_url, pool_size=1)
+    url = sidecars[0].database_url
+    engine = create_database_engine(url, pool_size=1, pooling=pooling_of(url))
     try:
         with engine.connect() as connection:
             versions = connection.execute(text("SELECT version_num FROM alembic_version")).all()
@@ -326,3 +340,27 @@ def test_a_turns_surface_is_pinned_for_every_sidecar(sidecars: list[SidecarProce
     nxt = [surface(sidecar) for sidecar in reversed(sidecars)]
     assert [line.server for line in nxt[0].servers] == ["late"]
     assert nxt[0] == nxt[1] == nxt[2]
+
+
+def test_a_sidecar_behind_pgbouncer_migrates_on_the_servers_own_url(tmp_path: Path) -> None:
+    """migration_database_url: the schema is made on PostgreSQL's own address, then the
+    sidecar serves through PgBouncer in transaction mode."""
+    with postgres_database() as direct:
+        bouncer = f"{pgbouncer_url().rpartition('/')[0]}/{direct.rpartition('/')[2]}"
+        sidecar = SidecarProcess(
+            tmp_path / "s.sock", bouncer, PSYCH_SIDECAR_MIGRATION_DATABASE_URL=direct
+        )
+        try:
+            sidecar.served.wait_serving()
+            run_id = _new_run(sidecar, "migrated-apart")
+            assert _list(sidecar, run_id) == []
+            assert "applied schema migration" in sidecar.served.log
+        finally:
+            sidecar.stop()
+        engine = create_database_engine(direct, pool_size=1)
+        try:
+            with engine.connect() as connection:
+                version = connection.execute(text("SELECT version_num FROM alembic_version"))
+                assert version.scalar_one() == HEAD_REVISION
+        finally:
+            engine.dispose()

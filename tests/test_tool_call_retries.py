@@ -25,8 +25,12 @@ from psych.sidecar.v1 import (
     spec_pb2,
     tool_service_pb2,
 )
+from tests.support.databases import WITH_PGBOUNCER
 from tests.support.requests import all_records, publish, user
 from tests.support.sidecar import Stubs
+
+# Tool calls, their recorded results and retries through PgBouncer in transaction mode too.
+SIDECAR_DATABASES = WITH_PGBOUNCER
 
 COUNTING_SERVER = Path(__file__).parent / "mcp_servers" / "counting_server.py"
 SERVER = "cnt"

@@ -7,7 +7,7 @@ from psych_sidecar.api import convert
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.runlog import Run, RunService
+from psych_sidecar.domain.runlog import Run, RunDeletion, RunService
 
 
 class RunServicer(run_service_pb2_grpc.RunServiceServicer):
@@ -18,11 +18,13 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
         self,
         *,
         runs: RunService,
+        deletion: RunDeletion,
         blocking: Blocking,
         max_message_bytes: int,
         response_cache_size: int = 10_000,
     ) -> None:
         self._runs = runs
+        self._deletion = deletion
         self._blocking = blocking
         self._page_bytes = max(max_message_bytes - RESPONSE_HEADROOM_BYTES, 1)
         self._responses = ImmutableCache[str, tuple[Run, Serialized]](response_cache_size)
@@ -98,3 +100,11 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
         return run_service_pb2.ListRunsResponse(
             runs=[convert.run_to_proto(listed.run) for listed in runs], next_page_token=next_token
         )
+
+    async def DeleteRun(
+        self, request: run_service_pb2.DeleteRunRequest, context: Context
+    ) -> run_service_pb2.DeleteRunResponse:
+        self._responses.discard(request.run_id)
+        await self._blocking(self._deletion.delete, request.run_id)
+        self._responses.discard(request.run_id)
+        return run_service_pb2.DeleteRunResponse()

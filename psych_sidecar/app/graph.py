@@ -49,7 +49,7 @@ from psych_sidecar.domain.catalog import (
     McpToolResult,
 )
 from psych_sidecar.domain.prompt import PromptAssembler
-from psych_sidecar.domain.runlog import RunService, SpecLookup, SpecService
+from psych_sidecar.domain.runlog import RunDeletion, RunService, SpecLookup, SpecService
 from psych_sidecar.domain.surface import TurnResolver
 from psych_sidecar.domain.usage import UsageService
 from psych_sidecar.mcp.catalog_view import SessionCatalogView
@@ -60,10 +60,12 @@ from psych_sidecar.mcp.tool_runner import SessionToolRunner
 from psych_sidecar.search import ToolEmbeddings
 from psych_sidecar.search.model import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
+from psych_sidecar.storage.deletion import RunDeletions
 from psych_sidecar.storage.engines import create_database_engine
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.loop_connection import LoopConnection
+from psych_sidecar.storage.migrate import migrate
 from psych_sidecar.storage.now import SqliteNow
 from psych_sidecar.storage.oauth import SqlOAuthStore
 from psych_sidecar.storage.read_only import open_read_only
@@ -157,10 +159,12 @@ class SidecarGraph:
     ) -> None:
         """`convert_tool_result` replaces how a tool result becomes what the log keeps (tests
         pass one that fails, standing in for a bug)."""
+        self.settings = settings
         self.engine = create_database_engine(
             settings.resolved_database_url(),
             pool_size=settings.storage.worker_threads,
             busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+            pooling=settings.storage.database_pooling,
         )
         self.executor = ThreadPoolExecutor(
             max_workers=settings.storage.worker_threads, thread_name_prefix="storage"
@@ -238,6 +242,7 @@ class SidecarGraph:
         self.resolver = services.resolver
         limit = settings.listeners.max_message_bytes
         reader = ToolOutputReader(services.runs, services.log)
+        self.deletion = RunDeletion(services.runs, RunDeletions(self.engine))
         router = ToolRouter(
             resolver=services.resolver,
             runs=services.runs,
@@ -274,7 +279,12 @@ class SidecarGraph:
                 spec_service_pb2.DESCRIPTOR.services_by_name["SpecService"],
             ),
             bind(
-                RunServicer(runs=services.runs, blocking=self.blocking, max_message_bytes=limit),
+                RunServicer(
+                    runs=services.runs,
+                    deletion=self.deletion,
+                    blocking=self.blocking,
+                    max_message_bytes=limit,
+                ),
                 run_service_pb2_grpc.add_RunServiceServicer_to_server,
                 run_service_pb2.DESCRIPTOR.services_by_name["RunService"],
             ),
@@ -321,6 +331,23 @@ class SidecarGraph:
     def _warm_search(self, tools: Sequence[CatalogTool]) -> None:
         if self.embeddings is not None:
             self.embeddings.warm_in_background([(t.name, t.description) for t in tools])
+
+    def migrate(self) -> None:
+        """Bring the schema to this version's: on the serving engine, or on an engine of its
+        own when migrations have a URL of their own (the server's, past PgBouncer)."""
+        settings = self.settings
+        if not settings.storage.migration_database_url:
+            migrate(self.engine, self.secret_keys)
+            return
+        engine = create_database_engine(
+            settings.storage.migration_database_url,
+            pool_size=1,
+            busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
+        )
+        try:
+            migrate(engine, self.secret_keys)
+        finally:
+            engine.dispose()
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)

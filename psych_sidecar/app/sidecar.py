@@ -8,6 +8,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import grpc
@@ -17,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from psych_sidecar.api.rpc import NO_REUSEPORT, InFlight, rpc_server
 from psych_sidecar.app import process
 from psych_sidecar.app.graph import SidecarGraph
+from psych_sidecar.app.retention import expire_runs_periodically
 from psych_sidecar.app.secret_keys import check_stored_secrets
 from psych_sidecar.config import ListenAddress, Settings
 from psych_sidecar.listeners import (
@@ -28,7 +30,7 @@ from psych_sidecar.listeners import (
 )
 from psych_sidecar.mcp.command_check import commands_that_cannot_start
 from psych_sidecar.search import EmbeddingCounters
-from psych_sidecar.storage.migrate import DatabaseRefused, check_writable_values, migrate
+from psych_sidecar.storage.migrate import DatabaseRefused, check_writable_values
 from psych_sidecar.telemetry import metrics, tracing
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ class Sidecar:
         self.admin: AdminServer | None = None
         self._unwatch: Callable[[], None] | None = None
         self._loop_lag: asyncio.Task[None] | None = None
+        self._retention: asyncio.Task[None] | None = None
 
     def _admin_routes(self) -> list[BaseRoute]:
         """Everything the admin listener serves; a module serving a page there adds its
@@ -115,7 +118,7 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         graph = self.graph
         if self.settings.storage.migrate_on_start:
-            await loop.run_in_executor(graph.executor, migrate, graph.engine, graph.secret_keys)
+            await loop.run_in_executor(graph.executor, graph.migrate)
         await loop.run_in_executor(graph.executor, check_stored_secrets, graph.connection_store)
         try:
             await loop.run_in_executor(graph.executor, check_writable_values, graph.engine)
@@ -172,6 +175,13 @@ class Sidecar:
             await self.admin.start()
             self._unwatch = metrics.watch(self)
             self._loop_lag = asyncio.create_task(metrics.watch_loop_lag())
+        retention_hours = self.settings.storage.run_retention_hours
+        if retention_hours > 0:
+            self._retention = asyncio.create_task(
+                expire_runs_periodically(
+                    graph.deletion, graph.blocking, timedelta(hours=retention_hours)
+                )
+            )
         for name in ["", *service_names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if graph.embeddings is not None:
@@ -267,6 +277,10 @@ class Sidecar:
             self._loop_lag.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_lag
+        if self._retention is not None:
+            self._retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention
         await self.mcp.stop()
         embeddings = self.graph.embeddings
         if embeddings is not None:

@@ -2,7 +2,10 @@
 catalogues and their search indexes).
 
 Caching immutable rows is safe even with many sidecars on one database: no other sidecar
-can change them, so there is nothing to invalidate.
+can change them, so there is nothing to invalidate. A deleted Run is the exception: the
+sidecar that deletes it forgets it (`discard`); another that read it before may still hold
+it, so the reads that find nothing where the Run had something ask storage again
+(RunService.confirm).
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ class ImmutableCache(Generic[K, V]):
             self._entries.move_to_end(key)
             if len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)
+
+    def discard(self, key: K) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
 
 
 class ByteBudgetCache(Generic[K, V]):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.engine import URL
@@ -15,6 +15,11 @@ SQLITE_MMAP_BYTES = 2**31
 DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
 # The execution option that makes a SQLite transaction BEGIN IMMEDIATE (`transactions`).
 WRITE_OPTION = "psych_write"
+# How the sidecar's PostgreSQL connections reach the server (storage.database_pooling):
+# "session", each is a server session of its own (direct, or PgBouncer in session mode);
+# "transaction", a pooler such as PgBouncer in transaction mode hands each transaction to any
+# server connection, so nothing may outlive a transaction on one (docs/operations.md).
+Pooling = Literal["session", "transaction"]
 
 
 class PooledConnectionOnTheEventLoop(RuntimeError):
@@ -38,12 +43,21 @@ def normalize_url(database_url: str) -> URL:
 
 def create_database_engine(
     database_url: str,
+    *,
     pool_size: int,
     busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+    pooling: Pooling = "session",
 ) -> Engine:
     """An engine whose waits are bounded by `busy_timeout_seconds`: a SQLite writer waiting
     for the lock, a PostgreSQL statement waiting for a row lock, a connection attempt and a
-    wait for a pooled connection each give up after about that long (STORAGE_UNAVAILABLE)."""
+    wait for a pooled connection each give up after about that long (STORAGE_UNAVAILABLE).
+
+    With `pooling` "transaction" (PostgreSQL behind PgBouncer in transaction mode) nothing is
+    left on a server session: psycopg prepares no statement on the server (it would after five
+    runs of one query, and the next transaction may land on a server connection that lacks it
+    or already has it), and the lock timeout, which PgBouncer would refuse as a startup
+    parameter, is set inside each transaction (SET LOCAL: one more round trip per
+    transaction)."""
     url = normalize_url(database_url)
     if url.get_backend_name() == "sqlite":
         assert url.database is not None
@@ -59,18 +73,22 @@ def create_database_engine(
         refuse_the_event_loop(engine)
         return engine
     lock_ms = max(1, int(busy_timeout_seconds * 1000))
+    connect_args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(busy_timeout_seconds))}
+    if pooling == "transaction":
+        connect_args["prepare_threshold"] = None
+    else:
+        connect_args["options"] = f"-c lock_timeout={lock_ms}"
     engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         pool_timeout=busy_timeout_seconds,
-        connect_args={
-            "connect_timeout": max(1, math.ceil(busy_timeout_seconds)),
-            "options": f"-c lock_timeout={lock_ms}",
-        },
+        connect_args=connect_args,
     )
     configure_postgresql(engine)
+    if pooling == "transaction":
+        time_out_locks_per_transaction(engine, lock_ms)
     refuse_the_event_loop(engine)
     return engine
 
@@ -81,6 +99,14 @@ def configure_postgresql(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.adapters.register_loader("bytea", SlicedByteaLoader)
+
+
+def time_out_locks_per_transaction(engine: Engine, lock_ms: int) -> None:
+    """Bound every lock wait of a transaction to `lock_ms` with a setting that ends with it."""
+
+    @event.listens_for(engine, "begin")
+    def on_begin(connection: Connection) -> None:
+        connection.exec_driver_sql(f"SET LOCAL lock_timeout = {int(lock_ms)}")
 
 
 def configure_sqlite(engine: Engine, busy_timeout_seconds: float, read_only: bool = False) -> None:

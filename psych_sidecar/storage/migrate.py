@@ -114,7 +114,8 @@ def alembic_config(connection: Connection, keys: KeyRing | None = None) -> Confi
 
 def migrate(engine: Engine, keys: KeyRing | None = None) -> None:
     """Bring the schema to the newest migration. Safe to call from many sidecars at once:
-    one runs the migrations while the others wait, then find nothing left to do. `keys` seal
+    one runs the migrations while the others wait, then find nothing left to do (on
+    PostgreSQL all of them in one transaction). `keys` seal
     secrets stored in plaintext by an older version (a database with none needs no keys).
 
     A schema already at SCHEMA_HEAD is read with one plain query, and alembic (a tenth of a
@@ -124,17 +125,15 @@ def migrate(engine: Engine, keys: KeyRing | None = None) -> None:
     from alembic import command
 
     if engine.dialect.name == "postgresql":
-        with engine.connect() as connection:
-            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
-            connection.commit()
-            try:
-                command.upgrade(alembic_config(connection, keys), "head")
-                connection.commit()
-            finally:
-                connection.execute(
-                    text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK_KEY}
-                )
-                connection.commit()
+        # One transaction, the lock a transaction's (released by its commit or rollback): it
+        # holds nothing on the server session, so it works through PgBouncer in transaction
+        # mode too, and PostgreSQL's DDL is transactional, so a failed migration leaves the
+        # schema as it was.
+        with engine.connect() as connection, connection.begin():
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY}
+            )
+            command.upgrade(alembic_config(connection, keys), "head")
         return
     database = engine.url.database
     assert database is not None

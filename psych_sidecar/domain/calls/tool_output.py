@@ -175,6 +175,9 @@ class ToolOutputReader:
             raise field_required("handle")
         found = self._log.resolve_handle(handle)
         if found is None or found[0] != run.run_id:
+            if found is None:
+                # A deleted Run's handles are RUN_NOT_FOUND, not a protocol violation.
+                self._runs.confirm(run)
             raise invalid_handle(run.run_id, handle)
         return found[1]
 

@@ -19,6 +19,15 @@ from psych_sidecar.domain.runlog.content import (
     binary_marker,
     fetch_text,
 )
+from psych_sidecar.domain.runlog.deletion import (
+    DeletedRun,
+    DeletionCause,
+    ExpiryHeld,
+    ExpiryPass,
+    RunDeletion,
+    RunDeletionRepository,
+    TenantSettingsDeleted,
+)
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
 from psych_sidecar.domain.runlog.ports import (
     LogReader,
@@ -75,8 +84,12 @@ __all__ = [
     "CallResultOutline",
     "ContentPart",
     "ContextBudget",
+    "DeletedRun",
+    "DeletionCause",
     "DisclosureSettings",
     "EffectiveThresholds",
+    "ExpiryHeld",
+    "ExpiryPass",
     "ListedRun",
     "LogReader",
     "OffLoop",
@@ -90,6 +103,8 @@ __all__ = [
     "RecordSkeleton",
     "RecordedCall",
     "Run",
+    "RunDeletion",
+    "RunDeletionRepository",
     "RunRepository",
     "RunService",
     "Skill",
@@ -100,6 +115,7 @@ __all__ = [
     "StorageNow",
     "StoredRecord",
     "Subagent",
+    "TenantSettingsDeleted",
     "TextLayout",
     "Thresholds",
     "ToolCall",

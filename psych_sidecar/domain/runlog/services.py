@@ -129,6 +129,18 @@ class RunService:
         """The Run if this process has already read it; no I/O, safe on the event loop."""
         return self._cache.get(run_id)
 
+    def forget(self, run_id: str) -> None:
+        """Drop a deleted Run from this process's memory (RunDeletion)."""
+        self._cache.discard(run_id)
+
+    def confirm(self, run: Run) -> None:
+        """Raise RUN_NOT_FOUND if `run`, read before, has been deleted since (by any sidecar):
+        asked from storage, not this process's memory. For a read that found nothing where
+        the Run would have had something."""
+        if self._runs.get_run(run.run_id) is None:
+            self.forget(run.run_id)
+            raise run_not_found(run.run_id)
+
     def list_runs(
         self,
         tenant: str | AllTenants,
@@ -239,8 +251,11 @@ class RunService:
         limit = page_size(requested_page_size)
         scope = run_id + "|" + ",".join(sorted(kind.value for kind in set(kinds)))
         after = decode_token(page_token, scope)
-        self.get(run_id)
+        run = self.get(run_id)
         records, more = self._runs.list_records(
             run_id, after if isinstance(after, int) else 0, kinds, limit, max_bytes
         )
+        if not records:
+            # The Run may have been read here before another sidecar deleted it.
+            self.confirm(run)
         return records, encode_token(scope, records[-1].sequence) if more else ""

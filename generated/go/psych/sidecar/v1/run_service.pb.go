@@ -654,6 +654,89 @@ func (x *ListRunsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// DeleteRunRequest is the request of RunService.DeleteRun.
+type DeleteRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Run's id.
+	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRunRequest) Reset() {
+	*x = DeleteRunRequest{}
+	mi := &file_psych_sidecar_v1_run_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRunRequest) ProtoMessage() {}
+
+func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_run_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_run_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DeleteRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+// DeleteRunResponse is the response of RunService.DeleteRun.
+type DeleteRunResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRunResponse) Reset() {
+	*x = DeleteRunResponse{}
+	mi := &file_psych_sidecar_v1_run_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRunResponse) ProtoMessage() {}
+
+func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_run_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
+func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_run_service_proto_rawDescGZIP(), []int{12}
+}
+
 var File_psych_sidecar_v1_run_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_run_service_proto_rawDesc = "" +
@@ -696,14 +779,18 @@ const file_psych_sidecar_v1_run_service_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\tpageToken\"e\n" +
 	"\x10ListRunsResponse\x12)\n" +
 	"\x04runs\x18\x01 \x03(\v2\x15.psych.sidecar.v1.RunR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xc0\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"/\n" +
+	"\x10DeleteRunRequest\x12\x1b\n" +
+	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\"\x13\n" +
+	"\x11DeleteRunResponse2\x96\x04\n" +
 	"\n" +
 	"RunService\x12T\n" +
 	"\tCreateRun\x12\".psych.sidecar.v1.CreateRunRequest\x1a#.psych.sidecar.v1.CreateRunResponse\x12K\n" +
 	"\x06GetRun\x12\x1f.psych.sidecar.v1.GetRunRequest\x1a .psych.sidecar.v1.GetRunResponse\x12`\n" +
 	"\rAppendRecords\x12&.psych.sidecar.v1.AppendRecordsRequest\x1a'.psych.sidecar.v1.AppendRecordsResponse\x12Z\n" +
 	"\vListRecords\x12$.psych.sidecar.v1.ListRecordsRequest\x1a%.psych.sidecar.v1.ListRecordsResponse\x12Q\n" +
-	"\bListRuns\x12!.psych.sidecar.v1.ListRunsRequest\x1a\".psych.sidecar.v1.ListRunsResponseB\xba\x01\n" +
+	"\bListRuns\x12!.psych.sidecar.v1.ListRunsRequest\x1a\".psych.sidecar.v1.ListRunsResponse\x12T\n" +
+	"\tDeleteRun\x12\".psych.sidecar.v1.DeleteRunRequest\x1a#.psych.sidecar.v1.DeleteRunResponseB\xba\x01\n" +
 	"\x14dev.psych.sidecar.v1B\x0fRunServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -718,7 +805,7 @@ func file_psych_sidecar_v1_run_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_run_service_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_psych_sidecar_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_psych_sidecar_v1_run_service_proto_goTypes = []any{
 	(*CreateRunRequest)(nil),      // 0: psych.sidecar.v1.CreateRunRequest
 	(*CreateRunResponse)(nil),     // 1: psych.sidecar.v1.CreateRunResponse
@@ -731,32 +818,36 @@ var file_psych_sidecar_v1_run_service_proto_goTypes = []any{
 	(*ListRecordsResponse)(nil),   // 8: psych.sidecar.v1.ListRecordsResponse
 	(*ListRunsRequest)(nil),       // 9: psych.sidecar.v1.ListRunsRequest
 	(*ListRunsResponse)(nil),      // 10: psych.sidecar.v1.ListRunsResponse
-	(*ToolGrant)(nil),             // 11: psych.sidecar.v1.ToolGrant
-	(*Run)(nil),                   // 12: psych.sidecar.v1.Run
-	(*Record)(nil),                // 13: psych.sidecar.v1.Record
-	(RecordKind)(0),               // 14: psych.sidecar.v1.RecordKind
+	(*DeleteRunRequest)(nil),      // 11: psych.sidecar.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),     // 12: psych.sidecar.v1.DeleteRunResponse
+	(*ToolGrant)(nil),             // 13: psych.sidecar.v1.ToolGrant
+	(*Run)(nil),                   // 14: psych.sidecar.v1.Run
+	(*Record)(nil),                // 15: psych.sidecar.v1.Record
+	(RecordKind)(0),               // 16: psych.sidecar.v1.RecordKind
 }
 var file_psych_sidecar_v1_run_service_proto_depIdxs = []int32{
-	11, // 0: psych.sidecar.v1.CreateRunRequest.tool_restrictions:type_name -> psych.sidecar.v1.ToolGrant
-	12, // 1: psych.sidecar.v1.CreateRunResponse.run:type_name -> psych.sidecar.v1.Run
-	12, // 2: psych.sidecar.v1.GetRunResponse.run:type_name -> psych.sidecar.v1.Run
-	13, // 3: psych.sidecar.v1.AppendRecordsRequest.records:type_name -> psych.sidecar.v1.Record
+	13, // 0: psych.sidecar.v1.CreateRunRequest.tool_restrictions:type_name -> psych.sidecar.v1.ToolGrant
+	14, // 1: psych.sidecar.v1.CreateRunResponse.run:type_name -> psych.sidecar.v1.Run
+	14, // 2: psych.sidecar.v1.GetRunResponse.run:type_name -> psych.sidecar.v1.Run
+	15, // 3: psych.sidecar.v1.AppendRecordsRequest.records:type_name -> psych.sidecar.v1.Record
 	6,  // 4: psych.sidecar.v1.AppendRecordsResponse.records:type_name -> psych.sidecar.v1.AppendedRecord
-	14, // 5: psych.sidecar.v1.ListRecordsRequest.kinds:type_name -> psych.sidecar.v1.RecordKind
-	13, // 6: psych.sidecar.v1.ListRecordsResponse.records:type_name -> psych.sidecar.v1.Record
-	12, // 7: psych.sidecar.v1.ListRunsResponse.runs:type_name -> psych.sidecar.v1.Run
+	16, // 5: psych.sidecar.v1.ListRecordsRequest.kinds:type_name -> psych.sidecar.v1.RecordKind
+	15, // 6: psych.sidecar.v1.ListRecordsResponse.records:type_name -> psych.sidecar.v1.Record
+	14, // 7: psych.sidecar.v1.ListRunsResponse.runs:type_name -> psych.sidecar.v1.Run
 	0,  // 8: psych.sidecar.v1.RunService.CreateRun:input_type -> psych.sidecar.v1.CreateRunRequest
 	2,  // 9: psych.sidecar.v1.RunService.GetRun:input_type -> psych.sidecar.v1.GetRunRequest
 	4,  // 10: psych.sidecar.v1.RunService.AppendRecords:input_type -> psych.sidecar.v1.AppendRecordsRequest
 	7,  // 11: psych.sidecar.v1.RunService.ListRecords:input_type -> psych.sidecar.v1.ListRecordsRequest
 	9,  // 12: psych.sidecar.v1.RunService.ListRuns:input_type -> psych.sidecar.v1.ListRunsRequest
-	1,  // 13: psych.sidecar.v1.RunService.CreateRun:output_type -> psych.sidecar.v1.CreateRunResponse
-	3,  // 14: psych.sidecar.v1.RunService.GetRun:output_type -> psych.sidecar.v1.GetRunResponse
-	5,  // 15: psych.sidecar.v1.RunService.AppendRecords:output_type -> psych.sidecar.v1.AppendRecordsResponse
-	8,  // 16: psych.sidecar.v1.RunService.ListRecords:output_type -> psych.sidecar.v1.ListRecordsResponse
-	10, // 17: psych.sidecar.v1.RunService.ListRuns:output_type -> psych.sidecar.v1.ListRunsResponse
-	13, // [13:18] is the sub-list for method output_type
-	8,  // [8:13] is the sub-list for method input_type
+	11, // 13: psych.sidecar.v1.RunService.DeleteRun:input_type -> psych.sidecar.v1.DeleteRunRequest
+	1,  // 14: psych.sidecar.v1.RunService.CreateRun:output_type -> psych.sidecar.v1.CreateRunResponse
+	3,  // 15: psych.sidecar.v1.RunService.GetRun:output_type -> psych.sidecar.v1.GetRunResponse
+	5,  // 16: psych.sidecar.v1.RunService.AppendRecords:output_type -> psych.sidecar.v1.AppendRecordsResponse
+	8,  // 17: psych.sidecar.v1.RunService.ListRecords:output_type -> psych.sidecar.v1.ListRecordsResponse
+	10, // 18: psych.sidecar.v1.RunService.ListRuns:output_type -> psych.sidecar.v1.ListRunsResponse
+	12, // 19: psych.sidecar.v1.RunService.DeleteRun:output_type -> psych.sidecar.v1.DeleteRunResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -775,7 +866,7 @@ func file_psych_sidecar_v1_run_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_run_service_proto_rawDesc), len(file_psych_sidecar_v1_run_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	RunService_AppendRecords_FullMethodName = "/psych.sidecar.v1.RunService/AppendRecords"
 	RunService_ListRecords_FullMethodName   = "/psych.sidecar.v1.RunService/ListRecords"
 	RunService_ListRuns_FullMethodName      = "/psych.sidecar.v1.RunService/ListRuns"
+	RunService_DeleteRun_FullMethodName     = "/psych.sidecar.v1.RunService/DeleteRun"
 )
 
 // RunServiceClient is the client API for RunService service.
@@ -45,6 +46,13 @@ type RunServiceClient interface {
 	// ListRuns pages through a tenant's Runs, newest first. Read-only; for
 	// operators' tools such as `psych-sidecar inspect`.
 	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
+	// DeleteRun deletes a Run and everything stored for it (its records and
+	// their content, append answers, usage events, turn surfaces, assembly
+	// journal rows), atomically: after it the Run, its records and its
+	// tool-output handles are RUN_NOT_FOUND; a failed or interrupted delete
+	// leaves the Run whole. Final: nothing is kept to undo it. Deleting a Run
+	// that does not exist (or no longer does) is RUN_NOT_FOUND.
+	DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error)
 }
 
 type runServiceClient struct {
@@ -105,6 +113,16 @@ func (c *runServiceClient) ListRuns(ctx context.Context, in *ListRunsRequest, op
 	return out, nil
 }
 
+func (c *runServiceClient) DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteRunResponse)
+	err := c.cc.Invoke(ctx, RunService_DeleteRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RunServiceServer is the server API for RunService service.
 // All implementations must embed UnimplementedRunServiceServer
 // for forward compatibility.
@@ -124,6 +142,13 @@ type RunServiceServer interface {
 	// ListRuns pages through a tenant's Runs, newest first. Read-only; for
 	// operators' tools such as `psych-sidecar inspect`.
 	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
+	// DeleteRun deletes a Run and everything stored for it (its records and
+	// their content, append answers, usage events, turn surfaces, assembly
+	// journal rows), atomically: after it the Run, its records and its
+	// tool-output handles are RUN_NOT_FOUND; a failed or interrupted delete
+	// leaves the Run whole. Final: nothing is kept to undo it. Deleting a Run
+	// that does not exist (or no longer does) is RUN_NOT_FOUND.
+	DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error)
 	mustEmbedUnimplementedRunServiceServer()
 }
 
@@ -148,6 +173,9 @@ func (UnimplementedRunServiceServer) ListRecords(context.Context, *ListRecordsRe
 }
 func (UnimplementedRunServiceServer) ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRuns not implemented")
+}
+func (UnimplementedRunServiceServer) DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteRun not implemented")
 }
 func (UnimplementedRunServiceServer) mustEmbedUnimplementedRunServiceServer() {}
 func (UnimplementedRunServiceServer) testEmbeddedByValue()                    {}
@@ -260,6 +288,24 @@ func _RunService_ListRuns_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RunService_DeleteRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).DeleteRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_DeleteRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).DeleteRun(ctx, req.(*DeleteRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RunService_ServiceDesc is the grpc.ServiceDesc for RunService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -286,6 +332,10 @@ var RunService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRuns",
 			Handler:    _RunService_ListRuns_Handler,
+		},
+		{
+			MethodName: "DeleteRun",
+			Handler:    _RunService_DeleteRun_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

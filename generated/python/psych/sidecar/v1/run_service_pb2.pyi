@@ -343,3 +343,42 @@ class ListRunsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteRunRequest(_message.Message):
+    """DeleteRunRequest is the request of RunService.DeleteRun."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The Run's id."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRunRequest: _TypeAlias = DeleteRunRequest  # noqa: Y015
+
+@_typing.final
+class DeleteRunResponse(_message.Message):
+    """DeleteRunResponse is the response of RunService.DeleteRun."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRunResponse: _TypeAlias = DeleteRunResponse  # noqa: Y015

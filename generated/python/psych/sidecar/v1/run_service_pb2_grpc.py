@@ -60,6 +60,11 @@ class RunServiceStub:
                 request_serializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.DeleteRun = channel.unary_unary(
+                '/psych.sidecar.v1.RunService/DeleteRun',
+                request_serializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.DeleteRunRequest.SerializeToString,
+                response_deserializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.DeleteRunResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -104,6 +109,18 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRun(self, request, context):
+        """DeleteRun deletes a Run and everything stored for it (its records and
+        their content, append answers, usage events, turn surfaces, assembly
+        journal rows), atomically: after it the Run, its records and its
+        tool-output handles are RUN_NOT_FOUND; a failed or interrupted delete
+        leaves the Run whole. Final: nothing is kept to undo it. Deleting a Run
+        that does not exist (or no longer does) is RUN_NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +148,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsRequest.FromString,
                     response_serializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'DeleteRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRun,
+                    request_deserializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.DeleteRunRequest.FromString,
+                    response_serializer=psych_dot_sidecar_dot_v1_dot_run__service__pb2.DeleteRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +291,33 @@ class RunService:
             '/psych.sidecar.v1.RunService/ListRuns',
             psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
             psych_dot_sidecar_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psych.sidecar.v1.RunService/DeleteRun',
+            psych_dot_sidecar_dot_v1_dot_run__service__pb2.DeleteRunRequest.SerializeToString,
+            psych_dot_sidecar_dot_v1_dot_run__service__pb2.DeleteRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,14 @@ class RunServiceStub:
     """ListRuns pages through a tenant's Runs, newest first. Read-only; for
     operators' tools such as `psych-sidecar inspect`.
     """
+    DeleteRun: _grpc.UnaryUnaryMultiCallable[_run_service_pb2.DeleteRunRequest, _run_service_pb2.DeleteRunResponse]
+    """DeleteRun deletes a Run and everything stored for it (its records and
+    their content, append answers, usage events, turn surfaces, assembly
+    journal rows), atomically: after it the Run, its records and its
+    tool-output handles are RUN_NOT_FOUND; a failed or interrupted delete
+    leaves the Run whole. Final: nothing is kept to undo it. Deleting a Run
+    that does not exist (or no longer does) is RUN_NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class RunServiceAsyncStub(RunServiceStub):
@@ -68,6 +76,14 @@ class RunServiceAsyncStub(RunServiceStub):
     ListRuns: _aio.UnaryUnaryMultiCallable[_run_service_pb2.ListRunsRequest, _run_service_pb2.ListRunsResponse]  # type: ignore[assignment]
     """ListRuns pages through a tenant's Runs, newest first. Read-only; for
     operators' tools such as `psych-sidecar inspect`.
+    """
+    DeleteRun: _aio.UnaryUnaryMultiCallable[_run_service_pb2.DeleteRunRequest, _run_service_pb2.DeleteRunResponse]  # type: ignore[assignment]
+    """DeleteRun deletes a Run and everything stored for it (its records and
+    their content, append answers, usage events, turn surfaces, assembly
+    journal rows), atomically: after it the Run, its records and its
+    tool-output handles are RUN_NOT_FOUND; a failed or interrupted delete
+    leaves the Run whole. Final: nothing is kept to undo it. Deleting a Run
+    that does not exist (or no longer does) is RUN_NOT_FOUND.
     """
 
 class RunServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -116,6 +132,20 @@ class RunServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_run_service_pb2.ListRunsResponse, _abc.Awaitable[_run_service_pb2.ListRunsResponse]]:
         """ListRuns pages through a tenant's Runs, newest first. Read-only; for
         operators' tools such as `psych-sidecar inspect`.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteRun(
+        self,
+        request: _run_service_pb2.DeleteRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_run_service_pb2.DeleteRunResponse, _abc.Awaitable[_run_service_pb2.DeleteRunResponse]]:
+        """DeleteRun deletes a Run and everything stored for it (its records and
+        their content, append answers, usage events, turn surfaces, assembly
+        journal rows), atomically: after it the Run, its records and its
+        tool-output handles are RUN_NOT_FOUND; a failed or interrupted delete
+        leaves the Run whole. Final: nothing is kept to undo it. Deleting a Run
+        that does not exist (or no longer does) is RUN_NOT_FOUND.
         """
 
 def add_RunServiceServicer_to_server(servicer: RunServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -15,7 +15,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/run_service.proto.
  */
 export const file_psych_sidecar_v1_run_service: GenFile = /*@__PURE__*/
-  fileDesc("CiJwc3ljaC9zaWRlY2FyL3YxL3J1bl9zZXJ2aWNlLnByb3RvEhBwc3ljaC5zaWRlY2FyLnYxIpsBChBDcmVhdGVSdW5SZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhIXCglzcGVjX25hbWUYAiABKAlCBOJBAQISGgoMc3BlY192ZXJzaW9uGAMgASgDQgTiQQECEjwKEXRvb2xfcmVzdHJpY3Rpb25zGAQgAygLMhsucHN5Y2guc2lkZWNhci52MS5Ub29sR3JhbnRCBOJBAQEiNwoRQ3JlYXRlUnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhUucHN5Y2guc2lkZWNhci52MS5SdW4iJQoNR2V0UnVuUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQIiNAoOR2V0UnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhUucHN5Y2guc2lkZWNhci52MS5SdW4idwoUQXBwZW5kUmVjb3Jkc1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhgKCnJlcXVlc3RfaWQYAiABKAlCBOJBAQESLwoHcmVjb3JkcxgDIAMoCzIYLnBzeWNoLnNpZGVjYXIudjEuUmVjb3JkQgTiQQECIkoKFUFwcGVuZFJlY29yZHNSZXNwb25zZRIxCgdyZWNvcmRzGAEgAygLMiAucHN5Y2guc2lkZWNhci52MS5BcHBlbmRlZFJlY29yZCIyCg5BcHBlbmRlZFJlY29yZBIQCghzZXF1ZW5jZRgBIAEoAxIOCgZoYW5kbGUYAiABKAkikAEKEkxpc3RSZWNvcmRzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFwoJcGFnZV9zaXplGAIgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YAyABKAlCBOJBAQESMQoFa2luZHMYBCADKA4yHC5wc3ljaC5zaWRlY2FyLnYxLlJlY29yZEtpbmRCBOJBAQEiWQoTTGlzdFJlY29yZHNSZXNwb25zZRIpCgdyZWNvcmRzGAEgAygLMhgucHN5Y2guc2lkZWNhci52MS5SZWNvcmQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIloKD0xpc3RSdW5zUmVxdWVzdBIUCgZ0ZW5hbnQYASABKAlCBOJBAQISFwoJcGFnZV9zaXplGAIgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YAyABKAlCBOJBAQEiUAoQTGlzdFJ1bnNSZXNwb25zZRIjCgRydW5zGAEgAygLMhUucHN5Y2guc2lkZWNhci52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJMsADCgpSdW5TZXJ2aWNlElQKCUNyZWF0ZVJ1bhIiLnBzeWNoLnNpZGVjYXIudjEuQ3JlYXRlUnVuUmVxdWVzdBojLnBzeWNoLnNpZGVjYXIudjEuQ3JlYXRlUnVuUmVzcG9uc2USSwoGR2V0UnVuEh8ucHN5Y2guc2lkZWNhci52MS5HZXRSdW5SZXF1ZXN0GiAucHN5Y2guc2lkZWNhci52MS5HZXRSdW5SZXNwb25zZRJgCg1BcHBlbmRSZWNvcmRzEiYucHN5Y2guc2lkZWNhci52MS5BcHBlbmRSZWNvcmRzUmVxdWVzdBonLnBzeWNoLnNpZGVjYXIudjEuQXBwZW5kUmVjb3Jkc1Jlc3BvbnNlEloKC0xpc3RSZWNvcmRzEiQucHN5Y2guc2lkZWNhci52MS5MaXN0UmVjb3Jkc1JlcXVlc3QaJS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RSZWNvcmRzUmVzcG9uc2USUQoITGlzdFJ1bnMSIS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RSdW5zUmVxdWVzdBoiLnBzeWNoLnNpZGVjYXIudjEuTGlzdFJ1bnNSZXNwb25zZUK6AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCD1J1blNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_psych_sidecar_v1_run, file_psych_sidecar_v1_spec]);
+  fileDesc("CiJwc3ljaC9zaWRlY2FyL3YxL3J1bl9zZXJ2aWNlLnByb3RvEhBwc3ljaC5zaWRlY2FyLnYxIpsBChBDcmVhdGVSdW5SZXF1ZXN0EhQKBnRlbmFudBgBIAEoCUIE4kEBAhIXCglzcGVjX25hbWUYAiABKAlCBOJBAQISGgoMc3BlY192ZXJzaW9uGAMgASgDQgTiQQECEjwKEXRvb2xfcmVzdHJpY3Rpb25zGAQgAygLMhsucHN5Y2guc2lkZWNhci52MS5Ub29sR3JhbnRCBOJBAQEiNwoRQ3JlYXRlUnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhUucHN5Y2guc2lkZWNhci52MS5SdW4iJQoNR2V0UnVuUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQIiNAoOR2V0UnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhUucHN5Y2guc2lkZWNhci52MS5SdW4idwoUQXBwZW5kUmVjb3Jkc1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhgKCnJlcXVlc3RfaWQYAiABKAlCBOJBAQESLwoHcmVjb3JkcxgDIAMoCzIYLnBzeWNoLnNpZGVjYXIudjEuUmVjb3JkQgTiQQECIkoKFUFwcGVuZFJlY29yZHNSZXNwb25zZRIxCgdyZWNvcmRzGAEgAygLMiAucHN5Y2guc2lkZWNhci52MS5BcHBlbmRlZFJlY29yZCIyCg5BcHBlbmRlZFJlY29yZBIQCghzZXF1ZW5jZRgBIAEoAxIOCgZoYW5kbGUYAiABKAkikAEKEkxpc3RSZWNvcmRzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFwoJcGFnZV9zaXplGAIgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YAyABKAlCBOJBAQESMQoFa2luZHMYBCADKA4yHC5wc3ljaC5zaWRlY2FyLnYxLlJlY29yZEtpbmRCBOJBAQEiWQoTTGlzdFJlY29yZHNSZXNwb25zZRIpCgdyZWNvcmRzGAEgAygLMhgucHN5Y2guc2lkZWNhci52MS5SZWNvcmQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIloKD0xpc3RSdW5zUmVxdWVzdBIUCgZ0ZW5hbnQYASABKAlCBOJBAQISFwoJcGFnZV9zaXplGAIgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YAyABKAlCBOJBAQEiUAoQTGlzdFJ1bnNSZXNwb25zZRIjCgRydW5zGAEgAygLMhUucHN5Y2guc2lkZWNhci52MS5SdW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIigKEERlbGV0ZVJ1blJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIhMKEURlbGV0ZVJ1blJlc3BvbnNlMpYECgpSdW5TZXJ2aWNlElQKCUNyZWF0ZVJ1bhIiLnBzeWNoLnNpZGVjYXIudjEuQ3JlYXRlUnVuUmVxdWVzdBojLnBzeWNoLnNpZGVjYXIudjEuQ3JlYXRlUnVuUmVzcG9uc2USSwoGR2V0UnVuEh8ucHN5Y2guc2lkZWNhci52MS5HZXRSdW5SZXF1ZXN0GiAucHN5Y2guc2lkZWNhci52MS5HZXRSdW5SZXNwb25zZRJgCg1BcHBlbmRSZWNvcmRzEiYucHN5Y2guc2lkZWNhci52MS5BcHBlbmRSZWNvcmRzUmVxdWVzdBonLnBzeWNoLnNpZGVjYXIudjEuQXBwZW5kUmVjb3Jkc1Jlc3BvbnNlEloKC0xpc3RSZWNvcmRzEiQucHN5Y2guc2lkZWNhci52MS5MaXN0UmVjb3Jkc1JlcXVlc3QaJS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RSZWNvcmRzUmVzcG9uc2USUQoITGlzdFJ1bnMSIS5wc3ljaC5zaWRlY2FyLnYxLkxpc3RSdW5zUmVxdWVzdBoiLnBzeWNoLnNpZGVjYXIudjEuTGlzdFJ1bnNSZXNwb25zZRJUCglEZWxldGVSdW4SIi5wc3ljaC5zaWRlY2FyLnYxLkRlbGV0ZVJ1blJlcXVlc3QaIy5wc3ljaC5zaWRlY2FyLnYxLkRlbGV0ZVJ1blJlc3BvbnNlQroBChRkZXYucHN5Y2guc2lkZWNhci52MUIPUnVuU2VydmljZVByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_psych_sidecar_v1_run, file_psych_sidecar_v1_spec]);
 
 /**
  * CreateRunRequest is the request of RunService.CreateRun.
@@ -349,6 +349,42 @@ export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*
   messageDesc(file_psych_sidecar_v1_run_service, 10);
 
 /**
+ * DeleteRunRequest is the request of RunService.DeleteRun.
+ *
+ * @generated from message psych.sidecar.v1.DeleteRunRequest
+ */
+export type DeleteRunRequest = Message<"psych.sidecar.v1.DeleteRunRequest"> & {
+  /**
+   * The Run's id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.DeleteRunRequest.
+ * Use `create(DeleteRunRequestSchema)` to create a new message.
+ */
+export const DeleteRunRequestSchema: GenMessage<DeleteRunRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_run_service, 11);
+
+/**
+ * DeleteRunResponse is the response of RunService.DeleteRun.
+ *
+ * @generated from message psych.sidecar.v1.DeleteRunResponse
+ */
+export type DeleteRunResponse = Message<"psych.sidecar.v1.DeleteRunResponse"> & {
+};
+
+/**
+ * Describes the message psych.sidecar.v1.DeleteRunResponse.
+ * Use `create(DeleteRunResponseSchema)` to create a new message.
+ */
+export const DeleteRunResponseSchema: GenMessage<DeleteRunResponse> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_run_service, 12);
+
+/**
  * RunService creates Runs and keeps their append-only logs.
  *
  * @generated from service psych.sidecar.v1.RunService
@@ -406,6 +442,21 @@ export const RunService: GenService<{
     methodKind: "unary";
     input: typeof ListRunsRequestSchema;
     output: typeof ListRunsResponseSchema;
+  },
+  /**
+   * DeleteRun deletes a Run and everything stored for it (its records and
+   * their content, append answers, usage events, turn surfaces, assembly
+   * journal rows), atomically: after it the Run, its records and its
+   * tool-output handles are RUN_NOT_FOUND; a failed or interrupted delete
+   * leaves the Run whole. Final: nothing is kept to undo it. Deleting a Run
+   * that does not exist (or no longer does) is RUN_NOT_FOUND.
+   *
+   * @generated from rpc psych.sidecar.v1.RunService.DeleteRun
+   */
+  deleteRun: {
+    methodKind: "unary";
+    input: typeof DeleteRunRequestSchema;
+    output: typeof DeleteRunResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_psych_sidecar_v1_run_service, 0);
