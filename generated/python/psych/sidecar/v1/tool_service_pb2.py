@@ -29,7 +29,7 @@ from psych.sidecar.v1 import connection_pb2 as psych_dot_sidecar_dot_v1_dot_conn
 from psych.sidecar.v1 import content_pb2 as psych_dot_sidecar_dot_v1_dot_content__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"V\n\x0bToolOutcome\x12\x10\n\x08is_error\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x0e\n\x06handle\x18\x04 \x01(\t\"\xd4\x01\n\x17\x43\x61llDeferredToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x15\n\x07\x63\x61ll_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"J\n\x18\x43\x61llDeferredToolResponse\x12.\n\x07outcome\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\"\x82\x01\n\x15ReadToolOutputRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06handle\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06offset\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x13\n\x05limit\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x12\n\x04grep\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\"\xa0\x01\n\x16ReadToolOutputResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x14\n\x0ctotal_length\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12,\n\x07matches\x18\x06 \x03(\x0b\x32\x1b.psych.sidecar.v1.GrepMatch\">\n\tGrepMatch\x12\x13\n\x0bline_number\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04line\x18\x03 \x01(\t\"w\n\x16ListServerToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"F\n\x17ListServerToolsResponse\x12\x12\n\ntool_names\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13\x44\x65scribeToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"C\n\x14\x44\x65scribeToolResponse\x12+\n\x04tool\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"r\n\x12SearchToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05query\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x13SearchToolsResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.psych.sidecar.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\"M\n\tSearchHit\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\"_\n\x17\x44ispatchToolCallRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12.\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x02\"\x86\x01\n\x18\x44ispatchToolCallResponse\x12:\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32%.psych.sidecar.v1.DispatchDisposition\x12.\n\x07outcome\x18\x02 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome*\x82\x01\n\x13\x44ispatchDisposition\x12$\n DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n\x1d\x44ISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n\x1e\x44ISPATCH_DISPOSITION_HOST_TOOL\x10\x02\x32\xeb\x04\n\x0bToolService\x12i\n\x10\x43\x61llDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12\x63\n\x0eReadToolOutput\x12\'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12\x66\n\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n\x0c\x44\x65scribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n\x0bSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n\x10\x44ispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"V\n\x0bToolOutcome\x12\x10\n\x08is_error\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x0e\n\x06handle\x18\x04 \x01(\t\"\xd4\x01\n\x17\x43\x61llDeferredToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x15\n\x07\x63\x61ll_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"J\n\x18\x43\x61llDeferredToolResponse\x12.\n\x07outcome\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\"\x97\x01\n\x15ReadToolOutputRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06handle\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06offset\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x13\n\x05limit\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x12\n\x04grep\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05query\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\"\xa0\x01\n\x16ReadToolOutputResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x14\n\x0ctotal_length\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12,\n\x07matches\x18\x06 \x03(\x0b\x32\x1b.psych.sidecar.v1.GrepMatch\">\n\tGrepMatch\x12\x13\n\x0bline_number\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04line\x18\x03 \x01(\t\"w\n\x16ListServerToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"F\n\x17ListServerToolsResponse\x12\x12\n\ntool_names\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13\x44\x65scribeToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"C\n\x14\x44\x65scribeToolResponse\x12+\n\x04tool\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"r\n\x12SearchToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05query\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x13SearchToolsResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.psych.sidecar.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\"M\n\tSearchHit\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\"_\n\x17\x44ispatchToolCallRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12.\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x02\"\x86\x01\n\x18\x44ispatchToolCallResponse\x12:\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32%.psych.sidecar.v1.DispatchDisposition\x12.\n\x07outcome\x18\x02 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome*\x82\x01\n\x13\x44ispatchDisposition\x12$\n DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n\x1d\x44ISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n\x1e\x44ISPATCH_DISPOSITION_HOST_TOOL\x10\x02\x32\xeb\x04\n\x0bToolService\x12i\n\x10\x43\x61llDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12\x63\n\x0eReadToolOutput\x12\'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12\x66\n\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n\x0c\x44\x65scribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n\x0bSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n\x10\x44ispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -59,6 +59,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['limit']._serialized_options = b'\342A\001\001'
   _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['grep']._loaded_options = None
   _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['grep']._serialized_options = b'\342A\001\001'
+  _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['query']._loaded_options = None
+  _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['query']._serialized_options = b'\342A\001\001'
   _globals['_LISTSERVERTOOLSREQUEST'].fields_by_name['run_id']._loaded_options = None
   _globals['_LISTSERVERTOOLSREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
   _globals['_LISTSERVERTOOLSREQUEST'].fields_by_name['server']._loaded_options = None
@@ -85,8 +87,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['call']._loaded_options = None
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['call']._serialized_options = b'\342A\001\002'
-  _globals['_DISPATCHDISPOSITION']._serialized_start=1845
-  _globals['_DISPATCHDISPOSITION']._serialized_end=1975
+  _globals['_DISPATCHDISPOSITION']._serialized_start=1866
+  _globals['_DISPATCHDISPOSITION']._serialized_end=1996
   _globals['_TOOLOUTCOME']._serialized_start=219
   _globals['_TOOLOUTCOME']._serialized_end=305
   _globals['_CALLDEFERREDTOOLREQUEST']._serialized_start=308
@@ -94,29 +96,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_start=522
   _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_end=596
   _globals['_READTOOLOUTPUTREQUEST']._serialized_start=599
-  _globals['_READTOOLOUTPUTREQUEST']._serialized_end=729
-  _globals['_READTOOLOUTPUTRESPONSE']._serialized_start=732
-  _globals['_READTOOLOUTPUTRESPONSE']._serialized_end=892
-  _globals['_GREPMATCH']._serialized_start=894
-  _globals['_GREPMATCH']._serialized_end=956
-  _globals['_LISTSERVERTOOLSREQUEST']._serialized_start=958
-  _globals['_LISTSERVERTOOLSREQUEST']._serialized_end=1077
-  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_start=1079
-  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_end=1149
-  _globals['_DESCRIBETOOLREQUEST']._serialized_start=1151
-  _globals['_DESCRIBETOOLREQUEST']._serialized_end=1236
-  _globals['_DESCRIBETOOLRESPONSE']._serialized_start=1238
-  _globals['_DESCRIBETOOLRESPONSE']._serialized_end=1305
-  _globals['_SEARCHTOOLSREQUEST']._serialized_start=1307
-  _globals['_SEARCHTOOLSREQUEST']._serialized_end=1421
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=1423
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=1529
-  _globals['_SEARCHHIT']._serialized_start=1531
-  _globals['_SEARCHHIT']._serialized_end=1608
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=1610
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=1705
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=1708
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=1842
-  _globals['_TOOLSERVICE']._serialized_start=1978
-  _globals['_TOOLSERVICE']._serialized_end=2597
+  _globals['_READTOOLOUTPUTREQUEST']._serialized_end=750
+  _globals['_READTOOLOUTPUTRESPONSE']._serialized_start=753
+  _globals['_READTOOLOUTPUTRESPONSE']._serialized_end=913
+  _globals['_GREPMATCH']._serialized_start=915
+  _globals['_GREPMATCH']._serialized_end=977
+  _globals['_LISTSERVERTOOLSREQUEST']._serialized_start=979
+  _globals['_LISTSERVERTOOLSREQUEST']._serialized_end=1098
+  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_start=1100
+  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_end=1170
+  _globals['_DESCRIBETOOLREQUEST']._serialized_start=1172
+  _globals['_DESCRIBETOOLREQUEST']._serialized_end=1257
+  _globals['_DESCRIBETOOLRESPONSE']._serialized_start=1259
+  _globals['_DESCRIBETOOLRESPONSE']._serialized_end=1326
+  _globals['_SEARCHTOOLSREQUEST']._serialized_start=1328
+  _globals['_SEARCHTOOLSREQUEST']._serialized_end=1442
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=1444
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=1550
+  _globals['_SEARCHHIT']._serialized_start=1552
+  _globals['_SEARCHHIT']._serialized_end=1629
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=1631
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=1726
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=1729
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=1863
+  _globals['_TOOLSERVICE']._serialized_start=1999
+  _globals['_TOOLSERVICE']._serialized_end=2618
 # @@protoc_insertion_point(module_scope)
