@@ -213,8 +213,8 @@ def parse_source(data: bytes) -> Any:
     return value
 
 
-def evaluate(compiled: Any, value: Any, stop: Callable[[], bool]) -> str:
-    """The query's result on `value`, as compact JSON text."""
+def evaluate_value(compiled: Any, value: Any, stop: Callable[[], bool]) -> Any:
+    """What the query yields on `value` (within MAX_QUERY_RESULT_UNITS)."""
     budget = _Budget(stop)
     try:
         found = _BoundedInterpreter(budget).visit(compiled.parsed, value)
@@ -231,6 +231,12 @@ def evaluate(compiled: Any, value: Any, stop: Callable[[], bool]) -> str:
     except (jmespath.exceptions.JMESPathError, TypeError, ValueError) as error:
         # A function given a value of the wrong type, an unknown function, a wrong arity.
         raise _invalid(f"cannot be evaluated on this result: {_one_line(error)}") from None
+    return found
+
+
+def evaluate(compiled: Any, value: Any, stop: Callable[[], bool]) -> str:
+    """What the query yields on `value`, as compact JSON text."""
+    found = evaluate_value(compiled, value, stop)
     return json.dumps(found, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
