@@ -65,17 +65,21 @@ class _OverBudget(Exception):
 
 
 class _Budget:
+    """Steps taken, and a check of the CPU clock and the caller every STEPS_BETWEEN_CHECKS."""
+
     def __init__(self, stop: Callable[[], bool]) -> None:
         self._stop = stop
         self._began = time.thread_time()
-        self._steps = 0
-        self._next_check = STEPS_BETWEEN_CHECKS
+        self.steps = 0
+        self.next_check = STEPS_BETWEEN_CHECKS
 
     def charge(self, steps: int = 1) -> None:
-        self._steps += steps
-        if self._steps < self._next_check:
-            return
-        self._next_check = self._steps + STEPS_BETWEEN_CHECKS
+        self.steps += steps
+        if self.steps >= self.next_check:
+            self.check()
+
+    def check(self) -> None:
+        self.next_check = self.steps + STEPS_BETWEEN_CHECKS
         if self._stop() or time.thread_time() - self._began > QUERY_CPU_BUDGET_SECONDS:
             raise _OverBudget
 
@@ -128,6 +132,10 @@ class _BoundedFunctions(jmespath.functions.Functions):
     def _func_contains(self, subject: Any, search: Any) -> bool:
         if isinstance(subject, str):
             return isinstance(search, str) and search in subject
+        self._budget.charge(len(subject))
+        if isinstance(search, str):
+            # A string equals only a string: C's `in` compares in constant time per element.
+            return search in subject
         return any(_equal(item, search, self._budget) for item in subject)
 
     @jmespath.functions.signature({"types": []})
@@ -156,6 +164,7 @@ class _BoundedInterpreter(jmespath.visitor.TreeInterpreter):
     def __init__(self, budget: _Budget) -> None:
         super().__init__(jmespath.visitor.Options(custom_functions=_BoundedFunctions(budget)))
         self._budget = budget
+        self._methods: dict[str, Any] = {}
 
     def visit_comparator(self, node: Any, value: Any) -> Any:
         if node["value"] not in ("eq", "ne"):
@@ -164,8 +173,17 @@ class _BoundedInterpreter(jmespath.visitor.TreeInterpreter):
         return _equal(left, right, self._budget) == (node["value"] == "eq")
 
     def visit(self, node: Any, *args: Any, **kwargs: Any) -> Any:
-        self._budget.charge()
-        return super().visit(node, *args, **kwargs)
+        # The base class's dispatch, with the step counted inline: this runs once per node
+        # per element, so a call less here is a third of the evaluation's time.
+        budget = self._budget
+        budget.steps += 1
+        if budget.steps >= budget.next_check:
+            budget.check()
+        kind = node["type"]
+        method = self._methods.get(kind)
+        if method is None:
+            method = self._methods[kind] = getattr(self, f"visit_{kind}", self.default_visit)
+        return method(node, *args, **kwargs)
 
 
 def _invalid(detail: str) -> PatternInvalid:
