@@ -233,10 +233,14 @@ class ToolOutputReader:
         shown = model_view(metas)
         parts = structured or shown
         if len(parts) != 1 or parts[0].kind is PartKind.BINARY:
+            what = (
+                "is binary"
+                if parts and parts[0].kind is PartKind.BINARY
+                else (f"has {len(shown)} parts and no structured content")
+            )
             raise field_invalid(
                 "query",
-                f"the result has {len(shown)} parts and no structured content, not one JSON "
-                "document; use grep, or offset and limit",
+                f"the result {what}, not one JSON document; use grep, or offset and limit",
             )
         part = parts[0]
         result_query.check_source_size(part.byte_length)
