@@ -122,7 +122,10 @@ def test_facade_indexes_every_permitted_tool() -> None:
     assert facade.name == "mid"
     lines = facade.description.splitlines()
     assert lines[0].startswith("Call one of the 30 tools of MCP server mid")
-    assert lines[1:] == [f"- tool_{i:03d}: Does thing {i}." for i in range(30)]
+    assert lines[1:-1] == [f"- tool_{i:03d}: Does thing {i}." for i in range(30)]
+    # Its last line: arguments may pass stored results by reference (on unless the Spec
+    # turns it off).
+    assert lines[-1] == naming.REFERENCE_GUIDANCE
     schema = json.loads(facade.input_schema_json)
     assert schema["properties"]["tool"]["enum"] == [f"tool_{i:03d}" for i in range(30)]
     assert schema["required"] == ["tool"]

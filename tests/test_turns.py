@@ -342,7 +342,8 @@ def test_facade_and_search_tiers_reach_exactly_the_permitted_tools(host: Host) -
     surface = host.resolve(run_id)
     facade = {tool.name: tool for tool in surface.tools}["mid"]
     assert facade.kind == turn_pb2.EXPOSED_TOOL_KIND_FACADE
-    assert len(facade.description.splitlines()) == 1 + 47
+    # A first line, one per tool, and the line saying arguments may reference results.
+    assert len(facade.description.splitlines()) == 1 + 47 + 1
     via_facade = host.dispatch(run_id, "mid", {"tool": "echo", "input": {"text": "facade"}})
     assert result_text(via_facade.outcome) == "facade"
     assert host.dispatch(run_id, "mid", {"tool": "nope"}).outcome.is_error

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
@@ -37,7 +38,12 @@ _THRESHOLD_FIELDS = (
     "preview_tail_chars",
     "failure_truncation_chars",
 )
-_DISCLOSURE_FIELDS = ("auto_preload_max_tools", "direct_max_tools", "facade_max_tools")
+_DISCLOSURE_FIELDS = (
+    "auto_preload_max_tools",
+    "direct_max_tools",
+    "facade_max_tools",
+    "result_references",
+)
 
 RECORD_KINDS: dict[int, RecordKind] = {
     run_pb2.RECORD_KIND_USER_MESSAGE: RecordKind.USER_MESSAGE,
@@ -95,7 +101,7 @@ def grants_to_proto(grants: tuple[ToolGrant, ...]) -> list[spec_pb2.ToolGrant]:
     ]
 
 
-def _present(message: Message, names: tuple[str, ...]) -> dict[str, int]:
+def _present(message: Message, names: tuple[str, ...]) -> dict[str, Any]:
     """The optional fields the sender set; unset ones take the domain's defaults."""
     return {name: getattr(message, name) for name in names if message.HasField(name)}
 

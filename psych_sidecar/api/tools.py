@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
@@ -266,7 +267,7 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
     async def ReadToolOutput(
         self, request: tool_service_pb2.ReadToolOutputRequest, context: Context
     ) -> tool_service_pb2.ReadToolOutputResponse:
-        read = (
+        read = partial(
             self._reader.read,
             request.run_id,
             request.handle,
@@ -275,12 +276,14 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
             request.grep,
             self._page_bytes,
             caller_gone(context),
+            query=request.query,
         )
-        if request.grep:
+        if request.grep or request.query:
+            # A query is CPU work as a grep is: it takes one of the same slots.
             async with self._grep_slots:
-                result = await self._blocking(*read)
+                result = await self._blocking(read)
         else:
-            result = await self._blocking(*read)
+            result = await self._blocking(read)
         return tool_service_pb2.ReadToolOutputResponse(
             text=result.text,
             data=result.data,
@@ -301,9 +304,11 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
         if not request.HasField("call"):
             raise field_required("call")
         call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
-        if call.name == READ_TOOL_OUTPUT and '"grep"' in call.arguments_json:
-            # The model's grep takes a grep slot like ReadToolOutput's (a cheap, conservative
-            # test: a call that merely mentions "grep" waits for a slot too).
+        if call.name == READ_TOOL_OUTPUT and (
+            '"grep"' in call.arguments_json or '"query"' in call.arguments_json
+        ):
+            # The model's grep or query takes a grep slot like ReadToolOutput's (a cheap,
+            # conservative test: a call that merely mentions "grep" waits for a slot too).
             async with self._grep_slots:
                 outcome = await self._router.dispatch(request.run_id, call)
         else:

@@ -253,6 +253,7 @@ class SidecarGraph:
             default_timeout_seconds=settings.mcp.tool_call_timeout_seconds,
             cpu=cpu,
             now=services.now,
+            max_argument_bytes=limit,
         )
         usage = SqlUsageStore(self.engine)
 

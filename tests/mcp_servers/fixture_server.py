@@ -25,6 +25,10 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
   the wire): `--invalid-tools one` adds `bad_schema`, whose input schema has no top-level
   `type`, until `repair_listing` is called (which announces tools/list_changed);
   `--invalid-tools all` sends every tool's input schema without its `type`;
+- with `--data-tools`, seeded JSON listings and a consumer of ids, for the data-task benchmark
+  (bench/cases/result_queries.py): `listing` (`kind` tickets, users or orders; `count`; `seed`)
+  returns `{"items": [...]}` as text, one record per line, and `take_ids` (`ids`, an array of
+  strings) answers how many it got and their SHA-256;
 - `pid`, `protocol_version` and `echo` for bookkeeping.
 """
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import os
 import random
@@ -180,12 +185,86 @@ OUTPUT_SCHEMA_FAULTS = [
 ]
 
 
+# Listed only with --data-tools, so the stock catalogue stays as it is.
+DATA_TOOLS = [
+    types.Tool(
+        name="listing",
+        description="Returns a seeded JSON listing of tickets, users or orders.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "kind": {"type": "string", "enum": ["tickets", "users", "orders"]},
+                "count": {"type": "integer", "minimum": 0},
+                "users": {"type": "integer", "minimum": 1},
+                "seed": {"type": "integer"},
+            },
+            "required": ["kind", "count", "seed"],
+        },
+    ),
+    types.Tool(
+        name="take_ids",
+        description="Takes a list of ids; answers how many it got and their SHA-256.",
+        input_schema={
+            "type": "object",
+            "properties": {"ids": {"type": "array", "items": {"type": "string"}}},
+            "required": ["ids"],
+        },
+    ),
+]
+_NAMES = ["Ana", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal", "Ivy", "Jo", "Kai", "Lu"]
+_WORDS = ["db", "ui", "api", "auth", "perf", "login", "cache", "queue", "disk", "mail"]
+_TAGS = ["security", "billing", "infra", "mobile", "web", "data", "docs", "ops"]
+_COUNTRIES = [f"{a}{b}" for a in "ABCDEFGHIJ" for b in "OSE"]
+
+
+def data_listing(kind: str, count: int, seed: int, users: int = 1000) -> str:
+    """`{"items": [...]}`, one record per line: what the `listing` tool returns."""
+    rng = random.Random(f"{kind}:{seed}")
+    records: list[dict[str, Any]] = []
+    for index in range(count):
+        if kind == "tickets":
+            records.append(
+                {
+                    "id": f"T-{index:06d}",
+                    "status": rng.choice(["open", "closed", "pending", "resolved"]),
+                    "assignee": rng.choice(_NAMES),
+                    "priority": rng.randint(1, 5),
+                    "tags": rng.sample(_TAGS, 2),
+                    "title": " ".join(rng.choices(_WORDS, k=8)),
+                    "created": f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+                }
+            )
+        elif kind == "users":
+            records.append(
+                {
+                    "id": f"U-{index:05d}",
+                    "name": f"{rng.choice(_NAMES)} {rng.choice(_WORDS).title()}",
+                    "country": "NO" if rng.random() < 0.02 else rng.choice(_COUNTRIES),
+                    "plan": rng.choice(["free", "pro", "team"]),
+                }
+            )
+        else:
+            records.append(
+                {
+                    "id": f"O-{index:07d}",
+                    "user_id": f"U-{rng.randrange(users):05d}",
+                    "status": rng.choice(["paid", "refunded", "open"]),
+                    "amount": rng.randint(100, 50_000),
+                }
+            )
+    lines = ",\n".join(json.dumps(r, separators=(",", ":")) for r in records)
+    return '{"items":[\n' + lines + "\n]}"
+
+
 class Listing:
     """Which listed tools are broken on the wire (see `BreakingWriter`)."""
 
-    def __init__(self, invalid_tools: str, output_schema_faults: bool = False) -> None:
+    def __init__(
+        self, invalid_tools: str, output_schema_faults: bool = False, data_tools: bool = False
+    ) -> None:
         self.invalid_tools = invalid_tools
         self.output_schema_faults = output_schema_faults
+        self.data_tools = data_tools
         self.repaired = False
 
     def breaks(self, name: object) -> bool:
@@ -250,7 +329,8 @@ def build_server(
         ]
         broken = [bad_schema, repair] if faults.invalid_tools == "one" else []
         faulty = OUTPUT_SCHEMA_FAULTS if faults.output_schema_faults else []
-        return [*FIXED_TOOLS, *faulty, *bulk, *broken, *added.values()]
+        data = DATA_TOOLS if faults.data_tools else []
+        return [*FIXED_TOOLS, *faulty, *data, *bulk, *broken, *added.values()]
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -275,6 +355,19 @@ def build_server(
         match params.name:
             case "echo":
                 return types.CallToolResult(content=[text(type="text", text=arguments["text"])])
+            case "listing":
+                body = data_listing(
+                    arguments["kind"],
+                    int(arguments["count"]),
+                    int(arguments["seed"]),
+                    int(arguments.get("users", 1000)),
+                )
+                return types.CallToolResult(content=[text(type="text", text=body)])
+            case "take_ids":
+                ids = list(arguments["ids"])
+                digest = hashlib.sha256(",".join(ids).encode()).hexdigest()
+                answer = json.dumps({"received": len(ids), "sha256": digest})
+                return types.CallToolResult(content=[text(type="text", text=answer)])
             case "pid":
                 return types.CallToolResult(content=[text(type="text", text=str(os.getpid()))])
             case "getenv":
@@ -431,8 +524,9 @@ def main() -> None:
     parser.add_argument("--require-header", metavar="NAME=VALUE", help="401 without it (http)")
     parser.add_argument("--invalid-tools", choices=["one", "all"], default="")
     parser.add_argument("--output-schema-faults", action="store_true")
+    parser.add_argument("--data-tools", action="store_true")
     options = parser.parse_args()
-    listing = Listing(options.invalid_tools, options.output_schema_faults)
+    listing = Listing(options.invalid_tools, options.output_schema_faults, options.data_tools)
     server = build_server(
         options.tools, options.page_size, listen=not options.no_listen, listing_faults=listing
     )

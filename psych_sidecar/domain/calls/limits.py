@@ -35,3 +35,8 @@ MAX_RESULT_BYTES_APPENDED_ON_LOOP = 16 * 1024
 # loop (`api/tools.py`); a larger one on the CPU threads, spliced into the response's bytes
 # (`bulk/protobuf_splice.py`).
 MAX_RESULT_BYTES_SERIALIZED_ON_LOOP = 256 * 1024
+
+# The largest a tool call's arguments may be once the stored results they reference are put
+# in (`calls/references.py`); the server passes the gRPC message limit (`max_message_bytes`),
+# the largest arguments a host could have sent itself.
+DEFAULT_MAX_ARGUMENT_BYTES = 64 * 1024 * 1024

@@ -1,18 +1,19 @@
-"""The sidecar's own tools, as a model calls them: read_tool_output (pages and greps of a
-stored result, in-process over the log) and load_skill (a skill's full text). Their
+"""The sidecar's own tools, as a model calls them: read_tool_output (pages, greps and queries
+of a stored result, in-process over the log) and load_skill (a skill's full text). Their
 definitions are in domain/surface/sidecar_tools.py. Synchronous: they read the log.
 
 What the model can get wrong (arguments that miss a field or have a wrong type, a bad grep
-pattern, an unknown skill) is a tool result with is_error set. A handle that does not resolve
-in this Run is not a model error but a protocol violation: INVALID_DEFERRED_HANDLE, raised.
+pattern or query, a query on content that is not JSON, an unknown skill) is a tool result
+with is_error set. A handle that does not resolve in this Run is not a model error but a
+protocol violation: INVALID_DEFERRED_HANDLE, raised.
 """
 
 from __future__ import annotations
 
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
 from psych_sidecar.domain.calls.outcomes import ToolResult
-from psych_sidecar.domain.calls.tool_output import ToolOutputReader
-from psych_sidecar.domain.errors import PatternInvalid, PatternTooComplex
+from psych_sidecar.domain.calls.tool_output import ReadResult, ToolOutputReader
+from psych_sidecar.domain.errors import FieldInvalid, PatternInvalid, PatternTooComplex
 from psych_sidecar.domain.runlog import ContentPart, PartKind, Run, ToolCall, binary_marker
 from psych_sidecar.domain.surface import (
     MODEL_DEFAULT_LIMIT_CHARS,
@@ -31,23 +32,32 @@ class OwnTools:
         try:
             arguments = parse_arguments(
                 call.arguments_json,
-                {"handle": str, "offset": int, "limit": int, "grep": str},
+                {"handle": str, "offset": int, "limit": int, "grep": str, "query": str},
                 {"handle"},
             )
         except ArgumentError as error:
             return ToolResult.error(
                 f'read_tool_output: {error}. Expected {{"handle": string, "offset": '
-                'integer >= 0, "limit": integer >= 0, "grep": string}; only handle is '
-                "required."
+                'integer >= 0, "limit": integer >= 0, "grep": string, "query": string}; only '
+                "handle is required."
             )
         offset = arguments.get("offset", 0)
         limit = min(arguments.get("limit") or MODEL_DEFAULT_LIMIT_CHARS, MODEL_MAX_LIMIT_CHARS)
         grep = arguments.get("grep", "")
+        query = arguments.get("query", "")
         handle = arguments["handle"]
         try:
-            result = self._reader.read(run, handle, offset, limit, grep, 4 * MODEL_MAX_LIMIT_CHARS)
+            result = self._reader.read(
+                run, handle, offset, limit, grep, 4 * MODEL_MAX_LIMIT_CHARS, query=query
+            )
         except (PatternInvalid, PatternTooComplex) as error:
-            return ToolResult.error(f"read_tool_output: grep {error.detail}")
+            return ToolResult.error(f"read_tool_output: {error.field} {error.detail}")
+        except FieldInvalid as error:
+            if error.field != "query":
+                raise
+            return ToolResult.error(f"read_tool_output: query: {error.detail}")
+        if query:
+            return _query_page(result, offset)
         if result.binary:
             return self._binary_for_model(run, handle, result.total_length, result.mime_type)
         end = result.next_offset
@@ -96,3 +106,18 @@ class OwnTools:
         return ToolResult.error(
             f"load_skill: no skill named {arguments['name']!r}. Skills: {names}."
         )
+
+
+def _query_page(result: ReadResult, offset: int) -> ToolResult:
+    """A page of a query's result (compact JSON), saying where to continue when there is more.
+    Past its end is an empty result, as for a plain read."""
+    if offset >= result.total_length:
+        return ToolResult.of(())
+    text = result.text
+    end = result.next_offset
+    if end < result.total_length:
+        text += (
+            f"\n[Characters {offset} to {end} of the query's {result.total_length}: continue "
+            f"with the same query and offset {end}.]"
+        )
+    return ToolResult.of((ContentPart.text(text),))

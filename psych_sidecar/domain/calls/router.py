@@ -21,10 +21,17 @@ from typing import Any
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
 from psych_sidecar.domain.calls.ledger import CallLedger
+from psych_sidecar.domain.calls.limits import DEFAULT_MAX_ARGUMENT_BYTES
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall
 from psych_sidecar.domain.calls.meta_tools import MetaTools
 from psych_sidecar.domain.calls.outcomes import ToolOutcome, ToolResult
 from psych_sidecar.domain.calls.own_tools import OwnTools
+from psych_sidecar.domain.calls.references import (
+    ReferenceProblem,
+    ResultReferences,
+    mentions_reference,
+    with_resolved_references,
+)
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
 from psych_sidecar.domain.catalog import ToolRunner
 from psych_sidecar.domain.errors import field_invalid, field_required
@@ -67,6 +74,7 @@ class ToolRouter:
         default_timeout_seconds: float,
         cpu: OffLoop | None = None,
         now: StorageNow | None = None,
+        max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
     ) -> None:
         self._resolver = resolver
         self._blocking = blocking
@@ -78,6 +86,8 @@ class ToolRouter:
         self._mcp = McpCalls(runner, cpu or blocking)
         meta = MetaTools(self._mcp, cpu or blocking)
         own = OwnTools(reader)
+        # A model's call may name stored results as arguments: resolved on the storage threads.
+        self._references = ResultReferences(reader, log, max_argument_bytes)
         # The dispatch table: every kind of tool the sidecar runs, and who runs it.
         self._table: dict[ExposedKind, Handler] = {
             ExposedKind.MCP_TOOL: self._taking_an_object(self._mcp.direct),
@@ -198,7 +208,17 @@ class ToolRouter:
                 return ToolResult.error(
                     f"{problem[:1].upper()}{problem[1:]}.", route.server, route.tool or route.name
                 )
-            return await handler(RoutedCall(resolved, route, arguments, self._default_timeout))
+            if context.spec.disclosure.result_references is False or not mentions_reference(
+                call.arguments_json
+            ):
+                return await handler(RoutedCall(resolved, route, arguments, self._default_timeout))
+            # A handle of another Run raises INVALID_DEFERRED_HANDLE: nothing runs or is
+            # recorded.
+            found = await self._blocking(self._references.resolve, context.run, arguments)
+            if isinstance(found, ReferenceProblem):
+                return ToolResult.error(str(found), route.server, route.tool or route.name)
+            routed = RoutedCall(resolved, route, found.arguments, self._default_timeout)
+            return with_resolved_references(await handler(routed), found.references)
 
         return run
 

@@ -17,6 +17,10 @@ domain/runlog/content.py), or bytes when the result is binary (exactly one binar
   checked between chunks. A line too long to be one such chunk is PATTERN_TOO_COMPLEX; a
   scan that runs out of budget returns the matches so far with `next_offset` where it
   stopped, so the caller continues from there.
+- A query (JMESPath, `result_query.py`) runs over the result's JSON: its `structuredContent`
+  when the server sent one, else its one text or JSON part. offset and limit then count
+  characters of the query's result (compact JSON), which is what `total_length` measures.
+  grep and query do not combine.
 - A read never exceeds `max_bytes` of text or data, so a response fits in a gRPC message;
   the caller continues from `next_offset`.
 """
@@ -30,6 +34,7 @@ from typing import Any, NamedTuple
 
 import re2
 
+from psych_sidecar.domain.calls import result_query
 from psych_sidecar.domain.errors import (
     InvalidDeferredHandle,
     PatternInvalid,
@@ -42,9 +47,11 @@ from psych_sidecar.domain.errors import (
 )
 from psych_sidecar.domain.runlog import (
     SEPARATOR,
+    STRUCTURED_CONTENT_MIME,
     ByteRange,
     LogReader,
     PartKind,
+    PartMeta,
     Run,
     RunService,
     TextLayout,
@@ -190,27 +197,60 @@ class ToolOutputReader:
         grep: str,
         max_bytes: int,
         stop: Callable[[], bool] = never_stop,
+        *,
+        query: str = "",
     ) -> ReadResult:
         """ReadToolOutput: the Run (given by id, it must exist), and the handle must be one of
         its results. `stop` says the caller gave up (cancelled, deadline passed): a grep ends
-        early."""
+        early, a query fails."""
         if isinstance(run, str):
             run = self._runs.get(run)
         if offset < 0:
             raise field_invalid("offset", "must not be negative")
         if limit < 0:
             raise field_invalid("limit", "must not be negative")
+        if grep and query:
+            raise field_invalid("query", "grep and query cannot be combined; use one")
         sequence = self.resolve(run, handle)
         pattern = compile_pattern(grep, "grep") if grep else None
+        metas = self._log.part_metas(run.run_id, [sequence]).get(sequence, [])
+        if query:
+            compiled = result_query.compile_query(query)
+            text = result_query.evaluate(compiled, self.json_of(run.run_id, sequence, metas), stop)
+            return _page(text, offset, limit, max_bytes)
         # The rendering of what the model sees in full (`model_view`), so that offsets in
         # a preview's guidance continue where its head stops.
-        metas = self._log.part_metas(run.run_id, [sequence]).get(sequence, [])
         span = _Span(run.run_id, sequence, TextLayout(model_view(metas)), offset, limit, max_bytes)
         if span.layout.is_binary:
             return self._read_binary(span, pattern)
         if pattern is not None:
             return self._grep(span, pattern, stop)
         return self._read_text(span)
+
+    def json_of(self, run_id: str, sequence: int, metas: list[PartMeta]) -> Any:
+        """The JSON value of a stored result (parsed; FIELD_INVALID when there is none): its
+        structured content, else its one text or JSON part as the model sees it."""
+        structured = [
+            p for p in metas if p.kind is PartKind.JSON and p.mime_type == STRUCTURED_CONTENT_MIME
+        ]
+        shown = model_view(metas)
+        parts = structured or shown
+        if len(parts) != 1 or parts[0].kind is PartKind.BINARY:
+            what = (
+                "is binary"
+                if parts and parts[0].kind is PartKind.BINARY
+                else (f"has {len(shown)} parts and no structured content")
+            )
+            raise field_invalid(
+                "query",
+                f"the result {what}, not one JSON document; use grep, or offset and limit",
+            )
+        part = parts[0]
+        result_query.check_source_size(part.byte_length)
+        (data,) = self._log.read_ranges(
+            run_id, [ByteRange(sequence, part.index, 0, part.byte_length)]
+        )
+        return result_query.parse_source(data)
 
     def _read_binary(self, span: _Span, pattern: Any) -> ReadResult:
         run_id, sequence, layout, offset, limit, max_bytes = span
@@ -308,6 +348,16 @@ class ToolOutputReader:
             for part in layout.parts
         ]
         return rendered[0] if len(rendered) == 1 else SEPARATOR.encode().join(rendered)
+
+
+def _page(text: str, offset: int, limit: int, max_bytes: int) -> ReadResult:
+    """Characters [offset, offset + limit) of a query's result, at most `max_bytes`."""
+    total = len(text)
+    if offset >= total:
+        return ReadResult(False, "", b"", "", total, total, ())
+    end = min(total, offset + (limit or total), offset + max_bytes)
+    page = _cut_to_bytes(text[offset:end], max_bytes)
+    return ReadResult(False, page, b"", "", total, offset + len(page), ())
 
 
 def _chunk_end(data: bytes, position: int, chunk_bytes: int, program_size: int) -> int:

@@ -75,12 +75,23 @@ def _omission_line(omitted: int) -> str:
     return f"\n[... {omitted} characters omitted ...]\n"
 
 
-def _guidance(total_chars: int, head_chars: int, handle: str) -> str:
+def _guidance(total_chars: int, head_chars: int, handle: str, json_like: bool = True) -> str:
+    """The line closing a preview. `json_like` (the head opens a JSON object or array) adds
+    the query; a preview's size is planned with it, the longer of the two."""
+    query = (
+        "; query takes a JMESPath expression over the JSON (e.g. \"items[?id=='x']\")"
+        if json_like
+        else ""
+    )
     return (
         f"\n[Elided from this prompt: {total_chars} characters in full. Read the rest with "
         f'read_tool_output(handle="{handle}"): offset {head_chars} continues after the head; '
-        "offset and limit count characters; grep takes an RE2 pattern.]"
+        f"offset and limit count characters; grep takes an RE2 pattern{query}.]"
     )
+
+
+def _opens_json(head: str) -> bool:
+    return head.lstrip()[:1] in ("{", "[")
 
 
 def _binary_guidance(handle: str) -> str:
@@ -92,7 +103,8 @@ def _binary_guidance(handle: str) -> str:
 
 def preview_chars(total_chars: int, handle: str, thresholds: EffectiveThresholds) -> int:
     """The length of the head-and-tail preview of a success, known before any content is
-    read (the frame around head and tail is ASCII and depends only on sizes)."""
+    read (the frame around head and tail is ASCII and depends only on sizes): at most this
+    long, as long when the head opens JSON."""
     head, tail = thresholds.preview_head_chars, thresholds.preview_tail_chars
     omitted = total_chars - head - tail
     return head + tail + len(_omission_line(omitted)) + len(_guidance(total_chars, head, handle))
@@ -129,7 +141,7 @@ class ViewPlan:
                 head
                 + _omission_line(omitted)
                 + tail
-                + _guidance(self.total_chars, len(head), self.handle)
+                + _guidance(self.total_chars, len(head), self.handle, _opens_json(head))
             )
         return view if len(view.encode()) < self.content_bytes else None
 

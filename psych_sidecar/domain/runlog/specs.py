@@ -61,6 +61,9 @@ class DisclosureSettings:
     auto_preload_max_tools: int | None = None
     direct_max_tools: int | None = None
     facade_max_tools: int | None = None
+    # Whether a model's tool call may pass stored results by reference
+    # (domain/calls/references.py), and is told so; None: yes.
+    result_references: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,9 @@ class Spec:
         immutability. An unset context budget is left out, so Specs stored before it existed
         keep their bytes and fingerprints."""
         content = asdict(self)
+        if self.disclosure.result_references is None:
+            # Unset, it is left out, so Specs stored before it existed keep their bytes.
+            del content["disclosure"]["result_references"]
         if self.context_budget == ContextBudget():
             del content["context_budget"]
         else:

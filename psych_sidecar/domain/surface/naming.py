@@ -29,6 +29,15 @@ _HASH_CHARS = 8
 LIST_TOOLS = "mcp_list_tools"
 DESCRIBE_TOOL = "mcp_describe_tool"
 CALL_TOOL = "mcp_call_tool"
+# The key of a stored result passed by reference in a tool call's arguments
+# (domain/calls/references.py).
+REFERENCE_KEY = "$ref_output"
+# What the meta tools' descriptions add when the Spec allows references (one sentence).
+REFERENCE_GUIDANCE = (
+    f'Any argument value may be {{"{REFERENCE_KEY}": {{"handle": "h_…"}}}}, optionally with '
+    '"query" (JMESPath) or "part" (an index), to pass a stored tool result, or what the query '
+    "yields of it, without copying it: the sidecar puts the value in place."
+)
 SEARCH_TOOLS = "mcp_search_tools"
 CALL_TOOL_BY_NAME = "mcp_call_tool_by_name"
 RESERVED_NAMES = frozenset(

@@ -32,6 +32,8 @@ _READ_TOOL_OUTPUT = ExposedTool(
         "result was elided from the prompt: pass the handle shown with it. offset and limit "
         "count characters of the result's text; grep returns only the lines matching an RE2 "
         "pattern. Reading past the end, or a grep with no match, gives an empty result. "
+        "On a JSON result, query takes a JMESPath expression and returns only what it yields, "
+        "as JSON: items[?status=='open'].id filters and projects, length(items) counts. "
         f"At most {MODEL_MAX_LIMIT_CHARS} characters come back per call (default "
         f"{MODEL_DEFAULT_LIMIT_CHARS}); the result says where to continue."
     ),
@@ -57,6 +59,11 @@ _READ_TOOL_OUTPUT = ExposedTool(
                     "type": "string",
                     "description": "An RE2 regular expression; only matching lines are "
                     "returned, with their line numbers.",
+                },
+                "query": {
+                    "type": "string",
+                    "description": "A JMESPath expression over the result's JSON; offset and "
+                    "limit then page through what it yields. Not with grep.",
                 },
             },
             "required": ["handle"],

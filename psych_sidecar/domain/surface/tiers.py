@@ -6,6 +6,7 @@ surface, byte for byte (tools sorted by name, servers by name, JSON canonical).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -127,12 +128,18 @@ class DisclosureLimits:
     auto_preload_max_tools: int = 16
     direct_max_tools: int = 24
     facade_max_tools: int = 200
+    result_references: bool = True
 
     @classmethod
     def of(cls, settings: DisclosureSettings) -> DisclosureLimits:
         values = {
             name: value
-            for name in ("auto_preload_max_tools", "direct_max_tools", "facade_max_tools")
+            for name in (
+                "auto_preload_max_tools",
+                "direct_max_tools",
+                "facade_max_tools",
+                "result_references",
+            )
             if (value := getattr(settings, name)) is not None
         }
         return cls(**values)
@@ -299,6 +306,20 @@ SEARCH_PAIR = (
 )
 
 
+def _telling_of_references(tool: ExposedTool) -> ExposedTool:
+    """A tool that calls MCP tools, its description saying that arguments may reference
+    stored results (when the Spec allows it)."""
+    between = "\n" if "\n" in tool.description else " "
+    return dataclasses.replace(
+        tool, description=f"{tool.description}{between}{naming.REFERENCE_GUIDANCE}"
+    )
+
+
+_CALLING_KINDS = frozenset(
+    {ExposedKind.FACADE, ExposedKind.CALL_DEFERRED_TOOL, ExposedKind.CALL_BY_NAME}
+)
+
+
 def _facade(server: VisibleServer) -> ExposedTool:
     connection = server.connection
     names = [tool.name for tool in server.permitted]
@@ -375,6 +396,8 @@ def resolve_surface(servers: Sequence[VisibleServer], limits: DisclosureLimits) 
         tools.extend(META_TOOLS)
     if any_search:
         tools.extend(SEARCH_PAIR)
+    if limits.result_references:
+        tools = [_telling_of_references(t) if t.kind in _CALLING_KINDS else t for t in tools]
     tools.sort(key=lambda t: (t.name, t.server, t.tool))
     names = naming.deduplicated([t.name for t in tools])
     unique = tuple(

@@ -463,8 +463,13 @@ type DisclosureSettings struct {
 	// many permitted tools is shown as one facade tool; above it, as a search
 	// pair. Default 200.
 	FacadeMaxTools *int32 `protobuf:"varint,3,opt,name=facade_max_tools,json=facadeMaxTools,proto3,oneof" json:"facade_max_tools,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Whether a model's tool call may pass a stored result of the Run by
+	// reference, {"$ref_output": {"handle": "h_…", "query": "…"}}, which the
+	// sidecar resolves before calling the MCP tool; the meta tools' descriptions
+	// and read_tool_output's then say so in one sentence. Default true.
+	ResultReferences *bool `protobuf:"varint,4,opt,name=result_references,json=resultReferences,proto3,oneof" json:"result_references,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DisclosureSettings) Reset() {
@@ -516,6 +521,13 @@ func (x *DisclosureSettings) GetFacadeMaxTools() int32 {
 		return *x.FacadeMaxTools
 	}
 	return 0
+}
+
+func (x *DisclosureSettings) GetResultReferences() bool {
+	if x != nil && x.ResultReferences != nil {
+		return *x.ResultReferences
+	}
+	return false
 }
 
 // ToolGrant permits the MCP tools whose server and tool names both match.
@@ -623,14 +635,16 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\x11_per_batch_tokensB\x15\n" +
 	"\x13_preview_head_charsB\x15\n" +
 	"\x13_preview_tail_charsB\x1b\n" +
-	"\x19_failure_truncation_chars\"\x83\x02\n" +
+	"\x19_failure_truncation_chars\"\xd1\x02\n" +
 	"\x12DisclosureSettings\x12>\n" +
 	"\x16auto_preload_max_tools\x18\x01 \x01(\x05B\x04\xe2A\x01\x01H\x00R\x13autoPreloadMaxTools\x88\x01\x01\x123\n" +
 	"\x10direct_max_tools\x18\x02 \x01(\x05B\x04\xe2A\x01\x01H\x01R\x0edirectMaxTools\x88\x01\x01\x123\n" +
-	"\x10facade_max_tools\x18\x03 \x01(\x05B\x04\xe2A\x01\x01H\x02R\x0efacadeMaxTools\x88\x01\x01B\x19\n" +
+	"\x10facade_max_tools\x18\x03 \x01(\x05B\x04\xe2A\x01\x01H\x02R\x0efacadeMaxTools\x88\x01\x01\x126\n" +
+	"\x11result_references\x18\x04 \x01(\bB\x04\xe2A\x01\x01H\x03R\x10resultReferences\x88\x01\x01B\x19\n" +
 	"\x17_auto_preload_max_toolsB\x13\n" +
 	"\x11_direct_max_toolsB\x13\n" +
-	"\x11_facade_max_tools\"a\n" +
+	"\x11_facade_max_toolsB\x14\n" +
+	"\x12_result_references\"a\n" +
 	"\tToolGrant\x12+\n" +
 	"\x0eserver_pattern\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\rserverPattern\x12'\n" +
 	"\ftool_pattern\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\vtoolPatternB\xb4\x01\n" +

@@ -319,7 +319,15 @@ type ReadToolOutputRequest struct {
 	Limit int64 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
 	// An RE2 pattern: when set, only matching lines are returned. No match
 	// gives an empty result, not an error.
-	Grep          string `protobuf:"bytes,5,opt,name=grep,proto3" json:"grep,omitempty"`
+	Grep string `protobuf:"bytes,5,opt,name=grep,proto3" json:"grep,omitempty"`
+	// A JMESPath expression (jmespath.org) over the result's JSON: its
+	// structuredContent when the server sent one, else its one text or JSON
+	// part. When set, text is what the query yields as compact JSON, and offset,
+	// limit, total_length and next_offset count its characters. At most 1024
+	// characters; not with grep. An invalid query is PATTERN_INVALID, one over
+	// the CPU or size bound PATTERN_TOO_COMPLEX, a result that is not one JSON
+	// document FIELD_INVALID (field "query").
+	Query         string `protobuf:"bytes,6,opt,name=query,proto3" json:"query,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -385,6 +393,13 @@ func (x *ReadToolOutputRequest) GetLimit() int64 {
 func (x *ReadToolOutputRequest) GetGrep() string {
 	if x != nil {
 		return x.Grep
+	}
+	return ""
+}
+
+func (x *ReadToolOutputRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
 	}
 	return ""
 }
@@ -1126,13 +1141,14 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\acall_id\x18\x05 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x129\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x01R\atimeout\"S\n" +
 	"\x18CallDeferredToolResponse\x127\n" +
-	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\"\xa6\x01\n" +
+	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\"\xc2\x01\n" +
 	"\x15ReadToolOutputRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1c\n" +
 	"\x06handle\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06handle\x12\x1c\n" +
 	"\x06offset\x18\x03 \x01(\x03B\x04\xe2A\x01\x01R\x06offset\x12\x1a\n" +
 	"\x05limit\x18\x04 \x01(\x03B\x04\xe2A\x01\x01R\x05limit\x12\x18\n" +
-	"\x04grep\x18\x05 \x01(\tB\x04\xe2A\x01\x01R\x04grep\"\xd8\x01\n" +
+	"\x04grep\x18\x05 \x01(\tB\x04\xe2A\x01\x01R\x04grep\x12\x1a\n" +
+	"\x05query\x18\x06 \x01(\tB\x04\xe2A\x01\x01R\x05query\"\xd8\x01\n" +
 	"\x16ReadToolOutputResponse\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x1b\n" +

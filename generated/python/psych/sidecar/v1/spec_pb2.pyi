@@ -300,6 +300,7 @@ class DisclosureSettings(_message.Message):
     AUTO_PRELOAD_MAX_TOOLS_FIELD_NUMBER: _builtins.int
     DIRECT_MAX_TOOLS_FIELD_NUMBER: _builtins.int
     FACADE_MAX_TOOLS_FIELD_NUMBER: _builtins.int
+    RESULT_REFERENCES_FIELD_NUMBER: _builtins.int
     auto_preload_max_tools: _builtins.int
     """When a connection's preload flag is unset, the server is preloaded if
     its permitted tool count is at most this, and deferred otherwise.
@@ -314,16 +315,23 @@ class DisclosureSettings(_message.Message):
     many permitted tools is shown as one facade tool; above it, as a search
     pair. Default 200.
     """
+    result_references: _builtins.bool
+    """Whether a model's tool call may pass a stored result of the Run by
+    reference, {"$ref_output": {"handle": "h_…", "query": "…"}}, which the
+    sidecar resolves before calling the MCP tool; the meta tools' descriptions
+    and read_tool_output's then say so in one sentence. Default true.
+    """
     def __init__(
         self,
         *,
         auto_preload_max_tools: _builtins.int | None = ...,
         direct_max_tools: _builtins.int | None = ...,
         facade_max_tools: _builtins.int | None = ...,
+        result_references: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_auto_preload_max_tools", b"_auto_preload_max_tools", "_direct_max_tools", b"_direct_max_tools", "_facade_max_tools", b"_facade_max_tools", "auto_preload_max_tools", b"auto_preload_max_tools", "direct_max_tools", b"direct_max_tools", "facade_max_tools", b"facade_max_tools"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_auto_preload_max_tools", b"_auto_preload_max_tools", "_direct_max_tools", b"_direct_max_tools", "_facade_max_tools", b"_facade_max_tools", "_result_references", b"_result_references", "auto_preload_max_tools", b"auto_preload_max_tools", "direct_max_tools", b"direct_max_tools", "facade_max_tools", b"facade_max_tools", "result_references", b"result_references"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_auto_preload_max_tools", b"_auto_preload_max_tools", "_direct_max_tools", b"_direct_max_tools", "_facade_max_tools", b"_facade_max_tools", "auto_preload_max_tools", b"auto_preload_max_tools", "direct_max_tools", b"direct_max_tools", "facade_max_tools", b"facade_max_tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_auto_preload_max_tools", b"_auto_preload_max_tools", "_direct_max_tools", b"_direct_max_tools", "_facade_max_tools", b"_facade_max_tools", "_result_references", b"_result_references", "auto_preload_max_tools", b"auto_preload_max_tools", "direct_max_tools", b"direct_max_tools", "facade_max_tools", b"facade_max_tools", "result_references", b"result_references"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__auto_preload_max_tools: _TypeAlias = _typing.Literal["auto_preload_max_tools"]  # noqa: Y015
     _WhichOneofArgType__auto_preload_max_tools: _TypeAlias = _typing.Literal["_auto_preload_max_tools", b"_auto_preload_max_tools"]  # noqa: Y015
@@ -331,12 +339,16 @@ class DisclosureSettings(_message.Message):
     _WhichOneofArgType__direct_max_tools: _TypeAlias = _typing.Literal["_direct_max_tools", b"_direct_max_tools"]  # noqa: Y015
     _WhichOneofReturnType__facade_max_tools: _TypeAlias = _typing.Literal["facade_max_tools"]  # noqa: Y015
     _WhichOneofArgType__facade_max_tools: _TypeAlias = _typing.Literal["_facade_max_tools", b"_facade_max_tools"]  # noqa: Y015
+    _WhichOneofReturnType__result_references: _TypeAlias = _typing.Literal["result_references"]  # noqa: Y015
+    _WhichOneofArgType__result_references: _TypeAlias = _typing.Literal["_result_references", b"_result_references"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__auto_preload_max_tools) -> _WhichOneofReturnType__auto_preload_max_tools | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__direct_max_tools) -> _WhichOneofReturnType__direct_max_tools | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__facade_max_tools) -> _WhichOneofReturnType__facade_max_tools | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__result_references) -> _WhichOneofReturnType__result_references | None: ...
 
 Global___DisclosureSettings: _TypeAlias = DisclosureSettings  # noqa: Y015
 

@@ -29,7 +29,7 @@ from psych.sidecar.v1 import connection_pb2 as psych_dot_sidecar_dot_v1_dot_conn
 from psych.sidecar.v1 import content_pb2 as psych_dot_sidecar_dot_v1_dot_content__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xac\x01\n\x0bToolOutcome\x12\x10\n\x08is_error\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x0e\n\x06handle\x18\x04 \x01(\t\x12T\n\x1d\x61uthorization_required_reason\x18\x05 \x01(\x0e\x32-.psych.sidecar.v1.AuthorizationRequiredReason\"\xd4\x01\n\x17\x43\x61llDeferredToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x15\n\x07\x63\x61ll_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"J\n\x18\x43\x61llDeferredToolResponse\x12.\n\x07outcome\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\"\x82\x01\n\x15ReadToolOutputRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06handle\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06offset\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x13\n\x05limit\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x12\n\x04grep\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\"\xa0\x01\n\x16ReadToolOutputResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x14\n\x0ctotal_length\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12,\n\x07matches\x18\x06 \x03(\x0b\x32\x1b.psych.sidecar.v1.GrepMatch\">\n\tGrepMatch\x12\x13\n\x0bline_number\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04line\x18\x03 \x01(\t\"w\n\x16ListServerToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"F\n\x17ListServerToolsResponse\x12\x12\n\ntool_names\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13\x44\x65scribeToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"C\n\x14\x44\x65scribeToolResponse\x12+\n\x04tool\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"r\n\x12SearchToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05query\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x13SearchToolsResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.psych.sidecar.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\"M\n\tSearchHit\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\"_\n\x17\x44ispatchToolCallRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12.\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x02\"\x86\x01\n\x18\x44ispatchToolCallResponse\x12:\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32%.psych.sidecar.v1.DispatchDisposition\x12.\n\x07outcome\x18\x02 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome*\x82\x01\n\x13\x44ispatchDisposition\x12$\n DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n\x1d\x44ISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n\x1e\x44ISPATCH_DISPOSITION_HOST_TOOL\x10\x02\x32\xeb\x04\n\x0bToolService\x12i\n\x10\x43\x61llDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12\x63\n\x0eReadToolOutput\x12\'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12\x66\n\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n\x0c\x44\x65scribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n\x0bSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n\x10\x44ispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xac\x01\n\x0bToolOutcome\x12\x10\n\x08is_error\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x0e\n\x06handle\x18\x04 \x01(\t\x12T\n\x1d\x61uthorization_required_reason\x18\x05 \x01(\x0e\x32-.psych.sidecar.v1.AuthorizationRequiredReason\"\xd4\x01\n\x17\x43\x61llDeferredToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x15\n\x07\x63\x61ll_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"J\n\x18\x43\x61llDeferredToolResponse\x12.\n\x07outcome\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\"\x97\x01\n\x15ReadToolOutputRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06handle\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06offset\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x13\n\x05limit\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x12\n\x04grep\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05query\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\"\xa0\x01\n\x16ReadToolOutputResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x14\n\x0ctotal_length\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12,\n\x07matches\x18\x06 \x03(\x0b\x32\x1b.psych.sidecar.v1.GrepMatch\">\n\tGrepMatch\x12\x13\n\x0bline_number\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04line\x18\x03 \x01(\t\"w\n\x16ListServerToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"F\n\x17ListServerToolsResponse\x12\x12\n\ntool_names\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13\x44\x65scribeToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"C\n\x14\x44\x65scribeToolResponse\x12+\n\x04tool\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"r\n\x12SearchToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05query\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x13SearchToolsResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.psych.sidecar.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\"M\n\tSearchHit\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\"_\n\x17\x44ispatchToolCallRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12.\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x02\"\x86\x01\n\x18\x44ispatchToolCallResponse\x12:\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32%.psych.sidecar.v1.DispatchDisposition\x12.\n\x07outcome\x18\x02 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome*\x82\x01\n\x13\x44ispatchDisposition\x12$\n DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n\x1d\x44ISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n\x1e\x44ISPATCH_DISPOSITION_HOST_TOOL\x10\x02\x32\xeb\x04\n\x0bToolService\x12i\n\x10\x43\x61llDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12\x63\n\x0eReadToolOutput\x12\'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12\x66\n\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n\x0c\x44\x65scribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n\x0bSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n\x10\x44ispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -59,6 +59,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['limit']._serialized_options = b'\342A\001\001'
   _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['grep']._loaded_options = None
   _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['grep']._serialized_options = b'\342A\001\001'
+  _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['query']._loaded_options = None
+  _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['query']._serialized_options = b'\342A\001\001'
   _globals['_LISTSERVERTOOLSREQUEST'].fields_by_name['run_id']._loaded_options = None
   _globals['_LISTSERVERTOOLSREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
   _globals['_LISTSERVERTOOLSREQUEST'].fields_by_name['server']._loaded_options = None
@@ -85,8 +87,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['call']._loaded_options = None
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['call']._serialized_options = b'\342A\001\002'
-  _globals['_DISPATCHDISPOSITION']._serialized_start=1932
-  _globals['_DISPATCHDISPOSITION']._serialized_end=2062
+  _globals['_DISPATCHDISPOSITION']._serialized_start=1953
+  _globals['_DISPATCHDISPOSITION']._serialized_end=2083
   _globals['_TOOLOUTCOME']._serialized_start=220
   _globals['_TOOLOUTCOME']._serialized_end=392
   _globals['_CALLDEFERREDTOOLREQUEST']._serialized_start=395
@@ -94,29 +96,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_start=609
   _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_end=683
   _globals['_READTOOLOUTPUTREQUEST']._serialized_start=686
-  _globals['_READTOOLOUTPUTREQUEST']._serialized_end=816
-  _globals['_READTOOLOUTPUTRESPONSE']._serialized_start=819
-  _globals['_READTOOLOUTPUTRESPONSE']._serialized_end=979
-  _globals['_GREPMATCH']._serialized_start=981
-  _globals['_GREPMATCH']._serialized_end=1043
-  _globals['_LISTSERVERTOOLSREQUEST']._serialized_start=1045
-  _globals['_LISTSERVERTOOLSREQUEST']._serialized_end=1164
-  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_start=1166
-  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_end=1236
-  _globals['_DESCRIBETOOLREQUEST']._serialized_start=1238
-  _globals['_DESCRIBETOOLREQUEST']._serialized_end=1323
-  _globals['_DESCRIBETOOLRESPONSE']._serialized_start=1325
-  _globals['_DESCRIBETOOLRESPONSE']._serialized_end=1392
-  _globals['_SEARCHTOOLSREQUEST']._serialized_start=1394
-  _globals['_SEARCHTOOLSREQUEST']._serialized_end=1508
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=1510
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=1616
-  _globals['_SEARCHHIT']._serialized_start=1618
-  _globals['_SEARCHHIT']._serialized_end=1695
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=1697
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=1792
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=1795
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=1929
-  _globals['_TOOLSERVICE']._serialized_start=2065
-  _globals['_TOOLSERVICE']._serialized_end=2684
+  _globals['_READTOOLOUTPUTREQUEST']._serialized_end=837
+  _globals['_READTOOLOUTPUTRESPONSE']._serialized_start=840
+  _globals['_READTOOLOUTPUTRESPONSE']._serialized_end=1000
+  _globals['_GREPMATCH']._serialized_start=1002
+  _globals['_GREPMATCH']._serialized_end=1064
+  _globals['_LISTSERVERTOOLSREQUEST']._serialized_start=1066
+  _globals['_LISTSERVERTOOLSREQUEST']._serialized_end=1185
+  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_start=1187
+  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_end=1257
+  _globals['_DESCRIBETOOLREQUEST']._serialized_start=1259
+  _globals['_DESCRIBETOOLREQUEST']._serialized_end=1344
+  _globals['_DESCRIBETOOLRESPONSE']._serialized_start=1346
+  _globals['_DESCRIBETOOLRESPONSE']._serialized_end=1413
+  _globals['_SEARCHTOOLSREQUEST']._serialized_start=1415
+  _globals['_SEARCHTOOLSREQUEST']._serialized_end=1529
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=1531
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=1637
+  _globals['_SEARCHHIT']._serialized_start=1639
+  _globals['_SEARCHHIT']._serialized_end=1716
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=1718
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=1813
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=1816
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=1950
+  _globals['_TOOLSERVICE']._serialized_start=2086
+  _globals['_TOOLSERVICE']._serialized_end=2705
 # @@protoc_insertion_point(module_scope)

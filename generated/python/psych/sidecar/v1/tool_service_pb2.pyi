@@ -176,6 +176,7 @@ class ReadToolOutputRequest(_message.Message):
     OFFSET_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     GREP_FIELD_NUMBER: _builtins.int
+    QUERY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run reading."""
     handle: _builtins.str
@@ -192,6 +193,15 @@ class ReadToolOutputRequest(_message.Message):
     """An RE2 pattern: when set, only matching lines are returned. No match
     gives an empty result, not an error.
     """
+    query: _builtins.str
+    """A JMESPath expression (jmespath.org) over the result's JSON: its
+    structuredContent when the server sent one, else its one text or JSON
+    part. When set, text is what the query yields as compact JSON, and offset,
+    limit, total_length and next_offset count its characters. At most 1024
+    characters; not with grep. An invalid query is PATTERN_INVALID, one over
+    the CPU or size bound PATTERN_TOO_COMPLEX, a result that is not one JSON
+    document FIELD_INVALID (field "query").
+    """
     def __init__(
         self,
         *,
@@ -200,10 +210,11 @@ class ReadToolOutputRequest(_message.Message):
         offset: _builtins.int = ...,
         limit: _builtins.int = ...,
         grep: _builtins.str = ...,
+        query: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grep", b"grep", "handle", b"handle", "limit", b"limit", "offset", b"offset", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grep", b"grep", "handle", b"handle", "limit", b"limit", "offset", b"offset", "query", b"query", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
