@@ -19,6 +19,12 @@ OpenAI documents for requests that share long prefixes (docs/prompt.md).
 Content neither API can take as it is becomes a text marker, never decoded bytes; tool
 results that answer no call of the preceding assistant message (or answer one twice) are
 shown as text, so the request stays valid.
+
+Provider blocks (a reasoning model's thinking and the like, see runlog/provider_blocks.py) go
+back into their own provider's body byte for byte, at their place among the assistant
+message's content, and are left out of every other body. A block that spells a tool call
+(its envelope's `call_id`) is sent instead of the body's own rendering of that call. Which
+blocks each provider keeps, with the provider's documented rule, is in docs/prompt.md.
 """
 
 from __future__ import annotations
@@ -29,14 +35,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from psych_sidecar.bulk.slices import b64encode_sliced
-from psych_sidecar.domain.canonical import bounded_loads, canonical_json
+from psych_sidecar.domain.canonical import Verbatim, bounded_loads, canonical_json
 from psych_sidecar.domain.prompt.zones import (
     Prompt,
     PromptMessage,
     Role,
     ToolResultView,
 )
-from psych_sidecar.domain.runlog import ContentPart, PartKind, ToolCall, binary_marker
+from psych_sidecar.domain.runlog import (
+    ContentPart,
+    PartKind,
+    Provider,
+    ToolCall,
+    binary_marker,
+)
 
 CACHE_CONTROL = {"type": "ephemeral"}
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
@@ -46,6 +58,34 @@ def _model(model: str) -> dict[str, Any]:
     """The body's first key: the model id, or nothing when the host sent none (the host
     then sets it; an empty string is never a model a provider accepts)."""
     return {"model": model} if model else {}
+
+
+def _own_blocks(
+    parts: Sequence[ContentPart], provider: Provider
+) -> tuple[list[ContentPart | Verbatim], set[str]]:
+    """An assistant message's content for `provider`'s body: its own blocks as Verbatim,
+    other providers' left out, the rest as they are; and the calls its own blocks spell."""
+    kept: list[ContentPart | Verbatim] = []
+    spelled: set[str] = set()
+    for part in parts:
+        if part.kind is not PartKind.PROVIDER_BLOCK:
+            kept.append(part)
+            continue
+        envelope = part.envelope
+        if envelope.provider is provider:
+            kept.append(Verbatim(part.data))
+            if envelope.call_id:
+                spelled.add(envelope.call_id)
+    return kept, spelled
+
+
+def _mark(blocks: list[Any]) -> None:
+    """A cache breakpoint on the last block the sidecar wrote itself: a provider's own block
+    is sent as it came, and Anthropic takes no cache_control on a thinking block."""
+    for block in reversed(blocks):
+        if isinstance(block, dict):
+            block["cache_control"] = CACHE_CONTROL
+            return
 
 
 def content_text(parts: Sequence[ContentPart]) -> str:
@@ -93,6 +133,8 @@ def _paired(
 
 
 def _anthropic_content(part: ContentPart) -> dict[str, Any] | None:
+    if part.kind is PartKind.PROVIDER_BLOCK:
+        return None  # placed by _anthropic_assistant, in assistant messages only
     if part.kind is not PartKind.BINARY:
         text = part.as_text()
         return {"type": "text", "text": text} if text else None
@@ -108,6 +150,24 @@ def _anthropic_content(part: ContentPart) -> dict[str, Any] | None:
 
 def _anthropic_blocks(parts: Sequence[ContentPart]) -> list[dict[str, Any]]:
     return [block for block in map(_anthropic_content, parts) if block is not None]
+
+
+def _anthropic_assistant(message: PromptMessage) -> list[Any]:
+    """An assistant message's blocks: its content in order (Anthropic's own blocks verbatim),
+    then a tool_use block for each call no block of its own spells."""
+    content = [p for p in message.parts if isinstance(p, ContentPart)]
+    kept, spelled = _own_blocks(content, Provider.ANTHROPIC)
+    blocks: list[Any] = []
+    for part in kept:
+        block = part if isinstance(part, Verbatim) else _anthropic_content(part)
+        if block is not None:
+            blocks.append(block)
+    blocks.extend(
+        {"type": "tool_use", "id": c.call_id, "name": c.name, "input": _tool_arguments(c)}
+        for c in message.parts
+        if isinstance(c, ToolCall) and c.call_id not in spelled
+    )
+    return blocks
 
 
 def _anthropic_tool_result(result: ToolResultView) -> dict[str, Any]:
@@ -151,17 +211,11 @@ def _anthropic_messages(history: Sequence[PromptMessage], mark: int = -1) -> lis
     calls: set[str] = set()
     for position, message in enumerate(history):
         if position == mark + 1 and mark >= 0 and messages:
-            messages[-1]["content"][-1]["cache_control"] = CACHE_CONTROL
-        blocks: list[dict[str, Any]] = []
+            _mark(messages[-1]["content"])
+        blocks: list[Any] = []
         if message.role is Role.ASSISTANT:
-            content = [p for p in message.parts if isinstance(p, ContentPart)]
-            tool_calls = [p for p in message.parts if isinstance(p, ToolCall)]
-            blocks = _anthropic_blocks(content)
-            blocks.extend(
-                {"type": "tool_use", "id": c.call_id, "name": c.name, "input": _tool_arguments(c)}
-                for c in tool_calls
-            )
-            calls = {c.call_id for c in tool_calls}
+            blocks = _anthropic_assistant(message)
+            calls = {c.call_id for c in message.parts if isinstance(c, ToolCall)}
         elif message.is_tool_results:
             results = [p for p in message.parts if isinstance(p, ToolResultView)]
             paired, orphans = _paired(results, calls)
@@ -200,7 +254,7 @@ def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
         system.append({"type": "text", "text": prompt.dynamic_tail, "cache_control": CACHE_CONTROL})
     messages = _anthropic_messages(prompt.history, read_point(prompt.history))
     if messages:
-        messages[-1]["content"][-1]["cache_control"] = CACHE_CONTROL
+        _mark(messages[-1]["content"])
     transient = _anthropic_blocks([p for p in prompt.transient.parts if isinstance(p, ContentPart)])
     if messages and messages[-1]["role"] == Role.USER.value:
         messages[-1]["content"].extend(transient)
@@ -220,6 +274,8 @@ def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
 
 
 def _openai_content(part: ContentPart) -> dict[str, Any] | None:
+    if part.kind is PartKind.PROVIDER_BLOCK:
+        return None  # Chat Completions has no place for one
     if part.kind is not PartKind.BINARY:
         text = part.as_text()
         return {"type": "text", "text": text} if text else None
@@ -234,6 +290,9 @@ def _openai_tool_text(result: ToolResultView) -> str:
     return f"[error] {text}" if result.is_error else text
 
 
+_TEXTUAL = frozenset({PartKind.TEXT, PartKind.JSON})
+
+
 def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     calls: set[str] = set()
@@ -242,7 +301,7 @@ def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
             texts = [
                 {"type": "text", "text": p.as_text()}
                 for p in message.parts
-                if isinstance(p, ContentPart) and p.kind is not PartKind.BINARY and p.data
+                if isinstance(p, ContentPart) and p.kind in _TEXTUAL and p.data
             ]
             tool_calls = [p for p in message.parts if isinstance(p, ToolCall)]
             calls = {c.call_id for c in tool_calls}

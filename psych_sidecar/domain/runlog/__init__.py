@@ -28,6 +28,11 @@ from psych_sidecar.domain.runlog.ports import (
     SpecRepository,
     StorageNow,
 )
+from psych_sidecar.domain.runlog.provider_blocks import (
+    MAX_PROVIDER_BLOCK_BYTES,
+    BlockEnvelope,
+    Provider,
+)
 from psych_sidecar.domain.runlog.result_outline import CallResultOutline
 from psych_sidecar.domain.runlog.runs import (
     ALL_TENANTS,
@@ -67,10 +72,12 @@ __all__ = [
     "ALL_TENANTS",
     "DEFAULT_CONTEXT_WINDOW_TOKENS",
     "MAX_IDENTIFIER_LENGTH",
+    "MAX_PROVIDER_BLOCK_BYTES",
     "SEPARATOR",
     "STRUCTURED_CONTENT_MIME",
     "AllTenants",
     "AppendedRecord",
+    "BlockEnvelope",
     "ByteRange",
     "CallResultOutline",
     "ContentPart",
@@ -84,6 +91,7 @@ __all__ = [
     "PartMeta",
     "PendingAppend",
     "Piece",
+    "Provider",
     "PublishedSpec",
     "Record",
     "RecordKind",
