@@ -23,6 +23,7 @@ from tests.support.prompts import (
     run_with,
     valid_anthropic,
     valid_openai,
+    valid_openai_responses,
 )
 from tests.support.requests import user
 from tests.support.sidecar import Stubs, rpc_failure
@@ -177,6 +178,15 @@ def test_bodies_are_valid_with_every_kind_of_content_and_a_note_after_tool_resul
     response = assemble(stubs, run_id, transient_note="Answer in French.", max_tokens=1234)
     anthropic = valid_anthropic(response.anthropic_request_json)
     openai = valid_openai(response.openai_request_json)
+    responses = valid_openai_responses(response.openai_responses_request_json)
+    assert (responses["model"], responses["max_output_tokens"]) == ("claude-test", 1234)
+    outputs = {
+        i["call_id"]: i["output"] for i in responses["input"] if i["type"] == "function_call_output"
+    }
+    assert outputs["c1"] == "chart attached\n[binary content: image/png, 70 bytes]"
+    assert outputs["c4"] == "[error] Traceback: boom"
+    arguments = [i["arguments"] for i in responses["input"] if i["type"] == "function_call"]
+    assert arguments == ['{"id": 7}', "{not json", "{}", "[1, 2]"]
     assert (anthropic["model"], anthropic["max_tokens"]) == ("claude-test", 1234)
     assert (openai["model"], openai["max_completion_tokens"]) == ("claude-test", 1234)
 

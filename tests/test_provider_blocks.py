@@ -21,6 +21,7 @@ from tests.support.prompts import (
     run_with,
     valid_anthropic,
     valid_openai,
+    valid_openai_responses,
 )
 from tests.support.requests import text_part, user
 from tests.support.sidecar import Stubs, rpc_failure
@@ -117,6 +118,109 @@ def test_anthropic_blocks_go_back_verbatim_in_place_and_nowhere_else(
     # The estimator counts what is sent: the larger body, thinking included.
     largest = max(len(body), len(response.openai_request_json))
     assert response.context_guard.estimated_tokens == estimate_tokens(largest)
+
+
+def test_openai_reasoning_items_go_back_verbatim_before_their_calls(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    run_id = run_with(stubs, unique("agent"), instructions="Be brief.")
+    thinking_turn(stubs, run_id)
+    response = assemble(stubs, run_id, dynamic_tail="Memory: likes rain.")
+    body = response.openai_responses_request_json
+    parsed = valid_openai_responses(body)
+    assert list(parsed) == [
+        "model",
+        "max_output_tokens",
+        "prompt_cache_key",
+        "tools",
+        "instructions",
+        "input",
+    ]
+    assert (
+        parsed["prompt_cache_key"] == json.loads(response.openai_request_json)["prompt_cache_key"]
+    )
+    assert parsed["instructions"].startswith("# Instructions\n\nBe brief.")
+    assert all(tool["strict"] is False for tool in parsed["tools"])
+    kinds = [(i["type"], i.get("role", "")) for i in parsed["input"]]
+    assert kinds == [
+        ("message", "developer"),
+        ("message", "user"),
+        ("reasoning", ""),
+        ("message", "assistant"),
+        ("function_call", ""),
+        ("function_call_output", ""),
+        ("function_call", ""),
+        ("function_call_output", ""),
+        ("message", "user"),
+    ]
+    assert body.count(REASONING) == 1
+    for data in (THINKING_1, REDACTED, THINKING_2):
+        assert data not in body
+    assert parsed["input"][-1]["content"][0]["text"].startswith("Current date and time:")
+
+
+def test_an_openai_function_call_item_is_sent_as_it_came(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    run_id = run_with(stubs, unique("agent"))
+    item = (
+        b'{"type":"function_call","id":"fc_1","call_id":"call_1","name":"get_weather",'
+        b'"arguments":"{\\"city\\":\\"Paris\\"}","status":"completed"}'
+    )
+    append(
+        stubs,
+        run_id,
+        user("Weather?"),
+        reply(
+            block(OPENAI, REASONING, "reasoning"),
+            block(OPENAI, item, "function_call", call_id="call_1"),
+            calls=("call_1",),
+        ),
+        result("call_1", "18 C"),
+    )
+    response = assemble(stubs, run_id)
+    body = response.openai_responses_request_json
+    parsed = valid_openai_responses(body)
+    assert [i["type"] for i in parsed["input"]] == [
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+    assert REASONING + b"," + item in body
+    # The other bodies render the call themselves.
+    anthropic = valid_anthropic(response.anthropic_request_json)
+    assert anthropic["messages"][1]["content"][0]["id"] == "call_1"
+
+
+def test_kept_message_items_carry_the_text_in_the_responses_body(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    run_id = run_with(stubs, unique("agent"))
+    message = (
+        b'{"type":"message","id":"msg_1","role":"assistant","status":"completed",'
+        b'"content":[{"type":"output_text","text":"Checking.","annotations":[]}]}'
+    )
+    append(
+        stubs,
+        run_id,
+        user("Weather?"),
+        reply(
+            block(OPENAI, REASONING, "reasoning"),
+            text_part("Checking."),
+            block(OPENAI, message, "message"),
+        ),
+    )
+    response = assemble(stubs, run_id)
+    body = response.openai_responses_request_json
+    parsed = valid_openai_responses(body)
+    assert [i["type"] for i in parsed["input"]] == ["message", "reasoning", "message", "message"]
+    assert REASONING + b"," + message in body
+    assert body.count(b"Checking.") == 1
+    # The other bodies show the text part.
+    assert b"Checking." in response.anthropic_request_json
+    assert b"Checking." in response.openai_request_json
 
 
 def test_blocks_are_stored_and_listed_byte_for_byte(

@@ -9,6 +9,7 @@ from typing import Any
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
 from google.protobuf import timestamp_pb2
 from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
+from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
 from pydantic import TypeAdapter
 
 from psych.sidecar.v1 import (
@@ -24,6 +25,7 @@ from tests.support.sidecar import Stubs
 
 ANTHROPIC_REQUEST = TypeAdapter(MessageCreateParamsNonStreaming)
 OPENAI_REQUEST = TypeAdapter(CompletionCreateParamsNonStreaming)
+OPENAI_RESPONSES_REQUEST = TypeAdapter(ResponseCreateParamsNonStreaming)
 NOON = timestamp_pb2.Timestamp(seconds=1_796_126_400)  # Tuesday, 2026-12-01T12:00:00Z
 
 
@@ -205,3 +207,32 @@ def read_blocks(body: bytes, cache: set[tuple[str, ...]], lookback: int = 20) ->
                 best = max(best, end)
                 break
     return best
+
+
+def valid_openai_responses(body: bytes) -> dict[str, Any]:
+    """The Responses body, checked against the official SDK's request type (losslessly, as
+    above), every function_call answered by the function_call_output items after it (before
+    the next user message or function_call), and a final user message."""
+    parsed: dict[str, Any] = json.loads(body)
+    assert _materialized(OPENAI_RESPONSES_REQUEST.validate_python(parsed)) == parsed
+    items = parsed["input"]
+    assert items[-1]["type"] == "message"
+    assert items[-1]["role"] == "user"
+    pending: set[str] = set()
+    answered: set[str] = set()
+    for item in items:
+        if item["type"] == "function_call":
+            if answered:
+                assert not pending, pending
+                answered = set()
+            pending.add(item["call_id"])
+        elif item["type"] == "function_call_output":
+            assert item["call_id"] in pending, item["call_id"]
+            pending.remove(item["call_id"])
+            answered.add(item["call_id"])
+        elif item["type"] == "message":
+            if item["role"] == "user":
+                assert not pending, pending
+            answered = set()
+    assert not pending
+    return parsed

@@ -31,6 +31,7 @@ from psych_sidecar.domain.prompt.elided_views import (
 )
 from psych_sidecar.domain.prompt.guard import GuardDecision, apply_context_guard
 from psych_sidecar.domain.prompt.journal import assembly_entry
+from psych_sidecar.domain.prompt.openai_responses import openai_responses_body
 from psych_sidecar.domain.prompt.ports import AssemblyJournal, TurnSurfaces
 from psych_sidecar.domain.prompt.providers import anthropic_body, cache_key, openai_body
 from psych_sidecar.domain.prompt.zones import (
@@ -76,13 +77,14 @@ class PromptCall:
 
 @dataclass(frozen=True, slots=True)
 class AssembledPrompt:
-    """One call's prompt, its per-zone sizes and hashes, both provider bodies and the
+    """One call's prompt, its per-zone sizes and hashes, the provider bodies and the
     context guard's decision: everything an assembly journal needs to record."""
 
     prompt: Prompt
     zones: tuple[ZoneDigest, ...]
     anthropic_json: bytes
     openai_json: bytes
+    openai_responses_json: bytes
     guard: GuardDecision | None = None
     # Results sent elided (prior-turn and by the guard), and the bytes their views left out
     # (full size minus what the view shows): for the operator's metrics.
@@ -96,8 +98,10 @@ class AssembledPrompt:
 
     @property
     def estimated_tokens(self) -> int:
-        """The estimator over the larger of the two bodies: what the guard measures."""
-        return estimate_tokens(max(len(self.anthropic_json), len(self.openai_json)))
+        """The estimator over the largest body: what the guard measures."""
+        return estimate_tokens(
+            max(len(self.anthropic_json), len(self.openai_json), len(self.openai_responses_json))
+        )
 
 
 class PromptAssembler:
@@ -191,6 +195,7 @@ class PromptAssembler:
                 zone_digests(prompt),
                 anthropic_body(prompt, model, max_tokens),
                 openai_body(prompt, model, max_tokens, openai_cache_key),
+                openai_responses_body(prompt, model, max_tokens, openai_cache_key),
             )
 
         assembled, guard, guarded = apply_context_guard(

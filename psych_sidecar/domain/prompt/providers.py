@@ -54,13 +54,13 @@ CACHE_CONTROL = {"type": "ephemeral"}
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
 
-def _model(model: str) -> dict[str, Any]:
+def model_key(model: str) -> dict[str, Any]:
     """The body's first key: the model id, or nothing when the host sent none (the host
     then sets it; an empty string is never a model a provider accepts)."""
     return {"model": model} if model else {}
 
 
-def _own_blocks(
+def own_blocks(
     parts: Sequence[ContentPart], provider: Provider
 ) -> tuple[list[ContentPart | Verbatim], set[str]]:
     """An assistant message's content for `provider`'s body: its own blocks as Verbatim,
@@ -96,7 +96,7 @@ def content_text(parts: Sequence[ContentPart]) -> str:
     )
 
 
-def _orphan_text(result: ToolResultView) -> str:
+def orphan_text(result: ToolResultView) -> str:
     label = "Error result" if result.is_error else "Result"
     return f"[{label} of tool call {result.call_id}]\n{content_text(result.content)}"
 
@@ -114,7 +114,7 @@ def _tool_arguments(call: ToolCall) -> dict[str, Any]:
     return {"invalid_arguments_json": call.arguments_json}
 
 
-def _paired(
+def paired_results(
     results: Sequence[ToolResultView], calls: set[str]
 ) -> tuple[list[ToolResultView], list[ToolResultView]]:
     """Split results into those answering a call of the preceding assistant message (once
@@ -156,7 +156,7 @@ def _anthropic_assistant(message: PromptMessage) -> list[Any]:
     """An assistant message's blocks: its content in order (Anthropic's own blocks verbatim),
     then a tool_use block for each call no block of its own spells."""
     content = [p for p in message.parts if isinstance(p, ContentPart)]
-    kept, spelled = _own_blocks(content, Provider.ANTHROPIC)
+    kept, spelled = own_blocks(content, Provider.ANTHROPIC)
     blocks: list[Any] = []
     for part in kept:
         block = part if isinstance(part, Verbatim) else _anthropic_content(part)
@@ -218,9 +218,9 @@ def _anthropic_messages(history: Sequence[PromptMessage], mark: int = -1) -> lis
             calls = {c.call_id for c in message.parts if isinstance(c, ToolCall)}
         elif message.is_tool_results:
             results = [p for p in message.parts if isinstance(p, ToolResultView)]
-            paired, orphans = _paired(results, calls)
+            paired, orphans = paired_results(results, calls)
             blocks = [_anthropic_tool_result(r) for r in paired]
-            blocks.extend({"type": "text", "text": _orphan_text(r)} for r in orphans)
+            blocks.extend({"type": "text", "text": orphan_text(r)} for r in orphans)
             calls = set()
         else:
             blocks = _anthropic_blocks([p for p in message.parts if isinstance(p, ContentPart)])
@@ -260,7 +260,7 @@ def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
         messages[-1]["content"].extend(transient)
     else:
         messages.append({"role": Role.USER.value, "content": transient})
-    body: dict[str, Any] = _model(model)
+    body: dict[str, Any] = model_key(model)
     body["max_tokens"] = max_tokens
     if tools:
         body["tools"] = tools
@@ -285,7 +285,7 @@ def _openai_content(part: ContentPart) -> dict[str, Any] | None:
     return {"type": "text", "text": binary_marker(part.mime_type, len(part.data))}
 
 
-def _openai_tool_text(result: ToolResultView) -> str:
+def openai_tool_text(result: ToolResultView) -> str:
     text = content_text(result.content)
     return f"[error] {text}" if result.is_error else text
 
@@ -320,13 +320,13 @@ def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
             messages.append(entry)
         elif message.is_tool_results:
             results = [p for p in message.parts if isinstance(p, ToolResultView)]
-            paired, orphans = _paired(results, calls)
+            paired, orphans = paired_results(results, calls)
             messages.extend(
-                {"role": "tool", "tool_call_id": r.call_id, "content": _openai_tool_text(r)}
+                {"role": "tool", "tool_call_id": r.call_id, "content": openai_tool_text(r)}
                 for r in paired
             )
             if orphans:
-                content = [{"type": "text", "text": _orphan_text(r)} for r in orphans]
+                content = [{"type": "text", "text": orphan_text(r)} for r in orphans]
                 messages.append({"role": "user", "content": content})
             calls = set()
         else:
@@ -357,7 +357,7 @@ def openai_body(prompt: Prompt, model: str, max_tokens: int, prompt_cache_key: s
     messages.append(
         {"role": "user", "content": [c for c in map(_openai_content, transient) if c is not None]}
     )
-    body: dict[str, Any] = _model(model)
+    body: dict[str, Any] = model_key(model)
     body["max_completion_tokens"] = max_tokens
     body["prompt_cache_key"] = prompt_cache_key
     if prompt.tools:

@@ -247,9 +247,13 @@ type AssemblePromptResponse struct {
 	// What the context guard decided: the budget, the prompt's estimate, and
 	// the current turn's results it elided to fit (none when the prompt fits
 	// with the current turn in full, which is the usual case).
-	ContextGuard  *ContextGuard `protobuf:"bytes,5,opt,name=context_guard,json=contextGuard,proto3" json:"context_guard,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ContextGuard *ContextGuard `protobuf:"bytes,5,opt,name=context_guard,json=contextGuard,proto3" json:"context_guard,omitempty"`
+	// A canonical OpenAI Responses API request body (UTF-8 JSON): instructions
+	// and input items in the same zones, function_call / function_call_output
+	// items, and the Run's OpenAI provider blocks (reasoning items) verbatim.
+	OpenaiResponsesRequestJson []byte `protobuf:"bytes,6,opt,name=openai_responses_request_json,json=openaiResponsesRequestJson,proto3" json:"openai_responses_request_json,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *AssemblePromptResponse) Reset() {
@@ -317,6 +321,13 @@ func (x *AssemblePromptResponse) GetContextGuard() *ContextGuard {
 	return nil
 }
 
+func (x *AssemblePromptResponse) GetOpenaiResponsesRequestJson() []byte {
+	if x != nil {
+		return x.OpenaiResponsesRequestJson
+	}
+	return nil
+}
+
 // ContextGuard reports the context guard's decision for one AssemblePrompt.
 // The spec sends the current turn's results in full; when that would not
 // fit the model's context window, the guard elides the largest of them
@@ -329,7 +340,7 @@ type ContextGuard struct {
 	ContextWindowTokens int64 `protobuf:"varint,1,opt,name=context_window_tokens,json=contextWindowTokens,proto3" json:"context_window_tokens,omitempty"`
 	// The output reserve used for this call, in estimated tokens.
 	OutputReserveTokens int64 `protobuf:"varint,2,opt,name=output_reserve_tokens,json=outputReserveTokens,proto3" json:"output_reserve_tokens,omitempty"`
-	// The prompt's estimate as assembled (the larger of the two request
+	// The prompt's estimate as assembled (the largest of the request
 	// bodies, UTF-8 bytes / 4). At most context_window_tokens -
 	// output_reserve_tokens.
 	EstimatedTokens int64 `protobuf:"varint,3,opt,name=estimated_tokens,json=estimatedTokens,proto3" json:"estimated_tokens,omitempty"`
@@ -508,13 +519,14 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x06 \x01(\x05B\x04\xe2A\x01\x01R\tmaxTokens\x12L\n" +
 	"\x0econtext_budget\x18\a \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\x12\x1e\n" +
-	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\"\xa9\x02\n" +
+	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\"\xec\x02\n" +
 	"\x16AssemblePromptResponse\x120\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x18.psych.sidecar.v1.PromptR\x06prompt\x122\n" +
 	"\x05zones\x18\x02 \x03(\v2\x1c.psych.sidecar.v1.ZoneDigestR\x05zones\x124\n" +
 	"\x16anthropic_request_json\x18\x03 \x01(\fR\x14anthropicRequestJson\x12.\n" +
 	"\x13openai_request_json\x18\x04 \x01(\fR\x11openaiRequestJson\x12C\n" +
-	"\rcontext_guard\x18\x05 \x01(\v2\x1e.psych.sidecar.v1.ContextGuardR\fcontextGuard\"\xa6\x02\n" +
+	"\rcontext_guard\x18\x05 \x01(\v2\x1e.psych.sidecar.v1.ContextGuardR\fcontextGuard\x12A\n" +
+	"\x1dopenai_responses_request_json\x18\x06 \x01(\fR\x1aopenaiResponsesRequestJson\"\xa6\x02\n" +
 	"\fContextGuard\x122\n" +
 	"\x15context_window_tokens\x18\x01 \x01(\x03R\x13contextWindowTokens\x122\n" +
 	"\x15output_reserve_tokens\x18\x02 \x01(\x03R\x13outputReserveTokens\x12)\n" +

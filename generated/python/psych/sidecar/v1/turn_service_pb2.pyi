@@ -145,12 +145,18 @@ class AssemblePromptResponse(_message.Message):
     ANTHROPIC_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     OPENAI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     CONTEXT_GUARD_FIELD_NUMBER: _builtins.int
+    OPENAI_RESPONSES_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     anthropic_request_json: _builtins.bytes
     """A canonical Anthropic Messages API request body (UTF-8 JSON) with
     cache_control breakpoints at the zone boundaries.
     """
     openai_request_json: _builtins.bytes
     """A canonical OpenAI Chat Completions API request body (UTF-8 JSON)."""
+    openai_responses_request_json: _builtins.bytes
+    """A canonical OpenAI Responses API request body (UTF-8 JSON): instructions
+    and input items in the same zones, function_call / function_call_output
+    items, and the Run's OpenAI provider blocks (reasoning items) verbatim.
+    """
     @_builtins.property
     def prompt(self) -> _turn_pb2.Prompt:
         """The provider-neutral prompt."""
@@ -174,10 +180,11 @@ class AssemblePromptResponse(_message.Message):
         anthropic_request_json: _builtins.bytes = ...,
         openai_request_json: _builtins.bytes = ...,
         context_guard: Global___ContextGuard | None = ...,
+        openai_responses_request_json: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context_guard", b"context_guard", "prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "context_guard", b"context_guard", "openai_request_json", b"openai_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "context_guard", b"context_guard", "openai_request_json", b"openai_request_json", "openai_responses_request_json", b"openai_responses_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -206,7 +213,7 @@ class ContextGuard(_message.Message):
     output_reserve_tokens: _builtins.int
     """The output reserve used for this call, in estimated tokens."""
     estimated_tokens: _builtins.int
-    """The prompt's estimate as assembled (the larger of the two request
+    """The prompt's estimate as assembled (the largest of the request
     bodies, UTF-8 bytes / 4). At most context_window_tokens -
     output_reserve_tokens.
     """
