@@ -26,6 +26,7 @@ from tests.support.prompts import (
     run_with,
     thresholds,
     valid_anthropic,
+    valid_gemini,
     valid_openai,
     valid_openai_responses,
 )
@@ -180,6 +181,7 @@ def test_views_are_never_longer_and_elided_results_read_back_byte_for_byte(
     valid_anthropic(response.anthropic_request_json)
     valid_openai(response.openai_request_json)
     valid_openai_responses(response.openai_responses_request_json)
+    valid_gemini(response.gemini_request_json)
     shown = history_results(response)
     for index, (stored, handle) in enumerate(zip(results, handles, strict=True)):
         view = shown[f"c{index}"]
@@ -222,6 +224,7 @@ def test_elision_is_deterministic(stubs: Stubs, results: list[Result], spec_limi
         "anthropic_request_json",
         "openai_request_json",
         "openai_responses_request_json",
+        "gemini_request_json",
     ):
         normalized = getattr(other, field)
         for mine, theirs in zip(handles[0], handles[1], strict=True):

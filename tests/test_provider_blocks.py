@@ -20,6 +20,7 @@ from tests.support.prompts import (
     result,
     run_with,
     valid_anthropic,
+    valid_gemini,
     valid_openai,
     valid_openai_responses,
 )
@@ -28,6 +29,7 @@ from tests.support.sidecar import Stubs, rpc_failure
 
 ANTHROPIC = content_pb2.PROVIDER_ANTHROPIC
 OPENAI = content_pb2.PROVIDER_OPENAI
+GEMINI = content_pb2.PROVIDER_GEMINI
 
 # Spelled as a provider might send them: spaces, key order of its own, escapes kept.
 THINKING_1 = (
@@ -221,6 +223,74 @@ def test_kept_message_items_carry_the_text_in_the_responses_body(
     # The other bodies show the text part.
     assert b"Checking." in response.anthropic_request_json
     assert b"Checking." in response.openai_request_json
+
+
+GEMINI_THOUGHT = b'{"text": "Plan: look it up.", "thought": true, "thoughtSignature": "Q2lRQmp6"}'
+GEMINI_CALL = (
+    b'{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}, '
+    b'"thoughtSignature": "RXY0QkNrWUlCeGdD"}'
+)
+
+
+def test_gemini_parts_go_back_verbatim_with_their_signatures(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    run_id = run_with(stubs, unique("agent"), instructions="Be brief.")
+    append(
+        stubs,
+        run_id,
+        user("Weather in Paris and Rome?"),
+        reply(
+            block(ANTHROPIC, THINKING_1),
+            block(GEMINI, GEMINI_THOUGHT, "thought"),
+            block(GEMINI, GEMINI_CALL, "functionCall", call_id="g1"),
+            calls=("g1", "g2"),
+        ),
+        result("g1", "18 C"),
+        result("g2", "21 C"),
+    )
+    response = assemble(stubs, run_id, dynamic_tail="Memory.")
+    body = response.gemini_request_json
+    gemini = valid_gemini(body)
+    assert list(gemini) == ["generationConfig", "tools", "systemInstruction", "contents"]
+    assert [p["text"] for p in gemini["systemInstruction"]["parts"]][1] == "Memory."
+    model = gemini["contents"][1]
+    assert model["role"] == "model"
+    # The thought and the signed call as they came; the parallel call after it unsigned.
+    assert GEMINI_THOUGHT + b"," + GEMINI_CALL + b',{"functionCall":' in body
+    assert model["parts"][2] == {"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}}
+    assert THINKING_1 not in body
+    assert [p["functionResponse"]["response"] for p in gemini["contents"][2]["parts"][:2]] == [
+        {"output": "18 C"},
+        {"output": "21 C"},
+    ]
+    # The other bodies leave Gemini's parts out.
+    for other in (
+        response.anthropic_request_json,
+        response.openai_request_json,
+        response.openai_responses_request_json,
+    ):
+        assert b"thoughtSignature" not in other
+
+
+def test_signed_gemini_text_parts_carry_the_text_in_the_gemini_body(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    run_id = run_with(stubs, unique("agent"))
+    signed = b'{"text":"Sunny.","thoughtSignature":"Q2lRQmp6"}'
+    append(
+        stubs,
+        run_id,
+        user("Weather?"),
+        reply(text_part("Sunny."), block(GEMINI, signed, "text")),
+    )
+    response = assemble(stubs, run_id)
+    gemini = valid_gemini(response.gemini_request_json)
+    assert gemini["contents"][1] == {
+        "role": "model",
+        "parts": [{"text": "Sunny.", "thoughtSignature": "Q2lRQmp6"}],
+    }
+    assert b"Sunny." in response.anthropic_request_json
 
 
 def test_blocks_are_stored_and_listed_byte_for_byte(

@@ -142,6 +142,7 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
         anthropic_request_json=assembled.anthropic_json,
         openai_request_json=assembled.openai_json,
         openai_responses_request_json=assembled.openai_responses_json,
+        gemini_request_json=assembled.gemini_json,
         context_guard=_guard_to_proto(assembled.guard),
     )
 

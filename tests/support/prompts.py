@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
+from google.genai import types as gemini_types
 from google.protobuf import timestamp_pb2
 from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
 from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
@@ -234,5 +235,41 @@ def valid_openai_responses(body: bytes) -> dict[str, Any]:
             if item["role"] == "user":
                 assert not pending, pending
             answered = set()
+    assert not pending
+    return parsed
+
+
+def _gemini_lossless(model: Any, value: Any) -> None:
+    """`value` read by the google-genai type (which forbids unknown keys) and written back
+    the same: nothing in it the type does not know."""
+    parsed = model.model_validate_json(json.dumps(value))
+    assert parsed.model_dump(mode="json", by_alias=True, exclude_none=True) == value
+
+
+def valid_gemini(body: bytes) -> dict[str, Any]:
+    """The Gemini generateContent body, each piece checked against the google-genai SDK's
+    types losslessly, and the rules they cannot express: user and model contents
+    alternating, starting and ending with user, and each model content's functionCall parts
+    answered, in order and by name, by the functionResponse parts of the next content."""
+    parsed: dict[str, Any] = json.loads(body)
+    assert set(parsed) <= {"generationConfig", "tools", "systemInstruction", "contents"}
+    _gemini_lossless(gemini_types.GenerationConfig, parsed["generationConfig"])
+    for tool in parsed.get("tools", []):
+        _gemini_lossless(gemini_types.Tool, tool)
+    if "systemInstruction" in parsed:
+        _gemini_lossless(gemini_types.Content, parsed["systemInstruction"])
+    contents = parsed["contents"]
+    roles = [c["role"] for c in contents]
+    assert roles[0] == "user"
+    assert roles[-1] == "user"
+    assert all(a != b for a, b in itertools.pairwise(roles)), roles
+    pending: list[str] = []
+    for content in contents:
+        _gemini_lossless(gemini_types.Content, content)
+        parts = content["parts"]
+        assert parts, "no empty contents"
+        answered = [p["functionResponse"]["name"] for p in parts if "functionResponse" in p]
+        assert answered == pending, (answered, pending)
+        pending = [p["functionCall"]["name"] for p in parts if "functionCall" in p]
     assert not pending
     return parsed

@@ -29,6 +29,7 @@ from psych_sidecar.domain.prompt.elided_views import (
     prior_turn_elided,
     view_sizes,
 )
+from psych_sidecar.domain.prompt.gemini import gemini_body
 from psych_sidecar.domain.prompt.guard import GuardDecision, apply_context_guard
 from psych_sidecar.domain.prompt.journal import assembly_entry
 from psych_sidecar.domain.prompt.openai_responses import openai_responses_body
@@ -85,6 +86,7 @@ class AssembledPrompt:
     anthropic_json: bytes
     openai_json: bytes
     openai_responses_json: bytes
+    gemini_json: bytes
     guard: GuardDecision | None = None
     # Results sent elided (prior-turn and by the guard), and the bytes their views left out
     # (full size minus what the view shows): for the operator's metrics.
@@ -99,9 +101,8 @@ class AssembledPrompt:
     @property
     def estimated_tokens(self) -> int:
         """The estimator over the largest body: what the guard measures."""
-        return estimate_tokens(
-            max(len(self.anthropic_json), len(self.openai_json), len(self.openai_responses_json))
-        )
+        bodies = (self.anthropic_json, self.openai_json, self.openai_responses_json)
+        return estimate_tokens(max(map(len, (*bodies, self.gemini_json))))
 
 
 class PromptAssembler:
@@ -196,6 +197,7 @@ class PromptAssembler:
                 anthropic_body(prompt, model, max_tokens),
                 openai_body(prompt, model, max_tokens, openai_cache_key),
                 openai_responses_body(prompt, model, max_tokens, openai_cache_key),
+                gemini_body(prompt, max_tokens),
             )
 
         assembled, guard, guarded = apply_context_guard(

@@ -24,6 +24,7 @@ from psych_sidecar.bulk.slices import b64encode_sliced
 from psych_sidecar.domain.canonical import Verbatim, canonical_json
 from psych_sidecar.domain.prompt.providers import (
     IMAGE_TYPES,
+    carries_text,
     model_key,
     openai_tool_text,
     orphan_text,
@@ -60,12 +61,7 @@ def _assistant_items(message: PromptMessage) -> list[Any]:
     text parts, there for the other providers, are left out."""
     content = [p for p in message.parts if isinstance(p, ContentPart)]
     kept, spelled = own_blocks(content, Provider.OPENAI)
-    with_text = not any(
-        p.kind is PartKind.PROVIDER_BLOCK
-        and p.envelope.provider is Provider.OPENAI
-        and p.envelope.block_type == "message"
-        for p in content
-    )
+    with_text = not carries_text(content, Provider.OPENAI, "message")
     items: list[Any] = []
     for part in kept:
         if isinstance(part, Verbatim):

@@ -79,6 +79,18 @@ def own_blocks(
     return kept, spelled
 
 
+def carries_text(parts: Sequence[ContentPart], provider: Provider, block_type: str) -> bool:
+    """Whether the message holds a block of `provider` of `block_type`, which carries the
+    response's text in that provider's own spelling (OpenAI's `message` item, Gemini's
+    signed `text` part): that body then sends it and not the record's text parts."""
+    return any(
+        p.kind is PartKind.PROVIDER_BLOCK
+        and p.envelope.provider is provider
+        and p.envelope.block_type == block_type
+        for p in parts
+    )
+
+
 def _mark(blocks: list[Any]) -> None:
     """A cache breakpoint on the last block the sidecar wrote itself: a provider's own block
     is sent as it came, and Anthropic takes no cache_control on a thinking block."""
@@ -101,7 +113,7 @@ def orphan_text(result: ToolResultView) -> str:
     return f"[{label} of tool call {result.call_id}]\n{content_text(result.content)}"
 
 
-def _tool_arguments(call: ToolCall) -> dict[str, Any]:
+def tool_arguments(call: ToolCall) -> dict[str, Any]:
     """Anthropic needs an object; arguments that are not one are kept verbatim inside one."""
     if not call.arguments_json.strip():
         return {}
@@ -163,7 +175,7 @@ def _anthropic_assistant(message: PromptMessage) -> list[Any]:
         if block is not None:
             blocks.append(block)
     blocks.extend(
-        {"type": "tool_use", "id": c.call_id, "name": c.name, "input": _tool_arguments(c)}
+        {"type": "tool_use", "id": c.call_id, "name": c.name, "input": tool_arguments(c)}
         for c in message.parts
         if isinstance(c, ToolCall) and c.call_id not in spelled
     )

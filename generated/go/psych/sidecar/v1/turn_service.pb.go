@@ -252,8 +252,14 @@ type AssemblePromptResponse struct {
 	// and input items in the same zones, function_call / function_call_output
 	// items, and the Run's OpenAI provider blocks (reasoning items) verbatim.
 	OpenaiResponsesRequestJson []byte `protobuf:"bytes,6,opt,name=openai_responses_request_json,json=openaiResponsesRequestJson,proto3" json:"openai_responses_request_json,omitempty"`
-	unknownFields              protoimpl.UnknownFields
-	sizeCache                  protoimpl.SizeCache
+	// A canonical Gemini API generateContent request body (UTF-8 JSON):
+	// systemInstruction, contents with functionCall / functionResponse parts,
+	// functionDeclarations, and the Run's Gemini provider blocks (thought
+	// parts, parts with a thoughtSignature) verbatim. Gemini names the model in
+	// the request URL, so the body has none.
+	GeminiRequestJson []byte `protobuf:"bytes,7,opt,name=gemini_request_json,json=geminiRequestJson,proto3" json:"gemini_request_json,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *AssemblePromptResponse) Reset() {
@@ -324,6 +330,13 @@ func (x *AssemblePromptResponse) GetContextGuard() *ContextGuard {
 func (x *AssemblePromptResponse) GetOpenaiResponsesRequestJson() []byte {
 	if x != nil {
 		return x.OpenaiResponsesRequestJson
+	}
+	return nil
+}
+
+func (x *AssemblePromptResponse) GetGeminiRequestJson() []byte {
+	if x != nil {
+		return x.GeminiRequestJson
 	}
 	return nil
 }
@@ -519,14 +532,15 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x06 \x01(\x05B\x04\xe2A\x01\x01R\tmaxTokens\x12L\n" +
 	"\x0econtext_budget\x18\a \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\x12\x1e\n" +
-	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\"\xec\x02\n" +
+	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\"\x9c\x03\n" +
 	"\x16AssemblePromptResponse\x120\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x18.psych.sidecar.v1.PromptR\x06prompt\x122\n" +
 	"\x05zones\x18\x02 \x03(\v2\x1c.psych.sidecar.v1.ZoneDigestR\x05zones\x124\n" +
 	"\x16anthropic_request_json\x18\x03 \x01(\fR\x14anthropicRequestJson\x12.\n" +
 	"\x13openai_request_json\x18\x04 \x01(\fR\x11openaiRequestJson\x12C\n" +
 	"\rcontext_guard\x18\x05 \x01(\v2\x1e.psych.sidecar.v1.ContextGuardR\fcontextGuard\x12A\n" +
-	"\x1dopenai_responses_request_json\x18\x06 \x01(\fR\x1aopenaiResponsesRequestJson\"\xa6\x02\n" +
+	"\x1dopenai_responses_request_json\x18\x06 \x01(\fR\x1aopenaiResponsesRequestJson\x12.\n" +
+	"\x13gemini_request_json\x18\a \x01(\fR\x11geminiRequestJson\"\xa6\x02\n" +
 	"\fContextGuard\x122\n" +
 	"\x15context_window_tokens\x18\x01 \x01(\x03R\x13contextWindowTokens\x122\n" +
 	"\x15output_reserve_tokens\x18\x02 \x01(\x03R\x13outputReserveTokens\x12)\n" +

@@ -146,6 +146,7 @@ class AssemblePromptResponse(_message.Message):
     OPENAI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     CONTEXT_GUARD_FIELD_NUMBER: _builtins.int
     OPENAI_RESPONSES_REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    GEMINI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     anthropic_request_json: _builtins.bytes
     """A canonical Anthropic Messages API request body (UTF-8 JSON) with
     cache_control breakpoints at the zone boundaries.
@@ -156,6 +157,13 @@ class AssemblePromptResponse(_message.Message):
     """A canonical OpenAI Responses API request body (UTF-8 JSON): instructions
     and input items in the same zones, function_call / function_call_output
     items, and the Run's OpenAI provider blocks (reasoning items) verbatim.
+    """
+    gemini_request_json: _builtins.bytes
+    """A canonical Gemini API generateContent request body (UTF-8 JSON):
+    systemInstruction, contents with functionCall / functionResponse parts,
+    functionDeclarations, and the Run's Gemini provider blocks (thought
+    parts, parts with a thoughtSignature) verbatim. Gemini names the model in
+    the request URL, so the body has none.
     """
     @_builtins.property
     def prompt(self) -> _turn_pb2.Prompt:
@@ -181,10 +189,11 @@ class AssemblePromptResponse(_message.Message):
         openai_request_json: _builtins.bytes = ...,
         context_guard: Global___ContextGuard | None = ...,
         openai_responses_request_json: _builtins.bytes = ...,
+        gemini_request_json: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context_guard", b"context_guard", "prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "context_guard", b"context_guard", "openai_request_json", b"openai_request_json", "openai_responses_request_json", b"openai_responses_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "context_guard", b"context_guard", "gemini_request_json", b"gemini_request_json", "openai_request_json", b"openai_request_json", "openai_responses_request_json", b"openai_responses_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
