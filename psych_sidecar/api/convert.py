@@ -8,6 +8,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from psych.sidecar.v1 import content_pb2, run_pb2, spec_pb2
+from psych_sidecar.api.reasoning import reasoning_from_proto, reasoning_to_proto
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     BlockEnvelope,
@@ -17,6 +18,7 @@ from psych_sidecar.domain.runlog import (
     PartKind,
     Provider,
     PublishedSpec,
+    ReasoningSettings,
     Record,
     RecordKind,
     Run,
@@ -116,6 +118,7 @@ def spec_from_proto(message: spec_pb2.Spec) -> Spec:
         disclosure=DisclosureSettings(**_present(disclosure, _DISCLOSURE_FIELDS)),
         grants=grants_from_proto(list(message.grants)),
         context_budget=context_budget_from_proto(message.context_budget),
+        reasoning=reasoning_from_proto(message.reasoning, "spec.reasoning"),
     )
 
 
@@ -166,6 +169,9 @@ def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
             context_budget_to_proto(spec.context_budget)
             if spec.context_budget != ContextBudget()
             else None
+        ),
+        reasoning=(
+            reasoning_to_proto(spec.reasoning) if spec.reasoning != ReasoningSettings() else None
         ),
     )
 

@@ -15,6 +15,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.api import convert
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
+from psych_sidecar.api.reasoning import reasoning_from_proto
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
 from psych_sidecar.domain.errors import MessageTooLarge
@@ -257,6 +258,9 @@ class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
                 max_tokens=request.max_tokens,
                 budget_override=convert.context_budget_from_proto(request.context_budget)
                 if request.HasField("context_budget")
+                else None,
+                reasoning_override=reasoning_from_proto(request.reasoning, "reasoning")
+                if request.HasField("reasoning")
                 else None,
             )
             assembled = await self._blocking(

@@ -50,10 +50,12 @@ from psych_sidecar.domain.runlog import (
     DEFAULT_CONTEXT_WINDOW_TOKENS,
     ContextBudget,
     LogReader,
+    ReasoningSettings,
     RecordKind,
     RunService,
     SpecLookup,
     model_view,
+    validate_call_reasoning,
     validate_context_budget,
 )
 from psych_sidecar.domain.surface import status_note
@@ -74,6 +76,8 @@ class PromptCall:
     max_tokens: int = 0
     # Overrides the Spec's context budget field by field.
     budget_override: ContextBudget | None = None
+    # Overrides the Spec's reasoning settings field by field (ReasoningSettings.over).
+    reasoning_override: ReasoningSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +158,8 @@ class PromptAssembler:
                 f"the output reserve ({reserve} tokens) leaves no room in a context window "
                 f"of {window} tokens",
             )
+        reasoning = spec.reasoning.over(call.reasoning_override or ReasoningSettings())
+        validate_call_reasoning(reasoning, max_tokens)
         thresholds = spec.effective_thresholds()
         skeletons = self._log.record_skeletons(run_id)
         view_bytes = view_sizes(self._log, self._view_sizes, run_id, skeletons)
@@ -194,10 +200,10 @@ class PromptAssembler:
             return AssembledPrompt(
                 prompt,
                 zone_digests(prompt),
-                anthropic_body(prompt, model, max_tokens),
-                openai_body(prompt, model, max_tokens, openai_cache_key),
-                openai_responses_body(prompt, model, max_tokens, openai_cache_key),
-                gemini_body(prompt, max_tokens),
+                anthropic_body(prompt, model, max_tokens, reasoning),
+                openai_body(prompt, model, max_tokens, openai_cache_key, reasoning),
+                openai_responses_body(prompt, model, max_tokens, openai_cache_key, reasoning),
+                gemini_body(prompt, max_tokens, reasoning),
             )
 
         assembled, guard, guarded = apply_context_guard(

@@ -41,7 +41,14 @@ from psych_sidecar.domain.prompt.providers import (
     tool_arguments,
 )
 from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView
-from psych_sidecar.domain.runlog import ContentPart, PartKind, Provider, ToolCall, binary_marker
+from psych_sidecar.domain.runlog import (
+    ContentPart,
+    PartKind,
+    Provider,
+    ReasoningSettings,
+    ToolCall,
+    binary_marker,
+)
 
 # Gemini's documented placeholder for a function call that carries no signature of its own.
 PLACEHOLDER_SIGNATURE = "skip_thought_signature_validator"
@@ -114,8 +121,23 @@ def _contents(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
     return contents
 
 
-def gemini_body(prompt: Prompt, max_tokens: int) -> bytes:
-    body: dict[str, Any] = {"generationConfig": {"maxOutputTokens": max_tokens}}
+def _thinking_config(reasoning: ReasoningSettings) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if reasoning.gemini_thinking_budget is not None:
+        config["thinkingBudget"] = reasoning.gemini_thinking_budget
+    if reasoning.gemini_thinking_level is not None:
+        config["thinkingLevel"] = reasoning.gemini_thinking_level.value
+    if reasoning.gemini_include_thoughts is not None:
+        config["includeThoughts"] = reasoning.gemini_include_thoughts
+    return config
+
+
+def gemini_body(prompt: Prompt, max_tokens: int, reasoning: ReasoningSettings) -> bytes:
+    generation: dict[str, Any] = {"maxOutputTokens": max_tokens}
+    thinking = _thinking_config(reasoning)
+    if thinking:
+        generation["thinkingConfig"] = thinking
+    body: dict[str, Any] = {"generationConfig": generation}
     if prompt.tools:
         declarations = [
             {

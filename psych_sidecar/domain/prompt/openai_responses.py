@@ -32,7 +32,15 @@ from psych_sidecar.domain.prompt.providers import (
     paired_results,
 )
 from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView
-from psych_sidecar.domain.runlog import ContentPart, PartKind, Provider, ToolCall, binary_marker
+from psych_sidecar.domain.runlog import (
+    ContentPart,
+    PartKind,
+    Provider,
+    ReasoningEffort,
+    ReasoningSettings,
+    ToolCall,
+    binary_marker,
+)
 
 
 def _input_content(part: ContentPart) -> dict[str, Any] | None:
@@ -114,11 +122,22 @@ def _input_items(history: Sequence[PromptMessage]) -> list[Any]:
 
 
 def openai_responses_body(
-    prompt: Prompt, model: str, max_tokens: int, prompt_cache_key: str
+    prompt: Prompt,
+    model: str,
+    max_tokens: int,
+    prompt_cache_key: str,
+    reasoning: ReasoningSettings,
 ) -> bytes:
     body: dict[str, Any] = model_key(model)
     body["max_output_tokens"] = max_tokens
     body["prompt_cache_key"] = prompt_cache_key
+    effort = reasoning.openai_reasoning_effort
+    if effort is not None:
+        body["reasoning"] = {"effort": effort.value}
+        if effort is not ReasoningEffort.NONE:
+            # Reasoning items come back with their encrypted content, so that they can be sent
+            # back whether or not OpenAI stores the response.
+            body["include"] = ["reasoning.encrypted_content"]
     if prompt.tools:
         body["tools"] = [
             {

@@ -43,9 +43,11 @@ from psych_sidecar.domain.prompt.zones import (
     ToolResultView,
 )
 from psych_sidecar.domain.runlog import (
+    AnthropicThinking,
     ContentPart,
     PartKind,
     Provider,
+    ReasoningSettings,
     ToolCall,
     binary_marker,
 )
@@ -246,7 +248,19 @@ def _anthropic_messages(history: Sequence[PromptMessage], mark: int = -1) -> lis
     return messages
 
 
-def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
+def _thinking(reasoning: ReasoningSettings) -> dict[str, Any] | None:
+    """Anthropic's `thinking` parameter, or None to leave it out."""
+    if reasoning.anthropic_thinking is None:
+        return None
+    thinking: dict[str, Any] = {"type": reasoning.anthropic_thinking.value}
+    if reasoning.anthropic_thinking is AnthropicThinking.ENABLED:
+        thinking["budget_tokens"] = reasoning.anthropic_budget_tokens
+    return thinking
+
+
+def anthropic_body(
+    prompt: Prompt, model: str, max_tokens: int, reasoning: ReasoningSettings
+) -> bytes:
     tools: list[dict[str, Any]] = [
         {
             "name": tool.name,
@@ -274,6 +288,9 @@ def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
         messages.append({"role": Role.USER.value, "content": transient})
     body: dict[str, Any] = model_key(model)
     body["max_tokens"] = max_tokens
+    thinking = _thinking(reasoning)
+    if thinking is not None:
+        body["thinking"] = thinking
     if tools:
         body["tools"] = tools
     if system:
@@ -358,7 +375,13 @@ def cache_key(tenant: str, spec_name: str, spec_version: int) -> str:
     return "psych-" + hashlib.sha256(identity).hexdigest()[:32]
 
 
-def openai_body(prompt: Prompt, model: str, max_tokens: int, prompt_cache_key: str) -> bytes:
+def openai_body(
+    prompt: Prompt,
+    model: str,
+    max_tokens: int,
+    prompt_cache_key: str,
+    reasoning: ReasoningSettings,
+) -> bytes:
     messages: list[dict[str, Any]] = []
     if prompt.static_sections:
         messages.append({"role": "system", "content": prompt.static_text()})
@@ -371,6 +394,8 @@ def openai_body(prompt: Prompt, model: str, max_tokens: int, prompt_cache_key: s
     )
     body: dict[str, Any] = model_key(model)
     body["max_completion_tokens"] = max_tokens
+    if reasoning.openai_reasoning_effort is not None:
+        body["reasoning_effort"] = reasoning.openai_reasoning_effort.value
     body["prompt_cache_key"] = prompt_cache_key
     if prompt.tools:
         body["tools"] = [

@@ -33,6 +33,13 @@ from psych_sidecar.domain.runlog.provider_blocks import (
     BlockEnvelope,
     Provider,
 )
+from psych_sidecar.domain.runlog.reasoning import (
+    AnthropicThinking,
+    GeminiThinkingLevel,
+    ReasoningEffort,
+    ReasoningSettings,
+    validate_call_reasoning,
+)
 from psych_sidecar.domain.runlog.result_outline import CallResultOutline
 from psych_sidecar.domain.runlog.runs import (
     ALL_TENANTS,
@@ -76,6 +83,7 @@ __all__ = [
     "SEPARATOR",
     "STRUCTURED_CONTENT_MIME",
     "AllTenants",
+    "AnthropicThinking",
     "AppendedRecord",
     "BlockEnvelope",
     "ByteRange",
@@ -84,6 +92,7 @@ __all__ = [
     "ContextBudget",
     "DisclosureSettings",
     "EffectiveThresholds",
+    "GeminiThinkingLevel",
     "ListedRun",
     "LogReader",
     "OffLoop",
@@ -93,6 +102,8 @@ __all__ = [
     "Piece",
     "Provider",
     "PublishedSpec",
+    "ReasoningEffort",
+    "ReasoningSettings",
     "Record",
     "RecordKind",
     "RecordSkeleton",
@@ -119,6 +130,7 @@ __all__ = [
     "model_view",
     "new_id",
     "page_size",
+    "validate_call_reasoning",
     "validate_context_budget",
     "validate_name",
     "validate_request_id",

@@ -81,6 +81,7 @@ class AssemblePromptRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
     PREVIEW_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run."""
     dynamic_tail: _builtins.str
@@ -114,6 +115,14 @@ class AssemblePromptRequest(_message.Message):
         the default).
         """
 
+    @_builtins.property
+    def reasoning(self) -> _spec_pb2.ReasoningSettings:
+        """Overrides the Spec's reasoning settings for this call, field by field;
+        setting one of a provider's exclusive pair (Anthropic's thinking type,
+        Gemini's budget or level) replaces the Spec's other one. An invalid
+        result (a thinking budget not below max_tokens, say) is FIELD_INVALID.
+        """
+
     def __init__(
         self,
         *,
@@ -125,10 +134,11 @@ class AssemblePromptRequest(_message.Message):
         max_tokens: _builtins.int = ...,
         context_budget: _spec_pb2.ContextBudget | None = ...,
         preview: _builtins.bool = ...,
+        reasoning: _spec_pb2.ReasoningSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "now", b"now"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "now", b"now", "reasoning", b"reasoning"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "reasoning", b"reasoning", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
