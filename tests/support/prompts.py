@@ -42,6 +42,20 @@ def assistant(text: str = "", *calls: tuple[str, str, str]) -> run_pb2.Record:
     )
 
 
+def provider_block(
+    provider: int, data: bytes, block_type: str, call_id: str = ""
+) -> content_pb2.ContentPart:
+    """A provider's own block, as a host appends it from a response."""
+    return content_pb2.ContentPart(
+        provider_block=content_pb2.ProviderBlock(
+            provider=provider,  # type: ignore[arg-type]
+            type=block_type,
+            json=data,
+            call_id=call_id,
+        )
+    )
+
+
 def result(
     call_id: str, *parts: content_pb2.ContentPart | str, is_error: bool = False
 ) -> run_pb2.Record:
