@@ -40,11 +40,13 @@ def _block(provider: int, data: bytes, block_type: str, call_id: str = "") -> An
 
 def _thinking_step(call_id: str, rng: random.Random) -> run_pb2.Record:
     """One model step of a thinking model, as each provider would have returned it: an
-    Anthropic thinking block (1-8 KB of thinking, a signature), an OpenAI reasoning item
-    (its encrypted content), a Gemini functionCall part with its thought signature."""
-    thinking = " ".join(f"step{rng.randint(0, 999)}" for _ in range(rng.randint(120, 900)))
+    Anthropic thinking block (0.3-2.4 KB of thinking, a signature), an OpenAI reasoning item
+    (0.7-2.7 KB of encrypted content), a Gemini functionCall part with its thought signature.
+    Larger blocks at every one of the 160 steps outgrow the default 200,000-token window:
+    provider blocks are never elided (docs/prompt.md)."""
+    thinking = " ".join(f"step{rng.randint(0, 999)}" for _ in range(rng.randint(40, 300)))
     signature = base64.b64encode(rng.randbytes(rng.randint(200, 600))).decode()
-    encrypted = base64.b64encode(rng.randbytes(rng.randint(1000, 4000))).decode()
+    encrypted = base64.b64encode(rng.randbytes(rng.randint(500, 2000))).decode()
     anthropic = {"type": "thinking", "thinking": thinking, "signature": signature}
     openai = {
         "type": "reasoning",
@@ -89,8 +91,14 @@ def _byte_prefix_share(previous: bytes, current: bytes, key: str) -> float:
     """The previous body's bytes (less its trailing transient block) that the current body
     starts with, over the previous body's bytes."""
     kept = _without_trailing(previous, key)
-    shared = len(kept) if current.startswith(kept) else 0
-    return shared / len(previous)
+    low, high = 0, min(len(kept), len(current))
+    while low < high:  # the longest common prefix, by bisection
+        middle = (low + high + 1) // 2
+        if current[:middle] == kept[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low / len(previous)
 
 
 BODIES = {
