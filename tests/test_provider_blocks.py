@@ -11,7 +11,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2
+from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.runlog import MAX_PROVIDER_BLOCK_BYTES
 from tests.support.prompts import (
@@ -411,3 +411,55 @@ def test_blocks_never_reach_the_log(
     for secret in ("EqQBCgIYAhIM", "EmwKAhgBEgy3", "gAAAAABo", "Par\\u00eds"):
         assert secret not in logged
     assert json.loads(THINKING_1)["type"] == "thinking"
+
+
+def test_earlier_turns_blocks_are_left_out_once_they_outgrow_a_quarter_of_the_budget(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    """Blocks are never elided; a long session's thinking would fill the window on its own.
+    Earlier turns' blocks go once they take over a quarter of the budget, decided per turn."""
+    budget = spec_pb2.ContextBudget(context_window_tokens=20_000, output_reserve_tokens=4_000)
+    run_id = run_with(stubs, unique("agent"), context_budget=budget)
+    small = b'{"type":"thinking","thinking":"short","signature":"c2ln"}'
+    large = b'{"type":"thinking","thinking":"' + b"x" * 20_000 + b'","signature":"c2ln"}'
+    append(stubs, run_id, user("Turn 1."), reply(block(ANTHROPIC, small), calls=("c1",)))
+    append(stubs, run_id, result("c1", "ok"), reply(block(ANTHROPIC, large), calls=("c2",)))
+    append(stubs, run_id, result("c2", "ok"))
+    # Within the turn every block goes back, however large.
+    within = assemble(stubs, run_id).anthropic_request_json
+    assert small in within
+    assert large in within
+    append(stubs, run_id, reply(text_part("Done.")), user("Turn 2."))
+    # The next turn: the earlier turn's blocks, 5,000 tokens against a quarter of 16,000,
+    # are left out, all of them; the request stays valid.
+    after = assemble(stubs, run_id)
+    body = valid_anthropic(after.anthropic_request_json)
+    assert small not in after.anthropic_request_json
+    assert large not in after.anthropic_request_json
+    assert [b["type"] for b in body["messages"][1]["content"]] == ["tool_use"]
+    append(stubs, run_id, reply(block(ANTHROPIC, small), calls=("c3",)), result("c3", "ok"))
+    assert small in assemble(stubs, run_id).anthropic_request_json  # this turn's block
+
+
+def test_earlier_turns_small_blocks_stay(stubs: Stubs, unique: Callable[[str], str]) -> None:
+    run_id = run_with(stubs, unique("agent"))
+    append(stubs, run_id, user("Turn 1."), reply(block(ANTHROPIC, THINKING_2), calls=("c1",)))
+    append(stubs, run_id, result("c1", "ok"), reply(text_part("Done.")), user("Turn 2."))
+    assert THINKING_2 in assemble(stubs, run_id).anthropic_request_json
+
+
+def test_earlier_turns_blocks_go_before_the_guard_gives_up(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    """Within their share of the budget, but the prompt fits only without them: they go
+    rather than the call failing with CONTEXT_BUDGET_EXCEEDED."""
+    budget = spec_pb2.ContextBudget(context_window_tokens=20_000, output_reserve_tokens=4_000)
+    run_id = run_with(stubs, unique("agent"), context_budget=budget)
+    thinking = b'{"type":"thinking","thinking":"' + b"x" * 15_000 + b'","signature":"c2ln"}'
+    append(stubs, run_id, user("Turn 1."), reply(block(ANTHROPIC, thinking), calls=("c1",)))
+    append(stubs, run_id, result("c1", "ok"), reply(text_part("Done.")))
+    append(stubs, run_id, user("Turn 2: " + "y" * 48_000))
+    response = assemble(stubs, run_id)
+    valid_anthropic(response.anthropic_request_json)
+    assert thinking not in response.anthropic_request_json
+    assert response.context_guard.estimated_tokens <= 16_000

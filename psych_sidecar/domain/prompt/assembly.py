@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from psych_sidecar.domain.errors import field_invalid
+from psych_sidecar.domain.errors import ContextBudgetExceeded, field_invalid
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt.elided_views import (
     ElidedViews,
@@ -34,6 +34,11 @@ from psych_sidecar.domain.prompt.guard import GuardDecision, apply_context_guard
 from psych_sidecar.domain.prompt.journal import assembly_entry
 from psych_sidecar.domain.prompt.openai_responses import openai_responses_body
 from psych_sidecar.domain.prompt.ports import AssemblyJournal, TurnSurfaces
+from psych_sidecar.domain.prompt.prior_blocks import (
+    BlockSizeCache,
+    over_their_share,
+    prior_block_sizes,
+)
 from psych_sidecar.domain.prompt.providers import anthropic_body, cache_key, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
@@ -50,6 +55,7 @@ from psych_sidecar.domain.runlog import (
     DEFAULT_CONTEXT_WINDOW_TOKENS,
     ContextBudget,
     LogReader,
+    PartKind,
     ReasoningSettings,
     RecordKind,
     RunService,
@@ -127,6 +133,7 @@ class PromptAssembler:
         self._surfaces = surfaces
         self._views = ViewCache(view_cache_size)
         self._view_sizes = ViewSizeCache(view_cache_size * 10)
+        self._block_sizes = BlockSizeCache(view_cache_size * 10)
         # Told each prompt's metadata (never its content) after it is assembled.
         self._journal = journal
 
@@ -177,6 +184,14 @@ class PromptAssembler:
         contents = self._log.record_contents(
             run_id, [s.sequence for s in skeletons if s.sequence not in elided]
         )
+        prior_blocks = prior_block_sizes(self._log, self._block_sizes, run_id, skeletons)
+        # The records whose provider blocks are left out (see prior_blocks.py); a list, so
+        # that `build` sees the fallback below.
+        left_out = [
+            frozenset(prior_blocks)
+            if over_their_share(prior_blocks, window - reserve)
+            else frozenset()
+        ]
         surface = self._surfaces.resolve_turn(run_id)
         status = status_note(surface.servers, self._surfaces.server_states(run_id))
         sections = static_sections(spec)
@@ -190,6 +205,8 @@ class PromptAssembler:
             for skeleton in skeletons[:end]:
                 view = elided.get(skeleton.sequence) or guarded.get(skeleton.sequence)
                 content = () if view is not None else contents.get(skeleton.sequence, ())
+                if skeleton.sequence in left_out[0]:
+                    content = tuple(p for p in content if p.kind is not PartKind.PROVIDER_BLOCK)
                 if skeleton.kind is RecordKind.TOOL_RESULT and view is None:
                     content = tuple(model_view(content))
                     view = ToolResultView(
@@ -206,16 +223,26 @@ class PromptAssembler:
                 gemini_body(prompt, max_tokens, reasoning),
             )
 
-        assembled, guard, guarded = apply_context_guard(
-            build,
-            build({}),
-            skeletons=skeletons,
-            elided=elided,
-            views=views,
-            view_bytes=view_bytes,
-            window=window,
-            reserve=reserve,
-        )
+        def guarded_build() -> tuple[AssembledPrompt, GuardDecision, dict[int, ToolResultView]]:
+            return apply_context_guard(
+                build,
+                build({}),
+                skeletons=skeletons,
+                elided=elided,
+                views=views,
+                view_bytes=view_bytes,
+                window=window,
+                reserve=reserve,
+            )
+
+        try:
+            assembled, guard, guarded = guarded_build()
+        except ContextBudgetExceeded:
+            if left_out[0] == frozenset(prior_blocks):
+                raise
+            # Earlier turns' provider blocks go before the guard gives up (prior_blocks.py).
+            left_out[0] = frozenset(prior_blocks)
+            assembled, guard, guarded = guarded_build()
         shown = {**elided, **guarded}
         saved = {
             sequence: max(0, view_bytes[sequence] - sum(len(p.data) for p in view.content))
