@@ -128,7 +128,8 @@ async def prefix_stability_within_turn_thinking(ctx: BenchContext) -> float:
     within: list[float] = []
     others: dict[str, list[float]] = {name: [] for name in BODIES}
     size_ratios: list[float] = []
-    thinking_bytes = reasoning_bytes = reasoning_in_last = 0
+    thinking_bytes = 0
+    reasoning: list[bytes] = []
     last: Any = None
     async with sidecar(ctx.tmp_dir) as server, channel(server.target) as ch:
         run_id = await _new_run(ch, "thinking-prefix")
@@ -165,15 +166,16 @@ async def prefix_stability_within_turn_thinking(ctx: BenchContext) -> float:
                             )
                         )
                 previous = last = response
-                reasoning_in_last = reasoning_bytes  # the reasoning items this body sends
                 call_id = f"t{turn}s{step}"
                 record = _thinking_step(call_id, rng)
                 thinking_bytes += len(record.assistant_message.content[0].provider_block.json)
-                reasoning_bytes += len(record.assistant_message.content[1].provider_block.json)
+                reasoning.append(record.assistant_message.content[1].provider_block.json)
                 size = huge if rng.random() < 0.25 else rng.randint(200, 4096)
                 output = _log_text(size, turn * steps + step)
                 await _append(ch, run_id, [record, _result(call_id, output)])
     value = statistics.fmean(within)
+    # The reasoning items the last Responses body sends (earlier turns' may be left out).
+    sent_reasoning = sum(len(r) for r in reasoning if r in last.openai_responses_request_json)
     ctx.details.update(
         {
             "turns": turns_count,
@@ -183,6 +185,7 @@ async def prefix_stability_within_turn_thinking(ctx: BenchContext) -> float:
             **{f"{name}_within_turn": round(statistics.fmean(v), 4) for name, v in others.items()},
             **{f"{name}_min_within_turn": round(min(v), 4) for name, v in others.items()},
             "anthropic_thinking_bytes_appended": thinking_bytes,
+            "reasoning_bytes_in_last_responses_body": sent_reasoning,
             "anthropic_last_body_bytes": len(last.anthropic_request_json),
             "responses_over_chat_bytes_mean": round(statistics.fmean(size_ratios), 4),
             "responses_over_chat_bytes_last": round(
@@ -191,7 +194,7 @@ async def prefix_stability_within_turn_thinking(ctx: BenchContext) -> float:
             # The Responses body less the reasoning items it sends back (the Chat Completions
             # body has no place for them): the two formats' own overhead.
             "responses_less_reasoning_over_chat_bytes_last": round(
-                (len(last.openai_responses_request_json) - reasoning_in_last)
+                (len(last.openai_responses_request_json) - sent_reasoning)
                 / len(last.openai_request_json),
                 4,
             ),
