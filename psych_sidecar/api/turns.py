@@ -268,7 +268,7 @@ class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
             )
             if not request.preview:
                 _observe(assembled, span)
-        # The response holds the prompt three times (parts and both providers' JSON): built and
+        # The response holds the prompt five times (parts and four providers' bodies): built and
         # encoded on a worker thread, which a prompt of MBs would otherwise cost the loop.
         response = await self._blocking(_serialized_prompt, assembled)
         size = len(response.data)
