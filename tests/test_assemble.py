@@ -22,7 +22,9 @@ from tests.support.prompts import (
     result,
     run_with,
     valid_anthropic,
+    valid_gemini,
     valid_openai,
+    valid_openai_responses,
 )
 from tests.support.requests import user
 from tests.support.sidecar import Stubs, rpc_failure
@@ -177,6 +179,42 @@ def test_bodies_are_valid_with_every_kind_of_content_and_a_note_after_tool_resul
     response = assemble(stubs, run_id, transient_note="Answer in French.", max_tokens=1234)
     anthropic = valid_anthropic(response.anthropic_request_json)
     openai = valid_openai(response.openai_request_json)
+    responses = valid_openai_responses(response.openai_responses_request_json)
+    gemini = valid_gemini(response.gemini_request_json)
+    assert gemini["generationConfig"] == {"maxOutputTokens": 1234}
+    replies = {
+        p["functionResponse"]["name"]: p["functionResponse"]["response"]
+        for c in gemini["contents"]
+        for p in c["parts"]
+        if "functionResponse" in p
+    }
+    assert replies["crash"] == {"error": "Traceback: boom"}
+    assert replies["get_chart"] == {
+        "output": "chart attached\n[binary content: image/png, 70 bytes]"
+    }
+    calls = [p for c in gemini["contents"] for p in c["parts"] if "functionCall" in p]
+    assert [p["functionCall"]["args"] for p in calls] == [
+        {"id": 7},
+        {"invalid_arguments_json": "{not json"},
+        {},
+        {"invalid_arguments_json": "[1, 2]"},
+    ]
+    # No block of Gemini's own spells them: the first carries Gemini's placeholder signature.
+    assert [p.get("thoughtSignature") for p in calls] == [
+        "skip_thought_signature_validator",
+        None,
+        None,
+        None,
+    ]
+    assert gemini["contents"][-1]["parts"][-1]["text"].endswith("Answer in French.")
+    assert (responses["model"], responses["max_output_tokens"]) == ("claude-test", 1234)
+    outputs = {
+        i["call_id"]: i["output"] for i in responses["input"] if i["type"] == "function_call_output"
+    }
+    assert outputs["c1"] == "chart attached\n[binary content: image/png, 70 bytes]"
+    assert outputs["c4"] == "[error] Traceback: boom"
+    arguments = [i["arguments"] for i in responses["input"] if i["type"] == "function_call"]
+    assert arguments == ['{"id": 7}', "{not json", "{}", "[1, 2]"]
     assert (anthropic["model"], anthropic["max_tokens"]) == ("claude-test", 1234)
     assert (openai["model"], openai["max_completion_tokens"]) == ("claude-test", 1234)
 

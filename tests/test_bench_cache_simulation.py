@@ -29,7 +29,8 @@ def conversation_bodies(conversation: Conversation, calls: int) -> list[bytes]:
     for call in range(calls):
         bodies.append(conversation.body(TOOLS, "Answer from the logs. " * 200, call, True))
         result: dict[str, Any] = {"content": [{"type": "text", "text": "ünïcode line\n" * 300}]}
-        conversation.step("Looking.", [(f"call_{call}", "tool_1", {"q": call}, result)])
+        thinking = {"type": "thinking", "thinking": f"Step {call}.", "signature": "c2ln"}
+        conversation.step(thinking, "Looking.", [(f"call_{call}", "tool_1", {"q": call}, result)])
     return bodies
 
 

@@ -156,6 +156,10 @@ def test_prompt_shows_zone_sizes_and_hashes(
         turn_pb2.PromptZone.Name(z.zone).removeprefix("PROMPT_ZONE_").lower() for z in prompt.zones
     ]
     assert data["requests"]["anthropic"]["bytes"] == len(prompt.anthropic_request_json)
+    assert data["requests"]["gemini"]["bytes"] == len(prompt.gemini_request_json)
+    assert data["requests"]["openai_responses"]["bytes"] == len(
+        prompt.openai_responses_request_json
+    )
     code, table = inspect(grpc_server, capsys, "prompt", scripted["run"])
     assert code == 0
     assert prompt.zones[0].sha256 in table

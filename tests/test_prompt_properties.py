@@ -26,7 +26,9 @@ from tests.support.prompts import (
     run_with,
     thresholds,
     valid_anthropic,
+    valid_gemini,
     valid_openai,
+    valid_openai_responses,
 )
 from tests.support.requests import user
 from tests.support.sidecar import Stubs
@@ -178,6 +180,8 @@ def test_views_are_never_longer_and_elided_results_read_back_byte_for_byte(
     response = assemble(stubs, run_id)
     valid_anthropic(response.anthropic_request_json)
     valid_openai(response.openai_request_json)
+    valid_openai_responses(response.openai_responses_request_json)
+    valid_gemini(response.gemini_request_json)
     shown = history_results(response)
     for index, (stored, handle) in enumerate(zip(results, handles, strict=True)):
         view = shown[f"c{index}"]
@@ -216,7 +220,12 @@ def test_elision_is_deterministic(stubs: Stubs, results: list[Result], spec_limi
     one, again = assemble(stubs, first), assemble(stubs, first)
     assert one.SerializeToString(deterministic=True) == again.SerializeToString(deterministic=True)
     other = assemble(stubs, second)
-    for field in ("anthropic_request_json", "openai_request_json"):
+    for field in (
+        "anthropic_request_json",
+        "openai_request_json",
+        "openai_responses_request_json",
+        "gemini_request_json",
+    ):
         normalized = getattr(other, field)
         for mine, theirs in zip(handles[0], handles[1], strict=True):
             normalized = normalized.replace(theirs.encode(), mine.encode())

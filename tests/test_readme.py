@@ -7,10 +7,17 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from psych.sidecar.v1 import content_pb2, run_pb2
 from psych_sidecar.config import load_settings
 from tests.support.processes import served
+from tests.support.prompts import valid_anthropic
+from tests.support.sidecar import RunningSidecar
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -170,3 +177,50 @@ if __name__ == "__main__":
     # scripts/test-examples: one block, `python tests/test_readme.py LANGUAGE HEADING INDEX`.
     language, heading, index = sys.argv[1:]
     sys.stdout.write(_blocks(language, heading)[int(index)])
+
+
+def test_the_thinking_loop_runs_against_a_sidecar_with_recorded_responses(
+    grpc_server: RunningSidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thinking model's loop as the README shows it, run against a real sidecar; the
+    provider's answers are two recorded Messages API responses, and the second request must
+    carry the first response's thinking block as it came."""
+    (snippet,) = _blocks("python", "### A thinking model's loop, from the host's side")
+    monkeypatch.syspath_prepend(str(ROOT / "clients" / "python"))
+    monkeypatch.setenv("PSYCH_SIDECAR_ADDRESS", grpc_server.sidecar.bound[0])
+    thinking = {"type": "thinking", "thinking": "Look the order up.", "signature": "EqQBCgIY"}
+    responses = [
+        {
+            "content": [
+                thinking,
+                {"type": "tool_use", "id": "toolu_1", "name": "find_order", "input": {"n": 7}},
+            ]
+        },
+        {
+            "content": [
+                {"type": "thinking", "thinking": "Done.", "signature": "Ev4B"},
+                {"type": "text", "text": "It ships tomorrow."},
+            ]
+        },
+    ]
+    sent: list[dict[str, Any]] = []
+
+    def send_to_anthropic(body: bytes) -> dict[str, Any]:
+        sent.append(valid_anthropic(body))
+        return responses[len(sent) - 1]
+
+    def run_host_tool(call: Any) -> run_pb2.Record:
+        return run_pb2.Record(
+            tool_result=run_pb2.ToolResult(
+                call_id=call.call_id, content=[content_pb2.ContentPart(text="shipped")]
+            )
+        )
+
+    host = types.ModuleType("my_host")
+    host.send_to_anthropic = send_to_anthropic  # type: ignore[attr-defined]
+    host.run_host_tool = run_host_tool  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "my_host", host)
+    exec(compile(snippet, "README.md", "exec"), {})
+    assert len(sent) == 2
+    assert sent[0]["thinking"] == {"type": "enabled", "budget_tokens": 4000}
+    assert sent[1]["messages"][1]["content"][0] == thinking

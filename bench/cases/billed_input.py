@@ -32,12 +32,19 @@ writes more than it sends (asserted on every call).
 
 The reference trace has 16 turns; the cases also replay a 64-turn trace drawn the same way
 (agent sessions run long, and prior-turn elision pays over time).
+
+The model thinks: every model step opens with an Anthropic thinking block (drawn from the
+trace's seed and the step's number: 200 to 2,400 characters of thinking and a signature),
+which every host sends back in place, as Anthropic recommends; the sidecar's log keeps it as
+a provider block, byte for byte.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import random
 import re
 import shutil
 import sys
@@ -140,10 +147,21 @@ def _block_kinds(body: bytes) -> list[str]:
                 kinds.append("current_turn_results" if index >= start else "prior_turn_results")
             elif block["type"] == "text" and block["text"].startswith("[tool search loaded]"):
                 kinds.append("loaded_tool_definitions")
+            elif block["type"] == "thinking":
+                kinds.append("thinking")
             else:
                 kinds.append("messages")
     kinds[-1] = "trailing_block"
     return kinds
+
+
+def _thinking(step: int) -> dict[str, Any]:
+    """The thinking block of the trace's `step`-th model step: drawn from the trace's seed."""
+    rng = random.Random(SEED * 100_003 + step)
+    words = ("check", "the", "log", "worker", "failed", "retry", "cause", "next", "query")
+    text = " ".join(rng.choice(words) for _ in range(rng.randint(40, 480)))
+    signature = base64.b64encode(rng.randbytes(rng.randint(200, 600))).decode()
+    return {"type": "thinking", "thinking": text, "signature": signature}
 
 
 def _compact(value: Any) -> bytes:
@@ -302,11 +320,12 @@ class Conversation:
 
     def step(
         self,
+        thinking: dict[str, Any],
         text: str,
         calls: Sequence[tuple[str, str, dict[str, Any], dict[str, Any]]],
         loaded: Sequence[dict[str, Any]] = (),
     ) -> None:
-        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        content: list[dict[str, Any]] = [thinking, {"type": "text", "text": text}]
         if loaded:
             # The search's result: the definitions it loaded, billed here once.
             definitions = json.dumps(list(loaded), ensure_ascii=False)
@@ -420,6 +439,7 @@ async def _replay(ctx: BenchContext, trace: dict[str, Any], label: str) -> dict[
     per_turn: list[dict[str, Any]] = []
     result_sizes: list[int] = []
     guarded = 0
+    thinking_bytes = 0
     async with (
         sidecar(
             ctx.tmp_dir / label, env=env, extra_args=["--max-message-bytes", str(256 << 20)]
@@ -581,13 +601,23 @@ async def _replay(ctx: BenchContext, trace: dict[str, Any], label: str) -> dict[
                         )
                     )
                     plain.append((call_id, _safe_name(*key), arguments, None))
+                thinking = _thinking(call)
+                kept = content_pb2.ProviderBlock(
+                    provider=content_pb2.PROVIDER_ANTHROPIC,
+                    type="thinking",
+                    json=_compact(thinking),
+                )
+                thinking_bytes += len(kept.json)
                 await host.runs.AppendRecords(
                     run_service_pb2.AppendRecordsRequest(
                         run_id=run_id,
                         records=[
                             run_pb2.Record(
                                 assistant_message=run_pb2.AssistantMessage(
-                                    content=[content_pb2.ContentPart(text=step["text"])],
+                                    content=[
+                                        content_pb2.ContentPart(provider_block=kept),
+                                        content_pb2.ContentPart(text=step["text"]),
+                                    ],
                                     tool_calls=sidecar_calls,
                                 )
                             )
@@ -606,8 +636,8 @@ async def _replay(ctx: BenchContext, trace: dict[str, Any], label: str) -> dict[
                     results[tool_call.call_id] = json.loads(response.outcome.result_json)
                     result_sizes.append(len(response.outcome.result_json))
                 answered = [(i, n, a, results[i]) for i, n, a, _ in plain]
-                conversation.step(step["text"], answered)
-                searched.step(step["text"], answered, [definitions[n] for n in newly])
+                conversation.step(thinking, step["text"], answered)
+                searched.step(thinking, step["text"], answered, [definitions[n] for n in newly])
             per_turn.append(
                 {
                     "turn": number + 1,
@@ -633,6 +663,7 @@ async def _replay(ctx: BenchContext, trace: dict[str, Any], label: str) -> dict[
         "result_bytes_max": max(result_sizes),
         "guarded_results": guarded,
         "tools_all_hosts": len(all_tools),
+        "thinking_bytes": thinking_bytes,
     }
 
 
@@ -672,6 +703,7 @@ async def _figures(ctx: BenchContext, long: bool = False) -> dict[str, Any]:
             "tool_calls": run["tool_calls"],
             "result_json_bytes": [run["result_bytes_min"], run["result_bytes_max"]],
             "current_turn_results_elided_by_the_guard": run["guarded_results"],
+            "thinking_block_bytes": run["thinking_bytes"],
             "tools_naive_and_careful": run["tools_all_hosts"],
             "ratios": _ratios(run),
             **{name: sim.summary() for name, sim in sims.items()},

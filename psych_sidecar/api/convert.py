@@ -9,13 +9,17 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from psych.sidecar.v1 import content_pb2, run_pb2, spec_pb2
+from psych_sidecar.api.reasoning import reasoning_from_proto, reasoning_to_proto
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
+    BlockEnvelope,
     ContentPart,
     ContextBudget,
     DisclosureSettings,
     PartKind,
+    Provider,
     PublishedSpec,
+    ReasoningSettings,
     Record,
     RecordKind,
     Run,
@@ -120,6 +124,7 @@ def spec_from_proto(message: spec_pb2.Spec) -> Spec:
         disclosure=DisclosureSettings(**_present(disclosure, _DISCLOSURE_FIELDS)),
         grants=grants_from_proto(list(message.grants)),
         context_budget=context_budget_from_proto(message.context_budget),
+        reasoning=reasoning_from_proto(message.reasoning, "spec.reasoning"),
     )
 
 
@@ -171,6 +176,9 @@ def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
             if spec.context_budget != ContextBudget()
             else None
         ),
+        reasoning=(
+            reasoning_to_proto(spec.reasoning) if spec.reasoning != ReasoningSettings() else None
+        ),
     )
 
 
@@ -197,9 +205,31 @@ def content_from_proto(
             result.append(ContentPart(PartKind.JSON, part.json))
         elif kind == "binary":
             result.append(ContentPart(PartKind.BINARY, part.binary.data, part.binary.mime_type))
+        elif kind == "provider_block":
+            result.append(_provider_block(part.provider_block, f"{field_path}[{index}]"))
         else:
             raise field_required(f"{field_path}[{index}].kind")
     return tuple(result)
+
+
+_PROVIDERS_TO_PROTO = {
+    Provider.ANTHROPIC: content_pb2.PROVIDER_ANTHROPIC,
+    Provider.OPENAI: content_pb2.PROVIDER_OPENAI,
+    Provider.GEMINI: content_pb2.PROVIDER_GEMINI,
+}
+_PROVIDERS_FROM_PROTO = {value: key for key, value in _PROVIDERS_TO_PROTO.items()}
+
+
+def _provider_block(block: content_pb2.ProviderBlock, field_path: str) -> ContentPart:
+    """The block's envelope checked here; its bytes by `validate_record`."""
+    if block.provider == content_pb2.PROVIDER_UNSPECIFIED:
+        raise field_required(f"{field_path}.provider_block.provider")
+    provider = _PROVIDERS_FROM_PROTO.get(block.provider)
+    if provider is None:
+        raise field_invalid(f"{field_path}.provider_block.provider", "unknown provider")
+    return ContentPart.provider_block(
+        BlockEnvelope(provider, block.type, block.call_id), block.json
+    )
 
 
 def content_to_proto(parts: tuple[ContentPart, ...]) -> list[content_pb2.ContentPart]:
@@ -209,6 +239,15 @@ def content_to_proto(parts: tuple[ContentPart, ...]) -> list[content_pb2.Content
             result.append(content_pb2.ContentPart(text=part.as_text()))
         elif part.kind is PartKind.JSON:
             result.append(content_pb2.ContentPart(json=part.data))
+        elif part.kind is PartKind.PROVIDER_BLOCK:
+            envelope = part.envelope
+            block = content_pb2.ProviderBlock(
+                provider=_PROVIDERS_TO_PROTO[envelope.provider],
+                type=envelope.block_type,
+                json=part.data,
+                call_id=envelope.call_id,
+            )
+            result.append(content_pb2.ContentPart(provider_block=block))
         else:
             binary = content_pb2.BinaryContent(mime_type=part.mime_type, data=part.data)
             result.append(content_pb2.ContentPart(binary=binary))

@@ -15,6 +15,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.api import convert
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
+from psych_sidecar.api.reasoning import reasoning_from_proto
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
 from psych_sidecar.domain.errors import MessageTooLarge
@@ -141,6 +142,8 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
         ],
         anthropic_request_json=assembled.anthropic_json,
         openai_request_json=assembled.openai_json,
+        openai_responses_request_json=assembled.openai_responses_json,
+        gemini_request_json=assembled.gemini_json,
         context_guard=_guard_to_proto(assembled.guard),
     )
 
@@ -256,13 +259,16 @@ class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
                 budget_override=convert.context_budget_from_proto(request.context_budget)
                 if request.HasField("context_budget")
                 else None,
+                reasoning_override=reasoning_from_proto(request.reasoning, "reasoning")
+                if request.HasField("reasoning")
+                else None,
             )
             assembled = await self._blocking(
                 self._assembler.preview if request.preview else self._assembler.assemble, call
             )
             if not request.preview:
                 _observe(assembled, span)
-        # The response holds the prompt three times (parts and both providers' JSON): built and
+        # The response holds the prompt five times (parts and four providers' bodies): built and
         # encoded on a worker thread, which a prompt of MBs would otherwise cost the loop.
         response = await self._blocking(_serialized_prompt, assembled)
         size = len(response.data)

@@ -17,20 +17,50 @@ carrying texts of tens of MB is spelled the same, a slice at a time, by
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from typing import Any
 
 __all__ = [
     "MAX_JSON_DEPTH",
     "JsonTooDeep",
+    "Verbatim",
     "bounded_loads",
     "canonical_json",
     "sorted_keys",
 ]
 
 
+class Verbatim:
+    """JSON bytes someone else wrote (a provider's own block), to be spliced into a canonical
+    document exactly as they are: not re-spelled, not reordered. The bytes must be JSON."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
 def canonical_json(value: Any) -> bytes:
-    """`value` as canonical JSON bytes (see the module docstring for the key order)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """`value` as canonical JSON bytes (see the module docstring for the key order); a
+    :class:`Verbatim` anywhere in it is spliced in byte for byte."""
+    held: list[bytes] = []
+    # A placeholder no JSON string the value holds can spell: a fresh random tag per call.
+    tag = secrets.token_hex(16)
+
+    def hold(item: object) -> str:
+        if not isinstance(item, Verbatim):
+            raise TypeError(f"{type(item).__name__} is not JSON")
+        held.append(item.data)
+        return f"{tag}:{len(held) - 1}"
+
+    text = json.dumps(
+        value, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=hold
+    ).encode()
+    if not held:
+        return text
+    pattern = re.compile(b'"' + tag.encode() + rb':(\d+)"')
+    return pattern.sub(lambda match: held[int(match[1])], text)
 
 
 def sorted_keys(value: Any) -> Any:

@@ -113,7 +113,14 @@ class DatabaseSource:
             ZoneRow(zone.zone.name.lower(), zone.byte_length, zone.sha256)
             for zone in assembled.zones
         )
-        return PromptPreview(zones, elided, assembled.anthropic_json, assembled.openai_json)
+        return PromptPreview(
+            zones,
+            elided,
+            assembled.anthropic_json,
+            assembled.openai_json,
+            assembled.openai_responses_json,
+            assembled.gemini_json,
+        )
 
     def catalog_versions(self, tenant: str, name: str) -> list[VersionRow]:
         rows: list[VersionRow] = []

@@ -150,7 +150,12 @@ class GrpcSource:
             for zone in answer.zones
         )
         return PromptPreview(
-            zones, elided, answer.anthropic_request_json, answer.openai_request_json
+            zones,
+            elided,
+            answer.anthropic_request_json,
+            answer.openai_request_json,
+            answer.openai_responses_request_json,
+            answer.gemini_request_json,
         )
 
     def catalog_versions(self, tenant: str, name: str) -> list[VersionRow]:

@@ -62,6 +62,8 @@ class PromptPreview:
     elided_handles: frozenset[str]
     anthropic_json: bytes
     openai_json: bytes
+    openai_responses_json: bytes
+    gemini_json: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +220,12 @@ def _prompt(source: Source, arguments: argparse.Namespace) -> tuple[Data, str]:
         }
         for zone in prompt.zones
     ]
-    bodies = {"anthropic": prompt.anthropic_json, "openai": prompt.openai_json}
+    bodies = {
+        "anthropic": prompt.anthropic_json,
+        "openai": prompt.openai_json,
+        "openai_responses": prompt.openai_responses_json,
+        "gemini": prompt.gemini_json,
+    }
     data = {
         "run_id": arguments.run_id,
         "zones": zones,

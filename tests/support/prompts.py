@@ -7,8 +7,10 @@ import json
 from typing import Any
 
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
+from google.genai import types as gemini_types
 from google.protobuf import timestamp_pb2
 from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
+from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
 from pydantic import TypeAdapter
 
 from psych.sidecar.v1 import (
@@ -24,6 +26,7 @@ from tests.support.sidecar import Stubs
 
 ANTHROPIC_REQUEST = TypeAdapter(MessageCreateParamsNonStreaming)
 OPENAI_REQUEST = TypeAdapter(CompletionCreateParamsNonStreaming)
+OPENAI_RESPONSES_REQUEST = TypeAdapter(ResponseCreateParamsNonStreaming)
 NOON = timestamp_pb2.Timestamp(seconds=1_796_126_400)  # Tuesday, 2026-12-01T12:00:00Z
 
 
@@ -35,6 +38,20 @@ def assistant(text: str = "", *calls: tuple[str, str, str]) -> run_pb2.Record:
             tool_calls=[
                 content_pb2.ToolCall(call_id=c, name=n, arguments_json=a) for c, n, a in calls
             ],
+        )
+    )
+
+
+def provider_block(
+    provider: int, data: bytes, block_type: str, call_id: str = ""
+) -> content_pb2.ContentPart:
+    """A provider's own block, as a host appends it from a response."""
+    return content_pb2.ContentPart(
+        provider_block=content_pb2.ProviderBlock(
+            provider=provider,  # type: ignore[arg-type]
+            type=block_type,
+            json=data,
+            call_id=call_id,
         )
     )
 
@@ -205,3 +222,68 @@ def read_blocks(body: bytes, cache: set[tuple[str, ...]], lookback: int = 20) ->
                 best = max(best, end)
                 break
     return best
+
+
+def valid_openai_responses(body: bytes) -> dict[str, Any]:
+    """The Responses body, checked against the official SDK's request type (losslessly, as
+    above), every function_call answered by the function_call_output items after it (before
+    the next user message or function_call), and a final user message."""
+    parsed: dict[str, Any] = json.loads(body)
+    assert _materialized(OPENAI_RESPONSES_REQUEST.validate_python(parsed)) == parsed
+    items = parsed["input"]
+    assert items[-1]["type"] == "message"
+    assert items[-1]["role"] == "user"
+    pending: set[str] = set()
+    answered: set[str] = set()
+    for item in items:
+        if item["type"] == "function_call":
+            if answered:
+                assert not pending, pending
+                answered = set()
+            pending.add(item["call_id"])
+        elif item["type"] == "function_call_output":
+            assert item["call_id"] in pending, item["call_id"]
+            pending.remove(item["call_id"])
+            answered.add(item["call_id"])
+        elif item["type"] == "message":
+            if item["role"] == "user":
+                assert not pending, pending
+            answered = set()
+    assert not pending
+    return parsed
+
+
+def _gemini_lossless(model: Any, value: Any) -> None:
+    """`value` read by the google-genai type (which forbids unknown keys) and written back
+    the same: nothing in it the type does not know."""
+    parsed = model.model_validate_json(json.dumps(value))
+    assert parsed.model_dump(mode="json", by_alias=True, exclude_none=True) == value
+
+
+def valid_gemini(body: bytes) -> dict[str, Any]:
+    """The Gemini generateContent body, each piece checked against the google-genai SDK's
+    types losslessly, and the rules they cannot express: user and model contents
+    alternating, starting and ending with user, and each model content's functionCall parts
+    answered, in order and by name, by the functionResponse parts of the next content."""
+    parsed: dict[str, Any] = json.loads(body)
+    assert set(parsed) <= {"generationConfig", "tools", "systemInstruction", "contents"}
+    _gemini_lossless(gemini_types.GenerationConfig, parsed["generationConfig"])
+    for tool in parsed.get("tools", []):
+        _gemini_lossless(gemini_types.Tool, tool)
+    if "systemInstruction" in parsed:
+        _gemini_lossless(gemini_types.Content, parsed["systemInstruction"])
+    contents = parsed["contents"]
+    roles = [c["role"] for c in contents]
+    assert roles[0] == "user"
+    assert roles[-1] == "user"
+    assert all(a != b for a, b in itertools.pairwise(roles)), roles
+    pending: list[str] = []
+    for content in contents:
+        _gemini_lossless(gemini_types.Content, content)
+        parts = content["parts"]
+        assert parts, "no empty contents"
+        answered = [p["functionResponse"]["name"] for p in parts if "functionResponse" in p]
+        assert answered == pending, (answered, pending)
+        pending = [p["functionCall"]["name"] for p in parts if "functionCall" in p]
+    assert not pending
+    return parsed

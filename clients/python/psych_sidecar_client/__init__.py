@@ -9,6 +9,10 @@ SERVING; gives every call a deadline; turns the sidecar's ErrorInfo into a Sidec
 whose `reason` is a generated ErrorReason value; and retries an AppendRecords on
 UNAVAILABLE or DEADLINE_EXCEEDED with the same request id, so a lost response never
 stores twice.
+
+A reasoning model's response becomes the record to append with `anthropic_record`,
+`openai_record` or `gemini_record` (its thinking, reasoning items and thought signatures
+kept as provider blocks), and `request_body` picks the body to send that provider.
 """
 
 from psych.sidecar.v1.errors_pb2 import ErrorReason
@@ -23,6 +27,12 @@ from psych_sidecar_client._client import (
     check_address,
     connect,
 )
+from psych_sidecar_client._provider_blocks import (
+    anthropic_record,
+    gemini_record,
+    openai_record,
+    request_body,
+)
 
 __all__ = [
     "DEFAULT_APPEND_ATTEMPTS",
@@ -34,5 +44,9 @@ __all__ = [
     "SidecarClient",
     "SidecarError",
     "check_address",
+    "anthropic_record",
     "connect",
+    "gemini_record",
+    "openai_record",
+    "request_body",
 ]

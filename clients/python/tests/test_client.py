@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,9 +20,25 @@ from typing import Any
 
 import grpc
 import pytest
-from psych_sidecar_client import ErrorReason, SidecarClient, SidecarError, connect
+from psych_sidecar_client import (
+    ErrorReason,
+    SidecarClient,
+    SidecarError,
+    anthropic_record,
+    connect,
+    gemini_record,
+    openai_record,
+    request_body,
+)
 
-from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2, spec_service_pb2
+from psych.sidecar.v1 import (
+    content_pb2,
+    run_pb2,
+    run_service_pb2,
+    spec_pb2,
+    spec_service_pb2,
+    turn_service_pb2,
+)
 
 READY_TIMEOUT_SECONDS = 30.0
 
@@ -408,3 +425,63 @@ def test_an_error_the_sidecar_answered_is_not_retried(
             client.append_records(request, attempts=5)
     assert caught.value.reason == ErrorReason.ERROR_REASON_RUN_NOT_FOUND
     assert len(spy.attempts) == 1
+
+
+def test_a_thinking_models_blocks_go_back_in_its_own_body(
+    client: SidecarClient, unique: Callable[[str], str]
+) -> None:
+    """A host's loop with a thinking model: the response appended with anthropic_record, the
+    tool result after it, and the next body (request_body) holding the thinking block as it
+    came; the Gemini and OpenAI helpers keep theirs likewise."""
+    run_id = new_run(client, unique("thinking"))
+    thinking = {"type": "thinking", "thinking": "Look it up.", "signature": "EqQBCgIYAhIM"}
+    message = {
+        "content": [
+            thinking,
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Köln"}},
+        ]
+    }
+    user = run_pb2.Record(
+        user_message=run_pb2.UserMessage(content=[content_pb2.ContentPart(text="Weather?")])
+    )
+    result = run_pb2.Record(
+        tool_result=run_pb2.ToolResult(
+            call_id="toolu_1", content=[content_pb2.ContentPart(text="18 C")]
+        )
+    )
+    client.append_records(
+        run_service_pb2.AppendRecordsRequest(
+            run_id=run_id, records=[user, anthropic_record(message), result]
+        )
+    )
+    assembled = client.call(
+        client.turns.AssemblePrompt, turn_service_pb2.AssemblePromptRequest(run_id=run_id)
+    )
+    body = request_body(assembled, content_pb2.PROVIDER_ANTHROPIC)
+    sent = json.loads(body)["messages"][1]["content"]
+    assert sent[0] == thinking
+    assert [b["type"] for b in sent] == ["thinking", "text", "tool_use"]
+    assert b"EqQBCgIYAhIM" not in request_body(assembled, content_pb2.PROVIDER_OPENAI)
+
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"}
+    call = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "weather",
+        "arguments": "{}",
+    }
+    record = openai_record({"output": [reasoning, call]})
+    assert [p.provider_block.type for p in record.assistant_message.content] == [
+        "reasoning",
+        "function_call",
+    ]
+    assert record.assistant_message.tool_calls[0].call_id == "call_1"
+    signed = {"functionCall": {"name": "weather", "args": {}}, "thoughtSignature": "Q2lR"}
+    gemini = gemini_record(
+        {"candidates": [{"content": {"role": "model", "parts": [signed]}}]}, ["g1"]
+    )
+    (block,) = gemini.assistant_message.content
+    assert (block.provider_block.type, block.provider_block.call_id) == ("functionCall", "g1")
+    assert json.loads(block.provider_block.json) == signed

@@ -3,7 +3,8 @@
 Owns AssemblePrompt (:class:`PromptAssembler`): zones ordered outermost-stable first, the
 prior-turn elision boundary and algorithm (previews, failure truncation), the context guard
 that elides current-turn results to fit the budget, canonical JSON for byte-stable output,
-the Anthropic and OpenAI request bodies, and the assembly journal's entry for each prompt
+the request bodies (Anthropic Messages, OpenAI Chat Completions and Responses, Gemini) with
+each provider's own blocks put back, and the assembly journal's entry for each prompt
 (metadata only; storage implements :class:`AssemblyJournal`).
 """
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from psych_sidecar.domain.errors import field_invalid
+from psych_sidecar.domain.errors import ContextBudgetExceeded, field_invalid
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt.elided_views import (
     ElidedViews,
@@ -29,9 +29,16 @@ from psych_sidecar.domain.prompt.elided_views import (
     prior_turn_elided,
     view_sizes,
 )
+from psych_sidecar.domain.prompt.gemini import gemini_body
 from psych_sidecar.domain.prompt.guard import GuardDecision, apply_context_guard
 from psych_sidecar.domain.prompt.journal import assembly_entry
+from psych_sidecar.domain.prompt.openai_responses import openai_responses_body
 from psych_sidecar.domain.prompt.ports import AssemblyJournal, TurnSurfaces
+from psych_sidecar.domain.prompt.prior_blocks import (
+    BlockSizeCache,
+    over_their_share,
+    prior_block_sizes,
+)
 from psych_sidecar.domain.prompt.providers import anthropic_body, cache_key, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
@@ -48,10 +55,13 @@ from psych_sidecar.domain.runlog import (
     DEFAULT_CONTEXT_WINDOW_TOKENS,
     ContextBudget,
     LogReader,
+    PartKind,
+    ReasoningSettings,
     RecordKind,
     RunService,
     SpecLookup,
     model_view,
+    validate_call_reasoning,
     validate_context_budget,
 )
 from psych_sidecar.domain.surface import status_note
@@ -72,17 +82,21 @@ class PromptCall:
     max_tokens: int = 0
     # Overrides the Spec's context budget field by field.
     budget_override: ContextBudget | None = None
+    # Overrides the Spec's reasoning settings field by field (ReasoningSettings.over).
+    reasoning_override: ReasoningSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AssembledPrompt:
-    """One call's prompt, its per-zone sizes and hashes, both provider bodies and the
+    """One call's prompt, its per-zone sizes and hashes, the provider bodies and the
     context guard's decision: everything an assembly journal needs to record."""
 
     prompt: Prompt
     zones: tuple[ZoneDigest, ...]
     anthropic_json: bytes
     openai_json: bytes
+    openai_responses_json: bytes
+    gemini_json: bytes
     guard: GuardDecision | None = None
     # Results sent elided (prior-turn and by the guard), and the bytes their views left out
     # (full size minus what the view shows): for the operator's metrics.
@@ -96,8 +110,9 @@ class AssembledPrompt:
 
     @property
     def estimated_tokens(self) -> int:
-        """The estimator over the larger of the two bodies: what the guard measures."""
-        return estimate_tokens(max(len(self.anthropic_json), len(self.openai_json)))
+        """The estimator over the largest body: what the guard measures."""
+        bodies = (self.anthropic_json, self.openai_json, self.openai_responses_json)
+        return estimate_tokens(max(map(len, (*bodies, self.gemini_json))))
 
 
 class PromptAssembler:
@@ -118,6 +133,7 @@ class PromptAssembler:
         self._surfaces = surfaces
         self._views = ViewCache(view_cache_size)
         self._view_sizes = ViewSizeCache(view_cache_size * 10)
+        self._block_sizes = BlockSizeCache(view_cache_size * 10)
         # Told each prompt's metadata (never its content) after it is assembled.
         self._journal = journal
 
@@ -149,6 +165,8 @@ class PromptAssembler:
                 f"the output reserve ({reserve} tokens) leaves no room in a context window "
                 f"of {window} tokens",
             )
+        reasoning = spec.reasoning.over(call.reasoning_override or ReasoningSettings())
+        validate_call_reasoning(reasoning, max_tokens)
         thresholds = spec.effective_thresholds()
         skeletons = self._log.record_skeletons(run_id)
         view_bytes = view_sizes(self._log, self._view_sizes, run_id, skeletons)
@@ -166,6 +184,14 @@ class PromptAssembler:
         contents = self._log.record_contents(
             run_id, [s.sequence for s in skeletons if s.sequence not in elided]
         )
+        prior_blocks = prior_block_sizes(self._log, self._block_sizes, run_id, skeletons)
+        # The records whose provider blocks are left out (see prior_blocks.py); a list, so
+        # that `build` sees the fallback below.
+        left_out = [
+            frozenset(prior_blocks)
+            if over_their_share(prior_blocks, window - reserve)
+            else frozenset()
+        ]
         surface = self._surfaces.resolve_turn(run_id)
         status = status_note(surface.servers, self._surfaces.server_states(run_id))
         sections = static_sections(spec)
@@ -179,6 +205,8 @@ class PromptAssembler:
             for skeleton in skeletons[:end]:
                 view = elided.get(skeleton.sequence) or guarded.get(skeleton.sequence)
                 content = () if view is not None else contents.get(skeleton.sequence, ())
+                if skeleton.sequence in left_out[0]:
+                    content = tuple(p for p in content if p.kind is not PartKind.PROVIDER_BLOCK)
                 if skeleton.kind is RecordKind.TOOL_RESULT and view is None:
                     content = tuple(model_view(content))
                     view = ToolResultView(
@@ -189,20 +217,32 @@ class PromptAssembler:
             return AssembledPrompt(
                 prompt,
                 zone_digests(prompt),
-                anthropic_body(prompt, model, max_tokens),
-                openai_body(prompt, model, max_tokens, openai_cache_key),
+                anthropic_body(prompt, model, max_tokens, reasoning),
+                openai_body(prompt, model, max_tokens, openai_cache_key, reasoning),
+                openai_responses_body(prompt, model, max_tokens, openai_cache_key, reasoning),
+                gemini_body(prompt, max_tokens, reasoning),
             )
 
-        assembled, guard, guarded = apply_context_guard(
-            build,
-            build({}),
-            skeletons=skeletons,
-            elided=elided,
-            views=views,
-            view_bytes=view_bytes,
-            window=window,
-            reserve=reserve,
-        )
+        def guarded_build() -> tuple[AssembledPrompt, GuardDecision, dict[int, ToolResultView]]:
+            return apply_context_guard(
+                build,
+                build({}),
+                skeletons=skeletons,
+                elided=elided,
+                views=views,
+                view_bytes=view_bytes,
+                window=window,
+                reserve=reserve,
+            )
+
+        try:
+            assembled, guard, guarded = guarded_build()
+        except ContextBudgetExceeded:
+            if left_out[0] == frozenset(prior_blocks):
+                raise
+            # Earlier turns' provider blocks go before the guard gives up (prior_blocks.py).
+            left_out[0] = frozenset(prior_blocks)
+            assembled, guard, guarded = guarded_build()
         shown = {**elided, **guarded}
         saved = {
             sequence: max(0, view_bytes[sequence] - sum(len(p.data) for p in view.content))

@@ -19,6 +19,12 @@ OpenAI documents for requests that share long prefixes (docs/prompt.md).
 Content neither API can take as it is becomes a text marker, never decoded bytes; tool
 results that answer no call of the preceding assistant message (or answer one twice) are
 shown as text, so the request stays valid.
+
+Provider blocks (a reasoning model's thinking and the like, see runlog/provider_blocks.py) go
+back into their own provider's body byte for byte, at their place among the assistant
+message's content, and are left out of every other body. A block that spells a tool call
+(its envelope's `call_id`) is sent instead of the body's own rendering of that call. Which
+blocks each provider keeps, with the provider's documented rule, is in docs/prompt.md.
 """
 
 from __future__ import annotations
@@ -29,23 +35,71 @@ from collections.abc import Sequence
 from typing import Any
 
 from psych_sidecar.bulk.slices import b64encode_sliced
-from psych_sidecar.domain.canonical import bounded_loads, canonical_json
+from psych_sidecar.domain.canonical import Verbatim, bounded_loads, canonical_json
 from psych_sidecar.domain.prompt.zones import (
     Prompt,
     PromptMessage,
     Role,
     ToolResultView,
 )
-from psych_sidecar.domain.runlog import ContentPart, PartKind, ToolCall, binary_marker
+from psych_sidecar.domain.runlog import (
+    AnthropicThinking,
+    ContentPart,
+    PartKind,
+    Provider,
+    ReasoningSettings,
+    ToolCall,
+    binary_marker,
+)
 
 CACHE_CONTROL = {"type": "ephemeral"}
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
 
-def _model(model: str) -> dict[str, Any]:
+def model_key(model: str) -> dict[str, Any]:
     """The body's first key: the model id, or nothing when the host sent none (the host
     then sets it; an empty string is never a model a provider accepts)."""
     return {"model": model} if model else {}
+
+
+def own_blocks(
+    parts: Sequence[ContentPart], provider: Provider
+) -> tuple[list[ContentPart | Verbatim], set[str]]:
+    """An assistant message's content for `provider`'s body: its own blocks as Verbatim,
+    other providers' left out, the rest as they are; and the calls its own blocks spell."""
+    kept: list[ContentPart | Verbatim] = []
+    spelled: set[str] = set()
+    for part in parts:
+        if part.kind is not PartKind.PROVIDER_BLOCK:
+            kept.append(part)
+            continue
+        envelope = part.envelope
+        if envelope.provider is provider:
+            kept.append(Verbatim(part.data))
+            if envelope.call_id:
+                spelled.add(envelope.call_id)
+    return kept, spelled
+
+
+def carries_text(parts: Sequence[ContentPart], provider: Provider, block_type: str) -> bool:
+    """Whether the message holds a block of `provider` of `block_type`, which carries the
+    response's text in that provider's own spelling (OpenAI's `message` item, Gemini's
+    signed `text` part): that body then sends it and not the record's text parts."""
+    return any(
+        p.kind is PartKind.PROVIDER_BLOCK
+        and p.envelope.provider is provider
+        and p.envelope.block_type == block_type
+        for p in parts
+    )
+
+
+def _mark(blocks: list[Any]) -> None:
+    """A cache breakpoint on the last block the sidecar wrote itself: a provider's own block
+    is sent as it came, and Anthropic takes no cache_control on a thinking block."""
+    for block in reversed(blocks):
+        if isinstance(block, dict):
+            block["cache_control"] = CACHE_CONTROL
+            return
 
 
 def content_text(parts: Sequence[ContentPart]) -> str:
@@ -56,12 +110,12 @@ def content_text(parts: Sequence[ContentPart]) -> str:
     )
 
 
-def _orphan_text(result: ToolResultView) -> str:
+def orphan_text(result: ToolResultView) -> str:
     label = "Error result" if result.is_error else "Result"
     return f"[{label} of tool call {result.call_id}]\n{content_text(result.content)}"
 
 
-def _tool_arguments(call: ToolCall) -> dict[str, Any]:
+def tool_arguments(call: ToolCall) -> dict[str, Any]:
     """Anthropic needs an object; arguments that are not one are kept verbatim inside one."""
     if not call.arguments_json.strip():
         return {}
@@ -74,7 +128,7 @@ def _tool_arguments(call: ToolCall) -> dict[str, Any]:
     return {"invalid_arguments_json": call.arguments_json}
 
 
-def _paired(
+def paired_results(
     results: Sequence[ToolResultView], calls: set[str]
 ) -> tuple[list[ToolResultView], list[ToolResultView]]:
     """Split results into those answering a call of the preceding assistant message (once
@@ -93,6 +147,8 @@ def _paired(
 
 
 def _anthropic_content(part: ContentPart) -> dict[str, Any] | None:
+    if part.kind is PartKind.PROVIDER_BLOCK:
+        return None  # placed by _anthropic_assistant, in assistant messages only
     if part.kind is not PartKind.BINARY:
         text = part.as_text()
         return {"type": "text", "text": text} if text else None
@@ -108,6 +164,24 @@ def _anthropic_content(part: ContentPart) -> dict[str, Any] | None:
 
 def _anthropic_blocks(parts: Sequence[ContentPart]) -> list[dict[str, Any]]:
     return [block for block in map(_anthropic_content, parts) if block is not None]
+
+
+def _anthropic_assistant(message: PromptMessage) -> list[Any]:
+    """An assistant message's blocks: its content in order (Anthropic's own blocks verbatim),
+    then a tool_use block for each call no block of its own spells."""
+    content = [p for p in message.parts if isinstance(p, ContentPart)]
+    kept, spelled = own_blocks(content, Provider.ANTHROPIC)
+    blocks: list[Any] = []
+    for part in kept:
+        block = part if isinstance(part, Verbatim) else _anthropic_content(part)
+        if block is not None:
+            blocks.append(block)
+    blocks.extend(
+        {"type": "tool_use", "id": c.call_id, "name": c.name, "input": tool_arguments(c)}
+        for c in message.parts
+        if isinstance(c, ToolCall) and c.call_id not in spelled
+    )
+    return blocks
 
 
 def _anthropic_tool_result(result: ToolResultView) -> dict[str, Any]:
@@ -151,22 +225,16 @@ def _anthropic_messages(history: Sequence[PromptMessage], mark: int = -1) -> lis
     calls: set[str] = set()
     for position, message in enumerate(history):
         if position == mark + 1 and mark >= 0 and messages:
-            messages[-1]["content"][-1]["cache_control"] = CACHE_CONTROL
-        blocks: list[dict[str, Any]] = []
+            _mark(messages[-1]["content"])
+        blocks: list[Any] = []
         if message.role is Role.ASSISTANT:
-            content = [p for p in message.parts if isinstance(p, ContentPart)]
-            tool_calls = [p for p in message.parts if isinstance(p, ToolCall)]
-            blocks = _anthropic_blocks(content)
-            blocks.extend(
-                {"type": "tool_use", "id": c.call_id, "name": c.name, "input": _tool_arguments(c)}
-                for c in tool_calls
-            )
-            calls = {c.call_id for c in tool_calls}
+            blocks = _anthropic_assistant(message)
+            calls = {c.call_id for c in message.parts if isinstance(c, ToolCall)}
         elif message.is_tool_results:
             results = [p for p in message.parts if isinstance(p, ToolResultView)]
-            paired, orphans = _paired(results, calls)
+            paired, orphans = paired_results(results, calls)
             blocks = [_anthropic_tool_result(r) for r in paired]
-            blocks.extend({"type": "text", "text": _orphan_text(r)} for r in orphans)
+            blocks.extend({"type": "text", "text": orphan_text(r)} for r in orphans)
             calls = set()
         else:
             blocks = _anthropic_blocks([p for p in message.parts if isinstance(p, ContentPart)])
@@ -180,7 +248,19 @@ def _anthropic_messages(history: Sequence[PromptMessage], mark: int = -1) -> lis
     return messages
 
 
-def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
+def _thinking(reasoning: ReasoningSettings) -> dict[str, Any] | None:
+    """Anthropic's `thinking` parameter, or None to leave it out."""
+    if reasoning.anthropic_thinking is None:
+        return None
+    thinking: dict[str, Any] = {"type": reasoning.anthropic_thinking.value}
+    if reasoning.anthropic_thinking is AnthropicThinking.ENABLED:
+        thinking["budget_tokens"] = reasoning.anthropic_budget_tokens
+    return thinking
+
+
+def anthropic_body(
+    prompt: Prompt, model: str, max_tokens: int, reasoning: ReasoningSettings
+) -> bytes:
     tools: list[dict[str, Any]] = [
         {
             "name": tool.name,
@@ -200,14 +280,17 @@ def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
         system.append({"type": "text", "text": prompt.dynamic_tail, "cache_control": CACHE_CONTROL})
     messages = _anthropic_messages(prompt.history, read_point(prompt.history))
     if messages:
-        messages[-1]["content"][-1]["cache_control"] = CACHE_CONTROL
+        _mark(messages[-1]["content"])
     transient = _anthropic_blocks([p for p in prompt.transient.parts if isinstance(p, ContentPart)])
     if messages and messages[-1]["role"] == Role.USER.value:
         messages[-1]["content"].extend(transient)
     else:
         messages.append({"role": Role.USER.value, "content": transient})
-    body: dict[str, Any] = _model(model)
+    body: dict[str, Any] = model_key(model)
     body["max_tokens"] = max_tokens
+    thinking = _thinking(reasoning)
+    if thinking is not None:
+        body["thinking"] = thinking
     if tools:
         body["tools"] = tools
     if system:
@@ -220,6 +303,8 @@ def anthropic_body(prompt: Prompt, model: str, max_tokens: int) -> bytes:
 
 
 def _openai_content(part: ContentPart) -> dict[str, Any] | None:
+    if part.kind is PartKind.PROVIDER_BLOCK:
+        return None  # Chat Completions has no place for one
     if part.kind is not PartKind.BINARY:
         text = part.as_text()
         return {"type": "text", "text": text} if text else None
@@ -229,9 +314,12 @@ def _openai_content(part: ContentPart) -> dict[str, Any] | None:
     return {"type": "text", "text": binary_marker(part.mime_type, len(part.data))}
 
 
-def _openai_tool_text(result: ToolResultView) -> str:
+def openai_tool_text(result: ToolResultView) -> str:
     text = content_text(result.content)
     return f"[error] {text}" if result.is_error else text
+
+
+_TEXTUAL = frozenset({PartKind.TEXT, PartKind.JSON})
 
 
 def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
@@ -242,7 +330,7 @@ def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
             texts = [
                 {"type": "text", "text": p.as_text()}
                 for p in message.parts
-                if isinstance(p, ContentPart) and p.kind is not PartKind.BINARY and p.data
+                if isinstance(p, ContentPart) and p.kind in _TEXTUAL and p.data
             ]
             tool_calls = [p for p in message.parts if isinstance(p, ToolCall)]
             calls = {c.call_id for c in tool_calls}
@@ -261,13 +349,13 @@ def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
             messages.append(entry)
         elif message.is_tool_results:
             results = [p for p in message.parts if isinstance(p, ToolResultView)]
-            paired, orphans = _paired(results, calls)
+            paired, orphans = paired_results(results, calls)
             messages.extend(
-                {"role": "tool", "tool_call_id": r.call_id, "content": _openai_tool_text(r)}
+                {"role": "tool", "tool_call_id": r.call_id, "content": openai_tool_text(r)}
                 for r in paired
             )
             if orphans:
-                content = [{"type": "text", "text": _orphan_text(r)} for r in orphans]
+                content = [{"type": "text", "text": orphan_text(r)} for r in orphans]
                 messages.append({"role": "user", "content": content})
             calls = set()
         else:
@@ -287,7 +375,13 @@ def cache_key(tenant: str, spec_name: str, spec_version: int) -> str:
     return "psych-" + hashlib.sha256(identity).hexdigest()[:32]
 
 
-def openai_body(prompt: Prompt, model: str, max_tokens: int, prompt_cache_key: str) -> bytes:
+def openai_body(
+    prompt: Prompt,
+    model: str,
+    max_tokens: int,
+    prompt_cache_key: str,
+    reasoning: ReasoningSettings,
+) -> bytes:
     messages: list[dict[str, Any]] = []
     if prompt.static_sections:
         messages.append({"role": "system", "content": prompt.static_text()})
@@ -298,8 +392,10 @@ def openai_body(prompt: Prompt, model: str, max_tokens: int, prompt_cache_key: s
     messages.append(
         {"role": "user", "content": [c for c in map(_openai_content, transient) if c is not None]}
     )
-    body: dict[str, Any] = _model(model)
+    body: dict[str, Any] = model_key(model)
     body["max_completion_tokens"] = max_tokens
+    if reasoning.openai_reasoning_effort is not None:
+        body["reasoning_effort"] = reasoning.openai_reasoning_effort.value
     body["prompt_cache_key"] = prompt_cache_key
     if prompt.tools:
         body["tools"] = [

@@ -209,6 +209,13 @@ def content_json(part: ContentPart) -> dict[str, Any]:
         return {"text": part.as_text()}
     if part.kind is PartKind.JSON:
         return {"json": part.as_text()}
+    if part.kind is PartKind.PROVIDER_BLOCK:
+        envelope = part.envelope
+        block = {"provider": envelope.provider.value, "type": envelope.block_type}
+        if envelope.call_id:
+            block["call_id"] = envelope.call_id
+        block["json"] = part.as_text()
+        return {"provider_block": block}
     data = b64encode_sliced(part.data)
     return {"binary": {"mime_type": part.mime_type, "data": data}}
 

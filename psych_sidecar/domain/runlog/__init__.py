@@ -37,6 +37,18 @@ from psych_sidecar.domain.runlog.ports import (
     SpecRepository,
     StorageNow,
 )
+from psych_sidecar.domain.runlog.provider_blocks import (
+    MAX_PROVIDER_BLOCK_BYTES,
+    BlockEnvelope,
+    Provider,
+)
+from psych_sidecar.domain.runlog.reasoning import (
+    AnthropicThinking,
+    GeminiThinkingLevel,
+    ReasoningEffort,
+    ReasoningSettings,
+    validate_call_reasoning,
+)
 from psych_sidecar.domain.runlog.result_outline import CallResultOutline
 from psych_sidecar.domain.runlog.runs import (
     ALL_TENANTS,
@@ -76,10 +88,13 @@ __all__ = [
     "ALL_TENANTS",
     "DEFAULT_CONTEXT_WINDOW_TOKENS",
     "MAX_IDENTIFIER_LENGTH",
+    "MAX_PROVIDER_BLOCK_BYTES",
     "SEPARATOR",
     "STRUCTURED_CONTENT_MIME",
     "AllTenants",
+    "AnthropicThinking",
     "AppendedRecord",
+    "BlockEnvelope",
     "ByteRange",
     "CallResultOutline",
     "ContentPart",
@@ -90,6 +105,7 @@ __all__ = [
     "EffectiveThresholds",
     "ExpiryHeld",
     "ExpiryPass",
+    "GeminiThinkingLevel",
     "ListedRun",
     "LogReader",
     "OffLoop",
@@ -97,7 +113,10 @@ __all__ = [
     "PartMeta",
     "PendingAppend",
     "Piece",
+    "Provider",
     "PublishedSpec",
+    "ReasoningEffort",
+    "ReasoningSettings",
     "Record",
     "RecordKind",
     "RecordSkeleton",
@@ -127,6 +146,7 @@ __all__ = [
     "model_view",
     "new_id",
     "page_size",
+    "validate_call_reasoning",
     "validate_context_budget",
     "validate_name",
     "validate_request_id",

@@ -13,6 +13,7 @@ from typing import Final, Protocol, TypeVar
 from psych_sidecar.bulk.slices import utf8_sliced
 from psych_sidecar.domain.canonical import bounded_loads
 from psych_sidecar.domain.errors import field_invalid, field_required
+from psych_sidecar.domain.runlog.provider_blocks import MAX_PROVIDER_BLOCK_BYTES, BlockEnvelope
 from psych_sidecar.domain.runlog.specs import ToolGrant
 
 MAX_REQUEST_ID_LENGTH = 128
@@ -23,6 +24,8 @@ class PartKind(StrEnum):
     TEXT = "text"
     JSON = "json"
     BINARY = "binary"
+    # One provider's own block, verbatim (see provider_blocks.py): only in assistant messages.
+    PROVIDER_BLOCK = "provider_block"
 
 
 # The marker of the JSON part that holds an MCP result's `structuredContent` (the MIME type
@@ -60,7 +63,8 @@ def model_view(parts: Sequence[Shaped]) -> list[Shaped]:
 
 @dataclass(frozen=True, slots=True)
 class ContentPart:
-    """One content part. `data` holds the exact bytes: UTF-8 for text and JSON."""
+    """One content part. `data` holds the exact bytes: UTF-8 for text and JSON, the block as
+    received for a provider block, whose envelope `mime_type` holds (`BlockEnvelope.encode`)."""
 
     kind: PartKind
     data: bytes
@@ -77,6 +81,15 @@ class ContentPart:
     def structured(cls, data: bytes) -> ContentPart:
         """An MCP result's `structuredContent`, as its JSON (see `model_view`)."""
         return cls(PartKind.JSON, data, STRUCTURED_CONTENT_MIME)
+
+    @classmethod
+    def provider_block(cls, envelope: BlockEnvelope, data: bytes) -> ContentPart:
+        return cls(PartKind.PROVIDER_BLOCK, data, envelope.encode())
+
+    @property
+    def envelope(self) -> BlockEnvelope:
+        """A provider block's envelope (only for a part of that kind)."""
+        return BlockEnvelope.decode(self.mime_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +191,11 @@ def validate_record(record: Record, field_path: str) -> None:
             raise field_required(f"{call_path}.name")
         _validate_identifier(call.call_id, f"{call_path}.call_id")
         _validate_identifier(call.name, f"{call_path}.name")
+    spelled: set[tuple[str, str]] = set()
     for index, part in enumerate(record.content):
         part_path = f"{field_path}.{record.kind.value}.content[{index}]"
+        if part.kind is PartKind.PROVIDER_BLOCK:
+            _validate_provider_block(record, part, f"{part_path}.provider_block", spelled)
         if part.kind is PartKind.BINARY:
             if not part.mime_type:
                 raise field_required(f"{part_path}.binary.mime_type")
@@ -190,6 +206,42 @@ def validate_record(record: Record, field_path: str) -> None:
                 bounded_loads(part.data.decode())
             except ValueError as error:
                 raise field_invalid(f"{part_path}.json", f"not UTF-8 JSON: {error}") from None
+
+
+def _validate_provider_block(
+    record: Record, part: ContentPart, field_path: str, spelled: set[tuple[str, str]]
+) -> None:
+    """A provider block is untrusted and opaque: bounded, one JSON object (so that the body it
+    is spliced into stays JSON), in an assistant message, spelling at most one of its calls."""
+    if record.kind is not RecordKind.ASSISTANT_MESSAGE:
+        raise field_invalid(field_path, "a provider block belongs in an assistant message")
+    envelope = part.envelope
+    if not envelope.block_type:
+        raise field_required(f"{field_path}.type")
+    _validate_identifier(envelope.block_type, f"{field_path}.type")
+    if len(part.data) > MAX_PROVIDER_BLOCK_BYTES:
+        raise field_invalid(
+            f"{field_path}.json",
+            f"{len(part.data)} bytes, over the limit of {MAX_PROVIDER_BLOCK_BYTES}",
+        )
+    try:
+        value = bounded_loads(part.data.decode())
+    except ValueError as error:
+        raise field_invalid(f"{field_path}.json", f"not UTF-8 JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise field_invalid(f"{field_path}.json", "must be one JSON object")
+    if envelope.call_id:
+        _validate_identifier(envelope.call_id, f"{field_path}.call_id")
+        if envelope.call_id not in {call.call_id for call in record.tool_calls}:
+            raise field_invalid(
+                f"{field_path}.call_id", "names no tool call of this assistant message"
+            )
+        key = (envelope.provider.value, envelope.call_id)
+        if key in spelled:
+            raise field_invalid(
+                f"{field_path}.call_id", "another block of this provider spells the same call"
+            )
+        spelled.add(key)
 
 
 def _validate_identifier(value: str, field_path: str) -> None:

@@ -15,6 +15,7 @@ from psych_sidecar.domain.errors import (
     field_invalid,
     field_required,
 )
+from psych_sidecar.domain.runlog.reasoning import ReasoningSettings, validate_reasoning
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -130,6 +131,7 @@ class Spec:
     disclosure: DisclosureSettings = field(default_factory=DisclosureSettings)
     grants: tuple[ToolGrant, ...] = ()
     context_budget: ContextBudget = field(default_factory=ContextBudget)
+    reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
 
     def effective_thresholds(self) -> EffectiveThresholds:
         set_values = {k: v for k, v in asdict(self.thresholds).items() if v is not None}
@@ -137,8 +139,8 @@ class Spec:
 
     def content_json(self) -> str:
         """The Spec's content as canonical JSON (sorted keys): what is stored and compared for
-        immutability. An unset context budget is left out, so Specs stored before it existed
-        keep their bytes and fingerprints."""
+        immutability. An unset context budget or reasoning is left out, so Specs stored
+        before they existed keep their bytes and fingerprints."""
         content = asdict(self)
         if self.disclosure.result_references is None:
             # Unset, it is left out, so Specs stored before it existed keep their bytes.
@@ -147,6 +149,10 @@ class Spec:
             del content["context_budget"]
         else:
             content["context_budget"] = self.context_budget.content()
+        if self.reasoning == ReasoningSettings():
+            del content["reasoning"]
+        else:
+            content["reasoning"] = self.reasoning.content()
         return canonical_json(sorted_keys(content)).decode()
 
     def fingerprint(self) -> str:
@@ -166,6 +172,7 @@ class Spec:
             disclosure=DisclosureSettings(**data["disclosure"]),
             grants=tuple(ToolGrant(**g) for g in data["grants"]),
             context_budget=ContextBudget(**data.get("context_budget", {})),
+            reasoning=ReasoningSettings.from_content(data.get("reasoning", {})),
         )
 
 
@@ -233,6 +240,7 @@ def validate_spec(spec: Spec) -> None:
         if value is not None and value < 0:
             raise field_invalid(f"spec.thresholds.{key}", "must not be negative")
     validate_context_budget(spec.context_budget, "spec.context_budget")
+    validate_reasoning(spec.reasoning, "spec.reasoning")
     for key, value in asdict(spec.disclosure).items():
         if value is not None and value < 0:
             raise field_invalid(f"spec.disclosure.{key}", "must not be negative")

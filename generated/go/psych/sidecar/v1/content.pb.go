@@ -22,6 +22,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Provider names the model API a ProviderBlock came from.
+type Provider int32
+
+const (
+	// Unset; refused.
+	Provider_PROVIDER_UNSPECIFIED Provider = 0
+	// The Anthropic Messages API.
+	Provider_PROVIDER_ANTHROPIC Provider = 1
+	// The OpenAI Responses API.
+	Provider_PROVIDER_OPENAI Provider = 2
+	// The Gemini API (generateContent).
+	Provider_PROVIDER_GEMINI Provider = 3
+)
+
+// Enum value maps for Provider.
+var (
+	Provider_name = map[int32]string{
+		0: "PROVIDER_UNSPECIFIED",
+		1: "PROVIDER_ANTHROPIC",
+		2: "PROVIDER_OPENAI",
+		3: "PROVIDER_GEMINI",
+	}
+	Provider_value = map[string]int32{
+		"PROVIDER_UNSPECIFIED": 0,
+		"PROVIDER_ANTHROPIC":   1,
+		"PROVIDER_OPENAI":      2,
+		"PROVIDER_GEMINI":      3,
+	}
+)
+
+func (x Provider) Enum() *Provider {
+	p := new(Provider)
+	*p = x
+	return p
+}
+
+func (x Provider) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Provider) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_content_proto_enumTypes[0].Descriptor()
+}
+
+func (Provider) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_content_proto_enumTypes[0]
+}
+
+func (x Provider) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Provider.Descriptor instead.
+func (Provider) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_content_proto_rawDescGZIP(), []int{0}
+}
+
 // ContentPart is one part of a message or tool result. Exactly one kind is
 // set. Content is stored and returned byte for byte as sent.
 type ContentPart struct {
@@ -33,6 +90,7 @@ type ContentPart struct {
 	//	*ContentPart_Text
 	//	*ContentPart_Json
 	//	*ContentPart_Binary
+	//	*ContentPart_ProviderBlock
 	Kind          isContentPart_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -102,6 +160,15 @@ func (x *ContentPart) GetBinary() *BinaryContent {
 	return nil
 }
 
+func (x *ContentPart) GetProviderBlock() *ProviderBlock {
+	if x != nil {
+		if x, ok := x.Kind.(*ContentPart_ProviderBlock); ok {
+			return x.ProviderBlock
+		}
+	}
+	return nil
+}
+
 type isContentPart_Kind interface {
 	isContentPart_Kind()
 }
@@ -122,11 +189,106 @@ type ContentPart_Binary struct {
 	Binary *BinaryContent `protobuf:"bytes,3,opt,name=binary,proto3,oneof"`
 }
 
+type ContentPart_ProviderBlock struct {
+	// One provider's own block, kept verbatim: a reasoning model's thinking
+	// and the like, which its API needs back byte for byte. Only in an
+	// assistant message. See docs/prompt.md.
+	ProviderBlock *ProviderBlock `protobuf:"bytes,4,opt,name=provider_block,json=providerBlock,proto3,oneof"`
+}
+
 func (*ContentPart_Text) isContentPart_Kind() {}
 
 func (*ContentPart_Json) isContentPart_Kind() {}
 
 func (*ContentPart_Binary) isContentPart_Kind() {}
+
+func (*ContentPart_ProviderBlock) isContentPart_Kind() {}
+
+// ProviderBlock is one block of a provider's response that its API needs
+// back exactly as it was received: an Anthropic thinking, redacted_thinking,
+// server_tool_use or server tool result block, an OpenAI reasoning item, a
+// Gemini part carrying a thoughtSignature. The sidecar stores it byte for
+// byte, never reads inside it (it checks only that it is one JSON object of
+// bounded size), puts it back in that provider's request body exactly where
+// the provider expects it, and leaves it out of every other provider's body.
+type ProviderBlock struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The provider whose API produced the block. Required.
+	Provider Provider `protobuf:"varint,1,opt,name=provider,proto3,enum=psych.sidecar.v1.Provider" json:"provider,omitempty"`
+	// The block's type as the provider names it ("thinking",
+	// "redacted_thinking", "reasoning", ...): for the log's readers. Required.
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// The block as received: one UTF-8 JSON object, stored and sent back byte
+	// for byte. At most 4 MiB. Required.
+	Json []byte `protobuf:"bytes,3,opt,name=json,proto3" json:"json,omitempty"`
+	// The call_id of a tool call of the same assistant message when the block
+	// is the provider's own spelling of that call (a Gemini functionCall part
+	// with its thoughtSignature, an OpenAI function_call item, an Anthropic
+	// tool_use block): that provider's body sends the block, at its place
+	// among the message's content, instead of its own rendering of the call.
+	// Empty for a block that stands for no tool call.
+	CallId        string `protobuf:"bytes,4,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProviderBlock) Reset() {
+	*x = ProviderBlock{}
+	mi := &file_psych_sidecar_v1_content_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderBlock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderBlock) ProtoMessage() {}
+
+func (x *ProviderBlock) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_content_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderBlock.ProtoReflect.Descriptor instead.
+func (*ProviderBlock) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_content_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ProviderBlock) GetProvider() Provider {
+	if x != nil {
+		return x.Provider
+	}
+	return Provider_PROVIDER_UNSPECIFIED
+}
+
+func (x *ProviderBlock) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ProviderBlock) GetJson() []byte {
+	if x != nil {
+		return x.Json
+	}
+	return nil
+}
+
+func (x *ProviderBlock) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
 
 // BinaryContent is opaque bytes with a declared MIME type.
 type BinaryContent struct {
@@ -141,7 +303,7 @@ type BinaryContent struct {
 
 func (x *BinaryContent) Reset() {
 	*x = BinaryContent{}
-	mi := &file_psych_sidecar_v1_content_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_content_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -153,7 +315,7 @@ func (x *BinaryContent) String() string {
 func (*BinaryContent) ProtoMessage() {}
 
 func (x *BinaryContent) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_content_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_content_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -166,7 +328,7 @@ func (x *BinaryContent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BinaryContent.ProtoReflect.Descriptor instead.
 func (*BinaryContent) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_content_proto_rawDescGZIP(), []int{1}
+	return file_psych_sidecar_v1_content_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *BinaryContent) GetMimeType() string {
@@ -200,7 +362,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_psych_sidecar_v1_content_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_content_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -212,7 +374,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_content_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_content_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -225,7 +387,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_content_proto_rawDescGZIP(), []int{2}
+	return file_psych_sidecar_v1_content_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ToolCall) GetCallId() string {
@@ -253,19 +415,30 @@ var File_psych_sidecar_v1_content_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_content_proto_rawDesc = "" +
 	"\n" +
-	"\x1epsych/sidecar/v1/content.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"\x8e\x01\n" +
+	"\x1epsych/sidecar/v1/content.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xde\x01\n" +
 	"\vContentPart\x12\x1a\n" +
 	"\x04text\x18\x01 \x01(\tB\x04\xe2A\x01\x01H\x00R\x04text\x12\x1a\n" +
 	"\x04json\x18\x02 \x01(\fB\x04\xe2A\x01\x01H\x00R\x04json\x12?\n" +
-	"\x06binary\x18\x03 \x01(\v2\x1f.psych.sidecar.v1.BinaryContentB\x04\xe2A\x01\x01H\x00R\x06binaryB\x06\n" +
-	"\x04kind\"L\n" +
+	"\x06binary\x18\x03 \x01(\v2\x1f.psych.sidecar.v1.BinaryContentB\x04\xe2A\x01\x01H\x00R\x06binary\x12N\n" +
+	"\x0eprovider_block\x18\x04 \x01(\v2\x1f.psych.sidecar.v1.ProviderBlockB\x04\xe2A\x01\x01H\x00R\rproviderBlockB\x06\n" +
+	"\x04kind\"\xa0\x01\n" +
+	"\rProviderBlock\x12<\n" +
+	"\bprovider\x18\x01 \x01(\x0e2\x1a.psych.sidecar.v1.ProviderB\x04\xe2A\x01\x02R\bprovider\x12\x18\n" +
+	"\x04type\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04type\x12\x18\n" +
+	"\x04json\x18\x03 \x01(\fB\x04\xe2A\x01\x02R\x04json\x12\x1d\n" +
+	"\acall_id\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\x06callId\"L\n" +
 	"\rBinaryContent\x12!\n" +
 	"\tmime_type\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bmimeType\x12\x18\n" +
 	"\x04data\x18\x02 \x01(\fB\x04\xe2A\x01\x01R\x04data\"p\n" +
 	"\bToolCall\x12\x1d\n" +
 	"\acall_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x12\x18\n" +
 	"\x04name\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12+\n" +
-	"\x0earguments_json\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\rargumentsJsonB\xb7\x01\n" +
+	"\x0earguments_json\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\rargumentsJson*f\n" +
+	"\bProvider\x12\x18\n" +
+	"\x14PROVIDER_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12PROVIDER_ANTHROPIC\x10\x01\x12\x13\n" +
+	"\x0fPROVIDER_OPENAI\x10\x02\x12\x13\n" +
+	"\x0fPROVIDER_GEMINI\x10\x03B\xb7\x01\n" +
 	"\x14dev.psych.sidecar.v1B\fContentProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -280,19 +453,24 @@ func file_psych_sidecar_v1_content_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_content_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_content_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_psych_sidecar_v1_content_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_psych_sidecar_v1_content_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_psych_sidecar_v1_content_proto_goTypes = []any{
-	(*ContentPart)(nil),   // 0: psych.sidecar.v1.ContentPart
-	(*BinaryContent)(nil), // 1: psych.sidecar.v1.BinaryContent
-	(*ToolCall)(nil),      // 2: psych.sidecar.v1.ToolCall
+	(Provider)(0),         // 0: psych.sidecar.v1.Provider
+	(*ContentPart)(nil),   // 1: psych.sidecar.v1.ContentPart
+	(*ProviderBlock)(nil), // 2: psych.sidecar.v1.ProviderBlock
+	(*BinaryContent)(nil), // 3: psych.sidecar.v1.BinaryContent
+	(*ToolCall)(nil),      // 4: psych.sidecar.v1.ToolCall
 }
 var file_psych_sidecar_v1_content_proto_depIdxs = []int32{
-	1, // 0: psych.sidecar.v1.ContentPart.binary:type_name -> psych.sidecar.v1.BinaryContent
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	3, // 0: psych.sidecar.v1.ContentPart.binary:type_name -> psych.sidecar.v1.BinaryContent
+	2, // 1: psych.sidecar.v1.ContentPart.provider_block:type_name -> psych.sidecar.v1.ProviderBlock
+	0, // 2: psych.sidecar.v1.ProviderBlock.provider:type_name -> psych.sidecar.v1.Provider
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_content_proto_init() }
@@ -304,19 +482,21 @@ func file_psych_sidecar_v1_content_proto_init() {
 		(*ContentPart_Text)(nil),
 		(*ContentPart_Json)(nil),
 		(*ContentPart_Binary)(nil),
+		(*ContentPart_ProviderBlock)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_content_proto_rawDesc), len(file_psych_sidecar_v1_content_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   3,
+			NumEnums:      1,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_psych_sidecar_v1_content_proto_goTypes,
 		DependencyIndexes: file_psych_sidecar_v1_content_proto_depIdxs,
+		EnumInfos:         file_psych_sidecar_v1_content_proto_enumTypes,
 		MessageInfos:      file_psych_sidecar_v1_content_proto_msgTypes,
 	}.Build()
 	File_psych_sidecar_v1_content_proto = out.File

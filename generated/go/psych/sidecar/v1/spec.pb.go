@@ -23,6 +23,193 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// AnthropicThinking is the `thinking.type` of an Anthropic request.
+type AnthropicThinking int32
+
+const (
+	// Unset: no `thinking` in the body.
+	AnthropicThinking_ANTHROPIC_THINKING_UNSPECIFIED AnthropicThinking = 0
+	// `{"type": "enabled", "budget_tokens": N}`.
+	AnthropicThinking_ANTHROPIC_THINKING_ENABLED AnthropicThinking = 1
+	// `{"type": "adaptive"}`: the model decides how much to think.
+	AnthropicThinking_ANTHROPIC_THINKING_ADAPTIVE AnthropicThinking = 2
+	// `{"type": "disabled"}`.
+	AnthropicThinking_ANTHROPIC_THINKING_DISABLED AnthropicThinking = 3
+)
+
+// Enum value maps for AnthropicThinking.
+var (
+	AnthropicThinking_name = map[int32]string{
+		0: "ANTHROPIC_THINKING_UNSPECIFIED",
+		1: "ANTHROPIC_THINKING_ENABLED",
+		2: "ANTHROPIC_THINKING_ADAPTIVE",
+		3: "ANTHROPIC_THINKING_DISABLED",
+	}
+	AnthropicThinking_value = map[string]int32{
+		"ANTHROPIC_THINKING_UNSPECIFIED": 0,
+		"ANTHROPIC_THINKING_ENABLED":     1,
+		"ANTHROPIC_THINKING_ADAPTIVE":    2,
+		"ANTHROPIC_THINKING_DISABLED":    3,
+	}
+)
+
+func (x AnthropicThinking) Enum() *AnthropicThinking {
+	p := new(AnthropicThinking)
+	*p = x
+	return p
+}
+
+func (x AnthropicThinking) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AnthropicThinking) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_spec_proto_enumTypes[0].Descriptor()
+}
+
+func (AnthropicThinking) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_spec_proto_enumTypes[0]
+}
+
+func (x AnthropicThinking) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AnthropicThinking.Descriptor instead.
+func (AnthropicThinking) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{0}
+}
+
+// ReasoningEffort is OpenAI's reasoning effort.
+type ReasoningEffort int32
+
+const (
+	// Unset: no reasoning effort in the bodies.
+	ReasoningEffort_REASONING_EFFORT_UNSPECIFIED ReasoningEffort = 0
+	// "none".
+	ReasoningEffort_REASONING_EFFORT_NONE ReasoningEffort = 1
+	// "minimal".
+	ReasoningEffort_REASONING_EFFORT_MINIMAL ReasoningEffort = 2
+	// "low".
+	ReasoningEffort_REASONING_EFFORT_LOW ReasoningEffort = 3
+	// "medium".
+	ReasoningEffort_REASONING_EFFORT_MEDIUM ReasoningEffort = 4
+	// "high".
+	ReasoningEffort_REASONING_EFFORT_HIGH ReasoningEffort = 5
+	// "xhigh".
+	ReasoningEffort_REASONING_EFFORT_XHIGH ReasoningEffort = 6
+)
+
+// Enum value maps for ReasoningEffort.
+var (
+	ReasoningEffort_name = map[int32]string{
+		0: "REASONING_EFFORT_UNSPECIFIED",
+		1: "REASONING_EFFORT_NONE",
+		2: "REASONING_EFFORT_MINIMAL",
+		3: "REASONING_EFFORT_LOW",
+		4: "REASONING_EFFORT_MEDIUM",
+		5: "REASONING_EFFORT_HIGH",
+		6: "REASONING_EFFORT_XHIGH",
+	}
+	ReasoningEffort_value = map[string]int32{
+		"REASONING_EFFORT_UNSPECIFIED": 0,
+		"REASONING_EFFORT_NONE":        1,
+		"REASONING_EFFORT_MINIMAL":     2,
+		"REASONING_EFFORT_LOW":         3,
+		"REASONING_EFFORT_MEDIUM":      4,
+		"REASONING_EFFORT_HIGH":        5,
+		"REASONING_EFFORT_XHIGH":       6,
+	}
+)
+
+func (x ReasoningEffort) Enum() *ReasoningEffort {
+	p := new(ReasoningEffort)
+	*p = x
+	return p
+}
+
+func (x ReasoningEffort) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReasoningEffort) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_spec_proto_enumTypes[1].Descriptor()
+}
+
+func (ReasoningEffort) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_spec_proto_enumTypes[1]
+}
+
+func (x ReasoningEffort) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReasoningEffort.Descriptor instead.
+func (ReasoningEffort) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{1}
+}
+
+// GeminiThinkingLevel is Gemini's `thinkingConfig.thinkingLevel`.
+type GeminiThinkingLevel int32
+
+const (
+	// Unset.
+	GeminiThinkingLevel_GEMINI_THINKING_LEVEL_UNSPECIFIED GeminiThinkingLevel = 0
+	// "MINIMAL".
+	GeminiThinkingLevel_GEMINI_THINKING_LEVEL_MINIMAL GeminiThinkingLevel = 1
+	// "LOW".
+	GeminiThinkingLevel_GEMINI_THINKING_LEVEL_LOW GeminiThinkingLevel = 2
+	// "MEDIUM".
+	GeminiThinkingLevel_GEMINI_THINKING_LEVEL_MEDIUM GeminiThinkingLevel = 3
+	// "HIGH".
+	GeminiThinkingLevel_GEMINI_THINKING_LEVEL_HIGH GeminiThinkingLevel = 4
+)
+
+// Enum value maps for GeminiThinkingLevel.
+var (
+	GeminiThinkingLevel_name = map[int32]string{
+		0: "GEMINI_THINKING_LEVEL_UNSPECIFIED",
+		1: "GEMINI_THINKING_LEVEL_MINIMAL",
+		2: "GEMINI_THINKING_LEVEL_LOW",
+		3: "GEMINI_THINKING_LEVEL_MEDIUM",
+		4: "GEMINI_THINKING_LEVEL_HIGH",
+	}
+	GeminiThinkingLevel_value = map[string]int32{
+		"GEMINI_THINKING_LEVEL_UNSPECIFIED": 0,
+		"GEMINI_THINKING_LEVEL_MINIMAL":     1,
+		"GEMINI_THINKING_LEVEL_LOW":         2,
+		"GEMINI_THINKING_LEVEL_MEDIUM":      3,
+		"GEMINI_THINKING_LEVEL_HIGH":        4,
+	}
+)
+
+func (x GeminiThinkingLevel) Enum() *GeminiThinkingLevel {
+	p := new(GeminiThinkingLevel)
+	*p = x
+	return p
+}
+
+func (x GeminiThinkingLevel) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GeminiThinkingLevel) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_spec_proto_enumTypes[2].Descriptor()
+}
+
+func (GeminiThinkingLevel) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_spec_proto_enumTypes[2]
+}
+
+func (x GeminiThinkingLevel) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GeminiThinkingLevel.Descriptor instead.
+func (GeminiThinkingLevel) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{2}
+}
+
 // Spec is one immutable version of an agent's configuration: what goes in
 // the static system prompt, the prompt-budget thresholds, how tools are
 // disclosed and which tools are granted. A Run is created against exactly
@@ -59,6 +246,11 @@ type Spec struct {
 	// fields take the documented defaults; AssemblePrompt may override them
 	// per call.
 	ContextBudget *ContextBudget `protobuf:"bytes,11,opt,name=context_budget,json=contextBudget,proto3" json:"context_budget,omitempty"`
+	// Each provider's thinking parameters for the request bodies AssemblePrompt
+	// builds. Unset fields leave the parameter out of the body (the provider's
+	// default). AssemblePrompt may override them per call. An invalid
+	// combination is refused here (FIELD_INVALID / FIELD_REQUIRED), never sent.
+	Reasoning     *ReasoningSettings `protobuf:"bytes,12,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -170,6 +362,112 @@ func (x *Spec) GetContextBudget() *ContextBudget {
 	return nil
 }
 
+func (x *Spec) GetReasoning() *ReasoningSettings {
+	if x != nil {
+		return x.Reasoning
+	}
+	return nil
+}
+
+// ReasoningSettings are a reasoning model's parameters, per provider. Each
+// body takes its own provider's fields and no other's. See docs/prompt.md.
+type ReasoningSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Anthropic `thinking`: enabled (with anthropic_budget_tokens), adaptive
+	// or disabled. Unspecified leaves it out.
+	AnthropicThinking AnthropicThinking `protobuf:"varint,1,opt,name=anthropic_thinking,json=anthropicThinking,proto3,enum=psych.sidecar.v1.AnthropicThinking" json:"anthropic_thinking,omitempty"`
+	// Anthropic `thinking.budget_tokens`: required with, and only with,
+	// enabled thinking; at least 1024 and below the call's max_tokens.
+	AnthropicBudgetTokens *int64 `protobuf:"varint,2,opt,name=anthropic_budget_tokens,json=anthropicBudgetTokens,proto3,oneof" json:"anthropic_budget_tokens,omitempty"`
+	// OpenAI reasoning effort: Chat Completions' `reasoning_effort`, the
+	// Responses API's `reasoning.effort` (with `include` of
+	// "reasoning.encrypted_content", so reasoning items can be sent back).
+	// Unspecified leaves it out.
+	OpenaiReasoningEffort ReasoningEffort `protobuf:"varint,3,opt,name=openai_reasoning_effort,json=openaiReasoningEffort,proto3,enum=psych.sidecar.v1.ReasoningEffort" json:"openai_reasoning_effort,omitempty"`
+	// Gemini `thinkingConfig.thinkingBudget`: -1 (dynamic) or 0 to 32768. Not
+	// with gemini_thinking_level.
+	GeminiThinkingBudget *int64 `protobuf:"varint,4,opt,name=gemini_thinking_budget,json=geminiThinkingBudget,proto3,oneof" json:"gemini_thinking_budget,omitempty"`
+	// Gemini `thinkingConfig.thinkingLevel`. Not with gemini_thinking_budget.
+	GeminiThinkingLevel GeminiThinkingLevel `protobuf:"varint,5,opt,name=gemini_thinking_level,json=geminiThinkingLevel,proto3,enum=psych.sidecar.v1.GeminiThinkingLevel" json:"gemini_thinking_level,omitempty"`
+	// Gemini `thinkingConfig.includeThoughts`: whether responses carry thought
+	// summaries.
+	GeminiIncludeThoughts *bool `protobuf:"varint,6,opt,name=gemini_include_thoughts,json=geminiIncludeThoughts,proto3,oneof" json:"gemini_include_thoughts,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *ReasoningSettings) Reset() {
+	*x = ReasoningSettings{}
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReasoningSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReasoningSettings) ProtoMessage() {}
+
+func (x *ReasoningSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReasoningSettings.ProtoReflect.Descriptor instead.
+func (*ReasoningSettings) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ReasoningSettings) GetAnthropicThinking() AnthropicThinking {
+	if x != nil {
+		return x.AnthropicThinking
+	}
+	return AnthropicThinking_ANTHROPIC_THINKING_UNSPECIFIED
+}
+
+func (x *ReasoningSettings) GetAnthropicBudgetTokens() int64 {
+	if x != nil && x.AnthropicBudgetTokens != nil {
+		return *x.AnthropicBudgetTokens
+	}
+	return 0
+}
+
+func (x *ReasoningSettings) GetOpenaiReasoningEffort() ReasoningEffort {
+	if x != nil {
+		return x.OpenaiReasoningEffort
+	}
+	return ReasoningEffort_REASONING_EFFORT_UNSPECIFIED
+}
+
+func (x *ReasoningSettings) GetGeminiThinkingBudget() int64 {
+	if x != nil && x.GeminiThinkingBudget != nil {
+		return *x.GeminiThinkingBudget
+	}
+	return 0
+}
+
+func (x *ReasoningSettings) GetGeminiThinkingLevel() GeminiThinkingLevel {
+	if x != nil {
+		return x.GeminiThinkingLevel
+	}
+	return GeminiThinkingLevel_GEMINI_THINKING_LEVEL_UNSPECIFIED
+}
+
+func (x *ReasoningSettings) GetGeminiIncludeThoughts() bool {
+	if x != nil && x.GeminiIncludeThoughts != nil {
+		return *x.GeminiIncludeThoughts
+	}
+	return false
+}
+
 // ContextBudget is the room a prompt has: the model's context window, less
 // what is kept free for the model's output. Counted in estimated tokens
 // (the sidecar's cheap estimator: UTF-8 bytes / 4 of the request body).
@@ -194,7 +492,7 @@ type ContextBudget struct {
 
 func (x *ContextBudget) Reset() {
 	*x = ContextBudget{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -206,7 +504,7 @@ func (x *ContextBudget) String() string {
 func (*ContextBudget) ProtoMessage() {}
 
 func (x *ContextBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -219,7 +517,7 @@ func (x *ContextBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextBudget.ProtoReflect.Descriptor instead.
 func (*ContextBudget) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{1}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ContextBudget) GetContextWindowTokens() int64 {
@@ -258,7 +556,7 @@ type Skill struct {
 
 func (x *Skill) Reset() {
 	*x = Skill{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +568,7 @@ func (x *Skill) String() string {
 func (*Skill) ProtoMessage() {}
 
 func (x *Skill) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +581,7 @@ func (x *Skill) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Skill.ProtoReflect.Descriptor instead.
 func (*Skill) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{2}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Skill) GetName() string {
@@ -320,7 +618,7 @@ type Subagent struct {
 
 func (x *Subagent) Reset() {
 	*x = Subagent{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -332,7 +630,7 @@ func (x *Subagent) String() string {
 func (*Subagent) ProtoMessage() {}
 
 func (x *Subagent) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -345,7 +643,7 @@ func (x *Subagent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subagent.ProtoReflect.Descriptor instead.
 func (*Subagent) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{3}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Subagent) GetName() string {
@@ -385,7 +683,7 @@ type Thresholds struct {
 
 func (x *Thresholds) Reset() {
 	*x = Thresholds{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -397,7 +695,7 @@ func (x *Thresholds) String() string {
 func (*Thresholds) ProtoMessage() {}
 
 func (x *Thresholds) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -410,7 +708,7 @@ func (x *Thresholds) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Thresholds.ProtoReflect.Descriptor instead.
 func (*Thresholds) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{4}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Thresholds) GetPerResultTokens() int64 {
@@ -474,7 +772,7 @@ type DisclosureSettings struct {
 
 func (x *DisclosureSettings) Reset() {
 	*x = DisclosureSettings{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +784,7 @@ func (x *DisclosureSettings) String() string {
 func (*DisclosureSettings) ProtoMessage() {}
 
 func (x *DisclosureSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +797,7 @@ func (x *DisclosureSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisclosureSettings.ProtoReflect.Descriptor instead.
 func (*DisclosureSettings) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{5}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DisclosureSettings) GetAutoPreloadMaxTools() int32 {
@@ -545,7 +843,7 @@ type ToolGrant struct {
 
 func (x *ToolGrant) Reset() {
 	*x = ToolGrant{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +855,7 @@ func (x *ToolGrant) String() string {
 func (*ToolGrant) ProtoMessage() {}
 
 func (x *ToolGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +868,7 @@ func (x *ToolGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolGrant.ProtoReflect.Descriptor instead.
 func (*ToolGrant) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{6}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ToolGrant) GetServerPattern() string {
@@ -591,7 +889,7 @@ var File_psych_sidecar_v1_spec_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x04\n" +
+	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb7\x05\n" +
 	"\x04Spec\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12\x1e\n" +
 	"\aversion\x18\x02 \x01(\x03B\x04\xe2A\x01\x02R\aversion\x12(\n" +
@@ -609,7 +907,18 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\vcreate_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"createTime\x12L\n" +
-	"\x0econtext_budget\x18\v \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\"\xa8\x02\n" +
+	"\x0econtext_budget\x18\v \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\x12G\n" +
+	"\treasoning\x18\f \x01(\v2#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2A\x01\x01R\treasoning\"\xc9\x04\n" +
+	"\x11ReasoningSettings\x12X\n" +
+	"\x12anthropic_thinking\x18\x01 \x01(\x0e2#.psych.sidecar.v1.AnthropicThinkingB\x04\xe2A\x01\x01R\x11anthropicThinking\x12A\n" +
+	"\x17anthropic_budget_tokens\x18\x02 \x01(\x03B\x04\xe2A\x01\x01H\x00R\x15anthropicBudgetTokens\x88\x01\x01\x12_\n" +
+	"\x17openai_reasoning_effort\x18\x03 \x01(\x0e2!.psych.sidecar.v1.ReasoningEffortB\x04\xe2A\x01\x01R\x15openaiReasoningEffort\x12?\n" +
+	"\x16gemini_thinking_budget\x18\x04 \x01(\x03B\x04\xe2A\x01\x01H\x01R\x14geminiThinkingBudget\x88\x01\x01\x12_\n" +
+	"\x15gemini_thinking_level\x18\x05 \x01(\x0e2%.psych.sidecar.v1.GeminiThinkingLevelB\x04\xe2A\x01\x01R\x13geminiThinkingLevel\x12A\n" +
+	"\x17gemini_include_thoughts\x18\x06 \x01(\bB\x04\xe2A\x01\x01H\x02R\x15geminiIncludeThoughts\x88\x01\x01B\x1a\n" +
+	"\x18_anthropic_budget_tokensB\x19\n" +
+	"\x17_gemini_thinking_budgetB\x1a\n" +
+	"\x18_gemini_include_thoughts\"\xa8\x02\n" +
 	"\rContextBudget\x12=\n" +
 	"\x15context_window_tokens\x18\x01 \x01(\x03B\x04\xe2A\x01\x01H\x00R\x13contextWindowTokens\x88\x01\x01\x12=\n" +
 	"\x15output_reserve_tokens\x18\x02 \x01(\x03B\x04\xe2A\x01\x01H\x01R\x13outputReserveTokens\x88\x01\x01\x12F\n" +
@@ -647,7 +956,26 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\x12_result_references\"a\n" +
 	"\tToolGrant\x12+\n" +
 	"\x0eserver_pattern\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\rserverPattern\x12'\n" +
-	"\ftool_pattern\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\vtoolPatternB\xb4\x01\n" +
+	"\ftool_pattern\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\vtoolPattern*\x99\x01\n" +
+	"\x11AnthropicThinking\x12\"\n" +
+	"\x1eANTHROPIC_THINKING_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aANTHROPIC_THINKING_ENABLED\x10\x01\x12\x1f\n" +
+	"\x1bANTHROPIC_THINKING_ADAPTIVE\x10\x02\x12\x1f\n" +
+	"\x1bANTHROPIC_THINKING_DISABLED\x10\x03*\xda\x01\n" +
+	"\x0fReasoningEffort\x12 \n" +
+	"\x1cREASONING_EFFORT_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15REASONING_EFFORT_NONE\x10\x01\x12\x1c\n" +
+	"\x18REASONING_EFFORT_MINIMAL\x10\x02\x12\x18\n" +
+	"\x14REASONING_EFFORT_LOW\x10\x03\x12\x1b\n" +
+	"\x17REASONING_EFFORT_MEDIUM\x10\x04\x12\x19\n" +
+	"\x15REASONING_EFFORT_HIGH\x10\x05\x12\x1a\n" +
+	"\x16REASONING_EFFORT_XHIGH\x10\x06*\xc0\x01\n" +
+	"\x13GeminiThinkingLevel\x12%\n" +
+	"!GEMINI_THINKING_LEVEL_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dGEMINI_THINKING_LEVEL_MINIMAL\x10\x01\x12\x1d\n" +
+	"\x19GEMINI_THINKING_LEVEL_LOW\x10\x02\x12 \n" +
+	"\x1cGEMINI_THINKING_LEVEL_MEDIUM\x10\x03\x12\x1e\n" +
+	"\x1aGEMINI_THINKING_LEVEL_HIGH\x10\x04B\xb4\x01\n" +
 	"\x14dev.psych.sidecar.v1B\tSpecProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -662,30 +990,39 @@ func file_psych_sidecar_v1_spec_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_spec_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_psych_sidecar_v1_spec_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_psych_sidecar_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_psych_sidecar_v1_spec_proto_goTypes = []any{
-	(*Spec)(nil),                  // 0: psych.sidecar.v1.Spec
-	(*ContextBudget)(nil),         // 1: psych.sidecar.v1.ContextBudget
-	(*Skill)(nil),                 // 2: psych.sidecar.v1.Skill
-	(*Subagent)(nil),              // 3: psych.sidecar.v1.Subagent
-	(*Thresholds)(nil),            // 4: psych.sidecar.v1.Thresholds
-	(*DisclosureSettings)(nil),    // 5: psych.sidecar.v1.DisclosureSettings
-	(*ToolGrant)(nil),             // 6: psych.sidecar.v1.ToolGrant
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(AnthropicThinking)(0),        // 0: psych.sidecar.v1.AnthropicThinking
+	(ReasoningEffort)(0),          // 1: psych.sidecar.v1.ReasoningEffort
+	(GeminiThinkingLevel)(0),      // 2: psych.sidecar.v1.GeminiThinkingLevel
+	(*Spec)(nil),                  // 3: psych.sidecar.v1.Spec
+	(*ReasoningSettings)(nil),     // 4: psych.sidecar.v1.ReasoningSettings
+	(*ContextBudget)(nil),         // 5: psych.sidecar.v1.ContextBudget
+	(*Skill)(nil),                 // 6: psych.sidecar.v1.Skill
+	(*Subagent)(nil),              // 7: psych.sidecar.v1.Subagent
+	(*Thresholds)(nil),            // 8: psych.sidecar.v1.Thresholds
+	(*DisclosureSettings)(nil),    // 9: psych.sidecar.v1.DisclosureSettings
+	(*ToolGrant)(nil),             // 10: psych.sidecar.v1.ToolGrant
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_spec_proto_depIdxs = []int32{
-	2, // 0: psych.sidecar.v1.Spec.skills:type_name -> psych.sidecar.v1.Skill
-	3, // 1: psych.sidecar.v1.Spec.subagents:type_name -> psych.sidecar.v1.Subagent
-	4, // 2: psych.sidecar.v1.Spec.thresholds:type_name -> psych.sidecar.v1.Thresholds
-	5, // 3: psych.sidecar.v1.Spec.disclosure:type_name -> psych.sidecar.v1.DisclosureSettings
-	6, // 4: psych.sidecar.v1.Spec.grants:type_name -> psych.sidecar.v1.ToolGrant
-	7, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
-	1, // 6: psych.sidecar.v1.Spec.context_budget:type_name -> psych.sidecar.v1.ContextBudget
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	6,  // 0: psych.sidecar.v1.Spec.skills:type_name -> psych.sidecar.v1.Skill
+	7,  // 1: psych.sidecar.v1.Spec.subagents:type_name -> psych.sidecar.v1.Subagent
+	8,  // 2: psych.sidecar.v1.Spec.thresholds:type_name -> psych.sidecar.v1.Thresholds
+	9,  // 3: psych.sidecar.v1.Spec.disclosure:type_name -> psych.sidecar.v1.DisclosureSettings
+	10, // 4: psych.sidecar.v1.Spec.grants:type_name -> psych.sidecar.v1.ToolGrant
+	11, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
+	5,  // 6: psych.sidecar.v1.Spec.context_budget:type_name -> psych.sidecar.v1.ContextBudget
+	4,  // 7: psych.sidecar.v1.Spec.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
+	0,  // 8: psych.sidecar.v1.ReasoningSettings.anthropic_thinking:type_name -> psych.sidecar.v1.AnthropicThinking
+	1,  // 9: psych.sidecar.v1.ReasoningSettings.openai_reasoning_effort:type_name -> psych.sidecar.v1.ReasoningEffort
+	2,  // 10: psych.sidecar.v1.ReasoningSettings.gemini_thinking_level:type_name -> psych.sidecar.v1.GeminiThinkingLevel
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_spec_proto_init() }
@@ -694,20 +1031,22 @@ func file_psych_sidecar_v1_spec_proto_init() {
 		return
 	}
 	file_psych_sidecar_v1_spec_proto_msgTypes[1].OneofWrappers = []any{}
-	file_psych_sidecar_v1_spec_proto_msgTypes[4].OneofWrappers = []any{}
+	file_psych_sidecar_v1_spec_proto_msgTypes[2].OneofWrappers = []any{}
 	file_psych_sidecar_v1_spec_proto_msgTypes[5].OneofWrappers = []any{}
+	file_psych_sidecar_v1_spec_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_spec_proto_rawDesc), len(file_psych_sidecar_v1_spec_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   7,
+			NumEnums:      3,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_psych_sidecar_v1_spec_proto_goTypes,
 		DependencyIndexes: file_psych_sidecar_v1_spec_proto_depIdxs,
+		EnumInfos:         file_psych_sidecar_v1_spec_proto_enumTypes,
 		MessageInfos:      file_psych_sidecar_v1_spec_proto_msgTypes,
 	}.Build()
 	File_psych_sidecar_v1_spec_proto = out.File

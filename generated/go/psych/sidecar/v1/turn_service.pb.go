@@ -141,7 +141,12 @@ type AssemblePromptRequest struct {
 	// as one of the Run's model calls: no assembly-journal row (the Run
 	// inspector's timeline) and no prompt metrics. For operators' tools such
 	// as `psych-sidecar inspect`; a host leaves it false.
-	Preview       bool `protobuf:"varint,8,opt,name=preview,proto3" json:"preview,omitempty"`
+	Preview bool `protobuf:"varint,8,opt,name=preview,proto3" json:"preview,omitempty"`
+	// Overrides the Spec's reasoning settings for this call, field by field;
+	// setting one of a provider's exclusive pair (Anthropic's thinking type,
+	// Gemini's budget or level) replaces the Spec's other one. An invalid
+	// result (a thinking budget not below max_tokens, say) is FIELD_INVALID.
+	Reasoning     *ReasoningSettings `protobuf:"bytes,9,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -232,6 +237,13 @@ func (x *AssemblePromptRequest) GetPreview() bool {
 	return false
 }
 
+func (x *AssemblePromptRequest) GetReasoning() *ReasoningSettings {
+	if x != nil {
+		return x.Reasoning
+	}
+	return nil
+}
+
 // AssemblePromptResponse is the response of TurnService.AssemblePrompt.
 type AssemblePromptResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -247,9 +259,19 @@ type AssemblePromptResponse struct {
 	// What the context guard decided: the budget, the prompt's estimate, and
 	// the current turn's results it elided to fit (none when the prompt fits
 	// with the current turn in full, which is the usual case).
-	ContextGuard  *ContextGuard `protobuf:"bytes,5,opt,name=context_guard,json=contextGuard,proto3" json:"context_guard,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ContextGuard *ContextGuard `protobuf:"bytes,5,opt,name=context_guard,json=contextGuard,proto3" json:"context_guard,omitempty"`
+	// A canonical OpenAI Responses API request body (UTF-8 JSON): instructions
+	// and input items in the same zones, function_call / function_call_output
+	// items, and the Run's OpenAI provider blocks (reasoning items) verbatim.
+	OpenaiResponsesRequestJson []byte `protobuf:"bytes,6,opt,name=openai_responses_request_json,json=openaiResponsesRequestJson,proto3" json:"openai_responses_request_json,omitempty"`
+	// A canonical Gemini API generateContent request body (UTF-8 JSON):
+	// systemInstruction, contents with functionCall / functionResponse parts,
+	// functionDeclarations, and the Run's Gemini provider blocks (thought
+	// parts, parts with a thoughtSignature) verbatim. Gemini names the model in
+	// the request URL, so the body has none.
+	GeminiRequestJson []byte `protobuf:"bytes,7,opt,name=gemini_request_json,json=geminiRequestJson,proto3" json:"gemini_request_json,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *AssemblePromptResponse) Reset() {
@@ -317,6 +339,20 @@ func (x *AssemblePromptResponse) GetContextGuard() *ContextGuard {
 	return nil
 }
 
+func (x *AssemblePromptResponse) GetOpenaiResponsesRequestJson() []byte {
+	if x != nil {
+		return x.OpenaiResponsesRequestJson
+	}
+	return nil
+}
+
+func (x *AssemblePromptResponse) GetGeminiRequestJson() []byte {
+	if x != nil {
+		return x.GeminiRequestJson
+	}
+	return nil
+}
+
 // ContextGuard reports the context guard's decision for one AssemblePrompt.
 // The spec sends the current turn's results in full; when that would not
 // fit the model's context window, the guard elides the largest of them
@@ -329,7 +365,7 @@ type ContextGuard struct {
 	ContextWindowTokens int64 `protobuf:"varint,1,opt,name=context_window_tokens,json=contextWindowTokens,proto3" json:"context_window_tokens,omitempty"`
 	// The output reserve used for this call, in estimated tokens.
 	OutputReserveTokens int64 `protobuf:"varint,2,opt,name=output_reserve_tokens,json=outputReserveTokens,proto3" json:"output_reserve_tokens,omitempty"`
-	// The prompt's estimate as assembled (the larger of the two request
+	// The prompt's estimate as assembled (the largest of the request
 	// bodies, UTF-8 bytes / 4). At most context_window_tokens -
 	// output_reserve_tokens.
 	EstimatedTokens int64 `protobuf:"varint,3,opt,name=estimated_tokens,json=estimatedTokens,proto3" json:"estimated_tokens,omitempty"`
@@ -498,7 +534,7 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x12ResolveTurnRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\"N\n" +
 	"\x13ResolveTurnResponse\x127\n" +
-	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\xed\x02\n" +
+	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\xb6\x03\n" +
 	"\x15AssemblePromptRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12'\n" +
 	"\fdynamic_tail\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdynamicTail\x12+\n" +
@@ -508,13 +544,16 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\n" +
 	"max_tokens\x18\x06 \x01(\x05B\x04\xe2A\x01\x01R\tmaxTokens\x12L\n" +
 	"\x0econtext_budget\x18\a \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\x12\x1e\n" +
-	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\"\xa9\x02\n" +
+	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\x12G\n" +
+	"\treasoning\x18\t \x01(\v2#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2A\x01\x01R\treasoning\"\x9c\x03\n" +
 	"\x16AssemblePromptResponse\x120\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x18.psych.sidecar.v1.PromptR\x06prompt\x122\n" +
 	"\x05zones\x18\x02 \x03(\v2\x1c.psych.sidecar.v1.ZoneDigestR\x05zones\x124\n" +
 	"\x16anthropic_request_json\x18\x03 \x01(\fR\x14anthropicRequestJson\x12.\n" +
 	"\x13openai_request_json\x18\x04 \x01(\fR\x11openaiRequestJson\x12C\n" +
-	"\rcontext_guard\x18\x05 \x01(\v2\x1e.psych.sidecar.v1.ContextGuardR\fcontextGuard\"\xa6\x02\n" +
+	"\rcontext_guard\x18\x05 \x01(\v2\x1e.psych.sidecar.v1.ContextGuardR\fcontextGuard\x12A\n" +
+	"\x1dopenai_responses_request_json\x18\x06 \x01(\fR\x1aopenaiResponsesRequestJson\x12.\n" +
+	"\x13gemini_request_json\x18\a \x01(\fR\x11geminiRequestJson\"\xa6\x02\n" +
 	"\fContextGuard\x122\n" +
 	"\x15context_window_tokens\x18\x01 \x01(\x03R\x13contextWindowTokens\x122\n" +
 	"\x15output_reserve_tokens\x18\x02 \x01(\x03R\x13outputReserveTokens\x12)\n" +
@@ -557,26 +596,28 @@ var file_psych_sidecar_v1_turn_service_proto_goTypes = []any{
 	(*ToolSurface)(nil),            // 6: psych.sidecar.v1.ToolSurface
 	(*timestamppb.Timestamp)(nil),  // 7: google.protobuf.Timestamp
 	(*ContextBudget)(nil),          // 8: psych.sidecar.v1.ContextBudget
-	(*Prompt)(nil),                 // 9: psych.sidecar.v1.Prompt
-	(*ZoneDigest)(nil),             // 10: psych.sidecar.v1.ZoneDigest
+	(*ReasoningSettings)(nil),      // 9: psych.sidecar.v1.ReasoningSettings
+	(*Prompt)(nil),                 // 10: psych.sidecar.v1.Prompt
+	(*ZoneDigest)(nil),             // 11: psych.sidecar.v1.ZoneDigest
 }
 var file_psych_sidecar_v1_turn_service_proto_depIdxs = []int32{
 	6,  // 0: psych.sidecar.v1.ResolveTurnResponse.surface:type_name -> psych.sidecar.v1.ToolSurface
 	7,  // 1: psych.sidecar.v1.AssemblePromptRequest.now:type_name -> google.protobuf.Timestamp
 	8,  // 2: psych.sidecar.v1.AssemblePromptRequest.context_budget:type_name -> psych.sidecar.v1.ContextBudget
-	9,  // 3: psych.sidecar.v1.AssemblePromptResponse.prompt:type_name -> psych.sidecar.v1.Prompt
-	10, // 4: psych.sidecar.v1.AssemblePromptResponse.zones:type_name -> psych.sidecar.v1.ZoneDigest
-	4,  // 5: psych.sidecar.v1.AssemblePromptResponse.context_guard:type_name -> psych.sidecar.v1.ContextGuard
-	5,  // 6: psych.sidecar.v1.ContextGuard.elided:type_name -> psych.sidecar.v1.GuardedResult
-	0,  // 7: psych.sidecar.v1.TurnService.ResolveTurn:input_type -> psych.sidecar.v1.ResolveTurnRequest
-	2,  // 8: psych.sidecar.v1.TurnService.AssemblePrompt:input_type -> psych.sidecar.v1.AssemblePromptRequest
-	1,  // 9: psych.sidecar.v1.TurnService.ResolveTurn:output_type -> psych.sidecar.v1.ResolveTurnResponse
-	3,  // 10: psych.sidecar.v1.TurnService.AssemblePrompt:output_type -> psych.sidecar.v1.AssemblePromptResponse
-	9,  // [9:11] is the sub-list for method output_type
-	7,  // [7:9] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	9,  // 3: psych.sidecar.v1.AssemblePromptRequest.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
+	10, // 4: psych.sidecar.v1.AssemblePromptResponse.prompt:type_name -> psych.sidecar.v1.Prompt
+	11, // 5: psych.sidecar.v1.AssemblePromptResponse.zones:type_name -> psych.sidecar.v1.ZoneDigest
+	4,  // 6: psych.sidecar.v1.AssemblePromptResponse.context_guard:type_name -> psych.sidecar.v1.ContextGuard
+	5,  // 7: psych.sidecar.v1.ContextGuard.elided:type_name -> psych.sidecar.v1.GuardedResult
+	0,  // 8: psych.sidecar.v1.TurnService.ResolveTurn:input_type -> psych.sidecar.v1.ResolveTurnRequest
+	2,  // 9: psych.sidecar.v1.TurnService.AssemblePrompt:input_type -> psych.sidecar.v1.AssemblePromptRequest
+	1,  // 10: psych.sidecar.v1.TurnService.ResolveTurn:output_type -> psych.sidecar.v1.ResolveTurnResponse
+	3,  // 11: psych.sidecar.v1.TurnService.AssemblePrompt:output_type -> psych.sidecar.v1.AssemblePromptResponse
+	10, // [10:12] is the sub-list for method output_type
+	8,  // [8:10] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_turn_service_proto_init() }

@@ -38,7 +38,8 @@ type TurnServiceClient interface {
 	ResolveTurn(ctx context.Context, in *ResolveTurnRequest, opts ...grpc.CallOption) (*ResolveTurnResponse, error)
 	// AssemblePrompt builds the exact, byte-stable prompt for one model call
 	// in four cache zones, with prior-turn tool results elided, plus request
-	// bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+	// bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
+	// Responses and Gemini generateContent APIs. The
 	// prompt always fits the context budget: when the current turn's results
 	// in full would not, the largest are elided too (context_guard says so),
 	// and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
@@ -88,7 +89,8 @@ type TurnServiceServer interface {
 	ResolveTurn(context.Context, *ResolveTurnRequest) (*ResolveTurnResponse, error)
 	// AssemblePrompt builds the exact, byte-stable prompt for one model call
 	// in four cache zones, with prior-turn tool results elided, plus request
-	// bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+	// bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
+	// Responses and Gemini generateContent APIs. The
 	// prompt always fits the context budget: when the current turn's results
 	// in full would not, the largest are elided too (context_guard says so),
 	// and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.

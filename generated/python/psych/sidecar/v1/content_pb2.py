@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epsych/sidecar/v1/content.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"z\n\x0b\x43ontentPart\x12\x14\n\x04text\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01H\x00\x12\x14\n\x04json\x18\x02 \x01(\x0c\x42\x04\xe2\x41\x01\x01H\x00\x12\x37\n\x06\x62inary\x18\x03 \x01(\x0b\x32\x1f.psych.sidecar.v1.BinaryContentB\x04\xe2\x41\x01\x01H\x00\x42\x06\n\x04kind\"<\n\rBinaryContent\x12\x17\n\tmime_type\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x42\x04\xe2\x41\x01\x01\"S\n\x08ToolCall\x12\x15\n\x07\x63\x61ll_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1c\n\x0e\x61rguments_json\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x42\xb7\x01\n\x14\x64\x65v.psych.sidecar.v1B\x0c\x43ontentProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epsych/sidecar/v1/content.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xbb\x01\n\x0b\x43ontentPart\x12\x14\n\x04text\x18\x01 \x01(\tB\x04\xe2\x41\x01\x01H\x00\x12\x14\n\x04json\x18\x02 \x01(\x0c\x42\x04\xe2\x41\x01\x01H\x00\x12\x37\n\x06\x62inary\x18\x03 \x01(\x0b\x32\x1f.psych.sidecar.v1.BinaryContentB\x04\xe2\x41\x01\x01H\x00\x12?\n\x0eprovider_block\x18\x04 \x01(\x0b\x32\x1f.psych.sidecar.v1.ProviderBlockB\x04\xe2\x41\x01\x01H\x00\x42\x06\n\x04kind\"\x82\x01\n\rProviderBlock\x12\x32\n\x08provider\x18\x01 \x01(\x0e\x32\x1a.psych.sidecar.v1.ProviderB\x04\xe2\x41\x01\x02\x12\x12\n\x04type\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04json\x18\x03 \x01(\x0c\x42\x04\xe2\x41\x01\x02\x12\x15\n\x07\x63\x61ll_id\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"<\n\rBinaryContent\x12\x17\n\tmime_type\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x42\x04\xe2\x41\x01\x01\"S\n\x08ToolCall\x12\x15\n\x07\x63\x61ll_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04name\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1c\n\x0e\x61rguments_json\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01*f\n\x08Provider\x12\x18\n\x14PROVIDER_UNSPECIFIED\x10\x00\x12\x16\n\x12PROVIDER_ANTHROPIC\x10\x01\x12\x13\n\x0fPROVIDER_OPENAI\x10\x02\x12\x13\n\x0fPROVIDER_GEMINI\x10\x03\x42\xb7\x01\n\x14\x64\x65v.psych.sidecar.v1B\x0c\x43ontentProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,6 +39,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTENTPART'].fields_by_name['json']._serialized_options = b'\342A\001\001'
   _globals['_CONTENTPART'].fields_by_name['binary']._loaded_options = None
   _globals['_CONTENTPART'].fields_by_name['binary']._serialized_options = b'\342A\001\001'
+  _globals['_CONTENTPART'].fields_by_name['provider_block']._loaded_options = None
+  _globals['_CONTENTPART'].fields_by_name['provider_block']._serialized_options = b'\342A\001\001'
+  _globals['_PROVIDERBLOCK'].fields_by_name['provider']._loaded_options = None
+  _globals['_PROVIDERBLOCK'].fields_by_name['provider']._serialized_options = b'\342A\001\002'
+  _globals['_PROVIDERBLOCK'].fields_by_name['type']._loaded_options = None
+  _globals['_PROVIDERBLOCK'].fields_by_name['type']._serialized_options = b'\342A\001\002'
+  _globals['_PROVIDERBLOCK'].fields_by_name['json']._loaded_options = None
+  _globals['_PROVIDERBLOCK'].fields_by_name['json']._serialized_options = b'\342A\001\002'
+  _globals['_PROVIDERBLOCK'].fields_by_name['call_id']._loaded_options = None
+  _globals['_PROVIDERBLOCK'].fields_by_name['call_id']._serialized_options = b'\342A\001\001'
   _globals['_BINARYCONTENT'].fields_by_name['mime_type']._loaded_options = None
   _globals['_BINARYCONTENT'].fields_by_name['mime_type']._serialized_options = b'\342A\001\002'
   _globals['_BINARYCONTENT'].fields_by_name['data']._loaded_options = None
@@ -49,10 +59,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLCALL'].fields_by_name['name']._serialized_options = b'\342A\001\002'
   _globals['_TOOLCALL'].fields_by_name['arguments_json']._loaded_options = None
   _globals['_TOOLCALL'].fields_by_name['arguments_json']._serialized_options = b'\342A\001\001'
-  _globals['_CONTENTPART']._serialized_start=85
-  _globals['_CONTENTPART']._serialized_end=207
-  _globals['_BINARYCONTENT']._serialized_start=209
-  _globals['_BINARYCONTENT']._serialized_end=269
-  _globals['_TOOLCALL']._serialized_start=271
-  _globals['_TOOLCALL']._serialized_end=354
+  _globals['_PROVIDER']._serialized_start=555
+  _globals['_PROVIDER']._serialized_end=657
+  _globals['_CONTENTPART']._serialized_start=86
+  _globals['_CONTENTPART']._serialized_end=273
+  _globals['_PROVIDERBLOCK']._serialized_start=276
+  _globals['_PROVIDERBLOCK']._serialized_end=406
+  _globals['_BINARYCONTENT']._serialized_start=408
+  _globals['_BINARYCONTENT']._serialized_end=468
+  _globals['_TOOLCALL']._serialized_start=470
+  _globals['_TOOLCALL']._serialized_end=553
 # @@protoc_insertion_point(module_scope)

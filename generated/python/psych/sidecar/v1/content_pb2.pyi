@@ -5,6 +5,7 @@ isort:skip_file
 
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -15,6 +16,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _Provider:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ProviderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Provider.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PROVIDER_UNSPECIFIED: _Provider.ValueType  # 0
+    """Unset; refused."""
+    PROVIDER_ANTHROPIC: _Provider.ValueType  # 1
+    """The Anthropic Messages API."""
+    PROVIDER_OPENAI: _Provider.ValueType  # 2
+    """The OpenAI Responses API."""
+    PROVIDER_GEMINI: _Provider.ValueType  # 3
+    """The Gemini API (generateContent)."""
+
+class Provider(_Provider, metaclass=_ProviderEnumTypeWrapper):
+    """Provider names the model API a ProviderBlock came from."""
+
+PROVIDER_UNSPECIFIED: Provider.ValueType  # 0
+"""Unset; refused."""
+PROVIDER_ANTHROPIC: Provider.ValueType  # 1
+"""The Anthropic Messages API."""
+PROVIDER_OPENAI: Provider.ValueType  # 2
+"""The OpenAI Responses API."""
+PROVIDER_GEMINI: Provider.ValueType  # 3
+"""The Gemini API (generateContent)."""
+Global___Provider: _TypeAlias = Provider  # noqa: Y015
 
 @_typing.final
 class ContentPart(_message.Message):
@@ -27,6 +56,7 @@ class ContentPart(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     JSON_FIELD_NUMBER: _builtins.int
     BINARY_FIELD_NUMBER: _builtins.int
+    PROVIDER_BLOCK_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """UTF-8 text."""
     json: _builtins.bytes
@@ -37,22 +67,81 @@ class ContentPart(_message.Message):
     def binary(self) -> Global___BinaryContent:
         """Binary content with its MIME type, for images, audio and files."""
 
+    @_builtins.property
+    def provider_block(self) -> Global___ProviderBlock:
+        """One provider's own block, kept verbatim: a reasoning model's thinking
+        and the like, which its API needs back byte for byte. Only in an
+        assistant message. See docs/prompt.md.
+        """
+
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
         json: _builtins.bytes = ...,
         binary: Global___BinaryContent | None = ...,
+        provider_block: Global___ProviderBlock | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "json", b"json", "kind", b"kind", "text", b"text"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "json", b"json", "kind", b"kind", "provider_block", b"provider_block", "text", b"text"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "json", b"json", "kind", b"kind", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "json", b"json", "kind", b"kind", "provider_block", b"provider_block", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "json", "binary"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["text", "json", "binary", "provider_block"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___ContentPart: _TypeAlias = ContentPart  # noqa: Y015
+
+@_typing.final
+class ProviderBlock(_message.Message):
+    """ProviderBlock is one block of a provider's response that its API needs
+    back exactly as it was received: an Anthropic thinking, redacted_thinking,
+    server_tool_use or server tool result block, an OpenAI reasoning item, a
+    Gemini part carrying a thoughtSignature. The sidecar stores it byte for
+    byte, never reads inside it (it checks only that it is one JSON object of
+    bounded size), puts it back in that provider's request body exactly where
+    the provider expects it, and leaves it out of every other provider's body.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    JSON_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    provider: Global___Provider.ValueType
+    """The provider whose API produced the block. Required."""
+    type: _builtins.str
+    """The block's type as the provider names it ("thinking",
+    "redacted_thinking", "reasoning", ...): for the log's readers. Required.
+    """
+    json: _builtins.bytes
+    """The block as received: one UTF-8 JSON object, stored and sent back byte
+    for byte. At most 4 MiB. Required.
+    """
+    call_id: _builtins.str
+    """The call_id of a tool call of the same assistant message when the block
+    is the provider's own spelling of that call (a Gemini functionCall part
+    with its thoughtSignature, an OpenAI function_call item, an Anthropic
+    tool_use block): that provider's body sends the block, at its place
+    among the message's content, instead of its own rendering of the call.
+    Empty for a block that stands for no tool call.
+    """
+    def __init__(
+        self,
+        *,
+        provider: Global___Provider.ValueType = ...,
+        type: _builtins.str = ...,
+        json: _builtins.bytes = ...,
+        call_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "json", b"json", "provider", b"provider", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProviderBlock: _TypeAlias = ProviderBlock  # noqa: Y015
 
 @_typing.final
 class BinaryContent(_message.Message):

@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -18,6 +19,106 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _AnthropicThinking:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AnthropicThinkingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AnthropicThinking.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ANTHROPIC_THINKING_UNSPECIFIED: _AnthropicThinking.ValueType  # 0
+    """Unset: no `thinking` in the body."""
+    ANTHROPIC_THINKING_ENABLED: _AnthropicThinking.ValueType  # 1
+    """`{"type": "enabled", "budget_tokens": N}`."""
+    ANTHROPIC_THINKING_ADAPTIVE: _AnthropicThinking.ValueType  # 2
+    """`{"type": "adaptive"}`: the model decides how much to think."""
+    ANTHROPIC_THINKING_DISABLED: _AnthropicThinking.ValueType  # 3
+    """`{"type": "disabled"}`."""
+
+class AnthropicThinking(_AnthropicThinking, metaclass=_AnthropicThinkingEnumTypeWrapper):
+    """AnthropicThinking is the `thinking.type` of an Anthropic request."""
+
+ANTHROPIC_THINKING_UNSPECIFIED: AnthropicThinking.ValueType  # 0
+"""Unset: no `thinking` in the body."""
+ANTHROPIC_THINKING_ENABLED: AnthropicThinking.ValueType  # 1
+"""`{"type": "enabled", "budget_tokens": N}`."""
+ANTHROPIC_THINKING_ADAPTIVE: AnthropicThinking.ValueType  # 2
+"""`{"type": "adaptive"}`: the model decides how much to think."""
+ANTHROPIC_THINKING_DISABLED: AnthropicThinking.ValueType  # 3
+"""`{"type": "disabled"}`."""
+Global___AnthropicThinking: _TypeAlias = AnthropicThinking  # noqa: Y015
+
+class _ReasoningEffort:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReasoningEffortEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReasoningEffort.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REASONING_EFFORT_UNSPECIFIED: _ReasoningEffort.ValueType  # 0
+    """Unset: no reasoning effort in the bodies."""
+    REASONING_EFFORT_NONE: _ReasoningEffort.ValueType  # 1
+    """"none"."""
+    REASONING_EFFORT_MINIMAL: _ReasoningEffort.ValueType  # 2
+    """"minimal"."""
+    REASONING_EFFORT_LOW: _ReasoningEffort.ValueType  # 3
+    """"low"."""
+    REASONING_EFFORT_MEDIUM: _ReasoningEffort.ValueType  # 4
+    """"medium"."""
+    REASONING_EFFORT_HIGH: _ReasoningEffort.ValueType  # 5
+    """"high"."""
+    REASONING_EFFORT_XHIGH: _ReasoningEffort.ValueType  # 6
+    """"xhigh"."""
+
+class ReasoningEffort(_ReasoningEffort, metaclass=_ReasoningEffortEnumTypeWrapper):
+    """ReasoningEffort is OpenAI's reasoning effort."""
+
+REASONING_EFFORT_UNSPECIFIED: ReasoningEffort.ValueType  # 0
+"""Unset: no reasoning effort in the bodies."""
+REASONING_EFFORT_NONE: ReasoningEffort.ValueType  # 1
+""""none"."""
+REASONING_EFFORT_MINIMAL: ReasoningEffort.ValueType  # 2
+""""minimal"."""
+REASONING_EFFORT_LOW: ReasoningEffort.ValueType  # 3
+""""low"."""
+REASONING_EFFORT_MEDIUM: ReasoningEffort.ValueType  # 4
+""""medium"."""
+REASONING_EFFORT_HIGH: ReasoningEffort.ValueType  # 5
+""""high"."""
+REASONING_EFFORT_XHIGH: ReasoningEffort.ValueType  # 6
+""""xhigh"."""
+Global___ReasoningEffort: _TypeAlias = ReasoningEffort  # noqa: Y015
+
+class _GeminiThinkingLevel:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _GeminiThinkingLevelEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_GeminiThinkingLevel.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    GEMINI_THINKING_LEVEL_UNSPECIFIED: _GeminiThinkingLevel.ValueType  # 0
+    """Unset."""
+    GEMINI_THINKING_LEVEL_MINIMAL: _GeminiThinkingLevel.ValueType  # 1
+    """"MINIMAL"."""
+    GEMINI_THINKING_LEVEL_LOW: _GeminiThinkingLevel.ValueType  # 2
+    """"LOW"."""
+    GEMINI_THINKING_LEVEL_MEDIUM: _GeminiThinkingLevel.ValueType  # 3
+    """"MEDIUM"."""
+    GEMINI_THINKING_LEVEL_HIGH: _GeminiThinkingLevel.ValueType  # 4
+    """"HIGH"."""
+
+class GeminiThinkingLevel(_GeminiThinkingLevel, metaclass=_GeminiThinkingLevelEnumTypeWrapper):
+    """GeminiThinkingLevel is Gemini's `thinkingConfig.thinkingLevel`."""
+
+GEMINI_THINKING_LEVEL_UNSPECIFIED: GeminiThinkingLevel.ValueType  # 0
+"""Unset."""
+GEMINI_THINKING_LEVEL_MINIMAL: GeminiThinkingLevel.ValueType  # 1
+""""MINIMAL"."""
+GEMINI_THINKING_LEVEL_LOW: GeminiThinkingLevel.ValueType  # 2
+""""LOW"."""
+GEMINI_THINKING_LEVEL_MEDIUM: GeminiThinkingLevel.ValueType  # 3
+""""MEDIUM"."""
+GEMINI_THINKING_LEVEL_HIGH: GeminiThinkingLevel.ValueType  # 4
+""""HIGH"."""
+Global___GeminiThinkingLevel: _TypeAlias = GeminiThinkingLevel  # noqa: Y015
 
 @_typing.final
 class Spec(_message.Message):
@@ -40,6 +141,7 @@ class Spec(_message.Message):
     GRANTS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The agent's name. 1–128 characters of [A-Za-z0-9._-]."""
     version: _builtins.int
@@ -92,6 +194,14 @@ class Spec(_message.Message):
         per call.
         """
 
+    @_builtins.property
+    def reasoning(self) -> Global___ReasoningSettings:
+        """Each provider's thinking parameters for the request bodies AssemblePrompt
+        builds. Unset fields leave the parameter out of the body (the provider's
+        default). AssemblePrompt may override them per call. An invalid
+        combination is refused here (FIELD_INVALID / FIELD_REQUIRED), never sent.
+        """
+
     def __init__(
         self,
         *,
@@ -106,14 +216,82 @@ class Spec(_message.Message):
         grants: _abc.Iterable[Global___ToolGrant] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         context_budget: Global___ContextBudget | None = ...,
+        reasoning: Global___ReasoningSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "thresholds", b"thresholds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "reasoning", b"reasoning", "thresholds", b"thresholds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability_notes", b"capability_notes", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "grants", b"grants", "instructions", b"instructions", "name", b"name", "skills", b"skills", "subagents", b"subagents", "thresholds", b"thresholds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability_notes", b"capability_notes", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "grants", b"grants", "instructions", b"instructions", "name", b"name", "reasoning", b"reasoning", "skills", b"skills", "subagents", b"subagents", "thresholds", b"thresholds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Spec: _TypeAlias = Spec  # noqa: Y015
+
+@_typing.final
+class ReasoningSettings(_message.Message):
+    """ReasoningSettings are a reasoning model's parameters, per provider. Each
+    body takes its own provider's fields and no other's. See docs/prompt.md.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANTHROPIC_THINKING_FIELD_NUMBER: _builtins.int
+    ANTHROPIC_BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    OPENAI_REASONING_EFFORT_FIELD_NUMBER: _builtins.int
+    GEMINI_THINKING_BUDGET_FIELD_NUMBER: _builtins.int
+    GEMINI_THINKING_LEVEL_FIELD_NUMBER: _builtins.int
+    GEMINI_INCLUDE_THOUGHTS_FIELD_NUMBER: _builtins.int
+    anthropic_thinking: Global___AnthropicThinking.ValueType
+    """Anthropic `thinking`: enabled (with anthropic_budget_tokens), adaptive
+    or disabled. Unspecified leaves it out.
+    """
+    anthropic_budget_tokens: _builtins.int
+    """Anthropic `thinking.budget_tokens`: required with, and only with,
+    enabled thinking; at least 1024 and below the call's max_tokens.
+    """
+    openai_reasoning_effort: Global___ReasoningEffort.ValueType
+    """OpenAI reasoning effort: Chat Completions' `reasoning_effort`, the
+    Responses API's `reasoning.effort` (with `include` of
+    "reasoning.encrypted_content", so reasoning items can be sent back).
+    Unspecified leaves it out.
+    """
+    gemini_thinking_budget: _builtins.int
+    """Gemini `thinkingConfig.thinkingBudget`: -1 (dynamic) or 0 to 32768. Not
+    with gemini_thinking_level.
+    """
+    gemini_thinking_level: Global___GeminiThinkingLevel.ValueType
+    """Gemini `thinkingConfig.thinkingLevel`. Not with gemini_thinking_budget."""
+    gemini_include_thoughts: _builtins.bool
+    """Gemini `thinkingConfig.includeThoughts`: whether responses carry thought
+    summaries.
+    """
+    def __init__(
+        self,
+        *,
+        anthropic_thinking: Global___AnthropicThinking.ValueType = ...,
+        anthropic_budget_tokens: _builtins.int | None = ...,
+        openai_reasoning_effort: Global___ReasoningEffort.ValueType = ...,
+        gemini_thinking_budget: _builtins.int | None = ...,
+        gemini_thinking_level: Global___GeminiThinkingLevel.ValueType = ...,
+        gemini_include_thoughts: _builtins.bool | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_anthropic_budget_tokens", b"_anthropic_budget_tokens", "_gemini_include_thoughts", b"_gemini_include_thoughts", "_gemini_thinking_budget", b"_gemini_thinking_budget", "anthropic_budget_tokens", b"anthropic_budget_tokens", "gemini_include_thoughts", b"gemini_include_thoughts", "gemini_thinking_budget", b"gemini_thinking_budget"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_anthropic_budget_tokens", b"_anthropic_budget_tokens", "_gemini_include_thoughts", b"_gemini_include_thoughts", "_gemini_thinking_budget", b"_gemini_thinking_budget", "anthropic_budget_tokens", b"anthropic_budget_tokens", "anthropic_thinking", b"anthropic_thinking", "gemini_include_thoughts", b"gemini_include_thoughts", "gemini_thinking_budget", b"gemini_thinking_budget", "gemini_thinking_level", b"gemini_thinking_level", "openai_reasoning_effort", b"openai_reasoning_effort"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__anthropic_budget_tokens: _TypeAlias = _typing.Literal["anthropic_budget_tokens"]  # noqa: Y015
+    _WhichOneofArgType__anthropic_budget_tokens: _TypeAlias = _typing.Literal["_anthropic_budget_tokens", b"_anthropic_budget_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__gemini_include_thoughts: _TypeAlias = _typing.Literal["gemini_include_thoughts"]  # noqa: Y015
+    _WhichOneofArgType__gemini_include_thoughts: _TypeAlias = _typing.Literal["_gemini_include_thoughts", b"_gemini_include_thoughts"]  # noqa: Y015
+    _WhichOneofReturnType__gemini_thinking_budget: _TypeAlias = _typing.Literal["gemini_thinking_budget"]  # noqa: Y015
+    _WhichOneofArgType__gemini_thinking_budget: _TypeAlias = _typing.Literal["_gemini_thinking_budget", b"_gemini_thinking_budget"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__anthropic_budget_tokens) -> _WhichOneofReturnType__anthropic_budget_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gemini_include_thoughts) -> _WhichOneofReturnType__gemini_include_thoughts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gemini_thinking_budget) -> _WhichOneofReturnType__gemini_thinking_budget | None: ...
+
+Global___ReasoningSettings: _TypeAlias = ReasoningSettings  # noqa: Y015
 
 @_typing.final
 class ContextBudget(_message.Message):

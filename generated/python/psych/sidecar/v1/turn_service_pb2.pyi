@@ -81,6 +81,7 @@ class AssemblePromptRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
     PREVIEW_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run."""
     dynamic_tail: _builtins.str
@@ -114,6 +115,14 @@ class AssemblePromptRequest(_message.Message):
         the default).
         """
 
+    @_builtins.property
+    def reasoning(self) -> _spec_pb2.ReasoningSettings:
+        """Overrides the Spec's reasoning settings for this call, field by field;
+        setting one of a provider's exclusive pair (Anthropic's thinking type,
+        Gemini's budget or level) replaces the Spec's other one. An invalid
+        result (a thinking budget not below max_tokens, say) is FIELD_INVALID.
+        """
+
     def __init__(
         self,
         *,
@@ -125,10 +134,11 @@ class AssemblePromptRequest(_message.Message):
         max_tokens: _builtins.int = ...,
         context_budget: _spec_pb2.ContextBudget | None = ...,
         preview: _builtins.bool = ...,
+        reasoning: _spec_pb2.ReasoningSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "now", b"now"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "now", b"now", "reasoning", b"reasoning"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "reasoning", b"reasoning", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -145,12 +155,26 @@ class AssemblePromptResponse(_message.Message):
     ANTHROPIC_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     OPENAI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     CONTEXT_GUARD_FIELD_NUMBER: _builtins.int
+    OPENAI_RESPONSES_REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    GEMINI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     anthropic_request_json: _builtins.bytes
     """A canonical Anthropic Messages API request body (UTF-8 JSON) with
     cache_control breakpoints at the zone boundaries.
     """
     openai_request_json: _builtins.bytes
     """A canonical OpenAI Chat Completions API request body (UTF-8 JSON)."""
+    openai_responses_request_json: _builtins.bytes
+    """A canonical OpenAI Responses API request body (UTF-8 JSON): instructions
+    and input items in the same zones, function_call / function_call_output
+    items, and the Run's OpenAI provider blocks (reasoning items) verbatim.
+    """
+    gemini_request_json: _builtins.bytes
+    """A canonical Gemini API generateContent request body (UTF-8 JSON):
+    systemInstruction, contents with functionCall / functionResponse parts,
+    functionDeclarations, and the Run's Gemini provider blocks (thought
+    parts, parts with a thoughtSignature) verbatim. Gemini names the model in
+    the request URL, so the body has none.
+    """
     @_builtins.property
     def prompt(self) -> _turn_pb2.Prompt:
         """The provider-neutral prompt."""
@@ -174,10 +198,12 @@ class AssemblePromptResponse(_message.Message):
         anthropic_request_json: _builtins.bytes = ...,
         openai_request_json: _builtins.bytes = ...,
         context_guard: Global___ContextGuard | None = ...,
+        openai_responses_request_json: _builtins.bytes = ...,
+        gemini_request_json: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context_guard", b"context_guard", "prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "context_guard", b"context_guard", "openai_request_json", b"openai_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "context_guard", b"context_guard", "gemini_request_json", b"gemini_request_json", "openai_request_json", b"openai_request_json", "openai_responses_request_json", b"openai_responses_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -206,7 +232,7 @@ class ContextGuard(_message.Message):
     output_reserve_tokens: _builtins.int
     """The output reserve used for this call, in estimated tokens."""
     estimated_tokens: _builtins.int
-    """The prompt's estimate as assembled (the larger of the two request
+    """The prompt's estimate as assembled (the largest of the request
     bodies, UTF-8 bytes / 4). At most context_window_tokens -
     output_reserve_tokens.
     """

@@ -44,7 +44,8 @@ class TurnServiceStub:
     AssemblePrompt: _grpc.UnaryUnaryMultiCallable[_turn_service_pb2.AssemblePromptRequest, _turn_service_pb2.AssemblePromptResponse]
     """AssemblePrompt builds the exact, byte-stable prompt for one model call
     in four cache zones, with prior-turn tool results elided, plus request
-    bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+    bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
+    Responses and Gemini generateContent APIs. The
     prompt always fits the context budget: when the current turn's results
     in full would not, the largest are elided too (context_guard says so),
     and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
@@ -66,7 +67,8 @@ class TurnServiceAsyncStub(TurnServiceStub):
     AssemblePrompt: _aio.UnaryUnaryMultiCallable[_turn_service_pb2.AssemblePromptRequest, _turn_service_pb2.AssemblePromptResponse]  # type: ignore[assignment]
     """AssemblePrompt builds the exact, byte-stable prompt for one model call
     in four cache zones, with prior-turn tool results elided, plus request
-    bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+    bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
+    Responses and Gemini generateContent APIs. The
     prompt always fits the context budget: when the current turn's results
     in full would not, the largest are elided too (context_guard says so),
     and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
@@ -97,7 +99,8 @@ class TurnServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_turn_service_pb2.AssemblePromptResponse, _abc.Awaitable[_turn_service_pb2.AssemblePromptResponse]]:
         """AssemblePrompt builds the exact, byte-stable prompt for one model call
         in four cache zones, with prior-turn tool results elided, plus request
-        bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+        bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
+        Responses and Gemini generateContent APIs. The
         prompt always fits the context budget: when the current turn's results
         in full would not, the largest are elided too (context_guard says so),
         and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.

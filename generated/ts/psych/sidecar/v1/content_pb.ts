@@ -2,8 +2,8 @@
 // @generated from file psych/sidecar/v1/content.proto (package psych.sidecar.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -11,7 +11,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/content.proto.
  */
 export const file_psych_sidecar_v1_content: GenFile = /*@__PURE__*/
-  fileDesc("Ch5wc3ljaC9zaWRlY2FyL3YxL2NvbnRlbnQucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEiegoLQ29udGVudFBhcnQSFAoEdGV4dBgBIAEoCUIE4kEBAUgAEhQKBGpzb24YAiABKAxCBOJBAQFIABI3CgZiaW5hcnkYAyABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkJpbmFyeUNvbnRlbnRCBOJBAQFIAEIGCgRraW5kIjwKDUJpbmFyeUNvbnRlbnQSFwoJbWltZV90eXBlGAEgASgJQgTiQQECEhIKBGRhdGEYAiABKAxCBOJBAQEiUwoIVG9vbENhbGwSFQoHY2FsbF9pZBgBIAEoCUIE4kEBAhISCgRuYW1lGAIgASgJQgTiQQECEhwKDmFyZ3VtZW50c19qc29uGAMgASgJQgTiQQEBQrcBChRkZXYucHN5Y2guc2lkZWNhci52MUIMQ29udGVudFByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior]);
+  fileDesc("Ch5wc3ljaC9zaWRlY2FyL3YxL2NvbnRlbnQucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEiuwEKC0NvbnRlbnRQYXJ0EhQKBHRleHQYASABKAlCBOJBAQFIABIUCgRqc29uGAIgASgMQgTiQQEBSAASNwoGYmluYXJ5GAMgASgLMh8ucHN5Y2guc2lkZWNhci52MS5CaW5hcnlDb250ZW50QgTiQQEBSAASPwoOcHJvdmlkZXJfYmxvY2sYBCABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLlByb3ZpZGVyQmxvY2tCBOJBAQFIAEIGCgRraW5kIoIBCg1Qcm92aWRlckJsb2NrEjIKCHByb3ZpZGVyGAEgASgOMhoucHN5Y2guc2lkZWNhci52MS5Qcm92aWRlckIE4kEBAhISCgR0eXBlGAIgASgJQgTiQQECEhIKBGpzb24YAyABKAxCBOJBAQISFQoHY2FsbF9pZBgEIAEoCUIE4kEBASI8Cg1CaW5hcnlDb250ZW50EhcKCW1pbWVfdHlwZRgBIAEoCUIE4kEBAhISCgRkYXRhGAIgASgMQgTiQQEBIlMKCFRvb2xDYWxsEhUKB2NhbGxfaWQYASABKAlCBOJBAQISEgoEbmFtZRgCIAEoCUIE4kEBAhIcCg5hcmd1bWVudHNfanNvbhgDIAEoCUIE4kEBASpmCghQcm92aWRlchIYChRQUk9WSURFUl9VTlNQRUNJRklFRBAAEhYKElBST1ZJREVSX0FOVEhST1BJQxABEhMKD1BST1ZJREVSX09QRU5BSRACEhMKD1BST1ZJREVSX0dFTUlOSRADQrcBChRkZXYucHN5Y2guc2lkZWNhci52MUIMQ29udGVudFByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior]);
 
 /**
  * ContentPart is one part of a message or tool result. Exactly one kind is
@@ -50,6 +50,16 @@ export type ContentPart = Message<"psych.sidecar.v1.ContentPart"> & {
      */
     value: BinaryContent;
     case: "binary";
+  } | {
+    /**
+     * One provider's own block, kept verbatim: a reasoning model's thinking
+     * and the like, which its API needs back byte for byte. Only in an
+     * assistant message. See docs/prompt.md.
+     *
+     * @generated from field: psych.sidecar.v1.ProviderBlock provider_block = 4;
+     */
+    value: ProviderBlock;
+    case: "providerBlock";
   } | { case: undefined; value?: undefined };
 };
 
@@ -59,6 +69,61 @@ export type ContentPart = Message<"psych.sidecar.v1.ContentPart"> & {
  */
 export const ContentPartSchema: GenMessage<ContentPart> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_content, 0);
+
+/**
+ * ProviderBlock is one block of a provider's response that its API needs
+ * back exactly as it was received: an Anthropic thinking, redacted_thinking,
+ * server_tool_use or server tool result block, an OpenAI reasoning item, a
+ * Gemini part carrying a thoughtSignature. The sidecar stores it byte for
+ * byte, never reads inside it (it checks only that it is one JSON object of
+ * bounded size), puts it back in that provider's request body exactly where
+ * the provider expects it, and leaves it out of every other provider's body.
+ *
+ * @generated from message psych.sidecar.v1.ProviderBlock
+ */
+export type ProviderBlock = Message<"psych.sidecar.v1.ProviderBlock"> & {
+  /**
+   * The provider whose API produced the block. Required.
+   *
+   * @generated from field: psych.sidecar.v1.Provider provider = 1;
+   */
+  provider: Provider;
+
+  /**
+   * The block's type as the provider names it ("thinking",
+   * "redacted_thinking", "reasoning", ...): for the log's readers. Required.
+   *
+   * @generated from field: string type = 2;
+   */
+  type: string;
+
+  /**
+   * The block as received: one UTF-8 JSON object, stored and sent back byte
+   * for byte. At most 4 MiB. Required.
+   *
+   * @generated from field: bytes json = 3;
+   */
+  json: Uint8Array;
+
+  /**
+   * The call_id of a tool call of the same assistant message when the block
+   * is the provider's own spelling of that call (a Gemini functionCall part
+   * with its thoughtSignature, an OpenAI function_call item, an Anthropic
+   * tool_use block): that provider's body sends the block, at its place
+   * among the message's content, instead of its own rendering of the call.
+   * Empty for a block that stands for no tool call.
+   *
+   * @generated from field: string call_id = 4;
+   */
+  callId: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ProviderBlock.
+ * Use `create(ProviderBlockSchema)` to create a new message.
+ */
+export const ProviderBlockSchema: GenMessage<ProviderBlock> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_content, 1);
 
 /**
  * BinaryContent is opaque bytes with a declared MIME type.
@@ -86,7 +151,7 @@ export type BinaryContent = Message<"psych.sidecar.v1.BinaryContent"> & {
  * Use `create(BinaryContentSchema)` to create a new message.
  */
 export const BinaryContentSchema: GenMessage<BinaryContent> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_content, 1);
+  messageDesc(file_psych_sidecar_v1_content, 2);
 
 /**
  * ToolCall is a tool call as the model emitted it.
@@ -123,5 +188,46 @@ export type ToolCall = Message<"psych.sidecar.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_content, 2);
+  messageDesc(file_psych_sidecar_v1_content, 3);
+
+/**
+ * Provider names the model API a ProviderBlock came from.
+ *
+ * @generated from enum psych.sidecar.v1.Provider
+ */
+export enum Provider {
+  /**
+   * Unset; refused.
+   *
+   * @generated from enum value: PROVIDER_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The Anthropic Messages API.
+   *
+   * @generated from enum value: PROVIDER_ANTHROPIC = 1;
+   */
+  ANTHROPIC = 1,
+
+  /**
+   * The OpenAI Responses API.
+   *
+   * @generated from enum value: PROVIDER_OPENAI = 2;
+   */
+  OPENAI = 2,
+
+  /**
+   * The Gemini API (generateContent).
+   *
+   * @generated from enum value: PROVIDER_GEMINI = 3;
+   */
+  GEMINI = 3,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.Provider.
+ */
+export const ProviderSchema: GenEnum<Provider> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_content, 0);
 

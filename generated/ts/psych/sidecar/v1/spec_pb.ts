@@ -2,8 +2,8 @@
 // @generated from file psych/sidecar/v1/spec.proto (package psych.sidecar.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/spec.proto.
  */
 export const file_psych_sidecar_v1_spec: GenFile = /*@__PURE__*/
-  fileDesc("Chtwc3ljaC9zaWRlY2FyL3YxL3NwZWMucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEi8gMKBFNwZWMSEgoEbmFtZRgBIAEoCUIE4kEBAhIVCgd2ZXJzaW9uGAIgASgDQgTiQQECEhoKDGluc3RydWN0aW9ucxgDIAEoCUIE4kEBARItCgZza2lsbHMYBCADKAsyFy5wc3ljaC5zaWRlY2FyLnYxLlNraWxsQgTiQQEBEjMKCXN1YmFnZW50cxgFIAMoCzIaLnBzeWNoLnNpZGVjYXIudjEuU3ViYWdlbnRCBOJBAQESHgoQY2FwYWJpbGl0eV9ub3RlcxgGIAMoCUIE4kEBARI2Cgp0aHJlc2hvbGRzGAcgASgLMhwucHN5Y2guc2lkZWNhci52MS5UaHJlc2hvbGRzQgTiQQEBEj4KCmRpc2Nsb3N1cmUYCCABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLkRpc2Nsb3N1cmVTZXR0aW5nc0IE4kEBARIxCgZncmFudHMYCSADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xHcmFudEIE4kEBARI1CgtjcmVhdGVfdGltZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMSPQoOY29udGV4dF9idWRnZXQYCyABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRCdWRnZXRCBOJBAQEi5QEKDUNvbnRleHRCdWRnZXQSKAoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDQgTiQQEBSACIAQESKAoVb3V0cHV0X3Jlc2VydmVfdG9rZW5zGAIgASgDQgTiQQEBSAGIAQESLQoaY3VycmVudF90dXJuX3Jlc3VsdF90b2tlbnMYAyABKANCBOJBAQFIAogBAUIYChZfY29udGV4dF93aW5kb3dfdG9rZW5zQhgKFl9vdXRwdXRfcmVzZXJ2ZV90b2tlbnNCHQobX2N1cnJlbnRfdHVybl9yZXN1bHRfdG9rZW5zIkoKBVNraWxsEhIKBG5hbWUYASABKAlCBOJBAQISGQoLZGVzY3JpcHRpb24YAiABKAlCBOJBAQESEgoEYm9keRgDIAEoCUIE4kEBASI5CghTdWJhZ2VudBISCgRuYW1lGAEgASgJQgTiQQECEhkKC2Rlc2NyaXB0aW9uGAIgASgJQgTiQQEBIsgCCgpUaHJlc2hvbGRzEiQKEXBlcl9yZXN1bHRfdG9rZW5zGAEgASgDQgTiQQEBSACIAQESIwoQcGVyX2JhdGNoX3Rva2VucxgCIAEoA0IE4kEBAUgBiAEBEiUKEnByZXZpZXdfaGVhZF9jaGFycxgDIAEoBUIE4kEBAUgCiAEBEiUKEnByZXZpZXdfdGFpbF9jaGFycxgEIAEoBUIE4kEBAUgDiAEBEisKGGZhaWx1cmVfdHJ1bmNhdGlvbl9jaGFycxgFIAEoBUIE4kEBAUgEiAEBQhQKEl9wZXJfcmVzdWx0X3Rva2Vuc0ITChFfcGVyX2JhdGNoX3Rva2Vuc0IVChNfcHJldmlld19oZWFkX2NoYXJzQhUKE19wcmV2aWV3X3RhaWxfY2hhcnNCGwoZX2ZhaWx1cmVfdHJ1bmNhdGlvbl9jaGFycyKKAgoSRGlzY2xvc3VyZVNldHRpbmdzEikKFmF1dG9fcHJlbG9hZF9tYXhfdG9vbHMYASABKAVCBOJBAQFIAIgBARIjChBkaXJlY3RfbWF4X3Rvb2xzGAIgASgFQgTiQQEBSAGIAQESIwoQZmFjYWRlX21heF90b29scxgDIAEoBUIE4kEBAUgCiAEBEiQKEXJlc3VsdF9yZWZlcmVuY2VzGAQgASgIQgTiQQEBSAOIAQFCGQoXX2F1dG9fcHJlbG9hZF9tYXhfdG9vbHNCEwoRX2RpcmVjdF9tYXhfdG9vbHNCEwoRX2ZhY2FkZV9tYXhfdG9vbHNCFAoSX3Jlc3VsdF9yZWZlcmVuY2VzIkUKCVRvb2xHcmFudBIcCg5zZXJ2ZXJfcGF0dGVybhgBIAEoCUIE4kEBAhIaCgx0b29sX3BhdHRlcm4YAiABKAlCBOJBAQJCtAEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQglTcGVjUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
+  fileDesc("Chtwc3ljaC9zaWRlY2FyL3YxL3NwZWMucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEisAQKBFNwZWMSEgoEbmFtZRgBIAEoCUIE4kEBAhIVCgd2ZXJzaW9uGAIgASgDQgTiQQECEhoKDGluc3RydWN0aW9ucxgDIAEoCUIE4kEBARItCgZza2lsbHMYBCADKAsyFy5wc3ljaC5zaWRlY2FyLnYxLlNraWxsQgTiQQEBEjMKCXN1YmFnZW50cxgFIAMoCzIaLnBzeWNoLnNpZGVjYXIudjEuU3ViYWdlbnRCBOJBAQESHgoQY2FwYWJpbGl0eV9ub3RlcxgGIAMoCUIE4kEBARI2Cgp0aHJlc2hvbGRzGAcgASgLMhwucHN5Y2guc2lkZWNhci52MS5UaHJlc2hvbGRzQgTiQQEBEj4KCmRpc2Nsb3N1cmUYCCABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLkRpc2Nsb3N1cmVTZXR0aW5nc0IE4kEBARIxCgZncmFudHMYCSADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xHcmFudEIE4kEBARI1CgtjcmVhdGVfdGltZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMSPQoOY29udGV4dF9idWRnZXQYCyABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRCdWRnZXRCBOJBAQESPAoJcmVhc29uaW5nGAwgASgLMiMucHN5Y2guc2lkZWNhci52MS5SZWFzb25pbmdTZXR0aW5nc0IE4kEBASLGAwoRUmVhc29uaW5nU2V0dGluZ3MSRQoSYW50aHJvcGljX3RoaW5raW5nGAEgASgOMiMucHN5Y2guc2lkZWNhci52MS5BbnRocm9waWNUaGlua2luZ0IE4kEBARIqChdhbnRocm9waWNfYnVkZ2V0X3Rva2VucxgCIAEoA0IE4kEBAUgAiAEBEkgKF29wZW5haV9yZWFzb25pbmdfZWZmb3J0GAMgASgOMiEucHN5Y2guc2lkZWNhci52MS5SZWFzb25pbmdFZmZvcnRCBOJBAQESKQoWZ2VtaW5pX3RoaW5raW5nX2J1ZGdldBgEIAEoA0IE4kEBAUgBiAEBEkoKFWdlbWluaV90aGlua2luZ19sZXZlbBgFIAEoDjIlLnBzeWNoLnNpZGVjYXIudjEuR2VtaW5pVGhpbmtpbmdMZXZlbEIE4kEBARIqChdnZW1pbmlfaW5jbHVkZV90aG91Z2h0cxgGIAEoCEIE4kEBAUgCiAEBQhoKGF9hbnRocm9waWNfYnVkZ2V0X3Rva2Vuc0IZChdfZ2VtaW5pX3RoaW5raW5nX2J1ZGdldEIaChhfZ2VtaW5pX2luY2x1ZGVfdGhvdWdodHMi5QEKDUNvbnRleHRCdWRnZXQSKAoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDQgTiQQEBSACIAQESKAoVb3V0cHV0X3Jlc2VydmVfdG9rZW5zGAIgASgDQgTiQQEBSAGIAQESLQoaY3VycmVudF90dXJuX3Jlc3VsdF90b2tlbnMYAyABKANCBOJBAQFIAogBAUIYChZfY29udGV4dF93aW5kb3dfdG9rZW5zQhgKFl9vdXRwdXRfcmVzZXJ2ZV90b2tlbnNCHQobX2N1cnJlbnRfdHVybl9yZXN1bHRfdG9rZW5zIkoKBVNraWxsEhIKBG5hbWUYASABKAlCBOJBAQISGQoLZGVzY3JpcHRpb24YAiABKAlCBOJBAQESEgoEYm9keRgDIAEoCUIE4kEBASI5CghTdWJhZ2VudBISCgRuYW1lGAEgASgJQgTiQQECEhkKC2Rlc2NyaXB0aW9uGAIgASgJQgTiQQEBIsgCCgpUaHJlc2hvbGRzEiQKEXBlcl9yZXN1bHRfdG9rZW5zGAEgASgDQgTiQQEBSACIAQESIwoQcGVyX2JhdGNoX3Rva2VucxgCIAEoA0IE4kEBAUgBiAEBEiUKEnByZXZpZXdfaGVhZF9jaGFycxgDIAEoBUIE4kEBAUgCiAEBEiUKEnByZXZpZXdfdGFpbF9jaGFycxgEIAEoBUIE4kEBAUgDiAEBEisKGGZhaWx1cmVfdHJ1bmNhdGlvbl9jaGFycxgFIAEoBUIE4kEBAUgEiAEBQhQKEl9wZXJfcmVzdWx0X3Rva2Vuc0ITChFfcGVyX2JhdGNoX3Rva2Vuc0IVChNfcHJldmlld19oZWFkX2NoYXJzQhUKE19wcmV2aWV3X3RhaWxfY2hhcnNCGwoZX2ZhaWx1cmVfdHJ1bmNhdGlvbl9jaGFycyKKAgoSRGlzY2xvc3VyZVNldHRpbmdzEikKFmF1dG9fcHJlbG9hZF9tYXhfdG9vbHMYASABKAVCBOJBAQFIAIgBARIjChBkaXJlY3RfbWF4X3Rvb2xzGAIgASgFQgTiQQEBSAGIAQESIwoQZmFjYWRlX21heF90b29scxgDIAEoBUIE4kEBAUgCiAEBEiQKEXJlc3VsdF9yZWZlcmVuY2VzGAQgASgIQgTiQQEBSAOIAQFCGQoXX2F1dG9fcHJlbG9hZF9tYXhfdG9vbHNCEwoRX2RpcmVjdF9tYXhfdG9vbHNCEwoRX2ZhY2FkZV9tYXhfdG9vbHNCFAoSX3Jlc3VsdF9yZWZlcmVuY2VzIkUKCVRvb2xHcmFudBIcCg5zZXJ2ZXJfcGF0dGVybhgBIAEoCUIE4kEBAhIaCgx0b29sX3BhdHRlcm4YAiABKAlCBOJBAQIqmQEKEUFudGhyb3BpY1RoaW5raW5nEiIKHkFOVEhST1BJQ19USElOS0lOR19VTlNQRUNJRklFRBAAEh4KGkFOVEhST1BJQ19USElOS0lOR19FTkFCTEVEEAESHwobQU5USFJPUElDX1RISU5LSU5HX0FEQVBUSVZFEAISHwobQU5USFJPUElDX1RISU5LSU5HX0RJU0FCTEVEEAMq2gEKD1JlYXNvbmluZ0VmZm9ydBIgChxSRUFTT05JTkdfRUZGT1JUX1VOU1BFQ0lGSUVEEAASGQoVUkVBU09OSU5HX0VGRk9SVF9OT05FEAESHAoYUkVBU09OSU5HX0VGRk9SVF9NSU5JTUFMEAISGAoUUkVBU09OSU5HX0VGRk9SVF9MT1cQAxIbChdSRUFTT05JTkdfRUZGT1JUX01FRElVTRAEEhkKFVJFQVNPTklOR19FRkZPUlRfSElHSBAFEhoKFlJFQVNPTklOR19FRkZPUlRfWEhJR0gQBirAAQoTR2VtaW5pVGhpbmtpbmdMZXZlbBIlCiFHRU1JTklfVEhJTktJTkdfTEVWRUxfVU5TUEVDSUZJRUQQABIhCh1HRU1JTklfVEhJTktJTkdfTEVWRUxfTUlOSU1BTBABEh0KGUdFTUlOSV9USElOS0lOR19MRVZFTF9MT1cQAhIgChxHRU1JTklfVEhJTktJTkdfTEVWRUxfTUVESVVNEAMSHgoaR0VNSU5JX1RISU5LSU5HX0xFVkVMX0hJR0gQBEK0AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCCVNwZWNQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
 
 /**
  * Spec is one immutable version of an agent's configuration: what goes in
@@ -108,6 +108,16 @@ export type Spec = Message<"psych.sidecar.v1.Spec"> & {
    * @generated from field: psych.sidecar.v1.ContextBudget context_budget = 11;
    */
   contextBudget?: ContextBudget | undefined;
+
+  /**
+   * Each provider's thinking parameters for the request bodies AssemblePrompt
+   * builds. Unset fields leave the parameter out of the body (the provider's
+   * default). AssemblePrompt may override them per call. An invalid
+   * combination is refused here (FIELD_INVALID / FIELD_REQUIRED), never sent.
+   *
+   * @generated from field: psych.sidecar.v1.ReasoningSettings reasoning = 12;
+   */
+  reasoning?: ReasoningSettings | undefined;
 };
 
 /**
@@ -116,6 +126,70 @@ export type Spec = Message<"psych.sidecar.v1.Spec"> & {
  */
 export const SpecSchema: GenMessage<Spec> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_spec, 0);
+
+/**
+ * ReasoningSettings are a reasoning model's parameters, per provider. Each
+ * body takes its own provider's fields and no other's. See docs/prompt.md.
+ *
+ * @generated from message psych.sidecar.v1.ReasoningSettings
+ */
+export type ReasoningSettings = Message<"psych.sidecar.v1.ReasoningSettings"> & {
+  /**
+   * Anthropic `thinking`: enabled (with anthropic_budget_tokens), adaptive
+   * or disabled. Unspecified leaves it out.
+   *
+   * @generated from field: psych.sidecar.v1.AnthropicThinking anthropic_thinking = 1;
+   */
+  anthropicThinking: AnthropicThinking;
+
+  /**
+   * Anthropic `thinking.budget_tokens`: required with, and only with,
+   * enabled thinking; at least 1024 and below the call's max_tokens.
+   *
+   * @generated from field: optional int64 anthropic_budget_tokens = 2;
+   */
+  anthropicBudgetTokens?: bigint | undefined;
+
+  /**
+   * OpenAI reasoning effort: Chat Completions' `reasoning_effort`, the
+   * Responses API's `reasoning.effort` (with `include` of
+   * "reasoning.encrypted_content", so reasoning items can be sent back).
+   * Unspecified leaves it out.
+   *
+   * @generated from field: psych.sidecar.v1.ReasoningEffort openai_reasoning_effort = 3;
+   */
+  openaiReasoningEffort: ReasoningEffort;
+
+  /**
+   * Gemini `thinkingConfig.thinkingBudget`: -1 (dynamic) or 0 to 32768. Not
+   * with gemini_thinking_level.
+   *
+   * @generated from field: optional int64 gemini_thinking_budget = 4;
+   */
+  geminiThinkingBudget?: bigint | undefined;
+
+  /**
+   * Gemini `thinkingConfig.thinkingLevel`. Not with gemini_thinking_budget.
+   *
+   * @generated from field: psych.sidecar.v1.GeminiThinkingLevel gemini_thinking_level = 5;
+   */
+  geminiThinkingLevel: GeminiThinkingLevel;
+
+  /**
+   * Gemini `thinkingConfig.includeThoughts`: whether responses carry thought
+   * summaries.
+   *
+   * @generated from field: optional bool gemini_include_thoughts = 6;
+   */
+  geminiIncludeThoughts?: boolean | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ReasoningSettings.
+ * Use `create(ReasoningSettingsSchema)` to create a new message.
+ */
+export const ReasoningSettingsSchema: GenMessage<ReasoningSettings> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_spec, 1);
 
 /**
  * ContextBudget is the room a prompt has: the model's context window, less
@@ -159,7 +233,7 @@ export type ContextBudget = Message<"psych.sidecar.v1.ContextBudget"> & {
  * Use `create(ContextBudgetSchema)` to create a new message.
  */
 export const ContextBudgetSchema: GenMessage<ContextBudget> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 1);
+  messageDesc(file_psych_sidecar_v1_spec, 2);
 
 /**
  * Skill is one entry of the skills index.
@@ -194,7 +268,7 @@ export type Skill = Message<"psych.sidecar.v1.Skill"> & {
  * Use `create(SkillSchema)` to create a new message.
  */
 export const SkillSchema: GenMessage<Skill> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 2);
+  messageDesc(file_psych_sidecar_v1_spec, 3);
 
 /**
  * Subagent is one entry of the subagent roster.
@@ -222,7 +296,7 @@ export type Subagent = Message<"psych.sidecar.v1.Subagent"> & {
  * Use `create(SubagentSchema)` to create a new message.
  */
 export const SubagentSchema: GenMessage<Subagent> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 3);
+  messageDesc(file_psych_sidecar_v1_spec, 4);
 
 /**
  * Thresholds governs how large tool results are elided from prior turns.
@@ -275,7 +349,7 @@ export type Thresholds = Message<"psych.sidecar.v1.Thresholds"> & {
  * Use `create(ThresholdsSchema)` to create a new message.
  */
 export const ThresholdsSchema: GenMessage<Thresholds> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 4);
+  messageDesc(file_psych_sidecar_v1_spec, 5);
 
 /**
  * DisclosureSettings sets the catalogue-size thresholds that decide how a
@@ -326,7 +400,7 @@ export type DisclosureSettings = Message<"psych.sidecar.v1.DisclosureSettings"> 
  * Use `create(DisclosureSettingsSchema)` to create a new message.
  */
 export const DisclosureSettingsSchema: GenMessage<DisclosureSettings> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 5);
+  messageDesc(file_psych_sidecar_v1_spec, 6);
 
 /**
  * ToolGrant permits the MCP tools whose server and tool names both match.
@@ -356,5 +430,156 @@ export type ToolGrant = Message<"psych.sidecar.v1.ToolGrant"> & {
  * Use `create(ToolGrantSchema)` to create a new message.
  */
 export const ToolGrantSchema: GenMessage<ToolGrant> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 6);
+  messageDesc(file_psych_sidecar_v1_spec, 7);
+
+/**
+ * AnthropicThinking is the `thinking.type` of an Anthropic request.
+ *
+ * @generated from enum psych.sidecar.v1.AnthropicThinking
+ */
+export enum AnthropicThinking {
+  /**
+   * Unset: no `thinking` in the body.
+   *
+   * @generated from enum value: ANTHROPIC_THINKING_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * `{"type": "enabled", "budget_tokens": N}`.
+   *
+   * @generated from enum value: ANTHROPIC_THINKING_ENABLED = 1;
+   */
+  ENABLED = 1,
+
+  /**
+   * `{"type": "adaptive"}`: the model decides how much to think.
+   *
+   * @generated from enum value: ANTHROPIC_THINKING_ADAPTIVE = 2;
+   */
+  ADAPTIVE = 2,
+
+  /**
+   * `{"type": "disabled"}`.
+   *
+   * @generated from enum value: ANTHROPIC_THINKING_DISABLED = 3;
+   */
+  DISABLED = 3,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.AnthropicThinking.
+ */
+export const AnthropicThinkingSchema: GenEnum<AnthropicThinking> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_spec, 0);
+
+/**
+ * ReasoningEffort is OpenAI's reasoning effort.
+ *
+ * @generated from enum psych.sidecar.v1.ReasoningEffort
+ */
+export enum ReasoningEffort {
+  /**
+   * Unset: no reasoning effort in the bodies.
+   *
+   * @generated from enum value: REASONING_EFFORT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * "none".
+   *
+   * @generated from enum value: REASONING_EFFORT_NONE = 1;
+   */
+  NONE = 1,
+
+  /**
+   * "minimal".
+   *
+   * @generated from enum value: REASONING_EFFORT_MINIMAL = 2;
+   */
+  MINIMAL = 2,
+
+  /**
+   * "low".
+   *
+   * @generated from enum value: REASONING_EFFORT_LOW = 3;
+   */
+  LOW = 3,
+
+  /**
+   * "medium".
+   *
+   * @generated from enum value: REASONING_EFFORT_MEDIUM = 4;
+   */
+  MEDIUM = 4,
+
+  /**
+   * "high".
+   *
+   * @generated from enum value: REASONING_EFFORT_HIGH = 5;
+   */
+  HIGH = 5,
+
+  /**
+   * "xhigh".
+   *
+   * @generated from enum value: REASONING_EFFORT_XHIGH = 6;
+   */
+  XHIGH = 6,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.ReasoningEffort.
+ */
+export const ReasoningEffortSchema: GenEnum<ReasoningEffort> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_spec, 1);
+
+/**
+ * GeminiThinkingLevel is Gemini's `thinkingConfig.thinkingLevel`.
+ *
+ * @generated from enum psych.sidecar.v1.GeminiThinkingLevel
+ */
+export enum GeminiThinkingLevel {
+  /**
+   * Unset.
+   *
+   * @generated from enum value: GEMINI_THINKING_LEVEL_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * "MINIMAL".
+   *
+   * @generated from enum value: GEMINI_THINKING_LEVEL_MINIMAL = 1;
+   */
+  MINIMAL = 1,
+
+  /**
+   * "LOW".
+   *
+   * @generated from enum value: GEMINI_THINKING_LEVEL_LOW = 2;
+   */
+  LOW = 2,
+
+  /**
+   * "MEDIUM".
+   *
+   * @generated from enum value: GEMINI_THINKING_LEVEL_MEDIUM = 3;
+   */
+  MEDIUM = 3,
+
+  /**
+   * "HIGH".
+   *
+   * @generated from enum value: GEMINI_THINKING_LEVEL_HIGH = 4;
+   */
+  HIGH = 4,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.GeminiThinkingLevel.
+ */
+export const GeminiThinkingLevelSchema: GenEnum<GeminiThinkingLevel> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_spec, 2);
 

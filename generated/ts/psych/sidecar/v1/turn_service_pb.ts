@@ -7,7 +7,7 @@ import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { ContextBudget } from "./spec_pb.js";
+import type { ContextBudget, ReasoningSettings } from "./spec_pb.js";
 import { file_psych_sidecar_v1_spec } from "./spec_pb.js";
 import type { Prompt, ToolSurface, ZoneDigest } from "./turn_pb.js";
 import { file_psych_sidecar_v1_turn } from "./turn_pb.js";
@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/turn_service.proto.
  */
 export const file_psych_sidecar_v1_turn_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2UimwIKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBIuMBChZBc3NlbWJsZVByb21wdFJlc3BvbnNlEigKBnByb21wdBgBIAEoCzIYLnBzeWNoLnNpZGVjYXIudjEuUHJvbXB0EisKBXpvbmVzGAIgAygLMhwucHN5Y2guc2lkZWNhci52MS5ab25lRGlnZXN0Eh4KFmFudGhyb3BpY19yZXF1ZXN0X2pzb24YAyABKAwSGwoTb3BlbmFpX3JlcXVlc3RfanNvbhgEIAEoDBI1Cg1jb250ZXh0X2d1YXJkGAUgASgLMh4ucHN5Y2guc2lkZWNhci52MS5Db250ZXh0R3VhcmQixgEKDENvbnRleHRHdWFyZBIdChVjb250ZXh0X3dpbmRvd190b2tlbnMYASABKAMSHQoVb3V0cHV0X3Jlc2VydmVfdG9rZW5zGAIgASgDEhgKEGVzdGltYXRlZF90b2tlbnMYAyABKAMSHQoVZnVsbF9lc3RpbWF0ZWRfdG9rZW5zGAQgASgDEi8KBmVsaWRlZBgFIAMoCzIfLnBzeWNoLnNpZGVjYXIudjEuR3VhcmRlZFJlc3VsdBIOCgZyZWFzb24YBiABKAkiWgoNR3VhcmRlZFJlc3VsdBIPCgdjYWxsX2lkGAEgASgJEg4KBmhhbmRsZRgCIAEoCRITCgtmdWxsX3Rva2VucxgDIAEoAxITCgt2aWV3X3Rva2VucxgEIAEoAzLOAQoLVHVyblNlcnZpY2USWgoLUmVzb2x2ZVR1cm4SJC5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuUmVzb2x2ZVR1cm5SZXNwb25zZRJjCg5Bc3NlbWJsZVByb21wdBInLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5Bc3NlbWJsZVByb21wdFJlc3BvbnNlQrsBChRkZXYucHN5Y2guc2lkZWNhci52MUIQVHVyblNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
+  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2Ui2QIKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBEjwKCXJlYXNvbmluZxgJIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nU2V0dGluZ3NCBOJBAQEipwIKFkFzc2VtYmxlUHJvbXB0UmVzcG9uc2USKAoGcHJvbXB0GAEgASgLMhgucHN5Y2guc2lkZWNhci52MS5Qcm9tcHQSKwoFem9uZXMYAiADKAsyHC5wc3ljaC5zaWRlY2FyLnYxLlpvbmVEaWdlc3QSHgoWYW50aHJvcGljX3JlcXVlc3RfanNvbhgDIAEoDBIbChNvcGVuYWlfcmVxdWVzdF9qc29uGAQgASgMEjUKDWNvbnRleHRfZ3VhcmQYBSABKAsyHi5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRHdWFyZBIlCh1vcGVuYWlfcmVzcG9uc2VzX3JlcXVlc3RfanNvbhgGIAEoDBIbChNnZW1pbmlfcmVxdWVzdF9qc29uGAcgASgMIsYBCgxDb250ZXh0R3VhcmQSHQoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDEh0KFW91dHB1dF9yZXNlcnZlX3Rva2VucxgCIAEoAxIYChBlc3RpbWF0ZWRfdG9rZW5zGAMgASgDEh0KFWZ1bGxfZXN0aW1hdGVkX3Rva2VucxgEIAEoAxIvCgZlbGlkZWQYBSADKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkd1YXJkZWRSZXN1bHQSDgoGcmVhc29uGAYgASgJIloKDUd1YXJkZWRSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRIOCgZoYW5kbGUYAiABKAkSEwoLZnVsbF90b2tlbnMYAyABKAMSEwoLdmlld190b2tlbnMYBCABKAMyzgEKC1R1cm5TZXJ2aWNlEloKC1Jlc29sdmVUdXJuEiQucHN5Y2guc2lkZWNhci52MS5SZXNvbHZlVHVyblJlcXVlc3QaJS5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVzcG9uc2USYwoOQXNzZW1ibGVQcm9tcHQSJy5wc3ljaC5zaWRlY2FyLnYxLkFzc2VtYmxlUHJvbXB0UmVxdWVzdBooLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXNwb25zZUK7AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCEFR1cm5TZXJ2aWNlUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
 
 /**
  * ResolveTurnRequest is the request of TurnService.ResolveTurn.
@@ -130,6 +130,16 @@ export type AssemblePromptRequest = Message<"psych.sidecar.v1.AssemblePromptRequ
    * @generated from field: bool preview = 8;
    */
   preview: boolean;
+
+  /**
+   * Overrides the Spec's reasoning settings for this call, field by field;
+   * setting one of a provider's exclusive pair (Anthropic's thinking type,
+   * Gemini's budget or level) replaces the Spec's other one. An invalid
+   * result (a thinking budget not below max_tokens, say) is FIELD_INVALID.
+   *
+   * @generated from field: psych.sidecar.v1.ReasoningSettings reasoning = 9;
+   */
+  reasoning?: ReasoningSettings | undefined;
 };
 
 /**
@@ -182,6 +192,26 @@ export type AssemblePromptResponse = Message<"psych.sidecar.v1.AssemblePromptRes
    * @generated from field: psych.sidecar.v1.ContextGuard context_guard = 5;
    */
   contextGuard?: ContextGuard | undefined;
+
+  /**
+   * A canonical OpenAI Responses API request body (UTF-8 JSON): instructions
+   * and input items in the same zones, function_call / function_call_output
+   * items, and the Run's OpenAI provider blocks (reasoning items) verbatim.
+   *
+   * @generated from field: bytes openai_responses_request_json = 6;
+   */
+  openaiResponsesRequestJson: Uint8Array;
+
+  /**
+   * A canonical Gemini API generateContent request body (UTF-8 JSON):
+   * systemInstruction, contents with functionCall / functionResponse parts,
+   * functionDeclarations, and the Run's Gemini provider blocks (thought
+   * parts, parts with a thoughtSignature) verbatim. Gemini names the model in
+   * the request URL, so the body has none.
+   *
+   * @generated from field: bytes gemini_request_json = 7;
+   */
+  geminiRequestJson: Uint8Array;
 };
 
 /**
@@ -217,7 +247,7 @@ export type ContextGuard = Message<"psych.sidecar.v1.ContextGuard"> & {
   outputReserveTokens: bigint;
 
   /**
-   * The prompt's estimate as assembled (the larger of the two request
+   * The prompt's estimate as assembled (the largest of the request
    * bodies, UTF-8 bytes / 4). At most context_window_tokens -
    * output_reserve_tokens.
    *
@@ -322,7 +352,8 @@ export const TurnService: GenService<{
   /**
    * AssemblePrompt builds the exact, byte-stable prompt for one model call
    * in four cache zones, with prior-turn tool results elided, plus request
-   * bodies for the Anthropic Messages and OpenAI Chat Completions APIs. The
+   * bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
+   * Responses and Gemini generateContent APIs. The
    * prompt always fits the context budget: when the current turn's results
    * in full would not, the largest are elided too (context_guard says so),
    * and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.

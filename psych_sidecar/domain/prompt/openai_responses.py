@@ -1,0 +1,161 @@
+"""The OpenAI Responses API request body, which a host can send as is.
+
+Canonical JSON like the other bodies (see domain/prompt/zones.py), in the same zone order:
+`instructions` is zone 1, the first input item a developer message holding zone 2, then the
+history as input items, then the transient text as a final user message. The history: a
+user message each (text as `input_text`, images as `input_image`, PDFs as `input_file`), an
+assistant message's content in order — its text as assistant messages, OpenAI's own blocks
+(reasoning items above all) verbatim where they came, other providers' left out — then a
+`function_call` item for each of its calls no block of its own spells, and each result as a
+`function_call_output` item (a result that answers no call of the preceding assistant message
+is shown as user text, as in the other bodies). Tools are function tools with `strict` false:
+an MCP server's input schema is not written for strict mode, which would refuse it.
+
+`prompt_cache_key` is the Chat Completions body's: one per tenant and Spec version.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from psych_sidecar.bulk.slices import b64encode_sliced
+from psych_sidecar.domain.canonical import Verbatim, canonical_json
+from psych_sidecar.domain.prompt.providers import (
+    IMAGE_TYPES,
+    carries_text,
+    model_key,
+    openai_tool_text,
+    orphan_text,
+    own_blocks,
+    paired_results,
+)
+from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView
+from psych_sidecar.domain.runlog import (
+    ContentPart,
+    PartKind,
+    Provider,
+    ReasoningEffort,
+    ReasoningSettings,
+    ToolCall,
+    binary_marker,
+)
+
+
+def _input_content(part: ContentPart) -> dict[str, Any] | None:
+    """A user message's part as Responses input content; None when it shows nothing."""
+    if part.kind is PartKind.PROVIDER_BLOCK:
+        return None  # assistant messages only
+    if part.kind is not PartKind.BINARY:
+        text = part.as_text()
+        return {"type": "input_text", "text": text} if text else None
+    url = f"data:{part.mime_type};base64,{b64encode_sliced(part.data)}"
+    if part.mime_type in IMAGE_TYPES:
+        return {"type": "input_image", "detail": "auto", "image_url": url}
+    if part.mime_type == "application/pdf":
+        return {"type": "input_file", "filename": "document.pdf", "file_data": url}
+    return {"type": "input_text", "text": binary_marker(part.mime_type, len(part.data))}
+
+
+def _user(content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": content}
+
+
+def _assistant_items(message: PromptMessage) -> list[Any]:
+    """The message's content in order, then the calls no block of its own spells. When the
+    host kept the response's `message` items too (as OpenAI asks: a reasoning item and the
+    items after it form a group, sent back whole), they carry the text, and the record's
+    text parts, there for the other providers, are left out."""
+    content = [p for p in message.parts if isinstance(p, ContentPart)]
+    kept, spelled = own_blocks(content, Provider.OPENAI)
+    with_text = not carries_text(content, Provider.OPENAI, "message")
+    items: list[Any] = []
+    for part in kept:
+        if isinstance(part, Verbatim):
+            items.append(part)
+        elif with_text and part.kind is not PartKind.BINARY and part.data:
+            items.append({"type": "message", "role": "assistant", "content": part.as_text()})
+    items.extend(
+        {
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments_json or "{}",
+        }
+        for call in message.parts
+        if isinstance(call, ToolCall) and call.call_id not in spelled
+    )
+    return items
+
+
+def _input_items(history: Sequence[PromptMessage]) -> list[Any]:
+    items: list[Any] = []
+    calls: set[str] = set()
+    for message in history:
+        if message.role is Role.ASSISTANT:
+            items.extend(_assistant_items(message))
+            calls = {c.call_id for c in message.parts if isinstance(c, ToolCall)}
+        elif message.is_tool_results:
+            results = [p for p in message.parts if isinstance(p, ToolResultView)]
+            paired, orphans = paired_results(results, calls)
+            items.extend(
+                {
+                    "type": "function_call_output",
+                    "call_id": r.call_id,
+                    "output": openai_tool_text(r),
+                }
+                for r in paired
+            )
+            if orphans:
+                items.append(
+                    _user([{"type": "input_text", "text": orphan_text(r)} for r in orphans])
+                )
+            calls = set()
+        else:
+            parts = [p for p in message.parts if isinstance(p, ContentPart)]
+            content = [c for c in map(_input_content, parts) if c is not None]
+            calls = set()
+            if content:
+                items.append(_user(content))
+    return items
+
+
+def openai_responses_body(
+    prompt: Prompt,
+    model: str,
+    max_tokens: int,
+    prompt_cache_key: str,
+    reasoning: ReasoningSettings,
+) -> bytes:
+    body: dict[str, Any] = model_key(model)
+    body["max_output_tokens"] = max_tokens
+    body["prompt_cache_key"] = prompt_cache_key
+    effort = reasoning.openai_reasoning_effort
+    if effort is not None:
+        body["reasoning"] = {"effort": effort.value}
+        if effort is not ReasoningEffort.NONE:
+            # Reasoning items come back with their encrypted content, so that they can be sent
+            # back whether or not OpenAI stores the response.
+            body["include"] = ["reasoning.encrypted_content"]
+    if prompt.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": json.loads(tool.input_schema_json),
+                "strict": False,
+            }
+            for tool in prompt.tools
+        ]
+    if prompt.static_sections:
+        body["instructions"] = prompt.static_text()
+    items: list[Any] = []
+    if prompt.dynamic_tail:
+        items.append({"type": "message", "role": "developer", "content": prompt.dynamic_tail})
+    items.extend(_input_items(prompt.history))
+    transient = [p for p in prompt.transient.parts if isinstance(p, ContentPart)]
+    items.append(_user([c for c in map(_input_content, transient) if c is not None]))
+    body["input"] = items
+    return canonical_json(body)
