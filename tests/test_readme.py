@@ -174,7 +174,8 @@ def test_the_python_snippet_names_a_missing_socket_at_once(tmp_path: Path) -> No
 
 
 if __name__ == "__main__":
-    # scripts/test-examples: one block, `python tests/test_readme.py LANGUAGE HEADING INDEX`.
+    # scripts/test-examples: one block, `python -m tests.test_readme LANGUAGE HEADING INDEX`,
+    # run from the root so that its test imports resolve.
     language, heading, index = sys.argv[1:]
     sys.stdout.write(_blocks(language, heading)[int(index)])
 
