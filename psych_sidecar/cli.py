@@ -13,10 +13,13 @@ import gc
 import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import ValidationError
+from sqlalchemy import Engine
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from psych_sidecar import __version__, inspect_command
@@ -218,15 +221,14 @@ def _migrate(settings: Settings) -> None:
         engine.dispose()
 
 
-def _rekey(settings: Settings) -> None:
-    """Reseal every stored secret under the first key; the schema must be this version's."""
-    from psych_sidecar.app.secret_keys import check_stored_secrets, load_secret_keys
+@contextmanager
+def _database_at_schema(settings: Settings) -> Iterator[Engine]:
+    """One connection to the database, refused unless its schema is this version's, disposed
+    on the way out: what the maintenance commands (rekey, prune, delete-tenant) work on."""
     from psych_sidecar.listeners import StartupError
-    from psych_sidecar.storage.connections import SqlConnectionStore
     from psych_sidecar.storage.engines import create_database_engine
     from psych_sidecar.storage.migrate import DatabaseRefused, check_revision
 
-    keys = load_secret_keys(settings)
     engine = create_database_engine(
         settings.resolved_database_url(),
         pool_size=1,
@@ -238,6 +240,18 @@ def _rekey(settings: Settings) -> None:
             check_revision(engine)
         except DatabaseRefused as error:
             raise StartupError(str(error)) from None
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _rekey(settings: Settings) -> None:
+    """Reseal every stored secret under the first key; the schema must be this version's."""
+    from psych_sidecar.app.secret_keys import check_stored_secrets, load_secret_keys
+    from psych_sidecar.storage.connections import SqlConnectionStore
+
+    keys = load_secret_keys(settings)
+    with _database_at_schema(settings) as engine:
         store = SqlConnectionStore(engine, keys)
         # Every secret must open before any is rewritten: a missing key stops it here.
         check_stored_secrets(store)
@@ -246,8 +260,6 @@ def _rekey(settings: Settings) -> None:
             f"{resealed} stored secrets resealed under key {keys.primary_id}, {already} already "
             "were; keys no longer listed first can now be removed"
         )
-    finally:
-        engine.dispose()
 
 
 def _delete_data(arguments: argparse.Namespace, settings: Settings) -> int:
@@ -255,10 +267,7 @@ def _delete_data(arguments: argparse.Namespace, settings: Settings) -> int:
     from psych_sidecar.app.retention import delete_tenant, parse_duration, prune
     from psych_sidecar.domain.errors import SidecarError
     from psych_sidecar.domain.runlog import RunDeletion, RunService
-    from psych_sidecar.listeners import StartupError
     from psych_sidecar.storage.deletion import RunDeletions
-    from psych_sidecar.storage.engines import create_database_engine
-    from psych_sidecar.storage.migrate import DatabaseRefused, check_revision
     from psych_sidecar.storage.repository import SqlStore
 
     if arguments.command == "prune":
@@ -273,17 +282,7 @@ def _delete_data(arguments: argparse.Namespace, settings: Settings) -> int:
             )
         except ValueError as error:
             return _fail(f"--older-than: {error}", 2)
-    engine = create_database_engine(
-        settings.resolved_database_url(),
-        pool_size=1,
-        busy_timeout_seconds=settings.storage.database_busy_timeout_seconds,
-        pooling=settings.storage.database_pooling,
-    )
-    try:
-        try:
-            check_revision(engine)
-        except DatabaseRefused as error:
-            raise StartupError(str(error)) from None
+    with _database_at_schema(settings) as engine:
         store = SqlStore(engine)
         deletion = RunDeletion(RunService(store, store), RunDeletions(engine))
         if arguments.command == "prune":
@@ -293,8 +292,6 @@ def _delete_data(arguments: argparse.Namespace, settings: Settings) -> int:
                 print(delete_tenant(deletion, engine, arguments.tenant))
             except SidecarError as error:
                 return _fail(str(error), 2)
-    finally:
-        engine.dispose()
     return 0
 
 
