@@ -1,0 +1,23 @@
+module github.com/psych-sidecar/psych-sidecar/tests/pod/host
+
+go 1.26.0
+
+require (
+	github.com/psych-sidecar/psych-sidecar/clients/go v0.1.0
+	github.com/psych-sidecar/psych-sidecar/generated/go v0.1.0
+	google.golang.org/grpc v1.85.0
+)
+
+require (
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261104224025-d1e00e9f33ab // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
+
+replace (
+	github.com/psych-sidecar/psych-sidecar/clients/go => ../../../clients/go
+	github.com/psych-sidecar/psych-sidecar/generated/go => ../../../generated/go
+)
