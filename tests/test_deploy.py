@@ -79,3 +79,25 @@ def test_prometheus_finds_the_admin_listener(overlay: str) -> None:
     assert endpoint["port"] == "metrics"
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_pod_check_plays_the_sqlite_overlay_with_only_podmans_changes() -> None:
+    """tests/pod (scripts/check-pod) changes the images, makes the native sidecar the first
+    container (no probes on init containers in podman) and drops the container ports (podman
+    4.3 publishes them on the host); everything else is deploy/overlays/sqlite as rendered."""
+    output = subprocess.run(
+        ["kubectl", "kustomize", str(DEPLOY.parent / "tests" / "pod")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    played = [document for document in yaml.safe_load_all(output) if document]
+    expected = _render("sqlite")
+    deployment = next(d for d in expected if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    sidecar = pod.pop("initContainers")[0]
+    del sidecar["restartPolicy"], sidecar["ports"]
+    sidecar["image"] = "localhost/psych-sidecar:check"
+    pod["containers"][0]["image"] = "localhost/psych-pod-host:check"
+    pod["containers"].insert(0, sidecar)
+    assert played == expected
