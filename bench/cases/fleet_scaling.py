@@ -200,7 +200,7 @@ class _Fleet:
 
     async def setup(self, turns: int) -> list[str]:
         """The tenant's connection to the fixture server, the Spec, and two long Runs (`turns`
-        turns of 8 records, 2 KiB results) for AssemblePrompt."""
+        turns of 8 records) for AssemblePrompt."""
         async with self._sidecar() as server, channel(server.target) as ch:
             await connection_service_pb2_grpc.ConnectionServiceStub(ch).PutConnection(
                 connection_service_pb2.PutConnectionRequest(
@@ -533,9 +533,10 @@ async def _create_runs(runs: run_service_pb2_grpc.RunServiceAsyncStub, count: in
 
 async def _fill(runs: run_service_pb2_grpc.RunServiceAsyncStub, run_id: str, turns: int) -> None:
     """`turns` turns of a user message, an assistant message calling 3 tools, their 3 results
-    (2 KiB each), an assistant calling one more, its result and an answer."""
+    (200 characters each: 250 turns fit the default context window of 200,000 tokens), an
+    assistant calling one more, its result and an answer."""
     line = "2026-12-01T12:00:00Z INFO request handled status=200 took=12ms\n"
-    output = (line * (2048 // len(line) + 1))[:2048]
+    output = (line * (200 // len(line) + 1))[:200]
     batch: list[run_pb2.Record] = []
     for turn in range(turns):
         calls = [f"t{turn}c{i}" for i in range(4)]
