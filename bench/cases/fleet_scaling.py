@@ -72,8 +72,8 @@ async def fleet_errors_8_sidecars(ctx: BenchContext) -> float:
     transaction mode (`--database-pooling transaction`, migrations on PostgreSQL's own address),
     16 calls in flight spread over them; the value is the failed calls with 8 sidecars. For
     each count, one after another: single-record appends (records/s), small tool calls of the
-    fixture MCP server (stdio, one per sidecar), tool calls of 1 MB results, and a mix of the
-    three with AssemblePrompt on long Runs. Each measured from the server: statements
+    fixture MCP server (stdio, one per sidecar), tool calls of 1 MB results, AssemblePrompt on
+    long Runs (2,001 records), and a mix of the three. Each measured from the server: statements
     (pg_stat_statements), transactions, WAL bytes (pg_current_wal_lsn), server connections and
     lock waits (pg_stat_activity and PgBouncer's SHOW POOLS, sampled every 0.1 s), and the CPU
     milliseconds per call of the client, the sidecars, their MCP servers, PostgreSQL and
@@ -88,6 +88,7 @@ async def fleet_errors_8_sidecars(ctx: BenchContext) -> float:
         appends=ctx.pick(full=4000, quick=320),
         tool_calls=ctx.pick(full=2000, quick=160),
         large_calls=ctx.pick(full=16, quick=4),
+        assembles=ctx.pick(full=20, quick=4),
         mixed_seconds=ctx.pick(full=15, quick=3),
         long_run_turns=ctx.pick(full=250, quick=25),
     )
@@ -128,6 +129,7 @@ class _Sizes:
     appends: int
     tool_calls: int
     large_calls: int
+    assembles: int
     mixed_seconds: int
     long_run_turns: int
 
@@ -157,6 +159,8 @@ def _table_row(count: int, row: dict[str, Any]) -> dict[str, Any]:
         "wal_bytes_per_append": appends["per_record"]["wal_bytes"],
         "wal_bytes_per_tool_call": calls["per_call"]["wal_bytes"],
         "wal_bytes_per_1mb_result": large["per_call"]["wal_bytes"],
+        "statements_per_assemble": row["assemble"]["per_call"].get("statements"),
+        "assemble_alone_p50_ms": row["assemble"]["p50_ms"],
         "lock_waiting_samples": row["lock_waiting_samples"],
         "errors": row["errors"],
     }
@@ -259,6 +263,7 @@ class _Fleet:
                 ("appends", lambda: load.appends(sizes.appends)),
                 ("tool_calls", lambda: load.tool_calls(sizes.tool_calls)),
                 ("large_results", lambda: load.large_results(sizes.large_calls)),
+                ("assemble", lambda: load.assembles(sizes.assembles, long_runs)),
                 ("mixed", lambda: load.mixed(sizes.mixed_seconds, long_runs)),
             ]
             for phase, run in phases:
@@ -276,7 +281,7 @@ class _Fleet:
                     "cpu_ms": cpu,
                     "activity": samples.summary(),
                 }
-                if phase in ("appends", "tool_calls"):
+                if phase in ("appends", "tool_calls", "assemble"):
                     row[phase]["top_statements"] = spent.top_statements(max(1, operations))
                 samples_all.append(samples.summary())
             row["errors"] = load.errors
@@ -422,6 +427,39 @@ class _Load:
             "result_chars": LARGE_RESULT_CHARS,
         }
 
+    async def assemble_one(self, index: int, long_runs: list[str]) -> None:
+        turns = self.turns[index % len(self.turns)]
+        request = turn_service_pb2.AssemblePromptRequest(run_id=long_runs[index % 2], model="m")
+        try:
+            response = await turns.AssemblePrompt(request, timeout=120)
+        except grpc.RpcError as error:
+            self._failed("AssemblePrompt", error)
+            return
+        if not response.anthropic_request_json:
+            self._failed("AssemblePrompt", "no request body")
+
+    async def assembles(self, total: int, long_runs: list[str]) -> tuple[int, dict[str, Any]]:
+        """`total` AssemblePrompt calls on the long Runs, two at a time."""
+        latencies: list[float] = []
+        remaining = total
+
+        async def worker(index: int) -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                start = time.perf_counter()
+                await self.assemble_one(index, long_runs)
+                latencies.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(2)))
+        seconds = time.perf_counter() - start
+        return total, {
+            "calls_per_s": round(total / seconds, 2),
+            "calls": total,
+            "p50_ms": round(_percentile(latencies, 0.5) * 1000, 1),
+        }
+
     async def mixed(self, seconds: float, long_runs: list[str]) -> tuple[int, dict[str, Any]]:
         """For `seconds`: 8 appenders, 6 tool callers and 2 AssemblePrompt callers on the long
         Runs, at once."""
@@ -437,17 +475,6 @@ class _Load:
             await call
             latencies.setdefault(rpc, []).append(time.perf_counter() - start)
 
-        async def assemble(index: int) -> None:
-            turns = self.turns[index % len(self.turns)]
-            request = turn_service_pb2.AssemblePromptRequest(run_id=long_runs[index % 2], model="m")
-            try:
-                response = await turns.AssemblePrompt(request, timeout=120)
-            except grpc.RpcError as error:
-                self._failed("AssemblePrompt", error)
-                return
-            if not response.anthropic_request_json:
-                self._failed("AssemblePrompt", "no request body")
-
         async def worker(index: int) -> None:
             while time.monotonic() < deadline:
                 if index < 8:
@@ -455,7 +482,7 @@ class _Load:
                 elif index < 14:
                     await timed("CallDeferredTool", self.call_one(index, callers[index - 8]))
                 else:
-                    await timed("AssemblePrompt", assemble(index))
+                    await timed("AssemblePrompt", self.assemble_one(index, long_runs))
 
         start = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(CONCURRENCY)))
