@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import statistics
 
 import grpc.aio
 
 from bench._load import median
-from bench._postgres import fresh_database
+from bench._pgstats import (
+    CpuMeter,
+    DatabaseCounters,
+    delta,
+    postgres_cpu_seconds,
+    process_cpu_seconds,
+)
+from bench._postgres import POSTGRES_URL_ENV, fresh_database
 from bench._proc import channel, sidecar
 from bench.registry import BenchContext, case
 from psych.sidecar.v1 import (
@@ -34,11 +43,15 @@ async def append_scaling_2_sidecars(ctx: BenchContext) -> float:
     Both sidecars run throughout; rounds alternate one-sidecar and two-sidecar (ABBA) and the
     medians are compared. Afterwards every Run's log is read back: every acknowledged record
     must be stored exactly once, with gap-free sequences. The database, both sidecars and the
-    client share this machine's cores.
+    client share this machine's cores: the details give the CPU milliseconds each spent per
+    record (medians over the rounds; `other_cpu_ms` is the rest of the machine) and the
+    statements PostgreSQL ran per append (pg_stat_statements, when preloaded).
     """
     appends = ctx.pick(full=4000, quick=600)
     rounds = ctx.pick(full=6, quick=2)
     with fresh_database() as database_url:
+        name = database_url.rpartition("/")[2]
+        counters = DatabaseCounters(os.environ[POSTGRES_URL_ENV], name, None)
         async with (
             sidecar(ctx.tmp_dir, database_url=database_url, name="sidecar-a") as first,
             sidecar(ctx.tmp_dir, database_url=database_url, name="sidecar-b") as second,
@@ -51,6 +64,17 @@ async def append_scaling_2_sidecars(ctx: BenchContext) -> float:
             ]
             run_ids = await _create_runs(first_channel, stubs[0], CONCURRENCY)
             acknowledged = dict.fromkeys(run_ids, 0)
+            pids = [first.process.pid, second.process.pid]
+            meter = CpuMeter(
+                {
+                    "client": lambda: process_cpu_seconds(os.getpid()),
+                    "sidecars": lambda: sum(process_cpu_seconds(pid) for pid in pids),
+                    "postgres": lambda: postgres_cpu_seconds(
+                        os.environ.get("PSYCH_TEST_POSTGRES_DATA")
+                    ),
+                }
+            )
+            cpu: dict[int, list[dict[str, float]]] = {1: [], 2: []}
 
             async def measure(sidecars: int) -> float:
                 remaining = appends
@@ -69,11 +93,16 @@ async def append_scaling_2_sidecars(ctx: BenchContext) -> float:
                         acknowledged[run_id] += 1
 
                 loop = asyncio.get_running_loop()
+                meter.start()
                 start = loop.time()
                 await asyncio.gather(*(worker(i) for i in range(CONCURRENCY)))
-                return appends / (loop.time() - start)
+                rate = appends / (loop.time() - start)
+                cpu[sidecars].append(meter.stop(per=appends))
+                return rate
 
             await measure(2)  # warm-up: connections, caches, plans
+            cpu = {1: [], 2: []}
+            before = counters.snapshot()
             rates: dict[int, list[float]] = {1: [], 2: []}
             for round_index in range(rounds):
                 for count in (1, 2) if round_index % 2 == 0 else (2, 1):
@@ -82,7 +111,9 @@ async def append_scaling_2_sidecars(ctx: BenchContext) -> float:
                     f"round {round_index + 1}/{rounds}: one sidecar {rates[1][-1]:.0f} "
                     f"records/s, two {rates[2][-1]:.0f} records/s"
                 )
+            spent = delta(before, counters.snapshot()).per(2 * rounds * appends)
             stored = await _check_logs(stubs[1], acknowledged)
+        counters.close()
 
     one, two = median(rates[1]), median(rates[2])
     ctx.details.update(
@@ -95,9 +126,17 @@ async def append_scaling_2_sidecars(ctx: BenchContext) -> float:
             "concurrency": CONCURRENCY,
             "records_checked": stored,
             "lost_or_duplicated": 0,
+            "per_append": spent,
+            "cpu_ms_per_record": {
+                str(count): _medians(rounds_cpu) for count, rounds_cpu in cpu.items()
+            },
         }
     )
     return two / one
+
+
+def _medians(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {key: round(statistics.median(r[key] for r in rounds), 3) for key in rounds[0]}
 
 
 def _record(index: int) -> run_pb2.Record:

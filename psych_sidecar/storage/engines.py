@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, exc, make_url
 from sqlalchemy.engine import URL
 
 SQLITE_MMAP_BYTES = 2**31
 DEFAULT_BUSY_TIMEOUT_SECONDS = 5.0
 # The execution option that makes a SQLite transaction BEGIN IMMEDIATE (`transactions`).
 WRITE_OPTION = "psych_write"
+# A pooled PostgreSQL connection idle longer than this is pinged before use
+# (`ping_connections_idle_for`).
+PING_AFTER_IDLE_SECONDS = 1.0
+# Where a pooled connection's info keeps when it was last returned to the pool.
+_RETURNED_AT = "psych_returned_at"
 # How the sidecar's PostgreSQL connections reach the server (storage.database_pooling):
 # "session", each is a server session of its own (direct, or PgBouncer in session mode);
 # "transaction", a pooler such as PgBouncer in transaction mode hands each transaction to any
@@ -82,11 +88,11 @@ def create_database_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
         pool_timeout=busy_timeout_seconds,
         connect_args=connect_args,
     )
     configure_postgresql(engine)
+    ping_connections_idle_for(engine, PING_AFTER_IDLE_SECONDS)
     if pooling == "transaction":
         time_out_locks_per_transaction(engine, lock_ms)
     refuse_the_event_loop(engine)
@@ -99,6 +105,31 @@ def configure_postgresql(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.adapters.register_loader("bytea", SlicedByteaLoader)
+
+
+def ping_connections_idle_for(engine: Engine, seconds: float) -> None:
+    """Check that a pooled connection is alive before it is used, when it sat in the pool for
+    longer than `seconds` (where a server restart, an idle timeout or a middlebox may have
+    ended it): a dead one is replaced, and with it every connection pooled before, as
+    SQLAlchemy's `pool_pre_ping` does. That pings at every checkout: one more round trip per
+    transaction and per plain SELECT, through PgBouncer one more query handed to a server
+    connection. A connection in use within the last `seconds` is used as it is; if it died
+    meanwhile, its call fails as STORAGE_UNAVAILABLE, as a transaction in flight at that
+    moment would have, and the failure discards it."""
+
+    @event.listens_for(engine, "checkin")
+    def on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_RETURNED_AT] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        returned_at = record.info.get(_RETURNED_AT)
+        if returned_at is None or time.monotonic() - returned_at <= seconds:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as error:
+            raise exc.InvalidatePoolError(str(error)) from error
 
 
 def time_out_locks_per_transaction(engine: Engine, lock_ms: int) -> None:

@@ -64,14 +64,24 @@ def plain_select(engine: Engine, sql: str, parameters: tuple[Any, ...]) -> list[
     several times the query itself there, and one SELECT is atomic on its own on both
     databases. `sql` is the driver's SQL, parameters positional (`statements.py`), the same
     string the loop's connection runs (`LoopConnection.select_now`). The driver's "not now"
-    failures leave as STORAGE_UNAVAILABLE, as from a transaction."""
+    failures leave as STORAGE_UNAVAILABLE, as from a transaction.
+
+    On PostgreSQL the SELECT runs in autocommit: psycopg would otherwise open a transaction
+    for it (BEGIN) and the pool end it (ROLLBACK), two more round trips for one read, and
+    through PgBouncer two more statements on a server connection. SQLite's connections are
+    in autocommit already (`engines.configure_sqlite`)."""
     with unavailable_as_typed_errors():
         dbapi_connection = engine.raw_connection()
+        autocommit = engine.dialect.name == "postgresql"
         try:
+            if autocommit:
+                dbapi_connection.driver_connection.autocommit = True  # type: ignore[union-attr]
             cursor = dbapi_connection.cursor()
             cursor.execute(sql, parameters)
             rows = cursor.fetchall()
             cursor.close()
+            if autocommit:
+                dbapi_connection.driver_connection.autocommit = False  # type: ignore[union-attr]
         except Exception:
             # A connection that failed under us is not handed to the next caller.
             dbapi_connection.invalidate()
