@@ -391,6 +391,15 @@ class PromptSettings(_Group):
         ge=MIB,
         description="Memory for catalogues read and resolved turns (surfaces), by bytes.",
     )
+    parsed_result_cache_bytes: int = Field(
+        default=128 * MIB,
+        ge=0,
+        description=(
+            "Memory for stored results kept parsed for JMESPath queries (read_tool_output, "
+            "ReadToolOutput), estimated from their JSON's size; least recently used go first; "
+            "0 keeps none."
+        ),
+    )
     inline_result_bytes: int = Field(
         default=4 * MIB,
         ge=64 * 1024,

@@ -37,6 +37,18 @@ def test_a_byte_budget_keeps_the_most_recent_values_that_fit() -> None:
     assert len(cache) == 2
 
 
+def test_a_byte_budget_forgets_what_it_is_told_to_and_its_bytes() -> None:
+    # The reader's parsed results go this way when no query used them for a while.
+    cache = ByteBudgetCache[str, bytes](100, len)
+    for key, size in (("a", 10), ("b", 20), ("c", 30)):
+        cache.put(key, b"x" * size)
+    assert cache.discard_where(lambda value: len(value) >= 20) == 2
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (b"x" * 10, None, None)
+    assert (cache.bytes, len(cache)) == (10, 1)
+    cache.put("d", b"x" * 90)
+    assert cache.get("a") is not None
+
+
 # Loopback TCP.
 SIDECAR_TRANSPORTS = ["tcp"]
 

@@ -17,6 +17,7 @@ from psych_sidecar.domain.runlog import (
     ContextBudget,
     DisclosureSettings,
     PartKind,
+    ProgrammaticCalling,
     Provider,
     PublishedSpec,
     ReasoningSettings,
@@ -29,6 +30,7 @@ from psych_sidecar.domain.runlog import (
     Subagent,
     Thresholds,
     ToolCall,
+    ToolCallers,
     ToolGrant,
 )
 
@@ -125,6 +127,34 @@ def spec_from_proto(message: spec_pb2.Spec) -> Spec:
         grants=grants_from_proto(list(message.grants)),
         context_budget=context_budget_from_proto(message.context_budget),
         reasoning=reasoning_from_proto(message.reasoning, "spec.reasoning"),
+        programmatic_calling=programmatic_from_proto(
+            message.programmatic_calling, "spec.programmatic_calling"
+        ),
+    )
+
+
+_CALLERS = {
+    spec_pb2.TOOL_CALLERS_MODEL_AND_CODE: ToolCallers.MODEL_AND_CODE,
+    spec_pb2.TOOL_CALLERS_CODE_ONLY: ToolCallers.CODE_ONLY,
+}
+
+
+def programmatic_from_proto(
+    message: spec_pb2.ProgrammaticCalling, field_path: str
+) -> ProgrammaticCalling:
+    if message.callers and message.callers not in _CALLERS:
+        raise field_invalid(f"{field_path}.callers", f"unknown value {message.callers}")
+    return ProgrammaticCalling(
+        callers=_CALLERS.get(message.callers),
+        anthropic_code_execution_tool=message.anthropic_code_execution_tool,
+    )
+
+
+def programmatic_to_proto(settings: ProgrammaticCalling) -> spec_pb2.ProgrammaticCalling:
+    callers = next((k for k, v in _CALLERS.items() if v == settings.callers), 0)
+    return spec_pb2.ProgrammaticCalling(
+        callers=callers,  # type: ignore[arg-type]
+        anthropic_code_execution_tool=settings.anthropic_code_execution_tool,
     )
 
 
@@ -178,6 +208,11 @@ def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
         ),
         reasoning=(
             reasoning_to_proto(spec.reasoning) if spec.reasoning != ReasoningSettings() else None
+        ),
+        programmatic_calling=(
+            programmatic_to_proto(spec.programmatic_calling)
+            if spec.programmatic_calling != ProgrammaticCalling()
+            else None
         ),
     )
 

@@ -241,7 +241,11 @@ class SidecarGraph:
         )
         self.resolver = services.resolver
         limit = settings.listeners.max_message_bytes
-        reader = ToolOutputReader(services.runs, services.log)
+        self.reader = reader = ToolOutputReader(
+            services.runs,
+            services.log,
+            parsed_cache_bytes=settings.prompt.parsed_result_cache_bytes,
+        )
         self.deletion = RunDeletion(services.runs, RunDeletions(self.engine))
         router = ToolRouter(
             resolver=services.resolver,

@@ -21,6 +21,7 @@ from psych_sidecar.app.graph import SidecarGraph
 from psych_sidecar.app.retention import expire_runs_periodically
 from psych_sidecar.app.secret_keys import check_stored_secrets
 from psych_sidecar.config import ListenAddress, Settings
+from psych_sidecar.domain.calls import ToolOutputReader
 from psych_sidecar.listeners import (
     StartupError,
     check_listeners,
@@ -89,6 +90,7 @@ class Sidecar:
         self._unwatch: Callable[[], None] | None = None
         self._loop_lag: asyncio.Task[None] | None = None
         self._retention: asyncio.Task[None] | None = None
+        self._forgetting: asyncio.Task[None] | None = None
 
     def _admin_routes(self) -> list[BaseRoute]:
         """Everything the admin listener serves; a module serving a page there adds its
@@ -182,6 +184,7 @@ class Sidecar:
                     graph.deletion, graph.blocking, timedelta(hours=retention_hours)
                 )
             )
+        self._forgetting = asyncio.create_task(forget_unused_parsed_results(graph.reader))
         for name in ["", *service_names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if graph.embeddings is not None:
@@ -281,6 +284,10 @@ class Sidecar:
             self._retention.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retention
+        if self._forgetting is not None:
+            self._forgetting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._forgetting
         await self.mcp.stop()
         embeddings = self.graph.embeddings
         if embeddings is not None:
@@ -303,6 +310,18 @@ class Sidecar:
             if self._owns_tracer_provider:
                 self._tracer_provider.shutdown()
         remove_unix_sockets(self._socket_files)
+
+
+# How often forget_unused_parsed_results looks (a quarter of what a parsed result is kept).
+_FORGET_PASS_SECONDS = 15.0
+
+
+async def forget_unused_parsed_results(reader: ToolOutputReader) -> None:
+    """Until cancelled: every few seconds, drop the results parsed for queries that no query
+    used for a while (ToolOutputReader.forget_unused_parsed; a lock and a few entries)."""
+    while True:
+        await asyncio.sleep(_FORGET_PASS_SECONDS)
+        reader.forget_unused_parsed()
 
 
 async def serve(settings: Settings) -> None:

@@ -88,3 +88,12 @@ class ByteBudgetCache(Generic[K, V]):
             while self._bytes > self._budget:
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self._bytes -= evicted
+
+    def discard_where(self, unwanted: Callable[[V], bool]) -> int:
+        """Forget the values `unwanted` says to; how many were forgotten."""
+        with self._lock:
+            keys = [key for key, (value, _) in self._entries.items() if unwanted(value)]
+            for key in keys:
+                _, size = self._entries.pop(key)
+                self._bytes -= size
+            return len(keys)

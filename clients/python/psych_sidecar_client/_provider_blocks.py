@@ -15,10 +15,9 @@ from typing import Any
 
 from psych.sidecar.v1 import content_pb2, run_pb2, turn_service_pb2
 
-# Anthropic blocks that go back as they came: thinking, and server tools' calls and results.
-_ANTHROPIC_KEPT = frozenset(
-    {"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"}
-)
+# Anthropic blocks that go back as they came: thinking, and server tools' calls and results
+# (every `*_tool_result` block: web search and fetch, code execution, tool search).
+_ANTHROPIC_KEPT = frozenset({"thinking", "redacted_thinking", "server_tool_use"})
 _BODIES = {
     content_pb2.PROVIDER_ANTHROPIC: "anthropic_request_json",
     content_pb2.PROVIDER_OPENAI: "openai_responses_request_json",
@@ -48,12 +47,14 @@ def _record(
 
 def anthropic_record(message: Mapping[str, Any]) -> run_pb2.Record:
     """A Messages API response: thinking, redacted_thinking and server-tool blocks kept in
-    place, text as text parts, tool_use blocks as tool calls."""
+    place, text as text parts, tool_use blocks as tool calls. A tool_use made by code in the
+    code execution sandbox (programmatic tool calling: its `caller` is not "direct") is kept
+    too, linked to its call, so that it goes back with its caller."""
     content: list[content_pb2.ContentPart] = []
     calls: list[content_pb2.ToolCall] = []
     for block in message["content"]:
         kind = block["type"]
-        if kind in _ANTHROPIC_KEPT:
+        if kind in _ANTHROPIC_KEPT or kind.endswith("_tool_result"):
             content.append(_block(content_pb2.PROVIDER_ANTHROPIC, block, kind))
         elif kind == "text":
             content.append(content_pb2.ContentPart(text=block["text"]))
@@ -64,6 +65,9 @@ def anthropic_record(message: Mapping[str, Any]) -> run_pb2.Record:
                     call_id=block["id"], name=block["name"], arguments_json=arguments
                 )
             )
+            caller = block.get("caller") or {"type": "direct"}
+            if caller.get("type") != "direct":
+                content.append(_block(content_pb2.PROVIDER_ANTHROPIC, block, kind, block["id"]))
     return _record(content, calls)
 
 

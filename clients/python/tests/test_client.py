@@ -485,3 +485,45 @@ def test_a_thinking_models_blocks_go_back_in_its_own_body(
     (block,) = gemini.assistant_message.content
     assert (block.provider_block.type, block.provider_block.call_id) == ("functionCall", "g1")
     assert json.loads(block.provider_block.json) == signed
+
+
+def test_a_call_from_the_code_execution_sandbox_keeps_its_caller() -> None:
+    """Programmatic tool calling: the code's server_tool_use, its result block and the
+    tool_use it made (its `caller` naming the sandbox) go back as they came, the tool_use
+    linked to its call; a direct call is rendered by the sidecar as before."""
+    code = {
+        "type": "server_tool_use",
+        "id": "srvtoolu_1",
+        "name": "code_execution",
+        "input": {"code": "await weather(city='Oslo')"},
+    }
+    made = {
+        "type": "tool_use",
+        "id": "toolu_2",
+        "name": "weather",
+        "input": {"city": "Oslo"},
+        "caller": {"type": "code_execution_20260120", "tool_id": "srvtoolu_1"},
+    }
+    direct = {
+        "type": "tool_use",
+        "id": "toolu_3",
+        "name": "weather",
+        "input": {},
+        "caller": {"type": "direct"},
+    }
+    output = {
+        "type": "code_execution_tool_result",
+        "tool_use_id": "srvtoolu_1",
+        "content": {"type": "code_execution_result", "stdout": "", "stderr": "", "return_code": 0},
+    }
+    record = anthropic_record({"content": [code, made, direct, output]})
+    kept = [
+        (p.provider_block.type, p.provider_block.call_id, json.loads(p.provider_block.json))
+        for p in record.assistant_message.content
+    ]
+    assert kept == [
+        ("server_tool_use", "", code),
+        ("tool_use", "toolu_2", made),
+        ("code_execution_tool_result", "", output),
+    ]
+    assert [c.call_id for c in record.assistant_message.tool_calls] == ["toolu_2", "toolu_3"]

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import re2
 
+from psych_sidecar.domain.cache import ByteBudgetCache
 from psych_sidecar.domain.calls import result_query
 from psych_sidecar.domain.errors import (
     InvalidDeferredHandle,
@@ -73,6 +74,8 @@ MAX_PROGRAM_SIZE = 2000
 GREP_CHUNK_WORK = 50_000_000
 # CPU time (this thread's) one grep call may spend scanning before it returns what it has.
 GREP_CPU_BUDGET_SECONDS = 5.0
+# How long a result parsed for a query is kept without being queried again.
+PARSED_KEEP_SECONDS = 60.0
 # Each matching line is returned twice (as text and as a match), plus a little framing.
 _MATCH_OVERHEAD_BYTES = 24
 
@@ -172,9 +175,24 @@ class _Span(NamedTuple):
 class ToolOutputReader:
     """The one reader behind the ReadToolOutput RPC and the model's read_tool_output tool."""
 
-    def __init__(self, runs: RunService, log: LogReader) -> None:
+    def __init__(self, runs: RunService, log: LogReader, *, parsed_cache_bytes: int = 0) -> None:
         self._runs = runs
         self._log = log
+        # Results parsed for a query, kept for the next query of the same result: agents query
+        # one large result several times (filter, count, page through what a query yields),
+        # and parsing is most of a query's time. Bounded by the memory their values take, as
+        # `result_query.parsed_bytes` estimates it; a stored result never changes, so an entry
+        # is never stale (a deleted Run's are unreachable: its handles no longer resolve).
+        # `forget_unused_parsed` drops what no query used for PARSED_KEEP_SECONDS, so an idle
+        # sidecar does not hold them.
+        self._parsed: ByteBudgetCache[tuple[str, int], _Parsed] = ByteBudgetCache(
+            parsed_cache_bytes, lambda parsed: parsed.memory_bytes
+        )
+
+    def forget_unused_parsed(self) -> int:
+        """Drop the parsed results no query used for PARSED_KEEP_SECONDS; how many."""
+        now = time.monotonic()
+        return self._parsed.discard_where(lambda parsed: now - parsed.used > PARSED_KEEP_SECONDS)
 
     def resolve(self, run: Run, handle: str) -> int:
         """The sequence of the tool result `handle` names in this Run."""
@@ -212,12 +230,12 @@ class ToolOutputReader:
         if grep and query:
             raise field_invalid("query", "grep and query cannot be combined; use one")
         sequence = self.resolve(run, handle)
-        pattern = compile_pattern(grep, "grep") if grep else None
-        metas = self._log.part_metas(run.run_id, [sequence]).get(sequence, [])
         if query:
             compiled = result_query.compile_query(query)
-            text = result_query.evaluate(compiled, self.json_of(run.run_id, sequence, metas), stop)
+            text = result_query.evaluate(compiled, self._shared_json_of(run.run_id, sequence), stop)
             return _page(text, offset, limit, max_bytes)
+        pattern = compile_pattern(grep, "grep") if grep else None
+        metas = self._log.part_metas(run.run_id, [sequence]).get(sequence, [])
         # The rendering of what the model sees in full (`model_view`), so that offsets in
         # a preview's guidance continue where its head stops.
         span = _Span(run.run_id, sequence, TextLayout(model_view(metas)), offset, limit, max_bytes)
@@ -227,25 +245,27 @@ class ToolOutputReader:
             return self._grep(span, pattern, stop)
         return self._read_text(span)
 
+    def _shared_json_of(self, run_id: str, sequence: int) -> Any:
+        """`json_of`, from the parsed results kept when there (shared by every query of the
+        result: read, never changed; a query's evaluation builds new values)."""
+        kept = self._parsed.get((run_id, sequence))
+        if kept is not None:
+            kept.used = time.monotonic()
+            return kept.value
+        metas = self._log.part_metas(run_id, [sequence]).get(sequence, [])
+        part = _json_part(metas)
+        value = self._parse(run_id, sequence, part)
+        memory = result_query.parsed_bytes(part.byte_length)
+        self._parsed.put((run_id, sequence), _Parsed(value, memory, time.monotonic()))
+        return value
+
     def json_of(self, run_id: str, sequence: int, metas: list[PartMeta]) -> Any:
-        """The JSON value of a stored result (parsed; FIELD_INVALID when there is none): its
-        structured content, else its one text or JSON part as the model sees it."""
-        structured = [
-            p for p in metas if p.kind is PartKind.JSON and p.mime_type == STRUCTURED_CONTENT_MIME
-        ]
-        shown = model_view(metas)
-        parts = structured or shown
-        if len(parts) != 1 or parts[0].kind is PartKind.BINARY:
-            what = (
-                "is binary"
-                if parts and parts[0].kind is PartKind.BINARY
-                else (f"has {len(shown)} parts and no structured content")
-            )
-            raise field_invalid(
-                "query",
-                f"the result {what}, not one JSON document; use grep, or offset and limit",
-            )
-        part = parts[0]
+        """The JSON value of a stored result (parsed, the caller's own; FIELD_INVALID when
+        there is none): its structured content, else its one text or JSON part as the model
+        sees it."""
+        return self._parse(run_id, sequence, _json_part(metas))
+
+    def _parse(self, run_id: str, sequence: int, part: PartMeta) -> Any:
         result_query.check_source_size(part.byte_length)
         (data,) = self._log.read_ranges(
             run_id, [ByteRange(sequence, part.index, 0, part.byte_length)]
@@ -348,6 +368,36 @@ class ToolOutputReader:
             for part in layout.parts
         ]
         return rendered[0] if len(rendered) == 1 else SEPARATOR.encode().join(rendered)
+
+
+@dataclass(slots=True)
+class _Parsed:
+    """A result's JSON, parsed for queries; `used`: when a query last used it (monotonic)."""
+
+    value: Any
+    memory_bytes: int
+    used: float
+
+
+def _json_part(metas: list[PartMeta]) -> PartMeta:
+    """The part a query runs on (FIELD_INVALID when there is none): the result's structured
+    content, else its one text or JSON part as the model sees it."""
+    structured = [
+        p for p in metas if p.kind is PartKind.JSON and p.mime_type == STRUCTURED_CONTENT_MIME
+    ]
+    shown = model_view(metas)
+    parts = structured or shown
+    if len(parts) != 1 or parts[0].kind is PartKind.BINARY:
+        what = (
+            "is binary"
+            if parts and parts[0].kind is PartKind.BINARY
+            else (f"has {len(shown)} parts and no structured content")
+        )
+        raise field_invalid(
+            "query",
+            f"the result {what}, not one JSON document; use grep, or offset and limit",
+        )
+    return parts[0]
 
 
 def _page(text: str, offset: int, limit: int, max_bytes: int) -> ReadResult:

@@ -213,7 +213,14 @@ class PromptAssembler:
                         skeleton.call_id, skeleton.is_error, content, False, skeleton.handle
                     )
                 entries.append(HistoryEntry(skeleton.kind, content, skeleton.tool_calls, view))
-            prompt = Prompt(sections, tail, build_history(entries), transient, surface)
+            prompt = Prompt(
+                sections,
+                tail,
+                build_history(entries),
+                transient,
+                surface,
+                spec.programmatic_calling,
+            )
             return AssembledPrompt(
                 prompt,
                 zone_digests(prompt),

@@ -149,6 +149,12 @@ def openai_responses_body(
             }
             for tool in prompt.tools
         ]
+        calling = prompt.programmatic_calling
+        if calling.enabled:
+            # Callable from programs in OpenAI's hosted runtime, whose tool comes first.
+            for tool_definition in body["tools"]:
+                tool_definition["allowed_callers"] = calling.openai_allowed_callers()
+            body["tools"].insert(0, calling.openai_sandbox_tool())
     if prompt.static_sections:
         body["instructions"] = prompt.static_text()
     items: list[Any] = []

@@ -269,6 +269,12 @@ def anthropic_body(
         }
         for tool in prompt.tools
     ]
+    calling = prompt.programmatic_calling
+    if calling.enabled and tools:
+        # Callable from the code execution tool's sandbox, which comes first among the tools.
+        for tool_definition in tools:
+            tool_definition["allowed_callers"] = calling.anthropic_allowed_callers()
+        tools.insert(0, calling.anthropic_sandbox_tool())
     system: list[dict[str, Any]] = []
     if prompt.static_sections:
         system.append(

@@ -19,14 +19,21 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any
 
 from psych_sidecar.bulk.slices import b64encode_sliced
 from psych_sidecar.domain.canonical import canonical_json
-from psych_sidecar.domain.runlog import ContentPart, PartKind, RecordKind, Spec, ToolCall
+from psych_sidecar.domain.runlog import (
+    ContentPart,
+    PartKind,
+    ProgrammaticCalling,
+    RecordKind,
+    Spec,
+    ToolCall,
+)
 from psych_sidecar.domain.surface import ExposedTool, ServerLine, ToolSurface
 
 MISSING_RESULT_TEXT = "No result was recorded for this tool call."
@@ -83,6 +90,9 @@ class Prompt:
     # The turn's tool surface: the tools sent, and the server lines behind the Tool servers
     # roster of zone 2.
     surface: ToolSurface
+    # Who may call those tools: the Spec's programmatic calling (the Anthropic and OpenAI
+    # Responses bodies' allowed_callers and sandbox tool).
+    programmatic_calling: ProgrammaticCalling = field(default_factory=ProgrammaticCalling)
 
     @property
     def tools(self) -> tuple[ExposedTool, ...]:

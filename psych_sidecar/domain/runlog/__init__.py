@@ -37,6 +37,7 @@ from psych_sidecar.domain.runlog.ports import (
     SpecRepository,
     StorageNow,
 )
+from psych_sidecar.domain.runlog.programmatic import ProgrammaticCalling, ToolCallers
 from psych_sidecar.domain.runlog.provider_blocks import (
     MAX_PROVIDER_BLOCK_BYTES,
     BlockEnvelope,
@@ -113,6 +114,7 @@ __all__ = [
     "PartMeta",
     "PendingAppend",
     "Piece",
+    "ProgrammaticCalling",
     "Provider",
     "PublishedSpec",
     "ReasoningEffort",
@@ -138,6 +140,7 @@ __all__ = [
     "TextLayout",
     "Thresholds",
     "ToolCall",
+    "ToolCallers",
     "ToolGrant",
     "binary_marker",
     "decode_token",

@@ -15,6 +15,10 @@ from psych_sidecar.domain.errors import (
     field_invalid,
     field_required,
 )
+from psych_sidecar.domain.runlog.programmatic import (
+    ProgrammaticCalling,
+    validate_programmatic_calling,
+)
 from psych_sidecar.domain.runlog.reasoning import ReasoningSettings, validate_reasoning
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -132,6 +136,7 @@ class Spec:
     grants: tuple[ToolGrant, ...] = ()
     context_budget: ContextBudget = field(default_factory=ContextBudget)
     reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
+    programmatic_calling: ProgrammaticCalling = field(default_factory=ProgrammaticCalling)
 
     def effective_thresholds(self) -> EffectiveThresholds:
         set_values = {k: v for k, v in asdict(self.thresholds).items() if v is not None}
@@ -139,8 +144,8 @@ class Spec:
 
     def content_json(self) -> str:
         """The Spec's content as canonical JSON (sorted keys): what is stored and compared for
-        immutability. An unset context budget or reasoning is left out, so Specs stored
-        before they existed keep their bytes and fingerprints."""
+        immutability. An unset context budget, reasoning or programmatic calling is left out,
+        so Specs stored before they existed keep their bytes and fingerprints."""
         content = asdict(self)
         if self.disclosure.result_references is None:
             # Unset, it is left out, so Specs stored before it existed keep their bytes.
@@ -153,6 +158,10 @@ class Spec:
             del content["reasoning"]
         else:
             content["reasoning"] = self.reasoning.content()
+        if self.programmatic_calling == ProgrammaticCalling():
+            del content["programmatic_calling"]
+        else:
+            content["programmatic_calling"] = self.programmatic_calling.content()
         return canonical_json(sorted_keys(content)).decode()
 
     def fingerprint(self) -> str:
@@ -173,6 +182,9 @@ class Spec:
             grants=tuple(ToolGrant(**g) for g in data["grants"]),
             context_budget=ContextBudget(**data.get("context_budget", {})),
             reasoning=ReasoningSettings.from_content(data.get("reasoning", {})),
+            programmatic_calling=ProgrammaticCalling.from_content(
+                data.get("programmatic_calling", {})
+            ),
         )
 
 
@@ -241,6 +253,7 @@ def validate_spec(spec: Spec) -> None:
             raise field_invalid(f"spec.thresholds.{key}", "must not be negative")
     validate_context_budget(spec.context_budget, "spec.context_budget")
     validate_reasoning(spec.reasoning, "spec.reasoning")
+    validate_programmatic_calling(spec.programmatic_calling, "spec.programmatic_calling")
     for key, value in asdict(spec.disclosure).items():
         if value is not None and value < 0:
             raise field_invalid(f"spec.disclosure.{key}", "must not be negative")

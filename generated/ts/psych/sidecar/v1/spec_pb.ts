@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/spec.proto.
  */
 export const file_psych_sidecar_v1_spec: GenFile = /*@__PURE__*/
-  fileDesc("Chtwc3ljaC9zaWRlY2FyL3YxL3NwZWMucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEisAQKBFNwZWMSEgoEbmFtZRgBIAEoCUIE4kEBAhIVCgd2ZXJzaW9uGAIgASgDQgTiQQECEhoKDGluc3RydWN0aW9ucxgDIAEoCUIE4kEBARItCgZza2lsbHMYBCADKAsyFy5wc3ljaC5zaWRlY2FyLnYxLlNraWxsQgTiQQEBEjMKCXN1YmFnZW50cxgFIAMoCzIaLnBzeWNoLnNpZGVjYXIudjEuU3ViYWdlbnRCBOJBAQESHgoQY2FwYWJpbGl0eV9ub3RlcxgGIAMoCUIE4kEBARI2Cgp0aHJlc2hvbGRzGAcgASgLMhwucHN5Y2guc2lkZWNhci52MS5UaHJlc2hvbGRzQgTiQQEBEj4KCmRpc2Nsb3N1cmUYCCABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLkRpc2Nsb3N1cmVTZXR0aW5nc0IE4kEBARIxCgZncmFudHMYCSADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xHcmFudEIE4kEBARI1CgtjcmVhdGVfdGltZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMSPQoOY29udGV4dF9idWRnZXQYCyABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRCdWRnZXRCBOJBAQESPAoJcmVhc29uaW5nGAwgASgLMiMucHN5Y2guc2lkZWNhci52MS5SZWFzb25pbmdTZXR0aW5nc0IE4kEBASLGAwoRUmVhc29uaW5nU2V0dGluZ3MSRQoSYW50aHJvcGljX3RoaW5raW5nGAEgASgOMiMucHN5Y2guc2lkZWNhci52MS5BbnRocm9waWNUaGlua2luZ0IE4kEBARIqChdhbnRocm9waWNfYnVkZ2V0X3Rva2VucxgCIAEoA0IE4kEBAUgAiAEBEkgKF29wZW5haV9yZWFzb25pbmdfZWZmb3J0GAMgASgOMiEucHN5Y2guc2lkZWNhci52MS5SZWFzb25pbmdFZmZvcnRCBOJBAQESKQoWZ2VtaW5pX3RoaW5raW5nX2J1ZGdldBgEIAEoA0IE4kEBAUgBiAEBEkoKFWdlbWluaV90aGlua2luZ19sZXZlbBgFIAEoDjIlLnBzeWNoLnNpZGVjYXIudjEuR2VtaW5pVGhpbmtpbmdMZXZlbEIE4kEBARIqChdnZW1pbmlfaW5jbHVkZV90aG91Z2h0cxgGIAEoCEIE4kEBAUgCiAEBQhoKGF9hbnRocm9waWNfYnVkZ2V0X3Rva2Vuc0IZChdfZ2VtaW5pX3RoaW5raW5nX2J1ZGdldEIaChhfZ2VtaW5pX2luY2x1ZGVfdGhvdWdodHMi5QEKDUNvbnRleHRCdWRnZXQSKAoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDQgTiQQEBSACIAQESKAoVb3V0cHV0X3Jlc2VydmVfdG9rZW5zGAIgASgDQgTiQQEBSAGIAQESLQoaY3VycmVudF90dXJuX3Jlc3VsdF90b2tlbnMYAyABKANCBOJBAQFIAogBAUIYChZfY29udGV4dF93aW5kb3dfdG9rZW5zQhgKFl9vdXRwdXRfcmVzZXJ2ZV90b2tlbnNCHQobX2N1cnJlbnRfdHVybl9yZXN1bHRfdG9rZW5zIkoKBVNraWxsEhIKBG5hbWUYASABKAlCBOJBAQISGQoLZGVzY3JpcHRpb24YAiABKAlCBOJBAQESEgoEYm9keRgDIAEoCUIE4kEBASI5CghTdWJhZ2VudBISCgRuYW1lGAEgASgJQgTiQQECEhkKC2Rlc2NyaXB0aW9uGAIgASgJQgTiQQEBIsgCCgpUaHJlc2hvbGRzEiQKEXBlcl9yZXN1bHRfdG9rZW5zGAEgASgDQgTiQQEBSACIAQESIwoQcGVyX2JhdGNoX3Rva2VucxgCIAEoA0IE4kEBAUgBiAEBEiUKEnByZXZpZXdfaGVhZF9jaGFycxgDIAEoBUIE4kEBAUgCiAEBEiUKEnByZXZpZXdfdGFpbF9jaGFycxgEIAEoBUIE4kEBAUgDiAEBEisKGGZhaWx1cmVfdHJ1bmNhdGlvbl9jaGFycxgFIAEoBUIE4kEBAUgEiAEBQhQKEl9wZXJfcmVzdWx0X3Rva2Vuc0ITChFfcGVyX2JhdGNoX3Rva2Vuc0IVChNfcHJldmlld19oZWFkX2NoYXJzQhUKE19wcmV2aWV3X3RhaWxfY2hhcnNCGwoZX2ZhaWx1cmVfdHJ1bmNhdGlvbl9jaGFycyKKAgoSRGlzY2xvc3VyZVNldHRpbmdzEikKFmF1dG9fcHJlbG9hZF9tYXhfdG9vbHMYASABKAVCBOJBAQFIAIgBARIjChBkaXJlY3RfbWF4X3Rvb2xzGAIgASgFQgTiQQEBSAGIAQESIwoQZmFjYWRlX21heF90b29scxgDIAEoBUIE4kEBAUgCiAEBEiQKEXJlc3VsdF9yZWZlcmVuY2VzGAQgASgIQgTiQQEBSAOIAQFCGQoXX2F1dG9fcHJlbG9hZF9tYXhfdG9vbHNCEwoRX2RpcmVjdF9tYXhfdG9vbHNCEwoRX2ZhY2FkZV9tYXhfdG9vbHNCFAoSX3Jlc3VsdF9yZWZlcmVuY2VzIkUKCVRvb2xHcmFudBIcCg5zZXJ2ZXJfcGF0dGVybhgBIAEoCUIE4kEBAhIaCgx0b29sX3BhdHRlcm4YAiABKAlCBOJBAQIqmQEKEUFudGhyb3BpY1RoaW5raW5nEiIKHkFOVEhST1BJQ19USElOS0lOR19VTlNQRUNJRklFRBAAEh4KGkFOVEhST1BJQ19USElOS0lOR19FTkFCTEVEEAESHwobQU5USFJPUElDX1RISU5LSU5HX0FEQVBUSVZFEAISHwobQU5USFJPUElDX1RISU5LSU5HX0RJU0FCTEVEEAMq2gEKD1JlYXNvbmluZ0VmZm9ydBIgChxSRUFTT05JTkdfRUZGT1JUX1VOU1BFQ0lGSUVEEAASGQoVUkVBU09OSU5HX0VGRk9SVF9OT05FEAESHAoYUkVBU09OSU5HX0VGRk9SVF9NSU5JTUFMEAISGAoUUkVBU09OSU5HX0VGRk9SVF9MT1cQAxIbChdSRUFTT05JTkdfRUZGT1JUX01FRElVTRAEEhkKFVJFQVNPTklOR19FRkZPUlRfSElHSBAFEhoKFlJFQVNPTklOR19FRkZPUlRfWEhJR0gQBirAAQoTR2VtaW5pVGhpbmtpbmdMZXZlbBIlCiFHRU1JTklfVEhJTktJTkdfTEVWRUxfVU5TUEVDSUZJRUQQABIhCh1HRU1JTklfVEhJTktJTkdfTEVWRUxfTUlOSU1BTBABEh0KGUdFTUlOSV9USElOS0lOR19MRVZFTF9MT1cQAhIgChxHRU1JTklfVEhJTktJTkdfTEVWRUxfTUVESVVNEAMSHgoaR0VNSU5JX1RISU5LSU5HX0xFVkVMX0hJR0gQBEK0AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCCVNwZWNQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
+  fileDesc("Chtwc3ljaC9zaWRlY2FyL3YxL3NwZWMucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEi+wQKBFNwZWMSEgoEbmFtZRgBIAEoCUIE4kEBAhIVCgd2ZXJzaW9uGAIgASgDQgTiQQECEhoKDGluc3RydWN0aW9ucxgDIAEoCUIE4kEBARItCgZza2lsbHMYBCADKAsyFy5wc3ljaC5zaWRlY2FyLnYxLlNraWxsQgTiQQEBEjMKCXN1YmFnZW50cxgFIAMoCzIaLnBzeWNoLnNpZGVjYXIudjEuU3ViYWdlbnRCBOJBAQESHgoQY2FwYWJpbGl0eV9ub3RlcxgGIAMoCUIE4kEBARI2Cgp0aHJlc2hvbGRzGAcgASgLMhwucHN5Y2guc2lkZWNhci52MS5UaHJlc2hvbGRzQgTiQQEBEj4KCmRpc2Nsb3N1cmUYCCABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLkRpc2Nsb3N1cmVTZXR0aW5nc0IE4kEBARIxCgZncmFudHMYCSADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xHcmFudEIE4kEBARI1CgtjcmVhdGVfdGltZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMSPQoOY29udGV4dF9idWRnZXQYCyABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRCdWRnZXRCBOJBAQESPAoJcmVhc29uaW5nGAwgASgLMiMucHN5Y2guc2lkZWNhci52MS5SZWFzb25pbmdTZXR0aW5nc0IE4kEBARJJChRwcm9ncmFtbWF0aWNfY2FsbGluZxgNIAEoCzIlLnBzeWNoLnNpZGVjYXIudjEuUHJvZ3JhbW1hdGljQ2FsbGluZ0IE4kEBASJ4ChNQcm9ncmFtbWF0aWNDYWxsaW5nEjQKB2NhbGxlcnMYASABKA4yHS5wc3ljaC5zaWRlY2FyLnYxLlRvb2xDYWxsZXJzQgTiQQEBEisKHWFudGhyb3BpY19jb2RlX2V4ZWN1dGlvbl90b29sGAIgASgJQgTiQQEBIsYDChFSZWFzb25pbmdTZXR0aW5ncxJFChJhbnRocm9waWNfdGhpbmtpbmcYASABKA4yIy5wc3ljaC5zaWRlY2FyLnYxLkFudGhyb3BpY1RoaW5raW5nQgTiQQEBEioKF2FudGhyb3BpY19idWRnZXRfdG9rZW5zGAIgASgDQgTiQQEBSACIAQESSAoXb3BlbmFpX3JlYXNvbmluZ19lZmZvcnQYAyABKA4yIS5wc3ljaC5zaWRlY2FyLnYxLlJlYXNvbmluZ0VmZm9ydEIE4kEBARIpChZnZW1pbmlfdGhpbmtpbmdfYnVkZ2V0GAQgASgDQgTiQQEBSAGIAQESSgoVZ2VtaW5pX3RoaW5raW5nX2xldmVsGAUgASgOMiUucHN5Y2guc2lkZWNhci52MS5HZW1pbmlUaGlua2luZ0xldmVsQgTiQQEBEioKF2dlbWluaV9pbmNsdWRlX3Rob3VnaHRzGAYgASgIQgTiQQEBSAKIAQFCGgoYX2FudGhyb3BpY19idWRnZXRfdG9rZW5zQhkKF19nZW1pbmlfdGhpbmtpbmdfYnVkZ2V0QhoKGF9nZW1pbmlfaW5jbHVkZV90aG91Z2h0cyLlAQoNQ29udGV4dEJ1ZGdldBIoChVjb250ZXh0X3dpbmRvd190b2tlbnMYASABKANCBOJBAQFIAIgBARIoChVvdXRwdXRfcmVzZXJ2ZV90b2tlbnMYAiABKANCBOJBAQFIAYgBARItChpjdXJyZW50X3R1cm5fcmVzdWx0X3Rva2VucxgDIAEoA0IE4kEBAUgCiAEBQhgKFl9jb250ZXh0X3dpbmRvd190b2tlbnNCGAoWX291dHB1dF9yZXNlcnZlX3Rva2Vuc0IdChtfY3VycmVudF90dXJuX3Jlc3VsdF90b2tlbnMiSgoFU2tpbGwSEgoEbmFtZRgBIAEoCUIE4kEBAhIZCgtkZXNjcmlwdGlvbhgCIAEoCUIE4kEBARISCgRib2R5GAMgASgJQgTiQQEBIjkKCFN1YmFnZW50EhIKBG5hbWUYASABKAlCBOJBAQISGQoLZGVzY3JpcHRpb24YAiABKAlCBOJBAQEiyAIKClRocmVzaG9sZHMSJAoRcGVyX3Jlc3VsdF90b2tlbnMYASABKANCBOJBAQFIAIgBARIjChBwZXJfYmF0Y2hfdG9rZW5zGAIgASgDQgTiQQEBSAGIAQESJQoScHJldmlld19oZWFkX2NoYXJzGAMgASgFQgTiQQEBSAKIAQESJQoScHJldmlld190YWlsX2NoYXJzGAQgASgFQgTiQQEBSAOIAQESKwoYZmFpbHVyZV90cnVuY2F0aW9uX2NoYXJzGAUgASgFQgTiQQEBSASIAQFCFAoSX3Blcl9yZXN1bHRfdG9rZW5zQhMKEV9wZXJfYmF0Y2hfdG9rZW5zQhUKE19wcmV2aWV3X2hlYWRfY2hhcnNCFQoTX3ByZXZpZXdfdGFpbF9jaGFyc0IbChlfZmFpbHVyZV90cnVuY2F0aW9uX2NoYXJzIooCChJEaXNjbG9zdXJlU2V0dGluZ3MSKQoWYXV0b19wcmVsb2FkX21heF90b29scxgBIAEoBUIE4kEBAUgAiAEBEiMKEGRpcmVjdF9tYXhfdG9vbHMYAiABKAVCBOJBAQFIAYgBARIjChBmYWNhZGVfbWF4X3Rvb2xzGAMgASgFQgTiQQEBSAKIAQESJAoRcmVzdWx0X3JlZmVyZW5jZXMYBCABKAhCBOJBAQFIA4gBAUIZChdfYXV0b19wcmVsb2FkX21heF90b29sc0ITChFfZGlyZWN0X21heF90b29sc0ITChFfZmFjYWRlX21heF90b29sc0IUChJfcmVzdWx0X3JlZmVyZW5jZXMiRQoJVG9vbEdyYW50EhwKDnNlcnZlcl9wYXR0ZXJuGAEgASgJQgTiQQECEhoKDHRvb2xfcGF0dGVybhgCIAEoCUIE4kEBAipoCgtUb29sQ2FsbGVycxIcChhUT09MX0NBTExFUlNfVU5TUEVDSUZJRUQQABIfChtUT09MX0NBTExFUlNfTU9ERUxfQU5EX0NPREUQARIaChZUT09MX0NBTExFUlNfQ09ERV9PTkxZEAIqmQEKEUFudGhyb3BpY1RoaW5raW5nEiIKHkFOVEhST1BJQ19USElOS0lOR19VTlNQRUNJRklFRBAAEh4KGkFOVEhST1BJQ19USElOS0lOR19FTkFCTEVEEAESHwobQU5USFJPUElDX1RISU5LSU5HX0FEQVBUSVZFEAISHwobQU5USFJPUElDX1RISU5LSU5HX0RJU0FCTEVEEAMq2gEKD1JlYXNvbmluZ0VmZm9ydBIgChxSRUFTT05JTkdfRUZGT1JUX1VOU1BFQ0lGSUVEEAASGQoVUkVBU09OSU5HX0VGRk9SVF9OT05FEAESHAoYUkVBU09OSU5HX0VGRk9SVF9NSU5JTUFMEAISGAoUUkVBU09OSU5HX0VGRk9SVF9MT1cQAxIbChdSRUFTT05JTkdfRUZGT1JUX01FRElVTRAEEhkKFVJFQVNPTklOR19FRkZPUlRfSElHSBAFEhoKFlJFQVNPTklOR19FRkZPUlRfWEhJR0gQBirAAQoTR2VtaW5pVGhpbmtpbmdMZXZlbBIlCiFHRU1JTklfVEhJTktJTkdfTEVWRUxfVU5TUEVDSUZJRUQQABIhCh1HRU1JTklfVEhJTktJTkdfTEVWRUxfTUlOSU1BTBABEh0KGUdFTUlOSV9USElOS0lOR19MRVZFTF9MT1cQAhIgChxHRU1JTklfVEhJTktJTkdfTEVWRUxfTUVESVVNEAMSHgoaR0VNSU5JX1RISU5LSU5HX0xFVkVMX0hJR0gQBEK0AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCCVNwZWNQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
 
 /**
  * Spec is one immutable version of an agent's configuration: what goes in
@@ -118,6 +118,18 @@ export type Spec = Message<"psych.sidecar.v1.Spec"> & {
    * @generated from field: psych.sidecar.v1.ReasoningSettings reasoning = 12;
    */
   reasoning?: ReasoningSettings | undefined;
+
+  /**
+   * Lets a provider's hosted sandbox call the tools of the bodies
+   * AssemblePrompt builds from code the model writes there (Anthropic's and
+   * OpenAI's programmatic tool calling). The host still runs each call, through
+   * DispatchToolCall. Unset: the model calls tools directly and the bodies
+   * carry no allowed_callers. An invalid value is refused here
+   * (FIELD_INVALID). See docs/prompt.md.
+   *
+   * @generated from field: psych.sidecar.v1.ProgrammaticCalling programmatic_calling = 13;
+   */
+  programmaticCalling?: ProgrammaticCalling | undefined;
 };
 
 /**
@@ -126,6 +138,39 @@ export type Spec = Message<"psych.sidecar.v1.Spec"> & {
  */
 export const SpecSchema: GenMessage<Spec> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_spec, 0);
+
+/**
+ * ProgrammaticCalling sets who may call the tools of the Anthropic and OpenAI
+ * Responses bodies: each tool's `allowed_callers`, and the provider's sandbox
+ * tool, added to the body's tools. Chat Completions and Gemini have no
+ * equivalent; their bodies are unchanged.
+ *
+ * @generated from message psych.sidecar.v1.ProgrammaticCalling
+ */
+export type ProgrammaticCalling = Message<"psych.sidecar.v1.ProgrammaticCalling"> & {
+  /**
+   * Who may call the tools. Unspecified: the model directly (off).
+   *
+   * @generated from field: psych.sidecar.v1.ToolCallers callers = 1;
+   */
+  callers: ToolCallers;
+
+  /**
+   * The Anthropic code execution tool whose sandbox calls them, by its type:
+   * "code_execution_20260120" (the default when empty) or
+   * "code_execution_20260521". Only with callers set.
+   *
+   * @generated from field: string anthropic_code_execution_tool = 2;
+   */
+  anthropicCodeExecutionTool: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ProgrammaticCalling.
+ * Use `create(ProgrammaticCallingSchema)` to create a new message.
+ */
+export const ProgrammaticCallingSchema: GenMessage<ProgrammaticCalling> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_spec, 1);
 
 /**
  * ReasoningSettings are a reasoning model's parameters, per provider. Each
@@ -189,7 +234,7 @@ export type ReasoningSettings = Message<"psych.sidecar.v1.ReasoningSettings"> & 
  * Use `create(ReasoningSettingsSchema)` to create a new message.
  */
 export const ReasoningSettingsSchema: GenMessage<ReasoningSettings> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 1);
+  messageDesc(file_psych_sidecar_v1_spec, 2);
 
 /**
  * ContextBudget is the room a prompt has: the model's context window, less
@@ -233,7 +278,7 @@ export type ContextBudget = Message<"psych.sidecar.v1.ContextBudget"> & {
  * Use `create(ContextBudgetSchema)` to create a new message.
  */
 export const ContextBudgetSchema: GenMessage<ContextBudget> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 2);
+  messageDesc(file_psych_sidecar_v1_spec, 3);
 
 /**
  * Skill is one entry of the skills index.
@@ -268,7 +313,7 @@ export type Skill = Message<"psych.sidecar.v1.Skill"> & {
  * Use `create(SkillSchema)` to create a new message.
  */
 export const SkillSchema: GenMessage<Skill> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 3);
+  messageDesc(file_psych_sidecar_v1_spec, 4);
 
 /**
  * Subagent is one entry of the subagent roster.
@@ -296,7 +341,7 @@ export type Subagent = Message<"psych.sidecar.v1.Subagent"> & {
  * Use `create(SubagentSchema)` to create a new message.
  */
 export const SubagentSchema: GenMessage<Subagent> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 4);
+  messageDesc(file_psych_sidecar_v1_spec, 5);
 
 /**
  * Thresholds governs how large tool results are elided from prior turns.
@@ -349,7 +394,7 @@ export type Thresholds = Message<"psych.sidecar.v1.Thresholds"> & {
  * Use `create(ThresholdsSchema)` to create a new message.
  */
 export const ThresholdsSchema: GenMessage<Thresholds> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 5);
+  messageDesc(file_psych_sidecar_v1_spec, 6);
 
 /**
  * DisclosureSettings sets the catalogue-size thresholds that decide how a
@@ -400,7 +445,7 @@ export type DisclosureSettings = Message<"psych.sidecar.v1.DisclosureSettings"> 
  * Use `create(DisclosureSettingsSchema)` to create a new message.
  */
 export const DisclosureSettingsSchema: GenMessage<DisclosureSettings> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 6);
+  messageDesc(file_psych_sidecar_v1_spec, 7);
 
 /**
  * ToolGrant permits the MCP tools whose server and tool names both match.
@@ -430,7 +475,41 @@ export type ToolGrant = Message<"psych.sidecar.v1.ToolGrant"> & {
  * Use `create(ToolGrantSchema)` to create a new message.
  */
 export const ToolGrantSchema: GenMessage<ToolGrant> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 7);
+  messageDesc(file_psych_sidecar_v1_spec, 8);
+
+/**
+ * ToolCallers says who may call a tool the model is given.
+ *
+ * @generated from enum psych.sidecar.v1.ToolCallers
+ */
+export enum ToolCallers {
+  /**
+   * Unset: the model directly, as without programmatic calling.
+   *
+   * @generated from enum value: TOOL_CALLERS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The model directly, and code in the provider's sandbox.
+   *
+   * @generated from enum value: TOOL_CALLERS_MODEL_AND_CODE = 1;
+   */
+  MODEL_AND_CODE = 1,
+
+  /**
+   * Code in the provider's sandbox only.
+   *
+   * @generated from enum value: TOOL_CALLERS_CODE_ONLY = 2;
+   */
+  CODE_ONLY = 2,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.ToolCallers.
+ */
+export const ToolCallersSchema: GenEnum<ToolCallers> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_spec, 0);
 
 /**
  * AnthropicThinking is the `thinking.type` of an Anthropic request.
@@ -471,7 +550,7 @@ export enum AnthropicThinking {
  * Describes the enum psych.sidecar.v1.AnthropicThinking.
  */
 export const AnthropicThinkingSchema: GenEnum<AnthropicThinking> = /*@__PURE__*/
-  enumDesc(file_psych_sidecar_v1_spec, 0);
+  enumDesc(file_psych_sidecar_v1_spec, 1);
 
 /**
  * ReasoningEffort is OpenAI's reasoning effort.
@@ -533,7 +612,7 @@ export enum ReasoningEffort {
  * Describes the enum psych.sidecar.v1.ReasoningEffort.
  */
 export const ReasoningEffortSchema: GenEnum<ReasoningEffort> = /*@__PURE__*/
-  enumDesc(file_psych_sidecar_v1_spec, 1);
+  enumDesc(file_psych_sidecar_v1_spec, 2);
 
 /**
  * GeminiThinkingLevel is Gemini's `thinkingConfig.thinkingLevel`.
@@ -581,5 +660,5 @@ export enum GeminiThinkingLevel {
  * Describes the enum psych.sidecar.v1.GeminiThinkingLevel.
  */
 export const GeminiThinkingLevelSchema: GenEnum<GeminiThinkingLevel> = /*@__PURE__*/
-  enumDesc(file_psych_sidecar_v1_spec, 2);
+  enumDesc(file_psych_sidecar_v1_spec, 3);
 
