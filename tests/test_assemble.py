@@ -11,7 +11,7 @@ from collections.abc import Callable
 import grpc
 from google.protobuf import timestamp_pb2
 
-from psych.sidecar.v1 import content_pb2, spec_pb2, turn_pb2
+from psych.sidecar.v1 import content_pb2, spec_pb2, turn_pb2, turn_service_pb2
 from tests.support.prompts import (
     NOON,
     append,
@@ -321,3 +321,59 @@ def test_bad_requests_are_refused(stubs: Stubs, unique: Callable[[str], str]) ->
     )
     empty = rpc_failure(lambda: assemble(stubs, ""))
     assert (empty.info.reason, empty.info.metadata["field"]) == ("FIELD_REQUIRED", "run_id")
+
+
+BODY_FIELDS = {
+    turn_service_pb2.BODY_FORMAT_ANTHROPIC_MESSAGES: "anthropic_request_json",
+    turn_service_pb2.BODY_FORMAT_OPENAI_CHAT_COMPLETIONS: "openai_request_json",
+    turn_service_pb2.BODY_FORMAT_OPENAI_RESPONSES: "openai_responses_request_json",
+    turn_service_pb2.BODY_FORMAT_GEMINI_GENERATE_CONTENT: "gemini_request_json",
+}
+
+
+def test_only_the_bodies_asked_for_are_built(stubs: Stubs, unique: Callable[[str], str]) -> None:
+    """Each body asked for alone is the very body of a call that asks for none (all four),
+    the others empty; the prompt and its zones are the same either way."""
+    run_id = run_with(stubs, unique("agent"), **SPEC)
+    append(stubs, run_id, user("q"), assistant("", ("c1", "t", "{}")), result("c1", "r" * 5000))
+    append(stubs, run_id, user("again"))
+    every = assemble(stubs, run_id, preview=True)
+    assert all(getattr(every, field) for field in BODY_FIELDS.values())
+    for body_format, field in BODY_FIELDS.items():
+        one = assemble(stubs, run_id, preview=True, bodies=[body_format, body_format])
+        assert getattr(one, field) == getattr(every, field)
+        assert [name for name in BODY_FIELDS.values() if getattr(one, name)] == [field]
+        assert one.prompt == every.prompt
+        assert list(one.zones) == list(every.zones)
+    two = assemble(
+        stubs,
+        run_id,
+        preview=True,
+        bodies=[
+            turn_service_pb2.BODY_FORMAT_GEMINI_GENERATE_CONTENT,
+            turn_service_pb2.BODY_FORMAT_ANTHROPIC_MESSAGES,
+        ],
+    )
+    assert (two.anthropic_request_json, two.gemini_request_json) == (
+        every.anthropic_request_json,
+        every.gemini_request_json,
+    )
+    assert not two.openai_request_json
+    assert not two.openai_responses_request_json
+
+
+def test_a_body_format_the_sidecar_does_not_build_is_refused(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    run_id = run_with(stubs, unique("agent"))
+    append(stubs, run_id, user("q"))
+    for bodies, field in (
+        ([turn_service_pb2.BODY_FORMAT_UNSPECIFIED], "bodies[0]"),
+        ([turn_service_pb2.BODY_FORMAT_OPENAI_RESPONSES, 99], "bodies[1]"),
+    ):
+        failure = rpc_failure(lambda bodies=bodies: assemble(stubs, run_id, bodies=bodies))
+        assert (failure.code, failure.info.reason, failure.info.metadata["field"]) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "FIELD_INVALID",
+            field,
+        )
