@@ -4,14 +4,16 @@ bodies (validated against the official SDKs' request types) and cache breakpoint
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
 
-from psych.sidecar.v1 import content_pb2, spec_pb2, turn_pb2
+from psych.sidecar.v1 import content_pb2, spec_pb2, turn_pb2, turn_service_pb2
 from tests.support.prompts import (
     NOON,
     append,
@@ -321,3 +323,102 @@ def test_bad_requests_are_refused(stubs: Stubs, unique: Callable[[str], str]) ->
     )
     empty = rpc_failure(lambda: assemble(stubs, ""))
     assert (empty.info.reason, empty.info.metadata["field"]) == ("FIELD_REQUIRED", "run_id")
+
+
+BODY_FIELDS = {
+    turn_service_pb2.BODY_FORMAT_ANTHROPIC_MESSAGES: "anthropic_request_json",
+    turn_service_pb2.BODY_FORMAT_OPENAI_CHAT_COMPLETIONS: "openai_request_json",
+    turn_service_pb2.BODY_FORMAT_OPENAI_RESPONSES: "openai_responses_request_json",
+    turn_service_pb2.BODY_FORMAT_GEMINI_GENERATE_CONTENT: "gemini_request_json",
+}
+
+
+def test_only_the_bodies_asked_for_are_built(stubs: Stubs, unique: Callable[[str], str]) -> None:
+    """Each body asked for alone is the very body of a call that asks for none (all four),
+    the others empty; the prompt and its zones are the same either way."""
+    run_id = run_with(stubs, unique("agent"), **SPEC)
+    append(stubs, run_id, user("q"), assistant("", ("c1", "t", "{}")), result("c1", "r" * 5000))
+    append(stubs, run_id, user("again"))
+    every = assemble(stubs, run_id, preview=True)
+    assert all(getattr(every, field) for field in BODY_FIELDS.values())
+    for body_format, field in BODY_FIELDS.items():
+        one = assemble(stubs, run_id, preview=True, bodies=[body_format, body_format])
+        assert getattr(one, field) == getattr(every, field)
+        assert [name for name in BODY_FIELDS.values() if getattr(one, name)] == [field]
+        assert one.prompt == every.prompt
+        assert list(one.zones) == list(every.zones)
+    two = assemble(
+        stubs,
+        run_id,
+        preview=True,
+        bodies=[
+            turn_service_pb2.BODY_FORMAT_GEMINI_GENERATE_CONTENT,
+            turn_service_pb2.BODY_FORMAT_ANTHROPIC_MESSAGES,
+        ],
+    )
+    assert (two.anthropic_request_json, two.gemini_request_json) == (
+        every.anthropic_request_json,
+        every.gemini_request_json,
+    )
+    assert not two.openai_request_json
+    assert not two.openai_responses_request_json
+
+
+def test_a_body_format_the_sidecar_does_not_build_is_refused(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    run_id = run_with(stubs, unique("agent"))
+    append(stubs, run_id, user("q"))
+    for bodies, field in (
+        ([turn_service_pb2.BODY_FORMAT_UNSPECIFIED], "bodies[0]"),
+        ([turn_service_pb2.BODY_FORMAT_OPENAI_RESPONSES, 99], "bodies[1]"),
+    ):
+        failure = rpc_failure(lambda bodies=bodies: assemble(stubs, run_id, bodies=bodies))
+        assert (failure.code, failure.info.reason, failure.info.metadata["field"]) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "FIELD_INVALID",
+            field,
+        )
+
+
+def _breakpoints(body: dict[str, Any]) -> list[str]:
+    """Where the Responses body's explicit cache breakpoints are: each marked block's text."""
+    marked = []
+    for item in body["input"]:
+        blocks = item.get("content") if item["type"] == "message" else item.get("output")
+        for block in blocks if isinstance(blocks, list) else []:
+            if "prompt_cache_breakpoint" in block:
+                assert block["prompt_cache_breakpoint"] == {"mode": "explicit"}
+                marked.append(block["text"])
+    return marked
+
+
+def test_the_responses_body_marks_each_calls_history_end_on_models_that_take_breakpoints(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    """On gpt-5.6 and later: zone 2's end and the end of every call's history carry an
+    explicit breakpoint, and a marked block stays marked, so each call's body (less its
+    transient item) is a byte prefix of the next. Other models get none."""
+    run_id = run_with(stubs, unique("agent"), **SPEC)
+    append(stubs, run_id, user("q"))
+    tail = "Memory: short answers."
+    bodies = []
+    for step, call_id in enumerate(("c1", "c2")):
+        response = assemble(stubs, run_id, model="gpt-5.6", dynamic_tail=tail)
+        bodies.append(response.openai_responses_request_json)
+        append(stubs, run_id, assistant("", (call_id, "t", "{}")), result(call_id, f"r{step}"))
+    final = assemble(stubs, run_id, model="gpt-5.6", dynamic_tail=tail)
+    bodies.append(final.openai_responses_request_json)
+    parsed = valid_openai_responses(bodies[-1])
+    assert _breakpoints(parsed) == [tail, "q", "r0", "r1"]
+    assert parsed["input"][0]["content"][0]["text"] == tail
+    for earlier, later in itertools.pairwise(bodies):
+        cut = earlier.rindex(b',{"type":"message","role":"user"')
+        assert later.startswith(earlier[:cut])
+    for model in ("gpt-5.5", "gpt-5", "gpt-4o", "o3", "claude-test", ""):
+        body = json.loads(assemble(stubs, run_id, model=model).openai_responses_request_json)
+        assert _breakpoints(body) == []
+        assert b"prompt_cache_breakpoint" not in json.dumps(body).encode()
+    for model in ("gpt-5.6-mini", "gpt-5.10", "gpt-6"):
+        body = json.loads(assemble(stubs, run_id, model=model).openai_responses_request_json)
+        assert _breakpoints(body) == ["q", "r0", "r1"]

@@ -83,6 +83,16 @@ def test_the_go_and_typescript_snippets_are_the_files_ci_runs() -> None:
     assert _blocks("ts", TYPESCRIPT) == [_region("tests/ts/src/readme.ts")]
 
 
+THINKING = "### A thinking model's loop, from the host's side"
+
+
+def test_the_thinking_loops_in_go_and_typescript_are_the_files_ci_runs() -> None:
+    """The clients' own tests build these files and run the loops against a sidecar with
+    recorded responses (clients/go TestTheReadmesThinkingLoop, clients/ts client.test.ts)."""
+    assert _blocks("go", THINKING) == [_region("clients/go/thinking_loop_test.go")]
+    assert _blocks("ts", THINKING) == [_region("clients/ts/src/thinking_loop.test.ts")]
+
+
 def test_the_go_set_up_replaces_the_generated_module_and_states_its_go_version() -> None:
     go_mod = (ROOT / "generated" / "go" / "go.mod").read_text()
     module = re.search(r"^module (\S+)$", go_mod, re.MULTILINE)
@@ -186,7 +196,7 @@ def test_the_thinking_loop_runs_against_a_sidecar_with_recorded_responses(
     """The thinking model's loop as the README shows it, run against a real sidecar; the
     provider's answers are two recorded Messages API responses, and the second request must
     carry the first response's thinking block as it came."""
-    (snippet,) = _blocks("python", "### A thinking model's loop, from the host's side")
+    (snippet,) = _blocks("python", THINKING)
     monkeypatch.syspath_prepend(str(ROOT / "clients" / "python"))
     monkeypatch.setenv("PSYCH_SIDECAR_ADDRESS", grpc_server.sidecar.bound[0])
     thinking = {"type": "thinking", "thinking": "Look the order up.", "signature": "EqQBCgIY"}

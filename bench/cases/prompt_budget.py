@@ -117,9 +117,16 @@ async def _fill(ch: grpc.aio.Channel, run_id: str, result_chars: int) -> int:
     return stored
 
 
+# What a host that sends one body asks for (AssemblePromptRequest.bodies); empty: all four.
+ONE_BODY = (turn_service_pb2.BODY_FORMAT_ANTHROPIC_MESSAGES,)
+
+
 async def _assemble_seconds(
-    turns: turn_service_pb2_grpc.TurnServiceAsyncStub, run_id: str
-) -> float:
+    turns: turn_service_pb2_grpc.TurnServiceAsyncStub,
+    run_id: str,
+    bodies: Sequence[turn_service_pb2.BodyFormat.ValueType] = (),
+) -> tuple[float, int]:
+    """One AssemblePrompt's time and its response's bytes."""
     request = turn_service_pb2.AssemblePromptRequest(
         run_id=run_id,
         now=timestamp_pb2.Timestamp(seconds=NOON),
@@ -127,13 +134,14 @@ async def _assemble_seconds(
         # The Run's elided history alone is ~320k estimated tokens: a window the context guard
         # never acts in, as this case measures assembly, not the guard.
         context_budget=spec_pb2.ContextBudget(context_window_tokens=1 << 40),
+        bodies=bodies,
     )
     start = time.perf_counter()
     response = await turns.AssemblePrompt(request, timeout=600)
     seconds = time.perf_counter() - start
     if not response.anthropic_request_json:
         raise AssertionError("AssemblePrompt returned no request body")
-    return seconds
+    return seconds, response.ByteSize()
 
 
 @case("assemble_scaling_ratio", unit="ratio", target="<= 1.5")
@@ -147,6 +155,10 @@ async def assemble_scaling_ratio(ctx: BenchContext) -> float:
     call each, rounds alternate the two Runs; the medians are compared. The first call of
     each (after the writes, OS cache warm) is reported as `cold_*`. --quick stores 64 MiB
     against 1 MiB.
+
+    Each round also asks for the Anthropic body alone (`bodies`, as a host that sends one
+    body does), interleaved with the calls for all four: `one_body_*` are those calls' median
+    time and response bytes, and their ratios to the calls for all four, per Run.
     """
     big_total = ctx.pick(full=1024 * MIB, quick=64 * MIB)
     small_total = MIB
@@ -162,13 +174,21 @@ async def assemble_scaling_ratio(ctx: BenchContext) -> float:
         ctx.log(f"stored {stored['big'] / MIB:.0f} MiB in {time.perf_counter() - start:.0f} s")
         turns = turn_service_pb2_grpc.TurnServiceStub(ch)
         times: dict[str, list[float]] = {"small": [], "big": []}
+        one_body: dict[str, list[float]] = {"small": [], "big": []}
+        sizes: dict[tuple[str, bool], int] = {}
         for name, run_id in runs.items():
-            ctx.details[f"cold_{name}_ms"] = round(1000 * await _assemble_seconds(turns, run_id), 1)
+            cold, _ = await _assemble_seconds(turns, run_id)
+            ctx.details[f"cold_{name}_ms"] = round(1000 * cold, 1)
         for index in range(rounds):
             order = ["small", "big"] if index % 2 == 0 else ["big", "small"]
             for name in order:
                 for _ in range(calls):
-                    times[name].append(await _assemble_seconds(turns, runs[name]))
+                    seconds, sizes[name, False] = await _assemble_seconds(turns, runs[name])
+                    times[name].append(seconds)
+                    seconds, sizes[name, True] = await _assemble_seconds(
+                        turns, runs[name], ONE_BODY
+                    )
+                    one_body[name].append(seconds)
             ctx.log(
                 f"round {index + 1}/{rounds}: small {1000 * statistics.median(times['small']):.0f}"
                 f" ms, big {1000 * statistics.median(times['big']):.0f} ms"
@@ -184,6 +204,16 @@ async def assemble_scaling_ratio(ctx: BenchContext) -> float:
             "calls_per_run": len(times["big"]),
         }
     )
+    for name in ("small", "big"):
+        one = statistics.median(one_body[name])
+        every = statistics.median(times[name])
+        ctx.details[f"one_body_median_{name}_ms"] = round(1000 * one, 1)
+        ctx.details[f"one_body_time_ratio_{name}"] = round(one / every, 3)
+        ctx.details[f"response_bytes_{name}"] = sizes[name, False]
+        ctx.details[f"one_body_response_bytes_{name}"] = sizes[name, True]
+        ctx.details[f"one_body_bytes_ratio_{name}"] = round(
+            sizes[name, True] / sizes[name, False], 3
+        )
     return big / small
 
 

@@ -10,13 +10,16 @@
 // publishes a Spec, connects both servers deferred (their tools stay out of
 // the prompt, behind the meta tools), creates a Run and plays three user
 // turns. Per turn: AppendRecords (the user message), ResolveTurn, then per
-// model call AssemblePrompt → the model decides → RecordUsage → AppendRecords
-// (the assistant message) → DispatchToolCall for each tool call, until the
-// model answers without tools. Then the host itself reads the elided result
+// model call AssemblePrompt → the model decides, answering as a thinking model
+// on Anthropic's Messages API does → RecordUsage → AppendRecords (the
+// assistant message, from the response with sidecarclient.AnthropicRecord,
+// its thinking kept byte for byte) → DispatchToolCall for each tool call,
+// until the model answers without tools. Then the host itself reads the elided result
 // back (ReadToolOutput) and decodes the ErrorInfo of a deliberate mistake.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,7 +39,7 @@ const (
 	specName    = "example-go-host"
 	server      = "fixture"
 	everything  = "everything" // a third-party Node MCP server, pinned in tests/mcp-peers/package.json
-	specVersion = 2
+	specVersion = 3
 	modelName   = "scripted-model"
 	memoryTail  = "Memory: the user likes short answers."
 )
@@ -85,6 +88,7 @@ type host struct {
 	client      *sidecarclient.Client
 	runID       string
 	calls       int
+	thinking    int // thinking blocks appended, each to be sent back in every later body
 	shownElided map[string]bool
 	elided      string // the handle of the first elided result
 }
@@ -108,6 +112,8 @@ func (h *host) setUp(ctx context.Context) error {
 			{ServerPattern: server, ToolPattern: "*"},
 			{ServerPattern: everything, ToolPattern: "*"},
 		},
+		// The Anthropic body asks for adaptive thinking, as Claude's current models run agents.
+		Reasoning: &sidecarv1.ReasoningSettings{AnthropicThinking: sidecarv1.AnthropicThinking_ANTHROPIC_THINKING_ADAPTIVE},
 	}
 	if _, err := h.client.Specs.PublishSpec(ctx, &sidecarv1.PublishSpecRequest{Spec: spec}); err != nil {
 		if sidecarclient.ReasonOf(err) == sidecarv1.ErrorReason_ERROR_REASON_SPEC_VERSION_EXISTS {
@@ -226,6 +232,11 @@ func (h *host) turn(ctx context.Context, number int, text string) error {
 			return err
 		}
 		h.show(fmt.Sprintf("%d.%d", number, step), assembled)
+		// The body a host sends as it is: the thinking of every earlier step is back in it.
+		body := sidecarclient.RequestBody(assembled, sidecarv1.Provider_PROVIDER_ANTHROPIC)
+		if kept := bytes.Count(body, []byte(thinkingBlock)); kept != h.thinking {
+			return fmt.Errorf("the Anthropic body carries %d of the %d thinking blocks appended", kept, h.thinking)
+		}
 
 		decision, err := decide(assembled)
 		if err != nil {
@@ -238,21 +249,25 @@ func (h *host) turn(ctx context.Context, number int, text string) error {
 		}); err != nil {
 			return err
 		}
-		assistant := &sidecarv1.AssistantMessage{}
-		if decision.text != "" {
-			assistant.Content = []*sidecarv1.ContentPart{{Kind: &sidecarv1.ContentPart_Text{Text: decision.text}}}
-		}
-		for _, call := range decision.calls {
+		// The response as a thinking model sends it, and the record to append: its thinking
+		// block as a provider block, byte for byte, its tool_use blocks as tool calls.
+		var ids []string
+		for range decision.calls {
 			h.calls++
-			call.CallId = fmt.Sprintf("call_%d", h.calls)
-			assistant.ToolCalls = append(assistant.ToolCalls, call)
+			ids = append(ids, fmt.Sprintf("call_%d", h.calls))
+		}
+		record, err := sidecarclient.AnthropicRecord(messagesResponse(decision, ids))
+		if err != nil {
+			return err
 		}
 		if _, err := h.client.AppendRecords(ctx, &sidecarv1.AppendRecordsRequest{
 			RunId: h.runID, RequestId: fmt.Sprintf("turn-%d-step-%d", number, step),
-			Records: []*sidecarv1.Record{{Kind: &sidecarv1.Record_AssistantMessage{AssistantMessage: assistant}}},
+			Records: []*sidecarv1.Record{record},
 		}); err != nil {
 			return err
 		}
+		h.thinking++
+		assistant := record.GetAssistantMessage()
 		if len(assistant.ToolCalls) == 0 {
 			fmt.Printf("assistant: %s\n", decision.text)
 			return nil
@@ -341,5 +356,6 @@ func (h *host) report(ctx context.Context) error {
 	totals := usage.GetTotals()
 	fmt.Printf("\nusage: %d model calls, %d input and %d output tokens\n",
 		totals.GetModelCalls(), totals.GetInputTokens(), totals.GetOutputTokens())
+	fmt.Printf("thinking: %d thinking blocks appended, each sent back byte for byte in every later Anthropic body\n", h.thinking)
 	return nil
 }

@@ -122,6 +122,32 @@ func afterToolResult(prompt *sidecarv1.Prompt, result *sidecarv1.PromptToolResul
 	return decision{}, fmt.Errorf("the script has no move after %s", result.GetCallId())
 }
 
+// thinkingBlock is the scripted model's thinking, as a thinking model's
+// response carries it: its signature is what Anthropic checks when the block
+// comes back, so the host must send it back as it came.
+const thinkingBlock = `{"type":"thinking","thinking":"The script says what comes next.","signature":"c2NyaXB0ZWQtbW9kZWw="}`
+
+// messagesResponse is the decision as a Messages API response with thinking:
+// the thinking block, then the text, then a tool_use block per call with the
+// ids given.
+func messagesResponse(d decision, ids []string) []byte {
+	blocks := []string{thinkingBlock}
+	if d.text != "" {
+		text, _ := json.Marshal(map[string]string{"type": "text", "text": d.text})
+		blocks = append(blocks, string(text))
+	}
+	for i, c := range d.calls {
+		name, _ := json.Marshal(c.GetName())
+		blocks = append(blocks, fmt.Sprintf(`{"type":"tool_use","id":%q,"name":%s,"input":%s}`, ids[i], name, c.GetArgumentsJson()))
+	}
+	stop := "end_turn"
+	if len(d.calls) > 0 {
+		stop = "tool_use"
+	}
+	return []byte(fmt.Sprintf(`{"id":"msg_scripted","type":"message","role":"assistant","model":%q,"content":[%s],"stop_reason":%q}`,
+		modelName, strings.Join(blocks, ","), stop))
+}
+
 func call(name string, arguments map[string]any) decision {
 	encoded, _ := json.Marshal(arguments)
 	return decision{calls: []*sidecarv1.ToolCall{{Name: name, ArgumentsJson: string(encoded)}}}

@@ -3,6 +3,7 @@ exact prompt for one model call), protobuf in and out, domain work off the event
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -18,10 +19,12 @@ from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.api.reasoning import reasoning_from_proto
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.catalog import ConnectionState
-from psych_sidecar.domain.errors import MessageTooLarge
+from psych_sidecar.domain.errors import MessageTooLarge, field_invalid
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt import (
+    ALL_BODIES,
     AssembledPrompt,
+    BodyFormat,
     GuardDecision,
     Prompt,
     PromptAssembler,
@@ -61,6 +64,12 @@ KINDS = {
     ExposedKind.CALL_DEFERRED_TOOL: turn_pb2.EXPOSED_TOOL_KIND_CALL_DEFERRED_TOOL,
     ExposedKind.READ_TOOL_OUTPUT: turn_pb2.EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT,
     ExposedKind.LOAD_SKILL: turn_pb2.EXPOSED_TOOL_KIND_LOAD_SKILL,
+}
+_BODIES = {
+    turn_service_pb2.BODY_FORMAT_ANTHROPIC_MESSAGES: BodyFormat.ANTHROPIC_MESSAGES,
+    turn_service_pb2.BODY_FORMAT_OPENAI_CHAT_COMPLETIONS: BodyFormat.OPENAI_CHAT_COMPLETIONS,
+    turn_service_pb2.BODY_FORMAT_OPENAI_RESPONSES: BodyFormat.OPENAI_RESPONSES,
+    turn_service_pb2.BODY_FORMAT_GEMINI_GENERATE_CONTENT: BodyFormat.GEMINI_GENERATE_CONTENT,
 }
 STATES = {
     ConnectionState.CONNECTING: connection_pb2.CONNECTION_STATE_CONNECTING,
@@ -146,6 +155,18 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
         gemini_request_json=assembled.gemini_json,
         context_guard=_guard_to_proto(assembled.guard),
     )
+
+
+def bodies_from_proto(
+    bodies: Sequence[turn_service_pb2.BodyFormat.ValueType],
+) -> frozenset[BodyFormat]:
+    """The request's `bodies`: all four when it names none."""
+    for index, value in enumerate(bodies):
+        if value not in _BODIES:
+            raise field_invalid(
+                f"bodies[{index}]", f"{value} is not a body format the sidecar builds"
+            )
+    return frozenset(_BODIES[value] for value in bodies) or ALL_BODIES
 
 
 def _serialized_prompt(assembled: AssembledPrompt) -> Serialized:
@@ -262,14 +283,15 @@ class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
                 reasoning_override=reasoning_from_proto(request.reasoning, "reasoning")
                 if request.HasField("reasoning")
                 else None,
+                bodies=bodies_from_proto(request.bodies),
             )
             assembled = await self._blocking(
                 self._assembler.preview if request.preview else self._assembler.assemble, call
             )
             if not request.preview:
                 _observe(assembled, span)
-        # The response holds the prompt five times (parts and four providers' bodies): built and
-        # encoded on a worker thread, which a prompt of MBs would otherwise cost the loop.
+        # The response holds the prompt up to five times (parts and the bodies asked for): built
+        # and encoded on a worker thread, which a prompt of MBs would otherwise cost the loop.
         response = await self._blocking(_serialized_prompt, assembled)
         size = len(response.data)
         if size > self._max_message_bytes:

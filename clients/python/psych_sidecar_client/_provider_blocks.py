@@ -131,5 +131,5 @@ def request_body(
 ) -> bytes:
     """The body to send to `provider`: Anthropic Messages, OpenAI Responses or Gemini
     generateContent (the Chat Completions body, `openai_request_json`, carries no reasoning
-    items)."""
+    items). Empty when the request's `bodies` did not ask for it."""
     return bytes(getattr(assembled, _BODIES[provider]))

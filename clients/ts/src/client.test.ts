@@ -14,12 +14,36 @@ import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 
+import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 
-import type { Record } from "./proto/psych/sidecar/v1/run_pb.js";
+import { type Record, RecordSchema } from "./proto/psych/sidecar/v1/run_pb.js";
 import type { AppendRecordsRequest } from "./proto/psych/sidecar/v1/run_service_pb.js";
 
-import { ErrorReason, type SidecarClient, SidecarError, connect } from "./index.js";
+import { Provider } from "./proto/psych/sidecar/v1/content_pb.js";
+
+import {
+  ErrorReason,
+  type SidecarClient,
+  SidecarError,
+  anthropicRecord,
+  connect,
+  geminiRecord,
+  openaiRecord,
+  requestBody,
+} from "./index.js";
+import {
+  ANTHROPIC_REDACTED,
+  ANTHROPIC_RESPONSE,
+  ANTHROPIC_THINKING,
+  GEMINI_RESPONSE,
+  GEMINI_SIGNED,
+  GEMINI_THOUGHT,
+  OPENAI_CALL,
+  OPENAI_REASONING,
+  OPENAI_RESPONSE,
+} from "./recorded_responses.test.js";
+import { thinkingTurn } from "./thinking_loop.test.js";
 
 const HOLD_WRITE_LOCK = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..", "testing", "hold-sqlite-write-lock");
 
@@ -340,6 +364,59 @@ test("the TypeScript host client against a sidecar process", async (t) => {
       const error = await rejection(client.appendRecords({ runId: "run_nope", requestId: "turn-1", records: [user("hi")] }));
       assert.equal(error.reason, ErrorReason.RUN_NOT_FOUND);
       assert.equal(spy.attempts.length, 1);
+    });
+
+    await subtest("each provider's blocks go back in its own body byte for byte", async () => {
+      const client = await open(sidecar.unix);
+      const cases: [Record, Provider, string[]][] = [
+        [anthropicRecord(ANTHROPIC_RESPONSE), Provider.ANTHROPIC, [ANTHROPIC_THINKING, ANTHROPIC_REDACTED]],
+        [openaiRecord(OPENAI_RESPONSE), Provider.OPENAI, [OPENAI_REASONING, OPENAI_CALL]],
+        [geminiRecord(GEMINI_RESPONSE, ["g1", "g2"]), Provider.GEMINI, [GEMINI_THOUGHT, GEMINI_SIGNED]],
+      ];
+      for (const [record, provider, sent] of cases) {
+        const runId = await newRun(client);
+        const calls = record.kind.case === "assistantMessage" ? record.kind.value.toolCalls : [];
+        await client.appendRecords({
+          runId,
+          records: [user("Weather?"), record, ...calls.map((call) => toolResult(call.callId, "18 C"))],
+        });
+        const assembled = await client.turns.assemblePrompt({ runId });
+        const body = new TextDecoder().decode(requestBody(assembled, provider));
+        JSON.parse(body);
+        // Each as the response had it, in the response's order.
+        let at = 0;
+        for (const block of sent) {
+          const found = body.indexOf(block, at);
+          assert.ok(found >= 0, `the ${Provider[provider]} body lacks ${block} after ${at}: ${body}`);
+          at = found + block.length;
+        }
+        // Never in another provider's body, nor in Chat Completions'.
+        for (const other of [Provider.ANTHROPIC, Provider.OPENAI, Provider.GEMINI].filter((p) => p !== provider)) {
+          assert.ok(!new TextDecoder().decode(requestBody(assembled, other)).includes(sent[0]), Provider[other]);
+        }
+        assert.ok(!new TextDecoder().decode(assembled.openaiRequestJson).includes(sent[0]));
+      }
+    });
+
+    await subtest("the README's thinking loop sends each thinking block back as it came", async () => {
+      const client = await open(sidecar.unix);
+      const thinking = '{"type":"thinking","thinking":"Look the order up.","signature":"EqQBCgIY"}';
+      const responses = [
+        `{"content":[${thinking},{"type":"tool_use","id":"toolu_1","name":"find_order","input":{"n":7}}]}`,
+        '{"content":[{"type":"thinking","thinking":"Done.","signature":"Ev4B"},{"type":"text","text":"It ships tomorrow."}]}',
+      ];
+      const sent: string[] = [];
+      await thinkingTurn(
+        client,
+        async (body) => {
+          sent.push(new TextDecoder().decode(body));
+          return responses[sent.length - 1];
+        },
+        async (call) => create(RecordSchema, toolResult(call.callId, "shipped")),
+      );
+      assert.equal(sent.length, 2);
+      assert.deepEqual((JSON.parse(sent[0]) as { thinking: unknown }).thinking, { type: "enabled", budget_tokens: 4000 });
+      assert.ok(sent[1].includes(`{"role":"assistant","content":[${thinking},{"type":"tool_use"`), sent[1]);
     });
   } finally {
     clients.forEach((client) => client.close());

@@ -13,7 +13,10 @@
 // gets a deadline unless it sets its own, and fails with a SidecarError whose
 // reason is a generated ErrorReason value. appendRecords retries on
 // UNAVAILABLE or DEADLINE_EXCEEDED with the same request id, so a lost
-// response never stores twice.
+// response never stores twice. anthropicRecord, openaiRecord and geminiRecord
+// turn a reasoning model's response into the assistant record to append, its
+// thinking kept byte for byte as provider blocks; requestBody picks the body
+// to send that provider.
 
 import { randomBytes } from "node:crypto";
 import { statSync } from "node:fs";
@@ -49,6 +52,7 @@ import { UsageService } from "./proto/psych/sidecar/v1/usage_service_pb.js";
 import { Health, HealthCheckResponse_ServingStatus } from "./proto/grpc/health/v1/health_pb.js";
 
 export { ErrorReason };
+export { type ProviderResponse, anthropicRecord, geminiRecord, openaiRecord, requestBody } from "./provider_blocks.js";
 
 export const DEFAULT_READY_TIMEOUT_MS = 20_000;
 export const DEFAULT_CALL_TIMEOUT_MS = 10_000;

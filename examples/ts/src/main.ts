@@ -10,24 +10,34 @@
 // publishes a Spec, connects both servers deferred (their tools stay out of the
 // prompt, behind the meta tools), creates a Run and plays three user turns.
 // Per turn: AppendRecords (the user message), ResolveTurn, then per model call
-// AssemblePrompt → the model decides → RecordUsage → AppendRecords (the
-// assistant message) → DispatchToolCall for each tool call, until the model
-// answers without tools. Then the host itself reads the elided result back
+// AssemblePrompt → the model decides, answering as a thinking model on
+// Anthropic's Messages API does → RecordUsage → AppendRecords (the assistant
+// message, from the response with anthropicRecord, its thinking kept byte for
+// byte) → DispatchToolCall for each tool call, until the model answers without
+// tools. Then the host itself reads the elided result back
 // (ReadToolOutput) and decodes the ErrorInfo of a deliberate mistake.
 
 import { Code } from "@connectrpc/connect";
-import { ErrorReason, SidecarError, type SidecarClient, connect } from "@psych-sidecar/client";
+import {
+  ErrorReason,
+  SidecarError,
+  type SidecarClient,
+  anthropicRecord,
+  connect,
+  requestBody,
+} from "@psych-sidecar/client";
 import { ConnectionState } from "@psych-sidecar/client/proto/psych/sidecar/v1/connection_pb";
-import type { ToolCall } from "@psych-sidecar/client/proto/psych/sidecar/v1/content_pb";
+import { Provider, type ToolCall } from "@psych-sidecar/client/proto/psych/sidecar/v1/content_pb";
+import { AnthropicThinking } from "@psych-sidecar/client/proto/psych/sidecar/v1/spec_pb";
 import { DispatchDisposition } from "@psych-sidecar/client/proto/psych/sidecar/v1/tool_service_pb";
 import { PromptZone } from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_pb";
 import type { AssemblePromptResponse } from "@psych-sidecar/client/proto/psych/sidecar/v1/turn_service_pb";
 
-import { contentText, decide } from "./model.js";
+import { THINKING_BLOCK, contentText, decide, messagesResponse } from "./model.js";
 
 const TENANT = "example-ts";
 const SPEC_NAME = "example-ts-host";
-const SPEC_VERSION = 2n;
+const SPEC_VERSION = 3n;
 const SERVER = "fixture";
 /** A third-party Node MCP server, pinned in tests/mcp-peers/package.json. */
 const EVERYTHING = "everything";
@@ -44,6 +54,8 @@ const USER_TURNS = [
 class Host {
   private runId = "";
   private calls = 0;
+  /** Thinking blocks appended, each to be sent back in every later body. */
+  private thinking = 0;
   private readonly shownElided = new Set<string>();
 
   constructor(private readonly sidecar: SidecarClient) {}
@@ -64,6 +76,8 @@ class Host {
             { serverPattern: SERVER, toolPattern: "*" },
             { serverPattern: EVERYTHING, toolPattern: "*" },
           ],
+          // The Anthropic body asks for adaptive thinking, as Claude's current models run agents.
+          reasoning: { anthropicThinking: AnthropicThinking.ADAPTIVE },
         },
       });
     } catch (error) {
@@ -149,6 +163,12 @@ class Host {
         maxTokens: 1024,
       });
       this.show(`${turn}.${step}`, assembled);
+      // The body a host sends as it is: the thinking of every earlier step is back in it.
+      const body = new TextDecoder().decode(requestBody(assembled, Provider.ANTHROPIC));
+      const kept = body.split(THINKING_BLOCK).length - 1;
+      if (kept !== this.thinking) {
+        throw new Error(`the Anthropic body carries ${kept} of the ${this.thinking} thinking blocks appended`);
+      }
 
       const decision = decide(assembled);
       // The provider reports usage with its answer; the host records it as reported.
@@ -159,22 +179,13 @@ class Host {
         inputTokens: decision.inputTokens,
         outputTokens: decision.outputTokens,
       });
-      const calls = decision.calls.map((call) => ({ ...call, callId: `call_${++this.calls}` }));
-      await this.sidecar.appendRecords({
-        runId: this.runId,
-        requestId: `turn-${turn}-step-${step}`,
-        records: [
-          {
-            kind: {
-              case: "assistantMessage",
-              value: {
-                content: decision.text ? [{ kind: { case: "text", value: decision.text } }] : [],
-                toolCalls: calls,
-              },
-            },
-          },
-        ],
-      });
+      // The response as a thinking model sends it, and the record to append: its thinking
+      // block as a provider block, byte for byte, its tool_use blocks as tool calls.
+      const ids = decision.calls.map(() => `call_${++this.calls}`);
+      const record = anthropicRecord(messagesResponse(decision, ids));
+      await this.sidecar.appendRecords({ runId: this.runId, requestId: `turn-${turn}-step-${step}`, records: [record] });
+      this.thinking++;
+      const calls = record.kind.case === "assistantMessage" ? record.kind.value.toolCalls : [];
       if (calls.length === 0) {
         console.log(`assistant: ${decision.text}`);
         return;
@@ -234,6 +245,9 @@ class Host {
     const { totals } = await this.sidecar.usage.getRunUsage({ runId: this.runId });
     console.log(
       `\nusage: ${totals?.modelCalls} model calls, ${totals?.inputTokens} input and ${totals?.outputTokens} output tokens`,
+    );
+    console.log(
+      `thinking: ${this.thinking} thinking blocks appended, each sent back byte for byte in every later Anthropic body`,
     );
   }
 }

@@ -84,6 +84,30 @@ function afterToolResult(prompt: Prompt, result: PromptToolResult): Decision {
   throw new Error(`the script has no move after ${result.callId}`);
 }
 
+/**
+ * The scripted model's thinking, as a thinking model's response carries it: its
+ * signature is what Anthropic checks when the block comes back, so the host must
+ * send it back as it came.
+ */
+export const THINKING_BLOCK =
+  '{"type":"thinking","thinking":"The script says what comes next.","signature":"c2NyaXB0ZWQtbW9kZWw="}';
+
+/**
+ * The decision as a Messages API response with thinking: the thinking block,
+ * then the text, then a tool_use block per call with the ids given.
+ */
+export function messagesResponse(decision: Decision, ids: string[]): string {
+  const blocks = [THINKING_BLOCK];
+  if (decision.text) blocks.push(JSON.stringify({ type: "text", text: decision.text }));
+  decision.calls.forEach((call, index) => {
+    blocks.push(
+      `{"type":"tool_use","id":${JSON.stringify(ids[index])},"name":${JSON.stringify(call.name)},"input":${call.argumentsJson}}`,
+    );
+  });
+  const stop = decision.calls.length > 0 ? "tool_use" : "end_turn";
+  return `{"id":"msg_scripted","type":"message","role":"assistant","content":[${blocks.join(",")}],"stop_reason":"${stop}"}`;
+}
+
 function answer(text: string): Decision {
   return { text, calls: [], inputTokens: 0n, outputTokens: 0n };
 }

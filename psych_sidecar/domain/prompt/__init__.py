@@ -10,7 +10,13 @@ each provider's own blocks put back, and the assembly journal's entry for each p
 
 from __future__ import annotations
 
-from psych_sidecar.domain.prompt.assembly import AssembledPrompt, PromptAssembler, PromptCall
+from psych_sidecar.domain.prompt.assembly import (
+    ALL_BODIES,
+    AssembledPrompt,
+    BodyFormat,
+    PromptAssembler,
+    PromptCall,
+)
 from psych_sidecar.domain.prompt.guard import GuardDecision, GuardedResult
 from psych_sidecar.domain.prompt.journal import (
     AssemblyEntry,
@@ -23,9 +29,11 @@ from psych_sidecar.domain.prompt.ports import AssemblyJournal, TurnSurfaces
 from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView, Zone
 
 __all__ = [
+    "ALL_BODIES",
     "AssembledPrompt",
     "AssemblyEntry",
     "AssemblyJournal",
+    "BodyFormat",
     "ElidedResult",
     "ElisionRule",
     "GuardDecision",

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from psych_sidecar.domain.errors import ContextBudgetExceeded, field_invalid
 from psych_sidecar.domain.estimate import estimate_tokens
@@ -69,6 +70,18 @@ from psych_sidecar.domain.surface import status_note
 DEFAULT_MAX_TOKENS = 4096
 
 
+class BodyFormat(StrEnum):
+    """One of the provider request bodies AssemblePrompt builds."""
+
+    ANTHROPIC_MESSAGES = "anthropic_messages"
+    OPENAI_CHAT_COMPLETIONS = "openai_chat_completions"
+    OPENAI_RESPONSES = "openai_responses"
+    GEMINI_GENERATE_CONTENT = "gemini_generate_content"
+
+
+ALL_BODIES = frozenset(BodyFormat)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PromptCall:
     """What one model call asks of AssemblePrompt: the Run, the clock of its transient
@@ -84,12 +97,15 @@ class PromptCall:
     budget_override: ContextBudget | None = None
     # Overrides the Spec's reasoning settings field by field (ReasoningSettings.over).
     reasoning_override: ReasoningSettings | None = None
+    # The bodies to build; the others are left empty (a host sends one).
+    bodies: frozenset[BodyFormat] = ALL_BODIES
 
 
 @dataclass(frozen=True, slots=True)
 class AssembledPrompt:
-    """One call's prompt, its per-zone sizes and hashes, the provider bodies and the
-    context guard's decision: everything an assembly journal needs to record."""
+    """One call's prompt, its per-zone sizes and hashes, the provider bodies (empty when the
+    call did not ask for them) and the context guard's decision: everything an assembly
+    journal needs to record."""
 
     prompt: Prompt
     zones: tuple[ZoneDigest, ...]
@@ -110,7 +126,7 @@ class AssembledPrompt:
 
     @property
     def estimated_tokens(self) -> int:
-        """The estimator over the largest body: what the guard measures."""
+        """The estimator over the largest body built: what the guard measures."""
         bodies = (self.anthropic_json, self.openai_json, self.openai_responses_json)
         return estimate_tokens(max(map(len, (*bodies, self.gemini_json))))
 
@@ -198,6 +214,7 @@ class PromptAssembler:
         tail = dynamic_tail(surface.servers, host_tail)
         transient = transient_message(now, transient_note, status)
         openai_cache_key = cache_key(run.tenant, spec.name, spec.version)
+        wanted = call.bodies
 
         def build(guarded: Mapping[int, ToolResultView], end: int | None = None) -> AssembledPrompt:
             """The prompt over the log's first `end` records (all of them by default)."""
@@ -224,10 +241,18 @@ class PromptAssembler:
             return AssembledPrompt(
                 prompt,
                 zone_digests(prompt),
-                anthropic_body(prompt, model, max_tokens, reasoning),
-                openai_body(prompt, model, max_tokens, openai_cache_key, reasoning),
-                openai_responses_body(prompt, model, max_tokens, openai_cache_key, reasoning),
-                gemini_body(prompt, max_tokens, reasoning),
+                anthropic_body(prompt, model, max_tokens, reasoning)
+                if BodyFormat.ANTHROPIC_MESSAGES in wanted
+                else b"",
+                openai_body(prompt, model, max_tokens, openai_cache_key, reasoning)
+                if BodyFormat.OPENAI_CHAT_COMPLETIONS in wanted
+                else b"",
+                openai_responses_body(prompt, model, max_tokens, openai_cache_key, reasoning)
+                if BodyFormat.OPENAI_RESPONSES in wanted
+                else b"",
+                gemini_body(prompt, max_tokens, reasoning)
+                if BodyFormat.GEMINI_GENERATE_CONTENT in wanted
+                else b"",
             )
 
         def guarded_build() -> tuple[AssembledPrompt, GuardDecision, dict[int, ToolResultView]]:

@@ -12,11 +12,24 @@ is shown as user text, as in the other bodies). Tools are function tools with `s
 an MCP server's input schema is not written for strict mode, which would refuse it.
 
 `prompt_cache_key` is the Chat Completions body's: one per tenant and Spec version.
+
+Explicit cache breakpoints, on models that take them (`gpt-5.6` and later: `breakpoints_for`):
+OpenAI matches a cached prefix only exactly at a breakpoint, considers the latest 80 of a
+request's, and writes the latest three besides its implicit one. So `prompt_cache_breakpoint`
+marks the end of zone 2 (its developer message is then a list of one `input_text`) and the end
+of every call's history: the last block before each assistant message, and the last block of
+the history. A block, once marked, stays marked on every later call (each call's history end
+is the next one's step end), so each body stays a byte prefix of the next, and the first call
+of a turn reads the previous turn's longest prefix still intact, as the Anthropic body's read
+point does. Function results are then lists of one `input_text`, the block type that takes a
+breakpoint; an assistant's items take none. Other models get no breakpoint: their cache is
+automatic on the prefix.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +54,21 @@ from psych_sidecar.domain.runlog import (
     ToolCall,
     binary_marker,
 )
+
+# Marks the exact end of a reusable prefix (the Responses API's content blocks).
+BREAKPOINT = {"mode": "explicit"}
+# Model ids of the families that take explicit breakpoints: gpt-MAJOR[.MINOR][-variant].
+_GPT = re.compile(r"gpt-(\d+)(?:\.(\d+))?(?:-|$)")
+
+
+def breakpoints_for(model: str) -> bool:
+    """Whether `model` takes explicit cache breakpoints: `gpt-5.6` and later (OpenAI's
+    `prompt_cache_options`, docs/prompt.md). An id the sidecar does not recognise, or none,
+    gets none: a field the model does not support would fail the request."""
+    match = _GPT.match(model)
+    if match is None:
+        return False
+    return (int(match.group(1)), int(match.group(2) or 0)) >= (5, 6)
 
 
 def _input_content(part: ContentPart) -> dict[str, Any] | None:
@@ -89,35 +117,44 @@ def _assistant_items(message: PromptMessage) -> list[Any]:
     return items
 
 
-def _input_items(history: Sequence[PromptMessage]) -> list[Any]:
+def _input_items(history: Sequence[PromptMessage], breakpoints: bool) -> list[Any]:
+    """The history as input items; with `breakpoints`, the end of each call's history (the
+    last block before each assistant message, and the history's last block) marked."""
     items: list[Any] = []
     calls: set[str] = set()
+    # The last block of the items so far that takes a breakpoint.
+    markable: dict[str, Any] | None = None
     for message in history:
         if message.role is Role.ASSISTANT:
+            if breakpoints and markable is not None:
+                markable["prompt_cache_breakpoint"] = BREAKPOINT
             items.extend(_assistant_items(message))
             calls = {c.call_id for c in message.parts if isinstance(c, ToolCall)}
         elif message.is_tool_results:
             results = [p for p in message.parts if isinstance(p, ToolResultView)]
             paired, orphans = paired_results(results, calls)
-            items.extend(
-                {
-                    "type": "function_call_output",
-                    "call_id": r.call_id,
-                    "output": openai_tool_text(r),
-                }
-                for r in paired
-            )
-            if orphans:
+            for r in paired:
+                output: Any = openai_tool_text(r)
+                if breakpoints:
+                    markable = {"type": "input_text", "text": output}
+                    output = [markable]
                 items.append(
-                    _user([{"type": "input_text", "text": orphan_text(r)} for r in orphans])
+                    {"type": "function_call_output", "call_id": r.call_id, "output": output}
                 )
+            if orphans:
+                content = [{"type": "input_text", "text": orphan_text(r)} for r in orphans]
+                markable = content[-1]
+                items.append(_user(content))
             calls = set()
         else:
             parts = [p for p in message.parts if isinstance(p, ContentPart)]
             content = [c for c in map(_input_content, parts) if c is not None]
             calls = set()
             if content:
+                markable = content[-1]
                 items.append(_user(content))
+    if breakpoints and markable is not None:
+        markable["prompt_cache_breakpoint"] = BREAKPOINT
     return items
 
 
@@ -157,10 +194,14 @@ def openai_responses_body(
             body["tools"].insert(0, calling.openai_sandbox_tool())
     if prompt.static_sections:
         body["instructions"] = prompt.static_text()
+    breakpoints = breakpoints_for(model)
     items: list[Any] = []
     if prompt.dynamic_tail:
-        items.append({"type": "message", "role": "developer", "content": prompt.dynamic_tail})
-    items.extend(_input_items(prompt.history))
+        tail: Any = prompt.dynamic_tail
+        if breakpoints:
+            tail = [{"type": "input_text", "text": tail, "prompt_cache_breakpoint": BREAKPOINT}]
+        items.append({"type": "message", "role": "developer", "content": tail})
+    items.extend(_input_items(prompt.history, breakpoints))
     transient = [p for p in prompt.transient.parts if isinstance(p, ContentPart)]
     items.append(_user([c for c in map(_input_content, transient) if c is not None]))
     body["input"] = items

@@ -39,7 +39,8 @@ type TurnServiceClient interface {
 	// AssemblePrompt builds the exact, byte-stable prompt for one model call
 	// in four cache zones, with prior-turn tool results elided, plus request
 	// bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
-	// Responses and Gemini generateContent APIs. The
+	// Responses and Gemini generateContent APIs (those the request's bodies
+	// field names; all four when it names none). The
 	// prompt always fits the context budget: when the current turn's results
 	// in full would not, the largest are elided too (context_guard says so),
 	// and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
@@ -90,7 +91,8 @@ type TurnServiceServer interface {
 	// AssemblePrompt builds the exact, byte-stable prompt for one model call
 	// in four cache zones, with prior-turn tool results elided, plus request
 	// bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
-	// Responses and Gemini generateContent APIs. The
+	// Responses and Gemini generateContent APIs (those the request's bodies
+	// field names; all four when it names none). The
 	// prompt always fits the context budget: when the current turn's results
 	// in full would not, the largest are elided too (context_guard says so),
 	// and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.

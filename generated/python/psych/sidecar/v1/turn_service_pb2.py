@@ -28,7 +28,7 @@ from psych.sidecar.v1 import spec_pb2 as psych_dot_sidecar_dot_v1_dot_spec__pb2
 from psych.sidecar.v1 import turn_pb2 as psych_dot_sidecar_dot_v1_dot_turn__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/turn_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bpsych/sidecar/v1/spec.proto\x1a\x1bpsych/sidecar/v1/turn.proto\"*\n\x12ResolveTurnRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"E\n\x13ResolveTurnResponse\x12.\n\x07surface\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolSurface\"\xd9\x02\n\x15\x41ssemblePromptRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x64ynamic_tail\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1c\n\x0etransient_note\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12-\n\x03now\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01\x12\x13\n\x05model\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x18\n\nmax_tokens\x18\x06 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12=\n\x0e\x63ontext_budget\x18\x07 \x01(\x0b\x32\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2\x41\x01\x01\x12\x15\n\x07preview\x18\x08 \x01(\x08\x42\x04\xe2\x41\x01\x01\x12<\n\treasoning\x18\t \x01(\x0b\x32#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2\x41\x01\x01\"\xa7\x02\n\x16\x41ssemblePromptResponse\x12(\n\x06prompt\x18\x01 \x01(\x0b\x32\x18.psych.sidecar.v1.Prompt\x12+\n\x05zones\x18\x02 \x03(\x0b\x32\x1c.psych.sidecar.v1.ZoneDigest\x12\x1e\n\x16\x61nthropic_request_json\x18\x03 \x01(\x0c\x12\x1b\n\x13openai_request_json\x18\x04 \x01(\x0c\x12\x35\n\rcontext_guard\x18\x05 \x01(\x0b\x32\x1e.psych.sidecar.v1.ContextGuard\x12%\n\x1dopenai_responses_request_json\x18\x06 \x01(\x0c\x12\x1b\n\x13gemini_request_json\x18\x07 \x01(\x0c\"\xc6\x01\n\x0c\x43ontextGuard\x12\x1d\n\x15\x63ontext_window_tokens\x18\x01 \x01(\x03\x12\x1d\n\x15output_reserve_tokens\x18\x02 \x01(\x03\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\x12\x1d\n\x15\x66ull_estimated_tokens\x18\x04 \x01(\x03\x12/\n\x06\x65lided\x18\x05 \x03(\x0b\x32\x1f.psych.sidecar.v1.GuardedResult\x12\x0e\n\x06reason\x18\x06 \x01(\t\"Z\n\rGuardedResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06handle\x18\x02 \x01(\t\x12\x13\n\x0b\x66ull_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bview_tokens\x18\x04 \x01(\x03\x32\xce\x01\n\x0bTurnService\x12Z\n\x0bResolveTurn\x12$.psych.sidecar.v1.ResolveTurnRequest\x1a%.psych.sidecar.v1.ResolveTurnResponse\x12\x63\n\x0e\x41ssemblePrompt\x12\'.psych.sidecar.v1.AssemblePromptRequest\x1a(.psych.sidecar.v1.AssemblePromptResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10TurnServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/turn_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bpsych/sidecar/v1/spec.proto\x1a\x1bpsych/sidecar/v1/turn.proto\"*\n\x12ResolveTurnRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"E\n\x13ResolveTurnResponse\x12.\n\x07surface\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolSurface\"\x8d\x03\n\x15\x41ssemblePromptRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0c\x64ynamic_tail\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x1c\n\x0etransient_note\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12-\n\x03now\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x01\x12\x13\n\x05model\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x18\n\nmax_tokens\x18\x06 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12=\n\x0e\x63ontext_budget\x18\x07 \x01(\x0b\x32\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2\x41\x01\x01\x12\x15\n\x07preview\x18\x08 \x01(\x08\x42\x04\xe2\x41\x01\x01\x12<\n\treasoning\x18\t \x01(\x0b\x32#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2\x41\x01\x01\x12\x32\n\x06\x62odies\x18\n \x03(\x0e\x32\x1c.psych.sidecar.v1.BodyFormatB\x04\xe2\x41\x01\x01\"\xa7\x02\n\x16\x41ssemblePromptResponse\x12(\n\x06prompt\x18\x01 \x01(\x0b\x32\x18.psych.sidecar.v1.Prompt\x12+\n\x05zones\x18\x02 \x03(\x0b\x32\x1c.psych.sidecar.v1.ZoneDigest\x12\x1e\n\x16\x61nthropic_request_json\x18\x03 \x01(\x0c\x12\x1b\n\x13openai_request_json\x18\x04 \x01(\x0c\x12\x35\n\rcontext_guard\x18\x05 \x01(\x0b\x32\x1e.psych.sidecar.v1.ContextGuard\x12%\n\x1dopenai_responses_request_json\x18\x06 \x01(\x0c\x12\x1b\n\x13gemini_request_json\x18\x07 \x01(\x0c\"\xc6\x01\n\x0c\x43ontextGuard\x12\x1d\n\x15\x63ontext_window_tokens\x18\x01 \x01(\x03\x12\x1d\n\x15output_reserve_tokens\x18\x02 \x01(\x03\x12\x18\n\x10\x65stimated_tokens\x18\x03 \x01(\x03\x12\x1d\n\x15\x66ull_estimated_tokens\x18\x04 \x01(\x03\x12/\n\x06\x65lided\x18\x05 \x03(\x0b\x32\x1f.psych.sidecar.v1.GuardedResult\x12\x0e\n\x06reason\x18\x06 \x01(\t\"Z\n\rGuardedResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06handle\x18\x02 \x01(\t\x12\x13\n\x0b\x66ull_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bview_tokens\x18\x04 \x01(\x03*\xc1\x01\n\nBodyFormat\x12\x1b\n\x17\x42ODY_FORMAT_UNSPECIFIED\x10\x00\x12\"\n\x1e\x42ODY_FORMAT_ANTHROPIC_MESSAGES\x10\x01\x12\'\n#BODY_FORMAT_OPENAI_CHAT_COMPLETIONS\x10\x02\x12 \n\x1c\x42ODY_FORMAT_OPENAI_RESPONSES\x10\x03\x12\'\n#BODY_FORMAT_GEMINI_GENERATE_CONTENT\x10\x04\x32\xce\x01\n\x0bTurnService\x12Z\n\x0bResolveTurn\x12$.psych.sidecar.v1.ResolveTurnRequest\x1a%.psych.sidecar.v1.ResolveTurnResponse\x12\x63\n\x0e\x41ssemblePrompt\x12\'.psych.sidecar.v1.AssemblePromptRequest\x1a(.psych.sidecar.v1.AssemblePromptResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10TurnServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -56,18 +56,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ASSEMBLEPROMPTREQUEST'].fields_by_name['preview']._serialized_options = b'\342A\001\001'
   _globals['_ASSEMBLEPROMPTREQUEST'].fields_by_name['reasoning']._loaded_options = None
   _globals['_ASSEMBLEPROMPTREQUEST'].fields_by_name['reasoning']._serialized_options = b'\342A\001\001'
+  _globals['_ASSEMBLEPROMPTREQUEST'].fields_by_name['bodies']._loaded_options = None
+  _globals['_ASSEMBLEPROMPTREQUEST'].fields_by_name['bodies']._serialized_options = b'\342A\001\001'
+  _globals['_BODYFORMAT']._serialized_start=1288
+  _globals['_BODYFORMAT']._serialized_end=1481
   _globals['_RESOLVETURNREQUEST']._serialized_start=181
   _globals['_RESOLVETURNREQUEST']._serialized_end=223
   _globals['_RESOLVETURNRESPONSE']._serialized_start=225
   _globals['_RESOLVETURNRESPONSE']._serialized_end=294
   _globals['_ASSEMBLEPROMPTREQUEST']._serialized_start=297
-  _globals['_ASSEMBLEPROMPTREQUEST']._serialized_end=642
-  _globals['_ASSEMBLEPROMPTRESPONSE']._serialized_start=645
-  _globals['_ASSEMBLEPROMPTRESPONSE']._serialized_end=940
-  _globals['_CONTEXTGUARD']._serialized_start=943
-  _globals['_CONTEXTGUARD']._serialized_end=1141
-  _globals['_GUARDEDRESULT']._serialized_start=1143
-  _globals['_GUARDEDRESULT']._serialized_end=1233
-  _globals['_TURNSERVICE']._serialized_start=1236
-  _globals['_TURNSERVICE']._serialized_end=1442
+  _globals['_ASSEMBLEPROMPTREQUEST']._serialized_end=694
+  _globals['_ASSEMBLEPROMPTRESPONSE']._serialized_start=697
+  _globals['_ASSEMBLEPROMPTRESPONSE']._serialized_end=992
+  _globals['_CONTEXTGUARD']._serialized_start=995
+  _globals['_CONTEXTGUARD']._serialized_end=1193
+  _globals['_GUARDEDRESULT']._serialized_start=1195
+  _globals['_GUARDEDRESULT']._serialized_end=1285
+  _globals['_TURNSERVICE']._serialized_start=1484
+  _globals['_TURNSERVICE']._serialized_end=1690
 # @@protoc_insertion_point(module_scope)

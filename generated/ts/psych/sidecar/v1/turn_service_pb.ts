@@ -2,8 +2,8 @@
 // @generated from file psych/sidecar/v1/turn_service.proto (package psych.sidecar.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/turn_service.proto.
  */
 export const file_psych_sidecar_v1_turn_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2Ui2QIKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBEjwKCXJlYXNvbmluZxgJIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nU2V0dGluZ3NCBOJBAQEipwIKFkFzc2VtYmxlUHJvbXB0UmVzcG9uc2USKAoGcHJvbXB0GAEgASgLMhgucHN5Y2guc2lkZWNhci52MS5Qcm9tcHQSKwoFem9uZXMYAiADKAsyHC5wc3ljaC5zaWRlY2FyLnYxLlpvbmVEaWdlc3QSHgoWYW50aHJvcGljX3JlcXVlc3RfanNvbhgDIAEoDBIbChNvcGVuYWlfcmVxdWVzdF9qc29uGAQgASgMEjUKDWNvbnRleHRfZ3VhcmQYBSABKAsyHi5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRHdWFyZBIlCh1vcGVuYWlfcmVzcG9uc2VzX3JlcXVlc3RfanNvbhgGIAEoDBIbChNnZW1pbmlfcmVxdWVzdF9qc29uGAcgASgMIsYBCgxDb250ZXh0R3VhcmQSHQoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDEh0KFW91dHB1dF9yZXNlcnZlX3Rva2VucxgCIAEoAxIYChBlc3RpbWF0ZWRfdG9rZW5zGAMgASgDEh0KFWZ1bGxfZXN0aW1hdGVkX3Rva2VucxgEIAEoAxIvCgZlbGlkZWQYBSADKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkd1YXJkZWRSZXN1bHQSDgoGcmVhc29uGAYgASgJIloKDUd1YXJkZWRSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRIOCgZoYW5kbGUYAiABKAkSEwoLZnVsbF90b2tlbnMYAyABKAMSEwoLdmlld190b2tlbnMYBCABKAMyzgEKC1R1cm5TZXJ2aWNlEloKC1Jlc29sdmVUdXJuEiQucHN5Y2guc2lkZWNhci52MS5SZXNvbHZlVHVyblJlcXVlc3QaJS5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVzcG9uc2USYwoOQXNzZW1ibGVQcm9tcHQSJy5wc3ljaC5zaWRlY2FyLnYxLkFzc2VtYmxlUHJvbXB0UmVxdWVzdBooLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXNwb25zZUK7AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCEFR1cm5TZXJ2aWNlUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
+  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2UijQMKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBEjwKCXJlYXNvbmluZxgJIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nU2V0dGluZ3NCBOJBAQESMgoGYm9kaWVzGAogAygOMhwucHN5Y2guc2lkZWNhci52MS5Cb2R5Rm9ybWF0QgTiQQEBIqcCChZBc3NlbWJsZVByb21wdFJlc3BvbnNlEigKBnByb21wdBgBIAEoCzIYLnBzeWNoLnNpZGVjYXIudjEuUHJvbXB0EisKBXpvbmVzGAIgAygLMhwucHN5Y2guc2lkZWNhci52MS5ab25lRGlnZXN0Eh4KFmFudGhyb3BpY19yZXF1ZXN0X2pzb24YAyABKAwSGwoTb3BlbmFpX3JlcXVlc3RfanNvbhgEIAEoDBI1Cg1jb250ZXh0X2d1YXJkGAUgASgLMh4ucHN5Y2guc2lkZWNhci52MS5Db250ZXh0R3VhcmQSJQodb3BlbmFpX3Jlc3BvbnNlc19yZXF1ZXN0X2pzb24YBiABKAwSGwoTZ2VtaW5pX3JlcXVlc3RfanNvbhgHIAEoDCLGAQoMQ29udGV4dEd1YXJkEh0KFWNvbnRleHRfd2luZG93X3Rva2VucxgBIAEoAxIdChVvdXRwdXRfcmVzZXJ2ZV90b2tlbnMYAiABKAMSGAoQZXN0aW1hdGVkX3Rva2VucxgDIAEoAxIdChVmdWxsX2VzdGltYXRlZF90b2tlbnMYBCABKAMSLwoGZWxpZGVkGAUgAygLMh8ucHN5Y2guc2lkZWNhci52MS5HdWFyZGVkUmVzdWx0Eg4KBnJlYXNvbhgGIAEoCSJaCg1HdWFyZGVkUmVzdWx0Eg8KB2NhbGxfaWQYASABKAkSDgoGaGFuZGxlGAIgASgJEhMKC2Z1bGxfdG9rZW5zGAMgASgDEhMKC3ZpZXdfdG9rZW5zGAQgASgDKsEBCgpCb2R5Rm9ybWF0EhsKF0JPRFlfRk9STUFUX1VOU1BFQ0lGSUVEEAASIgoeQk9EWV9GT1JNQVRfQU5USFJPUElDX01FU1NBR0VTEAESJwojQk9EWV9GT1JNQVRfT1BFTkFJX0NIQVRfQ09NUExFVElPTlMQAhIgChxCT0RZX0ZPUk1BVF9PUEVOQUlfUkVTUE9OU0VTEAMSJwojQk9EWV9GT1JNQVRfR0VNSU5JX0dFTkVSQVRFX0NPTlRFTlQQBDLOAQoLVHVyblNlcnZpY2USWgoLUmVzb2x2ZVR1cm4SJC5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuUmVzb2x2ZVR1cm5SZXNwb25zZRJjCg5Bc3NlbWJsZVByb21wdBInLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5Bc3NlbWJsZVByb21wdFJlc3BvbnNlQrsBChRkZXYucHN5Y2guc2lkZWNhci52MUIQVHVyblNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
 
 /**
  * ResolveTurnRequest is the request of TurnService.ResolveTurn.
@@ -140,6 +140,18 @@ export type AssemblePromptRequest = Message<"psych.sidecar.v1.AssemblePromptRequ
    * @generated from field: psych.sidecar.v1.ReasoningSettings reasoning = 9;
    */
   reasoning?: ReasoningSettings | undefined;
+
+  /**
+   * The request bodies to build, by the API each is for; the response's
+   * other body fields are left empty. Empty builds all four, as before this
+   * field. A host sends one body: naming it spares the sidecar building,
+   * and the response carrying, the other three. The context guard's
+   * estimate is over the bodies built. BODY_FORMAT_UNSPECIFIED is
+   * FIELD_INVALID; a format named twice counts once.
+   *
+   * @generated from field: repeated psych.sidecar.v1.BodyFormat bodies = 10;
+   */
+  bodies: BodyFormat[];
 };
 
 /**
@@ -171,7 +183,8 @@ export type AssemblePromptResponse = Message<"psych.sidecar.v1.AssemblePromptRes
 
   /**
    * A canonical Anthropic Messages API request body (UTF-8 JSON) with
-   * cache_control breakpoints at the zone boundaries.
+   * cache_control breakpoints at the zone boundaries. Empty when the
+   * request's bodies field names others only (so for each body below).
    *
    * @generated from field: bytes anthropic_request_json = 3;
    */
@@ -329,6 +342,54 @@ export const GuardedResultSchema: GenMessage<GuardedResult> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_turn_service, 5);
 
 /**
+ * BodyFormat names one of the provider request bodies AssemblePrompt builds.
+ *
+ * @generated from enum psych.sidecar.v1.BodyFormat
+ */
+export enum BodyFormat {
+  /**
+   * Unset; refused.
+   *
+   * @generated from enum value: BODY_FORMAT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * anthropic_request_json: the Anthropic Messages API.
+   *
+   * @generated from enum value: BODY_FORMAT_ANTHROPIC_MESSAGES = 1;
+   */
+  ANTHROPIC_MESSAGES = 1,
+
+  /**
+   * openai_request_json: the OpenAI Chat Completions API.
+   *
+   * @generated from enum value: BODY_FORMAT_OPENAI_CHAT_COMPLETIONS = 2;
+   */
+  OPENAI_CHAT_COMPLETIONS = 2,
+
+  /**
+   * openai_responses_request_json: the OpenAI Responses API.
+   *
+   * @generated from enum value: BODY_FORMAT_OPENAI_RESPONSES = 3;
+   */
+  OPENAI_RESPONSES = 3,
+
+  /**
+   * gemini_request_json: the Gemini API's generateContent.
+   *
+   * @generated from enum value: BODY_FORMAT_GEMINI_GENERATE_CONTENT = 4;
+   */
+  GEMINI_GENERATE_CONTENT = 4,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.BodyFormat.
+ */
+export const BodyFormatSchema: GenEnum<BodyFormat> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_turn_service, 0);
+
+/**
  * TurnService decides what the model sees on each turn and call.
  *
  * @generated from service psych.sidecar.v1.TurnService
@@ -353,7 +414,8 @@ export const TurnService: GenService<{
    * AssemblePrompt builds the exact, byte-stable prompt for one model call
    * in four cache zones, with prior-turn tool results elided, plus request
    * bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
-   * Responses and Gemini generateContent APIs. The
+   * Responses and Gemini generateContent APIs (those the request's bodies
+   * field names; all four when it names none). The
    * prompt always fits the context budget: when the current turn's results
    * in full would not, the largest are elided too (context_guard says so),
    * and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
