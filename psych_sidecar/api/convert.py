@@ -13,6 +13,8 @@ from psych_sidecar.api.reasoning import reasoning_from_proto, reasoning_to_proto
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     BlockEnvelope,
+    CompactionPolicy,
+    CompactionRange,
     ContentPart,
     ContextBudget,
     DisclosureSettings,
@@ -30,6 +32,8 @@ from psych_sidecar.domain.runlog import (
     Thresholds,
     ToolCall,
     ToolGrant,
+    compaction_record,
+    split_compaction,
 )
 
 # A response (a page, a read) leaves this much of the message limit for framing and metadata.
@@ -53,6 +57,7 @@ RECORD_KINDS: dict[int, RecordKind] = {
     run_pb2.RECORD_KIND_USER_MESSAGE: RecordKind.USER_MESSAGE,
     run_pb2.RECORD_KIND_ASSISTANT_MESSAGE: RecordKind.ASSISTANT_MESSAGE,
     run_pb2.RECORD_KIND_TOOL_RESULT: RecordKind.TOOL_RESULT,
+    run_pb2.RECORD_KIND_COMPACTION: RecordKind.COMPACTION,
 }
 
 
@@ -125,7 +130,30 @@ def spec_from_proto(message: spec_pb2.Spec) -> Spec:
         grants=grants_from_proto(list(message.grants)),
         context_budget=context_budget_from_proto(message.context_budget),
         reasoning=reasoning_from_proto(message.reasoning, "spec.reasoning"),
+        compaction=compaction_from_proto(message.compaction),
     )
+
+
+_COMPACTION_FIELDS = (
+    "trigger_tokens",
+    "trigger_fraction",
+    "keep_recent_turns",
+    "summary_instructions",
+    "summary_max_tokens",
+)
+
+
+def compaction_from_proto(message: spec_pb2.CompactionPolicy) -> CompactionPolicy:
+    return CompactionPolicy(**_present(message, _COMPACTION_FIELDS))
+
+
+def compaction_to_proto(policy: CompactionPolicy) -> spec_pb2.CompactionPolicy:
+    message = spec_pb2.CompactionPolicy()
+    for name in _COMPACTION_FIELDS:
+        value = getattr(policy, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
 
 
 _BUDGET_FIELDS = ("context_window_tokens", "output_reserve_tokens", "current_turn_result_tokens")
@@ -178,6 +206,9 @@ def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
         ),
         reasoning=(
             reasoning_to_proto(spec.reasoning) if spec.reasoning != ReasoningSettings() else None
+        ),
+        compaction=(
+            compaction_to_proto(spec.compaction) if spec.compaction != CompactionPolicy() else None
         ),
     )
 
@@ -284,6 +315,12 @@ def record_from_proto(message: run_pb2.Record, field_path: str) -> Record:
             tool=result.tool,
             is_error=result.is_error,
         )
+    if kind == "compaction":
+        compaction = message.compaction
+        return compaction_record(
+            content_from_proto(list(compaction.summary), f"{field_path}.compaction.summary"),
+            CompactionRange(compaction.first_sequence, compaction.last_sequence),
+        )
     raise field_required(f"{field_path}.kind")
 
 
@@ -295,7 +332,7 @@ def record_to_proto(stored: StoredRecord) -> run_pb2.Record:
         create_time=timestamp(stored.create_time),
         handle=stored.handle,
     )
-    content = content_to_proto(record.content)
+    content = content_to_proto(record.content) if record.kind is not RecordKind.COMPACTION else []
     if record.kind is RecordKind.USER_MESSAGE:
         message.user_message.content.extend(content)
     elif record.kind is RecordKind.ASSISTANT_MESSAGE:
@@ -304,6 +341,11 @@ def record_to_proto(stored: StoredRecord) -> run_pb2.Record:
             content_pb2.ToolCall(call_id=c.call_id, name=c.name, arguments_json=c.arguments_json)
             for c in record.tool_calls
         )
+    elif record.kind is RecordKind.COMPACTION:
+        summary, covered = split_compaction(record.content)
+        message.compaction.summary.extend(content_to_proto(summary))
+        message.compaction.first_sequence = covered.first_sequence
+        message.compaction.last_sequence = covered.last_sequence
     else:
         result = message.tool_result
         result.call_id = record.call_id

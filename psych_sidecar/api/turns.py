@@ -22,6 +22,7 @@ from psych_sidecar.domain.errors import MessageTooLarge
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt import (
     AssembledPrompt,
+    CompactionProposal,
     GuardDecision,
     Prompt,
     PromptAssembler,
@@ -61,6 +62,7 @@ KINDS = {
     ExposedKind.CALL_DEFERRED_TOOL: turn_pb2.EXPOSED_TOOL_KIND_CALL_DEFERRED_TOOL,
     ExposedKind.READ_TOOL_OUTPUT: turn_pb2.EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT,
     ExposedKind.LOAD_SKILL: turn_pb2.EXPOSED_TOOL_KIND_LOAD_SKILL,
+    ExposedKind.READ_HISTORY: turn_pb2.EXPOSED_TOOL_KIND_READ_HISTORY,
 }
 STATES = {
     ConnectionState.CONNECTING: connection_pb2.CONNECTION_STATE_CONNECTING,
@@ -133,7 +135,34 @@ def prompt_to_proto(prompt: Prompt) -> turn_pb2.Prompt:
     )
 
 
+def _proposal_to_proto(
+    proposal: CompactionProposal | None,
+) -> turn_service_pb2.CompactionProposal | None:
+    if proposal is None:
+        return None
+    return turn_service_pb2.CompactionProposal(
+        first_sequence=proposal.covered.first_sequence,
+        last_sequence=proposal.covered.last_sequence,
+        first_turn=proposal.first_turn,
+        last_turn=proposal.last_turn,
+        anthropic_request_json=proposal.anthropic_json,
+        openai_request_json=proposal.openai_json,
+        openai_responses_request_json=proposal.openai_responses_json,
+        gemini_request_json=proposal.gemini_json,
+        estimated_tokens=proposal.estimated_tokens,
+        trigger_tokens=proposal.trigger_tokens,
+        summary_max_tokens=proposal.summary_max_tokens,
+        required=proposal.required,
+        reason=proposal.reason,
+    )
+
+
 def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssemblePromptResponse:
+    if assembled.compaction is not None and assembled.compaction.required:
+        # The call's own prompt would not fit: only the summary call can be made.
+        return turn_service_pb2.AssemblePromptResponse(
+            compaction=_proposal_to_proto(assembled.compaction)
+        )
     return turn_service_pb2.AssemblePromptResponse(
         prompt=prompt_to_proto(assembled.prompt),
         zones=[
@@ -145,6 +174,7 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
         openai_responses_request_json=assembled.openai_responses_json,
         gemini_request_json=assembled.gemini_json,
         context_guard=_guard_to_proto(assembled.guard),
+        compaction=_proposal_to_proto(assembled.compaction),
     )
 
 
@@ -262,11 +292,15 @@ class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
                 reasoning_override=reasoning_from_proto(request.reasoning, "reasoning")
                 if request.HasField("reasoning")
                 else None,
+                compaction_override=convert.compaction_from_proto(request.compaction)
+                if request.HasField("compaction")
+                else None,
             )
             assembled = await self._blocking(
                 self._assembler.preview if request.preview else self._assembler.assemble, call
             )
-            if not request.preview:
+            proposal = assembled.compaction
+            if not request.preview and not (proposal is not None and proposal.required):
                 _observe(assembled, span)
         # The response holds the prompt five times (parts and four providers' bodies): built and
         # encoded on a worker thread, which a prompt of MBs would otherwise cost the loop.

@@ -15,6 +15,11 @@ from psych_sidecar.domain.errors import (
     field_invalid,
     field_required,
 )
+from psych_sidecar.domain.runlog.compaction_policy import (
+    CompactionPolicy,
+    require_trigger,
+    validate_compaction,
+)
 from psych_sidecar.domain.runlog.reasoning import ReasoningSettings, validate_reasoning
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -132,6 +137,8 @@ class Spec:
     grants: tuple[ToolGrant, ...] = ()
     context_budget: ContextBudget = field(default_factory=ContextBudget)
     reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
+    # When AssemblePrompt proposes compacting the history (off unless a trigger is set).
+    compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
 
     def effective_thresholds(self) -> EffectiveThresholds:
         set_values = {k: v for k, v in asdict(self.thresholds).items() if v is not None}
@@ -139,7 +146,7 @@ class Spec:
 
     def content_json(self) -> str:
         """The Spec's content as canonical JSON (sorted keys): what is stored and compared for
-        immutability. An unset context budget or reasoning is left out, so Specs stored
+        immutability. An unset context budget, reasoning or compaction is left out, so Specs stored
         before they existed keep their bytes and fingerprints."""
         content = asdict(self)
         if self.disclosure.result_references is None:
@@ -153,6 +160,10 @@ class Spec:
             del content["reasoning"]
         else:
             content["reasoning"] = self.reasoning.content()
+        if self.compaction == CompactionPolicy():
+            del content["compaction"]
+        else:
+            content["compaction"] = self.compaction.content()
         return canonical_json(sorted_keys(content)).decode()
 
     def fingerprint(self) -> str:
@@ -173,6 +184,7 @@ class Spec:
             grants=tuple(ToolGrant(**g) for g in data["grants"]),
             context_budget=ContextBudget(**data.get("context_budget", {})),
             reasoning=ReasoningSettings.from_content(data.get("reasoning", {})),
+            compaction=CompactionPolicy(**data.get("compaction", {})),
         )
 
 
@@ -241,6 +253,8 @@ def validate_spec(spec: Spec) -> None:
             raise field_invalid(f"spec.thresholds.{key}", "must not be negative")
     validate_context_budget(spec.context_budget, "spec.context_budget")
     validate_reasoning(spec.reasoning, "spec.reasoning")
+    validate_compaction(spec.compaction, "spec.compaction")
+    require_trigger(spec.compaction, "spec.compaction")
     for key, value in asdict(spec.disclosure).items():
         if value is not None and value < 0:
             raise field_invalid(f"spec.disclosure.{key}", "must not be negative")

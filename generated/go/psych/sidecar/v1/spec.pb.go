@@ -250,7 +250,12 @@ type Spec struct {
 	// builds. Unset fields leave the parameter out of the body (the provider's
 	// default). AssemblePrompt may override them per call. An invalid
 	// combination is refused here (FIELD_INVALID / FIELD_REQUIRED), never sent.
-	Reasoning     *ReasoningSettings `protobuf:"bytes,12,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	Reasoning *ReasoningSettings `protobuf:"bytes,12,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	// When AssemblePrompt proposes compacting the Run's history into a
+	// summary, and how. Off unless a trigger is set; with one, the model is
+	// also offered the read_history tool. AssemblePrompt may override it per
+	// call, field by field. See docs/prompt.md, "Compaction".
+	Compaction    *CompactionPolicy `protobuf:"bytes,13,opt,name=compaction,proto3" json:"compaction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -365,6 +370,13 @@ func (x *Spec) GetContextBudget() *ContextBudget {
 func (x *Spec) GetReasoning() *ReasoningSettings {
 	if x != nil {
 		return x.Reasoning
+	}
+	return nil
+}
+
+func (x *Spec) GetCompaction() *CompactionPolicy {
+	if x != nil {
+		return x.Compaction
 	}
 	return nil
 }
@@ -885,11 +897,107 @@ func (x *ToolGrant) GetToolPattern() string {
 	return ""
 }
 
+// CompactionPolicy says when AssemblePrompt proposes compacting a Run's
+// history and what the summary call asks for. Compaction is a projection:
+// the log keeps every record, and read_history reads the compacted span.
+// Token counts are the sidecar's estimate (UTF-8 bytes / 4 of the body).
+type CompactionPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Compaction is due when the call's estimate is over this many tokens
+	// (or when the prompt would not fit the context budget at all). Must be
+	// greater than 0. Not with trigger_fraction.
+	TriggerTokens *int64 `protobuf:"varint,1,opt,name=trigger_tokens,json=triggerTokens,proto3,oneof" json:"trigger_tokens,omitempty"`
+	// Compaction is due when the call's estimate is over this fraction of the
+	// context budget (the window less the output reserve): greater than 0,
+	// at most 1. Not with trigger_tokens.
+	TriggerFraction *float64 `protobuf:"fixed64,2,opt,name=trigger_fraction,json=triggerFraction,proto3,oneof" json:"trigger_fraction,omitempty"`
+	// How many turns before the current one stay verbatim after a
+	// compaction. Default 2; 0 to 10000. When the prompt would not fit
+	// otherwise, every earlier turn is compacted.
+	KeepRecentTurns *int32 `protobuf:"varint,3,opt,name=keep_recent_turns,json=keepRecentTurns,proto3,oneof" json:"keep_recent_turns,omitempty"`
+	// What the summary should keep, appended to the sidecar's request for a
+	// summary. Default: goals, decisions, facts, handles, open work. At most
+	// 8000 characters.
+	SummaryInstructions *string `protobuf:"bytes,4,opt,name=summary_instructions,json=summaryInstructions,proto3,oneof" json:"summary_instructions,omitempty"`
+	// The summary's size cap in estimated tokens: the summary call asks for
+	// at most this, and a longer summary is cut to it in the prompt (the log
+	// keeps it whole). Default 2000. Must be greater than 0 and below the
+	// context budget.
+	SummaryMaxTokens *int64 `protobuf:"varint,5,opt,name=summary_max_tokens,json=summaryMaxTokens,proto3,oneof" json:"summary_max_tokens,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *CompactionPolicy) Reset() {
+	*x = CompactionPolicy{}
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactionPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactionPolicy) ProtoMessage() {}
+
+func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
+func (*CompactionPolicy) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *CompactionPolicy) GetTriggerTokens() int64 {
+	if x != nil && x.TriggerTokens != nil {
+		return *x.TriggerTokens
+	}
+	return 0
+}
+
+func (x *CompactionPolicy) GetTriggerFraction() float64 {
+	if x != nil && x.TriggerFraction != nil {
+		return *x.TriggerFraction
+	}
+	return 0
+}
+
+func (x *CompactionPolicy) GetKeepRecentTurns() int32 {
+	if x != nil && x.KeepRecentTurns != nil {
+		return *x.KeepRecentTurns
+	}
+	return 0
+}
+
+func (x *CompactionPolicy) GetSummaryInstructions() string {
+	if x != nil && x.SummaryInstructions != nil {
+		return *x.SummaryInstructions
+	}
+	return ""
+}
+
+func (x *CompactionPolicy) GetSummaryMaxTokens() int64 {
+	if x != nil && x.SummaryMaxTokens != nil {
+		return *x.SummaryMaxTokens
+	}
+	return 0
+}
+
 var File_psych_sidecar_v1_spec_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb7\x05\n" +
+	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x06\n" +
 	"\x04Spec\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12\x1e\n" +
 	"\aversion\x18\x02 \x01(\x03B\x04\xe2A\x01\x02R\aversion\x12(\n" +
@@ -908,7 +1016,10 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"createTime\x12L\n" +
 	"\x0econtext_budget\x18\v \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\x12G\n" +
-	"\treasoning\x18\f \x01(\v2#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2A\x01\x01R\treasoning\"\xc9\x04\n" +
+	"\treasoning\x18\f \x01(\v2#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2A\x01\x01R\treasoning\x12H\n" +
+	"\n" +
+	"compaction\x18\r \x01(\v2\".psych.sidecar.v1.CompactionPolicyB\x04\xe2A\x01\x01R\n" +
+	"compaction\"\xc9\x04\n" +
 	"\x11ReasoningSettings\x12X\n" +
 	"\x12anthropic_thinking\x18\x01 \x01(\x0e2#.psych.sidecar.v1.AnthropicThinkingB\x04\xe2A\x01\x01R\x11anthropicThinking\x12A\n" +
 	"\x17anthropic_budget_tokens\x18\x02 \x01(\x03B\x04\xe2A\x01\x01H\x00R\x15anthropicBudgetTokens\x88\x01\x01\x12_\n" +
@@ -956,7 +1067,18 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\x12_result_references\"a\n" +
 	"\tToolGrant\x12+\n" +
 	"\x0eserver_pattern\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\rserverPattern\x12'\n" +
-	"\ftool_pattern\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\vtoolPattern*\x99\x01\n" +
+	"\ftool_pattern\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\vtoolPattern\"\x96\x03\n" +
+	"\x10CompactionPolicy\x120\n" +
+	"\x0etrigger_tokens\x18\x01 \x01(\x03B\x04\xe2A\x01\x01H\x00R\rtriggerTokens\x88\x01\x01\x124\n" +
+	"\x10trigger_fraction\x18\x02 \x01(\x01B\x04\xe2A\x01\x01H\x01R\x0ftriggerFraction\x88\x01\x01\x125\n" +
+	"\x11keep_recent_turns\x18\x03 \x01(\x05B\x04\xe2A\x01\x01H\x02R\x0fkeepRecentTurns\x88\x01\x01\x12<\n" +
+	"\x14summary_instructions\x18\x04 \x01(\tB\x04\xe2A\x01\x01H\x03R\x13summaryInstructions\x88\x01\x01\x127\n" +
+	"\x12summary_max_tokens\x18\x05 \x01(\x03B\x04\xe2A\x01\x01H\x04R\x10summaryMaxTokens\x88\x01\x01B\x11\n" +
+	"\x0f_trigger_tokensB\x13\n" +
+	"\x11_trigger_fractionB\x14\n" +
+	"\x12_keep_recent_turnsB\x17\n" +
+	"\x15_summary_instructionsB\x15\n" +
+	"\x13_summary_max_tokens*\x99\x01\n" +
 	"\x11AnthropicThinking\x12\"\n" +
 	"\x1eANTHROPIC_THINKING_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aANTHROPIC_THINKING_ENABLED\x10\x01\x12\x1f\n" +
@@ -991,7 +1113,7 @@ func file_psych_sidecar_v1_spec_proto_rawDescGZIP() []byte {
 }
 
 var file_psych_sidecar_v1_spec_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_psych_sidecar_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_psych_sidecar_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_psych_sidecar_v1_spec_proto_goTypes = []any{
 	(AnthropicThinking)(0),        // 0: psych.sidecar.v1.AnthropicThinking
 	(ReasoningEffort)(0),          // 1: psych.sidecar.v1.ReasoningEffort
@@ -1004,7 +1126,8 @@ var file_psych_sidecar_v1_spec_proto_goTypes = []any{
 	(*Thresholds)(nil),            // 8: psych.sidecar.v1.Thresholds
 	(*DisclosureSettings)(nil),    // 9: psych.sidecar.v1.DisclosureSettings
 	(*ToolGrant)(nil),             // 10: psych.sidecar.v1.ToolGrant
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*CompactionPolicy)(nil),      // 11: psych.sidecar.v1.CompactionPolicy
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_spec_proto_depIdxs = []int32{
 	6,  // 0: psych.sidecar.v1.Spec.skills:type_name -> psych.sidecar.v1.Skill
@@ -1012,17 +1135,18 @@ var file_psych_sidecar_v1_spec_proto_depIdxs = []int32{
 	8,  // 2: psych.sidecar.v1.Spec.thresholds:type_name -> psych.sidecar.v1.Thresholds
 	9,  // 3: psych.sidecar.v1.Spec.disclosure:type_name -> psych.sidecar.v1.DisclosureSettings
 	10, // 4: psych.sidecar.v1.Spec.grants:type_name -> psych.sidecar.v1.ToolGrant
-	11, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
+	12, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
 	5,  // 6: psych.sidecar.v1.Spec.context_budget:type_name -> psych.sidecar.v1.ContextBudget
 	4,  // 7: psych.sidecar.v1.Spec.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
-	0,  // 8: psych.sidecar.v1.ReasoningSettings.anthropic_thinking:type_name -> psych.sidecar.v1.AnthropicThinking
-	1,  // 9: psych.sidecar.v1.ReasoningSettings.openai_reasoning_effort:type_name -> psych.sidecar.v1.ReasoningEffort
-	2,  // 10: psych.sidecar.v1.ReasoningSettings.gemini_thinking_level:type_name -> psych.sidecar.v1.GeminiThinkingLevel
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	11, // 8: psych.sidecar.v1.Spec.compaction:type_name -> psych.sidecar.v1.CompactionPolicy
+	0,  // 9: psych.sidecar.v1.ReasoningSettings.anthropic_thinking:type_name -> psych.sidecar.v1.AnthropicThinking
+	1,  // 10: psych.sidecar.v1.ReasoningSettings.openai_reasoning_effort:type_name -> psych.sidecar.v1.ReasoningEffort
+	2,  // 11: psych.sidecar.v1.ReasoningSettings.gemini_thinking_level:type_name -> psych.sidecar.v1.GeminiThinkingLevel
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_spec_proto_init() }
@@ -1034,13 +1158,14 @@ func file_psych_sidecar_v1_spec_proto_init() {
 	file_psych_sidecar_v1_spec_proto_msgTypes[2].OneofWrappers = []any{}
 	file_psych_sidecar_v1_spec_proto_msgTypes[5].OneofWrappers = []any{}
 	file_psych_sidecar_v1_spec_proto_msgTypes[6].OneofWrappers = []any{}
+	file_psych_sidecar_v1_spec_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_spec_proto_rawDesc), len(file_psych_sidecar_v1_spec_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

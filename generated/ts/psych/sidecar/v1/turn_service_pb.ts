@@ -7,7 +7,7 @@ import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { ContextBudget, ReasoningSettings } from "./spec_pb.js";
+import type { CompactionPolicy, ContextBudget, ReasoningSettings } from "./spec_pb.js";
 import { file_psych_sidecar_v1_spec } from "./spec_pb.js";
 import type { Prompt, ToolSurface, ZoneDigest } from "./turn_pb.js";
 import { file_psych_sidecar_v1_turn } from "./turn_pb.js";
@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/turn_service.proto.
  */
 export const file_psych_sidecar_v1_turn_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2Ui2QIKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBEjwKCXJlYXNvbmluZxgJIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nU2V0dGluZ3NCBOJBAQEipwIKFkFzc2VtYmxlUHJvbXB0UmVzcG9uc2USKAoGcHJvbXB0GAEgASgLMhgucHN5Y2guc2lkZWNhci52MS5Qcm9tcHQSKwoFem9uZXMYAiADKAsyHC5wc3ljaC5zaWRlY2FyLnYxLlpvbmVEaWdlc3QSHgoWYW50aHJvcGljX3JlcXVlc3RfanNvbhgDIAEoDBIbChNvcGVuYWlfcmVxdWVzdF9qc29uGAQgASgMEjUKDWNvbnRleHRfZ3VhcmQYBSABKAsyHi5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRHdWFyZBIlCh1vcGVuYWlfcmVzcG9uc2VzX3JlcXVlc3RfanNvbhgGIAEoDBIbChNnZW1pbmlfcmVxdWVzdF9qc29uGAcgASgMIsYBCgxDb250ZXh0R3VhcmQSHQoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDEh0KFW91dHB1dF9yZXNlcnZlX3Rva2VucxgCIAEoAxIYChBlc3RpbWF0ZWRfdG9rZW5zGAMgASgDEh0KFWZ1bGxfZXN0aW1hdGVkX3Rva2VucxgEIAEoAxIvCgZlbGlkZWQYBSADKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkd1YXJkZWRSZXN1bHQSDgoGcmVhc29uGAYgASgJIloKDUd1YXJkZWRSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRIOCgZoYW5kbGUYAiABKAkSEwoLZnVsbF90b2tlbnMYAyABKAMSEwoLdmlld190b2tlbnMYBCABKAMyzgEKC1R1cm5TZXJ2aWNlEloKC1Jlc29sdmVUdXJuEiQucHN5Y2guc2lkZWNhci52MS5SZXNvbHZlVHVyblJlcXVlc3QaJS5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVzcG9uc2USYwoOQXNzZW1ibGVQcm9tcHQSJy5wc3ljaC5zaWRlY2FyLnYxLkFzc2VtYmxlUHJvbXB0UmVxdWVzdBooLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXNwb25zZUK7AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCEFR1cm5TZXJ2aWNlUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
+  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2UilwMKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBEjwKCXJlYXNvbmluZxgJIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nU2V0dGluZ3NCBOJBAQESPAoKY29tcGFjdGlvbhgKIAEoCzIiLnBzeWNoLnNpZGVjYXIudjEuQ29tcGFjdGlvblBvbGljeUIE4kEBASLhAgoWQXNzZW1ibGVQcm9tcHRSZXNwb25zZRIoCgZwcm9tcHQYASABKAsyGC5wc3ljaC5zaWRlY2FyLnYxLlByb21wdBIrCgV6b25lcxgCIAMoCzIcLnBzeWNoLnNpZGVjYXIudjEuWm9uZURpZ2VzdBIeChZhbnRocm9waWNfcmVxdWVzdF9qc29uGAMgASgMEhsKE29wZW5haV9yZXF1ZXN0X2pzb24YBCABKAwSNQoNY29udGV4dF9ndWFyZBgFIAEoCzIeLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEd1YXJkEiUKHW9wZW5haV9yZXNwb25zZXNfcmVxdWVzdF9qc29uGAYgASgMEhsKE2dlbWluaV9yZXF1ZXN0X2pzb24YByABKAwSOAoKY29tcGFjdGlvbhgIIAEoCzIkLnBzeWNoLnNpZGVjYXIudjEuQ29tcGFjdGlvblByb3Bvc2FsIsYBCgxDb250ZXh0R3VhcmQSHQoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDEh0KFW91dHB1dF9yZXNlcnZlX3Rva2VucxgCIAEoAxIYChBlc3RpbWF0ZWRfdG9rZW5zGAMgASgDEh0KFWZ1bGxfZXN0aW1hdGVkX3Rva2VucxgEIAEoAxIvCgZlbGlkZWQYBSADKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkd1YXJkZWRSZXN1bHQSDgoGcmVhc29uGAYgASgJIloKDUd1YXJkZWRSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRIOCgZoYW5kbGUYAiABKAkSEwoLZnVsbF90b2tlbnMYAyABKAMSEwoLdmlld190b2tlbnMYBCABKAMi2wIKEkNvbXBhY3Rpb25Qcm9wb3NhbBIWCg5maXJzdF9zZXF1ZW5jZRgBIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAIgASgDEhIKCmZpcnN0X3R1cm4YAyABKAMSEQoJbGFzdF90dXJuGAQgASgDEh4KFmFudGhyb3BpY19yZXF1ZXN0X2pzb24YBSABKAwSGwoTb3BlbmFpX3JlcXVlc3RfanNvbhgGIAEoDBIlCh1vcGVuYWlfcmVzcG9uc2VzX3JlcXVlc3RfanNvbhgHIAEoDBIbChNnZW1pbmlfcmVxdWVzdF9qc29uGAggASgMEhgKEGVzdGltYXRlZF90b2tlbnMYCSABKAMSFgoOdHJpZ2dlcl90b2tlbnMYCiABKAMSGgoSc3VtbWFyeV9tYXhfdG9rZW5zGAsgASgDEhAKCHJlcXVpcmVkGAwgASgIEg4KBnJlYXNvbhgNIAEoCTLOAQoLVHVyblNlcnZpY2USWgoLUmVzb2x2ZVR1cm4SJC5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuUmVzb2x2ZVR1cm5SZXNwb25zZRJjCg5Bc3NlbWJsZVByb21wdBInLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5Bc3NlbWJsZVByb21wdFJlc3BvbnNlQrsBChRkZXYucHN5Y2guc2lkZWNhci52MUIQVHVyblNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
 
 /**
  * ResolveTurnRequest is the request of TurnService.ResolveTurn.
@@ -140,6 +140,16 @@ export type AssemblePromptRequest = Message<"psych.sidecar.v1.AssemblePromptRequ
    * @generated from field: psych.sidecar.v1.ReasoningSettings reasoning = 9;
    */
   reasoning?: ReasoningSettings | undefined;
+
+  /**
+   * Overrides the Spec's compaction policy for this call, field by field
+   * (setting either trigger replaces the Spec's trigger). The Spec must have
+   * a policy of its own (its read_history tool is in zone 1), else
+   * FIELD_INVALID.
+   *
+   * @generated from field: psych.sidecar.v1.CompactionPolicy compaction = 10;
+   */
+  compaction?: CompactionPolicy | undefined;
 };
 
 /**
@@ -212,6 +222,18 @@ export type AssemblePromptResponse = Message<"psych.sidecar.v1.AssemblePromptRes
    * @generated from field: bytes gemini_request_json = 7;
    */
   geminiRequestJson: Uint8Array;
+
+  /**
+   * Set when compaction is due (see CompactionPolicy): the summary call's
+   * request bodies and the range it covers. The host sends one of them,
+   * appends the answer as a Compaction record and its usage with
+   * RecordUsage, then calls AssemblePrompt again. When `required` is set the
+   * call's own prompt would not fit: prompt, zones and the request bodies
+   * above are then empty.
+   *
+   * @generated from field: psych.sidecar.v1.CompactionProposal compaction = 8;
+   */
+  compaction?: CompactionProposal | undefined;
 };
 
 /**
@@ -327,6 +349,119 @@ export type GuardedResult = Message<"psych.sidecar.v1.GuardedResult"> & {
  */
 export const GuardedResultSchema: GenMessage<GuardedResult> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_turn_service, 5);
+
+/**
+ * CompactionProposal is AssemblePrompt's proposal to compact the history:
+ * the summary call, ready for each provider, and what the summary will
+ * stand for. Each body is the call the host would have made (the same
+ * tools, system prompt and history, so it reads the same cached prefix)
+ * with its transient message replaced by the request for the summary.
+ *
+ * @generated from message psych.sidecar.v1.CompactionProposal
+ */
+export type CompactionProposal = Message<"psych.sidecar.v1.CompactionProposal"> & {
+  /**
+   * The first record the summary stands for (1, or the record after the
+   * previous compaction's range): Compaction.first_sequence.
+   *
+   * @generated from field: int64 first_sequence = 1;
+   */
+  firstSequence: bigint;
+
+  /**
+   * The last record it stands for, the end of a turn:
+   * Compaction.last_sequence.
+   *
+   * @generated from field: int64 last_sequence = 2;
+   */
+  lastSequence: bigint;
+
+  /**
+   * The turns it covers (1 is the first user message's turn), for people.
+   *
+   * @generated from field: int64 first_turn = 3;
+   */
+  firstTurn: bigint;
+
+  /**
+   * The last turn it covers.
+   *
+   * @generated from field: int64 last_turn = 4;
+   */
+  lastTurn: bigint;
+
+  /**
+   * The summary call as an Anthropic Messages request body.
+   *
+   * @generated from field: bytes anthropic_request_json = 5;
+   */
+  anthropicRequestJson: Uint8Array;
+
+  /**
+   * The summary call as an OpenAI Chat Completions request body.
+   *
+   * @generated from field: bytes openai_request_json = 6;
+   */
+  openaiRequestJson: Uint8Array;
+
+  /**
+   * The summary call as an OpenAI Responses request body.
+   *
+   * @generated from field: bytes openai_responses_request_json = 7;
+   */
+  openaiResponsesRequestJson: Uint8Array;
+
+  /**
+   * The summary call as a Gemini generateContent request body.
+   *
+   * @generated from field: bytes gemini_request_json = 8;
+   */
+  geminiRequestJson: Uint8Array;
+
+  /**
+   * The estimate that made compaction due: the call's prompt, or, when it
+   * would not fit, its estimate with nothing elided by the context guard.
+   *
+   * @generated from field: int64 estimated_tokens = 9;
+   */
+  estimatedTokens: bigint;
+
+  /**
+   * The trigger it crossed, in estimated tokens.
+   *
+   * @generated from field: int64 trigger_tokens = 10;
+   */
+  triggerTokens: bigint;
+
+  /**
+   * The summary's cap in estimated tokens.
+   *
+   * @generated from field: int64 summary_max_tokens = 11;
+   */
+  summaryMaxTokens: bigint;
+
+  /**
+   * The call's own prompt would not fit the context budget: compact before
+   * the call (the response has no prompt or bodies of its own).
+   *
+   * @generated from field: bool required = 12;
+   */
+  required: boolean;
+
+  /**
+   * Why compaction is due, in one sentence.
+   *
+   * @generated from field: string reason = 13;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.CompactionProposal.
+ * Use `create(CompactionProposalSchema)` to create a new message.
+ */
+export const CompactionProposalSchema: GenMessage<CompactionProposal> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_turn_service, 6);
 
 /**
  * TurnService decides what the model sees on each turn and call.
