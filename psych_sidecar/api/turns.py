@@ -300,6 +300,8 @@ class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
                 self._assembler.preview if request.preview else self._assembler.assemble, call
             )
             proposal = assembled.compaction
+            if not request.preview and proposal is not None:
+                metrics.record_compaction_proposed("required" if proposal.required else "due")
             if not request.preview and not (proposal is not None and proposal.required):
                 _observe(assembled, span)
         # The response holds the prompt five times (parts and four providers' bodies): built and

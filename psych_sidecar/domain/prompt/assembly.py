@@ -388,6 +388,9 @@ class PromptAssembler:
                     context_guard=guard.reason or None,
                     guard_elided=set(guarded),
                     capped=set(capped),
+                    compacted_through=0
+                    if compacted.covered is None
+                    else compacted.covered.last_sequence,
                 )
             )
         return assembled
