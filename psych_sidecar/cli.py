@@ -284,7 +284,7 @@ def _delete_data(arguments: argparse.Namespace, settings: Settings) -> int:
             return _fail(f"--older-than: {error}", 2)
     with _database_at_schema(settings) as engine:
         store = SqlStore(engine)
-        deletion = RunDeletion(RunService(store, store), RunDeletions(engine))
+        deletion = RunDeletion(RunService(store, runs=store), RunDeletions(engine))
         if arguments.command == "prune":
             print(prune(deletion, engine, older_than))
         else:

@@ -166,3 +166,19 @@ def test_a_roster_change_in_zone_2_names_the_connection_and_a_flap_is_no_miss() 
     # message): nothing to explain.
     flapped = entry(servers=(replace(DOCS, state="unreachable"),))
     assert explain_miss(entry(), flapped) is None
+
+
+def test_a_compaction_is_named_and_its_results_are_not_called_restored() -> None:
+    elided = (ElidedResult(3, "h_a", ElisionRule.PER_RESULT),)
+    before = entry(elided=elided, turn=5, last_sequence=40)
+    after = replace(entry("s1", "t1", "h9", turn=5, step=1, last_sequence=42), compacted_through=12)
+    miss = explain_miss(before, after)
+    assert miss is not None
+    assert miss.first_zone is Zone.HISTORY
+    assert [r.cause for r in miss.reasons] == [MissCause.COMPACTION]
+    assert miss.reasons[0].text == "compaction: records 1 to #12 are now a summary"
+    later = replace(after, compacted_through=30)
+    assert explain_miss(after, later).reasons[0].text == (  # type: ignore[union-attr]
+        "compaction: records up to #30 are now a summary (before: up to #12)"
+    )
+    assert explain_miss(after, replace(after, last_sequence=44)) is None

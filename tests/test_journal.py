@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, MetaData, create_engine, select, text
 
-from psych.sidecar.v1 import (
-    turn_pb2,
-)
+from psych.sidecar.v1 import run_pb2, spec_pb2, turn_pb2
 from psych_sidecar.config import Settings
 from psych_sidecar.domain.prompt import (
     AssemblyEntry,
@@ -24,10 +22,11 @@ from psych_sidecar.domain.prompt import (
     Zone,
     ZoneSize,
 )
+from psych_sidecar.domain.run_inspector import MissCause, explain_miss
 from psych_sidecar.storage.engines import normalize_url
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from tests.support.prompts import append, assemble, assistant, result, run_with, thresholds
-from tests.support.requests import user
+from tests.support.requests import text_part, user
 from tests.support.sidecar import RunningSidecar, Stubs
 
 ZONES = {
@@ -238,3 +237,26 @@ def test_pruning_runs_at_most_once_per_interval(
     clock[0] += 6_000_000
     journal.record(_entry(run_id))  # prunes: only this one is within 1 s
     assert len(journal.entries(run_id, 10)) == 1
+
+
+def test_a_compaction_is_journalled_and_named_as_the_miss_it_makes(
+    stubs: Stubs, grpc_server: RunningSidecar, unique: Callable[[str], str]
+) -> None:
+    policy = spec_pb2.CompactionPolicy(trigger_tokens=1_000, keep_recent_turns=0)
+    run_id = run_with(stubs, unique("agent"), compaction=policy)
+    for number in range(3):
+        append(stubs, run_id, user(f"question {number} " + "q" * 2_000))
+        append(stubs, run_id, assistant(f"answer {number} " + "a" * 2_000))
+    append(stubs, run_id, user("and now?"))
+    proposal = assemble(stubs, run_id).compaction
+    assert (proposal.first_sequence, proposal.last_sequence) == (1, 6)
+    summary = run_pb2.Compaction(
+        summary=[text_part("three questions")], first_sequence=1, last_sequence=6
+    )
+    append(stubs, run_id, run_pb2.Record(compaction=summary))
+    assemble(stubs, run_id)
+    before, after = entries(grpc_server, run_id)[-2:]
+    assert (before.compacted_through, after.compacted_through) == (0, 6)
+    miss = explain_miss(before, after)
+    assert miss is not None
+    assert [r.cause for r in miss.reasons] == [MissCause.COMPACTION]

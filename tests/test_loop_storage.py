@@ -79,7 +79,7 @@ def now(loop_connection: LoopConnection) -> SqliteNow:
 def _runs(engine: Engine) -> RunService:
     store = SqlStore(engine)
     SpecService(store).publish(Spec(name="s", version=1))
-    return RunService(store, store)
+    return RunService(store, runs=store)
 
 
 def _result(text: str) -> tuple[Record, ...]:

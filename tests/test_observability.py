@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psych.sidecar.v1 import (
     connection_pb2,
     connection_service_pb2,
+    run_pb2,
     run_service_pb2,
     run_service_pb2_grpc,
     spec_pb2,
@@ -45,8 +46,15 @@ from tests.support.connections import FIXTURE_SERVER
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.polling import wait_for
 from tests.support.processes import free_port, served, wait_for_port
-from tests.support.prompts import append, assistant, history_results, run_with, thresholds
-from tests.support.requests import user
+from tests.support.prompts import (
+    append,
+    assemble,
+    assistant,
+    history_results,
+    run_with,
+    thresholds,
+)
+from tests.support.requests import text_part, user
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 ALL_TOOLS = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
@@ -263,6 +271,30 @@ def test_prompt_zones_elision_and_usage(turn: Turn) -> None:
     assert BIG - 8000 < saved < BIG
     for kind, tokens in (("input", 100), ("cache_read", 900), ("cache_write", 50), ("output", 30)):
         assert turn.delta("psych_sidecar_usage_tokens_total", kind=kind) == tokens
+
+
+def test_compactions_are_counted_with_their_sizes(
+    grpc_server: RunningSidecar, stubs: Stubs, turn: Turn
+) -> None:
+    before = scrape(grpc_server)
+    policy = spec_pb2.CompactionPolicy(trigger_tokens=500, keep_recent_turns=0)
+    run_id = run_with(stubs, "obs-compacting", compaction=policy)
+    for number in range(2):
+        append(stubs, run_id, user(f"q{number} " + "q" * 2_000), assistant("a" * 2_000))
+    append(stubs, run_id, user("and now?"))
+    proposal = assemble(stubs, run_id).compaction
+    assert (proposal.first_sequence, proposal.last_sequence, proposal.required) == (1, 4, False)
+    summary = run_pb2.Compaction(summary=[text_part("s" * 300)], first_sequence=1, last_sequence=4)
+    append(stubs, run_id, run_pb2.Record(compaction=summary))
+    after = scrape(grpc_server)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("psych_sidecar_compactions_proposed_total", urgency="due") == 1
+    assert delta("psych_sidecar_compactions_total") == 1
+    assert delta("psych_sidecar_compacted_records_sum") == 4
+    assert delta("psych_sidecar_compaction_summary_bytes_sum") == 300
 
 
 def test_storage_waits_and_loop_lag_are_measured(turn: Turn) -> None:

@@ -13,6 +13,8 @@ from psych_sidecar.api.reasoning import reasoning_from_proto, reasoning_to_proto
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     BlockEnvelope,
+    CompactionPolicy,
+    CompactionRange,
     ContentPart,
     ContextBudget,
     DisclosureSettings,
@@ -32,6 +34,8 @@ from psych_sidecar.domain.runlog import (
     ToolCall,
     ToolCallers,
     ToolGrant,
+    compaction_record,
+    split_compaction,
 )
 
 # A response (a page, a read) leaves this much of the message limit for framing and metadata.
@@ -55,6 +59,7 @@ RECORD_KINDS: dict[int, RecordKind] = {
     run_pb2.RECORD_KIND_USER_MESSAGE: RecordKind.USER_MESSAGE,
     run_pb2.RECORD_KIND_ASSISTANT_MESSAGE: RecordKind.ASSISTANT_MESSAGE,
     run_pb2.RECORD_KIND_TOOL_RESULT: RecordKind.TOOL_RESULT,
+    run_pb2.RECORD_KIND_COMPACTION: RecordKind.COMPACTION,
 }
 
 
@@ -127,6 +132,7 @@ def spec_from_proto(message: spec_pb2.Spec) -> Spec:
         grants=grants_from_proto(list(message.grants)),
         context_budget=context_budget_from_proto(message.context_budget),
         reasoning=reasoning_from_proto(message.reasoning, "spec.reasoning"),
+        compaction=compaction_from_proto(message.compaction),
         programmatic_calling=programmatic_from_proto(
             message.programmatic_calling, "spec.programmatic_calling"
         ),
@@ -156,6 +162,28 @@ def programmatic_to_proto(settings: ProgrammaticCalling) -> spec_pb2.Programmati
         callers=callers,  # type: ignore[arg-type]
         anthropic_code_execution_tool=settings.anthropic_code_execution_tool,
     )
+
+
+_COMPACTION_FIELDS = (
+    "trigger_tokens",
+    "trigger_fraction",
+    "keep_recent_turns",
+    "summary_instructions",
+    "summary_max_tokens",
+)
+
+
+def compaction_from_proto(message: spec_pb2.CompactionPolicy) -> CompactionPolicy:
+    return CompactionPolicy(**_present(message, _COMPACTION_FIELDS))
+
+
+def compaction_to_proto(policy: CompactionPolicy) -> spec_pb2.CompactionPolicy:
+    message = spec_pb2.CompactionPolicy()
+    for name in _COMPACTION_FIELDS:
+        value = getattr(policy, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
 
 
 _BUDGET_FIELDS = ("context_window_tokens", "output_reserve_tokens", "current_turn_result_tokens")
@@ -213,6 +241,9 @@ def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
             programmatic_to_proto(spec.programmatic_calling)
             if spec.programmatic_calling != ProgrammaticCalling()
             else None
+        ),
+        compaction=(
+            compaction_to_proto(spec.compaction) if spec.compaction != CompactionPolicy() else None
         ),
     )
 
@@ -319,6 +350,12 @@ def record_from_proto(message: run_pb2.Record, field_path: str) -> Record:
             tool=result.tool,
             is_error=result.is_error,
         )
+    if kind == "compaction":
+        compaction = message.compaction
+        return compaction_record(
+            content_from_proto(list(compaction.summary), f"{field_path}.compaction.summary"),
+            CompactionRange(compaction.first_sequence, compaction.last_sequence),
+        )
     raise field_required(f"{field_path}.kind")
 
 
@@ -330,7 +367,7 @@ def record_to_proto(stored: StoredRecord) -> run_pb2.Record:
         create_time=timestamp(stored.create_time),
         handle=stored.handle,
     )
-    content = content_to_proto(record.content)
+    content = content_to_proto(record.content) if record.kind is not RecordKind.COMPACTION else []
     if record.kind is RecordKind.USER_MESSAGE:
         message.user_message.content.extend(content)
     elif record.kind is RecordKind.ASSISTANT_MESSAGE:
@@ -339,6 +376,11 @@ def record_to_proto(stored: StoredRecord) -> run_pb2.Record:
             content_pb2.ToolCall(call_id=c.call_id, name=c.name, arguments_json=c.arguments_json)
             for c in record.tool_calls
         )
+    elif record.kind is RecordKind.COMPACTION:
+        summary, covered = split_compaction(record.content)
+        message.compaction.summary.extend(content_to_proto(summary))
+        message.compaction.first_sequence = covered.first_sequence
+        message.compaction.last_sequence = covered.last_sequence
     else:
         result = message.tool_result
         result.call_id = record.call_id

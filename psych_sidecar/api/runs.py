@@ -7,7 +7,15 @@ from psych_sidecar.api import convert
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
 from psych_sidecar.domain.cache import ImmutableCache
-from psych_sidecar.domain.runlog import Run, RunDeletion, RunService
+from psych_sidecar.domain.runlog import (
+    PartKind,
+    RecordKind,
+    Run,
+    RunDeletion,
+    RunService,
+    split_compaction,
+)
+from psych_sidecar.telemetry import metrics
 
 
 class RunServicer(run_service_pb2_grpc.RunServiceServicer):
@@ -68,6 +76,12 @@ class RunServicer(run_service_pb2_grpc.RunServiceServicer):
         appended = await self._blocking(
             self._runs.append, request.run_id, request.request_id, records
         )
+        if records and records[0].kind is RecordKind.COMPACTION:
+            summary, covered = split_compaction(records[0].content)
+            metrics.record_compaction(
+                covered.last_sequence - covered.first_sequence + 1,
+                sum(len(p.data) for p in summary if p.kind is PartKind.TEXT),
+            )
         return run_service_pb2.AppendRecordsResponse(
             records=[
                 run_service_pb2.AppendedRecord(sequence=entry.sequence, handle=entry.handle)

@@ -33,7 +33,7 @@ from psych_sidecar.domain.calls import (
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
-from psych_sidecar.domain.surface import READ_TOOL_OUTPUT, TurnResolver
+from psych_sidecar.domain.surface import READ_HISTORY, READ_TOOL_OUTPUT, TurnResolver
 from psych_sidecar.telemetry import metrics
 
 M = TypeVar("M", bound=Message)
@@ -304,11 +304,12 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
         if not request.HasField("call"):
             raise field_required("call")
         call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
-        if call.name == READ_TOOL_OUTPUT and (
+        if call.name in (READ_TOOL_OUTPUT, READ_HISTORY) and (
             '"grep"' in call.arguments_json or '"query"' in call.arguments_json
         ):
-            # The model's grep or query takes a grep slot like ReadToolOutput's (a cheap,
-            # conservative test: a call that merely mentions "grep" waits for a slot too).
+            # The model's grep or query (read_history's grep too) takes a grep slot like
+            # ReadToolOutput's (a cheap, conservative test: a call that merely mentions
+            # "grep" waits for a slot too).
             async with self._grep_slots:
                 outcome = await self._router.dispatch(request.run_id, call)
         else:

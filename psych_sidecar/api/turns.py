@@ -25,6 +25,7 @@ from psych_sidecar.domain.prompt import (
     ALL_BODIES,
     AssembledPrompt,
     BodyFormat,
+    CompactionProposal,
     GuardDecision,
     Prompt,
     PromptAssembler,
@@ -64,6 +65,7 @@ KINDS = {
     ExposedKind.CALL_DEFERRED_TOOL: turn_pb2.EXPOSED_TOOL_KIND_CALL_DEFERRED_TOOL,
     ExposedKind.READ_TOOL_OUTPUT: turn_pb2.EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT,
     ExposedKind.LOAD_SKILL: turn_pb2.EXPOSED_TOOL_KIND_LOAD_SKILL,
+    ExposedKind.READ_HISTORY: turn_pb2.EXPOSED_TOOL_KIND_READ_HISTORY,
 }
 _BODIES = {
     turn_service_pb2.BODY_FORMAT_ANTHROPIC_MESSAGES: BodyFormat.ANTHROPIC_MESSAGES,
@@ -142,7 +144,34 @@ def prompt_to_proto(prompt: Prompt) -> turn_pb2.Prompt:
     )
 
 
+def _proposal_to_proto(
+    proposal: CompactionProposal | None,
+) -> turn_service_pb2.CompactionProposal | None:
+    if proposal is None:
+        return None
+    return turn_service_pb2.CompactionProposal(
+        first_sequence=proposal.covered.first_sequence,
+        last_sequence=proposal.covered.last_sequence,
+        first_turn=proposal.first_turn,
+        last_turn=proposal.last_turn,
+        anthropic_request_json=proposal.anthropic_json,
+        openai_request_json=proposal.openai_json,
+        openai_responses_request_json=proposal.openai_responses_json,
+        gemini_request_json=proposal.gemini_json,
+        estimated_tokens=proposal.estimated_tokens,
+        trigger_tokens=proposal.trigger_tokens,
+        summary_max_tokens=proposal.summary_max_tokens,
+        required=proposal.required,
+        reason=proposal.reason,
+    )
+
+
 def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssemblePromptResponse:
+    if assembled.compaction is not None and assembled.compaction.required:
+        # The call's own prompt would not fit: only the summary call can be made.
+        return turn_service_pb2.AssemblePromptResponse(
+            compaction=_proposal_to_proto(assembled.compaction)
+        )
     return turn_service_pb2.AssemblePromptResponse(
         prompt=prompt_to_proto(assembled.prompt),
         zones=[
@@ -154,6 +183,7 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
         openai_responses_request_json=assembled.openai_responses_json,
         gemini_request_json=assembled.gemini_json,
         context_guard=_guard_to_proto(assembled.guard),
+        compaction=_proposal_to_proto(assembled.compaction),
     )
 
 
@@ -284,11 +314,17 @@ class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
                 if request.HasField("reasoning")
                 else None,
                 bodies=bodies_from_proto(request.bodies),
+                compaction_override=convert.compaction_from_proto(request.compaction)
+                if request.HasField("compaction")
+                else None,
             )
             assembled = await self._blocking(
                 self._assembler.preview if request.preview else self._assembler.assemble, call
             )
-            if not request.preview:
+            proposal = assembled.compaction
+            if not request.preview and proposal is not None:
+                metrics.record_compaction_proposed("required" if proposal.required else "due")
+            if not request.preview and not (proposal is not None and proposal.required):
                 _observe(assembled, span)
         # The response holds the prompt up to five times (parts and the bodies asked for): built
         # and encoded on a worker thread, which a prompt of MBs would otherwise cost the loop.

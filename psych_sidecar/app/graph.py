@@ -119,7 +119,7 @@ def _domain_services(
     """The use cases over the database of `store` and `log`: turns pinned by `pins`, prompts
     told their surfaces and servers' states by `surfaces_of(resolver)`, and `now` (SQLite)
     answering on the event loop what it can without waiting."""
-    runs = RunService(store, store)
+    runs = RunService(store, runs=store, log=log)
     specs = SpecLookup(store)
     resolver = TurnResolver(
         runs=runs,

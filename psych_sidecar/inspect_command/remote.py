@@ -42,6 +42,7 @@ _KINDS = {
     "user_message": "USER_MESSAGE",
     "assistant_message": "ASSISTANT_MESSAGE",
     "tool_result": "TOOL_RESULT",
+    "compaction": "COMPACTION",
 }
 
 

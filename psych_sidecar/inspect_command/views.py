@@ -37,7 +37,7 @@ class RecordRow:
     JSON bytes, binary data)."""
 
     sequence: int
-    kind: str  # USER_MESSAGE, ASSISTANT_MESSAGE or TOOL_RESULT
+    kind: str  # USER_MESSAGE, ASSISTANT_MESSAGE, TOOL_RESULT or COMPACTION
     call_id: str
     server: str
     tool: str

@@ -93,6 +93,7 @@ class SqlAssemblyJournal:
             ),
             "elided": _compact([[e.sequence, e.handle, e.rule.value] for e in entry.elided]),
             "context_guard": entry.context_guard,
+            "compacted_through": entry.compacted_through or None,
         }
         for size in entry.zones:
             prefix = _ZONE_COLUMNS[size.zone]
@@ -150,4 +151,5 @@ def _entry(row: Row[object]) -> AssemblyEntry:
             for sequence, handle, rule in json.loads(str(m["elided"]))
         ),
         context_guard=None if m["context_guard"] is None else str(m["context_guard"]),
+        compacted_through=int(m["compacted_through"] or 0),
     )

@@ -298,6 +298,8 @@ assembly_journal = Table(
     Column("elided", Text, nullable=False),
     # The context guard's decision; NULL when none was taken.
     Column("context_guard", Text, nullable=True),
+    # The last record the latest compaction covered (NULL: none, or written before it existed).
+    Column("compacted_through", BigInteger, nullable=True),
     ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
     Index("ix_assembly_journal_run", "run_id", "create_time_us"),
     Index("ix_assembly_journal_time", "create_time_us"),

@@ -120,6 +120,21 @@ def record_prompt(
             _series.elided_bytes_saved.labels(reason).inc(saved)
 
 
+def record_compaction(covered_records: int, summary_bytes: int) -> None:
+    """A compaction record appended: how many records its summary stands for, and its size."""
+    if _series is None:
+        return
+    _series.compactions.inc()
+    _series.compacted_records.observe(covered_records)
+    _series.compaction_summary_bytes.observe(summary_bytes)
+
+
+def record_compaction_proposed(urgency: str) -> None:
+    """An AssemblePrompt response proposing a compaction: `due` or `required`."""
+    if _series is not None:
+        _series.compactions_proposed.labels(urgency).inc()
+
+
 def record_usage(input_tokens: int, cache_read: int, cache_write: int, output: int) -> None:
     if _series is None:
         return

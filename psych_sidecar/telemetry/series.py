@@ -234,6 +234,31 @@ class Series:
             ["reason"],
             registry=registry,
         )
+        self.compactions = Counter(
+            f"{PREFIX}_compactions",
+            "AppendRecords calls answered with a compaction record appended (a retry that is "
+            "answered again counts again).",
+            registry=registry,
+        )
+        self.compacted_records = Histogram(
+            f"{PREFIX}_compacted_records",
+            "Records one compaction's summary stands for.",
+            buckets=(10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000),
+            registry=registry,
+        )
+        self.compaction_summary_bytes = Histogram(
+            f"{PREFIX}_compaction_summary_bytes",
+            "Bytes of one compaction's summary.",
+            buckets=(1_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000),
+            registry=registry,
+        )
+        self.compactions_proposed = Counter(
+            f"{PREFIX}_compactions_proposed",
+            "AssemblePrompt responses proposing a compaction, by whether the call's own prompt "
+            "fit (due) or not (required).",
+            ["urgency"],
+            registry=registry,
+        )
         self.usage_tokens = Counter(
             f"{PREFIX}_usage_tokens",
             "Provider-reported tokens recorded with RecordUsage, by kind: input (uncached "

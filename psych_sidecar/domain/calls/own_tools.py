@@ -1,5 +1,6 @@
 """The sidecar's own tools, as a model calls them: read_tool_output (pages, greps and queries
-of a stored result, in-process over the log) and load_skill (a skill's full text). Their
+of a stored result, in-process over the log), load_skill (a skill's full text) and
+read_history (the records a compaction summarised, calls/history.py). Their
 definitions are in domain/surface/sidecar_tools.py. Synchronous: they read the log.
 
 What the model can get wrong (arguments that miss a field or have a wrong type, a bad grep
@@ -11,6 +12,7 @@ protocol violation: INVALID_DEFERRED_HANDLE, raised.
 from __future__ import annotations
 
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
+from psych_sidecar.domain.calls.history import HistoryReader
 from psych_sidecar.domain.calls.outcomes import ToolResult
 from psych_sidecar.domain.calls.tool_output import ReadResult, ToolOutputReader
 from psych_sidecar.domain.errors import FieldInvalid, PatternInvalid, PatternTooComplex
@@ -24,8 +26,50 @@ from psych_sidecar.domain.surface import (
 
 
 class OwnTools:
-    def __init__(self, reader: ToolOutputReader) -> None:
+    def __init__(self, reader: ToolOutputReader, history: HistoryReader) -> None:
         self._reader = reader
+        self._history = history
+
+    def read_history(self, context: RunContext, call: ToolCall) -> ToolResult:
+        try:
+            arguments = parse_arguments(
+                call.arguments_json,
+                {"turn": int, "sequence": int, "grep": str, "limit": int},
+            )
+        except ArgumentError as error:
+            return ToolResult.error(
+                f'read_history: {error}. Expected {{"turn": integer >= 1, "sequence": integer '
+                '>= 1, "grep": string, "limit": integer >= 0}, all optional.'
+            )
+        turn, sequence = arguments.get("turn"), arguments.get("sequence")
+        if turn is not None and sequence is not None:
+            return ToolResult.error("read_history: give turn or sequence, not both.")
+        if turn == 0 or sequence == 0:
+            return ToolResult.error("read_history: turn and sequence start at 1.")
+        limit = min(arguments.get("limit") or MODEL_DEFAULT_LIMIT_CHARS, MODEL_MAX_LIMIT_CHARS)
+        try:
+            page = self._history.read(
+                context.run.run_id,
+                turn=turn,
+                sequence=sequence,
+                grep=arguments.get("grep", ""),
+                limit=limit,
+            )
+        except (PatternInvalid, PatternTooComplex) as error:
+            return ToolResult.error(f"read_history: {error.field} {error.detail}")
+        if not page.text:
+            if not page.next_sequence:
+                # The spec's boundary behaviour: nothing there, or no match, is empty.
+                return ToolResult.of(())
+            text = f"[No line matches up to record {page.next_sequence - 1}.]"
+        else:
+            text = page.text
+        if page.next_sequence:
+            text += (
+                f"\n[More up to record {page.span_end}: continue with "
+                f"sequence={page.next_sequence}.]"
+            )
+        return ToolResult.of((ContentPart.text(text),))
 
     def read_tool_output(self, context: RunContext, call: ToolCall) -> ToolResult:
         run = context.run

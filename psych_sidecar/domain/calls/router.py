@@ -20,6 +20,7 @@ from typing import Any
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
+from psych_sidecar.domain.calls.history import HistoryReader
 from psych_sidecar.domain.calls.ledger import CallLedger
 from psych_sidecar.domain.calls.limits import DEFAULT_MAX_ARGUMENT_BYTES
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall
@@ -85,7 +86,7 @@ class ToolRouter:
         # CPU-heavy steps (search, schema validation) run there, never on the storage threads.
         self._mcp = McpCalls(runner, cpu or blocking)
         meta = MetaTools(self._mcp, cpu or blocking)
-        own = OwnTools(reader)
+        own = OwnTools(reader, HistoryReader(log))
         # A model's call may name stored results as arguments: resolved on the storage threads.
         self._references = ResultReferences(reader, log, max_argument_bytes)
         # The dispatch table: every kind of tool the sidecar runs, and who runs it.
@@ -99,6 +100,7 @@ class ToolRouter:
             ExposedKind.SEARCH: self._taking_an_object(meta.search),
             ExposedKind.READ_TOOL_OUTPUT: self._on_storage_threads(own.read_tool_output),
             ExposedKind.LOAD_SKILL: self._on_storage_threads(own.load_skill),
+            ExposedKind.READ_HISTORY: self._on_storage_threads(own.read_history),
         }
         self._stale_routes = ImmutableCache[Hashable, dict[str, ExposedTool]](256)
 

@@ -4,7 +4,8 @@ Owns AssemblePrompt (:class:`PromptAssembler`): zones ordered outermost-stable f
 prior-turn elision boundary and algorithm (previews, failure truncation), the context guard
 that elides current-turn results to fit the budget, canonical JSON for byte-stable output,
 the request bodies (Anthropic Messages, OpenAI Chat Completions and Responses, Gemini) with
-each provider's own blocks put back, and the assembly journal's entry for each prompt
+each provider's own blocks put back, compaction (zone 3 as the latest summary and what
+follows it, and the proposal of the next one), and the assembly journal's entry for each prompt
 (metadata only; storage implements :class:`AssemblyJournal`).
 """
 
@@ -17,6 +18,7 @@ from psych_sidecar.domain.prompt.assembly import (
     PromptAssembler,
     PromptCall,
 )
+from psych_sidecar.domain.prompt.compaction import CompactionProposal
 from psych_sidecar.domain.prompt.guard import GuardDecision, GuardedResult
 from psych_sidecar.domain.prompt.journal import (
     AssemblyEntry,
@@ -34,6 +36,7 @@ __all__ = [
     "AssemblyEntry",
     "AssemblyJournal",
     "BodyFormat",
+    "CompactionProposal",
     "ElidedResult",
     "ElisionRule",
     "GuardDecision",

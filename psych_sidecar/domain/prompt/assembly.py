@@ -22,6 +22,18 @@ from enum import StrEnum
 
 from psych_sidecar.domain.errors import ContextBudgetExceeded, field_invalid
 from psych_sidecar.domain.estimate import estimate_tokens
+from psych_sidecar.domain.prompt.compaction import (
+    CompactionProposal,
+    call_policy,
+    choose_summary_call,
+    compacted_log,
+    kept_opening,
+    range_end,
+    summary_entry,
+    summary_request,
+    turn_at,
+    with_advice,
+)
 from psych_sidecar.domain.prompt.elided_views import (
     ElidedViews,
     ViewCache,
@@ -44,6 +56,7 @@ from psych_sidecar.domain.prompt.providers import anthropic_body, cache_key, ope
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
     Prompt,
+    PromptMessage,
     ToolResultView,
     ZoneDigest,
     build_history,
@@ -54,6 +67,8 @@ from psych_sidecar.domain.prompt.zones import (
 )
 from psych_sidecar.domain.runlog import (
     DEFAULT_CONTEXT_WINDOW_TOKENS,
+    CompactionPolicy,
+    CompactionRange,
     ContextBudget,
     LogReader,
     PartKind,
@@ -99,6 +114,8 @@ class PromptCall:
     reasoning_override: ReasoningSettings | None = None
     # The bodies to build; the others are left empty (a host sends one).
     bodies: frozenset[BodyFormat] = ALL_BODIES
+    # Overrides the Spec's compaction policy field by field (CompactionPolicy.over).
+    compaction_override: CompactionPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +140,9 @@ class AssembledPrompt:
     # Of those, the current-turn results over the budget's optional cap, and their bytes.
     capped_results: int = 0
     cap_bytes_saved: int = 0
+    # The compaction proposed, when one is due. When it is `required`, the call's own prompt
+    # would not fit: the prompt and bodies above are then the summary call's.
+    compaction: CompactionProposal | None = None
 
     @property
     def estimated_tokens(self) -> int:
@@ -183,8 +203,14 @@ class PromptAssembler:
             )
         reasoning = spec.reasoning.over(call.reasoning_override or ReasoningSettings())
         validate_call_reasoning(reasoning, max_tokens)
+        policy = call_policy(spec.compaction, call.compaction_override, window - reserve)
         thresholds = spec.effective_thresholds()
-        skeletons = self._log.record_skeletons(run_id)
+        everything = self._log.record_skeletons(run_id)
+        compacted = compacted_log(self._log, run_id, everything)
+        # Zone 3 is the latest summary and the records after its range: every step below
+        # works on those records only (prompt/compaction.py).
+        skeletons = compacted.visible
+        summary = summary_entry(compacted, policy.summary_tokens)
         view_bytes = view_sizes(self._log, self._view_sizes, run_id, skeletons)
         views = ElidedViews(
             log=self._log,
@@ -216,9 +242,14 @@ class PromptAssembler:
         openai_cache_key = cache_key(run.tenant, spec.name, spec.version)
         wanted = call.bodies
 
-        def build(guarded: Mapping[int, ToolResultView], end: int | None = None) -> AssembledPrompt:
-            """The prompt over the log's first `end` records (all of them by default)."""
-            entries = []
+        def build(
+            guarded: Mapping[int, ToolResultView],
+            end: int | None = None,
+            closing: PromptMessage = transient,
+        ) -> AssembledPrompt:
+            """The prompt over the log's first `end` records (all of them by default), ending
+            with `closing` (the transient message, or a compaction's summary request)."""
+            entries = [] if summary is None else [summary]
             for skeleton in skeletons[:end]:
                 view = elided.get(skeleton.sequence) or guarded.get(skeleton.sequence)
                 content = () if view is not None else contents.get(skeleton.sequence, ())
@@ -234,7 +265,7 @@ class PromptAssembler:
                 sections,
                 tail,
                 build_history(entries),
-                transient,
+                closing,
                 surface,
                 spec.programmatic_calling,
             )
@@ -267,14 +298,91 @@ class PromptAssembler:
                 reserve=reserve,
             )
 
+        def propose(
+            estimate: int, guarded: Mapping[int, ToolResultView] | None
+        ) -> CompactionProposal | None:
+            """The compaction due, or None when there is nothing to compact. `guarded` is the
+            guard's choice when the call fits (None when it does not)."""
+            assert policy.enabled
+            budget = window - reserve
+            found = range_end(skeletons, policy.kept_turns)
+            if found is None and guarded is None:
+                # The prompt would not fit: every turn before the current one may go.
+                found = range_end(skeletons, 0)
+            if found is None:
+                return None
+            preferred: int = found
+            first = 1 if compacted.covered is None else compacted.covered.last_sequence + 1
+
+            def request(end: int, opening: str | None) -> PromptMessage:
+                """The request for a summary through the record before `end`; `opening` is
+                the first kept user message's text when the history goes on past the span
+                (the would-be call's history), so the request can say where the span ends."""
+                last = skeletons[end].sequence - 1
+                return summary_request(policy, turn_at(compacted.turn_of, last), opening)
+
+            kept_text = kept_opening(skeletons, preferred, contents)
+            chosen = choose_summary_call(
+                skeletons,
+                preferred,
+                budget,
+                None
+                if guarded is None
+                else lambda: build(guarded, None, request(preferred, kept_text)),
+                lambda cut: build({}, cut, request(cut, None)),
+            )
+            if chosen is None:
+                return None
+            end, bodies = chosen
+            covered = CompactionRange(first, skeletons[end].sequence - 1)
+            trigger = policy.trigger(budget)
+            reason = (
+                f"The prompt is about {estimate} tokens, over the compaction trigger of {trigger}"
+                if guarded is not None
+                else f"The prompt would not fit the budget of {budget} tokens"
+            ) + f"; records {covered.first_sequence} to {covered.last_sequence} can be compacted."
+            return CompactionProposal(
+                covered=covered,
+                first_turn=turn_at(compacted.turn_of, covered.first_sequence),
+                last_turn=turn_at(compacted.turn_of, covered.last_sequence),
+                anthropic_json=bodies.anthropic_json,
+                openai_json=bodies.openai_json,
+                openai_responses_json=bodies.openai_responses_json,
+                gemini_json=bodies.gemini_json,
+                estimated_tokens=estimate,
+                trigger_tokens=trigger,
+                summary_max_tokens=policy.summary_tokens,
+                required=guarded is None,
+                reason=reason,
+            )
+
         try:
-            assembled, guard, guarded = guarded_build()
-        except ContextBudgetExceeded:
-            if left_out[0] == frozenset(prior_blocks):
-                raise
-            # Earlier turns' provider blocks go before the guard gives up (prior_blocks.py).
-            left_out[0] = frozenset(prior_blocks)
-            assembled, guard, guarded = guarded_build()
+            try:
+                assembled, guard, guarded = guarded_build()
+            except ContextBudgetExceeded:
+                if left_out[0] == frozenset(prior_blocks):
+                    raise
+                # Earlier turns' provider blocks go before the guard gives up (prior_blocks.py).
+                left_out[0] = frozenset(prior_blocks)
+                assembled, guard, guarded = guarded_build()
+        except ContextBudgetExceeded as exceeded:
+            required = propose(exceeded.full_estimated_tokens, None) if policy.enabled else None
+            if required is None:
+                raise with_advice(exceeded, policy) from None
+            # Only the summary call can be made: the response carries no prompt of the call's
+            # own, and nothing is journalled (no model call of the Run's was assembled).
+            return replace(
+                build({}, 0, PromptMessage(transient.role, ())),
+                anthropic_json=b"",
+                openai_json=b"",
+                openai_responses_json=b"",
+                gemini_json=b"",
+                compaction=required,
+            )
+        estimate = assembled.estimated_tokens
+        proposal = None
+        if policy.enabled and estimate > policy.trigger(window - reserve):
+            proposal = propose(estimate, guarded)
         shown = {**elided, **guarded}
         saved = {
             sequence: max(0, view_bytes[sequence] - sum(len(p.data) for p in view.content))
@@ -288,6 +396,7 @@ class PromptAssembler:
             guard_bytes_saved=sum(saved[sequence] for sequence in guarded),
             capped_results=len(capped),
             cap_bytes_saved=sum(saved[sequence] for sequence in capped),
+            compaction=proposal,
         )
         if journal is not None:
             journal.record(
@@ -302,7 +411,7 @@ class PromptAssembler:
                         replace(s, content_bytes=view_bytes[s.sequence])
                         if s.sequence in view_bytes
                         else s
-                        for s in skeletons
+                        for s in everything
                     ],
                     digests=assembled.zones,
                     surface=surface,
@@ -311,6 +420,9 @@ class PromptAssembler:
                     context_guard=guard.reason or None,
                     guard_elided=set(guarded),
                     capped=set(capped),
+                    compacted_through=0
+                    if compacted.covered is None
+                    else compacted.covered.last_sequence,
                 )
             )
         return assembled

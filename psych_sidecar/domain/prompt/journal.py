@@ -3,7 +3,8 @@
 What the journal keeps is what explains a prompt's size and its cache behaviour: where in
 the Run the call was (turn, step, the log's last sequence), each zone's size and digest, the
 tool surface it used (connections, their states and catalogue versions), which prior-turn
-results were elided and by which rule, and the context guard's decision when there is one.
+results were elided and by which rule, the context guard's decision when there is one, and
+how far the latest compaction reached.
 
 What it never keeps is content: not the transient message (zone 4, which carries the clock
 and the host's note), not the dynamic tail, not the bodies. They can be rebuilt from the
@@ -84,6 +85,9 @@ class AssemblyEntry:
     servers: tuple[SurfaceServer, ...]
     elided: tuple[ElidedResult, ...]
     context_guard: str | None = None
+    # The last record the latest compaction covered when the prompt was built (0: none):
+    # zone 3 was its summary and the records after it.
+    compacted_through: int = 0
 
     def zone(self, zone: Zone) -> ZoneSize:
         return next(z for z in self.zones if z.zone is zone)
@@ -116,6 +120,7 @@ def assembly_entry(
     context_guard: str | None = None,
     guard_elided: Collection[int] = (),
     capped: Collection[int] = (),
+    compacted_through: int = 0,
 ) -> AssemblyEntry:
     """The entry for one assembled prompt. `elided` maps the sequences elided to their
     handles. Those in `guard_elided` were elided by the context guard, those in `capped` by
@@ -163,4 +168,5 @@ def assembly_entry(
         ),
         elided=tuple(rules),
         context_guard=context_guard,
+        compacted_through=compacted_through,
     )

@@ -9,8 +9,9 @@ context guard). So a call misses from the first of:
    catalogue version moved, a tier changed; at most once per turn, the surface is pinned);
 2. zone 2 changed: the tool-server roster (the same causes, for a server whose tools are not
    all in zone 1, such as a deferred one) or the host's dynamic tail;
-3. the history was rewritten: results newly elided at the start of a turn, or, mid-turn, a
-   result the previous call sent that the context guard now elides (or no longer does).
+3. the history was rewritten: a compaction (zone 3 now opens with its summary), results
+   newly elided at the start of a turn, or, mid-turn, a result the previous call sent that
+   the context guard now elides (or no longer does).
    The guard's decisions are compared, not its reason text, whose estimates move at every
    step; a result elided before the previous call ever sent it is no miss.
 
@@ -42,6 +43,7 @@ class MissCause(StrEnum):
     DYNAMIC_TAIL = "dynamic_tail"
     ELISION = "elision"
     CONTEXT_GUARD = "context_guard"
+    COMPACTION = "compaction"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +143,19 @@ def explain_miss(before: AssemblyEntry | None, after: AssemblyEntry) -> CacheMis
             reasons.append(MissReason(MissCause.DYNAMIC_TAIL, "the dynamic tail changed"))
     # Decisions, not their wording: the guard's reason text carries estimates that move at
     # every step, but only a view that changed in bytes the previous call sent is a miss.
-    was = {e.sequence: e for e in before.elided}
+    if after.compacted_through != before.compacted_through:
+        first = first or Zone.HISTORY
+        reasons.append(
+            MissReason(
+                MissCause.COMPACTION,
+                f"compaction: records up to #{after.compacted_through} are now a summary "
+                f"(before: up to #{before.compacted_through})"
+                if before.compacted_through
+                else f"compaction: records 1 to #{after.compacted_through} are now a summary",
+            )
+        )
+    # Results a compaction took out of zone 3 are neither elided nor restored: gone from it.
+    was = {e.sequence: e for e in before.elided if e.sequence > after.compacted_through}
     now = {e.sequence for e in after.elided}
     newly = [e for e in after.elided if e.sequence not in was]
     restored = [e for sequence, e in sorted(was.items()) if sequence not in now]

@@ -9,6 +9,17 @@ read or a preview loads only what it shows). Storage implements :class:`SpecRepo
 
 from __future__ import annotations
 
+from psych_sidecar.domain.runlog.compaction import (
+    COMPACTION_RANGE_MIME,
+    CompactionRange,
+    compaction_record,
+    latest_compaction,
+    split_compaction,
+)
+from psych_sidecar.domain.runlog.compaction_policy import (
+    CompactionPolicy,
+    validate_compaction,
+)
 from psych_sidecar.domain.runlog.content import (
     SEPARATOR,
     ByteRange,
@@ -87,6 +98,7 @@ from psych_sidecar.domain.runlog.specs import (
 
 __all__ = [
     "ALL_TENANTS",
+    "COMPACTION_RANGE_MIME",
     "DEFAULT_CONTEXT_WINDOW_TOKENS",
     "MAX_IDENTIFIER_LENGTH",
     "MAX_PROVIDER_BLOCK_BYTES",
@@ -98,6 +110,8 @@ __all__ = [
     "BlockEnvelope",
     "ByteRange",
     "CallResultOutline",
+    "CompactionPolicy",
+    "CompactionRange",
     "ContentPart",
     "ContextBudget",
     "DeletedRun",
@@ -143,13 +157,17 @@ __all__ = [
     "ToolCallers",
     "ToolGrant",
     "binary_marker",
+    "compaction_record",
     "decode_token",
     "encode_token",
     "fetch_text",
+    "latest_compaction",
     "model_view",
     "new_id",
     "page_size",
+    "split_compaction",
     "validate_call_reasoning",
+    "validate_compaction",
     "validate_context_budget",
     "validate_name",
     "validate_request_id",

@@ -103,6 +103,8 @@ class RecordKind(StrEnum):
     USER_MESSAGE = "user_message"
     ASSISTANT_MESSAGE = "assistant_message"
     TOOL_RESULT = "tool_result"
+    # A summary standing for a range of earlier records (runlog/compaction.py).
+    COMPACTION = "compaction"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,15 @@ from psych_sidecar.domain.errors import (
     run_not_found,
     spec_not_found,
 )
+from psych_sidecar.domain.runlog.compaction import (
+    check_compaction_in_log,
+    latest_compaction,
+    split_compaction,
+    validate_compaction_record,
+)
 from psych_sidecar.domain.runlog.paging import decode_token, encode_token, page_size
 from psych_sidecar.domain.runlog.ports import (
+    LogReader,
     PendingAppend,
     RunRepository,
     SpecRepository,
@@ -100,10 +107,18 @@ class SpecLookup:
 
 class RunService:
     def __init__(
-        self, specs: SpecRepository, runs: RunRepository, cache_size: int = 10_000
+        self,
+        specs: SpecRepository,
+        *,
+        runs: RunRepository,
+        cache_size: int = 10_000,
+        log: LogReader | None = None,
     ) -> None:
         self._specs = specs
         self._runs = runs
+        # Where a compaction record's range is checked against the log (none: not checked,
+        # for operator commands that never append).
+        self._log = log
         self._cache = ImmutableCache[str, Run](cache_size)
 
     def create(
@@ -190,8 +205,24 @@ class RunService:
         """Append records; `call_result_json` (with one tool result and a request id) is
         what a retried tool call is answered with (`recorded_call`), kept as its outline: the
         log holds the rest."""
-        return self._runs.append_records(
-            self._pending(run_id, request_id, records, call_result_json)
+        pending = self._pending(run_id, request_id, records, call_result_json)
+        if records[0].kind is RecordKind.COMPACTION:
+            self._check_compaction(run_id, records[0])
+        return self._runs.append_records(pending)
+
+    def _check_compaction(self, run_id: str, record: Record) -> None:
+        """A compaction's range against the log as it is now (see check_compaction_in_log)."""
+        if self._log is None:
+            return
+        self.get(run_id)  # RUN_NOT_FOUND before anything else
+        skeletons = self._log.record_skeletons(run_id)
+        latest = latest_compaction(skeletons)
+        previous = None
+        if latest is not None:
+            content = self._log.record_contents(run_id, [latest.sequence])[latest.sequence]
+            previous = split_compaction(content)[1]
+        check_compaction_in_log(
+            split_compaction(record.content)[1], previous, skeletons, "records[0]"
         )
 
     def append_now(
@@ -222,6 +253,10 @@ class RunService:
             raise field_required("records")
         for index, record in enumerate(records):
             validate_record(record, f"records[{index}]")
+            if record.kind is RecordKind.COMPACTION:
+                if len(records) > 1:
+                    raise field_invalid("records", "a compaction record is appended alone")
+                validate_compaction_record(record, f"records[{index}]")
         handles = [
             new_id("h_") if record.kind is RecordKind.TOOL_RESULT else "" for record in records
         ]

@@ -15,6 +15,11 @@ from psych_sidecar.domain.errors import (
     field_invalid,
     field_required,
 )
+from psych_sidecar.domain.runlog.compaction_policy import (
+    CompactionPolicy,
+    require_trigger,
+    validate_compaction,
+)
 from psych_sidecar.domain.runlog.programmatic import (
     ProgrammaticCalling,
     validate_programmatic_calling,
@@ -137,6 +142,8 @@ class Spec:
     context_budget: ContextBudget = field(default_factory=ContextBudget)
     reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
     programmatic_calling: ProgrammaticCalling = field(default_factory=ProgrammaticCalling)
+    # When AssemblePrompt proposes compacting the history (off unless a trigger is set).
+    compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
 
     def effective_thresholds(self) -> EffectiveThresholds:
         set_values = {k: v for k, v in asdict(self.thresholds).items() if v is not None}
@@ -144,8 +151,8 @@ class Spec:
 
     def content_json(self) -> str:
         """The Spec's content as canonical JSON (sorted keys): what is stored and compared for
-        immutability. An unset context budget, reasoning or programmatic calling is left out,
-        so Specs stored before they existed keep their bytes and fingerprints."""
+        immutability. An unset context budget, reasoning, programmatic calling or compaction is
+        left out, so Specs stored before they existed keep their bytes and fingerprints."""
         content = asdict(self)
         if self.disclosure.result_references is None:
             # Unset, it is left out, so Specs stored before it existed keep their bytes.
@@ -162,6 +169,10 @@ class Spec:
             del content["programmatic_calling"]
         else:
             content["programmatic_calling"] = self.programmatic_calling.content()
+        if self.compaction == CompactionPolicy():
+            del content["compaction"]
+        else:
+            content["compaction"] = self.compaction.content()
         return canonical_json(sorted_keys(content)).decode()
 
     def fingerprint(self) -> str:
@@ -185,6 +196,7 @@ class Spec:
             programmatic_calling=ProgrammaticCalling.from_content(
                 data.get("programmatic_calling", {})
             ),
+            compaction=CompactionPolicy(**data.get("compaction", {})),
         )
 
 
@@ -254,6 +266,8 @@ def validate_spec(spec: Spec) -> None:
     validate_context_budget(spec.context_budget, "spec.context_budget")
     validate_reasoning(spec.reasoning, "spec.reasoning")
     validate_programmatic_calling(spec.programmatic_calling, "spec.programmatic_calling")
+    validate_compaction(spec.compaction, "spec.compaction")
+    require_trigger(spec.compaction, "spec.compaction")
     for key, value in asdict(spec.disclosure).items():
         if value is not None and value < 0:
             raise field_invalid(f"spec.disclosure.{key}", "must not be negative")

@@ -19,6 +19,7 @@ from psych_sidecar.domain.surface.sidecar_tools import (
     MODEL_DEFAULT_LIMIT_CHARS,
     MODEL_MAX_BINARY_BYTES,
     MODEL_MAX_LIMIT_CHARS,
+    READ_HISTORY,
     READ_TOOL_OUTPUT,
     mcp_result_json,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "MODEL_DEFAULT_LIMIT_CHARS",
     "MODEL_MAX_BINARY_BYTES",
     "MODEL_MAX_LIMIT_CHARS",
+    "READ_HISTORY",
     "READ_TOOL_OUTPUT",
     "DisclosureLimits",
     "DisclosureTier",

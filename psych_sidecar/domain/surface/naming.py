@@ -42,7 +42,7 @@ SEARCH_TOOLS = "mcp_search_tools"
 CALL_TOOL_BY_NAME = "mcp_call_tool_by_name"
 RESERVED_NAMES = frozenset(
     {LIST_TOOLS, DESCRIBE_TOOL, CALL_TOOL, SEARCH_TOOLS, CALL_TOOL_BY_NAME}
-    | {"read_tool_output", "load_skill"}
+    | {"read_tool_output", "load_skill", "read_history"}
 )
 
 

@@ -1,4 +1,5 @@
-"""The tools the sidecar itself owns and offers the model: read_tool_output and load_skill.
+"""The tools the sidecar itself owns and offers the model: read_tool_output, load_skill and
+read_history.
 
 Their definitions live here, in one place, so any tool surface (this release's, or one that
 adds MCP tools) includes the same bytes. Schemas are canonical JSON (sorted keys, no
@@ -16,6 +17,7 @@ from psych_sidecar.domain.surface.tiers import ExposedKind, ExposedTool, canonic
 
 READ_TOOL_OUTPUT = "read_tool_output"
 LOAD_SKILL = "load_skill"
+READ_HISTORY = "read_history"
 
 # Reads for the model are kept small enough to land in the prompt whole: the model pages
 # with offset rather than pulling a huge result into its context in one call.
@@ -74,6 +76,49 @@ _READ_TOOL_OUTPUT = ExposedTool(
 )
 
 
+_READ_HISTORY = ExposedTool(
+    name=READ_HISTORY,
+    description=(
+        "Read the earlier part of this conversation that a summary replaced: every message "
+        "and tool call is kept. turn reads one turn (1 is the first user message's), "
+        "sequence reads on from a record's number; neither reads from the start. grep "
+        "returns only the lines matching an RE2 pattern, with their record and turn. Tool "
+        "results show their handle and first characters: read_tool_output reads them whole. "
+        "Nothing there, or no match, gives an empty result. At most "
+        f"{MODEL_MAX_LIMIT_CHARS} characters come back per call (default "
+        f"{MODEL_DEFAULT_LIMIT_CHARS}); the result says where to continue."
+    ),
+    input_schema_json=canonical_schema(
+        {
+            "type": "object",
+            "properties": {
+                "turn": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Read this turn only. Not with sequence.",
+                },
+                "sequence": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Read from this record on. Not with turn.",
+                },
+                "grep": {
+                    "type": "string",
+                    "description": "An RE2 regular expression; only matching lines are returned.",
+                },
+                "limit": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "At most this many characters.",
+                },
+            },
+            "additionalProperties": False,
+        }
+    ),
+    kind=ExposedKind.READ_HISTORY,
+)
+
+
 def _load_skill(spec: Spec) -> ExposedTool:
     return ExposedTool(
         name=LOAD_SKILL,
@@ -102,11 +147,14 @@ def _load_skill(spec: Spec) -> ExposedTool:
 def sidecar_tools(spec: Spec) -> tuple[ExposedTool, ...]:
     """The sidecar's own tools for a Run of this Spec, sorted by name. read_tool_output is
     always there (a tool that appeared only once something was elided would change the
-    cached prefix); load_skill is there when the Spec has skills. A Spec never changes, so
+    cached prefix); load_skill is there when the Spec has skills, read_history when it has a
+    compaction policy. A Spec never changes, so
     neither does this list within a Run."""
     tools = [_READ_TOOL_OUTPUT]
     if spec.skills:
         tools.append(_load_skill(spec))
+    if spec.compaction.enabled:
+        tools.append(_READ_HISTORY)
     return tuple(sorted(tools, key=lambda tool: tool.name))
 
 

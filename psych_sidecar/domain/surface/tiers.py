@@ -47,6 +47,7 @@ class ExposedKind(StrEnum):
     # The sidecar's own tools (domain/surface/sidecar_tools.py), on every surface.
     READ_TOOL_OUTPUT = "read_tool_output"
     LOAD_SKILL = "load_skill"
+    READ_HISTORY = "read_history"
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,8 @@ const (
 	RecordKind_RECORD_KIND_ASSISTANT_MESSAGE RecordKind = 2
 	// Record.tool_result.
 	RecordKind_RECORD_KIND_TOOL_RESULT RecordKind = 3
+	// Record.compaction.
+	RecordKind_RECORD_KIND_COMPACTION RecordKind = 4
 )
 
 // Enum value maps for RecordKind.
@@ -44,12 +46,14 @@ var (
 		1: "RECORD_KIND_USER_MESSAGE",
 		2: "RECORD_KIND_ASSISTANT_MESSAGE",
 		3: "RECORD_KIND_TOOL_RESULT",
+		4: "RECORD_KIND_COMPACTION",
 	}
 	RecordKind_value = map[string]int32{
 		"RECORD_KIND_UNSPECIFIED":       0,
 		"RECORD_KIND_USER_MESSAGE":      1,
 		"RECORD_KIND_ASSISTANT_MESSAGE": 2,
 		"RECORD_KIND_TOOL_RESULT":       3,
+		"RECORD_KIND_COMPACTION":        4,
 	}
 )
 
@@ -197,6 +201,7 @@ type Record struct {
 	//	*Record_UserMessage
 	//	*Record_AssistantMessage
 	//	*Record_ToolResult
+	//	*Record_Compaction
 	Kind          isRecord_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -294,6 +299,15 @@ func (x *Record) GetToolResult() *ToolResult {
 	return nil
 }
 
+func (x *Record) GetCompaction() *Compaction {
+	if x != nil {
+		if x, ok := x.Kind.(*Record_Compaction); ok {
+			return x.Compaction
+		}
+	}
+	return nil
+}
+
 type isRecord_Kind interface {
 	isRecord_Kind()
 }
@@ -314,11 +328,19 @@ type Record_ToolResult struct {
 	ToolResult *ToolResult `protobuf:"bytes,12,opt,name=tool_result,json=toolResult,proto3,oneof"`
 }
 
+type Record_Compaction struct {
+	// A summary standing for a range of earlier records, appended by the
+	// host after the summary call AssemblePrompt proposed.
+	Compaction *Compaction `protobuf:"bytes,13,opt,name=compaction,proto3,oneof"`
+}
+
 func (*Record_UserMessage) isRecord_Kind() {}
 
 func (*Record_AssistantMessage) isRecord_Kind() {}
 
 func (*Record_ToolResult) isRecord_Kind() {}
+
+func (*Record_Compaction) isRecord_Kind() {}
 
 // UserMessage is user input. Tool results are never user messages, even
 // where a provider format carries them in a user-role message.
@@ -505,6 +527,78 @@ func (x *ToolResult) GetContent() []*ContentPart {
 	return nil
 }
 
+// Compaction is the summary of a range of the Run's records, as the model
+// wrote it in the summary call AssemblePrompt proposed (its
+// CompactionProposal). From the next AssemblePrompt on, the history (zone
+// 3) is this summary followed by the records after last_sequence; the log
+// keeps every record, and the model reads the compacted span with
+// read_history. Appended alone, with a request_id so a retry is safe.
+type Compaction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The summary: one or more text parts. Required.
+	Summary []*ContentPart `protobuf:"bytes,1,rep,name=summary,proto3" json:"summary,omitempty"`
+	// The first record the summary stands for: the proposal's
+	// first_sequence (1, or the record after the previous compaction's
+	// range). Required.
+	FirstSequence int64 `protobuf:"varint,2,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
+	// The last record it stands for: the proposal's last_sequence. It ends a
+	// turn (the next record is a user message). Required.
+	LastSequence  int64 `protobuf:"varint,3,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Compaction) Reset() {
+	*x = Compaction{}
+	mi := &file_psych_sidecar_v1_run_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Compaction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Compaction) ProtoMessage() {}
+
+func (x *Compaction) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_run_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Compaction.ProtoReflect.Descriptor instead.
+func (*Compaction) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_run_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Compaction) GetSummary() []*ContentPart {
+	if x != nil {
+		return x.Summary
+	}
+	return nil
+}
+
+func (x *Compaction) GetFirstSequence() int64 {
+	if x != nil {
+		return x.FirstSequence
+	}
+	return 0
+}
+
+func (x *Compaction) GetLastSequence() int64 {
+	if x != nil {
+		return x.LastSequence
+	}
+	return 0
+}
+
 var File_psych_sidecar_v1_run_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_run_proto_rawDesc = "" +
@@ -517,7 +611,7 @@ const file_psych_sidecar_v1_run_proto_rawDesc = "" +
 	"\fspec_version\x18\x04 \x01(\x03B\x04\xe2A\x01\x02R\vspecVersion\x12N\n" +
 	"\x11tool_restrictions\x18\x05 \x03(\v2\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2A\x01\x05R\x10toolRestrictions\x12A\n" +
 	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"createTime\"\x9a\x03\n" +
+	"createTime\"\xe0\x03\n" +
 	"\x06Record\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x03R\x05runId\x12 \n" +
 	"\bsequence\x18\x02 \x01(\x03B\x04\xe2A\x01\x03R\bsequence\x12A\n" +
@@ -528,7 +622,10 @@ const file_psych_sidecar_v1_run_proto_rawDesc = "" +
 	" \x01(\v2\x1d.psych.sidecar.v1.UserMessageB\x04\xe2A\x01\x01H\x00R\vuserMessage\x12W\n" +
 	"\x11assistant_message\x18\v \x01(\v2\".psych.sidecar.v1.AssistantMessageB\x04\xe2A\x01\x01H\x00R\x10assistantMessage\x12E\n" +
 	"\vtool_result\x18\f \x01(\v2\x1c.psych.sidecar.v1.ToolResultB\x04\xe2A\x01\x01H\x00R\n" +
-	"toolResultB\x06\n" +
+	"toolResult\x12D\n" +
+	"\n" +
+	"compaction\x18\r \x01(\v2\x1c.psych.sidecar.v1.CompactionB\x04\xe2A\x01\x01H\x00R\n" +
+	"compactionB\x06\n" +
 	"\x04kind\"L\n" +
 	"\vUserMessage\x12=\n" +
 	"\acontent\x18\x01 \x03(\v2\x1d.psych.sidecar.v1.ContentPartB\x04\xe2A\x01\x02R\acontent\"\x92\x01\n" +
@@ -542,13 +639,19 @@ const file_psych_sidecar_v1_run_proto_rawDesc = "" +
 	"\x06server\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\x06server\x12\x18\n" +
 	"\x04tool\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\x04tool\x12\x1f\n" +
 	"\bis_error\x18\x04 \x01(\bB\x04\xe2A\x01\x01R\aisError\x12=\n" +
-	"\acontent\x18\x05 \x03(\v2\x1d.psych.sidecar.v1.ContentPartB\x04\xe2A\x01\x01R\acontent*\x87\x01\n" +
+	"\acontent\x18\x05 \x03(\v2\x1d.psych.sidecar.v1.ContentPartB\x04\xe2A\x01\x01R\acontent\"\xa3\x01\n" +
+	"\n" +
+	"Compaction\x12=\n" +
+	"\asummary\x18\x01 \x03(\v2\x1d.psych.sidecar.v1.ContentPartB\x04\xe2A\x01\x02R\asummary\x12+\n" +
+	"\x0efirst_sequence\x18\x02 \x01(\x03B\x04\xe2A\x01\x02R\rfirstSequence\x12)\n" +
+	"\rlast_sequence\x18\x03 \x01(\x03B\x04\xe2A\x01\x02R\flastSequence*\xa3\x01\n" +
 	"\n" +
 	"RecordKind\x12\x1b\n" +
 	"\x17RECORD_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18RECORD_KIND_USER_MESSAGE\x10\x01\x12!\n" +
 	"\x1dRECORD_KIND_ASSISTANT_MESSAGE\x10\x02\x12\x1b\n" +
-	"\x17RECORD_KIND_TOOL_RESULT\x10\x03B\xb3\x01\n" +
+	"\x17RECORD_KIND_TOOL_RESULT\x10\x03\x12\x1a\n" +
+	"\x16RECORD_KIND_COMPACTION\x10\x04B\xb3\x01\n" +
 	"\x14dev.psych.sidecar.v1B\bRunProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -564,7 +667,7 @@ func file_psych_sidecar_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_psych_sidecar_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_psych_sidecar_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_psych_sidecar_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_psych_sidecar_v1_run_proto_goTypes = []any{
 	(RecordKind)(0),               // 0: psych.sidecar.v1.RecordKind
 	(*Run)(nil),                   // 1: psych.sidecar.v1.Run
@@ -572,27 +675,30 @@ var file_psych_sidecar_v1_run_proto_goTypes = []any{
 	(*UserMessage)(nil),           // 3: psych.sidecar.v1.UserMessage
 	(*AssistantMessage)(nil),      // 4: psych.sidecar.v1.AssistantMessage
 	(*ToolResult)(nil),            // 5: psych.sidecar.v1.ToolResult
-	(*ToolGrant)(nil),             // 6: psych.sidecar.v1.ToolGrant
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
-	(*ContentPart)(nil),           // 8: psych.sidecar.v1.ContentPart
-	(*ToolCall)(nil),              // 9: psych.sidecar.v1.ToolCall
+	(*Compaction)(nil),            // 6: psych.sidecar.v1.Compaction
+	(*ToolGrant)(nil),             // 7: psych.sidecar.v1.ToolGrant
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(*ContentPart)(nil),           // 9: psych.sidecar.v1.ContentPart
+	(*ToolCall)(nil),              // 10: psych.sidecar.v1.ToolCall
 }
 var file_psych_sidecar_v1_run_proto_depIdxs = []int32{
-	6,  // 0: psych.sidecar.v1.Run.tool_restrictions:type_name -> psych.sidecar.v1.ToolGrant
-	7,  // 1: psych.sidecar.v1.Run.create_time:type_name -> google.protobuf.Timestamp
-	7,  // 2: psych.sidecar.v1.Record.create_time:type_name -> google.protobuf.Timestamp
+	7,  // 0: psych.sidecar.v1.Run.tool_restrictions:type_name -> psych.sidecar.v1.ToolGrant
+	8,  // 1: psych.sidecar.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	8,  // 2: psych.sidecar.v1.Record.create_time:type_name -> google.protobuf.Timestamp
 	3,  // 3: psych.sidecar.v1.Record.user_message:type_name -> psych.sidecar.v1.UserMessage
 	4,  // 4: psych.sidecar.v1.Record.assistant_message:type_name -> psych.sidecar.v1.AssistantMessage
 	5,  // 5: psych.sidecar.v1.Record.tool_result:type_name -> psych.sidecar.v1.ToolResult
-	8,  // 6: psych.sidecar.v1.UserMessage.content:type_name -> psych.sidecar.v1.ContentPart
-	8,  // 7: psych.sidecar.v1.AssistantMessage.content:type_name -> psych.sidecar.v1.ContentPart
-	9,  // 8: psych.sidecar.v1.AssistantMessage.tool_calls:type_name -> psych.sidecar.v1.ToolCall
-	8,  // 9: psych.sidecar.v1.ToolResult.content:type_name -> psych.sidecar.v1.ContentPart
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	6,  // 6: psych.sidecar.v1.Record.compaction:type_name -> psych.sidecar.v1.Compaction
+	9,  // 7: psych.sidecar.v1.UserMessage.content:type_name -> psych.sidecar.v1.ContentPart
+	9,  // 8: psych.sidecar.v1.AssistantMessage.content:type_name -> psych.sidecar.v1.ContentPart
+	10, // 9: psych.sidecar.v1.AssistantMessage.tool_calls:type_name -> psych.sidecar.v1.ToolCall
+	9,  // 10: psych.sidecar.v1.ToolResult.content:type_name -> psych.sidecar.v1.ContentPart
+	9,  // 11: psych.sidecar.v1.Compaction.summary:type_name -> psych.sidecar.v1.ContentPart
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_run_proto_init() }
@@ -606,6 +712,7 @@ func file_psych_sidecar_v1_run_proto_init() {
 		(*Record_UserMessage)(nil),
 		(*Record_AssistantMessage)(nil),
 		(*Record_ToolResult)(nil),
+		(*Record_Compaction)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -613,7 +720,7 @@ func file_psych_sidecar_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_run_proto_rawDesc), len(file_psych_sidecar_v1_run_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -45,21 +45,24 @@ const (
 	ExposedToolKind_EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT ExposedToolKind = 8
 	// Load a skill's body from the Spec's skills index.
 	ExposedToolKind_EXPOSED_TOOL_KIND_LOAD_SKILL ExposedToolKind = 9
+	// Read or grep the records a compaction summarised.
+	ExposedToolKind_EXPOSED_TOOL_KIND_READ_HISTORY ExposedToolKind = 10
 )
 
 // Enum value maps for ExposedToolKind.
 var (
 	ExposedToolKind_name = map[int32]string{
-		0: "EXPOSED_TOOL_KIND_UNSPECIFIED",
-		1: "EXPOSED_TOOL_KIND_MCP_TOOL",
-		2: "EXPOSED_TOOL_KIND_FACADE",
-		3: "EXPOSED_TOOL_KIND_SEARCH",
-		4: "EXPOSED_TOOL_KIND_CALL_BY_NAME",
-		5: "EXPOSED_TOOL_KIND_LIST_DEFERRED_TOOLS",
-		6: "EXPOSED_TOOL_KIND_DESCRIBE_DEFERRED_TOOL",
-		7: "EXPOSED_TOOL_KIND_CALL_DEFERRED_TOOL",
-		8: "EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT",
-		9: "EXPOSED_TOOL_KIND_LOAD_SKILL",
+		0:  "EXPOSED_TOOL_KIND_UNSPECIFIED",
+		1:  "EXPOSED_TOOL_KIND_MCP_TOOL",
+		2:  "EXPOSED_TOOL_KIND_FACADE",
+		3:  "EXPOSED_TOOL_KIND_SEARCH",
+		4:  "EXPOSED_TOOL_KIND_CALL_BY_NAME",
+		5:  "EXPOSED_TOOL_KIND_LIST_DEFERRED_TOOLS",
+		6:  "EXPOSED_TOOL_KIND_DESCRIBE_DEFERRED_TOOL",
+		7:  "EXPOSED_TOOL_KIND_CALL_DEFERRED_TOOL",
+		8:  "EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT",
+		9:  "EXPOSED_TOOL_KIND_LOAD_SKILL",
+		10: "EXPOSED_TOOL_KIND_READ_HISTORY",
 	}
 	ExposedToolKind_value = map[string]int32{
 		"EXPOSED_TOOL_KIND_UNSPECIFIED":            0,
@@ -72,6 +75,7 @@ var (
 		"EXPOSED_TOOL_KIND_CALL_DEFERRED_TOOL":     7,
 		"EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT":       8,
 		"EXPOSED_TOOL_KIND_LOAD_SKILL":             9,
+		"EXPOSED_TOOL_KIND_READ_HISTORY":           10,
 	}
 )
 
@@ -1013,7 +1017,7 @@ const file_psych_sidecar_v1_turn_proto_rawDesc = "" +
 	"\x04zone\x18\x01 \x01(\x0e2\x1c.psych.sidecar.v1.PromptZoneR\x04zone\x12\x1f\n" +
 	"\vbyte_length\x18\x02 \x01(\x03R\n" +
 	"byteLength\x12\x16\n" +
-	"\x06sha256\x18\x03 \x01(\tR\x06sha256*\x81\x03\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256*\xa5\x03\n" +
 	"\x0fExposedToolKind\x12!\n" +
 	"\x1dEXPOSED_TOOL_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aEXPOSED_TOOL_KIND_MCP_TOOL\x10\x01\x12\x1c\n" +
@@ -1024,7 +1028,9 @@ const file_psych_sidecar_v1_turn_proto_rawDesc = "" +
 	"(EXPOSED_TOOL_KIND_DESCRIBE_DEFERRED_TOOL\x10\x06\x12(\n" +
 	"$EXPOSED_TOOL_KIND_CALL_DEFERRED_TOOL\x10\a\x12&\n" +
 	"\"EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT\x10\b\x12 \n" +
-	"\x1cEXPOSED_TOOL_KIND_LOAD_SKILL\x10\t*\xa3\x01\n" +
+	"\x1cEXPOSED_TOOL_KIND_LOAD_SKILL\x10\t\x12\"\n" +
+	"\x1eEXPOSED_TOOL_KIND_READ_HISTORY\x10\n" +
+	"*\xa3\x01\n" +
 	"\x0eDisclosureTier\x12\x1f\n" +
 	"\x1bDISCLOSURE_TIER_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18DISCLOSURE_TIER_DEFERRED\x10\x01\x12\x1a\n" +

@@ -23,67 +23,6 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// BodyFormat names one of the provider request bodies AssemblePrompt builds.
-type BodyFormat int32
-
-const (
-	// Unset; refused.
-	BodyFormat_BODY_FORMAT_UNSPECIFIED BodyFormat = 0
-	// anthropic_request_json: the Anthropic Messages API.
-	BodyFormat_BODY_FORMAT_ANTHROPIC_MESSAGES BodyFormat = 1
-	// openai_request_json: the OpenAI Chat Completions API.
-	BodyFormat_BODY_FORMAT_OPENAI_CHAT_COMPLETIONS BodyFormat = 2
-	// openai_responses_request_json: the OpenAI Responses API.
-	BodyFormat_BODY_FORMAT_OPENAI_RESPONSES BodyFormat = 3
-	// gemini_request_json: the Gemini API's generateContent.
-	BodyFormat_BODY_FORMAT_GEMINI_GENERATE_CONTENT BodyFormat = 4
-)
-
-// Enum value maps for BodyFormat.
-var (
-	BodyFormat_name = map[int32]string{
-		0: "BODY_FORMAT_UNSPECIFIED",
-		1: "BODY_FORMAT_ANTHROPIC_MESSAGES",
-		2: "BODY_FORMAT_OPENAI_CHAT_COMPLETIONS",
-		3: "BODY_FORMAT_OPENAI_RESPONSES",
-		4: "BODY_FORMAT_GEMINI_GENERATE_CONTENT",
-	}
-	BodyFormat_value = map[string]int32{
-		"BODY_FORMAT_UNSPECIFIED":             0,
-		"BODY_FORMAT_ANTHROPIC_MESSAGES":      1,
-		"BODY_FORMAT_OPENAI_CHAT_COMPLETIONS": 2,
-		"BODY_FORMAT_OPENAI_RESPONSES":        3,
-		"BODY_FORMAT_GEMINI_GENERATE_CONTENT": 4,
-	}
-)
-
-func (x BodyFormat) Enum() *BodyFormat {
-	p := new(BodyFormat)
-	*p = x
-	return p
-}
-
-func (x BodyFormat) String() string {
-	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
-}
-
-func (BodyFormat) Descriptor() protoreflect.EnumDescriptor {
-	return file_psych_sidecar_v1_turn_service_proto_enumTypes[0].Descriptor()
-}
-
-func (BodyFormat) Type() protoreflect.EnumType {
-	return &file_psych_sidecar_v1_turn_service_proto_enumTypes[0]
-}
-
-func (x BodyFormat) Number() protoreflect.EnumNumber {
-	return protoreflect.EnumNumber(x)
-}
-
-// Deprecated: Use BodyFormat.Descriptor instead.
-func (BodyFormat) EnumDescriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_turn_service_proto_rawDescGZIP(), []int{0}
-}
-
 // ResolveTurnRequest is the request of TurnService.ResolveTurn.
 type ResolveTurnRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -208,13 +147,11 @@ type AssemblePromptRequest struct {
 	// Gemini's budget or level) replaces the Spec's other one. An invalid
 	// result (a thinking budget not below max_tokens, say) is FIELD_INVALID.
 	Reasoning *ReasoningSettings `protobuf:"bytes,9,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
-	// The request bodies to build, by the API each is for; the response's
-	// other body fields are left empty. Empty builds all four, as before this
-	// field. A host sends one body: naming it spares the sidecar building,
-	// and the response carrying, the other three. The context guard's
-	// estimate is over the bodies built. BODY_FORMAT_UNSPECIFIED is
-	// FIELD_INVALID; a format named twice counts once.
-	Bodies        []BodyFormat `protobuf:"varint,10,rep,packed,name=bodies,proto3,enum=psych.sidecar.v1.BodyFormat" json:"bodies,omitempty"`
+	// Overrides the Spec's compaction policy for this call, field by field
+	// (setting either trigger replaces the Spec's trigger). The Spec must have
+	// a policy of its own (its read_history tool is in zone 1), else
+	// FIELD_INVALID.
+	Compaction    *CompactionPolicy `protobuf:"bytes,10,opt,name=compaction,proto3" json:"compaction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,9 +249,9 @@ func (x *AssemblePromptRequest) GetReasoning() *ReasoningSettings {
 	return nil
 }
 
-func (x *AssemblePromptRequest) GetBodies() []BodyFormat {
+func (x *AssemblePromptRequest) GetCompaction() *CompactionPolicy {
 	if x != nil {
-		return x.Bodies
+		return x.Compaction
 	}
 	return nil
 }
@@ -327,8 +264,7 @@ type AssemblePromptResponse struct {
 	// Per-zone byte lengths and hashes, zones 1 to 4 in order.
 	Zones []*ZoneDigest `protobuf:"bytes,2,rep,name=zones,proto3" json:"zones,omitempty"`
 	// A canonical Anthropic Messages API request body (UTF-8 JSON) with
-	// cache_control breakpoints at the zone boundaries. Empty when the
-	// request's bodies field names others only (so for each body below).
+	// cache_control breakpoints at the zone boundaries.
 	AnthropicRequestJson []byte `protobuf:"bytes,3,opt,name=anthropic_request_json,json=anthropicRequestJson,proto3" json:"anthropic_request_json,omitempty"`
 	// A canonical OpenAI Chat Completions API request body (UTF-8 JSON).
 	OpenaiRequestJson []byte `protobuf:"bytes,4,opt,name=openai_request_json,json=openaiRequestJson,proto3" json:"openai_request_json,omitempty"`
@@ -346,8 +282,15 @@ type AssemblePromptResponse struct {
 	// parts, parts with a thoughtSignature) verbatim. Gemini names the model in
 	// the request URL, so the body has none.
 	GeminiRequestJson []byte `protobuf:"bytes,7,opt,name=gemini_request_json,json=geminiRequestJson,proto3" json:"gemini_request_json,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Set when compaction is due (see CompactionPolicy): the summary call's
+	// request bodies and the range it covers. The host sends one of them,
+	// appends the answer as a Compaction record and its usage with
+	// RecordUsage, then calls AssemblePrompt again. When `required` is set the
+	// call's own prompt would not fit: prompt, zones and the request bodies
+	// above are then empty.
+	Compaction    *CompactionProposal `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AssemblePromptResponse) Reset() {
@@ -425,6 +368,13 @@ func (x *AssemblePromptResponse) GetOpenaiResponsesRequestJson() []byte {
 func (x *AssemblePromptResponse) GetGeminiRequestJson() []byte {
 	if x != nil {
 		return x.GeminiRequestJson
+	}
+	return nil
+}
+
+func (x *AssemblePromptResponse) GetCompaction() *CompactionProposal {
+	if x != nil {
+		return x.Compaction
 	}
 	return nil
 }
@@ -602,6 +552,168 @@ func (x *GuardedResult) GetViewTokens() int64 {
 	return 0
 }
 
+// CompactionProposal is AssemblePrompt's proposal to compact the history:
+// the summary call, ready for each provider, and what the summary will
+// stand for. Each body is the call the host would have made (the same
+// tools, system prompt and history, so it reads the same cached prefix)
+// with its transient message replaced by the request for the summary.
+type CompactionProposal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first record the summary stands for (1, or the record after the
+	// previous compaction's range): Compaction.first_sequence.
+	FirstSequence int64 `protobuf:"varint,1,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
+	// The last record it stands for, the end of a turn:
+	// Compaction.last_sequence.
+	LastSequence int64 `protobuf:"varint,2,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
+	// The turns it covers (1 is the first user message's turn), for people.
+	FirstTurn int64 `protobuf:"varint,3,opt,name=first_turn,json=firstTurn,proto3" json:"first_turn,omitempty"`
+	// The last turn it covers.
+	LastTurn int64 `protobuf:"varint,4,opt,name=last_turn,json=lastTurn,proto3" json:"last_turn,omitempty"`
+	// The summary call as an Anthropic Messages request body.
+	AnthropicRequestJson []byte `protobuf:"bytes,5,opt,name=anthropic_request_json,json=anthropicRequestJson,proto3" json:"anthropic_request_json,omitempty"`
+	// The summary call as an OpenAI Chat Completions request body.
+	OpenaiRequestJson []byte `protobuf:"bytes,6,opt,name=openai_request_json,json=openaiRequestJson,proto3" json:"openai_request_json,omitempty"`
+	// The summary call as an OpenAI Responses request body.
+	OpenaiResponsesRequestJson []byte `protobuf:"bytes,7,opt,name=openai_responses_request_json,json=openaiResponsesRequestJson,proto3" json:"openai_responses_request_json,omitempty"`
+	// The summary call as a Gemini generateContent request body.
+	GeminiRequestJson []byte `protobuf:"bytes,8,opt,name=gemini_request_json,json=geminiRequestJson,proto3" json:"gemini_request_json,omitempty"`
+	// The estimate that made compaction due: the call's prompt, or, when it
+	// would not fit, its estimate with nothing elided by the context guard.
+	EstimatedTokens int64 `protobuf:"varint,9,opt,name=estimated_tokens,json=estimatedTokens,proto3" json:"estimated_tokens,omitempty"`
+	// The trigger it crossed, in estimated tokens.
+	TriggerTokens int64 `protobuf:"varint,10,opt,name=trigger_tokens,json=triggerTokens,proto3" json:"trigger_tokens,omitempty"`
+	// The summary's cap in estimated tokens.
+	SummaryMaxTokens int64 `protobuf:"varint,11,opt,name=summary_max_tokens,json=summaryMaxTokens,proto3" json:"summary_max_tokens,omitempty"`
+	// The call's own prompt would not fit the context budget: compact before
+	// the call (the response has no prompt or bodies of its own).
+	Required bool `protobuf:"varint,12,opt,name=required,proto3" json:"required,omitempty"`
+	// Why compaction is due, in one sentence.
+	Reason        string `protobuf:"bytes,13,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompactionProposal) Reset() {
+	*x = CompactionProposal{}
+	mi := &file_psych_sidecar_v1_turn_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactionProposal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactionProposal) ProtoMessage() {}
+
+func (x *CompactionProposal) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_turn_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactionProposal.ProtoReflect.Descriptor instead.
+func (*CompactionProposal) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_turn_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CompactionProposal) GetFirstSequence() int64 {
+	if x != nil {
+		return x.FirstSequence
+	}
+	return 0
+}
+
+func (x *CompactionProposal) GetLastSequence() int64 {
+	if x != nil {
+		return x.LastSequence
+	}
+	return 0
+}
+
+func (x *CompactionProposal) GetFirstTurn() int64 {
+	if x != nil {
+		return x.FirstTurn
+	}
+	return 0
+}
+
+func (x *CompactionProposal) GetLastTurn() int64 {
+	if x != nil {
+		return x.LastTurn
+	}
+	return 0
+}
+
+func (x *CompactionProposal) GetAnthropicRequestJson() []byte {
+	if x != nil {
+		return x.AnthropicRequestJson
+	}
+	return nil
+}
+
+func (x *CompactionProposal) GetOpenaiRequestJson() []byte {
+	if x != nil {
+		return x.OpenaiRequestJson
+	}
+	return nil
+}
+
+func (x *CompactionProposal) GetOpenaiResponsesRequestJson() []byte {
+	if x != nil {
+		return x.OpenaiResponsesRequestJson
+	}
+	return nil
+}
+
+func (x *CompactionProposal) GetGeminiRequestJson() []byte {
+	if x != nil {
+		return x.GeminiRequestJson
+	}
+	return nil
+}
+
+func (x *CompactionProposal) GetEstimatedTokens() int64 {
+	if x != nil {
+		return x.EstimatedTokens
+	}
+	return 0
+}
+
+func (x *CompactionProposal) GetTriggerTokens() int64 {
+	if x != nil {
+		return x.TriggerTokens
+	}
+	return 0
+}
+
+func (x *CompactionProposal) GetSummaryMaxTokens() int64 {
+	if x != nil {
+		return x.SummaryMaxTokens
+	}
+	return 0
+}
+
+func (x *CompactionProposal) GetRequired() bool {
+	if x != nil {
+		return x.Required
+	}
+	return false
+}
+
+func (x *CompactionProposal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_psych_sidecar_v1_turn_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
@@ -610,7 +722,7 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x12ResolveTurnRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\"N\n" +
 	"\x13ResolveTurnResponse\x127\n" +
-	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\xf2\x03\n" +
+	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\x80\x04\n" +
 	"\x15AssemblePromptRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12'\n" +
 	"\fdynamic_tail\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdynamicTail\x12+\n" +
@@ -621,9 +733,11 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"max_tokens\x18\x06 \x01(\x05B\x04\xe2A\x01\x01R\tmaxTokens\x12L\n" +
 	"\x0econtext_budget\x18\a \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\x12\x1e\n" +
 	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\x12G\n" +
-	"\treasoning\x18\t \x01(\v2#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2A\x01\x01R\treasoning\x12:\n" +
-	"\x06bodies\x18\n" +
-	" \x03(\x0e2\x1c.psych.sidecar.v1.BodyFormatB\x04\xe2A\x01\x01R\x06bodies\"\x9c\x03\n" +
+	"\treasoning\x18\t \x01(\v2#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2A\x01\x01R\treasoning\x12H\n" +
+	"\n" +
+	"compaction\x18\n" +
+	" \x01(\v2\".psych.sidecar.v1.CompactionPolicyB\x04\xe2A\x01\x01R\n" +
+	"compaction\"\xe2\x03\n" +
 	"\x16AssemblePromptResponse\x120\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x18.psych.sidecar.v1.PromptR\x06prompt\x122\n" +
 	"\x05zones\x18\x02 \x03(\v2\x1c.psych.sidecar.v1.ZoneDigestR\x05zones\x124\n" +
@@ -631,7 +745,10 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x13openai_request_json\x18\x04 \x01(\fR\x11openaiRequestJson\x12C\n" +
 	"\rcontext_guard\x18\x05 \x01(\v2\x1e.psych.sidecar.v1.ContextGuardR\fcontextGuard\x12A\n" +
 	"\x1dopenai_responses_request_json\x18\x06 \x01(\fR\x1aopenaiResponsesRequestJson\x12.\n" +
-	"\x13gemini_request_json\x18\a \x01(\fR\x11geminiRequestJson\"\xa6\x02\n" +
+	"\x13gemini_request_json\x18\a \x01(\fR\x11geminiRequestJson\x12D\n" +
+	"\n" +
+	"compaction\x18\b \x01(\v2$.psych.sidecar.v1.CompactionProposalR\n" +
+	"compaction\"\xa6\x02\n" +
 	"\fContextGuard\x122\n" +
 	"\x15context_window_tokens\x18\x01 \x01(\x03R\x13contextWindowTokens\x122\n" +
 	"\x15output_reserve_tokens\x18\x02 \x01(\x03R\x13outputReserveTokens\x12)\n" +
@@ -645,14 +762,23 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\vfull_tokens\x18\x03 \x01(\x03R\n" +
 	"fullTokens\x12\x1f\n" +
 	"\vview_tokens\x18\x04 \x01(\x03R\n" +
-	"viewTokens*\xc1\x01\n" +
+	"viewTokens\"\xa9\x04\n" +
+	"\x12CompactionProposal\x12%\n" +
+	"\x0efirst_sequence\x18\x01 \x01(\x03R\rfirstSequence\x12#\n" +
+	"\rlast_sequence\x18\x02 \x01(\x03R\flastSequence\x12\x1d\n" +
 	"\n" +
-	"BodyFormat\x12\x1b\n" +
-	"\x17BODY_FORMAT_UNSPECIFIED\x10\x00\x12\"\n" +
-	"\x1eBODY_FORMAT_ANTHROPIC_MESSAGES\x10\x01\x12'\n" +
-	"#BODY_FORMAT_OPENAI_CHAT_COMPLETIONS\x10\x02\x12 \n" +
-	"\x1cBODY_FORMAT_OPENAI_RESPONSES\x10\x03\x12'\n" +
-	"#BODY_FORMAT_GEMINI_GENERATE_CONTENT\x10\x042\xce\x01\n" +
+	"first_turn\x18\x03 \x01(\x03R\tfirstTurn\x12\x1b\n" +
+	"\tlast_turn\x18\x04 \x01(\x03R\blastTurn\x124\n" +
+	"\x16anthropic_request_json\x18\x05 \x01(\fR\x14anthropicRequestJson\x12.\n" +
+	"\x13openai_request_json\x18\x06 \x01(\fR\x11openaiRequestJson\x12A\n" +
+	"\x1dopenai_responses_request_json\x18\a \x01(\fR\x1aopenaiResponsesRequestJson\x12.\n" +
+	"\x13gemini_request_json\x18\b \x01(\fR\x11geminiRequestJson\x12)\n" +
+	"\x10estimated_tokens\x18\t \x01(\x03R\x0festimatedTokens\x12%\n" +
+	"\x0etrigger_tokens\x18\n" +
+	" \x01(\x03R\rtriggerTokens\x12,\n" +
+	"\x12summary_max_tokens\x18\v \x01(\x03R\x10summaryMaxTokens\x12\x1a\n" +
+	"\brequired\x18\f \x01(\bR\brequired\x12\x16\n" +
+	"\x06reason\x18\r \x01(\tR\x06reason2\xce\x01\n" +
 	"\vTurnService\x12Z\n" +
 	"\vResolveTurn\x12$.psych.sidecar.v1.ResolveTurnRequest\x1a%.psych.sidecar.v1.ResolveTurnResponse\x12c\n" +
 	"\x0eAssemblePrompt\x12'.psych.sidecar.v1.AssemblePromptRequest\x1a(.psych.sidecar.v1.AssemblePromptResponseB\xbb\x01\n" +
@@ -670,42 +796,43 @@ func file_psych_sidecar_v1_turn_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_turn_service_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_turn_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_psych_sidecar_v1_turn_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_psych_sidecar_v1_turn_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_psych_sidecar_v1_turn_service_proto_goTypes = []any{
-	(BodyFormat)(0),                // 0: psych.sidecar.v1.BodyFormat
-	(*ResolveTurnRequest)(nil),     // 1: psych.sidecar.v1.ResolveTurnRequest
-	(*ResolveTurnResponse)(nil),    // 2: psych.sidecar.v1.ResolveTurnResponse
-	(*AssemblePromptRequest)(nil),  // 3: psych.sidecar.v1.AssemblePromptRequest
-	(*AssemblePromptResponse)(nil), // 4: psych.sidecar.v1.AssemblePromptResponse
-	(*ContextGuard)(nil),           // 5: psych.sidecar.v1.ContextGuard
-	(*GuardedResult)(nil),          // 6: psych.sidecar.v1.GuardedResult
+	(*ResolveTurnRequest)(nil),     // 0: psych.sidecar.v1.ResolveTurnRequest
+	(*ResolveTurnResponse)(nil),    // 1: psych.sidecar.v1.ResolveTurnResponse
+	(*AssemblePromptRequest)(nil),  // 2: psych.sidecar.v1.AssemblePromptRequest
+	(*AssemblePromptResponse)(nil), // 3: psych.sidecar.v1.AssemblePromptResponse
+	(*ContextGuard)(nil),           // 4: psych.sidecar.v1.ContextGuard
+	(*GuardedResult)(nil),          // 5: psych.sidecar.v1.GuardedResult
+	(*CompactionProposal)(nil),     // 6: psych.sidecar.v1.CompactionProposal
 	(*ToolSurface)(nil),            // 7: psych.sidecar.v1.ToolSurface
 	(*timestamppb.Timestamp)(nil),  // 8: google.protobuf.Timestamp
 	(*ContextBudget)(nil),          // 9: psych.sidecar.v1.ContextBudget
 	(*ReasoningSettings)(nil),      // 10: psych.sidecar.v1.ReasoningSettings
-	(*Prompt)(nil),                 // 11: psych.sidecar.v1.Prompt
-	(*ZoneDigest)(nil),             // 12: psych.sidecar.v1.ZoneDigest
+	(*CompactionPolicy)(nil),       // 11: psych.sidecar.v1.CompactionPolicy
+	(*Prompt)(nil),                 // 12: psych.sidecar.v1.Prompt
+	(*ZoneDigest)(nil),             // 13: psych.sidecar.v1.ZoneDigest
 }
 var file_psych_sidecar_v1_turn_service_proto_depIdxs = []int32{
 	7,  // 0: psych.sidecar.v1.ResolveTurnResponse.surface:type_name -> psych.sidecar.v1.ToolSurface
 	8,  // 1: psych.sidecar.v1.AssemblePromptRequest.now:type_name -> google.protobuf.Timestamp
 	9,  // 2: psych.sidecar.v1.AssemblePromptRequest.context_budget:type_name -> psych.sidecar.v1.ContextBudget
 	10, // 3: psych.sidecar.v1.AssemblePromptRequest.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
-	0,  // 4: psych.sidecar.v1.AssemblePromptRequest.bodies:type_name -> psych.sidecar.v1.BodyFormat
-	11, // 5: psych.sidecar.v1.AssemblePromptResponse.prompt:type_name -> psych.sidecar.v1.Prompt
-	12, // 6: psych.sidecar.v1.AssemblePromptResponse.zones:type_name -> psych.sidecar.v1.ZoneDigest
-	5,  // 7: psych.sidecar.v1.AssemblePromptResponse.context_guard:type_name -> psych.sidecar.v1.ContextGuard
-	6,  // 8: psych.sidecar.v1.ContextGuard.elided:type_name -> psych.sidecar.v1.GuardedResult
-	1,  // 9: psych.sidecar.v1.TurnService.ResolveTurn:input_type -> psych.sidecar.v1.ResolveTurnRequest
-	3,  // 10: psych.sidecar.v1.TurnService.AssemblePrompt:input_type -> psych.sidecar.v1.AssemblePromptRequest
-	2,  // 11: psych.sidecar.v1.TurnService.ResolveTurn:output_type -> psych.sidecar.v1.ResolveTurnResponse
-	4,  // 12: psych.sidecar.v1.TurnService.AssemblePrompt:output_type -> psych.sidecar.v1.AssemblePromptResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	11, // 4: psych.sidecar.v1.AssemblePromptRequest.compaction:type_name -> psych.sidecar.v1.CompactionPolicy
+	12, // 5: psych.sidecar.v1.AssemblePromptResponse.prompt:type_name -> psych.sidecar.v1.Prompt
+	13, // 6: psych.sidecar.v1.AssemblePromptResponse.zones:type_name -> psych.sidecar.v1.ZoneDigest
+	4,  // 7: psych.sidecar.v1.AssemblePromptResponse.context_guard:type_name -> psych.sidecar.v1.ContextGuard
+	6,  // 8: psych.sidecar.v1.AssemblePromptResponse.compaction:type_name -> psych.sidecar.v1.CompactionProposal
+	5,  // 9: psych.sidecar.v1.ContextGuard.elided:type_name -> psych.sidecar.v1.GuardedResult
+	0,  // 10: psych.sidecar.v1.TurnService.ResolveTurn:input_type -> psych.sidecar.v1.ResolveTurnRequest
+	2,  // 11: psych.sidecar.v1.TurnService.AssemblePrompt:input_type -> psych.sidecar.v1.AssemblePromptRequest
+	1,  // 12: psych.sidecar.v1.TurnService.ResolveTurn:output_type -> psych.sidecar.v1.ResolveTurnResponse
+	3,  // 13: psych.sidecar.v1.TurnService.AssemblePrompt:output_type -> psych.sidecar.v1.AssemblePromptResponse
+	12, // [12:14] is the sub-list for method output_type
+	10, // [10:12] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_turn_service_proto_init() }
@@ -720,14 +847,13 @@ func file_psych_sidecar_v1_turn_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_turn_service_proto_rawDesc), len(file_psych_sidecar_v1_turn_service_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   6,
+			NumEnums:      0,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_psych_sidecar_v1_turn_service_proto_goTypes,
 		DependencyIndexes: file_psych_sidecar_v1_turn_service_proto_depIdxs,
-		EnumInfos:         file_psych_sidecar_v1_turn_service_proto_enumTypes,
 		MessageInfos:      file_psych_sidecar_v1_turn_service_proto_msgTypes,
 	}.Build()
 	File_psych_sidecar_v1_turn_service_proto = out.File

@@ -28,7 +28,7 @@ from psych.sidecar.v1 import content_pb2 as psych_dot_sidecar_dot_v1_dot_content
 from psych.sidecar.v1 import spec_pb2 as psych_dot_sidecar_dot_v1_dot_spec__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apsych/sidecar/v1/run.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epsych/sidecar/v1/content.proto\x1a\x1bpsych/sidecar/v1/spec.proto\"\xdb\x01\n\x03Run\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x06tenant\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tspec_name\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0cspec_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12<\n\x11tool_restrictions\x18\x05 \x03(\x0b\x32\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2\x41\x01\x05\x12\x35\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\"\xca\x02\n\x06Record\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08sequence\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x14\n\x06handle\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12;\n\x0cuser_message\x18\n \x01(\x0b\x32\x1d.psych.sidecar.v1.UserMessageB\x04\xe2\x41\x01\x01H\x00\x12\x45\n\x11\x61ssistant_message\x18\x0b \x01(\x0b\x32\".psych.sidecar.v1.AssistantMessageB\x04\xe2\x41\x01\x01H\x00\x12\x39\n\x0btool_result\x18\x0c \x01(\x0b\x32\x1c.psych.sidecar.v1.ToolResultB\x04\xe2\x41\x01\x01H\x00\x42\x06\n\x04kind\"C\n\x0bUserMessage\x12\x34\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1d.psych.sidecar.v1.ContentPartB\x04\xe2\x41\x01\x02\"~\n\x10\x41ssistantMessage\x12\x34\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1d.psych.sidecar.v1.ContentPartB\x04\xe2\x41\x01\x01\x12\x34\n\ntool_calls\x18\x02 \x03(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x01\"\x9b\x01\n\nToolResult\x12\x15\n\x07\x63\x61ll_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08is_error\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01\x12\x34\n\x07\x63ontent\x18\x05 \x03(\x0b\x32\x1d.psych.sidecar.v1.ContentPartB\x04\xe2\x41\x01\x01*\x87\x01\n\nRecordKind\x12\x1b\n\x17RECORD_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18RECORD_KIND_USER_MESSAGE\x10\x01\x12!\n\x1dRECORD_KIND_ASSISTANT_MESSAGE\x10\x02\x12\x1b\n\x17RECORD_KIND_TOOL_RESULT\x10\x03\x42\xb3\x01\n\x14\x64\x65v.psych.sidecar.v1B\x08RunProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apsych/sidecar/v1/run.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epsych/sidecar/v1/content.proto\x1a\x1bpsych/sidecar/v1/spec.proto\"\xdb\x01\n\x03Run\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x06tenant\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tspec_name\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0cspec_version\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12<\n\x11tool_restrictions\x18\x05 \x03(\x0b\x32\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2\x41\x01\x05\x12\x35\n\x0b\x63reate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\"\x84\x03\n\x06Record\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x03\x12\x16\n\x08sequence\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x14\n\x06handle\x18\x04 \x01(\tB\x04\xe2\x41\x01\x03\x12;\n\x0cuser_message\x18\n \x01(\x0b\x32\x1d.psych.sidecar.v1.UserMessageB\x04\xe2\x41\x01\x01H\x00\x12\x45\n\x11\x61ssistant_message\x18\x0b \x01(\x0b\x32\".psych.sidecar.v1.AssistantMessageB\x04\xe2\x41\x01\x01H\x00\x12\x39\n\x0btool_result\x18\x0c \x01(\x0b\x32\x1c.psych.sidecar.v1.ToolResultB\x04\xe2\x41\x01\x01H\x00\x12\x38\n\ncompaction\x18\r \x01(\x0b\x32\x1c.psych.sidecar.v1.CompactionB\x04\xe2\x41\x01\x01H\x00\x42\x06\n\x04kind\"C\n\x0bUserMessage\x12\x34\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1d.psych.sidecar.v1.ContentPartB\x04\xe2\x41\x01\x02\"~\n\x10\x41ssistantMessage\x12\x34\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1d.psych.sidecar.v1.ContentPartB\x04\xe2\x41\x01\x01\x12\x34\n\ntool_calls\x18\x02 \x03(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x01\"\x9b\x01\n\nToolResult\x12\x15\n\x07\x63\x61ll_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12\x16\n\x08is_error\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01\x12\x34\n\x07\x63ontent\x18\x05 \x03(\x0b\x32\x1d.psych.sidecar.v1.ContentPartB\x04\xe2\x41\x01\x01\"}\n\nCompaction\x12\x34\n\x07summary\x18\x01 \x03(\x0b\x32\x1d.psych.sidecar.v1.ContentPartB\x04\xe2\x41\x01\x02\x12\x1c\n\x0e\x66irst_sequence\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x1b\n\rlast_sequence\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x02*\xa3\x01\n\nRecordKind\x12\x1b\n\x17RECORD_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18RECORD_KIND_USER_MESSAGE\x10\x01\x12!\n\x1dRECORD_KIND_ASSISTANT_MESSAGE\x10\x02\x12\x1b\n\x17RECORD_KIND_TOOL_RESULT\x10\x03\x12\x1a\n\x16RECORD_KIND_COMPACTION\x10\x04\x42\xb3\x01\n\x14\x64\x65v.psych.sidecar.v1B\x08RunProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -62,6 +62,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECORD'].fields_by_name['assistant_message']._serialized_options = b'\342A\001\001'
   _globals['_RECORD'].fields_by_name['tool_result']._loaded_options = None
   _globals['_RECORD'].fields_by_name['tool_result']._serialized_options = b'\342A\001\001'
+  _globals['_RECORD'].fields_by_name['compaction']._loaded_options = None
+  _globals['_RECORD'].fields_by_name['compaction']._serialized_options = b'\342A\001\001'
   _globals['_USERMESSAGE'].fields_by_name['content']._loaded_options = None
   _globals['_USERMESSAGE'].fields_by_name['content']._serialized_options = b'\342A\001\002'
   _globals['_ASSISTANTMESSAGE'].fields_by_name['content']._loaded_options = None
@@ -78,16 +80,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLRESULT'].fields_by_name['is_error']._serialized_options = b'\342A\001\001'
   _globals['_TOOLRESULT'].fields_by_name['content']._loaded_options = None
   _globals['_TOOLRESULT'].fields_by_name['content']._serialized_options = b'\342A\001\001'
-  _globals['_RECORDKIND']._serialized_start=1086
-  _globals['_RECORDKIND']._serialized_end=1221
+  _globals['_COMPACTION'].fields_by_name['summary']._loaded_options = None
+  _globals['_COMPACTION'].fields_by_name['summary']._serialized_options = b'\342A\001\002'
+  _globals['_COMPACTION'].fields_by_name['first_sequence']._loaded_options = None
+  _globals['_COMPACTION'].fields_by_name['first_sequence']._serialized_options = b'\342A\001\002'
+  _globals['_COMPACTION'].fields_by_name['last_sequence']._loaded_options = None
+  _globals['_COMPACTION'].fields_by_name['last_sequence']._serialized_options = b'\342A\001\002'
+  _globals['_RECORDKIND']._serialized_start=1271
+  _globals['_RECORDKIND']._serialized_end=1434
   _globals['_RUN']._serialized_start=176
   _globals['_RUN']._serialized_end=395
   _globals['_RECORD']._serialized_start=398
-  _globals['_RECORD']._serialized_end=728
-  _globals['_USERMESSAGE']._serialized_start=730
-  _globals['_USERMESSAGE']._serialized_end=797
-  _globals['_ASSISTANTMESSAGE']._serialized_start=799
-  _globals['_ASSISTANTMESSAGE']._serialized_end=925
-  _globals['_TOOLRESULT']._serialized_start=928
-  _globals['_TOOLRESULT']._serialized_end=1083
+  _globals['_RECORD']._serialized_end=786
+  _globals['_USERMESSAGE']._serialized_start=788
+  _globals['_USERMESSAGE']._serialized_end=855
+  _globals['_ASSISTANTMESSAGE']._serialized_start=857
+  _globals['_ASSISTANTMESSAGE']._serialized_end=983
+  _globals['_TOOLRESULT']._serialized_start=986
+  _globals['_TOOLRESULT']._serialized_end=1141
+  _globals['_COMPACTION']._serialized_start=1143
+  _globals['_COMPACTION']._serialized_end=1268
 # @@protoc_insertion_point(module_scope)

@@ -36,6 +36,8 @@ class _RecordKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecordKind
     """Record.assistant_message."""
     RECORD_KIND_TOOL_RESULT: _RecordKind.ValueType  # 3
     """Record.tool_result."""
+    RECORD_KIND_COMPACTION: _RecordKind.ValueType  # 4
+    """Record.compaction."""
 
 class RecordKind(_RecordKind, metaclass=_RecordKindEnumTypeWrapper):
     """RecordKind names the kinds of Record, for filters."""
@@ -48,6 +50,8 @@ RECORD_KIND_ASSISTANT_MESSAGE: RecordKind.ValueType  # 2
 """Record.assistant_message."""
 RECORD_KIND_TOOL_RESULT: RecordKind.ValueType  # 3
 """Record.tool_result."""
+RECORD_KIND_COMPACTION: RecordKind.ValueType  # 4
+"""Record.compaction."""
 Global___RecordKind: _TypeAlias = RecordKind  # noqa: Y015
 
 @_typing.final
@@ -119,6 +123,7 @@ class Record(_message.Message):
     USER_MESSAGE_FIELD_NUMBER: _builtins.int
     ASSISTANT_MESSAGE_FIELD_NUMBER: _builtins.int
     TOOL_RESULT_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run the record belongs to."""
     sequence: _builtins.int
@@ -147,6 +152,12 @@ class Record(_message.Message):
     def tool_result(self) -> Global___ToolResult:
         """The result of one tool call."""
 
+    @_builtins.property
+    def compaction(self) -> Global___Compaction:
+        """A summary standing for a range of earlier records, appended by the
+        host after the summary call AssemblePrompt proposed.
+        """
+
     def __init__(
         self,
         *,
@@ -157,12 +168,13 @@ class Record(_message.Message):
         user_message: Global___UserMessage | None = ...,
         assistant_message: Global___AssistantMessage | None = ...,
         tool_result: Global___ToolResult | None = ...,
+        compaction: Global___Compaction | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_message", b"assistant_message", "create_time", b"create_time", "kind", b"kind", "tool_result", b"tool_result", "user_message", b"user_message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_message", b"assistant_message", "compaction", b"compaction", "create_time", b"create_time", "kind", b"kind", "tool_result", b"tool_result", "user_message", b"user_message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message", b"assistant_message", "create_time", b"create_time", "handle", b"handle", "kind", b"kind", "run_id", b"run_id", "sequence", b"sequence", "tool_result", b"tool_result", "user_message", b"user_message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_message", b"assistant_message", "compaction", b"compaction", "create_time", b"create_time", "handle", b"handle", "kind", b"kind", "run_id", b"run_id", "sequence", b"sequence", "tool_result", b"tool_result", "user_message", b"user_message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["user_message", "assistant_message", "tool_result"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["user_message", "assistant_message", "tool_result", "compaction"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -265,3 +277,46 @@ class ToolResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolResult: _TypeAlias = ToolResult  # noqa: Y015
+
+@_typing.final
+class Compaction(_message.Message):
+    """Compaction is the summary of a range of the Run's records, as the model
+    wrote it in the summary call AssemblePrompt proposed (its
+    CompactionProposal). From the next AssemblePrompt on, the history (zone
+    3) is this summary followed by the records after last_sequence; the log
+    keeps every record, and the model reads the compacted span with
+    read_history. Appended alone, with a request_id so a retry is safe.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    FIRST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    first_sequence: _builtins.int
+    """The first record the summary stands for: the proposal's
+    first_sequence (1, or the record after the previous compaction's
+    range). Required.
+    """
+    last_sequence: _builtins.int
+    """The last record it stands for: the proposal's last_sequence. It ends a
+    turn (the next record is a user message). Required.
+    """
+    @_builtins.property
+    def summary(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentPart]:
+        """The summary: one or more text parts. Required."""
+
+    def __init__(
+        self,
+        *,
+        summary: _abc.Iterable[_content_pb2.ContentPart] | None = ...,
+        first_sequence: _builtins.int = ...,
+        last_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_sequence", b"first_sequence", "last_sequence", b"last_sequence", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Compaction: _TypeAlias = Compaction  # noqa: Y015

@@ -26,7 +26,7 @@ from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior_
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x04\n\x04Spec\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x1a\n\x0cinstructions\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12-\n\x06skills\x18\x04 \x03(\x0b\x32\x17.psych.sidecar.v1.SkillB\x04\xe2\x41\x01\x01\x12\x33\n\tsubagents\x18\x05 \x03(\x0b\x32\x1a.psych.sidecar.v1.SubagentB\x04\xe2\x41\x01\x01\x12\x1e\n\x10\x63\x61pability_notes\x18\x06 \x03(\tB\x04\xe2\x41\x01\x01\x12\x36\n\nthresholds\x18\x07 \x01(\x0b\x32\x1c.psych.sidecar.v1.ThresholdsB\x04\xe2\x41\x01\x01\x12>\n\ndisclosure\x18\x08 \x01(\x0b\x32$.psych.sidecar.v1.DisclosureSettingsB\x04\xe2\x41\x01\x01\x12\x31\n\x06grants\x18\t \x03(\x0b\x32\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2\x41\x01\x01\x12\x35\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12=\n\x0e\x63ontext_budget\x18\x0b \x01(\x0b\x32\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2\x41\x01\x01\x12<\n\treasoning\x18\x0c \x01(\x0b\x32#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2\x41\x01\x01\x12I\n\x14programmatic_calling\x18\r \x01(\x0b\x32%.psych.sidecar.v1.ProgrammaticCallingB\x04\xe2\x41\x01\x01\"x\n\x13ProgrammaticCalling\x12\x34\n\x07\x63\x61llers\x18\x01 \x01(\x0e\x32\x1d.psych.sidecar.v1.ToolCallersB\x04\xe2\x41\x01\x01\x12+\n\x1d\x61nthropic_code_execution_tool\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"\xc6\x03\n\x11ReasoningSettings\x12\x45\n\x12\x61nthropic_thinking\x18\x01 \x01(\x0e\x32#.psych.sidecar.v1.AnthropicThinkingB\x04\xe2\x41\x01\x01\x12*\n\x17\x61nthropic_budget_tokens\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12H\n\x17openai_reasoning_effort\x18\x03 \x01(\x0e\x32!.psych.sidecar.v1.ReasoningEffortB\x04\xe2\x41\x01\x01\x12)\n\x16gemini_thinking_budget\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12J\n\x15gemini_thinking_level\x18\x05 \x01(\x0e\x32%.psych.sidecar.v1.GeminiThinkingLevelB\x04\xe2\x41\x01\x01\x12*\n\x17gemini_include_thoughts\x18\x06 \x01(\x08\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x42\x1a\n\x18_anthropic_budget_tokensB\x19\n\x17_gemini_thinking_budgetB\x1a\n\x18_gemini_include_thoughts\"\xe5\x01\n\rContextBudget\x12(\n\x15\x63ontext_window_tokens\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12(\n\x15output_reserve_tokens\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12-\n\x1a\x63urrent_turn_result_tokens\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x42\x18\n\x16_context_window_tokensB\x18\n\x16_output_reserve_tokensB\x1d\n\x1b_current_turn_result_tokens\"J\n\x05Skill\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x64\x65scription\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x12\n\x04\x62ody\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"9\n\x08Subagent\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x64\x65scription\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"\xc8\x02\n\nThresholds\x12$\n\x11per_result_tokens\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12#\n\x10per_batch_tokens\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12%\n\x12preview_head_chars\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x12%\n\x12preview_tail_chars\x18\x04 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x03\x88\x01\x01\x12+\n\x18\x66\x61ilure_truncation_chars\x18\x05 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x04\x88\x01\x01\x42\x14\n\x12_per_result_tokensB\x13\n\x11_per_batch_tokensB\x15\n\x13_preview_head_charsB\x15\n\x13_preview_tail_charsB\x1b\n\x19_failure_truncation_chars\"\x8a\x02\n\x12\x44isclosureSettings\x12)\n\x16\x61uto_preload_max_tools\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12#\n\x10\x64irect_max_tools\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12#\n\x10\x66\x61\x63\x61\x64\x65_max_tools\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x12$\n\x11result_references\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01H\x03\x88\x01\x01\x42\x19\n\x17_auto_preload_max_toolsB\x13\n\x11_direct_max_toolsB\x13\n\x11_facade_max_toolsB\x14\n\x12_result_references\"E\n\tToolGrant\x12\x1c\n\x0eserver_pattern\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0ctool_pattern\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02*h\n\x0bToolCallers\x12\x1c\n\x18TOOL_CALLERS_UNSPECIFIED\x10\x00\x12\x1f\n\x1bTOOL_CALLERS_MODEL_AND_CODE\x10\x01\x12\x1a\n\x16TOOL_CALLERS_CODE_ONLY\x10\x02*\x99\x01\n\x11\x41nthropicThinking\x12\"\n\x1e\x41NTHROPIC_THINKING_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x41NTHROPIC_THINKING_ENABLED\x10\x01\x12\x1f\n\x1b\x41NTHROPIC_THINKING_ADAPTIVE\x10\x02\x12\x1f\n\x1b\x41NTHROPIC_THINKING_DISABLED\x10\x03*\xda\x01\n\x0fReasoningEffort\x12 \n\x1cREASONING_EFFORT_UNSPECIFIED\x10\x00\x12\x19\n\x15REASONING_EFFORT_NONE\x10\x01\x12\x1c\n\x18REASONING_EFFORT_MINIMAL\x10\x02\x12\x18\n\x14REASONING_EFFORT_LOW\x10\x03\x12\x1b\n\x17REASONING_EFFORT_MEDIUM\x10\x04\x12\x19\n\x15REASONING_EFFORT_HIGH\x10\x05\x12\x1a\n\x16REASONING_EFFORT_XHIGH\x10\x06*\xc0\x01\n\x13GeminiThinkingLevel\x12%\n!GEMINI_THINKING_LEVEL_UNSPECIFIED\x10\x00\x12!\n\x1dGEMINI_THINKING_LEVEL_MINIMAL\x10\x01\x12\x1d\n\x19GEMINI_THINKING_LEVEL_LOW\x10\x02\x12 \n\x1cGEMINI_THINKING_LEVEL_MEDIUM\x10\x03\x12\x1e\n\x1aGEMINI_THINKING_LEVEL_HIGH\x10\x04\x42\xb4\x01\n\x14\x64\x65v.psych.sidecar.v1B\tSpecProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x04\n\x04Spec\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07version\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\x12\x1a\n\x0cinstructions\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\x12-\n\x06skills\x18\x04 \x03(\x0b\x32\x17.psych.sidecar.v1.SkillB\x04\xe2\x41\x01\x01\x12\x33\n\tsubagents\x18\x05 \x03(\x0b\x32\x1a.psych.sidecar.v1.SubagentB\x04\xe2\x41\x01\x01\x12\x1e\n\x10\x63\x61pability_notes\x18\x06 \x03(\tB\x04\xe2\x41\x01\x01\x12\x36\n\nthresholds\x18\x07 \x01(\x0b\x32\x1c.psych.sidecar.v1.ThresholdsB\x04\xe2\x41\x01\x01\x12>\n\ndisclosure\x18\x08 \x01(\x0b\x32$.psych.sidecar.v1.DisclosureSettingsB\x04\xe2\x41\x01\x01\x12\x31\n\x06grants\x18\t \x03(\x0b\x32\x1b.psych.sidecar.v1.ToolGrantB\x04\xe2\x41\x01\x01\x12\x35\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12=\n\x0e\x63ontext_budget\x18\x0b \x01(\x0b\x32\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2\x41\x01\x01\x12<\n\treasoning\x18\x0c \x01(\x0b\x32#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2\x41\x01\x01\x12<\n\ncompaction\x18\r \x01(\x0b\x32\".psych.sidecar.v1.CompactionPolicyB\x04\xe2\x41\x01\x01\"\xc6\x03\n\x11ReasoningSettings\x12\x45\n\x12\x61nthropic_thinking\x18\x01 \x01(\x0e\x32#.psych.sidecar.v1.AnthropicThinkingB\x04\xe2\x41\x01\x01\x12*\n\x17\x61nthropic_budget_tokens\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12H\n\x17openai_reasoning_effort\x18\x03 \x01(\x0e\x32!.psych.sidecar.v1.ReasoningEffortB\x04\xe2\x41\x01\x01\x12)\n\x16gemini_thinking_budget\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12J\n\x15gemini_thinking_level\x18\x05 \x01(\x0e\x32%.psych.sidecar.v1.GeminiThinkingLevelB\x04\xe2\x41\x01\x01\x12*\n\x17gemini_include_thoughts\x18\x06 \x01(\x08\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x42\x1a\n\x18_anthropic_budget_tokensB\x19\n\x17_gemini_thinking_budgetB\x1a\n\x18_gemini_include_thoughts\"\xe5\x01\n\rContextBudget\x12(\n\x15\x63ontext_window_tokens\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12(\n\x15output_reserve_tokens\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12-\n\x1a\x63urrent_turn_result_tokens\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x42\x18\n\x16_context_window_tokensB\x18\n\x16_output_reserve_tokensB\x1d\n\x1b_current_turn_result_tokens\"J\n\x05Skill\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x64\x65scription\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\x12\x12\n\x04\x62ody\x18\x03 \x01(\tB\x04\xe2\x41\x01\x01\"9\n\x08Subagent\x12\x12\n\x04name\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0b\x64\x65scription\x18\x02 \x01(\tB\x04\xe2\x41\x01\x01\"\xc8\x02\n\nThresholds\x12$\n\x11per_result_tokens\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12#\n\x10per_batch_tokens\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12%\n\x12preview_head_chars\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x12%\n\x12preview_tail_chars\x18\x04 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x03\x88\x01\x01\x12+\n\x18\x66\x61ilure_truncation_chars\x18\x05 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x04\x88\x01\x01\x42\x14\n\x12_per_result_tokensB\x13\n\x11_per_batch_tokensB\x15\n\x13_preview_head_charsB\x15\n\x13_preview_tail_charsB\x1b\n\x19_failure_truncation_chars\"\x8a\x02\n\x12\x44isclosureSettings\x12)\n\x16\x61uto_preload_max_tools\x18\x01 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12#\n\x10\x64irect_max_tools\x18\x02 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12#\n\x10\x66\x61\x63\x61\x64\x65_max_tools\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x12$\n\x11result_references\x18\x04 \x01(\x08\x42\x04\xe2\x41\x01\x01H\x03\x88\x01\x01\x42\x19\n\x17_auto_preload_max_toolsB\x13\n\x11_direct_max_toolsB\x13\n\x11_facade_max_toolsB\x14\n\x12_result_references\"E\n\tToolGrant\x12\x1c\n\x0eserver_pattern\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x1a\n\x0ctool_pattern\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\xbe\x02\n\x10\x43ompactionPolicy\x12!\n\x0etrigger_tokens\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x00\x88\x01\x01\x12#\n\x10trigger_fraction\x18\x02 \x01(\x01\x42\x04\xe2\x41\x01\x01H\x01\x88\x01\x01\x12$\n\x11keep_recent_turns\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01H\x02\x88\x01\x01\x12\'\n\x14summary_instructions\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01H\x03\x88\x01\x01\x12%\n\x12summary_max_tokens\x18\x05 \x01(\x03\x42\x04\xe2\x41\x01\x01H\x04\x88\x01\x01\x42\x11\n\x0f_trigger_tokensB\x13\n\x11_trigger_fractionB\x14\n\x12_keep_recent_turnsB\x17\n\x15_summary_instructionsB\x15\n\x13_summary_max_tokens*\x99\x01\n\x11\x41nthropicThinking\x12\"\n\x1e\x41NTHROPIC_THINKING_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x41NTHROPIC_THINKING_ENABLED\x10\x01\x12\x1f\n\x1b\x41NTHROPIC_THINKING_ADAPTIVE\x10\x02\x12\x1f\n\x1b\x41NTHROPIC_THINKING_DISABLED\x10\x03*\xda\x01\n\x0fReasoningEffort\x12 \n\x1cREASONING_EFFORT_UNSPECIFIED\x10\x00\x12\x19\n\x15REASONING_EFFORT_NONE\x10\x01\x12\x1c\n\x18REASONING_EFFORT_MINIMAL\x10\x02\x12\x18\n\x14REASONING_EFFORT_LOW\x10\x03\x12\x1b\n\x17REASONING_EFFORT_MEDIUM\x10\x04\x12\x19\n\x15REASONING_EFFORT_HIGH\x10\x05\x12\x1a\n\x16REASONING_EFFORT_XHIGH\x10\x06*\xc0\x01\n\x13GeminiThinkingLevel\x12%\n!GEMINI_THINKING_LEVEL_UNSPECIFIED\x10\x00\x12!\n\x1dGEMINI_THINKING_LEVEL_MINIMAL\x10\x01\x12\x1d\n\x19GEMINI_THINKING_LEVEL_LOW\x10\x02\x12 \n\x1cGEMINI_THINKING_LEVEL_MEDIUM\x10\x03\x12\x1e\n\x1aGEMINI_THINKING_LEVEL_HIGH\x10\x04\x42\xb4\x01\n\x14\x64\x65v.psych.sidecar.v1B\tSpecProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -58,12 +58,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SPEC'].fields_by_name['context_budget']._serialized_options = b'\342A\001\001'
   _globals['_SPEC'].fields_by_name['reasoning']._loaded_options = None
   _globals['_SPEC'].fields_by_name['reasoning']._serialized_options = b'\342A\001\001'
-  _globals['_SPEC'].fields_by_name['programmatic_calling']._loaded_options = None
-  _globals['_SPEC'].fields_by_name['programmatic_calling']._serialized_options = b'\342A\001\001'
-  _globals['_PROGRAMMATICCALLING'].fields_by_name['callers']._loaded_options = None
-  _globals['_PROGRAMMATICCALLING'].fields_by_name['callers']._serialized_options = b'\342A\001\001'
-  _globals['_PROGRAMMATICCALLING'].fields_by_name['anthropic_code_execution_tool']._loaded_options = None
-  _globals['_PROGRAMMATICCALLING'].fields_by_name['anthropic_code_execution_tool']._serialized_options = b'\342A\001\001'
+  _globals['_SPEC'].fields_by_name['compaction']._loaded_options = None
+  _globals['_SPEC'].fields_by_name['compaction']._serialized_options = b'\342A\001\001'
   _globals['_REASONINGSETTINGS'].fields_by_name['anthropic_thinking']._loaded_options = None
   _globals['_REASONINGSETTINGS'].fields_by_name['anthropic_thinking']._serialized_options = b'\342A\001\001'
   _globals['_REASONINGSETTINGS'].fields_by_name['anthropic_budget_tokens']._loaded_options = None
@@ -114,30 +110,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLGRANT'].fields_by_name['server_pattern']._serialized_options = b'\342A\001\002'
   _globals['_TOOLGRANT'].fields_by_name['tool_pattern']._loaded_options = None
   _globals['_TOOLGRANT'].fields_by_name['tool_pattern']._serialized_options = b'\342A\001\002'
-  _globals['_TOOLCALLERS']._serialized_start=2370
-  _globals['_TOOLCALLERS']._serialized_end=2474
-  _globals['_ANTHROPICTHINKING']._serialized_start=2477
-  _globals['_ANTHROPICTHINKING']._serialized_end=2630
-  _globals['_REASONINGEFFORT']._serialized_start=2633
-  _globals['_REASONINGEFFORT']._serialized_end=2851
-  _globals['_GEMINITHINKINGLEVEL']._serialized_start=2854
-  _globals['_GEMINITHINKINGLEVEL']._serialized_end=3046
+  _globals['_COMPACTIONPOLICY'].fields_by_name['trigger_tokens']._loaded_options = None
+  _globals['_COMPACTIONPOLICY'].fields_by_name['trigger_tokens']._serialized_options = b'\342A\001\001'
+  _globals['_COMPACTIONPOLICY'].fields_by_name['trigger_fraction']._loaded_options = None
+  _globals['_COMPACTIONPOLICY'].fields_by_name['trigger_fraction']._serialized_options = b'\342A\001\001'
+  _globals['_COMPACTIONPOLICY'].fields_by_name['keep_recent_turns']._loaded_options = None
+  _globals['_COMPACTIONPOLICY'].fields_by_name['keep_recent_turns']._serialized_options = b'\342A\001\001'
+  _globals['_COMPACTIONPOLICY'].fields_by_name['summary_instructions']._loaded_options = None
+  _globals['_COMPACTIONPOLICY'].fields_by_name['summary_instructions']._serialized_options = b'\342A\001\001'
+  _globals['_COMPACTIONPOLICY'].fields_by_name['summary_max_tokens']._loaded_options = None
+  _globals['_COMPACTIONPOLICY'].fields_by_name['summary_max_tokens']._serialized_options = b'\342A\001\001'
+  _globals['_ANTHROPICTHINKING']._serialized_start=2557
+  _globals['_ANTHROPICTHINKING']._serialized_end=2710
+  _globals['_REASONINGEFFORT']._serialized_start=2713
+  _globals['_REASONINGEFFORT']._serialized_end=2931
+  _globals['_GEMINITHINKINGLEVEL']._serialized_start=2934
+  _globals['_GEMINITHINKINGLEVEL']._serialized_end=3126
   _globals['_SPEC']._serialized_start=116
-  _globals['_SPEC']._serialized_end=751
-  _globals['_PROGRAMMATICCALLING']._serialized_start=753
-  _globals['_PROGRAMMATICCALLING']._serialized_end=873
-  _globals['_REASONINGSETTINGS']._serialized_start=876
-  _globals['_REASONINGSETTINGS']._serialized_end=1330
-  _globals['_CONTEXTBUDGET']._serialized_start=1333
-  _globals['_CONTEXTBUDGET']._serialized_end=1562
-  _globals['_SKILL']._serialized_start=1564
-  _globals['_SKILL']._serialized_end=1638
-  _globals['_SUBAGENT']._serialized_start=1640
-  _globals['_SUBAGENT']._serialized_end=1697
-  _globals['_THRESHOLDS']._serialized_start=1700
-  _globals['_THRESHOLDS']._serialized_end=2028
-  _globals['_DISCLOSURESETTINGS']._serialized_start=2031
-  _globals['_DISCLOSURESETTINGS']._serialized_end=2297
-  _globals['_TOOLGRANT']._serialized_start=2299
-  _globals['_TOOLGRANT']._serialized_end=2368
+  _globals['_SPEC']._serialized_end=738
+  _globals['_REASONINGSETTINGS']._serialized_start=741
+  _globals['_REASONINGSETTINGS']._serialized_end=1195
+  _globals['_CONTEXTBUDGET']._serialized_start=1198
+  _globals['_CONTEXTBUDGET']._serialized_end=1427
+  _globals['_SKILL']._serialized_start=1429
+  _globals['_SKILL']._serialized_end=1503
+  _globals['_SUBAGENT']._serialized_start=1505
+  _globals['_SUBAGENT']._serialized_end=1562
+  _globals['_THRESHOLDS']._serialized_start=1565
+  _globals['_THRESHOLDS']._serialized_end=1893
+  _globals['_DISCLOSURESETTINGS']._serialized_start=1896
+  _globals['_DISCLOSURESETTINGS']._serialized_end=2162
+  _globals['_TOOLGRANT']._serialized_start=2164
+  _globals['_TOOLGRANT']._serialized_end=2233
+  _globals['_COMPACTIONPOLICY']._serialized_start=2236
+  _globals['_COMPACTIONPOLICY']._serialized_end=2554
 # @@protoc_insertion_point(module_scope)

@@ -20,30 +20,6 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class _ToolCallers:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _ToolCallersEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolCallers.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    TOOL_CALLERS_UNSPECIFIED: _ToolCallers.ValueType  # 0
-    """Unset: the model directly, as without programmatic calling."""
-    TOOL_CALLERS_MODEL_AND_CODE: _ToolCallers.ValueType  # 1
-    """The model directly, and code in the provider's sandbox."""
-    TOOL_CALLERS_CODE_ONLY: _ToolCallers.ValueType  # 2
-    """Code in the provider's sandbox only."""
-
-class ToolCallers(_ToolCallers, metaclass=_ToolCallersEnumTypeWrapper):
-    """ToolCallers says who may call a tool the model is given."""
-
-TOOL_CALLERS_UNSPECIFIED: ToolCallers.ValueType  # 0
-"""Unset: the model directly, as without programmatic calling."""
-TOOL_CALLERS_MODEL_AND_CODE: ToolCallers.ValueType  # 1
-"""The model directly, and code in the provider's sandbox."""
-TOOL_CALLERS_CODE_ONLY: ToolCallers.ValueType  # 2
-"""Code in the provider's sandbox only."""
-Global___ToolCallers: _TypeAlias = ToolCallers  # noqa: Y015
-
 class _AnthropicThinking:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -166,7 +142,7 @@ class Spec(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
     REASONING_FIELD_NUMBER: _builtins.int
-    PROGRAMMATIC_CALLING_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The agent's name. 1–128 characters of [A-Za-z0-9._-]."""
     version: _builtins.int
@@ -228,13 +204,11 @@ class Spec(_message.Message):
         """
 
     @_builtins.property
-    def programmatic_calling(self) -> Global___ProgrammaticCalling:
-        """Lets a provider's hosted sandbox call the tools of the bodies
-        AssemblePrompt builds from code the model writes there (Anthropic's and
-        OpenAI's programmatic tool calling). The host still runs each call, through
-        DispatchToolCall. Unset: the model calls tools directly and the bodies
-        carry no allowed_callers. An invalid value is refused here
-        (FIELD_INVALID). See docs/prompt.md.
+    def compaction(self) -> Global___CompactionPolicy:
+        """When AssemblePrompt proposes compacting the Run's history into a
+        summary, and how. Off unless a trigger is set; with one, the model is
+        also offered the read_history tool. AssemblePrompt may override it per
+        call, field by field. See docs/prompt.md, "Compaction".
         """
 
     def __init__(
@@ -252,48 +226,15 @@ class Spec(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         context_budget: Global___ContextBudget | None = ...,
         reasoning: Global___ReasoningSettings | None = ...,
-        programmatic_calling: Global___ProgrammaticCalling | None = ...,
+        compaction: Global___CompactionPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "programmatic_calling", b"programmatic_calling", "reasoning", b"reasoning", "thresholds", b"thresholds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "reasoning", b"reasoning", "thresholds", b"thresholds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability_notes", b"capability_notes", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "grants", b"grants", "instructions", b"instructions", "name", b"name", "programmatic_calling", b"programmatic_calling", "reasoning", b"reasoning", "skills", b"skills", "subagents", b"subagents", "thresholds", b"thresholds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability_notes", b"capability_notes", "compaction", b"compaction", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "grants", b"grants", "instructions", b"instructions", "name", b"name", "reasoning", b"reasoning", "skills", b"skills", "subagents", b"subagents", "thresholds", b"thresholds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Spec: _TypeAlias = Spec  # noqa: Y015
-
-@_typing.final
-class ProgrammaticCalling(_message.Message):
-    """ProgrammaticCalling sets who may call the tools of the Anthropic and OpenAI
-    Responses bodies: each tool's `allowed_callers`, and the provider's sandbox
-    tool, added to the body's tools. Chat Completions and Gemini have no
-    equivalent; their bodies are unchanged.
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    CALLERS_FIELD_NUMBER: _builtins.int
-    ANTHROPIC_CODE_EXECUTION_TOOL_FIELD_NUMBER: _builtins.int
-    callers: Global___ToolCallers.ValueType
-    """Who may call the tools. Unspecified: the model directly (off)."""
-    anthropic_code_execution_tool: _builtins.str
-    """The Anthropic code execution tool whose sandbox calls them, by its type:
-    "code_execution_20260120" (the default when empty) or
-    "code_execution_20260521". Only with callers set.
-    """
-    def __init__(
-        self,
-        *,
-        callers: Global___ToolCallers.ValueType = ...,
-        anthropic_code_execution_tool: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_code_execution_tool", b"anthropic_code_execution_tool", "callers", b"callers"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ProgrammaticCalling: _TypeAlias = ProgrammaticCalling  # noqa: Y015
 
 @_typing.final
 class ReasoningSettings(_message.Message):
@@ -627,3 +568,80 @@ class ToolGrant(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolGrant: _TypeAlias = ToolGrant  # noqa: Y015
+
+@_typing.final
+class CompactionPolicy(_message.Message):
+    """CompactionPolicy says when AssemblePrompt proposes compacting a Run's
+    history and what the summary call asks for. Compaction is a projection:
+    the log keeps every record, and read_history reads the compacted span.
+    Token counts are the sidecar's estimate (UTF-8 bytes / 4 of the body).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIGGER_TOKENS_FIELD_NUMBER: _builtins.int
+    TRIGGER_FRACTION_FIELD_NUMBER: _builtins.int
+    KEEP_RECENT_TURNS_FIELD_NUMBER: _builtins.int
+    SUMMARY_INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    SUMMARY_MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    trigger_tokens: _builtins.int
+    """Compaction is due when the call's estimate is over this many tokens
+    (or when the prompt would not fit the context budget at all). Must be
+    greater than 0. Not with trigger_fraction.
+    """
+    trigger_fraction: _builtins.float
+    """Compaction is due when the call's estimate is over this fraction of the
+    context budget (the window less the output reserve): greater than 0,
+    at most 1. Not with trigger_tokens.
+    """
+    keep_recent_turns: _builtins.int
+    """How many turns before the current one stay verbatim after a
+    compaction. Default 2; 0 to 10000. When the prompt would not fit
+    otherwise, every earlier turn is compacted.
+    """
+    summary_instructions: _builtins.str
+    """What the summary should keep, appended to the sidecar's request for a
+    summary. Default: goals, decisions, facts, handles, open work. At most
+    8000 characters.
+    """
+    summary_max_tokens: _builtins.int
+    """The summary's size cap in estimated tokens: the summary call asks for
+    at most this, and a longer summary is cut to it in the prompt (the log
+    keeps it whole). Default 2000. Must be greater than 0 and below the
+    context budget.
+    """
+    def __init__(
+        self,
+        *,
+        trigger_tokens: _builtins.int | None = ...,
+        trigger_fraction: _builtins.float | None = ...,
+        keep_recent_turns: _builtins.int | None = ...,
+        summary_instructions: _builtins.str | None = ...,
+        summary_max_tokens: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_keep_recent_turns", b"_keep_recent_turns", "_summary_instructions", b"_summary_instructions", "_summary_max_tokens", b"_summary_max_tokens", "_trigger_fraction", b"_trigger_fraction", "_trigger_tokens", b"_trigger_tokens", "keep_recent_turns", b"keep_recent_turns", "summary_instructions", b"summary_instructions", "summary_max_tokens", b"summary_max_tokens", "trigger_fraction", b"trigger_fraction", "trigger_tokens", b"trigger_tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_keep_recent_turns", b"_keep_recent_turns", "_summary_instructions", b"_summary_instructions", "_summary_max_tokens", b"_summary_max_tokens", "_trigger_fraction", b"_trigger_fraction", "_trigger_tokens", b"_trigger_tokens", "keep_recent_turns", b"keep_recent_turns", "summary_instructions", b"summary_instructions", "summary_max_tokens", b"summary_max_tokens", "trigger_fraction", b"trigger_fraction", "trigger_tokens", b"trigger_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__keep_recent_turns: _TypeAlias = _typing.Literal["keep_recent_turns"]  # noqa: Y015
+    _WhichOneofArgType__keep_recent_turns: _TypeAlias = _typing.Literal["_keep_recent_turns", b"_keep_recent_turns"]  # noqa: Y015
+    _WhichOneofReturnType__summary_instructions: _TypeAlias = _typing.Literal["summary_instructions"]  # noqa: Y015
+    _WhichOneofArgType__summary_instructions: _TypeAlias = _typing.Literal["_summary_instructions", b"_summary_instructions"]  # noqa: Y015
+    _WhichOneofReturnType__summary_max_tokens: _TypeAlias = _typing.Literal["summary_max_tokens"]  # noqa: Y015
+    _WhichOneofArgType__summary_max_tokens: _TypeAlias = _typing.Literal["_summary_max_tokens", b"_summary_max_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__trigger_fraction: _TypeAlias = _typing.Literal["trigger_fraction"]  # noqa: Y015
+    _WhichOneofArgType__trigger_fraction: _TypeAlias = _typing.Literal["_trigger_fraction", b"_trigger_fraction"]  # noqa: Y015
+    _WhichOneofReturnType__trigger_tokens: _TypeAlias = _typing.Literal["trigger_tokens"]  # noqa: Y015
+    _WhichOneofArgType__trigger_tokens: _TypeAlias = _typing.Literal["_trigger_tokens", b"_trigger_tokens"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__keep_recent_turns) -> _WhichOneofReturnType__keep_recent_turns | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__summary_instructions) -> _WhichOneofReturnType__summary_instructions | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__summary_max_tokens) -> _WhichOneofReturnType__summary_max_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__trigger_fraction) -> _WhichOneofReturnType__trigger_fraction | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__trigger_tokens) -> _WhichOneofReturnType__trigger_tokens | None: ...
+
+Global___CompactionPolicy: _TypeAlias = CompactionPolicy  # noqa: Y015

@@ -47,6 +47,8 @@ class _ExposedToolKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Expos
     """Read an elided tool result from the log."""
     EXPOSED_TOOL_KIND_LOAD_SKILL: _ExposedToolKind.ValueType  # 9
     """Load a skill's body from the Spec's skills index."""
+    EXPOSED_TOOL_KIND_READ_HISTORY: _ExposedToolKind.ValueType  # 10
+    """Read or grep the records a compaction summarised."""
 
 class ExposedToolKind(_ExposedToolKind, metaclass=_ExposedToolKindEnumTypeWrapper):
     """ExposedToolKind says how a call to an exposed tool is executed."""
@@ -71,6 +73,8 @@ EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT: ExposedToolKind.ValueType  # 8
 """Read an elided tool result from the log."""
 EXPOSED_TOOL_KIND_LOAD_SKILL: ExposedToolKind.ValueType  # 9
 """Load a skill's body from the Spec's skills index."""
+EXPOSED_TOOL_KIND_READ_HISTORY: ExposedToolKind.ValueType  # 10
+"""Read or grep the records a compaction summarised."""
 Global___ExposedToolKind: _TypeAlias = ExposedToolKind  # noqa: Y015
 
 class _DisclosureTier:

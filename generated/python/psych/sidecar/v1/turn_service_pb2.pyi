@@ -8,7 +8,6 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from psych.sidecar.v1 import spec_pb2 as _spec_pb2
 from psych.sidecar.v1 import turn_pb2 as _turn_pb2
 import builtins as _builtins
@@ -21,38 +20,6 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class _BodyFormat:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _BodyFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BodyFormat.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    BODY_FORMAT_UNSPECIFIED: _BodyFormat.ValueType  # 0
-    """Unset; refused."""
-    BODY_FORMAT_ANTHROPIC_MESSAGES: _BodyFormat.ValueType  # 1
-    """anthropic_request_json: the Anthropic Messages API."""
-    BODY_FORMAT_OPENAI_CHAT_COMPLETIONS: _BodyFormat.ValueType  # 2
-    """openai_request_json: the OpenAI Chat Completions API."""
-    BODY_FORMAT_OPENAI_RESPONSES: _BodyFormat.ValueType  # 3
-    """openai_responses_request_json: the OpenAI Responses API."""
-    BODY_FORMAT_GEMINI_GENERATE_CONTENT: _BodyFormat.ValueType  # 4
-    """gemini_request_json: the Gemini API's generateContent."""
-
-class BodyFormat(_BodyFormat, metaclass=_BodyFormatEnumTypeWrapper):
-    """BodyFormat names one of the provider request bodies AssemblePrompt builds."""
-
-BODY_FORMAT_UNSPECIFIED: BodyFormat.ValueType  # 0
-"""Unset; refused."""
-BODY_FORMAT_ANTHROPIC_MESSAGES: BodyFormat.ValueType  # 1
-"""anthropic_request_json: the Anthropic Messages API."""
-BODY_FORMAT_OPENAI_CHAT_COMPLETIONS: BodyFormat.ValueType  # 2
-"""openai_request_json: the OpenAI Chat Completions API."""
-BODY_FORMAT_OPENAI_RESPONSES: BodyFormat.ValueType  # 3
-"""openai_responses_request_json: the OpenAI Responses API."""
-BODY_FORMAT_GEMINI_GENERATE_CONTENT: BodyFormat.ValueType  # 4
-"""gemini_request_json: the Gemini API's generateContent."""
-Global___BodyFormat: _TypeAlias = BodyFormat  # noqa: Y015
 
 @_typing.final
 class ResolveTurnRequest(_message.Message):
@@ -115,7 +82,7 @@ class AssemblePromptRequest(_message.Message):
     CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
     PREVIEW_FIELD_NUMBER: _builtins.int
     REASONING_FIELD_NUMBER: _builtins.int
-    BODIES_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run."""
     dynamic_tail: _builtins.str
@@ -158,13 +125,11 @@ class AssemblePromptRequest(_message.Message):
         """
 
     @_builtins.property
-    def bodies(self) -> _containers.RepeatedScalarFieldContainer[Global___BodyFormat.ValueType]:
-        """The request bodies to build, by the API each is for; the response's
-        other body fields are left empty. Empty builds all four, as before this
-        field. A host sends one body: naming it spares the sidecar building,
-        and the response carrying, the other three. The context guard's
-        estimate is over the bodies built. BODY_FORMAT_UNSPECIFIED is
-        FIELD_INVALID; a format named twice counts once.
+    def compaction(self) -> _spec_pb2.CompactionPolicy:
+        """Overrides the Spec's compaction policy for this call, field by field
+        (setting either trigger replaces the Spec's trigger). The Spec must have
+        a policy of its own (its read_history tool is in zone 1), else
+        FIELD_INVALID.
         """
 
     def __init__(
@@ -179,11 +144,11 @@ class AssemblePromptRequest(_message.Message):
         context_budget: _spec_pb2.ContextBudget | None = ...,
         preview: _builtins.bool = ...,
         reasoning: _spec_pb2.ReasoningSettings | None = ...,
-        bodies: _abc.Iterable[Global___BodyFormat.ValueType] | None = ...,
+        compaction: _spec_pb2.CompactionPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context_budget", b"context_budget", "now", b"now", "reasoning", b"reasoning"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_budget", b"context_budget", "now", b"now", "reasoning", b"reasoning"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bodies", b"bodies", "context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "reasoning", b"reasoning", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "reasoning", b"reasoning", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -202,10 +167,10 @@ class AssemblePromptResponse(_message.Message):
     CONTEXT_GUARD_FIELD_NUMBER: _builtins.int
     OPENAI_RESPONSES_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     GEMINI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
     anthropic_request_json: _builtins.bytes
     """A canonical Anthropic Messages API request body (UTF-8 JSON) with
-    cache_control breakpoints at the zone boundaries. Empty when the
-    request's bodies field names others only (so for each body below).
+    cache_control breakpoints at the zone boundaries.
     """
     openai_request_json: _builtins.bytes
     """A canonical OpenAI Chat Completions API request body (UTF-8 JSON)."""
@@ -236,6 +201,16 @@ class AssemblePromptResponse(_message.Message):
         with the current turn in full, which is the usual case).
         """
 
+    @_builtins.property
+    def compaction(self) -> Global___CompactionProposal:
+        """Set when compaction is due (see CompactionPolicy): the summary call's
+        request bodies and the range it covers. The host sends one of them,
+        appends the answer as a Compaction record and its usage with
+        RecordUsage, then calls AssemblePrompt again. When `required` is set the
+        call's own prompt would not fit: prompt, zones and the request bodies
+        above are then empty.
+        """
+
     def __init__(
         self,
         *,
@@ -246,10 +221,11 @@ class AssemblePromptResponse(_message.Message):
         context_guard: Global___ContextGuard | None = ...,
         openai_responses_request_json: _builtins.bytes = ...,
         gemini_request_json: _builtins.bytes = ...,
+        compaction: Global___CompactionProposal | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context_guard", b"context_guard", "prompt", b"prompt"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_guard", b"context_guard", "prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "context_guard", b"context_guard", "gemini_request_json", b"gemini_request_json", "openai_request_json", b"openai_request_json", "openai_responses_request_json", b"openai_responses_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "compaction", b"compaction", "context_guard", b"context_guard", "gemini_request_json", b"gemini_request_json", "openai_request_json", b"openai_request_json", "openai_responses_request_json", b"openai_responses_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -345,3 +321,86 @@ class GuardedResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GuardedResult: _TypeAlias = GuardedResult  # noqa: Y015
+
+@_typing.final
+class CompactionProposal(_message.Message):
+    """CompactionProposal is AssemblePrompt's proposal to compact the history:
+    the summary call, ready for each provider, and what the summary will
+    stand for. Each body is the call the host would have made (the same
+    tools, system prompt and history, so it reads the same cached prefix)
+    with its transient message replaced by the request for the summary.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    FIRST_TURN_FIELD_NUMBER: _builtins.int
+    LAST_TURN_FIELD_NUMBER: _builtins.int
+    ANTHROPIC_REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    OPENAI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    OPENAI_RESPONSES_REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    GEMINI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    ESTIMATED_TOKENS_FIELD_NUMBER: _builtins.int
+    TRIGGER_TOKENS_FIELD_NUMBER: _builtins.int
+    SUMMARY_MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    REQUIRED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    first_sequence: _builtins.int
+    """The first record the summary stands for (1, or the record after the
+    previous compaction's range): Compaction.first_sequence.
+    """
+    last_sequence: _builtins.int
+    """The last record it stands for, the end of a turn:
+    Compaction.last_sequence.
+    """
+    first_turn: _builtins.int
+    """The turns it covers (1 is the first user message's turn), for people."""
+    last_turn: _builtins.int
+    """The last turn it covers."""
+    anthropic_request_json: _builtins.bytes
+    """The summary call as an Anthropic Messages request body."""
+    openai_request_json: _builtins.bytes
+    """The summary call as an OpenAI Chat Completions request body."""
+    openai_responses_request_json: _builtins.bytes
+    """The summary call as an OpenAI Responses request body."""
+    gemini_request_json: _builtins.bytes
+    """The summary call as a Gemini generateContent request body."""
+    estimated_tokens: _builtins.int
+    """The estimate that made compaction due: the call's prompt, or, when it
+    would not fit, its estimate with nothing elided by the context guard.
+    """
+    trigger_tokens: _builtins.int
+    """The trigger it crossed, in estimated tokens."""
+    summary_max_tokens: _builtins.int
+    """The summary's cap in estimated tokens."""
+    required: _builtins.bool
+    """The call's own prompt would not fit the context budget: compact before
+    the call (the response has no prompt or bodies of its own).
+    """
+    reason: _builtins.str
+    """Why compaction is due, in one sentence."""
+    def __init__(
+        self,
+        *,
+        first_sequence: _builtins.int = ...,
+        last_sequence: _builtins.int = ...,
+        first_turn: _builtins.int = ...,
+        last_turn: _builtins.int = ...,
+        anthropic_request_json: _builtins.bytes = ...,
+        openai_request_json: _builtins.bytes = ...,
+        openai_responses_request_json: _builtins.bytes = ...,
+        gemini_request_json: _builtins.bytes = ...,
+        estimated_tokens: _builtins.int = ...,
+        trigger_tokens: _builtins.int = ...,
+        summary_max_tokens: _builtins.int = ...,
+        required: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "estimated_tokens", b"estimated_tokens", "first_sequence", b"first_sequence", "first_turn", b"first_turn", "gemini_request_json", b"gemini_request_json", "last_sequence", b"last_sequence", "last_turn", b"last_turn", "openai_request_json", b"openai_request_json", "openai_responses_request_json", b"openai_responses_request_json", "reason", b"reason", "required", b"required", "summary_max_tokens", b"summary_max_tokens", "trigger_tokens", b"trigger_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactionProposal: _TypeAlias = CompactionProposal  # noqa: Y015

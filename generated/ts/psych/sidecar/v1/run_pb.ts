@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/run.proto.
  */
 export const file_psych_sidecar_v1_run: GenFile = /*@__PURE__*/
-  fileDesc("Chpwc3ljaC9zaWRlY2FyL3YxL3J1bi5wcm90bxIQcHN5Y2guc2lkZWNhci52MSLbAQoDUnVuEhQKBnJ1bl9pZBgBIAEoCUIE4kEBAxIUCgZ0ZW5hbnQYAiABKAlCBOJBAQISFwoJc3BlY19uYW1lGAMgASgJQgTiQQECEhoKDHNwZWNfdmVyc2lvbhgEIAEoA0IE4kEBAhI8ChF0b29sX3Jlc3RyaWN0aW9ucxgFIAMoCzIbLnBzeWNoLnNpZGVjYXIudjEuVG9vbEdyYW50QgTiQQEFEjUKC2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAyLKAgoGUmVjb3JkEhQKBnJ1bl9pZBgBIAEoCUIE4kEBAxIWCghzZXF1ZW5jZRgCIAEoA0IE4kEBAxI1CgtjcmVhdGVfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMSFAoGaGFuZGxlGAQgASgJQgTiQQEDEjsKDHVzZXJfbWVzc2FnZRgKIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVXNlck1lc3NhZ2VCBOJBAQFIABJFChFhc3Npc3RhbnRfbWVzc2FnZRgLIAEoCzIiLnBzeWNoLnNpZGVjYXIudjEuQXNzaXN0YW50TWVzc2FnZUIE4kEBAUgAEjkKC3Rvb2xfcmVzdWx0GAwgASgLMhwucHN5Y2guc2lkZWNhci52MS5Ub29sUmVzdWx0QgTiQQEBSABCBgoEa2luZCJDCgtVc2VyTWVzc2FnZRI0Cgdjb250ZW50GAEgAygLMh0ucHN5Y2guc2lkZWNhci52MS5Db250ZW50UGFydEIE4kEBAiJ+ChBBc3Npc3RhbnRNZXNzYWdlEjQKB2NvbnRlbnQYASADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNvbnRlbnRQYXJ0QgTiQQEBEjQKCnRvb2xfY2FsbHMYAiADKAsyGi5wc3ljaC5zaWRlY2FyLnYxLlRvb2xDYWxsQgTiQQEBIpsBCgpUb29sUmVzdWx0EhUKB2NhbGxfaWQYASABKAlCBOJBAQISFAoGc2VydmVyGAIgASgJQgTiQQEBEhIKBHRvb2wYAyABKAlCBOJBAQESFgoIaXNfZXJyb3IYBCABKAhCBOJBAQESNAoHY29udGVudBgFIAMoCzIdLnBzeWNoLnNpZGVjYXIudjEuQ29udGVudFBhcnRCBOJBAQEqhwEKClJlY29yZEtpbmQSGwoXUkVDT1JEX0tJTkRfVU5TUEVDSUZJRUQQABIcChhSRUNPUkRfS0lORF9VU0VSX01FU1NBR0UQARIhCh1SRUNPUkRfS0lORF9BU1NJU1RBTlRfTUVTU0FHRRACEhsKF1JFQ09SRF9LSU5EX1RPT0xfUkVTVUxUEANCswEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQghSdW5Qcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_content, file_psych_sidecar_v1_spec]);
+  fileDesc("Chpwc3ljaC9zaWRlY2FyL3YxL3J1bi5wcm90bxIQcHN5Y2guc2lkZWNhci52MSLbAQoDUnVuEhQKBnJ1bl9pZBgBIAEoCUIE4kEBAxIUCgZ0ZW5hbnQYAiABKAlCBOJBAQISFwoJc3BlY19uYW1lGAMgASgJQgTiQQECEhoKDHNwZWNfdmVyc2lvbhgEIAEoA0IE4kEBAhI8ChF0b29sX3Jlc3RyaWN0aW9ucxgFIAMoCzIbLnBzeWNoLnNpZGVjYXIudjEuVG9vbEdyYW50QgTiQQEFEjUKC2NyZWF0ZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEIE4kEBAyKEAwoGUmVjb3JkEhQKBnJ1bl9pZBgBIAEoCUIE4kEBAxIWCghzZXF1ZW5jZRgCIAEoA0IE4kEBAxI1CgtjcmVhdGVfdGltZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMSFAoGaGFuZGxlGAQgASgJQgTiQQEDEjsKDHVzZXJfbWVzc2FnZRgKIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVXNlck1lc3NhZ2VCBOJBAQFIABJFChFhc3Npc3RhbnRfbWVzc2FnZRgLIAEoCzIiLnBzeWNoLnNpZGVjYXIudjEuQXNzaXN0YW50TWVzc2FnZUIE4kEBAUgAEjkKC3Rvb2xfcmVzdWx0GAwgASgLMhwucHN5Y2guc2lkZWNhci52MS5Ub29sUmVzdWx0QgTiQQEBSAASOAoKY29tcGFjdGlvbhgNIAEoCzIcLnBzeWNoLnNpZGVjYXIudjEuQ29tcGFjdGlvbkIE4kEBAUgAQgYKBGtpbmQiQwoLVXNlck1lc3NhZ2USNAoHY29udGVudBgBIAMoCzIdLnBzeWNoLnNpZGVjYXIudjEuQ29udGVudFBhcnRCBOJBAQIifgoQQXNzaXN0YW50TWVzc2FnZRI0Cgdjb250ZW50GAEgAygLMh0ucHN5Y2guc2lkZWNhci52MS5Db250ZW50UGFydEIE4kEBARI0Cgp0b29sX2NhbGxzGAIgAygLMhoucHN5Y2guc2lkZWNhci52MS5Ub29sQ2FsbEIE4kEBASKbAQoKVG9vbFJlc3VsdBIVCgdjYWxsX2lkGAEgASgJQgTiQQECEhQKBnNlcnZlchgCIAEoCUIE4kEBARISCgR0b29sGAMgASgJQgTiQQEBEhYKCGlzX2Vycm9yGAQgASgIQgTiQQEBEjQKB2NvbnRlbnQYBSADKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNvbnRlbnRQYXJ0QgTiQQEBIn0KCkNvbXBhY3Rpb24SNAoHc3VtbWFyeRgBIAMoCzIdLnBzeWNoLnNpZGVjYXIudjEuQ29udGVudFBhcnRCBOJBAQISHAoOZmlyc3Rfc2VxdWVuY2UYAiABKANCBOJBAQISGwoNbGFzdF9zZXF1ZW5jZRgDIAEoA0IE4kEBAiqjAQoKUmVjb3JkS2luZBIbChdSRUNPUkRfS0lORF9VTlNQRUNJRklFRBAAEhwKGFJFQ09SRF9LSU5EX1VTRVJfTUVTU0FHRRABEiEKHVJFQ09SRF9LSU5EX0FTU0lTVEFOVF9NRVNTQUdFEAISGwoXUkVDT1JEX0tJTkRfVE9PTF9SRVNVTFQQAxIaChZSRUNPUkRfS0lORF9DT01QQUNUSU9OEARCswEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQghSdW5Qcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_content, file_psych_sidecar_v1_spec]);
 
 /**
  * Run is one agent conversation: a tenant, the Spec version it runs, and an
@@ -147,6 +147,15 @@ export type Record = Message<"psych.sidecar.v1.Record"> & {
      */
     value: ToolResult;
     case: "toolResult";
+  } | {
+    /**
+     * A summary standing for a range of earlier records, appended by the
+     * host after the summary call AssemblePrompt proposed.
+     *
+     * @generated from field: psych.sidecar.v1.Compaction compaction = 13;
+     */
+    value: Compaction;
+    case: "compaction";
   } | { case: undefined; value?: undefined };
 };
 
@@ -258,6 +267,49 @@ export const ToolResultSchema: GenMessage<ToolResult> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_run, 4);
 
 /**
+ * Compaction is the summary of a range of the Run's records, as the model
+ * wrote it in the summary call AssemblePrompt proposed (its
+ * CompactionProposal). From the next AssemblePrompt on, the history (zone
+ * 3) is this summary followed by the records after last_sequence; the log
+ * keeps every record, and the model reads the compacted span with
+ * read_history. Appended alone, with a request_id so a retry is safe.
+ *
+ * @generated from message psych.sidecar.v1.Compaction
+ */
+export type Compaction = Message<"psych.sidecar.v1.Compaction"> & {
+  /**
+   * The summary: one or more text parts. Required.
+   *
+   * @generated from field: repeated psych.sidecar.v1.ContentPart summary = 1;
+   */
+  summary: ContentPart[];
+
+  /**
+   * The first record the summary stands for: the proposal's
+   * first_sequence (1, or the record after the previous compaction's
+   * range). Required.
+   *
+   * @generated from field: int64 first_sequence = 2;
+   */
+  firstSequence: bigint;
+
+  /**
+   * The last record it stands for: the proposal's last_sequence. It ends a
+   * turn (the next record is a user message). Required.
+   *
+   * @generated from field: int64 last_sequence = 3;
+   */
+  lastSequence: bigint;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.Compaction.
+ * Use `create(CompactionSchema)` to create a new message.
+ */
+export const CompactionSchema: GenMessage<Compaction> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_run, 5);
+
+/**
  * RecordKind names the kinds of Record, for filters.
  *
  * @generated from enum psych.sidecar.v1.RecordKind
@@ -290,6 +342,13 @@ export enum RecordKind {
    * @generated from enum value: RECORD_KIND_TOOL_RESULT = 3;
    */
   TOOL_RESULT = 3,
+
+  /**
+   * Record.compaction.
+   *
+   * @generated from enum value: RECORD_KIND_COMPACTION = 4;
+   */
+  COMPACTION = 4,
 }
 
 /**

@@ -2,12 +2,12 @@
 // @generated from file psych/sidecar/v1/turn_service.proto (package psych.sidecar.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
-import type { ContextBudget, ReasoningSettings } from "./spec_pb.js";
+import type { CompactionPolicy, ContextBudget, ReasoningSettings } from "./spec_pb.js";
 import { file_psych_sidecar_v1_spec } from "./spec_pb.js";
 import type { Prompt, ToolSurface, ZoneDigest } from "./turn_pb.js";
 import { file_psych_sidecar_v1_turn } from "./turn_pb.js";
@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/turn_service.proto.
  */
 export const file_psych_sidecar_v1_turn_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2UijQMKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBEjwKCXJlYXNvbmluZxgJIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nU2V0dGluZ3NCBOJBAQESMgoGYm9kaWVzGAogAygOMhwucHN5Y2guc2lkZWNhci52MS5Cb2R5Rm9ybWF0QgTiQQEBIqcCChZBc3NlbWJsZVByb21wdFJlc3BvbnNlEigKBnByb21wdBgBIAEoCzIYLnBzeWNoLnNpZGVjYXIudjEuUHJvbXB0EisKBXpvbmVzGAIgAygLMhwucHN5Y2guc2lkZWNhci52MS5ab25lRGlnZXN0Eh4KFmFudGhyb3BpY19yZXF1ZXN0X2pzb24YAyABKAwSGwoTb3BlbmFpX3JlcXVlc3RfanNvbhgEIAEoDBI1Cg1jb250ZXh0X2d1YXJkGAUgASgLMh4ucHN5Y2guc2lkZWNhci52MS5Db250ZXh0R3VhcmQSJQodb3BlbmFpX3Jlc3BvbnNlc19yZXF1ZXN0X2pzb24YBiABKAwSGwoTZ2VtaW5pX3JlcXVlc3RfanNvbhgHIAEoDCLGAQoMQ29udGV4dEd1YXJkEh0KFWNvbnRleHRfd2luZG93X3Rva2VucxgBIAEoAxIdChVvdXRwdXRfcmVzZXJ2ZV90b2tlbnMYAiABKAMSGAoQZXN0aW1hdGVkX3Rva2VucxgDIAEoAxIdChVmdWxsX2VzdGltYXRlZF90b2tlbnMYBCABKAMSLwoGZWxpZGVkGAUgAygLMh8ucHN5Y2guc2lkZWNhci52MS5HdWFyZGVkUmVzdWx0Eg4KBnJlYXNvbhgGIAEoCSJaCg1HdWFyZGVkUmVzdWx0Eg8KB2NhbGxfaWQYASABKAkSDgoGaGFuZGxlGAIgASgJEhMKC2Z1bGxfdG9rZW5zGAMgASgDEhMKC3ZpZXdfdG9rZW5zGAQgASgDKsEBCgpCb2R5Rm9ybWF0EhsKF0JPRFlfRk9STUFUX1VOU1BFQ0lGSUVEEAASIgoeQk9EWV9GT1JNQVRfQU5USFJPUElDX01FU1NBR0VTEAESJwojQk9EWV9GT1JNQVRfT1BFTkFJX0NIQVRfQ09NUExFVElPTlMQAhIgChxCT0RZX0ZPUk1BVF9PUEVOQUlfUkVTUE9OU0VTEAMSJwojQk9EWV9GT1JNQVRfR0VNSU5JX0dFTkVSQVRFX0NPTlRFTlQQBDLOAQoLVHVyblNlcnZpY2USWgoLUmVzb2x2ZVR1cm4SJC5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuUmVzb2x2ZVR1cm5SZXNwb25zZRJjCg5Bc3NlbWJsZVByb21wdBInLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5Bc3NlbWJsZVByb21wdFJlc3BvbnNlQrsBChRkZXYucHN5Y2guc2lkZWNhci52MUIQVHVyblNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
+  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2UilwMKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBEjwKCXJlYXNvbmluZxgJIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nU2V0dGluZ3NCBOJBAQESPAoKY29tcGFjdGlvbhgKIAEoCzIiLnBzeWNoLnNpZGVjYXIudjEuQ29tcGFjdGlvblBvbGljeUIE4kEBASLhAgoWQXNzZW1ibGVQcm9tcHRSZXNwb25zZRIoCgZwcm9tcHQYASABKAsyGC5wc3ljaC5zaWRlY2FyLnYxLlByb21wdBIrCgV6b25lcxgCIAMoCzIcLnBzeWNoLnNpZGVjYXIudjEuWm9uZURpZ2VzdBIeChZhbnRocm9waWNfcmVxdWVzdF9qc29uGAMgASgMEhsKE29wZW5haV9yZXF1ZXN0X2pzb24YBCABKAwSNQoNY29udGV4dF9ndWFyZBgFIAEoCzIeLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEd1YXJkEiUKHW9wZW5haV9yZXNwb25zZXNfcmVxdWVzdF9qc29uGAYgASgMEhsKE2dlbWluaV9yZXF1ZXN0X2pzb24YByABKAwSOAoKY29tcGFjdGlvbhgIIAEoCzIkLnBzeWNoLnNpZGVjYXIudjEuQ29tcGFjdGlvblByb3Bvc2FsIsYBCgxDb250ZXh0R3VhcmQSHQoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDEh0KFW91dHB1dF9yZXNlcnZlX3Rva2VucxgCIAEoAxIYChBlc3RpbWF0ZWRfdG9rZW5zGAMgASgDEh0KFWZ1bGxfZXN0aW1hdGVkX3Rva2VucxgEIAEoAxIvCgZlbGlkZWQYBSADKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkd1YXJkZWRSZXN1bHQSDgoGcmVhc29uGAYgASgJIloKDUd1YXJkZWRSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRIOCgZoYW5kbGUYAiABKAkSEwoLZnVsbF90b2tlbnMYAyABKAMSEwoLdmlld190b2tlbnMYBCABKAMi2wIKEkNvbXBhY3Rpb25Qcm9wb3NhbBIWCg5maXJzdF9zZXF1ZW5jZRgBIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAIgASgDEhIKCmZpcnN0X3R1cm4YAyABKAMSEQoJbGFzdF90dXJuGAQgASgDEh4KFmFudGhyb3BpY19yZXF1ZXN0X2pzb24YBSABKAwSGwoTb3BlbmFpX3JlcXVlc3RfanNvbhgGIAEoDBIlCh1vcGVuYWlfcmVzcG9uc2VzX3JlcXVlc3RfanNvbhgHIAEoDBIbChNnZW1pbmlfcmVxdWVzdF9qc29uGAggASgMEhgKEGVzdGltYXRlZF90b2tlbnMYCSABKAMSFgoOdHJpZ2dlcl90b2tlbnMYCiABKAMSGgoSc3VtbWFyeV9tYXhfdG9rZW5zGAsgASgDEhAKCHJlcXVpcmVkGAwgASgIEg4KBnJlYXNvbhgNIAEoCTLOAQoLVHVyblNlcnZpY2USWgoLUmVzb2x2ZVR1cm4SJC5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuUmVzb2x2ZVR1cm5SZXNwb25zZRJjCg5Bc3NlbWJsZVByb21wdBInLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5Bc3NlbWJsZVByb21wdFJlc3BvbnNlQrsBChRkZXYucHN5Y2guc2lkZWNhci52MUIQVHVyblNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
 
 /**
  * ResolveTurnRequest is the request of TurnService.ResolveTurn.
@@ -142,16 +142,14 @@ export type AssemblePromptRequest = Message<"psych.sidecar.v1.AssemblePromptRequ
   reasoning?: ReasoningSettings | undefined;
 
   /**
-   * The request bodies to build, by the API each is for; the response's
-   * other body fields are left empty. Empty builds all four, as before this
-   * field. A host sends one body: naming it spares the sidecar building,
-   * and the response carrying, the other three. The context guard's
-   * estimate is over the bodies built. BODY_FORMAT_UNSPECIFIED is
-   * FIELD_INVALID; a format named twice counts once.
+   * Overrides the Spec's compaction policy for this call, field by field
+   * (setting either trigger replaces the Spec's trigger). The Spec must have
+   * a policy of its own (its read_history tool is in zone 1), else
+   * FIELD_INVALID.
    *
-   * @generated from field: repeated psych.sidecar.v1.BodyFormat bodies = 10;
+   * @generated from field: psych.sidecar.v1.CompactionPolicy compaction = 10;
    */
-  bodies: BodyFormat[];
+  compaction?: CompactionPolicy | undefined;
 };
 
 /**
@@ -183,8 +181,7 @@ export type AssemblePromptResponse = Message<"psych.sidecar.v1.AssemblePromptRes
 
   /**
    * A canonical Anthropic Messages API request body (UTF-8 JSON) with
-   * cache_control breakpoints at the zone boundaries. Empty when the
-   * request's bodies field names others only (so for each body below).
+   * cache_control breakpoints at the zone boundaries.
    *
    * @generated from field: bytes anthropic_request_json = 3;
    */
@@ -225,6 +222,18 @@ export type AssemblePromptResponse = Message<"psych.sidecar.v1.AssemblePromptRes
    * @generated from field: bytes gemini_request_json = 7;
    */
   geminiRequestJson: Uint8Array;
+
+  /**
+   * Set when compaction is due (see CompactionPolicy): the summary call's
+   * request bodies and the range it covers. The host sends one of them,
+   * appends the answer as a Compaction record and its usage with
+   * RecordUsage, then calls AssemblePrompt again. When `required` is set the
+   * call's own prompt would not fit: prompt, zones and the request bodies
+   * above are then empty.
+   *
+   * @generated from field: psych.sidecar.v1.CompactionProposal compaction = 8;
+   */
+  compaction?: CompactionProposal | undefined;
 };
 
 /**
@@ -342,52 +351,117 @@ export const GuardedResultSchema: GenMessage<GuardedResult> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_turn_service, 5);
 
 /**
- * BodyFormat names one of the provider request bodies AssemblePrompt builds.
+ * CompactionProposal is AssemblePrompt's proposal to compact the history:
+ * the summary call, ready for each provider, and what the summary will
+ * stand for. Each body is the call the host would have made (the same
+ * tools, system prompt and history, so it reads the same cached prefix)
+ * with its transient message replaced by the request for the summary.
  *
- * @generated from enum psych.sidecar.v1.BodyFormat
+ * @generated from message psych.sidecar.v1.CompactionProposal
  */
-export enum BodyFormat {
+export type CompactionProposal = Message<"psych.sidecar.v1.CompactionProposal"> & {
   /**
-   * Unset; refused.
+   * The first record the summary stands for (1, or the record after the
+   * previous compaction's range): Compaction.first_sequence.
    *
-   * @generated from enum value: BODY_FORMAT_UNSPECIFIED = 0;
+   * @generated from field: int64 first_sequence = 1;
    */
-  UNSPECIFIED = 0,
+  firstSequence: bigint;
 
   /**
-   * anthropic_request_json: the Anthropic Messages API.
+   * The last record it stands for, the end of a turn:
+   * Compaction.last_sequence.
    *
-   * @generated from enum value: BODY_FORMAT_ANTHROPIC_MESSAGES = 1;
+   * @generated from field: int64 last_sequence = 2;
    */
-  ANTHROPIC_MESSAGES = 1,
+  lastSequence: bigint;
 
   /**
-   * openai_request_json: the OpenAI Chat Completions API.
+   * The turns it covers (1 is the first user message's turn), for people.
    *
-   * @generated from enum value: BODY_FORMAT_OPENAI_CHAT_COMPLETIONS = 2;
+   * @generated from field: int64 first_turn = 3;
    */
-  OPENAI_CHAT_COMPLETIONS = 2,
+  firstTurn: bigint;
 
   /**
-   * openai_responses_request_json: the OpenAI Responses API.
+   * The last turn it covers.
    *
-   * @generated from enum value: BODY_FORMAT_OPENAI_RESPONSES = 3;
+   * @generated from field: int64 last_turn = 4;
    */
-  OPENAI_RESPONSES = 3,
+  lastTurn: bigint;
 
   /**
-   * gemini_request_json: the Gemini API's generateContent.
+   * The summary call as an Anthropic Messages request body.
    *
-   * @generated from enum value: BODY_FORMAT_GEMINI_GENERATE_CONTENT = 4;
+   * @generated from field: bytes anthropic_request_json = 5;
    */
-  GEMINI_GENERATE_CONTENT = 4,
-}
+  anthropicRequestJson: Uint8Array;
+
+  /**
+   * The summary call as an OpenAI Chat Completions request body.
+   *
+   * @generated from field: bytes openai_request_json = 6;
+   */
+  openaiRequestJson: Uint8Array;
+
+  /**
+   * The summary call as an OpenAI Responses request body.
+   *
+   * @generated from field: bytes openai_responses_request_json = 7;
+   */
+  openaiResponsesRequestJson: Uint8Array;
+
+  /**
+   * The summary call as a Gemini generateContent request body.
+   *
+   * @generated from field: bytes gemini_request_json = 8;
+   */
+  geminiRequestJson: Uint8Array;
+
+  /**
+   * The estimate that made compaction due: the call's prompt, or, when it
+   * would not fit, its estimate with nothing elided by the context guard.
+   *
+   * @generated from field: int64 estimated_tokens = 9;
+   */
+  estimatedTokens: bigint;
+
+  /**
+   * The trigger it crossed, in estimated tokens.
+   *
+   * @generated from field: int64 trigger_tokens = 10;
+   */
+  triggerTokens: bigint;
+
+  /**
+   * The summary's cap in estimated tokens.
+   *
+   * @generated from field: int64 summary_max_tokens = 11;
+   */
+  summaryMaxTokens: bigint;
+
+  /**
+   * The call's own prompt would not fit the context budget: compact before
+   * the call (the response has no prompt or bodies of its own).
+   *
+   * @generated from field: bool required = 12;
+   */
+  required: boolean;
+
+  /**
+   * Why compaction is due, in one sentence.
+   *
+   * @generated from field: string reason = 13;
+   */
+  reason: string;
+};
 
 /**
- * Describes the enum psych.sidecar.v1.BodyFormat.
+ * Describes the message psych.sidecar.v1.CompactionProposal.
+ * Use `create(CompactionProposalSchema)` to create a new message.
  */
-export const BodyFormatSchema: GenEnum<BodyFormat> = /*@__PURE__*/
-  enumDesc(file_psych_sidecar_v1_turn_service, 0);
+export const CompactionProposalSchema: GenMessage<CompactionProposal> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_turn_service, 6);
 
 /**
  * TurnService decides what the model sees on each turn and call.
@@ -414,8 +488,7 @@ export const TurnService: GenService<{
    * AssemblePrompt builds the exact, byte-stable prompt for one model call
    * in four cache zones, with prior-turn tool results elided, plus request
    * bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
-   * Responses and Gemini generateContent APIs (those the request's bodies
-   * field names; all four when it names none). The
+   * Responses and Gemini generateContent APIs. The
    * prompt always fits the context budget: when the current turn's results
    * in full would not, the largest are elided too (context_guard says so),
    * and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.

@@ -1,0 +1,266 @@
+"""A Run that outlives the context window: a seeded 1,000-turn conversation driven through the
+sidecar by a host that compacts whenever AssemblePrompt proposes it (docs/prompt.md,
+"Compaction").
+
+The trace is drawn from a seed: each turn a user message (200 to 4,000 characters), zero to
+three model steps each calling a host tool whose result is 300 to 24,000 characters (one in
+forty 120,000), and an answer (200 to 3,000 characters). The Spec compacts at Anthropic's
+default trigger (150,000 of a 200,000-token window: `trigger_fraction` 0.75 of the budget),
+keeping two turns verbatim; the host's summary is 6,000 characters. A turn is completed when
+every AssemblePrompt of it answered with every body within the budget.
+
+Both cases share one replay per size (`_replay`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from bench._proc import channel, sidecar
+from bench.cases.prompt_budget import NOON, _append, _cache_blocks, _log_text, _result, _user
+from bench.registry import BenchContext, case
+from psych.sidecar.v1 import (
+    content_pb2,
+    run_pb2,
+    run_service_pb2,
+    run_service_pb2_grpc,
+    spec_pb2,
+    spec_service_pb2,
+    spec_service_pb2_grpc,
+    turn_service_pb2,
+    turn_service_pb2_grpc,
+)
+
+SEED = 20261204
+WINDOW = 200_000
+MAX_TOKENS = 4_096
+SUMMARY_CHARS = 6_000
+
+
+@dataclass
+class Replay:
+    turns: int
+    completed: int = 0
+    calls: int = 0
+    compactions: int = 0
+    # Calls whose Anthropic body does not start with the previous call's blocks (less its
+    # transient block) within a turn, and turns whose first call follows a compaction.
+    within_turn_breaks: int = 0
+    compaction_breaks: int = 0
+    max_tokens_seen: int = 0
+    summary_calls_max_tokens: int = 0
+    records: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+_REPLAYS: dict[bool, Replay] = {}
+
+
+def _assistant(text: str, call_id: str = "") -> run_pb2.Record:
+    calls = (
+        [content_pb2.ToolCall(call_id=call_id, name="run_query", arguments_json='{"q": 1}')]
+        if call_id
+        else []
+    )
+    content = [content_pb2.ContentPart(text=text)] if text else []
+    return run_pb2.Record(
+        assistant_message=run_pb2.AssistantMessage(content=content, tool_calls=calls)
+    )
+
+
+def _words(size: int, rng: random.Random) -> str:
+    words = ("alpha", "queue", "retry", "shard", "deploy", "budget", "prompt", "cache")
+    text = " ".join(rng.choice(words) for _ in range(size // 6 + 1))
+    return text[:size]
+
+
+def _tokens(body: bytes) -> int:
+    return -(-len(body) // 4)
+
+
+def _prefix_kept(previous: bytes, current: bytes) -> bool:
+    before, after = _cache_blocks(previous), _cache_blocks(current)
+    return after[: len(before) - 1] == before[:-1]
+
+
+async def _replay(ctx: BenchContext) -> Replay:
+    if ctx.quick in _REPLAYS:
+        return _REPLAYS[ctx.quick]
+    turns_count = ctx.pick(full=1_000, quick=150)
+    rng = random.Random(SEED)
+    replay = Replay(turns_count)
+    budget = WINDOW - MAX_TOKENS
+    clock = NOON
+    async with sidecar(ctx.tmp_dir) as server, channel(server.target) as ch:
+        specs = spec_service_pb2_grpc.SpecServiceStub(ch)
+        spec = spec_pb2.Spec(
+            name="long-run",
+            version=1,
+            instructions="You answer questions about the service's logs.",
+            compaction=spec_pb2.CompactionPolicy(trigger_fraction=0.75, keep_recent_turns=2),
+        )
+        await specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec), timeout=60)
+        runs = run_service_pb2_grpc.RunServiceStub(ch)
+        created = await runs.CreateRun(
+            run_service_pb2.CreateRunRequest(tenant="bench", spec_name="long-run", spec_version=1),
+            timeout=60,
+        )
+        run_id = created.run.run_id
+        turns = turn_service_pb2_grpc.TurnServiceStub(ch)
+        compaction_ids = iter(range(10**9))
+
+        async def call(previous: Any) -> tuple[Any, bool]:
+            """One model call: compact while proposed; the response and whether a
+            compaction came first."""
+            nonlocal clock
+            compacted = False
+            while True:
+                clock += 7
+                response = await turns.AssemblePrompt(
+                    turn_service_pb2.AssemblePromptRequest(
+                        run_id=run_id,
+                        now=timestamp_pb2.Timestamp(seconds=clock),
+                        model="m",
+                        max_tokens=MAX_TOKENS,
+                    ),
+                    timeout=600,
+                )
+                replay.calls += 1
+                if not response.HasField("compaction"):
+                    break
+                proposal = response.compaction
+                for body in (
+                    proposal.anthropic_request_json,
+                    proposal.openai_request_json,
+                    proposal.openai_responses_request_json,
+                    proposal.gemini_request_json,
+                ):
+                    replay.summary_calls_max_tokens = max(
+                        replay.summary_calls_max_tokens, _tokens(body)
+                    )
+                summary = run_pb2.Record(
+                    compaction=run_pb2.Compaction(
+                        summary=[content_pb2.ContentPart(text=_words(SUMMARY_CHARS, rng))],
+                        first_sequence=proposal.first_sequence,
+                        last_sequence=proposal.last_sequence,
+                    )
+                )
+                await runs.AppendRecords(
+                    run_service_pb2.AppendRecordsRequest(
+                        run_id=run_id,
+                        request_id=f"compaction-{next(compaction_ids)}",
+                        records=[summary],
+                    ),
+                    timeout=60,
+                )
+                replay.compactions += 1
+                compacted = True
+            largest = max(
+                _tokens(response.anthropic_request_json),
+                _tokens(response.openai_request_json),
+                _tokens(response.openai_responses_request_json),
+                _tokens(response.gemini_request_json),
+            )
+            replay.max_tokens_seen = max(replay.max_tokens_seen, largest)
+            if largest > budget:
+                replay.failures.append(f"a body of {largest} tokens")
+            if previous is not None:
+                kept = _prefix_kept(
+                    previous.anthropic_request_json, response.anthropic_request_json
+                )
+                if not kept and compacted:
+                    replay.compaction_breaks += 1
+                elif not kept:
+                    replay.within_turn_breaks += 1
+            return response, compacted
+
+        for number in range(1, turns_count + 1):
+            ok = True
+            failures = len(replay.failures)
+            await _append(
+                ch, run_id, [_user(f"Turn {number}. " + _words(rng.randint(200, 4_000), rng))]
+            )
+            previous = None
+            try:
+                previous, _ = await call(None)
+                for step in range(rng.randint(0, 3)):
+                    call_id = f"t{number}s{step}"
+                    size = 120_000 if rng.random() < 1 / 40 else rng.randint(300, 24_000)
+                    await _append(
+                        ch,
+                        run_id,
+                        [_assistant("", call_id), _result(call_id, _log_text(size, number))],
+                    )
+                    previous, _ = await call(previous)
+            except grpc.aio.AioRpcError as error:  # a refused call: the turn is not completed
+                replay.failures.append(f"turn {number}: {error.code().name} {error.details()}")
+                ok = False
+            await _append(
+                ch,
+                run_id,
+                [_assistant(f"Answer {number}. " + _words(rng.randint(200, 3_000), rng))],
+            )
+            if ok and len(replay.failures) == failures:
+                replay.completed += 1
+            if number % 100 == 0:
+                ctx.log(f"turn {number}: {replay.compactions} compactions, {replay.calls} calls")
+        listed = 0
+        token = ""
+        while True:
+            page = await runs.ListRecords(
+                run_service_pb2.ListRecordsRequest(run_id=run_id, page_token=token), timeout=600
+            )
+            listed += len(page.records)
+            token = page.next_page_token
+            if not token:
+                break
+        replay.records = listed
+    _REPLAYS[ctx.quick] = replay
+    return replay
+
+
+def _details(ctx: BenchContext, replay: Replay) -> None:
+    ctx.details.update(
+        {
+            "turns": replay.turns,
+            "completed": replay.completed,
+            "calls": replay.calls,
+            "compactions": replay.compactions,
+            "within_turn_breaks_without_compaction": replay.within_turn_breaks,
+            "breaks_at_a_compaction": replay.compaction_breaks,
+            "max_request_tokens": replay.max_tokens_seen,
+            "max_summary_call_tokens": replay.summary_calls_max_tokens,
+            "budget_tokens": WINDOW - MAX_TOKENS,
+            "records_listed": replay.records,
+            "failures": replay.failures[:5],
+        }
+    )
+
+
+@case("long_run_turns_completed", unit="turns", target=">= 1000")
+async def long_run_turns_completed(ctx: BenchContext) -> float:
+    """Turns of the seeded 1,000-turn trace (`--quick`: 150, target then unmet by design)
+    completed with every request within the 200,000-token window less max_tokens, by a host
+    that compacts whenever AssemblePrompt proposes it (trigger 0.75 of the budget, two turns
+    kept verbatim). Details: calls, compactions, the largest request and summary call, the
+    records ListRecords returns at the end (every one kept)."""
+    replay = await _replay(ctx)
+    _details(ctx, replay)
+    return float(replay.completed)
+
+
+@case("compaction_prefix_rewrites", unit="per compaction", target="<= 1")
+async def compaction_prefix_rewrites(ctx: BenchContext) -> float:
+    """In the same replay: the calls whose Anthropic body (blocks in cache order,
+    cache_control left out) does not start with the previous call's of the turn less its
+    transient block — counting a compaction's own rewrite and any other break within a turn —
+    per compaction."""
+    replay = await _replay(ctx)
+    _details(ctx, replay)
+    breaks = replay.within_turn_breaks + replay.compaction_breaks
+    return breaks / max(replay.compactions, 1)
