@@ -29,7 +29,11 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
   (bench/cases/result_queries.py): `listing` (`kind` tickets, users or orders; `count`; `seed`)
   returns `{"items": [...]}` as text, one record per line, and `take_ids` (`ids`, an array of
   strings) answers how many it got and their SHA-256;
-- `pid`, `protocol_version` and `echo` for bookkeeping.
+- `pid`, `protocol_version` and `echo` for bookkeeping;
+- 2026-07-28 client duties: `--list-ttl-ms` sets tools/list's `ttlMs`; `--client-duty-tools`
+  lists a tool whose name is outside the spec's naming rules and one with an optional boolean;
+  over http, `--require-standard-headers` refuses a request without `Mcp-Method` (and
+  `Mcp-Name` on tools/call) with 400.
 """
 
 from __future__ import annotations
@@ -70,6 +74,23 @@ UNTYPED_SCHEMA: dict[str, Any] = {
     "$defs": {"arguments": {"type": "object", "properties": {}}},
 }
 BAD_SCHEMA_TOOL = "bad_schema"
+# Listed with `--client-duty-tools`. A name outside the MCP spec's naming rules (a SHOULD: a
+# space, a comma, a non-ASCII letter); over HTTP its Mcp-Name header must be Base64-encoded.
+ODD_NAME_TOOL = types.Tool(
+    name="odd name, ü",
+    description="A tool whose name is outside the spec's naming rules.",
+    input_schema={"type": "object", "properties": {}},
+)
+# An optional boolean the call may give as null: the server judges it (it answers with the
+# arguments it got, as JSON).
+OPTIONAL_FLAG_TOOL = types.Tool(
+    name="optional_flag",
+    description="Returns the arguments it got, as JSON.",
+    input_schema={
+        "type": "object",
+        "properties": {"verbose": {"type": "boolean", "x-mcp-header": "Verbose"}},
+    },
+)
 
 
 def _blob_bytes(size: int | None) -> bytes:
@@ -260,11 +281,21 @@ class Listing:
     """Which listed tools are broken on the wire (see `BreakingWriter`)."""
 
     def __init__(
-        self, invalid_tools: str, output_schema_faults: bool = False, data_tools: bool = False
+        self,
+        invalid_tools: str,
+        output_schema_faults: bool = False,
+        data_tools: bool = False,
+        *,
+        ttl_ms: int | None = None,
+        client_duty_tools: bool = False,
     ) -> None:
         self.invalid_tools = invalid_tools
         self.output_schema_faults = output_schema_faults
         self.data_tools = data_tools
+        # The listing's 2026-07-28 ttlMs (None: the SDK's default, 0).
+        self.ttl_ms = ttl_ms
+        # Whether ODD_NAME_TOOL and OPTIONAL_FLAG_TOOL are listed.
+        self.client_duty_tools = client_duty_tools
         self.repaired = False
 
     def breaks(self, name: object) -> bool:
@@ -330,7 +361,8 @@ def build_server(
         broken = [bad_schema, repair] if faults.invalid_tools == "one" else []
         faulty = OUTPUT_SCHEMA_FAULTS if faults.output_schema_faults else []
         data = DATA_TOOLS if faults.data_tools else []
-        return [*FIXED_TOOLS, *faulty, *data, *bulk, *broken, *added.values()]
+        odd = [ODD_NAME_TOOL, OPTIONAL_FLAG_TOOL] if faults.client_duty_tools else []
+        return [*FIXED_TOOLS, *faulty, *data, *odd, *bulk, *broken, *added.values()]
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -339,7 +371,9 @@ def build_server(
         start = int(params.cursor) if params is not None and params.cursor else 0
         end = start + page_size
         return types.ListToolsResult(
-            tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None
+            tools=tools[start:end],
+            next_cursor=str(end) if end < len(tools) else None,
+            **({} if faults.ttl_ms is None else {"ttl_ms": faults.ttl_ms}),
         )
 
     async def announce(ctx: Any) -> None:
@@ -355,6 +389,11 @@ def build_server(
         match params.name:
             case "echo":
                 return types.CallToolResult(content=[text(type="text", text=arguments["text"])])
+            case name if name == ODD_NAME_TOOL.name:
+                return types.CallToolResult(content=[text(type="text", text=f"{name} ran")])
+            case "optional_flag":
+                got = json.dumps(arguments, sort_keys=True)
+                return types.CallToolResult(content=[text(type="text", text=got)])
             case "listing":
                 body = data_listing(
                     arguments["kind"],
@@ -512,6 +551,73 @@ def requiring_header(app: Any, header: str) -> Any:
     return guarded
 
 
+def requiring_standard_headers(app: Any) -> Any:
+    """`app` refusing a 2026-07-28 request (one whose `_meta` names its protocol version)
+    without the standard headers: `Mcp-Method` on every one, and `Mcp-Name` (its Base64 form
+    decoded) equal to `params.name` on tools/call, with 400 and the spec's HeaderMismatch error,
+    before the SDK's own checks see it."""
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            request = json.loads(body)
+        except ValueError:
+            request = None
+        headers = {name.decode().lower(): value.decode() for name, value in scope["headers"]}
+        if problem := _standard_header_problem(request, headers):
+            error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32020, "message": problem}}
+            if isinstance(request, dict):
+                error["id"] = request.get("id")
+            payload = json.dumps(error).encode()
+            start = {
+                "type": "http.response.start",
+                "status": 400,
+                "headers": [(b"content-type", b"application/json")],
+            }
+            await send(start)
+            await send({"type": "http.response.body", "body": payload})
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await app(scope, replay, send)
+
+    return guarded
+
+
+def _standard_header_problem(request: Any, headers: dict[str, str]) -> str:
+    if not isinstance(request, dict) or "method" not in request:
+        return ""
+    params = request.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict) or "io.modelcontextprotocol/protocolVersion" not in meta:
+        return ""  # a 2025-11-25 request: no standard headers then
+    if headers.get("mcp-method") != request["method"]:
+        return f"Mcp-Method missing or not {request['method']!r}"
+    if request["method"] == "tools/call" and isinstance(params, dict):
+        sent = headers.get("mcp-name", "")
+        if sent.startswith("=?base64?") and sent.endswith("?="):
+            sent = base64.b64decode(sent[len("=?base64?") : -2]).decode()
+        if sent != params.get("name"):
+            return "Mcp-Name missing or not the tool's name"
+    return ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", choices=["stdio", "http"])
@@ -525,8 +631,25 @@ def main() -> None:
     parser.add_argument("--invalid-tools", choices=["one", "all"], default="")
     parser.add_argument("--output-schema-faults", action="store_true")
     parser.add_argument("--data-tools", action="store_true")
+    parser.add_argument("--list-ttl-ms", type=int, default=None, help="tools/list's ttlMs")
+    parser.add_argument(
+        "--client-duty-tools",
+        action="store_true",
+        help="list ODD_NAME_TOOL and OPTIONAL_FLAG_TOOL too",
+    )
+    parser.add_argument(
+        "--require-standard-headers",
+        action="store_true",
+        help="400 for a 2026 request without Mcp-Method / Mcp-Name (http)",
+    )
     options = parser.parse_args()
-    listing = Listing(options.invalid_tools, options.output_schema_faults, options.data_tools)
+    listing = Listing(
+        options.invalid_tools,
+        options.output_schema_faults,
+        options.data_tools,
+        ttl_ms=options.list_ttl_ms,
+        client_duty_tools=options.client_duty_tools,
+    )
     server = build_server(
         options.tools, options.page_size, listen=not options.no_listen, listing_faults=listing
     )
@@ -538,6 +661,8 @@ def main() -> None:
     app = server.streamable_http_app()
     if options.require_header:
         app = requiring_header(app, options.require_header)
+    if options.require_standard_headers:
+        app = requiring_standard_headers(app)
     config = uvicorn.Config(app, host="127.0.0.1", port=options.port, log_level="warning")
     print(f"listening on {options.port}", file=sys.stderr, flush=True)
     uvicorn.Server(config).run()

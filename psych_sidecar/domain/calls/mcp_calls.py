@@ -74,10 +74,11 @@ class McpCalls:
                 f"The arguments of {server}/{tool} must be a JSON object.", server, tool
             )
         schema = found.input_schema_json
-        if self._validators.quick(schema, arguments):
-            problems = self._validators.errors(schema, arguments)
+        judged = given_arguments(arguments)
+        if self._validators.quick(schema, judged):
+            problems = self._validators.errors(schema, judged)
         else:
-            problems = await self._cpu(self._validators.errors, schema, arguments)
+            problems = await self._cpu(self._validators.errors, schema, judged)
         if problems:
             shown = problems[:MAX_VALIDATION_ERRORS]
             more = len(problems) - len(shown)
@@ -104,6 +105,20 @@ class McpCalls:
                 authorization=failure.authorization,
             )
         return ToolResult(result.is_error, result.result_json, result.content, server, tool)
+
+
+def given_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments the sidecar's own check judges: a top-level `null` reads as not given.
+
+    The MCP server is the judge of its inputs (2026-07-28, tools: servers MUST validate all
+    tool inputs, and an invalid input is a tool execution error they report). The transport
+    expects `null` for a parameter in a call and only omits its header (Streamable HTTP,
+    custom headers: "Parameter value is null: client MUST omit the header"). So the sidecar's
+    check, which spares the model a round trip for what is surely wrong, leaves a `null` to
+    the server; the arguments are sent as given."""
+    if not any(value is None for value in arguments.values()):
+        return arguments
+    return {key: value for key, value in arguments.items() if value is not None}
 
 
 def unknown_server(resolved: ResolvedTurn, server: object) -> ToolResult:
