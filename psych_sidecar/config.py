@@ -293,6 +293,18 @@ class McpSettings(_Group):
             "catalogue is re-listed because its server said it goes stale."
         ),
     )
+    task_poll_min_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="A call running as a task is first polled this long after it starts.",
+    )
+    task_poll_max_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "A task's polls back off, doubling, up to this (never sooner than its server asks)."
+        ),
+    )
     stdio_max_line_bytes: int = Field(
         alias="mcp_stdio_max_line_bytes",
         # As one server-sent event over HTTP (docs/operations.md, "MCP servers").

@@ -158,6 +158,7 @@ async def list_all_tools(client: Client, server: str) -> Listing:
     seen_cursors: set[str] = set()
     version = client.protocol_version
     ttl: float | None = None
+    long_running: set[str] = set()
     for _ in range(MAX_LIST_PAGES):
         page = await _raw_tools_page(client, cursor)
         if (page_ttl := _list_ttl(page)) is not None:
@@ -180,6 +181,9 @@ async def list_all_tools(client: Client, server: str) -> Listing:
             tool, catalogued = verdict
             if judged.setdefault(tool.name, catalogued) is catalogued:
                 valid.append(tool)
+                execution = tool.execution
+                if execution is not None and execution.task_support in ("optional", "required"):
+                    long_running.add(tool.name)
         # The session keeps what it derives from a listing (2026 x-mcp-header maps, so a call
         # sends its Mcp-Param headers) from the valid tools only.
         session = client.session
@@ -189,6 +193,7 @@ async def list_all_tools(client: Client, server: str) -> Listing:
                 [t for t in judged.values() if isinstance(t, CatalogTool)],
                 [*unnamed, *(t for t in judged.values() if isinstance(t, RejectedTool))],
                 ttl,
+                frozenset(long_running),
             )
         if cursor in seen_cursors:
             raise CatalogUnavailable(f"tools/list repeated the cursor {cursor!r}")
@@ -227,12 +232,18 @@ class CatalogRefresh:
         # How the server delivers tools/list_changed, learnt on connect: "2026" on a
         # subscriptions/listen stream, "2025" unprompted (no listen); "" until known.
         self.protocol_era = ""
+        # The tools the last listing declared long-running (they start as tasks).
+        self._long_running: frozenset[str] = frozenset()
         # Tool name -> its output schema, as the server's last listing declared it.
         self._output_schemas: dict[str, bytes] = {}
 
     def output_schema(self, tool: str) -> bytes:
         """The tool's output schema as last listed (b"": none)."""
         return self._output_schemas.get(tool, b"")
+
+    def long_running(self, tool: str) -> bool:
+        """Whether the tool declared itself long-running when last listed."""
+        return tool in self._long_running
 
     def new_session(self) -> None:
         """A session starts: changes announced on the last one are caught by its first
@@ -377,6 +388,7 @@ class CatalogRefresh:
                 self._warn_rejected(listing)
             self.last_refresh = anyio.current_time()
             self.list_ttl = listing.ttl_seconds
+            self._long_running = listing.long_running
             self.catalog_size = write.tool_count
             self._output_schemas = {
                 tool.name: tool.output_schema_json

@@ -35,3 +35,5 @@ class Listing:
     # How long the server says the listing stays fresh (2026-07-28 `ttlMs`, the shortest of
     # its pages), in seconds; None: it did not say.
     ttl_seconds: float | None = None
+    # The tools that declare themselves long-running (`execution.taskSupport`).
+    long_running: frozenset[str] = frozenset()

@@ -33,7 +33,8 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
 - 2026-07-28 client duties: `--list-ttl-ms` sets tools/list's `ttlMs`; `--client-duty-tools`
   lists a tool whose name is outside the spec's naming rules and one with an optional boolean;
   over http, `--require-standard-headers` refuses a request without `Mcp-Method` (and
-  `Mcp-Name` on tools/call) with 400.
+  `Mcp-Name` on tools/call) with 400;
+- with `--tasks`, the tools and tasks of task_server.py (the MCP tasks extension).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ from mcp.server.runner import serve_loop
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.message import SessionMessage
+
+if __package__:
+    from tests.mcp_servers.task_server import TaskJobs
+else:  # run as a script: its directory is on the path
+    from task_server import TaskJobs
 
 # A 1x1 transparent PNG.
 PNG_BYTES = base64.b64decode(
@@ -333,7 +339,11 @@ class BreakingWriter:
 
 
 def build_server(
-    tool_count: int, page_size: int, listen: bool = True, listing_faults: Listing | None = None
+    tool_count: int,
+    page_size: int,
+    listen: bool = True,
+    listing_faults: Listing | None = None,
+    jobs: TaskJobs | None = None,
 ) -> Server[Any]:
     bus = InMemorySubscriptionBus()
     added: dict[str, types.Tool] = {}
@@ -362,6 +372,7 @@ def build_server(
         faulty = OUTPUT_SCHEMA_FAULTS if faults.output_schema_faults else []
         data = DATA_TOOLS if faults.data_tools else []
         odd = [ODD_NAME_TOOL, OPTIONAL_FLAG_TOOL] if faults.client_duty_tools else []
+        odd += [] if jobs is None else jobs.tools
         return [*FIXED_TOOLS, *faulty, *data, *odd, *bulk, *broken, *added.values()]
 
     async def list_tools(
@@ -383,7 +394,9 @@ def build_server(
             await ctx.session.send_tool_list_changed()
         await bus.publish(ToolsListChanged())
 
-    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
+        if jobs is not None and params.name in jobs.names:
+            return await jobs.call_tool(params)
         arguments = params.arguments or {}
         text = types.TextContent
         match params.name:
@@ -512,13 +525,16 @@ def build_server(
             content=[text(type="text", text=f"unknown tool {params.name}")], is_error=True
         )
 
-    return Server(
+    server = Server(
         "psych-fixture",
         version="1.0.0",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_subscriptions_listen=ListenHandler(bus) if listen else None,
     )
+    if jobs is not None:
+        jobs.install(server)
+    return server
 
 
 async def serve_stdio(server: Server[Any], era: str, listing: Listing) -> None:
@@ -632,6 +648,7 @@ def main() -> None:
     parser.add_argument("--output-schema-faults", action="store_true")
     parser.add_argument("--data-tools", action="store_true")
     parser.add_argument("--list-ttl-ms", type=int, default=None, help="tools/list's ttlMs")
+    parser.add_argument("--tasks", action="store_true", help="task_server.py's tools and tasks")
     parser.add_argument(
         "--client-duty-tools",
         action="store_true",
@@ -651,7 +668,11 @@ def main() -> None:
         client_duty_tools=options.client_duty_tools,
     )
     server = build_server(
-        options.tools, options.page_size, listen=not options.no_listen, listing_faults=listing
+        options.tools,
+        options.page_size,
+        listen=not options.no_listen,
+        listing_faults=listing,
+        jobs=TaskJobs() if options.tasks else None,
     )
     if options.transport == "stdio":
         anyio.run(serve_stdio, server, options.era, listing)
