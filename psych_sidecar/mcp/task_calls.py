@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -89,7 +90,10 @@ async def call_offering_a_task(
         if not isinstance(task_id, str) or not task_id:
             raise NotATask("the server answered with a task without a taskId")
         return StartedTask(
-            task_id, report.state, report.status_message, report.poll_interval_seconds
+            task_id=task_id,
+            state=report.state,
+            status_message=report.status_message,
+            poll_interval_seconds=report.poll_interval_seconds,
         )
     version = client.session.protocol_version or "2025-11-25"
     with contextlib.suppress(KeyError, ValueError):
@@ -117,10 +121,7 @@ async def get_task(
             if isinstance(error, dict)
             else report.status_message or "the server gave no error"
         )
-        failed = TaskReport(
-            report.state, report.status_message, report.poll_interval_seconds, None, detail[:1000]
-        )
-        return failed, None
+        return replace(report, detail=detail[:1000]), None
     return report, None
 
 
@@ -142,7 +143,7 @@ def _report(raw: Any) -> TaskReport:
         else None
     )
     return TaskReport(
-        state,
-        message[:MAX_STATUS_MESSAGE_CHARS] if isinstance(message, str) else "",
-        seconds,
+        state=state,
+        status_message=message[:MAX_STATUS_MESSAGE_CHARS] if isinstance(message, str) else "",
+        poll_interval_seconds=seconds,
     )

@@ -4,6 +4,7 @@ session (`task_calls.py` speaks the extension)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from psych_sidecar.domain.calls import CallExecution, StartedTask, TaskReport, TaskState
@@ -78,15 +79,16 @@ class SessionTaskRunner:
                 # The server does not know the task (expired, or lost with a restart): it
                 # ended without a result.
                 return TaskReport(
-                    TaskState.FAILED, "", None, None, f"the server no longer knows it: {failure}"
+                    state=TaskState.FAILED,
+                    status_message="",
+                    poll_interval_seconds=None,
+                    detail=f"the server no longer knows it: {failure}",
                 )
             raise failure from None
         if result is None:
             return report
         converted = session.calls.judge(tool, result)
-        return TaskReport(
-            report.state, report.status_message, report.poll_interval_seconds, converted
-        )
+        return replace(report, result=converted)
 
     async def cancel_task(
         self, tenant: str, server: str, task_id: str, timeout_seconds: float

@@ -33,7 +33,7 @@ class CallExecution(StrEnum):
     LONG_RUNNING = "LONG_RUNNING"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StartedTask:
     """A server's answer that the call runs as a task."""
 
@@ -43,7 +43,7 @@ class StartedTask:
     poll_interval_seconds: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaskReport:
     """One poll's answer: where the task is, and when it ended, its result (COMPLETED) or why
     there is none (FAILED: `detail`)."""
@@ -55,7 +55,7 @@ class TaskReport:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolTask:
     """A call that runs as a task, as stored."""
 

@@ -105,7 +105,7 @@ class TaskRepository(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaskTimings:
     # The first poll after a task starts, and the longest wait between two.
     first_poll: float = 1.0
