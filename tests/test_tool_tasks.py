@@ -1,8 +1,9 @@
 """Long calls as tasks on their MCP server (the tasks extension), against the project's own
 task server (tests/mcp_servers/task_server.py) run for real, through real sidecars on SQLite and
 PostgreSQL: a task that completes after the sidecar that started it stopped (another sidecar on
-the same database ends it), one that fails, one the host cancels; a call not marked
-long-running, or to a server without tasks, runs as any other."""
+the same database ends it), one that fails, one the host cancels, a model's call dispatched
+as long-running (its end waits for the rest of its step); a call not marked long-running, or
+to a server without tasks, runs as any other."""
 
 from __future__ import annotations
 
@@ -16,18 +17,19 @@ from typing import Any
 import pytest
 from google.protobuf import struct_pb2
 
-from psych.sidecar.v1 import run_pb2, run_service_pb2, spec_pb2, tool_service_pb2
+from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2, tool_service_pb2
 from psych_sidecar.config import Settings
 from tests.support.connections import fixture_http, put_http
 from tests.support.databases import TEST_SECRET_KEY, pooling_of
 from tests.support.polling import wait_for
 from tests.support.processes import HttpServer, free_port, running
-from tests.support.requests import all_records, publish
+from tests.support.requests import all_records, publish, user
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 TASK_SERVER = Path(__file__).parent / "mcp_servers" / "task_server.py"
 LONG = tool_service_pb2.TOOL_CALL_EXECUTION_LONG_RUNNING
 PLAIN = tool_service_pb2.TOOL_CALL_EXECUTION_UNSPECIFIED
+COMPLETED = tool_service_pb2.TOOL_TASK_STATE_COMPLETED
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +205,54 @@ def test_without_long_running_or_without_tasks_a_call_runs_as_before(
             echoed = call(stubs, run_id, "echo", "c2", LONG, server="plainserver", text="hi")
             assert text(echoed.result_json) == "hi"
             assert not echoed.HasField("task")
+
+
+def test_a_models_call_marked_long_running_ends_in_a_step_after_its_own(
+    database_url: str, tmp_path: Path, unique: Callable[[str], str], task_server: str
+) -> None:
+    with sidecar(database_url, tmp_path, "dispatching") as stubs:
+        run_id = new_run(stubs, unique, task_server)
+        calls = [
+            content_pb2.ToolCall(
+                call_id=call_id, name="jobs__job", arguments_json=json.dumps({"name": call_id})
+            )
+            for call_id in ("m1", "m2")
+        ]
+        stubs.runs.AppendRecords(
+            run_service_pb2.AppendRecordsRequest(
+                run_id=run_id,
+                records=[
+                    user("run the jobs"),
+                    run_pb2.Record(assistant_message=run_pb2.AssistantMessage(tool_calls=calls)),
+                ],
+            )
+        )
+
+        def dispatch(call: content_pb2.ToolCall) -> tool_service_pb2.ToolOutcome:
+            request = tool_service_pb2.DispatchToolCallRequest(
+                run_id=run_id, call=call, execution=LONG
+            )
+            return stubs.tools.DispatchToolCall(request, timeout=30).outcome
+
+        first = dispatch(calls[0])
+        assert first.task.state == tool_service_pb2.TOOL_TASK_STATE_WORKING
+        finish(stubs, run_id, "m1", "complete")
+        # m2 of the same step has no result yet: m1's end waits for it, it does not land
+        # between the step and m2's result.
+        wait_for(lambda: task_of(stubs, run_id, "m1").state == COMPLETED, "m1 polled: completed")
+        assert task_of(stubs, run_id, "m1").result_call_id == ""
+        dispatch(calls[1])
+        task = ended(stubs, run_id, "m1")
+        kinds = [record.WhichOneof("kind") for record in all_records(stubs, run_id)]
+        assert kinds == [
+            "user_message",
+            "assistant_message",
+            "tool_result",  # m1: started
+            "tool_result",  # the host's finish call (CallDeferredTool)
+            "tool_result",  # m2: started
+            "assistant_message",  # mcp_task_result for m1
+            "tool_result",
+        ]
+        _, result = last_step(stubs, run_id)
+        assert result.tool_result.call_id == task.result_call_id
+        assert result.tool_result.content[0].text == "job m1 done"
