@@ -284,6 +284,27 @@ class McpSettings(_Group):
         ge=0,
         description="tools/list_changed notifications within this window cause one refresh.",
     )
+    min_list_ttl_seconds: float = Field(
+        alias="mcp_min_list_ttl_seconds",
+        default=60.0,
+        gt=0,
+        description=(
+            "A server's tools/list ttlMs shorter than this counts as this: the soonest a "
+            "catalogue is re-listed because its server said it goes stale."
+        ),
+    )
+    task_poll_min_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="A call running as a task is first polled this long after it starts.",
+    )
+    task_poll_max_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "A task's polls back off, doubling, up to this (never sooner than its server asks)."
+        ),
+    )
     stdio_max_line_bytes: int = Field(
         alias="mcp_stdio_max_line_bytes",
         # As one server-sent event over HTTP (docs/operations.md, "MCP servers").

@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from psych.sidecar.v1 import tool_service_pb2, tool_service_pb2_grpc
-from psych_sidecar.api import convert
+from psych_sidecar.api import convert, tool_tasks
 from psych_sidecar.api.connections import AUTHORIZATION_REASONS, catalog_tool_to_proto
 from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES
 from psych_sidecar.api.plumbing import Blocking, Context, Serialized
@@ -29,6 +29,7 @@ from psych_sidecar.domain.calls import (
     MAX_RESULT_BYTES_SERIALIZED_ON_LOOP,
     ToolOutputReader,
     ToolRouter,
+    ToolTasks,
 )
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.errors import field_invalid, field_required
@@ -84,6 +85,7 @@ def fitted(outcome: calls.ToolOutcome, max_bytes: int) -> calls.ToolOutcome:
         outcome.sequence,
         outcome.handle,
         outcome.authorization,
+        outcome.task,
     )
 
 
@@ -99,6 +101,8 @@ def fill_outcome(
     target.handle = outcome.handle
     if outcome.authorization is not None:
         target.authorization_required_reason = AUTHORIZATION_REASONS[outcome.authorization]
+    if outcome.task is not None:
+        tool_tasks.fill_task(target.task, outcome.task)
 
 
 def _call_response(
@@ -172,8 +176,11 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
         cpu: Blocking | None = None,
         grep_threads: int = 1,
         inline_result_bytes: int | None = None,
+        tasks: ToolTasks | None = None,
     ) -> None:
+        """`tasks`: calls that run as tasks (None: GetToolTask finds none)."""
         self._resolver = resolver
+        self._tasks = tasks
         # Searching (which may build an index) is CPU work: its own threads, not storage's.
         self._cpu = cpu or blocking
         self._router = router
@@ -208,6 +215,7 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
             _integral_floats_as_ints(arguments),
             request.call_id,
             timeout,
+            tool_tasks.execution(request.execution),
         )
         return await self._respond(_call_response, outcome)
 
@@ -304,6 +312,7 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
         if not request.HasField("call"):
             raise field_required("call")
         call = ToolCall(request.call.call_id, request.call.name, request.call.arguments_json)
+        execution = tool_tasks.execution(request.execution)
         if call.name in (READ_TOOL_OUTPUT, READ_HISTORY) and (
             '"grep"' in call.arguments_json or '"query"' in call.arguments_json
         ):
@@ -311,11 +320,21 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
             # ReadToolOutput's (a cheap, conservative test: a call that merely mentions
             # "grep" waits for a slot too).
             async with self._grep_slots:
-                outcome = await self._router.dispatch(request.run_id, call)
+                outcome = await self._router.dispatch(request.run_id, call, execution)
         else:
-            outcome = await self._router.dispatch(request.run_id, call)
+            outcome = await self._router.dispatch(request.run_id, call, execution)
         if outcome is None:
             return tool_service_pb2.DispatchToolCallResponse(
                 disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
             )
         return await self._respond(_dispatch_response, outcome)
+
+    async def GetToolTask(
+        self, request: tool_service_pb2.GetToolTaskRequest, context: Context
+    ) -> tool_service_pb2.GetToolTaskResponse:
+        return await tool_tasks.get_tool_task(self._tasks, request)
+
+    async def CancelToolTask(
+        self, request: tool_service_pb2.CancelToolTaskRequest, context: Context
+    ) -> tool_service_pb2.CancelToolTaskResponse:
+        return await tool_tasks.cancel_tool_task(self._tasks, request)

@@ -40,7 +40,7 @@ from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.app.secret_keys import load_secret_keys
 from psych_sidecar.config import PromptSettings, SearchSettings, Settings
-from psych_sidecar.domain.calls import ToolOutputReader, ToolRouter
+from psych_sidecar.domain.calls import TaskTimings, ToolOutputReader, ToolRouter, ToolTasks
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogView,
@@ -56,6 +56,7 @@ from psych_sidecar.mcp.catalog_view import SessionCatalogView
 from psych_sidecar.mcp.registry import SessionRegistry
 from psych_sidecar.mcp.sign_in import OAuthSignIn
 from psych_sidecar.mcp.supervisor import SessionSupervisor
+from psych_sidecar.mcp.task_runner import SessionTaskRunner
 from psych_sidecar.mcp.tool_runner import SessionToolRunner
 from psych_sidecar.search import ToolEmbeddings
 from psych_sidecar.search.model import tool_embeddings
@@ -71,6 +72,7 @@ from psych_sidecar.storage.oauth import SqlOAuthStore
 from psych_sidecar.storage.read_only import open_read_only
 from psych_sidecar.storage.repository import SqlStore, StoredSurfacePins
 from psych_sidecar.storage.search_vectors import SqlVectorStore
+from psych_sidecar.storage.tool_tasks import SqlToolTasks
 from psych_sidecar.storage.usage import SqlUsageStore
 
 if TYPE_CHECKING:
@@ -247,6 +249,25 @@ class SidecarGraph:
             parsed_cache_bytes=settings.prompt.parsed_result_cache_bytes,
         )
         self.deletion = RunDeletion(services.runs, RunDeletions(self.engine))
+        # Long calls as tasks on their servers: stored, polled by every sidecar on the
+        # database (`Sidecar.start` runs the polling), ended in the log.
+        self.tasks = ToolTasks(
+            repository=SqlToolTasks(self.engine),
+            runner=SessionTaskRunner(self.mcp),
+            runs=services.runs,
+            log_reader=services.log,
+            blocking=self.blocking,
+            timings=TaskTimings(
+                first_poll=settings.mcp.task_poll_min_seconds,
+                max_poll=max(
+                    settings.mcp.task_poll_min_seconds, settings.mcp.task_poll_max_seconds
+                ),
+                tick=min(0.5, settings.mcp.task_poll_min_seconds),
+                # One poll or cancel is a request like a tool call; a claim outlasts it.
+                request_timeout=min(30.0, settings.mcp.tool_call_timeout_seconds),
+                lease=min(30.0, settings.mcp.tool_call_timeout_seconds) + 5,
+            ),
+        )
         router = ToolRouter(
             resolver=services.resolver,
             runs=services.runs,
@@ -258,6 +279,7 @@ class SidecarGraph:
             cpu=cpu,
             now=services.now,
             max_argument_bytes=limit,
+            tasks=self.tasks,
         )
         usage = SqlUsageStore(self.engine)
 
@@ -318,6 +340,7 @@ class SidecarGraph:
                     inline_result_bytes=settings.prompt.inline_result_bytes,
                     grep_threads=settings.storage.worker_threads // 2,
                     cpu=cpu,
+                    tasks=self.tasks,
                 ),
                 tool_service_pb2_grpc.add_ToolServiceServicer_to_server,
                 tool_service_pb2.DESCRIPTOR.services_by_name["ToolService"],

@@ -91,6 +91,7 @@ class Sidecar:
         self._loop_lag: asyncio.Task[None] | None = None
         self._retention: asyncio.Task[None] | None = None
         self._forgetting: asyncio.Task[None] | None = None
+        self._task_polls: asyncio.Task[None] | None = None
 
     def _admin_routes(self) -> list[BaseRoute]:
         """Everything the admin listener serves; a module serving a page there adds its
@@ -177,6 +178,8 @@ class Sidecar:
             await self.admin.start()
             self._unwatch = metrics.watch(self)
             self._loop_lag = asyncio.create_task(metrics.watch_loop_lag())
+        # Tool calls running as tasks, this sidecar's or another's on the database.
+        self._task_polls = asyncio.create_task(graph.tasks.poll_forever())
         retention_hours = self.settings.storage.run_retention_hours
         if retention_hours > 0:
             self._retention = asyncio.create_task(
@@ -288,6 +291,11 @@ class Sidecar:
             self._forgetting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._forgetting
+        if self._task_polls is not None:
+            # A poll cut short is polled again (by any sidecar) when its claim runs out.
+            self._task_polls.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task_polls
         await self.mcp.stop()
         embeddings = self.graph.embeddings
         if embeddings is not None:

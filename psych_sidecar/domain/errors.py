@@ -47,6 +47,7 @@ class Reason(StrEnum):
     OAUTH_ISSUER_MISMATCH = "OAUTH_ISSUER_MISMATCH"
     SIGN_IN_ISSUER_MISMATCH = "SIGN_IN_ISSUER_MISMATCH"
     OAUTH_METADATA_REFUSED = "OAUTH_METADATA_REFUSED"
+    TOOL_TASK_NOT_FOUND = "TOOL_TASK_NOT_FOUND"
 
 
 # Ids and names a caller sent are quoted in messages and metadata only up to this many
@@ -387,3 +388,20 @@ def run_not_found(run_id: str) -> RunNotFound:
 
 def storage_unavailable(detail: str) -> StorageUnavailable:
     return StorageUnavailable(f"storage unavailable: {detail}", detail=detail)
+
+
+@dataclass(eq=False, kw_only=True)
+class ToolTaskNotFound(SidecarError):
+    """GetToolTask or CancelToolTask named a call that is not a task."""
+
+    reason = Reason.TOOL_TASK_NOT_FOUND
+    run_id: str
+    call_id: str
+
+
+def tool_task_not_found(run_id: str, call_id: str) -> ToolTaskNotFound:
+    return ToolTaskNotFound(
+        f"the call {short(call_id)!r} of run {short(run_id)} did not start as a task",
+        run_id=short(run_id),
+        call_id=short(call_id),
+    )

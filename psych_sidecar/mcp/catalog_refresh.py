@@ -79,6 +79,14 @@ async def _raw_tools_page(client: Client, cursor: str | None) -> Any:
     return await session._dispatcher.send_raw_request(data["method"], data.get("params"), options)
 
 
+def _list_ttl(page: Any) -> float | None:
+    """A page's 2026-07-28 `ttlMs` in seconds (None: absent or not a number; negative: 0)."""
+    ttl = page.get("ttlMs") if isinstance(page, dict) else None
+    if not isinstance(ttl, int | float) or isinstance(ttl, bool) or ttl != ttl:
+        return None
+    return max(float(ttl), 0.0) / 1000
+
+
 def _first_problem(error: pydantic.ValidationError, within: tuple[object, ...] = ()) -> str:
     """The first of the error's problems under `within` (a location prefix, left out of the
     text), or ""."""
@@ -149,8 +157,13 @@ async def list_all_tools(client: Client, server: str) -> Listing:
     cursor: str | None = None
     seen_cursors: set[str] = set()
     version = client.protocol_version
+    ttl: float | None = None
+    long_running: set[str] = set()
     for _ in range(MAX_LIST_PAGES):
         page = await _raw_tools_page(client, cursor)
+        if (page_ttl := _list_ttl(page)) is not None:
+            # The listing is as fresh as its stalest page.
+            ttl = page_ttl if ttl is None else min(ttl, page_ttl)
         entries = page.get("tools") if isinstance(page, dict) else None
         cursor = page.get("nextCursor") if isinstance(page, dict) else None
         if not isinstance(entries, list) or not isinstance(cursor, str | None):
@@ -168,6 +181,9 @@ async def list_all_tools(client: Client, server: str) -> Listing:
             tool, catalogued = verdict
             if judged.setdefault(tool.name, catalogued) is catalogued:
                 valid.append(tool)
+                execution = tool.execution
+                if execution is not None and execution.task_support in ("optional", "required"):
+                    long_running.add(tool.name)
         # The session keeps what it derives from a listing (2026 x-mcp-header maps, so a call
         # sends its Mcp-Param headers) from the valid tools only.
         session = client.session
@@ -176,11 +192,21 @@ async def list_all_tools(client: Client, server: str) -> Listing:
             return Listing(
                 [t for t in judged.values() if isinstance(t, CatalogTool)],
                 [*unnamed, *(t for t in judged.values() if isinstance(t, RejectedTool))],
+                ttl,
+                frozenset(long_running),
             )
         if cursor in seen_cursors:
             raise CatalogUnavailable(f"tools/list repeated the cursor {cursor!r}")
         seen_cursors.add(cursor)
     raise CatalogUnavailable(f"tools/list did not end within {MAX_LIST_PAGES} pages")
+
+
+def stale_after(list_ttl: float | None, timings: SessionTimings) -> float:
+    """How long after a listing the next is due by its server's `ttlMs` (at least the floor),
+    or inf when the server said nothing, or nothing sooner than the sweep's bound."""
+    if list_ttl is None or list_ttl >= timings.catalog_ttl:
+        return math.inf
+    return max(list_ttl, timings.min_list_ttl)
 
 
 class CatalogRefresh:
@@ -199,17 +225,25 @@ class CatalogRefresh:
         self._lock = anyio.Lock()
         self._changed = anyio.Event()
         self.last_refresh = -math.inf
+        # How long the last listing stays fresh by its server's word (None: it did not say).
+        self.list_ttl: float | None = None
         # Tools in the last listing stored (for the catalogue-size gauge).
         self.catalog_size = 0
         # How the server delivers tools/list_changed, learnt on connect: "2026" on a
         # subscriptions/listen stream, "2025" unprompted (no listen); "" until known.
         self.protocol_era = ""
+        # The tools the last listing declared long-running (they start as tasks).
+        self._long_running: frozenset[str] = frozenset()
         # Tool name -> its output schema, as the server's last listing declared it.
         self._output_schemas: dict[str, bytes] = {}
 
     def output_schema(self, tool: str) -> bytes:
         """The tool's output schema as last listed (b"": none)."""
         return self._output_schemas.get(tool, b"")
+
+    def long_running(self, tool: str) -> bool:
+        """Whether the tool declared itself long-running when last listed."""
+        return tool in self._long_running
 
     def new_session(self) -> None:
         """A session starts: changes announced on the last one are caught by its first
@@ -285,6 +319,30 @@ class CatalogRefresh:
                     self._state.describe(error),
                 )
 
+    async def refresh_when_stale(self) -> None:
+        """Re-list when the server's `ttlMs` says the listing went stale, if that is sooner
+        than the sweep's bound (which the sweep keeps in any case)."""
+        while True:
+            after = stale_after(self.list_ttl, self._timings)
+            if math.isinf(after):
+                # Nothing sooner than the sweep: look again after a listing could have said so.
+                await anyio.sleep(self._timings.catalog_ttl)
+                continue
+            wait = self.last_refresh + after - anyio.current_time()
+            if wait > 0:
+                await anyio.sleep(wait)
+                continue
+            try:
+                await self.refresh("ttl")
+            except Exception as error:
+                log.warning(
+                    "MCP connection %s/%s: refresh after the listing's ttlMs failed: %s",
+                    *self._state.key,
+                    self._state.describe(error),
+                )
+                # Not again at once: the next try after the floor.
+                await anyio.sleep(self._timings.min_list_ttl)
+
     # Called from request handlers and the sweep.
 
     async def refresh(self, trigger: str) -> CatalogWrite:
@@ -329,6 +387,8 @@ class CatalogRefresh:
             if listing.rejected and write.changed:
                 self._warn_rejected(listing)
             self.last_refresh = anyio.current_time()
+            self.list_ttl = listing.ttl_seconds
+            self._long_running = listing.long_running
             self.catalog_size = write.tool_count
             self._output_schemas = {
                 tool.name: tool.output_schema_json

@@ -119,6 +119,8 @@ class SessionRegistry:
             reconnect_min=settings.reconnect_min_seconds,
             reconnect_max=max(settings.reconnect_min_seconds, settings.reconnect_max_seconds),
             list_changed_debounce=settings.list_changed_debounce_seconds,
+            catalog_ttl=settings.catalog_ttl_seconds,
+            min_list_ttl=settings.min_list_ttl_seconds,
         )
         self._running: dict[Key, _Running] = {}
         # One cache of output-schema validators for every session's results.

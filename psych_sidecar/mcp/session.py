@@ -222,6 +222,7 @@ class ConnectionSession:
                     state.finish_attempt()
                     self._doing = "connected, serving calls"
                     group.start_soon(self.catalog.refresh_on_change)
+                    group.start_soon(self.catalog.refresh_when_stale)
                     await _first_of(state.stopping, closed, state.broken)
                     # No new call may start on a session that is going away.
                     state.client = None

@@ -16,6 +16,10 @@ class SessionTimings:
     reconnect_min: float
     reconnect_max: float
     list_changed_debounce: float
+    # The sweep's bound: every catalogue is re-listed at least this often.
+    catalog_ttl: float = 300.0
+    # A server's list `ttlMs` shorter than this counts as this (`ttlMs: 0` is no busy loop).
+    min_list_ttl: float = 60.0
 
 
 class CatalogUnavailable(Exception):
@@ -28,3 +32,8 @@ class Listing:
 
     tools: list[CatalogTool]
     rejected: list[RejectedTool]
+    # How long the server says the listing stays fresh (2026-07-28 `ttlMs`, the shortest of
+    # its pages), in seconds; None: it did not say.
+    ttl_seconds: float | None = None
+    # The tools that declare themselves long-running (`execution.taskSupport`).
+    long_running: frozenset[str] = frozenset()

@@ -52,6 +52,11 @@ _EXPECTED_CALL_FAILURES = (
 )
 
 
+def expected_failure(error: BaseException) -> bool:
+    """Whether a failure is the server's or the connection's, not a bug (`_expected`)."""
+    return _expected(error)
+
+
 def _expected(error: BaseException) -> bool:
     """Whether a call's failure is the server's or the connection's (every leaf of a group)."""
     if isinstance(error, BaseExceptionGroup):
@@ -175,6 +180,11 @@ class ToolCalls:
                 f"inside the sidecar ({type(error).__name__}); correlation id {correlation_id}.",
                 "refused",
             ) from None
+
+    def judge(self, tool: str, result: types.CallToolResult) -> McpToolResult:
+        """A result had otherwise (a task's): converted for the log and judged against the
+        tool's output schema, as a call's."""
+        return self._judged(tool, result)[0]
 
     def _judged_quickly(self, tool: str, result: types.CallToolResult) -> bool:
         """Whether converting and judging the result is cheap enough for the event loop: a

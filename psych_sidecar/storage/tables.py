@@ -319,3 +319,31 @@ search_vectors = Table(
     Column("vector", LargeBinary, nullable=False),
     Column("create_time_us", BigInteger, nullable=False),
 )
+
+# Tool calls that run as tasks on their MCP server (MCP tasks extension): one row per call,
+# keyed like its tool result (Run, call id). `state` is a ToolTaskState name without its
+# prefix; `next_poll_us` is when the task is next due a poll, and a sidecar that takes it
+# moves it forward first (its claim: no lock is held while the server answers); `polls`
+# counts the polls, for the backoff. `result_call_id` and `result_sequence` are set once the
+# task's result is in the log.
+tool_tasks = Table(
+    "tool_tasks",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("call_id", Text, primary_key=True),
+    Column("tenant", String(128), nullable=False),
+    Column("server", String(64), nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("task_id", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("status_message", Text, nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    Column("update_time_us", BigInteger, nullable=False),
+    Column("next_poll_us", BigInteger, nullable=False),
+    Column("polls", Integer, nullable=False),
+    Column("poll_interval_ms", BigInteger, nullable=True),
+    Column("result_call_id", Text, nullable=True),
+    Column("result_sequence", BigInteger, nullable=True),
+    Column("result_handle", Text, nullable=True),
+    Index("ix_tool_tasks_due", "next_poll_us"),
+)

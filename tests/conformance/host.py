@@ -264,6 +264,9 @@ class Play:
         self.connections = connection_service_pb2_grpc.ConnectionServiceStub(channel)
         self.name = name
         self.sign_ins = 0
+        # The arguments the scenario's context gives for a tool (its `toolCalls`), which a
+        # call uses instead of sample ones (`http-custom-headers` sends a null this way).
+        self.given: dict[str, dict[str, Any]] = {}
 
     def settle(self) -> connection_pb2.Connection:
         """The connection once settled, signed in as often as it asks and MAX_SIGN_INS allows."""
@@ -284,7 +287,7 @@ class Play:
         self, run_id: str, tool: connection_pb2.CatalogTool, call_id: str
     ) -> tool_service_pb2.CallDeferredToolResponse:
         arguments = struct_pb2.Struct()
-        arguments.update(sample_arguments(tool.input_schema_json))
+        arguments.update(self.given.get(tool.name) or sample_arguments(tool.input_schema_json))
         request = tool_service_pb2.CallDeferredToolRequest(
             run_id=run_id, server=self.name, tool=tool.name, arguments=arguments, call_id=call_id
         )
@@ -331,6 +334,11 @@ def play(channel: grpc.Channel, scenario: str, url: str, context: dict[str, Any]
     )
     try:
         current = Play(channel, name)
+        current.given = {
+            call["name"]: call.get("arguments") or {}
+            for call in context.get("toolCalls") or []
+            if isinstance(call, dict) and isinstance(call.get("name"), str)
+        }
         if current.settle().state != connection_pb2.CONNECTION_STATE_CONNECTED:
             return False
         tools = catalogue(connections, name)

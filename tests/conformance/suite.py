@@ -40,6 +40,8 @@ REPORTED_ONLY = {"draft"}
 # auth scenarios of the 2026-07-28 revision that the pinned suite lacks or tests less
 # (docs/conformance.md).
 NEXT_SCENARIOS = ("auth/iss-*", "auth/scope-step-up", "auth/authorization-server-migration")
+# And the HTTP header duties of 2026-07-28 (docs/mcp-2026-07-28.md).
+NEXT_SCENARIOS += ("http-standard-headers", "http-custom-headers")
 
 
 @dataclass(frozen=True)

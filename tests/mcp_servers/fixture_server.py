@@ -29,7 +29,12 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
   (bench/cases/result_queries.py): `listing` (`kind` tickets, users or orders; `count`; `seed`)
   returns `{"items": [...]}` as text, one record per line, and `take_ids` (`ids`, an array of
   strings) answers how many it got and their SHA-256;
-- `pid`, `protocol_version` and `echo` for bookkeeping.
+- `pid`, `protocol_version` and `echo` for bookkeeping;
+- 2026-07-28 client duties: `--list-ttl-ms` sets tools/list's `ttlMs`; `--client-duty-tools`
+  lists a tool whose name is outside the spec's naming rules and one with an optional boolean;
+  over http, `--require-standard-headers` refuses a request without `Mcp-Method` (and
+  `Mcp-Name` on tools/call) with 400;
+- with `--tasks`, the tools and tasks of task_server.py (the MCP tasks extension).
 """
 
 from __future__ import annotations
@@ -53,6 +58,11 @@ from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.message import SessionMessage
 
+if __package__:
+    from tests.mcp_servers.task_server import TaskJobs
+else:  # run as a script: its directory is on the path
+    from task_server import TaskJobs
+
 # A 1x1 transparent PNG.
 PNG_BYTES = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
@@ -70,6 +80,23 @@ UNTYPED_SCHEMA: dict[str, Any] = {
     "$defs": {"arguments": {"type": "object", "properties": {}}},
 }
 BAD_SCHEMA_TOOL = "bad_schema"
+# Listed with `--client-duty-tools`. A name outside the MCP spec's naming rules (a SHOULD: a
+# space, a comma, a non-ASCII letter); over HTTP its Mcp-Name header must be Base64-encoded.
+ODD_NAME_TOOL = types.Tool(
+    name="odd name, ü",
+    description="A tool whose name is outside the spec's naming rules.",
+    input_schema={"type": "object", "properties": {}},
+)
+# An optional boolean the call may give as null: the server judges it (it answers with the
+# arguments it got, as JSON).
+OPTIONAL_FLAG_TOOL = types.Tool(
+    name="optional_flag",
+    description="Returns the arguments it got, as JSON.",
+    input_schema={
+        "type": "object",
+        "properties": {"verbose": {"type": "boolean", "x-mcp-header": "Verbose"}},
+    },
+)
 
 
 def _blob_bytes(size: int | None) -> bytes:
@@ -260,11 +287,21 @@ class Listing:
     """Which listed tools are broken on the wire (see `BreakingWriter`)."""
 
     def __init__(
-        self, invalid_tools: str, output_schema_faults: bool = False, data_tools: bool = False
+        self,
+        invalid_tools: str,
+        output_schema_faults: bool = False,
+        data_tools: bool = False,
+        *,
+        ttl_ms: int | None = None,
+        client_duty_tools: bool = False,
     ) -> None:
         self.invalid_tools = invalid_tools
         self.output_schema_faults = output_schema_faults
         self.data_tools = data_tools
+        # The listing's 2026-07-28 ttlMs (None: the SDK's default, 0).
+        self.ttl_ms = ttl_ms
+        # Whether ODD_NAME_TOOL and OPTIONAL_FLAG_TOOL are listed.
+        self.client_duty_tools = client_duty_tools
         self.repaired = False
 
     def breaks(self, name: object) -> bool:
@@ -302,7 +339,11 @@ class BreakingWriter:
 
 
 def build_server(
-    tool_count: int, page_size: int, listen: bool = True, listing_faults: Listing | None = None
+    tool_count: int,
+    page_size: int,
+    listen: bool = True,
+    listing_faults: Listing | None = None,
+    jobs: TaskJobs | None = None,
 ) -> Server[Any]:
     bus = InMemorySubscriptionBus()
     added: dict[str, types.Tool] = {}
@@ -330,7 +371,9 @@ def build_server(
         broken = [bad_schema, repair] if faults.invalid_tools == "one" else []
         faulty = OUTPUT_SCHEMA_FAULTS if faults.output_schema_faults else []
         data = DATA_TOOLS if faults.data_tools else []
-        return [*FIXED_TOOLS, *faulty, *data, *bulk, *broken, *added.values()]
+        odd = [ODD_NAME_TOOL, OPTIONAL_FLAG_TOOL] if faults.client_duty_tools else []
+        odd += [] if jobs is None else jobs.tools
+        return [*FIXED_TOOLS, *faulty, *data, *odd, *bulk, *broken, *added.values()]
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -339,7 +382,9 @@ def build_server(
         start = int(params.cursor) if params is not None and params.cursor else 0
         end = start + page_size
         return types.ListToolsResult(
-            tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None
+            tools=tools[start:end],
+            next_cursor=str(end) if end < len(tools) else None,
+            **({} if faults.ttl_ms is None else {"ttl_ms": faults.ttl_ms}),
         )
 
     async def announce(ctx: Any) -> None:
@@ -349,12 +394,19 @@ def build_server(
             await ctx.session.send_tool_list_changed()
         await bus.publish(ToolsListChanged())
 
-    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
+        if jobs is not None and params.name in jobs.names:
+            return await jobs.call_tool(params)
         arguments = params.arguments or {}
         text = types.TextContent
         match params.name:
             case "echo":
                 return types.CallToolResult(content=[text(type="text", text=arguments["text"])])
+            case name if name == ODD_NAME_TOOL.name:
+                return types.CallToolResult(content=[text(type="text", text=f"{name} ran")])
+            case "optional_flag":
+                got = json.dumps(arguments, sort_keys=True)
+                return types.CallToolResult(content=[text(type="text", text=got)])
             case "listing":
                 body = data_listing(
                     arguments["kind"],
@@ -473,13 +525,16 @@ def build_server(
             content=[text(type="text", text=f"unknown tool {params.name}")], is_error=True
         )
 
-    return Server(
+    server = Server(
         "psych-fixture",
         version="1.0.0",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_subscriptions_listen=ListenHandler(bus) if listen else None,
     )
+    if jobs is not None:
+        jobs.install(server)
+    return server
 
 
 async def serve_stdio(server: Server[Any], era: str, listing: Listing) -> None:
@@ -512,6 +567,73 @@ def requiring_header(app: Any, header: str) -> Any:
     return guarded
 
 
+def requiring_standard_headers(app: Any) -> Any:
+    """`app` refusing a 2026-07-28 request (one whose `_meta` names its protocol version)
+    without the standard headers: `Mcp-Method` on every one, and `Mcp-Name` (its Base64 form
+    decoded) equal to `params.name` on tools/call, with 400 and the spec's HeaderMismatch error,
+    before the SDK's own checks see it."""
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            request = json.loads(body)
+        except ValueError:
+            request = None
+        headers = {name.decode().lower(): value.decode() for name, value in scope["headers"]}
+        if problem := _standard_header_problem(request, headers):
+            error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32020, "message": problem}}
+            if isinstance(request, dict):
+                error["id"] = request.get("id")
+            payload = json.dumps(error).encode()
+            start = {
+                "type": "http.response.start",
+                "status": 400,
+                "headers": [(b"content-type", b"application/json")],
+            }
+            await send(start)
+            await send({"type": "http.response.body", "body": payload})
+            return
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await app(scope, replay, send)
+
+    return guarded
+
+
+def _standard_header_problem(request: Any, headers: dict[str, str]) -> str:
+    if not isinstance(request, dict) or "method" not in request:
+        return ""
+    params = request.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict) or "io.modelcontextprotocol/protocolVersion" not in meta:
+        return ""  # a 2025-11-25 request: no standard headers then
+    if headers.get("mcp-method") != request["method"]:
+        return f"Mcp-Method missing or not {request['method']!r}"
+    if request["method"] == "tools/call" and isinstance(params, dict):
+        sent = headers.get("mcp-name", "")
+        if sent.startswith("=?base64?") and sent.endswith("?="):
+            sent = base64.b64decode(sent[len("=?base64?") : -2]).decode()
+        if sent != params.get("name"):
+            return "Mcp-Name missing or not the tool's name"
+    return ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", choices=["stdio", "http"])
@@ -525,10 +647,32 @@ def main() -> None:
     parser.add_argument("--invalid-tools", choices=["one", "all"], default="")
     parser.add_argument("--output-schema-faults", action="store_true")
     parser.add_argument("--data-tools", action="store_true")
+    parser.add_argument("--list-ttl-ms", type=int, default=None, help="tools/list's ttlMs")
+    parser.add_argument("--tasks", action="store_true", help="task_server.py's tools and tasks")
+    parser.add_argument(
+        "--client-duty-tools",
+        action="store_true",
+        help="list ODD_NAME_TOOL and OPTIONAL_FLAG_TOOL too",
+    )
+    parser.add_argument(
+        "--require-standard-headers",
+        action="store_true",
+        help="400 for a 2026 request without Mcp-Method / Mcp-Name (http)",
+    )
     options = parser.parse_args()
-    listing = Listing(options.invalid_tools, options.output_schema_faults, options.data_tools)
+    listing = Listing(
+        options.invalid_tools,
+        options.output_schema_faults,
+        options.data_tools,
+        ttl_ms=options.list_ttl_ms,
+        client_duty_tools=options.client_duty_tools,
+    )
     server = build_server(
-        options.tools, options.page_size, listen=not options.no_listen, listing_faults=listing
+        options.tools,
+        options.page_size,
+        listen=not options.no_listen,
+        listing_faults=listing,
+        jobs=TaskJobs() if options.tasks else None,
     )
     if options.transport == "stdio":
         anyio.run(serve_stdio, server, options.era, listing)
@@ -538,6 +682,8 @@ def main() -> None:
     app = server.streamable_http_app()
     if options.require_header:
         app = requiring_header(app, options.require_header)
+    if options.require_standard_headers:
+        app = requiring_standard_headers(app)
     config = uvicorn.Config(app, host="127.0.0.1", port=options.port, log_level="warning")
     print(f"listening on {options.port}", file=sys.stderr, flush=True)
     uvicorn.Server(config).run()

@@ -35,7 +35,7 @@ def keys_of_the_tests() -> KeyRing:
 
 
 # The newest migration: what a migrated database reports.
-HEAD_REVISION = "journal_compactions"
+HEAD_REVISION = "tool_tasks"
 
 
 def postgres_admin_url() -> str:

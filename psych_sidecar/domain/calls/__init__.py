@@ -7,6 +7,8 @@ reads stored results (``ReadToolOutput`` and ``read_tool_output``: handle, offse
 grep, in-process over the log). :class:`SchemaValidators` compiles each tool schema's
 validator once; the MCP layer judges results against output schemas with the same cache.
 The limits on what a call's steps handle on the event loop's thread are in ``limits.py``.
+:class:`ToolTasks` runs long calls as tasks on their MCP servers (``tasks.py``): stored,
+polled by any sidecar on the database, their results appended to the log when they end.
 """
 
 from __future__ import annotations
@@ -19,6 +21,20 @@ from psych_sidecar.domain.calls.limits import (
 )
 from psych_sidecar.domain.calls.outcomes import ToolOutcome
 from psych_sidecar.domain.calls.router import ToolRouter
+from psych_sidecar.domain.calls.task_types import (
+    CallExecution,
+    StartedTask,
+    TaskReport,
+    TaskState,
+    ToolTask,
+)
+from psych_sidecar.domain.calls.tasks import (
+    TASK_RESULT_TOOL,
+    TaskRepository,
+    TaskRunner,
+    TaskTimings,
+    ToolTasks,
+)
 from psych_sidecar.domain.calls.tool_output import GrepMatch, ReadResult, ToolOutputReader
 from psych_sidecar.domain.calls.validation import SchemaValidators, json_within
 
@@ -27,11 +43,21 @@ __all__ = [
     "MAX_RESULT_BYTES_APPENDED_ON_LOOP",
     "MAX_RESULT_BYTES_SERIALIZED_ON_LOOP",
     "MAX_RESULT_CHARS_CONVERTED_ON_LOOP",
+    "TASK_RESULT_TOOL",
+    "CallExecution",
     "GrepMatch",
     "ReadResult",
     "SchemaValidators",
+    "StartedTask",
+    "TaskReport",
+    "TaskRepository",
+    "TaskRunner",
+    "TaskState",
+    "TaskTimings",
     "ToolOutcome",
     "ToolOutputReader",
     "ToolRouter",
+    "ToolTask",
+    "ToolTasks",
     "json_within",
 ]

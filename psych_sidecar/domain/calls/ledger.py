@@ -167,6 +167,7 @@ class CallLedger:
             appended.sequence,
             appended.handle,
             result.authorization,
+            result.task,
         )
 
 

@@ -10,7 +10,7 @@ refuses, an unreachable or timed-out server — comes back as a tool result with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from psych_sidecar.domain.calls.validation import SchemaValidators
 from psych_sidecar.domain.catalog import (
     AuthorizationReason,
     ConnectionState,
+    McpToolResult,
     ToolCallFailed,
     ToolRunner,
 )
@@ -27,6 +28,13 @@ from psych_sidecar.domain.surface import ExposedTool, ResolvedTurn, naming
 
 # How many schema violations a validation error lists.
 MAX_VALIDATION_ERRORS = 5
+
+TaskStart = Callable[
+    [str, str, str, Mapping[str, Any], float], Awaitable["McpToolResult | ToolResult"]
+]
+"""Starts a call that may run as a task (`tasks.ToolTasks.start`, bound to the call): given the
+tenant, server, tool, arguments and timeout, the server's result when it answered at once, or
+the recorded-to-be result saying the task started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,8 @@ class RoutedCall:
     route: ExposedTool
     arguments: Mapping[str, Any]
     timeout_seconds: float
+    # How the call may start as a task (None: it runs as any other).
+    start: TaskStart | None = None
 
 
 class McpCalls:
@@ -52,7 +62,12 @@ class McpCalls:
         """An MCP tool exposed on the surface under its own name."""
         route = call.route
         return await self.call(
-            call.resolved, route.server, route.tool, call.arguments, call.timeout_seconds
+            call.resolved,
+            route.server,
+            route.tool,
+            call.arguments,
+            call.timeout_seconds,
+            start=call.start,
         )
 
     async def call(
@@ -62,6 +77,8 @@ class McpCalls:
         tool: str,
         arguments: Any,
         timeout_seconds: float,
+        *,
+        start: TaskStart | None = None,
     ) -> ToolResult:
         tools = resolved.permitted.get(server)
         if tools is None:
@@ -74,10 +91,11 @@ class McpCalls:
                 f"The arguments of {server}/{tool} must be a JSON object.", server, tool
             )
         schema = found.input_schema_json
-        if self._validators.quick(schema, arguments):
-            problems = self._validators.errors(schema, arguments)
+        judged = given_arguments(arguments)
+        if self._validators.quick(schema, judged):
+            problems = self._validators.errors(schema, judged)
         else:
-            problems = await self._cpu(self._validators.errors, schema, arguments)
+            problems = await self._cpu(self._validators.errors, schema, judged)
         if problems:
             shown = problems[:MAX_VALIDATION_ERRORS]
             more = len(problems) - len(shown)
@@ -88,14 +106,17 @@ class McpCalls:
                 + f". Read its input schema with {naming.DESCRIBE_TOOL}."
             )
             return ToolResult.error(message, server, tool)
+        tenant = resolved.snapshot.servers[server].connection.tenant
         try:
-            result = await self._runner.call_tool(
-                resolved.snapshot.servers[server].connection.tenant,
-                server,
-                tool,
-                arguments,
-                timeout_seconds,
-            )
+            if start is None:
+                result = await self._runner.call_tool(
+                    tenant, server, tool, arguments, timeout_seconds
+                )
+            else:
+                answer = await start(tenant, server, tool, arguments, timeout_seconds)
+                if isinstance(answer, ToolResult):
+                    return answer  # started as a task
+                result = answer
         except ToolCallFailed as failure:
             return ToolResult.error(
                 f"{server}/{tool} did not answer: {failure}",
@@ -104,6 +125,20 @@ class McpCalls:
                 authorization=failure.authorization,
             )
         return ToolResult(result.is_error, result.result_json, result.content, server, tool)
+
+
+def given_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments the sidecar's own check judges: a top-level `null` reads as not given.
+
+    The MCP server is the judge of its inputs (2026-07-28, tools: servers MUST validate all
+    tool inputs, and an invalid input is a tool execution error they report). The transport
+    expects `null` for a parameter in a call and only omits its header (Streamable HTTP,
+    custom headers: "Parameter value is null: client MUST omit the header"). So the sidecar's
+    check, which spares the model a round trip for what is surely wrong, leaves a `null` to
+    the server; the arguments are sent as given."""
+    if not any(value is None for value in arguments.values()):
+        return arguments
+    return {key: value for key, value in arguments.items() if value is not None}
 
 
 def unknown_server(resolved: ResolvedTurn, server: object) -> ToolResult:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from psych_sidecar.domain.calls.task_types import ToolTask
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.catalog import AuthorizationReason
 from psych_sidecar.domain.runlog import ContentPart, PartKind, RecordedCall
@@ -26,6 +27,8 @@ class ToolResult:
     server: str = ""
     tool: str = ""
     authorization: AuthorizationReason | None = None
+    # The task the call started as on its server (told to the host beside the result).
+    task: ToolTask | None = None
 
     @classmethod
     def of(
@@ -74,6 +77,8 @@ class ToolOutcome:
     sequence: int
     handle: str
     authorization: AuthorizationReason | None = None
+    # The task the call started as (the call that started it only, as `authorization`).
+    task: ToolTask | None = None
 
     @classmethod
     def of(cls, recorded: RecordedCall) -> ToolOutcome:

@@ -23,7 +23,7 @@ from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
 from psych_sidecar.domain.calls.history import HistoryReader
 from psych_sidecar.domain.calls.ledger import CallLedger
 from psych_sidecar.domain.calls.limits import DEFAULT_MAX_ARGUMENT_BYTES
-from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall
+from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall, TaskStart
 from psych_sidecar.domain.calls.meta_tools import MetaTools
 from psych_sidecar.domain.calls.outcomes import ToolOutcome, ToolResult
 from psych_sidecar.domain.calls.own_tools import OwnTools
@@ -33,6 +33,8 @@ from psych_sidecar.domain.calls.references import (
     mentions_reference,
     with_resolved_references,
 )
+from psych_sidecar.domain.calls.task_types import CallExecution
+from psych_sidecar.domain.calls.tasks import ToolTasks
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
 from psych_sidecar.domain.catalog import ToolRunner
 from psych_sidecar.domain.errors import field_invalid, field_required
@@ -59,7 +61,9 @@ McpKindHandler = Callable[[RoutedCall], Awaitable[ToolResult]]
 OwnToolHandler = Callable[[RunContext, ToolCall], ToolResult]
 """Runs one of the sidecar's own tools, which check their arguments themselves."""
 
-Handler = Callable[[RunContext, ResolvedTurn, ExposedTool, ToolCall], Awaitable[ToolResult]]
+Handler = Callable[
+    [RunContext, ResolvedTurn, ExposedTool, ToolCall, TaskStart | None], Awaitable[ToolResult]
+]
 
 
 class ToolRouter:
@@ -76,8 +80,11 @@ class ToolRouter:
         cpu: OffLoop | None = None,
         now: StorageNow | None = None,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+        tasks: ToolTasks | None = None,
     ) -> None:
+        """`tasks`: how calls start as tasks on their servers (None: none does)."""
         self._resolver = resolver
+        self._tasks = tasks
         self._blocking = blocking
         self._default_timeout = default_timeout_seconds
         # A call's reads before it runs (its turn, a recorded answer), and with a small
@@ -104,8 +111,14 @@ class ToolRouter:
         }
         self._stale_routes = ImmutableCache[Hashable, dict[str, ExposedTool]](256)
 
-    async def dispatch(self, run_id: str, call: ToolCall) -> ToolOutcome | None:
-        """Run and record the call when the sidecar owns its tool; None when the host does."""
+    async def dispatch(
+        self,
+        run_id: str,
+        call: ToolCall,
+        execution: CallExecution = CallExecution.AS_DECLARED,
+    ) -> ToolOutcome | None:
+        """Run and record the call when the sidecar owns its tool; None when the host does.
+        `execution`: whether a call reaching an MCP tool may start as a task."""
         if not call.call_id:
             raise field_required("call.call_id")
         if not call.name:
@@ -123,8 +136,10 @@ class ToolRouter:
             return None
         handler = self._table[route.kind]
 
+        start = self._task_start(run_id, call.call_id, execution)
+
         async def run() -> ToolResult:
-            result = await handler(context, resolved, route, call)
+            result = await handler(context, resolved, route, call, start)
             if not result.server and not result.tool:
                 # A result not tied to one MCP tool is recorded under the tool the model
                 # called.
@@ -141,8 +156,10 @@ class ToolRouter:
         arguments: Mapping[str, Any],
         call_id: str,
         timeout_seconds: float | None,
+        execution: CallExecution = CallExecution.AS_DECLARED,
     ) -> ToolOutcome:
-        """CallDeferredTool: one MCP tool by (server, tool), narrowed like any other call."""
+        """CallDeferredTool: one MCP tool by (server, tool), narrowed like any other call;
+        `execution` says whether it may start as a task."""
         if not call_id:
             raise field_required("call_id")
         if not server:
@@ -151,8 +168,10 @@ class ToolRouter:
             raise field_required("tool")
         timeout = timeout_seconds or self._default_timeout
 
+        start = self._task_start(run_id, call_id, execution)
+
         async def run(turn: tuple[RunContext, ResolvedTurn]) -> ToolResult:
-            return await self._mcp.call(turn[1], server, tool, arguments, timeout)
+            return await self._mcp.call(turn[1], server, tool, arguments, timeout, start=start)
 
         # The Run's turn is resolved in the same hop to the storage threads as the look-up
         # of a recorded answer (an unknown Run fails there, before anything runs).
@@ -163,6 +182,32 @@ class ToolRouter:
             lambda: self._resolver.resolved(run_id),
             run,
         )
+
+    def _task_start(self, run_id: str, call_id: str, execution: CallExecution) -> TaskStart | None:
+        """How this call may start as a task (None: tasks are off here)."""
+        tasks = self._tasks
+        if tasks is None:
+            return None
+
+        async def start(
+            tenant: str,
+            server: str,
+            tool: str,
+            arguments: Mapping[str, Any],
+            timeout_seconds: float,
+        ) -> Any:
+            return await tasks.start(
+                run_id=run_id,
+                call_id=call_id,
+                tenant=tenant,
+                server=server,
+                tool=tool,
+                arguments=arguments,
+                timeout_seconds=timeout_seconds,
+                execution=execution,
+            )
+
+        return start
 
     def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:
         """The exposed tool a name stands for: on the current surface, or — for a name the
@@ -201,7 +246,11 @@ class ToolRouter:
         judges them further)."""
 
         async def run(
-            context: RunContext, resolved: ResolvedTurn, route: ExposedTool, call: ToolCall
+            context: RunContext,
+            resolved: ResolvedTurn,
+            route: ExposedTool,
+            call: ToolCall,
+            start: TaskStart | None,
         ) -> ToolResult:
             try:
                 arguments = parse_arguments(call.arguments_json)
@@ -213,13 +262,15 @@ class ToolRouter:
             if context.spec.disclosure.result_references is False or not mentions_reference(
                 call.arguments_json
             ):
-                return await handler(RoutedCall(resolved, route, arguments, self._default_timeout))
+                return await handler(
+                    RoutedCall(resolved, route, arguments, self._default_timeout, start)
+                )
             # A handle of another Run raises INVALID_DEFERRED_HANDLE: nothing runs or is
             # recorded.
             found = await self._blocking(self._references.resolve, context.run, arguments)
             if isinstance(found, ReferenceProblem):
                 return ToolResult.error(str(found), route.server, route.tool or route.name)
-            routed = RoutedCall(resolved, route, found.arguments, self._default_timeout)
+            routed = RoutedCall(resolved, route, found.arguments, self._default_timeout, start)
             return with_resolved_references(await handler(routed), found.references)
 
         return run
@@ -228,7 +279,11 @@ class ToolRouter:
         """One of the sidecar's own tools: it reads the log, so it runs off the event loop."""
 
         async def run(
-            context: RunContext, resolved: ResolvedTurn, route: ExposedTool, call: ToolCall
+            context: RunContext,
+            resolved: ResolvedTurn,
+            route: ExposedTool,
+            call: ToolCall,
+            start: TaskStart | None,
         ) -> ToolResult:
             return await self._blocking(handler, context, call)
 

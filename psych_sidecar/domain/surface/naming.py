@@ -39,9 +39,11 @@ REFERENCE_GUIDANCE = (
     "yields of it, without copying it: the sidecar puts the value in place."
 )
 SEARCH_TOOLS = "mcp_search_tools"
+# The step a task's result arrives in calls it (domain/calls/tasks.py); never on a surface.
+TASK_RESULT = "mcp_task_result"
 CALL_TOOL_BY_NAME = "mcp_call_tool_by_name"
 RESERVED_NAMES = frozenset(
-    {LIST_TOOLS, DESCRIBE_TOOL, CALL_TOOL, SEARCH_TOOLS, CALL_TOOL_BY_NAME}
+    {LIST_TOOLS, DESCRIBE_TOOL, CALL_TOOL, SEARCH_TOOLS, CALL_TOOL_BY_NAME, TASK_RESULT}
     | {"read_tool_output", "load_skill", "read_history"}
 )
 

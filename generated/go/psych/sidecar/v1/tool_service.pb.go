@@ -12,6 +12,7 @@ import (
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -77,6 +78,129 @@ func (DispatchDisposition) EnumDescriptor() ([]byte, []int) {
 	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{0}
 }
 
+// ToolCallExecution says how a call of an MCP tool runs.
+type ToolCallExecution int32
+
+const (
+	// As a task only when the tool declares itself long-running (its listed
+	// execution.taskSupport is "optional" or "required") and its server
+	// supports tasks; otherwise the call waits for the result.
+	ToolCallExecution_TOOL_CALL_EXECUTION_UNSPECIFIED ToolCallExecution = 0
+	// The host marks the call long-running: where its MCP server supports the
+	// tasks extension (io.modelcontextprotocol/tasks), the sidecar offers it a
+	// task, and a server that starts one returns at once. The model sees
+	// "started, running" now and the server's result in a later step. A server
+	// without tasks support runs the call as any other.
+	ToolCallExecution_TOOL_CALL_EXECUTION_LONG_RUNNING ToolCallExecution = 1
+)
+
+// Enum value maps for ToolCallExecution.
+var (
+	ToolCallExecution_name = map[int32]string{
+		0: "TOOL_CALL_EXECUTION_UNSPECIFIED",
+		1: "TOOL_CALL_EXECUTION_LONG_RUNNING",
+	}
+	ToolCallExecution_value = map[string]int32{
+		"TOOL_CALL_EXECUTION_UNSPECIFIED":  0,
+		"TOOL_CALL_EXECUTION_LONG_RUNNING": 1,
+	}
+)
+
+func (x ToolCallExecution) Enum() *ToolCallExecution {
+	p := new(ToolCallExecution)
+	*p = x
+	return p
+}
+
+func (x ToolCallExecution) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ToolCallExecution) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_tool_service_proto_enumTypes[1].Descriptor()
+}
+
+func (ToolCallExecution) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[1]
+}
+
+func (x ToolCallExecution) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ToolCallExecution.Descriptor instead.
+func (ToolCallExecution) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{1}
+}
+
+// ToolTaskState is where a task is.
+type ToolTaskState int32
+
+const (
+	// Never sent.
+	ToolTaskState_TOOL_TASK_STATE_UNSPECIFIED ToolTaskState = 0
+	// The server is working on it.
+	ToolTaskState_TOOL_TASK_STATE_WORKING ToolTaskState = 1
+	// The server waits for input the sidecar does not give (a task's input
+	// requests are not answered); it stays until the server ends it or its
+	// time runs out.
+	ToolTaskState_TOOL_TASK_STATE_INPUT_REQUIRED ToolTaskState = 2
+	// Ended with the server's result (which may itself be a tool error).
+	ToolTaskState_TOOL_TASK_STATE_COMPLETED ToolTaskState = 3
+	// Ended without a result: the server reported an error, forgot the task,
+	// or did not end it in time.
+	ToolTaskState_TOOL_TASK_STATE_FAILED ToolTaskState = 4
+	// Ended because the host cancelled it.
+	ToolTaskState_TOOL_TASK_STATE_CANCELLED ToolTaskState = 5
+)
+
+// Enum value maps for ToolTaskState.
+var (
+	ToolTaskState_name = map[int32]string{
+		0: "TOOL_TASK_STATE_UNSPECIFIED",
+		1: "TOOL_TASK_STATE_WORKING",
+		2: "TOOL_TASK_STATE_INPUT_REQUIRED",
+		3: "TOOL_TASK_STATE_COMPLETED",
+		4: "TOOL_TASK_STATE_FAILED",
+		5: "TOOL_TASK_STATE_CANCELLED",
+	}
+	ToolTaskState_value = map[string]int32{
+		"TOOL_TASK_STATE_UNSPECIFIED":    0,
+		"TOOL_TASK_STATE_WORKING":        1,
+		"TOOL_TASK_STATE_INPUT_REQUIRED": 2,
+		"TOOL_TASK_STATE_COMPLETED":      3,
+		"TOOL_TASK_STATE_FAILED":         4,
+		"TOOL_TASK_STATE_CANCELLED":      5,
+	}
+)
+
+func (x ToolTaskState) Enum() *ToolTaskState {
+	p := new(ToolTaskState)
+	*p = x
+	return p
+}
+
+func (x ToolTaskState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ToolTaskState) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_tool_service_proto_enumTypes[2].Descriptor()
+}
+
+func (ToolTaskState) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[2]
+}
+
+func (x ToolTaskState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ToolTaskState.Descriptor instead.
+func (ToolTaskState) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{2}
+}
+
 // ToolOutcome is the outcome of a tool call the sidecar executed.
 type ToolOutcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -98,8 +222,14 @@ type ToolOutcome struct {
 	// CREDENTIALS_REFUSED, then call again with a new call id. Unset for every
 	// other outcome, and on a retry's answer read back from the log.
 	AuthorizationRequiredReason AuthorizationRequiredReason `protobuf:"varint,5,opt,name=authorization_required_reason,json=authorizationRequiredReason,proto3,enum=psych.sidecar.v1.AuthorizationRequiredReason" json:"authorization_required_reason,omitempty"`
-	unknownFields               protoimpl.UnknownFields
-	sizeCache                   protoimpl.SizeCache
+	// Set when the call started as a task on its MCP server (see
+	// ToolCallExecution): the result above is what the model sees at once
+	// ("started, running"); the server's final result is appended to the log
+	// when the task ends (GetToolTask). Unset on a retry's answer read back
+	// from the log.
+	Task          *ToolTask `protobuf:"bytes,10,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ToolOutcome) Reset() {
@@ -167,6 +297,13 @@ func (x *ToolOutcome) GetAuthorizationRequiredReason() AuthorizationRequiredReas
 	return AuthorizationRequiredReason_AUTHORIZATION_REQUIRED_REASON_UNSPECIFIED
 }
 
+func (x *ToolOutcome) GetTask() *ToolTask {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
 // CallDeferredToolRequest is the request of ToolService.CallDeferredTool.
 type CallDeferredToolRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -181,7 +318,10 @@ type CallDeferredToolRequest struct {
 	// The provider's call id, recorded with the result.
 	CallId string `protobuf:"bytes,5,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	// How long to wait for the server; unset uses the sidecar's default.
-	Timeout       *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Timeout *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// How the call runs; unset: as a task only when the tool declares itself
+	// long-running (see ToolCallExecution).
+	Execution     ToolCallExecution `protobuf:"varint,10,opt,name=execution,proto3,enum=psych.sidecar.v1.ToolCallExecution" json:"execution,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -256,6 +396,13 @@ func (x *CallDeferredToolRequest) GetTimeout() *durationpb.Duration {
 		return x.Timeout
 	}
 	return nil
+}
+
+func (x *CallDeferredToolRequest) GetExecution() ToolCallExecution {
+	if x != nil {
+		return x.Execution
+	}
+	return ToolCallExecution_TOOL_CALL_EXECUTION_UNSPECIFIED
 }
 
 // CallDeferredToolResponse is the response of ToolService.CallDeferredTool.
@@ -1017,7 +1164,10 @@ type DispatchToolCallRequest struct {
 	// The Run.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// The tool call as the model emitted it.
-	Call          *ToolCall `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	Call *ToolCall `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	// How the call runs when it reaches an MCP tool; unset: as a task only
+	// when the tool declares itself long-running (see ToolCallExecution).
+	Execution     ToolCallExecution `protobuf:"varint,10,opt,name=execution,proto3,enum=psych.sidecar.v1.ToolCallExecution" json:"execution,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1064,6 +1214,13 @@ func (x *DispatchToolCallRequest) GetCall() *ToolCall {
 		return x.Call
 	}
 	return nil
+}
+
+func (x *DispatchToolCallRequest) GetExecution() ToolCallExecution {
+	if x != nil {
+		return x.Execution
+	}
+	return ToolCallExecution_TOOL_CALL_EXECUTION_UNSPECIFIED
 }
 
 // DispatchToolCallResponse is the response of ToolService.DispatchToolCall.
@@ -1121,25 +1278,382 @@ func (x *DispatchToolCallResponse) GetOutcome() *ToolOutcome {
 	return nil
 }
 
+// ToolTask is a call that runs as a task on its MCP server. The sidecar
+// stores it, polls the server with backoff (any sidecar on the same
+// database does, after a restart too) and, when it ends, appends its result
+// to the Run's log: an assistant step calling mcp_task_result for the call,
+// and that step's tool result (the server's final result, or a tool error
+// saying why there is none).
+type ToolTask struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The call id of the call that started the task.
+	CallId string `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// The connection's name.
+	Server string `protobuf:"bytes,3,opt,name=server,proto3" json:"server,omitempty"`
+	// The MCP tool's name on that server.
+	Tool string `protobuf:"bytes,4,opt,name=tool,proto3" json:"tool,omitempty"`
+	// The server's task id.
+	TaskId string `protobuf:"bytes,5,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Where the task is.
+	State ToolTaskState `protobuf:"varint,6,opt,name=state,proto3,enum=psych.sidecar.v1.ToolTaskState" json:"state,omitempty"`
+	// The server's last status message, as it sent it (may be empty).
+	StatusMessage string `protobuf:"bytes,7,opt,name=status_message,json=statusMessage,proto3" json:"status_message,omitempty"`
+	// When the task started.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// When the sidecar last learnt something of it.
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// Once ended: the call id of the tool result holding its outcome in the
+	// Run's log, and that record's sequence and handle (ReadToolOutput).
+	ResultCallId string `protobuf:"bytes,10,opt,name=result_call_id,json=resultCallId,proto3" json:"result_call_id,omitempty"`
+	// See result_call_id.
+	ResultSequence int64 `protobuf:"varint,11,opt,name=result_sequence,json=resultSequence,proto3" json:"result_sequence,omitempty"`
+	// See result_call_id.
+	ResultHandle  string `protobuf:"bytes,12,opt,name=result_handle,json=resultHandle,proto3" json:"result_handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolTask) Reset() {
+	*x = ToolTask{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolTask) ProtoMessage() {}
+
+func (x *ToolTask) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolTask.ProtoReflect.Descriptor instead.
+func (*ToolTask) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ToolTask) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ToolTask) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ToolTask) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *ToolTask) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *ToolTask) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ToolTask) GetState() ToolTaskState {
+	if x != nil {
+		return x.State
+	}
+	return ToolTaskState_TOOL_TASK_STATE_UNSPECIFIED
+}
+
+func (x *ToolTask) GetStatusMessage() string {
+	if x != nil {
+		return x.StatusMessage
+	}
+	return ""
+}
+
+func (x *ToolTask) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *ToolTask) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *ToolTask) GetResultCallId() string {
+	if x != nil {
+		return x.ResultCallId
+	}
+	return ""
+}
+
+func (x *ToolTask) GetResultSequence() int64 {
+	if x != nil {
+		return x.ResultSequence
+	}
+	return 0
+}
+
+func (x *ToolTask) GetResultHandle() string {
+	if x != nil {
+		return x.ResultHandle
+	}
+	return ""
+}
+
+// GetToolTaskRequest is the request of ToolService.GetToolTask.
+type GetToolTaskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The call id of the call that started the task.
+	CallId        string `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetToolTaskRequest) Reset() {
+	*x = GetToolTaskRequest{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetToolTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetToolTaskRequest) ProtoMessage() {}
+
+func (x *GetToolTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetToolTaskRequest.ProtoReflect.Descriptor instead.
+func (*GetToolTaskRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *GetToolTaskRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *GetToolTaskRequest) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+// GetToolTaskResponse is the response of ToolService.GetToolTask.
+type GetToolTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task.
+	Task          *ToolTask `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetToolTaskResponse) Reset() {
+	*x = GetToolTaskResponse{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetToolTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetToolTaskResponse) ProtoMessage() {}
+
+func (x *GetToolTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetToolTaskResponse.ProtoReflect.Descriptor instead.
+func (*GetToolTaskResponse) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetToolTaskResponse) GetTask() *ToolTask {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+// CancelToolTaskRequest is the request of ToolService.CancelToolTask.
+type CancelToolTaskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The call id of the call that started the task.
+	CallId        string `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelToolTaskRequest) Reset() {
+	*x = CancelToolTaskRequest{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelToolTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelToolTaskRequest) ProtoMessage() {}
+
+func (x *CancelToolTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelToolTaskRequest.ProtoReflect.Descriptor instead.
+func (*CancelToolTaskRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CancelToolTaskRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CancelToolTaskRequest) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+// CancelToolTaskResponse is the response of ToolService.CancelToolTask.
+type CancelToolTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task, ended.
+	Task          *ToolTask `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelToolTaskResponse) Reset() {
+	*x = CancelToolTaskResponse{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelToolTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelToolTaskResponse) ProtoMessage() {}
+
+func (x *CancelToolTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelToolTaskResponse.ProtoReflect.Descriptor instead.
+func (*CancelToolTaskResponse) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CancelToolTaskResponse) GetTask() *ToolTask {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
 var File_psych_sidecar_v1_tool_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\n" +
-	"#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xf0\x01\n" +
+	"#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xa0\x02\n" +
 	"\vToolOutcome\x12\x19\n" +
 	"\bis_error\x18\x01 \x01(\bR\aisError\x12\x1f\n" +
 	"\vresult_json\x18\x02 \x01(\fR\n" +
 	"resultJson\x12\x1a\n" +
 	"\bsequence\x18\x03 \x01(\x03R\bsequence\x12\x16\n" +
 	"\x06handle\x18\x04 \x01(\tR\x06handle\x12q\n" +
-	"\x1dauthorization_required_reason\x18\x05 \x01(\x0e2-.psych.sidecar.v1.AuthorizationRequiredReasonR\x1bauthorizationRequiredReason\"\x85\x02\n" +
+	"\x1dauthorization_required_reason\x18\x05 \x01(\x0e2-.psych.sidecar.v1.AuthorizationRequiredReasonR\x1bauthorizationRequiredReason\x12.\n" +
+	"\x04task\x18\n" +
+	" \x01(\v2\x1a.psych.sidecar.v1.ToolTaskR\x04task\"\xce\x02\n" +
 	"\x17CallDeferredToolRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1c\n" +
 	"\x06server\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06server\x12\x18\n" +
 	"\x04tool\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\x04tool\x12;\n" +
 	"\targuments\x18\x04 \x01(\v2\x17.google.protobuf.StructB\x04\xe2A\x01\x01R\targuments\x12\x1d\n" +
 	"\acall_id\x18\x05 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x129\n" +
-	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x01R\atimeout\"S\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x01R\atimeout\x12G\n" +
+	"\texecution\x18\n" +
+	" \x01(\x0e2#.psych.sidecar.v1.ToolCallExecutionB\x04\xe2A\x01\x01R\texecution\"S\n" +
 	"\x18CallDeferredToolResponse\x127\n" +
 	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\"\xc2\x01\n" +
 	"\x15ReadToolOutputRequest\x12\x1b\n" +
@@ -1192,24 +1706,64 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12 \n" +
 	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x14\n" +
-	"\x05score\x18\x04 \x01(\x01R\x05score\"l\n" +
+	"\x05score\x18\x04 \x01(\x01R\x05score\"\xb5\x01\n" +
 	"\x17DispatchToolCallRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x124\n" +
-	"\x04call\x18\x02 \x01(\v2\x1a.psych.sidecar.v1.ToolCallB\x04\xe2A\x01\x02R\x04call\"\x9c\x01\n" +
+	"\x04call\x18\x02 \x01(\v2\x1a.psych.sidecar.v1.ToolCallB\x04\xe2A\x01\x02R\x04call\x12G\n" +
+	"\texecution\x18\n" +
+	" \x01(\x0e2#.psych.sidecar.v1.ToolCallExecutionB\x04\xe2A\x01\x01R\texecution\"\x9c\x01\n" +
 	"\x18DispatchToolCallResponse\x12G\n" +
 	"\vdisposition\x18\x01 \x01(\x0e2%.psych.sidecar.v1.DispatchDispositionR\vdisposition\x127\n" +
-	"\aoutcome\x18\x02 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome*\x82\x01\n" +
+	"\aoutcome\x18\x02 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\"\xcb\x03\n" +
+	"\bToolTask\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
+	"\acall_id\x18\x02 \x01(\tR\x06callId\x12\x16\n" +
+	"\x06server\x18\x03 \x01(\tR\x06server\x12\x12\n" +
+	"\x04tool\x18\x04 \x01(\tR\x04tool\x12\x17\n" +
+	"\atask_id\x18\x05 \x01(\tR\x06taskId\x125\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1f.psych.sidecar.v1.ToolTaskStateR\x05state\x12%\n" +
+	"\x0estatus_message\x18\a \x01(\tR\rstatusMessage\x12;\n" +
+	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vupdate_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\x12$\n" +
+	"\x0eresult_call_id\x18\n" +
+	" \x01(\tR\fresultCallId\x12'\n" +
+	"\x0fresult_sequence\x18\v \x01(\x03R\x0eresultSequence\x12#\n" +
+	"\rresult_handle\x18\f \x01(\tR\fresultHandle\"P\n" +
+	"\x12GetToolTaskRequest\x12\x1b\n" +
+	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1d\n" +
+	"\acall_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06callId\"E\n" +
+	"\x13GetToolTaskResponse\x12.\n" +
+	"\x04task\x18\x01 \x01(\v2\x1a.psych.sidecar.v1.ToolTaskR\x04task\"S\n" +
+	"\x15CancelToolTaskRequest\x12\x1b\n" +
+	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1d\n" +
+	"\acall_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06callId\"H\n" +
+	"\x16CancelToolTaskResponse\x12.\n" +
+	"\x04task\x18\x01 \x01(\v2\x1a.psych.sidecar.v1.ToolTaskR\x04task*\x82\x01\n" +
 	"\x13DispatchDisposition\x12$\n" +
 	" DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dDISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n" +
-	"\x1eDISPATCH_DISPOSITION_HOST_TOOL\x10\x022\xeb\x04\n" +
+	"\x1eDISPATCH_DISPOSITION_HOST_TOOL\x10\x02*^\n" +
+	"\x11ToolCallExecution\x12#\n" +
+	"\x1fTOOL_CALL_EXECUTION_UNSPECIFIED\x10\x00\x12$\n" +
+	" TOOL_CALL_EXECUTION_LONG_RUNNING\x10\x01*\xcb\x01\n" +
+	"\rToolTaskState\x12\x1f\n" +
+	"\x1bTOOL_TASK_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17TOOL_TASK_STATE_WORKING\x10\x01\x12\"\n" +
+	"\x1eTOOL_TASK_STATE_INPUT_REQUIRED\x10\x02\x12\x1d\n" +
+	"\x19TOOL_TASK_STATE_COMPLETED\x10\x03\x12\x1a\n" +
+	"\x16TOOL_TASK_STATE_FAILED\x10\x04\x12\x1d\n" +
+	"\x19TOOL_TASK_STATE_CANCELLED\x10\x052\xac\x06\n" +
 	"\vToolService\x12i\n" +
 	"\x10CallDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12c\n" +
 	"\x0eReadToolOutput\x12'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12f\n" +
 	"\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n" +
 	"\fDescribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n" +
 	"\vSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n" +
-	"\x10DispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponseB\xbb\x01\n" +
+	"\x10DispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponse\x12Z\n" +
+	"\vGetToolTask\x12$.psych.sidecar.v1.GetToolTaskRequest\x1a%.psych.sidecar.v1.GetToolTaskResponse\x12c\n" +
+	"\x0eCancelToolTask\x12'.psych.sidecar.v1.CancelToolTaskRequest\x1a(.psych.sidecar.v1.CancelToolTaskResponseB\xbb\x01\n" +
 	"\x14dev.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -1224,59 +1778,79 @@ func file_psych_sidecar_v1_tool_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_tool_service_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_tool_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_psych_sidecar_v1_tool_service_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_psych_sidecar_v1_tool_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_psych_sidecar_v1_tool_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_psych_sidecar_v1_tool_service_proto_goTypes = []any{
 	(DispatchDisposition)(0),         // 0: psych.sidecar.v1.DispatchDisposition
-	(*ToolOutcome)(nil),              // 1: psych.sidecar.v1.ToolOutcome
-	(*CallDeferredToolRequest)(nil),  // 2: psych.sidecar.v1.CallDeferredToolRequest
-	(*CallDeferredToolResponse)(nil), // 3: psych.sidecar.v1.CallDeferredToolResponse
-	(*ReadToolOutputRequest)(nil),    // 4: psych.sidecar.v1.ReadToolOutputRequest
-	(*ReadToolOutputResponse)(nil),   // 5: psych.sidecar.v1.ReadToolOutputResponse
-	(*GrepMatch)(nil),                // 6: psych.sidecar.v1.GrepMatch
-	(*ListServerToolsRequest)(nil),   // 7: psych.sidecar.v1.ListServerToolsRequest
-	(*ListServerToolsResponse)(nil),  // 8: psych.sidecar.v1.ListServerToolsResponse
-	(*DescribeToolRequest)(nil),      // 9: psych.sidecar.v1.DescribeToolRequest
-	(*DescribeToolResponse)(nil),     // 10: psych.sidecar.v1.DescribeToolResponse
-	(*SearchToolsRequest)(nil),       // 11: psych.sidecar.v1.SearchToolsRequest
-	(*SearchToolsResponse)(nil),      // 12: psych.sidecar.v1.SearchToolsResponse
-	(*SearchHit)(nil),                // 13: psych.sidecar.v1.SearchHit
-	(*DispatchToolCallRequest)(nil),  // 14: psych.sidecar.v1.DispatchToolCallRequest
-	(*DispatchToolCallResponse)(nil), // 15: psych.sidecar.v1.DispatchToolCallResponse
-	(AuthorizationRequiredReason)(0), // 16: psych.sidecar.v1.AuthorizationRequiredReason
-	(*structpb.Struct)(nil),          // 17: google.protobuf.Struct
-	(*durationpb.Duration)(nil),      // 18: google.protobuf.Duration
-	(*CatalogTool)(nil),              // 19: psych.sidecar.v1.CatalogTool
-	(*ToolCall)(nil),                 // 20: psych.sidecar.v1.ToolCall
+	(ToolCallExecution)(0),           // 1: psych.sidecar.v1.ToolCallExecution
+	(ToolTaskState)(0),               // 2: psych.sidecar.v1.ToolTaskState
+	(*ToolOutcome)(nil),              // 3: psych.sidecar.v1.ToolOutcome
+	(*CallDeferredToolRequest)(nil),  // 4: psych.sidecar.v1.CallDeferredToolRequest
+	(*CallDeferredToolResponse)(nil), // 5: psych.sidecar.v1.CallDeferredToolResponse
+	(*ReadToolOutputRequest)(nil),    // 6: psych.sidecar.v1.ReadToolOutputRequest
+	(*ReadToolOutputResponse)(nil),   // 7: psych.sidecar.v1.ReadToolOutputResponse
+	(*GrepMatch)(nil),                // 8: psych.sidecar.v1.GrepMatch
+	(*ListServerToolsRequest)(nil),   // 9: psych.sidecar.v1.ListServerToolsRequest
+	(*ListServerToolsResponse)(nil),  // 10: psych.sidecar.v1.ListServerToolsResponse
+	(*DescribeToolRequest)(nil),      // 11: psych.sidecar.v1.DescribeToolRequest
+	(*DescribeToolResponse)(nil),     // 12: psych.sidecar.v1.DescribeToolResponse
+	(*SearchToolsRequest)(nil),       // 13: psych.sidecar.v1.SearchToolsRequest
+	(*SearchToolsResponse)(nil),      // 14: psych.sidecar.v1.SearchToolsResponse
+	(*SearchHit)(nil),                // 15: psych.sidecar.v1.SearchHit
+	(*DispatchToolCallRequest)(nil),  // 16: psych.sidecar.v1.DispatchToolCallRequest
+	(*DispatchToolCallResponse)(nil), // 17: psych.sidecar.v1.DispatchToolCallResponse
+	(*ToolTask)(nil),                 // 18: psych.sidecar.v1.ToolTask
+	(*GetToolTaskRequest)(nil),       // 19: psych.sidecar.v1.GetToolTaskRequest
+	(*GetToolTaskResponse)(nil),      // 20: psych.sidecar.v1.GetToolTaskResponse
+	(*CancelToolTaskRequest)(nil),    // 21: psych.sidecar.v1.CancelToolTaskRequest
+	(*CancelToolTaskResponse)(nil),   // 22: psych.sidecar.v1.CancelToolTaskResponse
+	(AuthorizationRequiredReason)(0), // 23: psych.sidecar.v1.AuthorizationRequiredReason
+	(*structpb.Struct)(nil),          // 24: google.protobuf.Struct
+	(*durationpb.Duration)(nil),      // 25: google.protobuf.Duration
+	(*CatalogTool)(nil),              // 26: psych.sidecar.v1.CatalogTool
+	(*ToolCall)(nil),                 // 27: psych.sidecar.v1.ToolCall
+	(*timestamppb.Timestamp)(nil),    // 28: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_tool_service_proto_depIdxs = []int32{
-	16, // 0: psych.sidecar.v1.ToolOutcome.authorization_required_reason:type_name -> psych.sidecar.v1.AuthorizationRequiredReason
-	17, // 1: psych.sidecar.v1.CallDeferredToolRequest.arguments:type_name -> google.protobuf.Struct
-	18, // 2: psych.sidecar.v1.CallDeferredToolRequest.timeout:type_name -> google.protobuf.Duration
-	1,  // 3: psych.sidecar.v1.CallDeferredToolResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
-	6,  // 4: psych.sidecar.v1.ReadToolOutputResponse.matches:type_name -> psych.sidecar.v1.GrepMatch
-	19, // 5: psych.sidecar.v1.DescribeToolResponse.tool:type_name -> psych.sidecar.v1.CatalogTool
-	13, // 6: psych.sidecar.v1.SearchToolsResponse.hits:type_name -> psych.sidecar.v1.SearchHit
-	20, // 7: psych.sidecar.v1.DispatchToolCallRequest.call:type_name -> psych.sidecar.v1.ToolCall
-	0,  // 8: psych.sidecar.v1.DispatchToolCallResponse.disposition:type_name -> psych.sidecar.v1.DispatchDisposition
-	1,  // 9: psych.sidecar.v1.DispatchToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
-	2,  // 10: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
-	4,  // 11: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
-	7,  // 12: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
-	9,  // 13: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
-	11, // 14: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
-	14, // 15: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
-	3,  // 16: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
-	5,  // 17: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
-	8,  // 18: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
-	10, // 19: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
-	12, // 20: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
-	15, // 21: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	23, // 0: psych.sidecar.v1.ToolOutcome.authorization_required_reason:type_name -> psych.sidecar.v1.AuthorizationRequiredReason
+	18, // 1: psych.sidecar.v1.ToolOutcome.task:type_name -> psych.sidecar.v1.ToolTask
+	24, // 2: psych.sidecar.v1.CallDeferredToolRequest.arguments:type_name -> google.protobuf.Struct
+	25, // 3: psych.sidecar.v1.CallDeferredToolRequest.timeout:type_name -> google.protobuf.Duration
+	1,  // 4: psych.sidecar.v1.CallDeferredToolRequest.execution:type_name -> psych.sidecar.v1.ToolCallExecution
+	3,  // 5: psych.sidecar.v1.CallDeferredToolResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	8,  // 6: psych.sidecar.v1.ReadToolOutputResponse.matches:type_name -> psych.sidecar.v1.GrepMatch
+	26, // 7: psych.sidecar.v1.DescribeToolResponse.tool:type_name -> psych.sidecar.v1.CatalogTool
+	15, // 8: psych.sidecar.v1.SearchToolsResponse.hits:type_name -> psych.sidecar.v1.SearchHit
+	27, // 9: psych.sidecar.v1.DispatchToolCallRequest.call:type_name -> psych.sidecar.v1.ToolCall
+	1,  // 10: psych.sidecar.v1.DispatchToolCallRequest.execution:type_name -> psych.sidecar.v1.ToolCallExecution
+	0,  // 11: psych.sidecar.v1.DispatchToolCallResponse.disposition:type_name -> psych.sidecar.v1.DispatchDisposition
+	3,  // 12: psych.sidecar.v1.DispatchToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	2,  // 13: psych.sidecar.v1.ToolTask.state:type_name -> psych.sidecar.v1.ToolTaskState
+	28, // 14: psych.sidecar.v1.ToolTask.create_time:type_name -> google.protobuf.Timestamp
+	28, // 15: psych.sidecar.v1.ToolTask.update_time:type_name -> google.protobuf.Timestamp
+	18, // 16: psych.sidecar.v1.GetToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
+	18, // 17: psych.sidecar.v1.CancelToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
+	4,  // 18: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
+	6,  // 19: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
+	9,  // 20: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
+	11, // 21: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
+	13, // 22: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
+	16, // 23: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
+	19, // 24: psych.sidecar.v1.ToolService.GetToolTask:input_type -> psych.sidecar.v1.GetToolTaskRequest
+	21, // 25: psych.sidecar.v1.ToolService.CancelToolTask:input_type -> psych.sidecar.v1.CancelToolTaskRequest
+	5,  // 26: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
+	7,  // 27: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
+	10, // 28: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
+	12, // 29: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
+	14, // 30: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
+	17, // 31: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
+	20, // 32: psych.sidecar.v1.ToolService.GetToolTask:output_type -> psych.sidecar.v1.GetToolTaskResponse
+	22, // 33: psych.sidecar.v1.ToolService.CancelToolTask:output_type -> psych.sidecar.v1.CancelToolTaskResponse
+	26, // [26:34] is the sub-list for method output_type
+	18, // [18:26] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_tool_service_proto_init() }
@@ -1291,8 +1865,8 @@ func file_psych_sidecar_v1_tool_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_tool_service_proto_rawDesc), len(file_psych_sidecar_v1_tool_service_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   15,
+			NumEnums:      3,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

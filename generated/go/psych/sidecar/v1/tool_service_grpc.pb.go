@@ -25,6 +25,8 @@ const (
 	ToolService_DescribeTool_FullMethodName     = "/psych.sidecar.v1.ToolService/DescribeTool"
 	ToolService_SearchTools_FullMethodName      = "/psych.sidecar.v1.ToolService/SearchTools"
 	ToolService_DispatchToolCall_FullMethodName = "/psych.sidecar.v1.ToolService/DispatchToolCall"
+	ToolService_GetToolTask_FullMethodName      = "/psych.sidecar.v1.ToolService/GetToolTask"
+	ToolService_CancelToolTask_FullMethodName   = "/psych.sidecar.v1.ToolService/CancelToolTask"
 )
 
 // ToolServiceClient is the client API for ToolService service.
@@ -61,6 +63,17 @@ type ToolServiceClient interface {
 	// with the same call id before the Run's next assistant message returns
 	// the recorded result and does not run the tool again.
 	DispatchToolCall(ctx context.Context, in *DispatchToolCallRequest, opts ...grpc.CallOption) (*DispatchToolCallResponse, error)
+	// GetToolTask reads the state of a call that started as a task (its
+	// ToolOutcome.task): how a host learns, by polling, that the task ended and
+	// where its result is in the Run's log. A call that is not a task fails
+	// with TOOL_TASK_NOT_FOUND.
+	GetToolTask(ctx context.Context, in *GetToolTaskRequest, opts ...grpc.CallOption) (*GetToolTaskResponse, error)
+	// CancelToolTask asks the MCP server to cancel a call's task (tasks/cancel)
+	// and ends it for the Run at once: its result, a tool error saying the host
+	// cancelled it, is appended to the log as a task's result is. A task that
+	// has ended already is returned as it is. A call that is not a task fails
+	// with TOOL_TASK_NOT_FOUND.
+	CancelToolTask(ctx context.Context, in *CancelToolTaskRequest, opts ...grpc.CallOption) (*CancelToolTaskResponse, error)
 }
 
 type toolServiceClient struct {
@@ -131,6 +144,26 @@ func (c *toolServiceClient) DispatchToolCall(ctx context.Context, in *DispatchTo
 	return out, nil
 }
 
+func (c *toolServiceClient) GetToolTask(ctx context.Context, in *GetToolTaskRequest, opts ...grpc.CallOption) (*GetToolTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetToolTaskResponse)
+	err := c.cc.Invoke(ctx, ToolService_GetToolTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *toolServiceClient) CancelToolTask(ctx context.Context, in *CancelToolTaskRequest, opts ...grpc.CallOption) (*CancelToolTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelToolTaskResponse)
+	err := c.cc.Invoke(ctx, ToolService_CancelToolTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ToolServiceServer is the server API for ToolService service.
 // All implementations must embed UnimplementedToolServiceServer
 // for forward compatibility.
@@ -165,6 +198,17 @@ type ToolServiceServer interface {
 	// with the same call id before the Run's next assistant message returns
 	// the recorded result and does not run the tool again.
 	DispatchToolCall(context.Context, *DispatchToolCallRequest) (*DispatchToolCallResponse, error)
+	// GetToolTask reads the state of a call that started as a task (its
+	// ToolOutcome.task): how a host learns, by polling, that the task ended and
+	// where its result is in the Run's log. A call that is not a task fails
+	// with TOOL_TASK_NOT_FOUND.
+	GetToolTask(context.Context, *GetToolTaskRequest) (*GetToolTaskResponse, error)
+	// CancelToolTask asks the MCP server to cancel a call's task (tasks/cancel)
+	// and ends it for the Run at once: its result, a tool error saying the host
+	// cancelled it, is appended to the log as a task's result is. A task that
+	// has ended already is returned as it is. A call that is not a task fails
+	// with TOOL_TASK_NOT_FOUND.
+	CancelToolTask(context.Context, *CancelToolTaskRequest) (*CancelToolTaskResponse, error)
 	mustEmbedUnimplementedToolServiceServer()
 }
 
@@ -192,6 +236,12 @@ func (UnimplementedToolServiceServer) SearchTools(context.Context, *SearchToolsR
 }
 func (UnimplementedToolServiceServer) DispatchToolCall(context.Context, *DispatchToolCallRequest) (*DispatchToolCallResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DispatchToolCall not implemented")
+}
+func (UnimplementedToolServiceServer) GetToolTask(context.Context, *GetToolTaskRequest) (*GetToolTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetToolTask not implemented")
+}
+func (UnimplementedToolServiceServer) CancelToolTask(context.Context, *CancelToolTaskRequest) (*CancelToolTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelToolTask not implemented")
 }
 func (UnimplementedToolServiceServer) mustEmbedUnimplementedToolServiceServer() {}
 func (UnimplementedToolServiceServer) testEmbeddedByValue()                     {}
@@ -322,6 +372,42 @@ func _ToolService_DispatchToolCall_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ToolService_GetToolTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetToolTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ToolServiceServer).GetToolTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ToolService_GetToolTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ToolServiceServer).GetToolTask(ctx, req.(*GetToolTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ToolService_CancelToolTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelToolTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ToolServiceServer).CancelToolTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ToolService_CancelToolTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ToolServiceServer).CancelToolTask(ctx, req.(*CancelToolTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ToolService_ServiceDesc is the grpc.ServiceDesc for ToolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -352,6 +438,14 @@ var ToolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DispatchToolCall",
 			Handler:    _ToolService_DispatchToolCall_Handler,
+		},
+		{
+			MethodName: "GetToolTask",
+			Handler:    _ToolService_GetToolTask_Handler,
+		},
+		{
+			MethodName: "CancelToolTask",
+			Handler:    _ToolService_CancelToolTask_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

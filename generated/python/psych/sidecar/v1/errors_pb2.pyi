@@ -231,6 +231,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     the same metadata gets the same answer until its publisher fixes it.
     Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
     """
+    ERROR_REASON_TOOL_TASK_NOT_FOUND: _ErrorReason.ValueType  # 37
+    """GetToolTask or CancelToolTask named a call that did not start as a task
+    on its MCP server (or no such call, or the Run's task was deleted with
+    it). Not retryable.
+    Status NOT_FOUND. Metadata: `run_id`, `call_id`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -454,5 +460,11 @@ resource than the server (RFC 9728 §3.3), or its issuer is not the
 authorization server it was asked of (RFC 8414 §3.3). Not retryable:
 the same metadata gets the same answer until its publisher fixes it.
 Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
+"""
+ERROR_REASON_TOOL_TASK_NOT_FOUND: ErrorReason.ValueType  # 37
+"""GetToolTask or CancelToolTask named a call that did not start as a task
+on its MCP server (or no such call, or the Run's task was deleted with
+it). Not retryable.
+Status NOT_FOUND. Metadata: `run_id`, `call_id`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -25,11 +25,12 @@ _sym_db = _symbol_database.Default()
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from psych.sidecar.v1 import connection_pb2 as psych_dot_sidecar_dot_v1_dot_connection__pb2
 from psych.sidecar.v1 import content_pb2 as psych_dot_sidecar_dot_v1_dot_content__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xac\x01\n\x0bToolOutcome\x12\x10\n\x08is_error\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x0e\n\x06handle\x18\x04 \x01(\t\x12T\n\x1d\x61uthorization_required_reason\x18\x05 \x01(\x0e\x32-.psych.sidecar.v1.AuthorizationRequiredReason\"\xd4\x01\n\x17\x43\x61llDeferredToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x15\n\x07\x63\x61ll_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"J\n\x18\x43\x61llDeferredToolResponse\x12.\n\x07outcome\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\"\x97\x01\n\x15ReadToolOutputRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06handle\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06offset\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x13\n\x05limit\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x12\n\x04grep\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05query\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\"\xa0\x01\n\x16ReadToolOutputResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x14\n\x0ctotal_length\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12,\n\x07matches\x18\x06 \x03(\x0b\x32\x1b.psych.sidecar.v1.GrepMatch\">\n\tGrepMatch\x12\x13\n\x0bline_number\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04line\x18\x03 \x01(\t\"w\n\x16ListServerToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"F\n\x17ListServerToolsResponse\x12\x12\n\ntool_names\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13\x44\x65scribeToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"C\n\x14\x44\x65scribeToolResponse\x12+\n\x04tool\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"r\n\x12SearchToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05query\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x13SearchToolsResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.psych.sidecar.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\"M\n\tSearchHit\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\"_\n\x17\x44ispatchToolCallRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12.\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x02\"\x86\x01\n\x18\x44ispatchToolCallResponse\x12:\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32%.psych.sidecar.v1.DispatchDisposition\x12.\n\x07outcome\x18\x02 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome*\x82\x01\n\x13\x44ispatchDisposition\x12$\n DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n\x1d\x44ISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n\x1e\x44ISPATCH_DISPOSITION_HOST_TOOL\x10\x02\x32\xeb\x04\n\x0bToolService\x12i\n\x10\x43\x61llDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12\x63\n\x0eReadToolOutput\x12\'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12\x66\n\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n\x0c\x44\x65scribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n\x0bSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n\x10\x44ispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xd6\x01\n\x0bToolOutcome\x12\x10\n\x08is_error\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x0e\n\x06handle\x18\x04 \x01(\t\x12T\n\x1d\x61uthorization_required_reason\x18\x05 \x01(\x0e\x32-.psych.sidecar.v1.AuthorizationRequiredReason\x12(\n\x04task\x18\n \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolTask\"\x92\x02\n\x17\x43\x61llDeferredToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x15\n\x07\x63\x61ll_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\x12<\n\texecution\x18\n \x01(\x0e\x32#.psych.sidecar.v1.ToolCallExecutionB\x04\xe2\x41\x01\x01\"J\n\x18\x43\x61llDeferredToolResponse\x12.\n\x07outcome\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\"\x97\x01\n\x15ReadToolOutputRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06handle\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06offset\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x13\n\x05limit\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x12\n\x04grep\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05query\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\"\xa0\x01\n\x16ReadToolOutputResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x14\n\x0ctotal_length\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12,\n\x07matches\x18\x06 \x03(\x0b\x32\x1b.psych.sidecar.v1.GrepMatch\">\n\tGrepMatch\x12\x13\n\x0bline_number\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04line\x18\x03 \x01(\t\"w\n\x16ListServerToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"F\n\x17ListServerToolsResponse\x12\x12\n\ntool_names\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13\x44\x65scribeToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"C\n\x14\x44\x65scribeToolResponse\x12+\n\x04tool\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"r\n\x12SearchToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05query\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x13SearchToolsResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.psych.sidecar.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\"M\n\tSearchHit\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\"\x9d\x01\n\x17\x44ispatchToolCallRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12.\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x02\x12<\n\texecution\x18\n \x01(\x0e\x32#.psych.sidecar.v1.ToolCallExecutionB\x04\xe2\x41\x01\x01\"\x86\x01\n\x18\x44ispatchToolCallResponse\x12:\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32%.psych.sidecar.v1.DispatchDisposition\x12.\n\x07outcome\x18\x02 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\"\xcc\x02\n\x08ToolTask\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0e\n\x06server\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x0f\n\x07task_id\x18\x05 \x01(\t\x12.\n\x05state\x18\x06 \x01(\x0e\x32\x1f.psych.sidecar.v1.ToolTaskState\x12\x16\n\x0estatus_message\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eresult_call_id\x18\n \x01(\t\x12\x17\n\x0fresult_sequence\x18\x0b \x01(\x03\x12\x15\n\rresult_handle\x18\x0c \x01(\t\"A\n\x12GetToolTaskRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07\x63\x61ll_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"?\n\x13GetToolTaskResponse\x12(\n\x04task\x18\x01 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolTask\"D\n\x15\x43\x61ncelToolTaskRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07\x63\x61ll_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"B\n\x16\x43\x61ncelToolTaskResponse\x12(\n\x04task\x18\x01 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolTask*\x82\x01\n\x13\x44ispatchDisposition\x12$\n DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n\x1d\x44ISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n\x1e\x44ISPATCH_DISPOSITION_HOST_TOOL\x10\x02*^\n\x11ToolCallExecution\x12#\n\x1fTOOL_CALL_EXECUTION_UNSPECIFIED\x10\x00\x12$\n TOOL_CALL_EXECUTION_LONG_RUNNING\x10\x01*\xcb\x01\n\rToolTaskState\x12\x1f\n\x1bTOOL_TASK_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17TOOL_TASK_STATE_WORKING\x10\x01\x12\"\n\x1eTOOL_TASK_STATE_INPUT_REQUIRED\x10\x02\x12\x1d\n\x19TOOL_TASK_STATE_COMPLETED\x10\x03\x12\x1a\n\x16TOOL_TASK_STATE_FAILED\x10\x04\x12\x1d\n\x19TOOL_TASK_STATE_CANCELLED\x10\x05\x32\xac\x06\n\x0bToolService\x12i\n\x10\x43\x61llDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12\x63\n\x0eReadToolOutput\x12\'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12\x66\n\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n\x0c\x44\x65scribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n\x0bSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n\x10\x44ispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponse\x12Z\n\x0bGetToolTask\x12$.psych.sidecar.v1.GetToolTaskRequest\x1a%.psych.sidecar.v1.GetToolTaskResponse\x12\x63\n\x0e\x43\x61ncelToolTask\x12\'.psych.sidecar.v1.CancelToolTaskRequest\x1a(.psych.sidecar.v1.CancelToolTaskResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,6 +50,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLDEFERREDTOOLREQUEST'].fields_by_name['call_id']._serialized_options = b'\342A\001\002'
   _globals['_CALLDEFERREDTOOLREQUEST'].fields_by_name['timeout']._loaded_options = None
   _globals['_CALLDEFERREDTOOLREQUEST'].fields_by_name['timeout']._serialized_options = b'\342A\001\001'
+  _globals['_CALLDEFERREDTOOLREQUEST'].fields_by_name['execution']._loaded_options = None
+  _globals['_CALLDEFERREDTOOLREQUEST'].fields_by_name['execution']._serialized_options = b'\342A\001\001'
   _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['run_id']._loaded_options = None
   _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
   _globals['_READTOOLOUTPUTREQUEST'].fields_by_name['handle']._loaded_options = None
@@ -87,38 +90,62 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['call']._loaded_options = None
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['call']._serialized_options = b'\342A\001\002'
-  _globals['_DISPATCHDISPOSITION']._serialized_start=1953
-  _globals['_DISPATCHDISPOSITION']._serialized_end=2083
-  _globals['_TOOLOUTCOME']._serialized_start=220
-  _globals['_TOOLOUTCOME']._serialized_end=392
-  _globals['_CALLDEFERREDTOOLREQUEST']._serialized_start=395
-  _globals['_CALLDEFERREDTOOLREQUEST']._serialized_end=607
-  _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_start=609
-  _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_end=683
-  _globals['_READTOOLOUTPUTREQUEST']._serialized_start=686
-  _globals['_READTOOLOUTPUTREQUEST']._serialized_end=837
-  _globals['_READTOOLOUTPUTRESPONSE']._serialized_start=840
-  _globals['_READTOOLOUTPUTRESPONSE']._serialized_end=1000
-  _globals['_GREPMATCH']._serialized_start=1002
-  _globals['_GREPMATCH']._serialized_end=1064
-  _globals['_LISTSERVERTOOLSREQUEST']._serialized_start=1066
-  _globals['_LISTSERVERTOOLSREQUEST']._serialized_end=1185
-  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_start=1187
-  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_end=1257
-  _globals['_DESCRIBETOOLREQUEST']._serialized_start=1259
-  _globals['_DESCRIBETOOLREQUEST']._serialized_end=1344
-  _globals['_DESCRIBETOOLRESPONSE']._serialized_start=1346
-  _globals['_DESCRIBETOOLRESPONSE']._serialized_end=1413
-  _globals['_SEARCHTOOLSREQUEST']._serialized_start=1415
-  _globals['_SEARCHTOOLSREQUEST']._serialized_end=1529
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=1531
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=1637
-  _globals['_SEARCHHIT']._serialized_start=1639
-  _globals['_SEARCHHIT']._serialized_end=1716
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=1718
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=1813
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=1816
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=1950
-  _globals['_TOOLSERVICE']._serialized_start=2086
-  _globals['_TOOLSERVICE']._serialized_end=2705
+  _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['execution']._loaded_options = None
+  _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['execution']._serialized_options = b'\342A\001\001'
+  _globals['_GETTOOLTASKREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_GETTOOLTASKREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
+  _globals['_GETTOOLTASKREQUEST'].fields_by_name['call_id']._loaded_options = None
+  _globals['_GETTOOLTASKREQUEST'].fields_by_name['call_id']._serialized_options = b'\342A\001\002'
+  _globals['_CANCELTOOLTASKREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_CANCELTOOLTASKREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
+  _globals['_CANCELTOOLTASKREQUEST'].fields_by_name['call_id']._loaded_options = None
+  _globals['_CANCELTOOLTASKREQUEST'].fields_by_name['call_id']._serialized_options = b'\342A\001\002'
+  _globals['_DISPATCHDISPOSITION']._serialized_start=2758
+  _globals['_DISPATCHDISPOSITION']._serialized_end=2888
+  _globals['_TOOLCALLEXECUTION']._serialized_start=2890
+  _globals['_TOOLCALLEXECUTION']._serialized_end=2984
+  _globals['_TOOLTASKSTATE']._serialized_start=2987
+  _globals['_TOOLTASKSTATE']._serialized_end=3190
+  _globals['_TOOLOUTCOME']._serialized_start=253
+  _globals['_TOOLOUTCOME']._serialized_end=467
+  _globals['_CALLDEFERREDTOOLREQUEST']._serialized_start=470
+  _globals['_CALLDEFERREDTOOLREQUEST']._serialized_end=744
+  _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_start=746
+  _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_end=820
+  _globals['_READTOOLOUTPUTREQUEST']._serialized_start=823
+  _globals['_READTOOLOUTPUTREQUEST']._serialized_end=974
+  _globals['_READTOOLOUTPUTRESPONSE']._serialized_start=977
+  _globals['_READTOOLOUTPUTRESPONSE']._serialized_end=1137
+  _globals['_GREPMATCH']._serialized_start=1139
+  _globals['_GREPMATCH']._serialized_end=1201
+  _globals['_LISTSERVERTOOLSREQUEST']._serialized_start=1203
+  _globals['_LISTSERVERTOOLSREQUEST']._serialized_end=1322
+  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_start=1324
+  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_end=1394
+  _globals['_DESCRIBETOOLREQUEST']._serialized_start=1396
+  _globals['_DESCRIBETOOLREQUEST']._serialized_end=1481
+  _globals['_DESCRIBETOOLRESPONSE']._serialized_start=1483
+  _globals['_DESCRIBETOOLRESPONSE']._serialized_end=1550
+  _globals['_SEARCHTOOLSREQUEST']._serialized_start=1552
+  _globals['_SEARCHTOOLSREQUEST']._serialized_end=1666
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=1668
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=1774
+  _globals['_SEARCHHIT']._serialized_start=1776
+  _globals['_SEARCHHIT']._serialized_end=1853
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=1856
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=2013
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=2016
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=2150
+  _globals['_TOOLTASK']._serialized_start=2153
+  _globals['_TOOLTASK']._serialized_end=2485
+  _globals['_GETTOOLTASKREQUEST']._serialized_start=2487
+  _globals['_GETTOOLTASKREQUEST']._serialized_end=2552
+  _globals['_GETTOOLTASKRESPONSE']._serialized_start=2554
+  _globals['_GETTOOLTASKRESPONSE']._serialized_end=2617
+  _globals['_CANCELTOOLTASKREQUEST']._serialized_start=2619
+  _globals['_CANCELTOOLTASKREQUEST']._serialized_end=2687
+  _globals['_CANCELTOOLTASKRESPONSE']._serialized_start=2689
+  _globals['_CANCELTOOLTASKRESPONSE']._serialized_end=2755
+  _globals['_TOOLSERVICE']._serialized_start=3193
+  _globals['_TOOLSERVICE']._serialized_end=4005
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from psych.sidecar.v1 import connection_pb2 as _connection_pb2
@@ -47,6 +48,88 @@ DISPATCH_DISPOSITION_HOST_TOOL: DispatchDisposition.ValueType  # 2
 """Not a sidecar tool: the host runs it and appends the result."""
 Global___DispatchDisposition: _TypeAlias = DispatchDisposition  # noqa: Y015
 
+class _ToolCallExecution:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolCallExecutionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolCallExecution.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CALL_EXECUTION_UNSPECIFIED: _ToolCallExecution.ValueType  # 0
+    """As a task only when the tool declares itself long-running (its listed
+    execution.taskSupport is "optional" or "required") and its server
+    supports tasks; otherwise the call waits for the result.
+    """
+    TOOL_CALL_EXECUTION_LONG_RUNNING: _ToolCallExecution.ValueType  # 1
+    """The host marks the call long-running: where its MCP server supports the
+    tasks extension (io.modelcontextprotocol/tasks), the sidecar offers it a
+    task, and a server that starts one returns at once. The model sees
+    "started, running" now and the server's result in a later step. A server
+    without tasks support runs the call as any other.
+    """
+
+class ToolCallExecution(_ToolCallExecution, metaclass=_ToolCallExecutionEnumTypeWrapper):
+    """ToolCallExecution says how a call of an MCP tool runs."""
+
+TOOL_CALL_EXECUTION_UNSPECIFIED: ToolCallExecution.ValueType  # 0
+"""As a task only when the tool declares itself long-running (its listed
+execution.taskSupport is "optional" or "required") and its server
+supports tasks; otherwise the call waits for the result.
+"""
+TOOL_CALL_EXECUTION_LONG_RUNNING: ToolCallExecution.ValueType  # 1
+"""The host marks the call long-running: where its MCP server supports the
+tasks extension (io.modelcontextprotocol/tasks), the sidecar offers it a
+task, and a server that starts one returns at once. The model sees
+"started, running" now and the server's result in a later step. A server
+without tasks support runs the call as any other.
+"""
+Global___ToolCallExecution: _TypeAlias = ToolCallExecution  # noqa: Y015
+
+class _ToolTaskState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolTaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolTaskState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_TASK_STATE_UNSPECIFIED: _ToolTaskState.ValueType  # 0
+    """Never sent."""
+    TOOL_TASK_STATE_WORKING: _ToolTaskState.ValueType  # 1
+    """The server is working on it."""
+    TOOL_TASK_STATE_INPUT_REQUIRED: _ToolTaskState.ValueType  # 2
+    """The server waits for input the sidecar does not give (a task's input
+    requests are not answered); it stays until the server ends it or its
+    time runs out.
+    """
+    TOOL_TASK_STATE_COMPLETED: _ToolTaskState.ValueType  # 3
+    """Ended with the server's result (which may itself be a tool error)."""
+    TOOL_TASK_STATE_FAILED: _ToolTaskState.ValueType  # 4
+    """Ended without a result: the server reported an error, forgot the task,
+    or did not end it in time.
+    """
+    TOOL_TASK_STATE_CANCELLED: _ToolTaskState.ValueType  # 5
+    """Ended because the host cancelled it."""
+
+class ToolTaskState(_ToolTaskState, metaclass=_ToolTaskStateEnumTypeWrapper):
+    """ToolTaskState is where a task is."""
+
+TOOL_TASK_STATE_UNSPECIFIED: ToolTaskState.ValueType  # 0
+"""Never sent."""
+TOOL_TASK_STATE_WORKING: ToolTaskState.ValueType  # 1
+"""The server is working on it."""
+TOOL_TASK_STATE_INPUT_REQUIRED: ToolTaskState.ValueType  # 2
+"""The server waits for input the sidecar does not give (a task's input
+requests are not answered); it stays until the server ends it or its
+time runs out.
+"""
+TOOL_TASK_STATE_COMPLETED: ToolTaskState.ValueType  # 3
+"""Ended with the server's result (which may itself be a tool error)."""
+TOOL_TASK_STATE_FAILED: ToolTaskState.ValueType  # 4
+"""Ended without a result: the server reported an error, forgot the task,
+or did not end it in time.
+"""
+TOOL_TASK_STATE_CANCELLED: ToolTaskState.ValueType  # 5
+"""Ended because the host cancelled it."""
+Global___ToolTaskState: _TypeAlias = ToolTaskState  # noqa: Y015
+
 @_typing.final
 class ToolOutcome(_message.Message):
     """ToolOutcome is the outcome of a tool call the sidecar executed."""
@@ -58,6 +141,7 @@ class ToolOutcome(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     HANDLE_FIELD_NUMBER: _builtins.int
     AUTHORIZATION_REQUIRED_REASON_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
     is_error: _builtins.bool
     """Whether the call failed, as the model should see it."""
     result_json: _builtins.bytes
@@ -78,6 +162,15 @@ class ToolOutcome(_message.Message):
     CREDENTIALS_REFUSED, then call again with a new call id. Unset for every
     other outcome, and on a retry's answer read back from the log.
     """
+    @_builtins.property
+    def task(self) -> Global___ToolTask:
+        """Set when the call started as a task on its MCP server (see
+        ToolCallExecution): the result above is what the model sees at once
+        ("started, running"); the server's final result is appended to the log
+        when the task ends (GetToolTask). Unset on a retry's answer read back
+        from the log.
+        """
+
     def __init__(
         self,
         *,
@@ -86,10 +179,11 @@ class ToolOutcome(_message.Message):
         sequence: _builtins.int = ...,
         handle: _builtins.str = ...,
         authorization_required_reason: _connection_pb2.AuthorizationRequiredReason.ValueType = ...,
+        task: Global___ToolTask | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authorization_required_reason", b"authorization_required_reason", "handle", b"handle", "is_error", b"is_error", "result_json", b"result_json", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authorization_required_reason", b"authorization_required_reason", "handle", b"handle", "is_error", b"is_error", "result_json", b"result_json", "sequence", b"sequence", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -107,6 +201,7 @@ class CallDeferredToolRequest(_message.Message):
     ARGUMENTS_FIELD_NUMBER: _builtins.int
     CALL_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    EXECUTION_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run."""
     server: _builtins.str
@@ -115,6 +210,10 @@ class CallDeferredToolRequest(_message.Message):
     """The MCP tool's name on that server."""
     call_id: _builtins.str
     """The provider's call id, recorded with the result."""
+    execution: Global___ToolCallExecution.ValueType
+    """How the call runs; unset: as a task only when the tool declares itself
+    long-running (see ToolCallExecution).
+    """
     @_builtins.property
     def arguments(self) -> _struct_pb2.Struct:
         """The tool's arguments; validated against its input schema."""
@@ -132,10 +231,11 @@ class CallDeferredToolRequest(_message.Message):
         arguments: _struct_pb2.Struct | None = ...,
         call_id: _builtins.str = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        execution: Global___ToolCallExecution.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "call_id", b"call_id", "run_id", b"run_id", "server", b"server", "timeout", b"timeout", "tool", b"tool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "call_id", b"call_id", "execution", b"execution", "run_id", b"run_id", "server", b"server", "timeout", b"timeout", "tool", b"tool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -523,8 +623,13 @@ class DispatchToolCallRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     CALL_FIELD_NUMBER: _builtins.int
+    EXECUTION_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run."""
+    execution: Global___ToolCallExecution.ValueType
+    """How the call runs when it reaches an MCP tool; unset: as a task only
+    when the tool declares itself long-running (see ToolCallExecution).
+    """
     @_builtins.property
     def call(self) -> _content_pb2.ToolCall:
         """The tool call as the model emitted it."""
@@ -534,10 +639,11 @@ class DispatchToolCallRequest(_message.Message):
         *,
         run_id: _builtins.str = ...,
         call: _content_pb2.ToolCall | None = ...,
+        execution: Global___ToolCallExecution.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "execution", b"execution", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -570,3 +676,181 @@ class DispatchToolCallResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DispatchToolCallResponse: _TypeAlias = DispatchToolCallResponse  # noqa: Y015
+
+@_typing.final
+class ToolTask(_message.Message):
+    """ToolTask is a call that runs as a task on its MCP server. The sidecar
+    stores it, polls the server with backoff (any sidecar on the same
+    database does, after a restart too) and, when it ends, appends its result
+    to the Run's log: an assistant step calling mcp_task_result for the call,
+    and that step's tool result (the server's final result, or a tool error
+    saying why there is none).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    STATUS_MESSAGE_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    RESULT_CALL_ID_FIELD_NUMBER: _builtins.int
+    RESULT_SEQUENCE_FIELD_NUMBER: _builtins.int
+    RESULT_HANDLE_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The Run."""
+    call_id: _builtins.str
+    """The call id of the call that started the task."""
+    server: _builtins.str
+    """The connection's name."""
+    tool: _builtins.str
+    """The MCP tool's name on that server."""
+    task_id: _builtins.str
+    """The server's task id."""
+    state: Global___ToolTaskState.ValueType
+    """Where the task is."""
+    status_message: _builtins.str
+    """The server's last status message, as it sent it (may be empty)."""
+    result_call_id: _builtins.str
+    """Once ended: the call id of the tool result holding its outcome in the
+    Run's log, and that record's sequence and handle (ReadToolOutput).
+    """
+    result_sequence: _builtins.int
+    """See result_call_id."""
+    result_handle: _builtins.str
+    """See result_call_id."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the task started."""
+
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When the sidecar last learnt something of it."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        server: _builtins.str = ...,
+        tool: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        state: Global___ToolTaskState.ValueType = ...,
+        status_message: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
+        result_call_id: _builtins.str = ...,
+        result_sequence: _builtins.int = ...,
+        result_handle: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "create_time", b"create_time", "result_call_id", b"result_call_id", "result_handle", b"result_handle", "result_sequence", b"result_sequence", "run_id", b"run_id", "server", b"server", "state", b"state", "status_message", b"status_message", "task_id", b"task_id", "tool", b"tool", "update_time", b"update_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolTask: _TypeAlias = ToolTask  # noqa: Y015
+
+@_typing.final
+class GetToolTaskRequest(_message.Message):
+    """GetToolTaskRequest is the request of ToolService.GetToolTask."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The Run."""
+    call_id: _builtins.str
+    """The call id of the call that started the task."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetToolTaskRequest: _TypeAlias = GetToolTaskRequest  # noqa: Y015
+
+@_typing.final
+class GetToolTaskResponse(_message.Message):
+    """GetToolTaskResponse is the response of ToolService.GetToolTask."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def task(self) -> Global___ToolTask:
+        """The task."""
+
+    def __init__(
+        self,
+        *,
+        task: Global___ToolTask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetToolTaskResponse: _TypeAlias = GetToolTaskResponse  # noqa: Y015
+
+@_typing.final
+class CancelToolTaskRequest(_message.Message):
+    """CancelToolTaskRequest is the request of ToolService.CancelToolTask."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The Run."""
+    call_id: _builtins.str
+    """The call id of the call that started the task."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelToolTaskRequest: _TypeAlias = CancelToolTaskRequest  # noqa: Y015
+
+@_typing.final
+class CancelToolTaskResponse(_message.Message):
+    """CancelToolTaskResponse is the response of ToolService.CancelToolTask."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def task(self) -> Global___ToolTask:
+        """The task, ended."""
+
+    def __init__(
+        self,
+        *,
+        task: Global___ToolTask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelToolTaskResponse: _TypeAlias = CancelToolTaskResponse  # noqa: Y015

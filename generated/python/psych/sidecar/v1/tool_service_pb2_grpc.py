@@ -67,6 +67,16 @@ class ToolServiceStub:
                 request_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.DispatchToolCallRequest.SerializeToString,
                 response_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.DispatchToolCallResponse.FromString,
                 _registered_method=True)
+        self.GetToolTask = channel.unary_unary(
+                '/psych.sidecar.v1.ToolService/GetToolTask',
+                request_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.GetToolTaskRequest.SerializeToString,
+                response_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.GetToolTaskResponse.FromString,
+                _registered_method=True)
+        self.CancelToolTask = channel.unary_unary(
+                '/psych.sidecar.v1.ToolService/CancelToolTask',
+                request_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskRequest.SerializeToString,
+                response_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskResponse.FromString,
+                _registered_method=True)
 
 
 class ToolServiceServicer:
@@ -131,6 +141,27 @@ class ToolServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetToolTask(self, request, context):
+        """GetToolTask reads the state of a call that started as a task (its
+        ToolOutcome.task): how a host learns, by polling, that the task ended and
+        where its result is in the Run's log. A call that is not a task fails
+        with TOOL_TASK_NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelToolTask(self, request, context):
+        """CancelToolTask asks the MCP server to cancel a call's task (tasks/cancel)
+        and ends it for the Run at once: its result, a tool error saying the host
+        cancelled it, is appended to the log as a task's result is. A task that
+        has ended already is returned as it is. A call that is not a task fails
+        with TOOL_TASK_NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +194,16 @@ def add_ToolServiceServicer_to_server(servicer, server):
                     servicer.DispatchToolCall,
                     request_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.DispatchToolCallRequest.FromString,
                     response_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.DispatchToolCallResponse.SerializeToString,
+            ),
+            'GetToolTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetToolTask,
+                    request_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.GetToolTaskRequest.FromString,
+                    response_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.GetToolTaskResponse.SerializeToString,
+            ),
+            'CancelToolTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelToolTask,
+                    request_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskRequest.FromString,
+                    response_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -330,6 +371,60 @@ class ToolService:
             '/psych.sidecar.v1.ToolService/DispatchToolCall',
             psych_dot_sidecar_dot_v1_dot_tool__service__pb2.DispatchToolCallRequest.SerializeToString,
             psych_dot_sidecar_dot_v1_dot_tool__service__pb2.DispatchToolCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetToolTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psych.sidecar.v1.ToolService/GetToolTask',
+            psych_dot_sidecar_dot_v1_dot_tool__service__pb2.GetToolTaskRequest.SerializeToString,
+            psych_dot_sidecar_dot_v1_dot_tool__service__pb2.GetToolTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelToolTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psych.sidecar.v1.ToolService/CancelToolTask',
+            psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskRequest.SerializeToString,
+            psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -67,6 +67,19 @@ class ToolServiceStub:
     with the same call id before the Run's next assistant message returns
     the recorded result and does not run the tool again.
     """
+    GetToolTask: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.GetToolTaskRequest, _tool_service_pb2.GetToolTaskResponse]
+    """GetToolTask reads the state of a call that started as a task (its
+    ToolOutcome.task): how a host learns, by polling, that the task ended and
+    where its result is in the Run's log. A call that is not a task fails
+    with TOOL_TASK_NOT_FOUND.
+    """
+    CancelToolTask: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.CancelToolTaskRequest, _tool_service_pb2.CancelToolTaskResponse]
+    """CancelToolTask asks the MCP server to cancel a call's task (tasks/cancel)
+    and ends it for the Run at once: its result, a tool error saying the host
+    cancelled it, is appended to the log as a task's result is. A task that
+    has ended already is returned as it is. A call that is not a task fails
+    with TOOL_TASK_NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class ToolServiceAsyncStub(ToolServiceStub):
@@ -106,6 +119,19 @@ class ToolServiceAsyncStub(ToolServiceStub):
     returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run. A retry
     with the same call id before the Run's next assistant message returns
     the recorded result and does not run the tool again.
+    """
+    GetToolTask: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.GetToolTaskRequest, _tool_service_pb2.GetToolTaskResponse]  # type: ignore[assignment]
+    """GetToolTask reads the state of a call that started as a task (its
+    ToolOutcome.task): how a host learns, by polling, that the task ended and
+    where its result is in the Run's log. A call that is not a task fails
+    with TOOL_TASK_NOT_FOUND.
+    """
+    CancelToolTask: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.CancelToolTaskRequest, _tool_service_pb2.CancelToolTaskResponse]  # type: ignore[assignment]
+    """CancelToolTask asks the MCP server to cancel a call's task (tasks/cancel)
+    and ends it for the Run at once: its result, a tool error saying the host
+    cancelled it, is appended to the log as a task's result is. A task that
+    has ended already is returned as it is. A call that is not a task fails
+    with TOOL_TASK_NOT_FOUND.
     """
 
 class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -179,6 +205,31 @@ class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
         returned as DISPATCH_DISPOSITION_HOST_TOOL for the host to run. A retry
         with the same call id before the Run's next assistant message returns
         the recorded result and does not run the tool again.
+        """
+
+    @_abc_1.abstractmethod
+    def GetToolTask(
+        self,
+        request: _tool_service_pb2.GetToolTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tool_service_pb2.GetToolTaskResponse, _abc.Awaitable[_tool_service_pb2.GetToolTaskResponse]]:
+        """GetToolTask reads the state of a call that started as a task (its
+        ToolOutcome.task): how a host learns, by polling, that the task ended and
+        where its result is in the Run's log. A call that is not a task fails
+        with TOOL_TASK_NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelToolTask(
+        self,
+        request: _tool_service_pb2.CancelToolTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tool_service_pb2.CancelToolTaskResponse, _abc.Awaitable[_tool_service_pb2.CancelToolTaskResponse]]:
+        """CancelToolTask asks the MCP server to cancel a call's task (tasks/cancel)
+        and ends it for the Run at once: its result, a tool error saying the host
+        cancelled it, is appended to the log as a task's result is. A task that
+        has ended already is returned as it is. A call that is not a task fails
+        with TOOL_TASK_NOT_FOUND.
         """
 
 def add_ToolServiceServicer_to_server(servicer: ToolServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,8 +5,8 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
-import type { Duration } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_duration, file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { AuthorizationRequiredReason, CatalogTool } from "./connection_pb.js";
 import { file_psych_sidecar_v1_connection } from "./connection_pb.js";
 import type { ToolCall } from "./content_pb.js";
@@ -17,7 +17,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/tool_service.proto.
  */
 export const file_psych_sidecar_v1_tool_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3Rvb2xfc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSKsAQoLVG9vbE91dGNvbWUSEAoIaXNfZXJyb3IYASABKAgSEwoLcmVzdWx0X2pzb24YAiABKAwSEAoIc2VxdWVuY2UYAyABKAMSDgoGaGFuZGxlGAQgASgJElQKHWF1dGhvcml6YXRpb25fcmVxdWlyZWRfcmVhc29uGAUgASgOMi0ucHN5Y2guc2lkZWNhci52MS5BdXRob3JpemF0aW9uUmVxdWlyZWRSZWFzb24i1AEKF0NhbGxEZWZlcnJlZFRvb2xSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZzZXJ2ZXIYAiABKAlCBOJBAQISEgoEdG9vbBgDIAEoCUIE4kEBAhIwCglhcmd1bWVudHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QgTiQQEBEhUKB2NhbGxfaWQYBSABKAlCBOJBAQISMAoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkIE4kEBASJKChhDYWxsRGVmZXJyZWRUb29sUmVzcG9uc2USLgoHb3V0Y29tZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbE91dGNvbWUilwEKFVJlYWRUb29sT3V0cHV0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFAoGaGFuZGxlGAIgASgJQgTiQQECEhQKBm9mZnNldBgDIAEoA0IE4kEBARITCgVsaW1pdBgEIAEoA0IE4kEBARISCgRncmVwGAUgASgJQgTiQQEBEhMKBXF1ZXJ5GAYgASgJQgTiQQEBIqABChZSZWFkVG9vbE91dHB1dFJlc3BvbnNlEgwKBHRleHQYASABKAkSDAoEZGF0YRgCIAEoDBIRCgltaW1lX3R5cGUYAyABKAkSFAoMdG90YWxfbGVuZ3RoGAQgASgDEhMKC25leHRfb2Zmc2V0GAUgASgDEiwKB21hdGNoZXMYBiADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLkdyZXBNYXRjaCI+CglHcmVwTWF0Y2gSEwoLbGluZV9udW1iZXIYASABKAMSDgoGb2Zmc2V0GAIgASgDEgwKBGxpbmUYAyABKAkidwoWTGlzdFNlcnZlclRvb2xzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFAoGc2VydmVyGAIgASgJQgTiQQECEhcKCXBhZ2Vfc2l6ZRgDIAEoBUIE4kEBARIYCgpwYWdlX3Rva2VuGAQgASgJQgTiQQEBIkYKF0xpc3RTZXJ2ZXJUb29sc1Jlc3BvbnNlEhIKCnRvb2xfbmFtZXMYASADKAkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIlUKE0Rlc2NyaWJlVG9vbFJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhQKBnNlcnZlchgCIAEoCUIE4kEBAhISCgR0b29sGAMgASgJQgTiQQECIkMKFERlc2NyaWJlVG9vbFJlc3BvbnNlEisKBHRvb2wYASABKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sInIKElNlYXJjaFRvb2xzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISEwoFcXVlcnkYAiABKAlCBOJBAQISFwoJcGFnZV9zaXplGAMgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YBCABKAlCBOJBAQEiagoTU2VhcmNoVG9vbHNSZXNwb25zZRIpCgRoaXRzGAEgAygLMhsucHN5Y2guc2lkZWNhci52MS5TZWFyY2hIaXQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEg8KB3BhcnRpYWwYAyABKAgiTQoJU2VhcmNoSGl0Eg4KBnNlcnZlchgBIAEoCRIMCgR0b29sGAIgASgJEhMKC2Rlc2NyaXB0aW9uGAMgASgJEg0KBXNjb3JlGAQgASgBIl8KF0Rpc3BhdGNoVG9vbENhbGxSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIuCgRjYWxsGAIgASgLMhoucHN5Y2guc2lkZWNhci52MS5Ub29sQ2FsbEIE4kEBAiKGAQoYRGlzcGF0Y2hUb29sQ2FsbFJlc3BvbnNlEjoKC2Rpc3Bvc2l0aW9uGAEgASgOMiUucHN5Y2guc2lkZWNhci52MS5EaXNwYXRjaERpc3Bvc2l0aW9uEi4KB291dGNvbWUYAiABKAsyHS5wc3ljaC5zaWRlY2FyLnYxLlRvb2xPdXRjb21lKoIBChNEaXNwYXRjaERpc3Bvc2l0aW9uEiQKIERJU1BBVENIX0RJU1BPU0lUSU9OX1VOU1BFQ0lGSUVEEAASIQodRElTUEFUQ0hfRElTUE9TSVRJT05fRVhFQ1VURUQQARIiCh5ESVNQQVRDSF9ESVNQT1NJVElPTl9IT1NUX1RPT0wQAjLrBAoLVG9vbFNlcnZpY2USaQoQQ2FsbERlZmVycmVkVG9vbBIpLnBzeWNoLnNpZGVjYXIudjEuQ2FsbERlZmVycmVkVG9vbFJlcXVlc3QaKi5wc3ljaC5zaWRlY2FyLnYxLkNhbGxEZWZlcnJlZFRvb2xSZXNwb25zZRJjCg5SZWFkVG9vbE91dHB1dBInLnBzeWNoLnNpZGVjYXIudjEuUmVhZFRvb2xPdXRwdXRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5SZWFkVG9vbE91dHB1dFJlc3BvbnNlEmYKD0xpc3RTZXJ2ZXJUb29scxIoLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVxdWVzdBopLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVzcG9uc2USXQoMRGVzY3JpYmVUb29sEiUucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXF1ZXN0GiYucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXNwb25zZRJaCgtTZWFyY2hUb29scxIkLnBzeWNoLnNpZGVjYXIudjEuU2VhcmNoVG9vbHNSZXF1ZXN0GiUucHN5Y2guc2lkZWNhci52MS5TZWFyY2hUb29sc1Jlc3BvbnNlEmkKEERpc3BhdGNoVG9vbENhbGwSKS5wc3ljaC5zaWRlY2FyLnYxLkRpc3BhdGNoVG9vbENhbGxSZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5EaXNwYXRjaFRvb2xDYWxsUmVzcG9uc2VCuwEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQhBUb29sU2VydmljZVByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_duration, file_google_protobuf_struct, file_psych_sidecar_v1_connection, file_psych_sidecar_v1_content]);
+  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3Rvb2xfc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSLWAQoLVG9vbE91dGNvbWUSEAoIaXNfZXJyb3IYASABKAgSEwoLcmVzdWx0X2pzb24YAiABKAwSEAoIc2VxdWVuY2UYAyABKAMSDgoGaGFuZGxlGAQgASgJElQKHWF1dGhvcml6YXRpb25fcmVxdWlyZWRfcmVhc29uGAUgASgOMi0ucHN5Y2guc2lkZWNhci52MS5BdXRob3JpemF0aW9uUmVxdWlyZWRSZWFzb24SKAoEdGFzaxgKIAEoCzIaLnBzeWNoLnNpZGVjYXIudjEuVG9vbFRhc2sikgIKF0NhbGxEZWZlcnJlZFRvb2xSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZzZXJ2ZXIYAiABKAlCBOJBAQISEgoEdG9vbBgDIAEoCUIE4kEBAhIwCglhcmd1bWVudHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QgTiQQEBEhUKB2NhbGxfaWQYBSABKAlCBOJBAQISMAoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkIE4kEBARI8CglleGVjdXRpb24YCiABKA4yIy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xDYWxsRXhlY3V0aW9uQgTiQQEBIkoKGENhbGxEZWZlcnJlZFRvb2xSZXNwb25zZRIuCgdvdXRjb21lGAEgASgLMh0ucHN5Y2guc2lkZWNhci52MS5Ub29sT3V0Y29tZSKXAQoVUmVhZFRvb2xPdXRwdXRSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZoYW5kbGUYAiABKAlCBOJBAQISFAoGb2Zmc2V0GAMgASgDQgTiQQEBEhMKBWxpbWl0GAQgASgDQgTiQQEBEhIKBGdyZXAYBSABKAlCBOJBAQESEwoFcXVlcnkYBiABKAlCBOJBAQEioAEKFlJlYWRUb29sT3V0cHV0UmVzcG9uc2USDAoEdGV4dBgBIAEoCRIMCgRkYXRhGAIgASgMEhEKCW1pbWVfdHlwZRgDIAEoCRIUCgx0b3RhbF9sZW5ndGgYBCABKAMSEwoLbmV4dF9vZmZzZXQYBSABKAMSLAoHbWF0Y2hlcxgGIAMoCzIbLnBzeWNoLnNpZGVjYXIudjEuR3JlcE1hdGNoIj4KCUdyZXBNYXRjaBITCgtsaW5lX251bWJlchgBIAEoAxIOCgZvZmZzZXQYAiABKAMSDAoEbGluZRgDIAEoCSJ3ChZMaXN0U2VydmVyVG9vbHNSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZzZXJ2ZXIYAiABKAlCBOJBAQISFwoJcGFnZV9zaXplGAMgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YBCABKAlCBOJBAQEiRgoXTGlzdFNlcnZlclRvb2xzUmVzcG9uc2USEgoKdG9vbF9uYW1lcxgBIAMoCRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiVQoTRGVzY3JpYmVUb29sUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFAoGc2VydmVyGAIgASgJQgTiQQECEhIKBHRvb2wYAyABKAlCBOJBAQIiQwoURGVzY3JpYmVUb29sUmVzcG9uc2USKwoEdG9vbBgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuQ2F0YWxvZ1Rvb2wicgoSU2VhcmNoVG9vbHNSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhITCgVxdWVyeRgCIAEoCUIE4kEBAhIXCglwYWdlX3NpemUYAyABKAVCBOJBAQESGAoKcGFnZV90b2tlbhgEIAEoCUIE4kEBASJqChNTZWFyY2hUb29sc1Jlc3BvbnNlEikKBGhpdHMYASADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlNlYXJjaEhpdBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSDwoHcGFydGlhbBgDIAEoCCJNCglTZWFyY2hIaXQSDgoGc2VydmVyGAEgASgJEgwKBHRvb2wYAiABKAkSEwoLZGVzY3JpcHRpb24YAyABKAkSDQoFc2NvcmUYBCABKAEinQEKF0Rpc3BhdGNoVG9vbENhbGxSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIuCgRjYWxsGAIgASgLMhoucHN5Y2guc2lkZWNhci52MS5Ub29sQ2FsbEIE4kEBAhI8CglleGVjdXRpb24YCiABKA4yIy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xDYWxsRXhlY3V0aW9uQgTiQQEBIoYBChhEaXNwYXRjaFRvb2xDYWxsUmVzcG9uc2USOgoLZGlzcG9zaXRpb24YASABKA4yJS5wc3ljaC5zaWRlY2FyLnYxLkRpc3BhdGNoRGlzcG9zaXRpb24SLgoHb3V0Y29tZRgCIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbE91dGNvbWUizAIKCFRvb2xUYXNrEg4KBnJ1bl9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEg4KBnNlcnZlchgDIAEoCRIMCgR0b29sGAQgASgJEg8KB3Rhc2tfaWQYBSABKAkSLgoFc3RhdGUYBiABKA4yHy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xUYXNrU3RhdGUSFgoOc3RhdHVzX21lc3NhZ2UYByABKAkSLwoLY3JlYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5yZXN1bHRfY2FsbF9pZBgKIAEoCRIXCg9yZXN1bHRfc2VxdWVuY2UYCyABKAMSFQoNcmVzdWx0X2hhbmRsZRgMIAEoCSJBChJHZXRUb29sVGFza1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhUKB2NhbGxfaWQYAiABKAlCBOJBAQIiPwoTR2V0VG9vbFRhc2tSZXNwb25zZRIoCgR0YXNrGAEgASgLMhoucHN5Y2guc2lkZWNhci52MS5Ub29sVGFzayJEChVDYW5jZWxUb29sVGFza1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhUKB2NhbGxfaWQYAiABKAlCBOJBAQIiQgoWQ2FuY2VsVG9vbFRhc2tSZXNwb25zZRIoCgR0YXNrGAEgASgLMhoucHN5Y2guc2lkZWNhci52MS5Ub29sVGFzayqCAQoTRGlzcGF0Y2hEaXNwb3NpdGlvbhIkCiBESVNQQVRDSF9ESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEiEKHURJU1BBVENIX0RJU1BPU0lUSU9OX0VYRUNVVEVEEAESIgoeRElTUEFUQ0hfRElTUE9TSVRJT05fSE9TVF9UT09MEAIqXgoRVG9vbENhbGxFeGVjdXRpb24SIwofVE9PTF9DQUxMX0VYRUNVVElPTl9VTlNQRUNJRklFRBAAEiQKIFRPT0xfQ0FMTF9FWEVDVVRJT05fTE9OR19SVU5OSU5HEAEqywEKDVRvb2xUYXNrU3RhdGUSHwobVE9PTF9UQVNLX1NUQVRFX1VOU1BFQ0lGSUVEEAASGwoXVE9PTF9UQVNLX1NUQVRFX1dPUktJTkcQARIiCh5UT09MX1RBU0tfU1RBVEVfSU5QVVRfUkVRVUlSRUQQAhIdChlUT09MX1RBU0tfU1RBVEVfQ09NUExFVEVEEAMSGgoWVE9PTF9UQVNLX1NUQVRFX0ZBSUxFRBAEEh0KGVRPT0xfVEFTS19TVEFURV9DQU5DRUxMRUQQBTKsBgoLVG9vbFNlcnZpY2USaQoQQ2FsbERlZmVycmVkVG9vbBIpLnBzeWNoLnNpZGVjYXIudjEuQ2FsbERlZmVycmVkVG9vbFJlcXVlc3QaKi5wc3ljaC5zaWRlY2FyLnYxLkNhbGxEZWZlcnJlZFRvb2xSZXNwb25zZRJjCg5SZWFkVG9vbE91dHB1dBInLnBzeWNoLnNpZGVjYXIudjEuUmVhZFRvb2xPdXRwdXRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5SZWFkVG9vbE91dHB1dFJlc3BvbnNlEmYKD0xpc3RTZXJ2ZXJUb29scxIoLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVxdWVzdBopLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVzcG9uc2USXQoMRGVzY3JpYmVUb29sEiUucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXF1ZXN0GiYucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXNwb25zZRJaCgtTZWFyY2hUb29scxIkLnBzeWNoLnNpZGVjYXIudjEuU2VhcmNoVG9vbHNSZXF1ZXN0GiUucHN5Y2guc2lkZWNhci52MS5TZWFyY2hUb29sc1Jlc3BvbnNlEmkKEERpc3BhdGNoVG9vbENhbGwSKS5wc3ljaC5zaWRlY2FyLnYxLkRpc3BhdGNoVG9vbENhbGxSZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5EaXNwYXRjaFRvb2xDYWxsUmVzcG9uc2USWgoLR2V0VG9vbFRhc2sSJC5wc3ljaC5zaWRlY2FyLnYxLkdldFRvb2xUYXNrUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuR2V0VG9vbFRhc2tSZXNwb25zZRJjCg5DYW5jZWxUb29sVGFzaxInLnBzeWNoLnNpZGVjYXIudjEuQ2FuY2VsVG9vbFRhc2tSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5DYW5jZWxUb29sVGFza1Jlc3BvbnNlQrsBChRkZXYucHN5Y2guc2lkZWNhci52MUIQVG9vbFNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_psych_sidecar_v1_connection, file_psych_sidecar_v1_content]);
 
 /**
  * ToolOutcome is the outcome of a tool call the sidecar executed.
@@ -67,6 +67,17 @@ export type ToolOutcome = Message<"psych.sidecar.v1.ToolOutcome"> & {
    * @generated from field: psych.sidecar.v1.AuthorizationRequiredReason authorization_required_reason = 5;
    */
   authorizationRequiredReason: AuthorizationRequiredReason;
+
+  /**
+   * Set when the call started as a task on its MCP server (see
+   * ToolCallExecution): the result above is what the model sees at once
+   * ("started, running"); the server's final result is appended to the log
+   * when the task ends (GetToolTask). Unset on a retry's answer read back
+   * from the log.
+   *
+   * @generated from field: psych.sidecar.v1.ToolTask task = 10;
+   */
+  task?: ToolTask | undefined;
 };
 
 /**
@@ -123,6 +134,14 @@ export type CallDeferredToolRequest = Message<"psych.sidecar.v1.CallDeferredTool
    * @generated from field: google.protobuf.Duration timeout = 6;
    */
   timeout?: Duration | undefined;
+
+  /**
+   * How the call runs; unset: as a task only when the tool declares itself
+   * long-running (see ToolCallExecution).
+   *
+   * @generated from field: psych.sidecar.v1.ToolCallExecution execution = 10;
+   */
+  execution: ToolCallExecution;
 };
 
 /**
@@ -577,6 +596,14 @@ export type DispatchToolCallRequest = Message<"psych.sidecar.v1.DispatchToolCall
    * @generated from field: psych.sidecar.v1.ToolCall call = 2;
    */
   call?: ToolCall | undefined;
+
+  /**
+   * How the call runs when it reaches an MCP tool; unset: as a task only
+   * when the tool declares itself long-running (see ToolCallExecution).
+   *
+   * @generated from field: psych.sidecar.v1.ToolCallExecution execution = 10;
+   */
+  execution: ToolCallExecution;
 };
 
 /**
@@ -615,6 +642,208 @@ export const DispatchToolCallResponseSchema: GenMessage<DispatchToolCallResponse
   messageDesc(file_psych_sidecar_v1_tool_service, 14);
 
 /**
+ * ToolTask is a call that runs as a task on its MCP server. The sidecar
+ * stores it, polls the server with backoff (any sidecar on the same
+ * database does, after a restart too) and, when it ends, appends its result
+ * to the Run's log: an assistant step calling mcp_task_result for the call,
+ * and that step's tool result (the server's final result, or a tool error
+ * saying why there is none).
+ *
+ * @generated from message psych.sidecar.v1.ToolTask
+ */
+export type ToolTask = Message<"psych.sidecar.v1.ToolTask"> & {
+  /**
+   * The Run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The call id of the call that started the task.
+   *
+   * @generated from field: string call_id = 2;
+   */
+  callId: string;
+
+  /**
+   * The connection's name.
+   *
+   * @generated from field: string server = 3;
+   */
+  server: string;
+
+  /**
+   * The MCP tool's name on that server.
+   *
+   * @generated from field: string tool = 4;
+   */
+  tool: string;
+
+  /**
+   * The server's task id.
+   *
+   * @generated from field: string task_id = 5;
+   */
+  taskId: string;
+
+  /**
+   * Where the task is.
+   *
+   * @generated from field: psych.sidecar.v1.ToolTaskState state = 6;
+   */
+  state: ToolTaskState;
+
+  /**
+   * The server's last status message, as it sent it (may be empty).
+   *
+   * @generated from field: string status_message = 7;
+   */
+  statusMessage: string;
+
+  /**
+   * When the task started.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 8;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * When the sidecar last learnt something of it.
+   *
+   * @generated from field: google.protobuf.Timestamp update_time = 9;
+   */
+  updateTime?: Timestamp | undefined;
+
+  /**
+   * Once ended: the call id of the tool result holding its outcome in the
+   * Run's log, and that record's sequence and handle (ReadToolOutput).
+   *
+   * @generated from field: string result_call_id = 10;
+   */
+  resultCallId: string;
+
+  /**
+   * See result_call_id.
+   *
+   * @generated from field: int64 result_sequence = 11;
+   */
+  resultSequence: bigint;
+
+  /**
+   * See result_call_id.
+   *
+   * @generated from field: string result_handle = 12;
+   */
+  resultHandle: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ToolTask.
+ * Use `create(ToolTaskSchema)` to create a new message.
+ */
+export const ToolTaskSchema: GenMessage<ToolTask> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 15);
+
+/**
+ * GetToolTaskRequest is the request of ToolService.GetToolTask.
+ *
+ * @generated from message psych.sidecar.v1.GetToolTaskRequest
+ */
+export type GetToolTaskRequest = Message<"psych.sidecar.v1.GetToolTaskRequest"> & {
+  /**
+   * The Run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The call id of the call that started the task.
+   *
+   * @generated from field: string call_id = 2;
+   */
+  callId: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.GetToolTaskRequest.
+ * Use `create(GetToolTaskRequestSchema)` to create a new message.
+ */
+export const GetToolTaskRequestSchema: GenMessage<GetToolTaskRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 16);
+
+/**
+ * GetToolTaskResponse is the response of ToolService.GetToolTask.
+ *
+ * @generated from message psych.sidecar.v1.GetToolTaskResponse
+ */
+export type GetToolTaskResponse = Message<"psych.sidecar.v1.GetToolTaskResponse"> & {
+  /**
+   * The task.
+   *
+   * @generated from field: psych.sidecar.v1.ToolTask task = 1;
+   */
+  task?: ToolTask | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.GetToolTaskResponse.
+ * Use `create(GetToolTaskResponseSchema)` to create a new message.
+ */
+export const GetToolTaskResponseSchema: GenMessage<GetToolTaskResponse> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 17);
+
+/**
+ * CancelToolTaskRequest is the request of ToolService.CancelToolTask.
+ *
+ * @generated from message psych.sidecar.v1.CancelToolTaskRequest
+ */
+export type CancelToolTaskRequest = Message<"psych.sidecar.v1.CancelToolTaskRequest"> & {
+  /**
+   * The Run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The call id of the call that started the task.
+   *
+   * @generated from field: string call_id = 2;
+   */
+  callId: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.CancelToolTaskRequest.
+ * Use `create(CancelToolTaskRequestSchema)` to create a new message.
+ */
+export const CancelToolTaskRequestSchema: GenMessage<CancelToolTaskRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 18);
+
+/**
+ * CancelToolTaskResponse is the response of ToolService.CancelToolTask.
+ *
+ * @generated from message psych.sidecar.v1.CancelToolTaskResponse
+ */
+export type CancelToolTaskResponse = Message<"psych.sidecar.v1.CancelToolTaskResponse"> & {
+  /**
+   * The task, ended.
+   *
+   * @generated from field: psych.sidecar.v1.ToolTask task = 1;
+   */
+  task?: ToolTask | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.CancelToolTaskResponse.
+ * Use `create(CancelToolTaskResponseSchema)` to create a new message.
+ */
+export const CancelToolTaskResponseSchema: GenMessage<CancelToolTaskResponse> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 19);
+
+/**
  * DispatchDisposition says who runs a dispatched call.
  *
  * @generated from enum psych.sidecar.v1.DispatchDisposition
@@ -647,6 +876,97 @@ export enum DispatchDisposition {
  */
 export const DispatchDispositionSchema: GenEnum<DispatchDisposition> = /*@__PURE__*/
   enumDesc(file_psych_sidecar_v1_tool_service, 0);
+
+/**
+ * ToolCallExecution says how a call of an MCP tool runs.
+ *
+ * @generated from enum psych.sidecar.v1.ToolCallExecution
+ */
+export enum ToolCallExecution {
+  /**
+   * As a task only when the tool declares itself long-running (its listed
+   * execution.taskSupport is "optional" or "required") and its server
+   * supports tasks; otherwise the call waits for the result.
+   *
+   * @generated from enum value: TOOL_CALL_EXECUTION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The host marks the call long-running: where its MCP server supports the
+   * tasks extension (io.modelcontextprotocol/tasks), the sidecar offers it a
+   * task, and a server that starts one returns at once. The model sees
+   * "started, running" now and the server's result in a later step. A server
+   * without tasks support runs the call as any other.
+   *
+   * @generated from enum value: TOOL_CALL_EXECUTION_LONG_RUNNING = 1;
+   */
+  LONG_RUNNING = 1,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.ToolCallExecution.
+ */
+export const ToolCallExecutionSchema: GenEnum<ToolCallExecution> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_tool_service, 1);
+
+/**
+ * ToolTaskState is where a task is.
+ *
+ * @generated from enum psych.sidecar.v1.ToolTaskState
+ */
+export enum ToolTaskState {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: TOOL_TASK_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The server is working on it.
+   *
+   * @generated from enum value: TOOL_TASK_STATE_WORKING = 1;
+   */
+  WORKING = 1,
+
+  /**
+   * The server waits for input the sidecar does not give (a task's input
+   * requests are not answered); it stays until the server ends it or its
+   * time runs out.
+   *
+   * @generated from enum value: TOOL_TASK_STATE_INPUT_REQUIRED = 2;
+   */
+  INPUT_REQUIRED = 2,
+
+  /**
+   * Ended with the server's result (which may itself be a tool error).
+   *
+   * @generated from enum value: TOOL_TASK_STATE_COMPLETED = 3;
+   */
+  COMPLETED = 3,
+
+  /**
+   * Ended without a result: the server reported an error, forgot the task,
+   * or did not end it in time.
+   *
+   * @generated from enum value: TOOL_TASK_STATE_FAILED = 4;
+   */
+  FAILED = 4,
+
+  /**
+   * Ended because the host cancelled it.
+   *
+   * @generated from enum value: TOOL_TASK_STATE_CANCELLED = 5;
+   */
+  CANCELLED = 5,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.ToolTaskState.
+ */
+export const ToolTaskStateSchema: GenEnum<ToolTaskState> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_tool_service, 2);
 
 /**
  * ToolService executes and reads tools for a Run. Every call is re-checked
@@ -729,6 +1049,33 @@ export const ToolService: GenService<{
     methodKind: "unary";
     input: typeof DispatchToolCallRequestSchema;
     output: typeof DispatchToolCallResponseSchema;
+  },
+  /**
+   * GetToolTask reads the state of a call that started as a task (its
+   * ToolOutcome.task): how a host learns, by polling, that the task ended and
+   * where its result is in the Run's log. A call that is not a task fails
+   * with TOOL_TASK_NOT_FOUND.
+   *
+   * @generated from rpc psych.sidecar.v1.ToolService.GetToolTask
+   */
+  getToolTask: {
+    methodKind: "unary";
+    input: typeof GetToolTaskRequestSchema;
+    output: typeof GetToolTaskResponseSchema;
+  },
+  /**
+   * CancelToolTask asks the MCP server to cancel a call's task (tasks/cancel)
+   * and ends it for the Run at once: its result, a tool error saying the host
+   * cancelled it, is appended to the log as a task's result is. A task that
+   * has ended already is returned as it is. A call that is not a task fails
+   * with TOOL_TASK_NOT_FOUND.
+   *
+   * @generated from rpc psych.sidecar.v1.ToolService.CancelToolTask
+   */
+  cancelToolTask: {
+    methodKind: "unary";
+    input: typeof CancelToolTaskRequestSchema;
+    output: typeof CancelToolTaskResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_psych_sidecar_v1_tool_service, 0);
