@@ -23,6 +23,59 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ToolCallers says who may call a tool the model is given.
+type ToolCallers int32
+
+const (
+	// Unset: the model directly, as without programmatic calling.
+	ToolCallers_TOOL_CALLERS_UNSPECIFIED ToolCallers = 0
+	// The model directly, and code in the provider's sandbox.
+	ToolCallers_TOOL_CALLERS_MODEL_AND_CODE ToolCallers = 1
+	// Code in the provider's sandbox only.
+	ToolCallers_TOOL_CALLERS_CODE_ONLY ToolCallers = 2
+)
+
+// Enum value maps for ToolCallers.
+var (
+	ToolCallers_name = map[int32]string{
+		0: "TOOL_CALLERS_UNSPECIFIED",
+		1: "TOOL_CALLERS_MODEL_AND_CODE",
+		2: "TOOL_CALLERS_CODE_ONLY",
+	}
+	ToolCallers_value = map[string]int32{
+		"TOOL_CALLERS_UNSPECIFIED":    0,
+		"TOOL_CALLERS_MODEL_AND_CODE": 1,
+		"TOOL_CALLERS_CODE_ONLY":      2,
+	}
+)
+
+func (x ToolCallers) Enum() *ToolCallers {
+	p := new(ToolCallers)
+	*p = x
+	return p
+}
+
+func (x ToolCallers) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ToolCallers) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_spec_proto_enumTypes[0].Descriptor()
+}
+
+func (ToolCallers) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_spec_proto_enumTypes[0]
+}
+
+func (x ToolCallers) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ToolCallers.Descriptor instead.
+func (ToolCallers) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{0}
+}
+
 // AnthropicThinking is the `thinking.type` of an Anthropic request.
 type AnthropicThinking int32
 
@@ -64,11 +117,11 @@ func (x AnthropicThinking) String() string {
 }
 
 func (AnthropicThinking) Descriptor() protoreflect.EnumDescriptor {
-	return file_psych_sidecar_v1_spec_proto_enumTypes[0].Descriptor()
+	return file_psych_sidecar_v1_spec_proto_enumTypes[1].Descriptor()
 }
 
 func (AnthropicThinking) Type() protoreflect.EnumType {
-	return &file_psych_sidecar_v1_spec_proto_enumTypes[0]
+	return &file_psych_sidecar_v1_spec_proto_enumTypes[1]
 }
 
 func (x AnthropicThinking) Number() protoreflect.EnumNumber {
@@ -77,7 +130,7 @@ func (x AnthropicThinking) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use AnthropicThinking.Descriptor instead.
 func (AnthropicThinking) EnumDescriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{0}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{1}
 }
 
 // ReasoningEffort is OpenAI's reasoning effort.
@@ -133,11 +186,11 @@ func (x ReasoningEffort) String() string {
 }
 
 func (ReasoningEffort) Descriptor() protoreflect.EnumDescriptor {
-	return file_psych_sidecar_v1_spec_proto_enumTypes[1].Descriptor()
+	return file_psych_sidecar_v1_spec_proto_enumTypes[2].Descriptor()
 }
 
 func (ReasoningEffort) Type() protoreflect.EnumType {
-	return &file_psych_sidecar_v1_spec_proto_enumTypes[1]
+	return &file_psych_sidecar_v1_spec_proto_enumTypes[2]
 }
 
 func (x ReasoningEffort) Number() protoreflect.EnumNumber {
@@ -146,7 +199,7 @@ func (x ReasoningEffort) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReasoningEffort.Descriptor instead.
 func (ReasoningEffort) EnumDescriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{1}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{2}
 }
 
 // GeminiThinkingLevel is Gemini's `thinkingConfig.thinkingLevel`.
@@ -194,11 +247,11 @@ func (x GeminiThinkingLevel) String() string {
 }
 
 func (GeminiThinkingLevel) Descriptor() protoreflect.EnumDescriptor {
-	return file_psych_sidecar_v1_spec_proto_enumTypes[2].Descriptor()
+	return file_psych_sidecar_v1_spec_proto_enumTypes[3].Descriptor()
 }
 
 func (GeminiThinkingLevel) Type() protoreflect.EnumType {
-	return &file_psych_sidecar_v1_spec_proto_enumTypes[2]
+	return &file_psych_sidecar_v1_spec_proto_enumTypes[3]
 }
 
 func (x GeminiThinkingLevel) Number() protoreflect.EnumNumber {
@@ -207,7 +260,7 @@ func (x GeminiThinkingLevel) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GeminiThinkingLevel.Descriptor instead.
 func (GeminiThinkingLevel) EnumDescriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{2}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
 // Spec is one immutable version of an agent's configuration: what goes in
@@ -255,9 +308,16 @@ type Spec struct {
 	// summary, and how. Off unless a trigger is set; with one, the model is
 	// also offered the read_history tool. AssemblePrompt may override it per
 	// call, field by field. See docs/prompt.md, "Compaction".
-	Compaction    *CompactionPolicy `protobuf:"bytes,13,opt,name=compaction,proto3" json:"compaction,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Compaction *CompactionPolicy `protobuf:"bytes,14,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	// Lets a provider's hosted sandbox call the tools of the bodies
+	// AssemblePrompt builds from code the model writes there (Anthropic's and
+	// OpenAI's programmatic tool calling). The host still runs each call, through
+	// DispatchToolCall. Unset: the model calls tools directly and the bodies
+	// carry no allowed_callers. An invalid value is refused here
+	// (FIELD_INVALID). See docs/prompt.md.
+	ProgrammaticCalling *ProgrammaticCalling `protobuf:"bytes,13,opt,name=programmatic_calling,json=programmaticCalling,proto3" json:"programmatic_calling,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Spec) Reset() {
@@ -381,6 +441,73 @@ func (x *Spec) GetCompaction() *CompactionPolicy {
 	return nil
 }
 
+func (x *Spec) GetProgrammaticCalling() *ProgrammaticCalling {
+	if x != nil {
+		return x.ProgrammaticCalling
+	}
+	return nil
+}
+
+// ProgrammaticCalling sets who may call the tools of the Anthropic and OpenAI
+// Responses bodies: each tool's `allowed_callers`, and the provider's sandbox
+// tool, added to the body's tools. Chat Completions and Gemini have no
+// equivalent; their bodies are unchanged.
+type ProgrammaticCalling struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Who may call the tools. Unspecified: the model directly (off).
+	Callers ToolCallers `protobuf:"varint,1,opt,name=callers,proto3,enum=psych.sidecar.v1.ToolCallers" json:"callers,omitempty"`
+	// The Anthropic code execution tool whose sandbox calls them, by its type:
+	// "code_execution_20260120" (the default when empty) or
+	// "code_execution_20260521". Only with callers set.
+	AnthropicCodeExecutionTool string `protobuf:"bytes,2,opt,name=anthropic_code_execution_tool,json=anthropicCodeExecutionTool,proto3" json:"anthropic_code_execution_tool,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
+}
+
+func (x *ProgrammaticCalling) Reset() {
+	*x = ProgrammaticCalling{}
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProgrammaticCalling) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProgrammaticCalling) ProtoMessage() {}
+
+func (x *ProgrammaticCalling) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProgrammaticCalling.ProtoReflect.Descriptor instead.
+func (*ProgrammaticCalling) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ProgrammaticCalling) GetCallers() ToolCallers {
+	if x != nil {
+		return x.Callers
+	}
+	return ToolCallers_TOOL_CALLERS_UNSPECIFIED
+}
+
+func (x *ProgrammaticCalling) GetAnthropicCodeExecutionTool() string {
+	if x != nil {
+		return x.AnthropicCodeExecutionTool
+	}
+	return ""
+}
+
 // ReasoningSettings are a reasoning model's parameters, per provider. Each
 // body takes its own provider's fields and no other's. See docs/prompt.md.
 type ReasoningSettings struct {
@@ -410,7 +537,7 @@ type ReasoningSettings struct {
 
 func (x *ReasoningSettings) Reset() {
 	*x = ReasoningSettings{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +549,7 @@ func (x *ReasoningSettings) String() string {
 func (*ReasoningSettings) ProtoMessage() {}
 
 func (x *ReasoningSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[1]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +562,7 @@ func (x *ReasoningSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReasoningSettings.ProtoReflect.Descriptor instead.
 func (*ReasoningSettings) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{1}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ReasoningSettings) GetAnthropicThinking() AnthropicThinking {
@@ -504,7 +631,7 @@ type ContextBudget struct {
 
 func (x *ContextBudget) Reset() {
 	*x = ContextBudget{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +643,7 @@ func (x *ContextBudget) String() string {
 func (*ContextBudget) ProtoMessage() {}
 
 func (x *ContextBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[2]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +656,7 @@ func (x *ContextBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContextBudget.ProtoReflect.Descriptor instead.
 func (*ContextBudget) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{2}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ContextBudget) GetContextWindowTokens() int64 {
@@ -568,7 +695,7 @@ type Skill struct {
 
 func (x *Skill) Reset() {
 	*x = Skill{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +707,7 @@ func (x *Skill) String() string {
 func (*Skill) ProtoMessage() {}
 
 func (x *Skill) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[3]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +720,7 @@ func (x *Skill) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Skill.ProtoReflect.Descriptor instead.
 func (*Skill) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{3}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Skill) GetName() string {
@@ -630,7 +757,7 @@ type Subagent struct {
 
 func (x *Subagent) Reset() {
 	*x = Subagent{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -642,7 +769,7 @@ func (x *Subagent) String() string {
 func (*Subagent) ProtoMessage() {}
 
 func (x *Subagent) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[4]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -655,7 +782,7 @@ func (x *Subagent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subagent.ProtoReflect.Descriptor instead.
 func (*Subagent) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{4}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Subagent) GetName() string {
@@ -695,7 +822,7 @@ type Thresholds struct {
 
 func (x *Thresholds) Reset() {
 	*x = Thresholds{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +834,7 @@ func (x *Thresholds) String() string {
 func (*Thresholds) ProtoMessage() {}
 
 func (x *Thresholds) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[5]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +847,7 @@ func (x *Thresholds) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Thresholds.ProtoReflect.Descriptor instead.
 func (*Thresholds) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{5}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Thresholds) GetPerResultTokens() int64 {
@@ -784,7 +911,7 @@ type DisclosureSettings struct {
 
 func (x *DisclosureSettings) Reset() {
 	*x = DisclosureSettings{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +923,7 @@ func (x *DisclosureSettings) String() string {
 func (*DisclosureSettings) ProtoMessage() {}
 
 func (x *DisclosureSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[6]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +936,7 @@ func (x *DisclosureSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisclosureSettings.ProtoReflect.Descriptor instead.
 func (*DisclosureSettings) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{6}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DisclosureSettings) GetAutoPreloadMaxTools() int32 {
@@ -855,7 +982,7 @@ type ToolGrant struct {
 
 func (x *ToolGrant) Reset() {
 	*x = ToolGrant{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[7]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +994,7 @@ func (x *ToolGrant) String() string {
 func (*ToolGrant) ProtoMessage() {}
 
 func (x *ToolGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[7]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +1007,7 @@ func (x *ToolGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolGrant.ProtoReflect.Descriptor instead.
 func (*ToolGrant) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{7}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ToolGrant) GetServerPattern() string {
@@ -930,7 +1057,7 @@ type CompactionPolicy struct {
 
 func (x *CompactionPolicy) Reset() {
 	*x = CompactionPolicy{}
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[8]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1069,7 @@ func (x *CompactionPolicy) String() string {
 func (*CompactionPolicy) ProtoMessage() {}
 
 func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[8]
+	mi := &file_psych_sidecar_v1_spec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1082,7 @@ func (x *CompactionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionPolicy.ProtoReflect.Descriptor instead.
 func (*CompactionPolicy) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{8}
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CompactionPolicy) GetTriggerTokens() int64 {
@@ -997,7 +1124,7 @@ var File_psych_sidecar_v1_spec_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\n" +
-	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x06\n" +
+	"\x1bpsych/sidecar/v1/spec.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x06\n" +
 	"\x04Spec\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12\x1e\n" +
 	"\aversion\x18\x02 \x01(\x03B\x04\xe2A\x01\x02R\aversion\x12(\n" +
@@ -1018,8 +1145,12 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\x0econtext_budget\x18\v \x01(\v2\x1f.psych.sidecar.v1.ContextBudgetB\x04\xe2A\x01\x01R\rcontextBudget\x12G\n" +
 	"\treasoning\x18\f \x01(\v2#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2A\x01\x01R\treasoning\x12H\n" +
 	"\n" +
-	"compaction\x18\r \x01(\v2\".psych.sidecar.v1.CompactionPolicyB\x04\xe2A\x01\x01R\n" +
-	"compaction\"\xc9\x04\n" +
+	"compaction\x18\x0e \x01(\v2\".psych.sidecar.v1.CompactionPolicyB\x04\xe2A\x01\x01R\n" +
+	"compaction\x12^\n" +
+	"\x14programmatic_calling\x18\r \x01(\v2%.psych.sidecar.v1.ProgrammaticCallingB\x04\xe2A\x01\x01R\x13programmaticCalling\"\x9d\x01\n" +
+	"\x13ProgrammaticCalling\x12=\n" +
+	"\acallers\x18\x01 \x01(\x0e2\x1d.psych.sidecar.v1.ToolCallersB\x04\xe2A\x01\x01R\acallers\x12G\n" +
+	"\x1danthropic_code_execution_tool\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\x1aanthropicCodeExecutionTool\"\xc9\x04\n" +
 	"\x11ReasoningSettings\x12X\n" +
 	"\x12anthropic_thinking\x18\x01 \x01(\x0e2#.psych.sidecar.v1.AnthropicThinkingB\x04\xe2A\x01\x01R\x11anthropicThinking\x12A\n" +
 	"\x17anthropic_budget_tokens\x18\x02 \x01(\x03B\x04\xe2A\x01\x01H\x00R\x15anthropicBudgetTokens\x88\x01\x01\x12_\n" +
@@ -1078,7 +1209,11 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\x11_trigger_fractionB\x14\n" +
 	"\x12_keep_recent_turnsB\x17\n" +
 	"\x15_summary_instructionsB\x15\n" +
-	"\x13_summary_max_tokens*\x99\x01\n" +
+	"\x13_summary_max_tokens*h\n" +
+	"\vToolCallers\x12\x1c\n" +
+	"\x18TOOL_CALLERS_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bTOOL_CALLERS_MODEL_AND_CODE\x10\x01\x12\x1a\n" +
+	"\x16TOOL_CALLERS_CODE_ONLY\x10\x02*\x99\x01\n" +
 	"\x11AnthropicThinking\x12\"\n" +
 	"\x1eANTHROPIC_THINKING_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aANTHROPIC_THINKING_ENABLED\x10\x01\x12\x1f\n" +
@@ -1112,41 +1247,45 @@ func file_psych_sidecar_v1_spec_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_spec_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_spec_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_psych_sidecar_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_psych_sidecar_v1_spec_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_psych_sidecar_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_psych_sidecar_v1_spec_proto_goTypes = []any{
-	(AnthropicThinking)(0),        // 0: psych.sidecar.v1.AnthropicThinking
-	(ReasoningEffort)(0),          // 1: psych.sidecar.v1.ReasoningEffort
-	(GeminiThinkingLevel)(0),      // 2: psych.sidecar.v1.GeminiThinkingLevel
-	(*Spec)(nil),                  // 3: psych.sidecar.v1.Spec
-	(*ReasoningSettings)(nil),     // 4: psych.sidecar.v1.ReasoningSettings
-	(*ContextBudget)(nil),         // 5: psych.sidecar.v1.ContextBudget
-	(*Skill)(nil),                 // 6: psych.sidecar.v1.Skill
-	(*Subagent)(nil),              // 7: psych.sidecar.v1.Subagent
-	(*Thresholds)(nil),            // 8: psych.sidecar.v1.Thresholds
-	(*DisclosureSettings)(nil),    // 9: psych.sidecar.v1.DisclosureSettings
-	(*ToolGrant)(nil),             // 10: psych.sidecar.v1.ToolGrant
-	(*CompactionPolicy)(nil),      // 11: psych.sidecar.v1.CompactionPolicy
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(ToolCallers)(0),              // 0: psych.sidecar.v1.ToolCallers
+	(AnthropicThinking)(0),        // 1: psych.sidecar.v1.AnthropicThinking
+	(ReasoningEffort)(0),          // 2: psych.sidecar.v1.ReasoningEffort
+	(GeminiThinkingLevel)(0),      // 3: psych.sidecar.v1.GeminiThinkingLevel
+	(*Spec)(nil),                  // 4: psych.sidecar.v1.Spec
+	(*ProgrammaticCalling)(nil),   // 5: psych.sidecar.v1.ProgrammaticCalling
+	(*ReasoningSettings)(nil),     // 6: psych.sidecar.v1.ReasoningSettings
+	(*ContextBudget)(nil),         // 7: psych.sidecar.v1.ContextBudget
+	(*Skill)(nil),                 // 8: psych.sidecar.v1.Skill
+	(*Subagent)(nil),              // 9: psych.sidecar.v1.Subagent
+	(*Thresholds)(nil),            // 10: psych.sidecar.v1.Thresholds
+	(*DisclosureSettings)(nil),    // 11: psych.sidecar.v1.DisclosureSettings
+	(*ToolGrant)(nil),             // 12: psych.sidecar.v1.ToolGrant
+	(*CompactionPolicy)(nil),      // 13: psych.sidecar.v1.CompactionPolicy
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_spec_proto_depIdxs = []int32{
-	6,  // 0: psych.sidecar.v1.Spec.skills:type_name -> psych.sidecar.v1.Skill
-	7,  // 1: psych.sidecar.v1.Spec.subagents:type_name -> psych.sidecar.v1.Subagent
-	8,  // 2: psych.sidecar.v1.Spec.thresholds:type_name -> psych.sidecar.v1.Thresholds
-	9,  // 3: psych.sidecar.v1.Spec.disclosure:type_name -> psych.sidecar.v1.DisclosureSettings
-	10, // 4: psych.sidecar.v1.Spec.grants:type_name -> psych.sidecar.v1.ToolGrant
-	12, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
-	5,  // 6: psych.sidecar.v1.Spec.context_budget:type_name -> psych.sidecar.v1.ContextBudget
-	4,  // 7: psych.sidecar.v1.Spec.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
-	11, // 8: psych.sidecar.v1.Spec.compaction:type_name -> psych.sidecar.v1.CompactionPolicy
-	0,  // 9: psych.sidecar.v1.ReasoningSettings.anthropic_thinking:type_name -> psych.sidecar.v1.AnthropicThinking
-	1,  // 10: psych.sidecar.v1.ReasoningSettings.openai_reasoning_effort:type_name -> psych.sidecar.v1.ReasoningEffort
-	2,  // 11: psych.sidecar.v1.ReasoningSettings.gemini_thinking_level:type_name -> psych.sidecar.v1.GeminiThinkingLevel
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	8,  // 0: psych.sidecar.v1.Spec.skills:type_name -> psych.sidecar.v1.Skill
+	9,  // 1: psych.sidecar.v1.Spec.subagents:type_name -> psych.sidecar.v1.Subagent
+	10, // 2: psych.sidecar.v1.Spec.thresholds:type_name -> psych.sidecar.v1.Thresholds
+	11, // 3: psych.sidecar.v1.Spec.disclosure:type_name -> psych.sidecar.v1.DisclosureSettings
+	12, // 4: psych.sidecar.v1.Spec.grants:type_name -> psych.sidecar.v1.ToolGrant
+	14, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
+	7,  // 6: psych.sidecar.v1.Spec.context_budget:type_name -> psych.sidecar.v1.ContextBudget
+	6,  // 7: psych.sidecar.v1.Spec.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
+	13, // 8: psych.sidecar.v1.Spec.compaction:type_name -> psych.sidecar.v1.CompactionPolicy
+	5,  // 9: psych.sidecar.v1.Spec.programmatic_calling:type_name -> psych.sidecar.v1.ProgrammaticCalling
+	0,  // 10: psych.sidecar.v1.ProgrammaticCalling.callers:type_name -> psych.sidecar.v1.ToolCallers
+	1,  // 11: psych.sidecar.v1.ReasoningSettings.anthropic_thinking:type_name -> psych.sidecar.v1.AnthropicThinking
+	2,  // 12: psych.sidecar.v1.ReasoningSettings.openai_reasoning_effort:type_name -> psych.sidecar.v1.ReasoningEffort
+	3,  // 13: psych.sidecar.v1.ReasoningSettings.gemini_thinking_level:type_name -> psych.sidecar.v1.GeminiThinkingLevel
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_spec_proto_init() }
@@ -1154,18 +1293,18 @@ func file_psych_sidecar_v1_spec_proto_init() {
 	if File_psych_sidecar_v1_spec_proto != nil {
 		return
 	}
-	file_psych_sidecar_v1_spec_proto_msgTypes[1].OneofWrappers = []any{}
 	file_psych_sidecar_v1_spec_proto_msgTypes[2].OneofWrappers = []any{}
-	file_psych_sidecar_v1_spec_proto_msgTypes[5].OneofWrappers = []any{}
+	file_psych_sidecar_v1_spec_proto_msgTypes[3].OneofWrappers = []any{}
 	file_psych_sidecar_v1_spec_proto_msgTypes[6].OneofWrappers = []any{}
-	file_psych_sidecar_v1_spec_proto_msgTypes[8].OneofWrappers = []any{}
+	file_psych_sidecar_v1_spec_proto_msgTypes[7].OneofWrappers = []any{}
+	file_psych_sidecar_v1_spec_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_spec_proto_rawDesc), len(file_psych_sidecar_v1_spec_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   9,
+			NumEnums:      4,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

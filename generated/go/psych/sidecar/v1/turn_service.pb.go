@@ -23,6 +23,67 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// BodyFormat names one of the provider request bodies AssemblePrompt builds.
+type BodyFormat int32
+
+const (
+	// Unset; refused.
+	BodyFormat_BODY_FORMAT_UNSPECIFIED BodyFormat = 0
+	// anthropic_request_json: the Anthropic Messages API.
+	BodyFormat_BODY_FORMAT_ANTHROPIC_MESSAGES BodyFormat = 1
+	// openai_request_json: the OpenAI Chat Completions API.
+	BodyFormat_BODY_FORMAT_OPENAI_CHAT_COMPLETIONS BodyFormat = 2
+	// openai_responses_request_json: the OpenAI Responses API.
+	BodyFormat_BODY_FORMAT_OPENAI_RESPONSES BodyFormat = 3
+	// gemini_request_json: the Gemini API's generateContent.
+	BodyFormat_BODY_FORMAT_GEMINI_GENERATE_CONTENT BodyFormat = 4
+)
+
+// Enum value maps for BodyFormat.
+var (
+	BodyFormat_name = map[int32]string{
+		0: "BODY_FORMAT_UNSPECIFIED",
+		1: "BODY_FORMAT_ANTHROPIC_MESSAGES",
+		2: "BODY_FORMAT_OPENAI_CHAT_COMPLETIONS",
+		3: "BODY_FORMAT_OPENAI_RESPONSES",
+		4: "BODY_FORMAT_GEMINI_GENERATE_CONTENT",
+	}
+	BodyFormat_value = map[string]int32{
+		"BODY_FORMAT_UNSPECIFIED":             0,
+		"BODY_FORMAT_ANTHROPIC_MESSAGES":      1,
+		"BODY_FORMAT_OPENAI_CHAT_COMPLETIONS": 2,
+		"BODY_FORMAT_OPENAI_RESPONSES":        3,
+		"BODY_FORMAT_GEMINI_GENERATE_CONTENT": 4,
+	}
+)
+
+func (x BodyFormat) Enum() *BodyFormat {
+	p := new(BodyFormat)
+	*p = x
+	return p
+}
+
+func (x BodyFormat) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BodyFormat) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_turn_service_proto_enumTypes[0].Descriptor()
+}
+
+func (BodyFormat) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_turn_service_proto_enumTypes[0]
+}
+
+func (x BodyFormat) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BodyFormat.Descriptor instead.
+func (BodyFormat) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_turn_service_proto_rawDescGZIP(), []int{0}
+}
+
 // ResolveTurnRequest is the request of TurnService.ResolveTurn.
 type ResolveTurnRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -151,7 +212,14 @@ type AssemblePromptRequest struct {
 	// (setting either trigger replaces the Spec's trigger). The Spec must have
 	// a policy of its own (its read_history tool is in zone 1), else
 	// FIELD_INVALID.
-	Compaction    *CompactionPolicy `protobuf:"bytes,10,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	Compaction *CompactionPolicy `protobuf:"bytes,11,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	// The request bodies to build, by the API each is for; the response's
+	// other body fields are left empty. Empty builds all four, as before this
+	// field. A host sends one body: naming it spares the sidecar building,
+	// and the response carrying, the other three. The context guard's
+	// estimate is over the bodies built. BODY_FORMAT_UNSPECIFIED is
+	// FIELD_INVALID; a format named twice counts once.
+	Bodies        []BodyFormat `protobuf:"varint,10,rep,packed,name=bodies,proto3,enum=psych.sidecar.v1.BodyFormat" json:"bodies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -256,6 +324,13 @@ func (x *AssemblePromptRequest) GetCompaction() *CompactionPolicy {
 	return nil
 }
 
+func (x *AssemblePromptRequest) GetBodies() []BodyFormat {
+	if x != nil {
+		return x.Bodies
+	}
+	return nil
+}
+
 // AssemblePromptResponse is the response of TurnService.AssemblePrompt.
 type AssemblePromptResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -264,7 +339,8 @@ type AssemblePromptResponse struct {
 	// Per-zone byte lengths and hashes, zones 1 to 4 in order.
 	Zones []*ZoneDigest `protobuf:"bytes,2,rep,name=zones,proto3" json:"zones,omitempty"`
 	// A canonical Anthropic Messages API request body (UTF-8 JSON) with
-	// cache_control breakpoints at the zone boundaries.
+	// cache_control breakpoints at the zone boundaries. Empty when the
+	// request's bodies field names others only (so for each body below).
 	AnthropicRequestJson []byte `protobuf:"bytes,3,opt,name=anthropic_request_json,json=anthropicRequestJson,proto3" json:"anthropic_request_json,omitempty"`
 	// A canonical OpenAI Chat Completions API request body (UTF-8 JSON).
 	OpenaiRequestJson []byte `protobuf:"bytes,4,opt,name=openai_request_json,json=openaiRequestJson,proto3" json:"openai_request_json,omitempty"`
@@ -722,7 +798,7 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x12ResolveTurnRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\"N\n" +
 	"\x13ResolveTurnResponse\x127\n" +
-	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\x80\x04\n" +
+	"\asurface\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolSurfaceR\asurface\"\xbc\x04\n" +
 	"\x15AssemblePromptRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12'\n" +
 	"\fdynamic_tail\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdynamicTail\x12+\n" +
@@ -735,9 +811,10 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\apreview\x18\b \x01(\bB\x04\xe2A\x01\x01R\apreview\x12G\n" +
 	"\treasoning\x18\t \x01(\v2#.psych.sidecar.v1.ReasoningSettingsB\x04\xe2A\x01\x01R\treasoning\x12H\n" +
 	"\n" +
-	"compaction\x18\n" +
-	" \x01(\v2\".psych.sidecar.v1.CompactionPolicyB\x04\xe2A\x01\x01R\n" +
-	"compaction\"\xe2\x03\n" +
+	"compaction\x18\v \x01(\v2\".psych.sidecar.v1.CompactionPolicyB\x04\xe2A\x01\x01R\n" +
+	"compaction\x12:\n" +
+	"\x06bodies\x18\n" +
+	" \x03(\x0e2\x1c.psych.sidecar.v1.BodyFormatB\x04\xe2A\x01\x01R\x06bodies\"\xe2\x03\n" +
 	"\x16AssemblePromptResponse\x120\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x18.psych.sidecar.v1.PromptR\x06prompt\x122\n" +
 	"\x05zones\x18\x02 \x03(\v2\x1c.psych.sidecar.v1.ZoneDigestR\x05zones\x124\n" +
@@ -778,7 +855,14 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	" \x01(\x03R\rtriggerTokens\x12,\n" +
 	"\x12summary_max_tokens\x18\v \x01(\x03R\x10summaryMaxTokens\x12\x1a\n" +
 	"\brequired\x18\f \x01(\bR\brequired\x12\x16\n" +
-	"\x06reason\x18\r \x01(\tR\x06reason2\xce\x01\n" +
+	"\x06reason\x18\r \x01(\tR\x06reason*\xc1\x01\n" +
+	"\n" +
+	"BodyFormat\x12\x1b\n" +
+	"\x17BODY_FORMAT_UNSPECIFIED\x10\x00\x12\"\n" +
+	"\x1eBODY_FORMAT_ANTHROPIC_MESSAGES\x10\x01\x12'\n" +
+	"#BODY_FORMAT_OPENAI_CHAT_COMPLETIONS\x10\x02\x12 \n" +
+	"\x1cBODY_FORMAT_OPENAI_RESPONSES\x10\x03\x12'\n" +
+	"#BODY_FORMAT_GEMINI_GENERATE_CONTENT\x10\x042\xce\x01\n" +
 	"\vTurnService\x12Z\n" +
 	"\vResolveTurn\x12$.psych.sidecar.v1.ResolveTurnRequest\x1a%.psych.sidecar.v1.ResolveTurnResponse\x12c\n" +
 	"\x0eAssemblePrompt\x12'.psych.sidecar.v1.AssemblePromptRequest\x1a(.psych.sidecar.v1.AssemblePromptResponseB\xbb\x01\n" +
@@ -796,43 +880,46 @@ func file_psych_sidecar_v1_turn_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_turn_service_proto_rawDescData
 }
 
+var file_psych_sidecar_v1_turn_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_psych_sidecar_v1_turn_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_psych_sidecar_v1_turn_service_proto_goTypes = []any{
-	(*ResolveTurnRequest)(nil),     // 0: psych.sidecar.v1.ResolveTurnRequest
-	(*ResolveTurnResponse)(nil),    // 1: psych.sidecar.v1.ResolveTurnResponse
-	(*AssemblePromptRequest)(nil),  // 2: psych.sidecar.v1.AssemblePromptRequest
-	(*AssemblePromptResponse)(nil), // 3: psych.sidecar.v1.AssemblePromptResponse
-	(*ContextGuard)(nil),           // 4: psych.sidecar.v1.ContextGuard
-	(*GuardedResult)(nil),          // 5: psych.sidecar.v1.GuardedResult
-	(*CompactionProposal)(nil),     // 6: psych.sidecar.v1.CompactionProposal
-	(*ToolSurface)(nil),            // 7: psych.sidecar.v1.ToolSurface
-	(*timestamppb.Timestamp)(nil),  // 8: google.protobuf.Timestamp
-	(*ContextBudget)(nil),          // 9: psych.sidecar.v1.ContextBudget
-	(*ReasoningSettings)(nil),      // 10: psych.sidecar.v1.ReasoningSettings
-	(*CompactionPolicy)(nil),       // 11: psych.sidecar.v1.CompactionPolicy
-	(*Prompt)(nil),                 // 12: psych.sidecar.v1.Prompt
-	(*ZoneDigest)(nil),             // 13: psych.sidecar.v1.ZoneDigest
+	(BodyFormat)(0),                // 0: psych.sidecar.v1.BodyFormat
+	(*ResolveTurnRequest)(nil),     // 1: psych.sidecar.v1.ResolveTurnRequest
+	(*ResolveTurnResponse)(nil),    // 2: psych.sidecar.v1.ResolveTurnResponse
+	(*AssemblePromptRequest)(nil),  // 3: psych.sidecar.v1.AssemblePromptRequest
+	(*AssemblePromptResponse)(nil), // 4: psych.sidecar.v1.AssemblePromptResponse
+	(*ContextGuard)(nil),           // 5: psych.sidecar.v1.ContextGuard
+	(*GuardedResult)(nil),          // 6: psych.sidecar.v1.GuardedResult
+	(*CompactionProposal)(nil),     // 7: psych.sidecar.v1.CompactionProposal
+	(*ToolSurface)(nil),            // 8: psych.sidecar.v1.ToolSurface
+	(*timestamppb.Timestamp)(nil),  // 9: google.protobuf.Timestamp
+	(*ContextBudget)(nil),          // 10: psych.sidecar.v1.ContextBudget
+	(*ReasoningSettings)(nil),      // 11: psych.sidecar.v1.ReasoningSettings
+	(*CompactionPolicy)(nil),       // 12: psych.sidecar.v1.CompactionPolicy
+	(*Prompt)(nil),                 // 13: psych.sidecar.v1.Prompt
+	(*ZoneDigest)(nil),             // 14: psych.sidecar.v1.ZoneDigest
 }
 var file_psych_sidecar_v1_turn_service_proto_depIdxs = []int32{
-	7,  // 0: psych.sidecar.v1.ResolveTurnResponse.surface:type_name -> psych.sidecar.v1.ToolSurface
-	8,  // 1: psych.sidecar.v1.AssemblePromptRequest.now:type_name -> google.protobuf.Timestamp
-	9,  // 2: psych.sidecar.v1.AssemblePromptRequest.context_budget:type_name -> psych.sidecar.v1.ContextBudget
-	10, // 3: psych.sidecar.v1.AssemblePromptRequest.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
-	11, // 4: psych.sidecar.v1.AssemblePromptRequest.compaction:type_name -> psych.sidecar.v1.CompactionPolicy
-	12, // 5: psych.sidecar.v1.AssemblePromptResponse.prompt:type_name -> psych.sidecar.v1.Prompt
-	13, // 6: psych.sidecar.v1.AssemblePromptResponse.zones:type_name -> psych.sidecar.v1.ZoneDigest
-	4,  // 7: psych.sidecar.v1.AssemblePromptResponse.context_guard:type_name -> psych.sidecar.v1.ContextGuard
-	6,  // 8: psych.sidecar.v1.AssemblePromptResponse.compaction:type_name -> psych.sidecar.v1.CompactionProposal
-	5,  // 9: psych.sidecar.v1.ContextGuard.elided:type_name -> psych.sidecar.v1.GuardedResult
-	0,  // 10: psych.sidecar.v1.TurnService.ResolveTurn:input_type -> psych.sidecar.v1.ResolveTurnRequest
-	2,  // 11: psych.sidecar.v1.TurnService.AssemblePrompt:input_type -> psych.sidecar.v1.AssemblePromptRequest
-	1,  // 12: psych.sidecar.v1.TurnService.ResolveTurn:output_type -> psych.sidecar.v1.ResolveTurnResponse
-	3,  // 13: psych.sidecar.v1.TurnService.AssemblePrompt:output_type -> psych.sidecar.v1.AssemblePromptResponse
-	12, // [12:14] is the sub-list for method output_type
-	10, // [10:12] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	8,  // 0: psych.sidecar.v1.ResolveTurnResponse.surface:type_name -> psych.sidecar.v1.ToolSurface
+	9,  // 1: psych.sidecar.v1.AssemblePromptRequest.now:type_name -> google.protobuf.Timestamp
+	10, // 2: psych.sidecar.v1.AssemblePromptRequest.context_budget:type_name -> psych.sidecar.v1.ContextBudget
+	11, // 3: psych.sidecar.v1.AssemblePromptRequest.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
+	12, // 4: psych.sidecar.v1.AssemblePromptRequest.compaction:type_name -> psych.sidecar.v1.CompactionPolicy
+	0,  // 5: psych.sidecar.v1.AssemblePromptRequest.bodies:type_name -> psych.sidecar.v1.BodyFormat
+	13, // 6: psych.sidecar.v1.AssemblePromptResponse.prompt:type_name -> psych.sidecar.v1.Prompt
+	14, // 7: psych.sidecar.v1.AssemblePromptResponse.zones:type_name -> psych.sidecar.v1.ZoneDigest
+	5,  // 8: psych.sidecar.v1.AssemblePromptResponse.context_guard:type_name -> psych.sidecar.v1.ContextGuard
+	7,  // 9: psych.sidecar.v1.AssemblePromptResponse.compaction:type_name -> psych.sidecar.v1.CompactionProposal
+	6,  // 10: psych.sidecar.v1.ContextGuard.elided:type_name -> psych.sidecar.v1.GuardedResult
+	1,  // 11: psych.sidecar.v1.TurnService.ResolveTurn:input_type -> psych.sidecar.v1.ResolveTurnRequest
+	3,  // 12: psych.sidecar.v1.TurnService.AssemblePrompt:input_type -> psych.sidecar.v1.AssemblePromptRequest
+	2,  // 13: psych.sidecar.v1.TurnService.ResolveTurn:output_type -> psych.sidecar.v1.ResolveTurnResponse
+	4,  // 14: psych.sidecar.v1.TurnService.AssemblePrompt:output_type -> psych.sidecar.v1.AssemblePromptResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_turn_service_proto_init() }
@@ -847,13 +934,14 @@ func file_psych_sidecar_v1_turn_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_turn_service_proto_rawDesc), len(file_psych_sidecar_v1_turn_service_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_psych_sidecar_v1_turn_service_proto_goTypes,
 		DependencyIndexes: file_psych_sidecar_v1_turn_service_proto_depIdxs,
+		EnumInfos:         file_psych_sidecar_v1_turn_service_proto_enumTypes,
 		MessageInfos:      file_psych_sidecar_v1_turn_service_proto_msgTypes,
 	}.Build()
 	File_psych_sidecar_v1_turn_service_proto = out.File

@@ -20,6 +20,30 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _ToolCallers:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolCallersEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolCallers.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CALLERS_UNSPECIFIED: _ToolCallers.ValueType  # 0
+    """Unset: the model directly, as without programmatic calling."""
+    TOOL_CALLERS_MODEL_AND_CODE: _ToolCallers.ValueType  # 1
+    """The model directly, and code in the provider's sandbox."""
+    TOOL_CALLERS_CODE_ONLY: _ToolCallers.ValueType  # 2
+    """Code in the provider's sandbox only."""
+
+class ToolCallers(_ToolCallers, metaclass=_ToolCallersEnumTypeWrapper):
+    """ToolCallers says who may call a tool the model is given."""
+
+TOOL_CALLERS_UNSPECIFIED: ToolCallers.ValueType  # 0
+"""Unset: the model directly, as without programmatic calling."""
+TOOL_CALLERS_MODEL_AND_CODE: ToolCallers.ValueType  # 1
+"""The model directly, and code in the provider's sandbox."""
+TOOL_CALLERS_CODE_ONLY: ToolCallers.ValueType  # 2
+"""Code in the provider's sandbox only."""
+Global___ToolCallers: _TypeAlias = ToolCallers  # noqa: Y015
+
 class _AnthropicThinking:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -143,6 +167,7 @@ class Spec(_message.Message):
     CONTEXT_BUDGET_FIELD_NUMBER: _builtins.int
     REASONING_FIELD_NUMBER: _builtins.int
     COMPACTION_FIELD_NUMBER: _builtins.int
+    PROGRAMMATIC_CALLING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The agent's name. 1–128 characters of [A-Za-z0-9._-]."""
     version: _builtins.int
@@ -211,6 +236,16 @@ class Spec(_message.Message):
         call, field by field. See docs/prompt.md, "Compaction".
         """
 
+    @_builtins.property
+    def programmatic_calling(self) -> Global___ProgrammaticCalling:
+        """Lets a provider's hosted sandbox call the tools of the bodies
+        AssemblePrompt builds from code the model writes there (Anthropic's and
+        OpenAI's programmatic tool calling). The host still runs each call, through
+        DispatchToolCall. Unset: the model calls tools directly and the bodies
+        carry no allowed_callers. An invalid value is refused here
+        (FIELD_INVALID). See docs/prompt.md.
+        """
+
     def __init__(
         self,
         *,
@@ -227,14 +262,48 @@ class Spec(_message.Message):
         context_budget: Global___ContextBudget | None = ...,
         reasoning: Global___ReasoningSettings | None = ...,
         compaction: Global___CompactionPolicy | None = ...,
+        programmatic_calling: Global___ProgrammaticCalling | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "reasoning", b"reasoning", "thresholds", b"thresholds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "programmatic_calling", b"programmatic_calling", "reasoning", b"reasoning", "thresholds", b"thresholds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability_notes", b"capability_notes", "compaction", b"compaction", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "grants", b"grants", "instructions", b"instructions", "name", b"name", "reasoning", b"reasoning", "skills", b"skills", "subagents", b"subagents", "thresholds", b"thresholds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability_notes", b"capability_notes", "compaction", b"compaction", "context_budget", b"context_budget", "create_time", b"create_time", "disclosure", b"disclosure", "grants", b"grants", "instructions", b"instructions", "name", b"name", "programmatic_calling", b"programmatic_calling", "reasoning", b"reasoning", "skills", b"skills", "subagents", b"subagents", "thresholds", b"thresholds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Spec: _TypeAlias = Spec  # noqa: Y015
+
+@_typing.final
+class ProgrammaticCalling(_message.Message):
+    """ProgrammaticCalling sets who may call the tools of the Anthropic and OpenAI
+    Responses bodies: each tool's `allowed_callers`, and the provider's sandbox
+    tool, added to the body's tools. Chat Completions and Gemini have no
+    equivalent; their bodies are unchanged.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLERS_FIELD_NUMBER: _builtins.int
+    ANTHROPIC_CODE_EXECUTION_TOOL_FIELD_NUMBER: _builtins.int
+    callers: Global___ToolCallers.ValueType
+    """Who may call the tools. Unspecified: the model directly (off)."""
+    anthropic_code_execution_tool: _builtins.str
+    """The Anthropic code execution tool whose sandbox calls them, by its type:
+    "code_execution_20260120" (the default when empty) or
+    "code_execution_20260521". Only with callers set.
+    """
+    def __init__(
+        self,
+        *,
+        callers: Global___ToolCallers.ValueType = ...,
+        anthropic_code_execution_tool: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_code_execution_tool", b"anthropic_code_execution_tool", "callers", b"callers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProgrammaticCalling: _TypeAlias = ProgrammaticCalling  # noqa: Y015
 
 @_typing.final
 class ReasoningSettings(_message.Message):

@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from psych.sidecar.v1 import spec_pb2 as _spec_pb2
 from psych.sidecar.v1 import turn_pb2 as _turn_pb2
 import builtins as _builtins
@@ -20,6 +21,38 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _BodyFormat:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BodyFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BodyFormat.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BODY_FORMAT_UNSPECIFIED: _BodyFormat.ValueType  # 0
+    """Unset; refused."""
+    BODY_FORMAT_ANTHROPIC_MESSAGES: _BodyFormat.ValueType  # 1
+    """anthropic_request_json: the Anthropic Messages API."""
+    BODY_FORMAT_OPENAI_CHAT_COMPLETIONS: _BodyFormat.ValueType  # 2
+    """openai_request_json: the OpenAI Chat Completions API."""
+    BODY_FORMAT_OPENAI_RESPONSES: _BodyFormat.ValueType  # 3
+    """openai_responses_request_json: the OpenAI Responses API."""
+    BODY_FORMAT_GEMINI_GENERATE_CONTENT: _BodyFormat.ValueType  # 4
+    """gemini_request_json: the Gemini API's generateContent."""
+
+class BodyFormat(_BodyFormat, metaclass=_BodyFormatEnumTypeWrapper):
+    """BodyFormat names one of the provider request bodies AssemblePrompt builds."""
+
+BODY_FORMAT_UNSPECIFIED: BodyFormat.ValueType  # 0
+"""Unset; refused."""
+BODY_FORMAT_ANTHROPIC_MESSAGES: BodyFormat.ValueType  # 1
+"""anthropic_request_json: the Anthropic Messages API."""
+BODY_FORMAT_OPENAI_CHAT_COMPLETIONS: BodyFormat.ValueType  # 2
+"""openai_request_json: the OpenAI Chat Completions API."""
+BODY_FORMAT_OPENAI_RESPONSES: BodyFormat.ValueType  # 3
+"""openai_responses_request_json: the OpenAI Responses API."""
+BODY_FORMAT_GEMINI_GENERATE_CONTENT: BodyFormat.ValueType  # 4
+"""gemini_request_json: the Gemini API's generateContent."""
+Global___BodyFormat: _TypeAlias = BodyFormat  # noqa: Y015
 
 @_typing.final
 class ResolveTurnRequest(_message.Message):
@@ -83,6 +116,7 @@ class AssemblePromptRequest(_message.Message):
     PREVIEW_FIELD_NUMBER: _builtins.int
     REASONING_FIELD_NUMBER: _builtins.int
     COMPACTION_FIELD_NUMBER: _builtins.int
+    BODIES_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run."""
     dynamic_tail: _builtins.str
@@ -132,6 +166,16 @@ class AssemblePromptRequest(_message.Message):
         FIELD_INVALID.
         """
 
+    @_builtins.property
+    def bodies(self) -> _containers.RepeatedScalarFieldContainer[Global___BodyFormat.ValueType]:
+        """The request bodies to build, by the API each is for; the response's
+        other body fields are left empty. Empty builds all four, as before this
+        field. A host sends one body: naming it spares the sidecar building,
+        and the response carrying, the other three. The context guard's
+        estimate is over the bodies built. BODY_FORMAT_UNSPECIFIED is
+        FIELD_INVALID; a format named twice counts once.
+        """
+
     def __init__(
         self,
         *,
@@ -145,10 +189,11 @@ class AssemblePromptRequest(_message.Message):
         preview: _builtins.bool = ...,
         reasoning: _spec_pb2.ReasoningSettings | None = ...,
         compaction: _spec_pb2.CompactionPolicy | None = ...,
+        bodies: _abc.Iterable[Global___BodyFormat.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_budget", b"context_budget", "now", b"now", "reasoning", b"reasoning"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "reasoning", b"reasoning", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bodies", b"bodies", "compaction", b"compaction", "context_budget", b"context_budget", "dynamic_tail", b"dynamic_tail", "max_tokens", b"max_tokens", "model", b"model", "now", b"now", "preview", b"preview", "reasoning", b"reasoning", "run_id", b"run_id", "transient_note", b"transient_note"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -170,7 +215,8 @@ class AssemblePromptResponse(_message.Message):
     COMPACTION_FIELD_NUMBER: _builtins.int
     anthropic_request_json: _builtins.bytes
     """A canonical Anthropic Messages API request body (UTF-8 JSON) with
-    cache_control breakpoints at the zone boundaries.
+    cache_control breakpoints at the zone boundaries. Empty when the
+    request's bodies field names others only (so for each body below).
     """
     openai_request_json: _builtins.bytes
     """A canonical OpenAI Chat Completions API request body (UTF-8 JSON)."""

@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/spec.proto.
  */
 export const file_psych_sidecar_v1_spec: GenFile = /*@__PURE__*/
-  fileDesc("Chtwc3ljaC9zaWRlY2FyL3YxL3NwZWMucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEi7gQKBFNwZWMSEgoEbmFtZRgBIAEoCUIE4kEBAhIVCgd2ZXJzaW9uGAIgASgDQgTiQQECEhoKDGluc3RydWN0aW9ucxgDIAEoCUIE4kEBARItCgZza2lsbHMYBCADKAsyFy5wc3ljaC5zaWRlY2FyLnYxLlNraWxsQgTiQQEBEjMKCXN1YmFnZW50cxgFIAMoCzIaLnBzeWNoLnNpZGVjYXIudjEuU3ViYWdlbnRCBOJBAQESHgoQY2FwYWJpbGl0eV9ub3RlcxgGIAMoCUIE4kEBARI2Cgp0aHJlc2hvbGRzGAcgASgLMhwucHN5Y2guc2lkZWNhci52MS5UaHJlc2hvbGRzQgTiQQEBEj4KCmRpc2Nsb3N1cmUYCCABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLkRpc2Nsb3N1cmVTZXR0aW5nc0IE4kEBARIxCgZncmFudHMYCSADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xHcmFudEIE4kEBARI1CgtjcmVhdGVfdGltZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMSPQoOY29udGV4dF9idWRnZXQYCyABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRCdWRnZXRCBOJBAQESPAoJcmVhc29uaW5nGAwgASgLMiMucHN5Y2guc2lkZWNhci52MS5SZWFzb25pbmdTZXR0aW5nc0IE4kEBARI8Cgpjb21wYWN0aW9uGA0gASgLMiIucHN5Y2guc2lkZWNhci52MS5Db21wYWN0aW9uUG9saWN5QgTiQQEBIsYDChFSZWFzb25pbmdTZXR0aW5ncxJFChJhbnRocm9waWNfdGhpbmtpbmcYASABKA4yIy5wc3ljaC5zaWRlY2FyLnYxLkFudGhyb3BpY1RoaW5raW5nQgTiQQEBEioKF2FudGhyb3BpY19idWRnZXRfdG9rZW5zGAIgASgDQgTiQQEBSACIAQESSAoXb3BlbmFpX3JlYXNvbmluZ19lZmZvcnQYAyABKA4yIS5wc3ljaC5zaWRlY2FyLnYxLlJlYXNvbmluZ0VmZm9ydEIE4kEBARIpChZnZW1pbmlfdGhpbmtpbmdfYnVkZ2V0GAQgASgDQgTiQQEBSAGIAQESSgoVZ2VtaW5pX3RoaW5raW5nX2xldmVsGAUgASgOMiUucHN5Y2guc2lkZWNhci52MS5HZW1pbmlUaGlua2luZ0xldmVsQgTiQQEBEioKF2dlbWluaV9pbmNsdWRlX3Rob3VnaHRzGAYgASgIQgTiQQEBSAKIAQFCGgoYX2FudGhyb3BpY19idWRnZXRfdG9rZW5zQhkKF19nZW1pbmlfdGhpbmtpbmdfYnVkZ2V0QhoKGF9nZW1pbmlfaW5jbHVkZV90aG91Z2h0cyLlAQoNQ29udGV4dEJ1ZGdldBIoChVjb250ZXh0X3dpbmRvd190b2tlbnMYASABKANCBOJBAQFIAIgBARIoChVvdXRwdXRfcmVzZXJ2ZV90b2tlbnMYAiABKANCBOJBAQFIAYgBARItChpjdXJyZW50X3R1cm5fcmVzdWx0X3Rva2VucxgDIAEoA0IE4kEBAUgCiAEBQhgKFl9jb250ZXh0X3dpbmRvd190b2tlbnNCGAoWX291dHB1dF9yZXNlcnZlX3Rva2Vuc0IdChtfY3VycmVudF90dXJuX3Jlc3VsdF90b2tlbnMiSgoFU2tpbGwSEgoEbmFtZRgBIAEoCUIE4kEBAhIZCgtkZXNjcmlwdGlvbhgCIAEoCUIE4kEBARISCgRib2R5GAMgASgJQgTiQQEBIjkKCFN1YmFnZW50EhIKBG5hbWUYASABKAlCBOJBAQISGQoLZGVzY3JpcHRpb24YAiABKAlCBOJBAQEiyAIKClRocmVzaG9sZHMSJAoRcGVyX3Jlc3VsdF90b2tlbnMYASABKANCBOJBAQFIAIgBARIjChBwZXJfYmF0Y2hfdG9rZW5zGAIgASgDQgTiQQEBSAGIAQESJQoScHJldmlld19oZWFkX2NoYXJzGAMgASgFQgTiQQEBSAKIAQESJQoScHJldmlld190YWlsX2NoYXJzGAQgASgFQgTiQQEBSAOIAQESKwoYZmFpbHVyZV90cnVuY2F0aW9uX2NoYXJzGAUgASgFQgTiQQEBSASIAQFCFAoSX3Blcl9yZXN1bHRfdG9rZW5zQhMKEV9wZXJfYmF0Y2hfdG9rZW5zQhUKE19wcmV2aWV3X2hlYWRfY2hhcnNCFQoTX3ByZXZpZXdfdGFpbF9jaGFyc0IbChlfZmFpbHVyZV90cnVuY2F0aW9uX2NoYXJzIooCChJEaXNjbG9zdXJlU2V0dGluZ3MSKQoWYXV0b19wcmVsb2FkX21heF90b29scxgBIAEoBUIE4kEBAUgAiAEBEiMKEGRpcmVjdF9tYXhfdG9vbHMYAiABKAVCBOJBAQFIAYgBARIjChBmYWNhZGVfbWF4X3Rvb2xzGAMgASgFQgTiQQEBSAKIAQESJAoRcmVzdWx0X3JlZmVyZW5jZXMYBCABKAhCBOJBAQFIA4gBAUIZChdfYXV0b19wcmVsb2FkX21heF90b29sc0ITChFfZGlyZWN0X21heF90b29sc0ITChFfZmFjYWRlX21heF90b29sc0IUChJfcmVzdWx0X3JlZmVyZW5jZXMiRQoJVG9vbEdyYW50EhwKDnNlcnZlcl9wYXR0ZXJuGAEgASgJQgTiQQECEhoKDHRvb2xfcGF0dGVybhgCIAEoCUIE4kEBAiK+AgoQQ29tcGFjdGlvblBvbGljeRIhCg50cmlnZ2VyX3Rva2VucxgBIAEoA0IE4kEBAUgAiAEBEiMKEHRyaWdnZXJfZnJhY3Rpb24YAiABKAFCBOJBAQFIAYgBARIkChFrZWVwX3JlY2VudF90dXJucxgDIAEoBUIE4kEBAUgCiAEBEicKFHN1bW1hcnlfaW5zdHJ1Y3Rpb25zGAQgASgJQgTiQQEBSAOIAQESJQoSc3VtbWFyeV9tYXhfdG9rZW5zGAUgASgDQgTiQQEBSASIAQFCEQoPX3RyaWdnZXJfdG9rZW5zQhMKEV90cmlnZ2VyX2ZyYWN0aW9uQhQKEl9rZWVwX3JlY2VudF90dXJuc0IXChVfc3VtbWFyeV9pbnN0cnVjdGlvbnNCFQoTX3N1bW1hcnlfbWF4X3Rva2VucyqZAQoRQW50aHJvcGljVGhpbmtpbmcSIgoeQU5USFJPUElDX1RISU5LSU5HX1VOU1BFQ0lGSUVEEAASHgoaQU5USFJPUElDX1RISU5LSU5HX0VOQUJMRUQQARIfChtBTlRIUk9QSUNfVEhJTktJTkdfQURBUFRJVkUQAhIfChtBTlRIUk9QSUNfVEhJTktJTkdfRElTQUJMRUQQAyraAQoPUmVhc29uaW5nRWZmb3J0EiAKHFJFQVNPTklOR19FRkZPUlRfVU5TUEVDSUZJRUQQABIZChVSRUFTT05JTkdfRUZGT1JUX05PTkUQARIcChhSRUFTT05JTkdfRUZGT1JUX01JTklNQUwQAhIYChRSRUFTT05JTkdfRUZGT1JUX0xPVxADEhsKF1JFQVNPTklOR19FRkZPUlRfTUVESVVNEAQSGQoVUkVBU09OSU5HX0VGRk9SVF9ISUdIEAUSGgoWUkVBU09OSU5HX0VGRk9SVF9YSElHSBAGKsABChNHZW1pbmlUaGlua2luZ0xldmVsEiUKIUdFTUlOSV9USElOS0lOR19MRVZFTF9VTlNQRUNJRklFRBAAEiEKHUdFTUlOSV9USElOS0lOR19MRVZFTF9NSU5JTUFMEAESHQoZR0VNSU5JX1RISU5LSU5HX0xFVkVMX0xPVxACEiAKHEdFTUlOSV9USElOS0lOR19MRVZFTF9NRURJVU0QAxIeChpHRU1JTklfVEhJTktJTkdfTEVWRUxfSElHSBAEQrQBChRkZXYucHN5Y2guc2lkZWNhci52MUIJU3BlY1Byb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
+  fileDesc("Chtwc3ljaC9zaWRlY2FyL3YxL3NwZWMucHJvdG8SEHBzeWNoLnNpZGVjYXIudjEiuQUKBFNwZWMSEgoEbmFtZRgBIAEoCUIE4kEBAhIVCgd2ZXJzaW9uGAIgASgDQgTiQQECEhoKDGluc3RydWN0aW9ucxgDIAEoCUIE4kEBARItCgZza2lsbHMYBCADKAsyFy5wc3ljaC5zaWRlY2FyLnYxLlNraWxsQgTiQQEBEjMKCXN1YmFnZW50cxgFIAMoCzIaLnBzeWNoLnNpZGVjYXIudjEuU3ViYWdlbnRCBOJBAQESHgoQY2FwYWJpbGl0eV9ub3RlcxgGIAMoCUIE4kEBARI2Cgp0aHJlc2hvbGRzGAcgASgLMhwucHN5Y2guc2lkZWNhci52MS5UaHJlc2hvbGRzQgTiQQEBEj4KCmRpc2Nsb3N1cmUYCCABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLkRpc2Nsb3N1cmVTZXR0aW5nc0IE4kEBARIxCgZncmFudHMYCSADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xHcmFudEIE4kEBARI1CgtjcmVhdGVfdGltZRgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQMSPQoOY29udGV4dF9idWRnZXQYCyABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRCdWRnZXRCBOJBAQESPAoJcmVhc29uaW5nGAwgASgLMiMucHN5Y2guc2lkZWNhci52MS5SZWFzb25pbmdTZXR0aW5nc0IE4kEBARI8Cgpjb21wYWN0aW9uGA4gASgLMiIucHN5Y2guc2lkZWNhci52MS5Db21wYWN0aW9uUG9saWN5QgTiQQEBEkkKFHByb2dyYW1tYXRpY19jYWxsaW5nGA0gASgLMiUucHN5Y2guc2lkZWNhci52MS5Qcm9ncmFtbWF0aWNDYWxsaW5nQgTiQQEBIngKE1Byb2dyYW1tYXRpY0NhbGxpbmcSNAoHY2FsbGVycxgBIAEoDjIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbENhbGxlcnNCBOJBAQESKwodYW50aHJvcGljX2NvZGVfZXhlY3V0aW9uX3Rvb2wYAiABKAlCBOJBAQEixgMKEVJlYXNvbmluZ1NldHRpbmdzEkUKEmFudGhyb3BpY190aGlua2luZxgBIAEoDjIjLnBzeWNoLnNpZGVjYXIudjEuQW50aHJvcGljVGhpbmtpbmdCBOJBAQESKgoXYW50aHJvcGljX2J1ZGdldF90b2tlbnMYAiABKANCBOJBAQFIAIgBARJIChdvcGVuYWlfcmVhc29uaW5nX2VmZm9ydBgDIAEoDjIhLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nRWZmb3J0QgTiQQEBEikKFmdlbWluaV90aGlua2luZ19idWRnZXQYBCABKANCBOJBAQFIAYgBARJKChVnZW1pbmlfdGhpbmtpbmdfbGV2ZWwYBSABKA4yJS5wc3ljaC5zaWRlY2FyLnYxLkdlbWluaVRoaW5raW5nTGV2ZWxCBOJBAQESKgoXZ2VtaW5pX2luY2x1ZGVfdGhvdWdodHMYBiABKAhCBOJBAQFIAogBAUIaChhfYW50aHJvcGljX2J1ZGdldF90b2tlbnNCGQoXX2dlbWluaV90aGlua2luZ19idWRnZXRCGgoYX2dlbWluaV9pbmNsdWRlX3Rob3VnaHRzIuUBCg1Db250ZXh0QnVkZ2V0EigKFWNvbnRleHRfd2luZG93X3Rva2VucxgBIAEoA0IE4kEBAUgAiAEBEigKFW91dHB1dF9yZXNlcnZlX3Rva2VucxgCIAEoA0IE4kEBAUgBiAEBEi0KGmN1cnJlbnRfdHVybl9yZXN1bHRfdG9rZW5zGAMgASgDQgTiQQEBSAKIAQFCGAoWX2NvbnRleHRfd2luZG93X3Rva2Vuc0IYChZfb3V0cHV0X3Jlc2VydmVfdG9rZW5zQh0KG19jdXJyZW50X3R1cm5fcmVzdWx0X3Rva2VucyJKCgVTa2lsbBISCgRuYW1lGAEgASgJQgTiQQECEhkKC2Rlc2NyaXB0aW9uGAIgASgJQgTiQQEBEhIKBGJvZHkYAyABKAlCBOJBAQEiOQoIU3ViYWdlbnQSEgoEbmFtZRgBIAEoCUIE4kEBAhIZCgtkZXNjcmlwdGlvbhgCIAEoCUIE4kEBASLIAgoKVGhyZXNob2xkcxIkChFwZXJfcmVzdWx0X3Rva2VucxgBIAEoA0IE4kEBAUgAiAEBEiMKEHBlcl9iYXRjaF90b2tlbnMYAiABKANCBOJBAQFIAYgBARIlChJwcmV2aWV3X2hlYWRfY2hhcnMYAyABKAVCBOJBAQFIAogBARIlChJwcmV2aWV3X3RhaWxfY2hhcnMYBCABKAVCBOJBAQFIA4gBARIrChhmYWlsdXJlX3RydW5jYXRpb25fY2hhcnMYBSABKAVCBOJBAQFIBIgBAUIUChJfcGVyX3Jlc3VsdF90b2tlbnNCEwoRX3Blcl9iYXRjaF90b2tlbnNCFQoTX3ByZXZpZXdfaGVhZF9jaGFyc0IVChNfcHJldmlld190YWlsX2NoYXJzQhsKGV9mYWlsdXJlX3RydW5jYXRpb25fY2hhcnMiigIKEkRpc2Nsb3N1cmVTZXR0aW5ncxIpChZhdXRvX3ByZWxvYWRfbWF4X3Rvb2xzGAEgASgFQgTiQQEBSACIAQESIwoQZGlyZWN0X21heF90b29scxgCIAEoBUIE4kEBAUgBiAEBEiMKEGZhY2FkZV9tYXhfdG9vbHMYAyABKAVCBOJBAQFIAogBARIkChFyZXN1bHRfcmVmZXJlbmNlcxgEIAEoCEIE4kEBAUgDiAEBQhkKF19hdXRvX3ByZWxvYWRfbWF4X3Rvb2xzQhMKEV9kaXJlY3RfbWF4X3Rvb2xzQhMKEV9mYWNhZGVfbWF4X3Rvb2xzQhQKEl9yZXN1bHRfcmVmZXJlbmNlcyJFCglUb29sR3JhbnQSHAoOc2VydmVyX3BhdHRlcm4YASABKAlCBOJBAQISGgoMdG9vbF9wYXR0ZXJuGAIgASgJQgTiQQECIr4CChBDb21wYWN0aW9uUG9saWN5EiEKDnRyaWdnZXJfdG9rZW5zGAEgASgDQgTiQQEBSACIAQESIwoQdHJpZ2dlcl9mcmFjdGlvbhgCIAEoAUIE4kEBAUgBiAEBEiQKEWtlZXBfcmVjZW50X3R1cm5zGAMgASgFQgTiQQEBSAKIAQESJwoUc3VtbWFyeV9pbnN0cnVjdGlvbnMYBCABKAlCBOJBAQFIA4gBARIlChJzdW1tYXJ5X21heF90b2tlbnMYBSABKANCBOJBAQFIBIgBAUIRCg9fdHJpZ2dlcl90b2tlbnNCEwoRX3RyaWdnZXJfZnJhY3Rpb25CFAoSX2tlZXBfcmVjZW50X3R1cm5zQhcKFV9zdW1tYXJ5X2luc3RydWN0aW9uc0IVChNfc3VtbWFyeV9tYXhfdG9rZW5zKmgKC1Rvb2xDYWxsZXJzEhwKGFRPT0xfQ0FMTEVSU19VTlNQRUNJRklFRBAAEh8KG1RPT0xfQ0FMTEVSU19NT0RFTF9BTkRfQ09ERRABEhoKFlRPT0xfQ0FMTEVSU19DT0RFX09OTFkQAiqZAQoRQW50aHJvcGljVGhpbmtpbmcSIgoeQU5USFJPUElDX1RISU5LSU5HX1VOU1BFQ0lGSUVEEAASHgoaQU5USFJPUElDX1RISU5LSU5HX0VOQUJMRUQQARIfChtBTlRIUk9QSUNfVEhJTktJTkdfQURBUFRJVkUQAhIfChtBTlRIUk9QSUNfVEhJTktJTkdfRElTQUJMRUQQAyraAQoPUmVhc29uaW5nRWZmb3J0EiAKHFJFQVNPTklOR19FRkZPUlRfVU5TUEVDSUZJRUQQABIZChVSRUFTT05JTkdfRUZGT1JUX05PTkUQARIcChhSRUFTT05JTkdfRUZGT1JUX01JTklNQUwQAhIYChRSRUFTT05JTkdfRUZGT1JUX0xPVxADEhsKF1JFQVNPTklOR19FRkZPUlRfTUVESVVNEAQSGQoVUkVBU09OSU5HX0VGRk9SVF9ISUdIEAUSGgoWUkVBU09OSU5HX0VGRk9SVF9YSElHSBAGKsABChNHZW1pbmlUaGlua2luZ0xldmVsEiUKIUdFTUlOSV9USElOS0lOR19MRVZFTF9VTlNQRUNJRklFRBAAEiEKHUdFTUlOSV9USElOS0lOR19MRVZFTF9NSU5JTUFMEAESHQoZR0VNSU5JX1RISU5LSU5HX0xFVkVMX0xPVxACEiAKHEdFTUlOSV9USElOS0lOR19MRVZFTF9NRURJVU0QAxIeChpHRU1JTklfVEhJTktJTkdfTEVWRUxfSElHSBAEQrQBChRkZXYucHN5Y2guc2lkZWNhci52MUIJU3BlY1Byb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_timestamp]);
 
 /**
  * Spec is one immutable version of an agent's configuration: what goes in
@@ -125,9 +125,21 @@ export type Spec = Message<"psych.sidecar.v1.Spec"> & {
    * also offered the read_history tool. AssemblePrompt may override it per
    * call, field by field. See docs/prompt.md, "Compaction".
    *
-   * @generated from field: psych.sidecar.v1.CompactionPolicy compaction = 13;
+   * @generated from field: psych.sidecar.v1.CompactionPolicy compaction = 14;
    */
   compaction?: CompactionPolicy | undefined;
+
+  /**
+   * Lets a provider's hosted sandbox call the tools of the bodies
+   * AssemblePrompt builds from code the model writes there (Anthropic's and
+   * OpenAI's programmatic tool calling). The host still runs each call, through
+   * DispatchToolCall. Unset: the model calls tools directly and the bodies
+   * carry no allowed_callers. An invalid value is refused here
+   * (FIELD_INVALID). See docs/prompt.md.
+   *
+   * @generated from field: psych.sidecar.v1.ProgrammaticCalling programmatic_calling = 13;
+   */
+  programmaticCalling?: ProgrammaticCalling | undefined;
 };
 
 /**
@@ -136,6 +148,39 @@ export type Spec = Message<"psych.sidecar.v1.Spec"> & {
  */
 export const SpecSchema: GenMessage<Spec> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_spec, 0);
+
+/**
+ * ProgrammaticCalling sets who may call the tools of the Anthropic and OpenAI
+ * Responses bodies: each tool's `allowed_callers`, and the provider's sandbox
+ * tool, added to the body's tools. Chat Completions and Gemini have no
+ * equivalent; their bodies are unchanged.
+ *
+ * @generated from message psych.sidecar.v1.ProgrammaticCalling
+ */
+export type ProgrammaticCalling = Message<"psych.sidecar.v1.ProgrammaticCalling"> & {
+  /**
+   * Who may call the tools. Unspecified: the model directly (off).
+   *
+   * @generated from field: psych.sidecar.v1.ToolCallers callers = 1;
+   */
+  callers: ToolCallers;
+
+  /**
+   * The Anthropic code execution tool whose sandbox calls them, by its type:
+   * "code_execution_20260120" (the default when empty) or
+   * "code_execution_20260521". Only with callers set.
+   *
+   * @generated from field: string anthropic_code_execution_tool = 2;
+   */
+  anthropicCodeExecutionTool: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ProgrammaticCalling.
+ * Use `create(ProgrammaticCallingSchema)` to create a new message.
+ */
+export const ProgrammaticCallingSchema: GenMessage<ProgrammaticCalling> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_spec, 1);
 
 /**
  * ReasoningSettings are a reasoning model's parameters, per provider. Each
@@ -199,7 +244,7 @@ export type ReasoningSettings = Message<"psych.sidecar.v1.ReasoningSettings"> & 
  * Use `create(ReasoningSettingsSchema)` to create a new message.
  */
 export const ReasoningSettingsSchema: GenMessage<ReasoningSettings> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 1);
+  messageDesc(file_psych_sidecar_v1_spec, 2);
 
 /**
  * ContextBudget is the room a prompt has: the model's context window, less
@@ -243,7 +288,7 @@ export type ContextBudget = Message<"psych.sidecar.v1.ContextBudget"> & {
  * Use `create(ContextBudgetSchema)` to create a new message.
  */
 export const ContextBudgetSchema: GenMessage<ContextBudget> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 2);
+  messageDesc(file_psych_sidecar_v1_spec, 3);
 
 /**
  * Skill is one entry of the skills index.
@@ -278,7 +323,7 @@ export type Skill = Message<"psych.sidecar.v1.Skill"> & {
  * Use `create(SkillSchema)` to create a new message.
  */
 export const SkillSchema: GenMessage<Skill> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 3);
+  messageDesc(file_psych_sidecar_v1_spec, 4);
 
 /**
  * Subagent is one entry of the subagent roster.
@@ -306,7 +351,7 @@ export type Subagent = Message<"psych.sidecar.v1.Subagent"> & {
  * Use `create(SubagentSchema)` to create a new message.
  */
 export const SubagentSchema: GenMessage<Subagent> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 4);
+  messageDesc(file_psych_sidecar_v1_spec, 5);
 
 /**
  * Thresholds governs how large tool results are elided from prior turns.
@@ -359,7 +404,7 @@ export type Thresholds = Message<"psych.sidecar.v1.Thresholds"> & {
  * Use `create(ThresholdsSchema)` to create a new message.
  */
 export const ThresholdsSchema: GenMessage<Thresholds> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 5);
+  messageDesc(file_psych_sidecar_v1_spec, 6);
 
 /**
  * DisclosureSettings sets the catalogue-size thresholds that decide how a
@@ -410,7 +455,7 @@ export type DisclosureSettings = Message<"psych.sidecar.v1.DisclosureSettings"> 
  * Use `create(DisclosureSettingsSchema)` to create a new message.
  */
 export const DisclosureSettingsSchema: GenMessage<DisclosureSettings> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 6);
+  messageDesc(file_psych_sidecar_v1_spec, 7);
 
 /**
  * ToolGrant permits the MCP tools whose server and tool names both match.
@@ -440,7 +485,7 @@ export type ToolGrant = Message<"psych.sidecar.v1.ToolGrant"> & {
  * Use `create(ToolGrantSchema)` to create a new message.
  */
 export const ToolGrantSchema: GenMessage<ToolGrant> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 7);
+  messageDesc(file_psych_sidecar_v1_spec, 8);
 
 /**
  * CompactionPolicy says when AssemblePrompt proposes compacting a Run's
@@ -503,7 +548,41 @@ export type CompactionPolicy = Message<"psych.sidecar.v1.CompactionPolicy"> & {
  * Use `create(CompactionPolicySchema)` to create a new message.
  */
 export const CompactionPolicySchema: GenMessage<CompactionPolicy> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_spec, 8);
+  messageDesc(file_psych_sidecar_v1_spec, 9);
+
+/**
+ * ToolCallers says who may call a tool the model is given.
+ *
+ * @generated from enum psych.sidecar.v1.ToolCallers
+ */
+export enum ToolCallers {
+  /**
+   * Unset: the model directly, as without programmatic calling.
+   *
+   * @generated from enum value: TOOL_CALLERS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The model directly, and code in the provider's sandbox.
+   *
+   * @generated from enum value: TOOL_CALLERS_MODEL_AND_CODE = 1;
+   */
+  MODEL_AND_CODE = 1,
+
+  /**
+   * Code in the provider's sandbox only.
+   *
+   * @generated from enum value: TOOL_CALLERS_CODE_ONLY = 2;
+   */
+  CODE_ONLY = 2,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.ToolCallers.
+ */
+export const ToolCallersSchema: GenEnum<ToolCallers> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_spec, 0);
 
 /**
  * AnthropicThinking is the `thinking.type` of an Anthropic request.
@@ -544,7 +623,7 @@ export enum AnthropicThinking {
  * Describes the enum psych.sidecar.v1.AnthropicThinking.
  */
 export const AnthropicThinkingSchema: GenEnum<AnthropicThinking> = /*@__PURE__*/
-  enumDesc(file_psych_sidecar_v1_spec, 0);
+  enumDesc(file_psych_sidecar_v1_spec, 1);
 
 /**
  * ReasoningEffort is OpenAI's reasoning effort.
@@ -606,7 +685,7 @@ export enum ReasoningEffort {
  * Describes the enum psych.sidecar.v1.ReasoningEffort.
  */
 export const ReasoningEffortSchema: GenEnum<ReasoningEffort> = /*@__PURE__*/
-  enumDesc(file_psych_sidecar_v1_spec, 1);
+  enumDesc(file_psych_sidecar_v1_spec, 2);
 
 /**
  * GeminiThinkingLevel is Gemini's `thinkingConfig.thinkingLevel`.
@@ -654,5 +733,5 @@ export enum GeminiThinkingLevel {
  * Describes the enum psych.sidecar.v1.GeminiThinkingLevel.
  */
 export const GeminiThinkingLevelSchema: GenEnum<GeminiThinkingLevel> = /*@__PURE__*/
-  enumDesc(file_psych_sidecar_v1_spec, 2);
+  enumDesc(file_psych_sidecar_v1_spec, 3);
 

@@ -2,8 +2,8 @@
 // @generated from file psych/sidecar/v1/turn_service.proto (package psych.sidecar.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/turn_service.proto.
  */
 export const file_psych_sidecar_v1_turn_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2UilwMKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBEjwKCXJlYXNvbmluZxgJIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nU2V0dGluZ3NCBOJBAQESPAoKY29tcGFjdGlvbhgKIAEoCzIiLnBzeWNoLnNpZGVjYXIudjEuQ29tcGFjdGlvblBvbGljeUIE4kEBASLhAgoWQXNzZW1ibGVQcm9tcHRSZXNwb25zZRIoCgZwcm9tcHQYASABKAsyGC5wc3ljaC5zaWRlY2FyLnYxLlByb21wdBIrCgV6b25lcxgCIAMoCzIcLnBzeWNoLnNpZGVjYXIudjEuWm9uZURpZ2VzdBIeChZhbnRocm9waWNfcmVxdWVzdF9qc29uGAMgASgMEhsKE29wZW5haV9yZXF1ZXN0X2pzb24YBCABKAwSNQoNY29udGV4dF9ndWFyZBgFIAEoCzIeLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEd1YXJkEiUKHW9wZW5haV9yZXNwb25zZXNfcmVxdWVzdF9qc29uGAYgASgMEhsKE2dlbWluaV9yZXF1ZXN0X2pzb24YByABKAwSOAoKY29tcGFjdGlvbhgIIAEoCzIkLnBzeWNoLnNpZGVjYXIudjEuQ29tcGFjdGlvblByb3Bvc2FsIsYBCgxDb250ZXh0R3VhcmQSHQoVY29udGV4dF93aW5kb3dfdG9rZW5zGAEgASgDEh0KFW91dHB1dF9yZXNlcnZlX3Rva2VucxgCIAEoAxIYChBlc3RpbWF0ZWRfdG9rZW5zGAMgASgDEh0KFWZ1bGxfZXN0aW1hdGVkX3Rva2VucxgEIAEoAxIvCgZlbGlkZWQYBSADKAsyHy5wc3ljaC5zaWRlY2FyLnYxLkd1YXJkZWRSZXN1bHQSDgoGcmVhc29uGAYgASgJIloKDUd1YXJkZWRSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRIOCgZoYW5kbGUYAiABKAkSEwoLZnVsbF90b2tlbnMYAyABKAMSEwoLdmlld190b2tlbnMYBCABKAMi2wIKEkNvbXBhY3Rpb25Qcm9wb3NhbBIWCg5maXJzdF9zZXF1ZW5jZRgBIAEoAxIVCg1sYXN0X3NlcXVlbmNlGAIgASgDEhIKCmZpcnN0X3R1cm4YAyABKAMSEQoJbGFzdF90dXJuGAQgASgDEh4KFmFudGhyb3BpY19yZXF1ZXN0X2pzb24YBSABKAwSGwoTb3BlbmFpX3JlcXVlc3RfanNvbhgGIAEoDBIlCh1vcGVuYWlfcmVzcG9uc2VzX3JlcXVlc3RfanNvbhgHIAEoDBIbChNnZW1pbmlfcmVxdWVzdF9qc29uGAggASgMEhgKEGVzdGltYXRlZF90b2tlbnMYCSABKAMSFgoOdHJpZ2dlcl90b2tlbnMYCiABKAMSGgoSc3VtbWFyeV9tYXhfdG9rZW5zGAsgASgDEhAKCHJlcXVpcmVkGAwgASgIEg4KBnJlYXNvbhgNIAEoCTLOAQoLVHVyblNlcnZpY2USWgoLUmVzb2x2ZVR1cm4SJC5wc3ljaC5zaWRlY2FyLnYxLlJlc29sdmVUdXJuUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuUmVzb2x2ZVR1cm5SZXNwb25zZRJjCg5Bc3NlbWJsZVByb21wdBInLnBzeWNoLnNpZGVjYXIudjEuQXNzZW1ibGVQcm9tcHRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5Bc3NlbWJsZVByb21wdFJlc3BvbnNlQrsBChRkZXYucHN5Y2guc2lkZWNhci52MUIQVHVyblNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
+  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3R1cm5fc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSIqChJSZXNvbHZlVHVyblJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECIkUKE1Jlc29sdmVUdXJuUmVzcG9uc2USLgoHc3VyZmFjZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbFN1cmZhY2UiywMKFUFzc2VtYmxlUHJvbXB0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISGgoMZHluYW1pY190YWlsGAIgASgJQgTiQQEBEhwKDnRyYW5zaWVudF9ub3RlGAMgASgJQgTiQQEBEi0KA25vdxgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCBOJBAQESEwoFbW9kZWwYBSABKAlCBOJBAQESGAoKbWF4X3Rva2VucxgGIAEoBUIE4kEBARI9Cg5jb250ZXh0X2J1ZGdldBgHIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuQ29udGV4dEJ1ZGdldEIE4kEBARIVCgdwcmV2aWV3GAggASgIQgTiQQEBEjwKCXJlYXNvbmluZxgJIAEoCzIjLnBzeWNoLnNpZGVjYXIudjEuUmVhc29uaW5nU2V0dGluZ3NCBOJBAQESPAoKY29tcGFjdGlvbhgLIAEoCzIiLnBzeWNoLnNpZGVjYXIudjEuQ29tcGFjdGlvblBvbGljeUIE4kEBARIyCgZib2RpZXMYCiADKA4yHC5wc3ljaC5zaWRlY2FyLnYxLkJvZHlGb3JtYXRCBOJBAQEi4QIKFkFzc2VtYmxlUHJvbXB0UmVzcG9uc2USKAoGcHJvbXB0GAEgASgLMhgucHN5Y2guc2lkZWNhci52MS5Qcm9tcHQSKwoFem9uZXMYAiADKAsyHC5wc3ljaC5zaWRlY2FyLnYxLlpvbmVEaWdlc3QSHgoWYW50aHJvcGljX3JlcXVlc3RfanNvbhgDIAEoDBIbChNvcGVuYWlfcmVxdWVzdF9qc29uGAQgASgMEjUKDWNvbnRleHRfZ3VhcmQYBSABKAsyHi5wc3ljaC5zaWRlY2FyLnYxLkNvbnRleHRHdWFyZBIlCh1vcGVuYWlfcmVzcG9uc2VzX3JlcXVlc3RfanNvbhgGIAEoDBIbChNnZW1pbmlfcmVxdWVzdF9qc29uGAcgASgMEjgKCmNvbXBhY3Rpb24YCCABKAsyJC5wc3ljaC5zaWRlY2FyLnYxLkNvbXBhY3Rpb25Qcm9wb3NhbCLGAQoMQ29udGV4dEd1YXJkEh0KFWNvbnRleHRfd2luZG93X3Rva2VucxgBIAEoAxIdChVvdXRwdXRfcmVzZXJ2ZV90b2tlbnMYAiABKAMSGAoQZXN0aW1hdGVkX3Rva2VucxgDIAEoAxIdChVmdWxsX2VzdGltYXRlZF90b2tlbnMYBCABKAMSLwoGZWxpZGVkGAUgAygLMh8ucHN5Y2guc2lkZWNhci52MS5HdWFyZGVkUmVzdWx0Eg4KBnJlYXNvbhgGIAEoCSJaCg1HdWFyZGVkUmVzdWx0Eg8KB2NhbGxfaWQYASABKAkSDgoGaGFuZGxlGAIgASgJEhMKC2Z1bGxfdG9rZW5zGAMgASgDEhMKC3ZpZXdfdG9rZW5zGAQgASgDItsCChJDb21wYWN0aW9uUHJvcG9zYWwSFgoOZmlyc3Rfc2VxdWVuY2UYASABKAMSFQoNbGFzdF9zZXF1ZW5jZRgCIAEoAxISCgpmaXJzdF90dXJuGAMgASgDEhEKCWxhc3RfdHVybhgEIAEoAxIeChZhbnRocm9waWNfcmVxdWVzdF9qc29uGAUgASgMEhsKE29wZW5haV9yZXF1ZXN0X2pzb24YBiABKAwSJQodb3BlbmFpX3Jlc3BvbnNlc19yZXF1ZXN0X2pzb24YByABKAwSGwoTZ2VtaW5pX3JlcXVlc3RfanNvbhgIIAEoDBIYChBlc3RpbWF0ZWRfdG9rZW5zGAkgASgDEhYKDnRyaWdnZXJfdG9rZW5zGAogASgDEhoKEnN1bW1hcnlfbWF4X3Rva2VucxgLIAEoAxIQCghyZXF1aXJlZBgMIAEoCBIOCgZyZWFzb24YDSABKAkqwQEKCkJvZHlGb3JtYXQSGwoXQk9EWV9GT1JNQVRfVU5TUEVDSUZJRUQQABIiCh5CT0RZX0ZPUk1BVF9BTlRIUk9QSUNfTUVTU0FHRVMQARInCiNCT0RZX0ZPUk1BVF9PUEVOQUlfQ0hBVF9DT01QTEVUSU9OUxACEiAKHEJPRFlfRk9STUFUX09QRU5BSV9SRVNQT05TRVMQAxInCiNCT0RZX0ZPUk1BVF9HRU1JTklfR0VORVJBVEVfQ09OVEVOVBAEMs4BCgtUdXJuU2VydmljZRJaCgtSZXNvbHZlVHVybhIkLnBzeWNoLnNpZGVjYXIudjEuUmVzb2x2ZVR1cm5SZXF1ZXN0GiUucHN5Y2guc2lkZWNhci52MS5SZXNvbHZlVHVyblJlc3BvbnNlEmMKDkFzc2VtYmxlUHJvbXB0EicucHN5Y2guc2lkZWNhci52MS5Bc3NlbWJsZVByb21wdFJlcXVlc3QaKC5wc3ljaC5zaWRlY2FyLnYxLkFzc2VtYmxlUHJvbXB0UmVzcG9uc2VCuwEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQhBUdXJuU2VydmljZVByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_timestamp, file_psych_sidecar_v1_spec, file_psych_sidecar_v1_turn]);
 
 /**
  * ResolveTurnRequest is the request of TurnService.ResolveTurn.
@@ -147,9 +147,21 @@ export type AssemblePromptRequest = Message<"psych.sidecar.v1.AssemblePromptRequ
    * a policy of its own (its read_history tool is in zone 1), else
    * FIELD_INVALID.
    *
-   * @generated from field: psych.sidecar.v1.CompactionPolicy compaction = 10;
+   * @generated from field: psych.sidecar.v1.CompactionPolicy compaction = 11;
    */
   compaction?: CompactionPolicy | undefined;
+
+  /**
+   * The request bodies to build, by the API each is for; the response's
+   * other body fields are left empty. Empty builds all four, as before this
+   * field. A host sends one body: naming it spares the sidecar building,
+   * and the response carrying, the other three. The context guard's
+   * estimate is over the bodies built. BODY_FORMAT_UNSPECIFIED is
+   * FIELD_INVALID; a format named twice counts once.
+   *
+   * @generated from field: repeated psych.sidecar.v1.BodyFormat bodies = 10;
+   */
+  bodies: BodyFormat[];
 };
 
 /**
@@ -181,7 +193,8 @@ export type AssemblePromptResponse = Message<"psych.sidecar.v1.AssemblePromptRes
 
   /**
    * A canonical Anthropic Messages API request body (UTF-8 JSON) with
-   * cache_control breakpoints at the zone boundaries.
+   * cache_control breakpoints at the zone boundaries. Empty when the
+   * request's bodies field names others only (so for each body below).
    *
    * @generated from field: bytes anthropic_request_json = 3;
    */
@@ -464,6 +477,54 @@ export const CompactionProposalSchema: GenMessage<CompactionProposal> = /*@__PUR
   messageDesc(file_psych_sidecar_v1_turn_service, 6);
 
 /**
+ * BodyFormat names one of the provider request bodies AssemblePrompt builds.
+ *
+ * @generated from enum psych.sidecar.v1.BodyFormat
+ */
+export enum BodyFormat {
+  /**
+   * Unset; refused.
+   *
+   * @generated from enum value: BODY_FORMAT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * anthropic_request_json: the Anthropic Messages API.
+   *
+   * @generated from enum value: BODY_FORMAT_ANTHROPIC_MESSAGES = 1;
+   */
+  ANTHROPIC_MESSAGES = 1,
+
+  /**
+   * openai_request_json: the OpenAI Chat Completions API.
+   *
+   * @generated from enum value: BODY_FORMAT_OPENAI_CHAT_COMPLETIONS = 2;
+   */
+  OPENAI_CHAT_COMPLETIONS = 2,
+
+  /**
+   * openai_responses_request_json: the OpenAI Responses API.
+   *
+   * @generated from enum value: BODY_FORMAT_OPENAI_RESPONSES = 3;
+   */
+  OPENAI_RESPONSES = 3,
+
+  /**
+   * gemini_request_json: the Gemini API's generateContent.
+   *
+   * @generated from enum value: BODY_FORMAT_GEMINI_GENERATE_CONTENT = 4;
+   */
+  GEMINI_GENERATE_CONTENT = 4,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.BodyFormat.
+ */
+export const BodyFormatSchema: GenEnum<BodyFormat> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_turn_service, 0);
+
+/**
  * TurnService decides what the model sees on each turn and call.
  *
  * @generated from service psych.sidecar.v1.TurnService
@@ -488,7 +549,8 @@ export const TurnService: GenService<{
    * AssemblePrompt builds the exact, byte-stable prompt for one model call
    * in four cache zones, with prior-turn tool results elided, plus request
    * bodies for the Anthropic Messages, OpenAI Chat Completions, OpenAI
-   * Responses and Gemini generateContent APIs. The
+   * Responses and Gemini generateContent APIs (those the request's bodies
+   * field names; all four when it names none). The
    * prompt always fits the context budget: when the current turn's results
    * in full would not, the largest are elided too (context_guard says so),
    * and when nothing can make it fit, CONTEXT_BUDGET_EXCEEDED.
