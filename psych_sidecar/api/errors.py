@@ -50,6 +50,7 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.OAUTH_ISSUER_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.SIGN_IN_ISSUER_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.OAUTH_METADATA_REFUSED: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.INPUT_NOT_AWAITED: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -119,6 +119,8 @@ class SessionRegistry:
             reconnect_min=settings.reconnect_min_seconds,
             reconnect_max=max(settings.reconnect_min_seconds, settings.reconnect_max_seconds),
             list_changed_debounce=settings.list_changed_debounce_seconds,
+            input_wait=settings.input_wait_seconds,
+            max_held_calls=settings.max_held_calls,
         )
         self._running: dict[Key, _Running] = {}
         # One cache of output-schema validators for every session's results.

@@ -31,6 +31,7 @@ from psych_sidecar.domain.catalog import (
     StoredConnection,
 )
 from psych_sidecar.mcp.catalog_refresh import CatalogRefresh
+from psych_sidecar.mcp.input_rounds import HeldCalls
 from psych_sidecar.mcp.oauth.grants import GrantAuth
 from psych_sidecar.mcp.result_parts import tool_result
 from psych_sidecar.mcp.session_state import SessionState
@@ -45,9 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How the sidecar introduces itself to every server. It declares no client capabilities: it
-# offers no roots, no sampling and no elicitation (a server's question has no user to reach in
-# the middle of a call), so a conforming server does not ask for them.
+# How the sidecar introduces itself to every server. Of the client capabilities it declares
+# elicitation alone, form and URL mode: a server's question goes to the host, whose user
+# answers it (ContinueToolCall). No roots, no sampling.
 CLIENT_INFO = types.Implementation(name="psych-sidecar", version=__version__)
 # How long a failed attempt waits for its stdio server's stderr to end (it has exited, or been
 # killed, by then; a child of it may hold the pipe open), to quote the line naming its error.
@@ -80,6 +81,11 @@ class ConnectionSession:
             output_schema=self.catalog.output_schema,
             connect_timeout=timings.connect_timeout,
             convert=convert_result or tool_result,
+            held=HeldCalls(
+                answer_timeout=timings.input_wait,
+                max_held=timings.max_held_calls,
+                protocol_version="",
+            ),
         )
         self._commands = commands
         self._timings = timings
@@ -203,6 +209,9 @@ class ConnectionSession:
             cache=None,
             message_handler=self._on_message,
             client_info=CLIENT_INFO,
+            # Declares elicitation (form and URL); a 2025-11-25 server's question is held
+            # for the host. A 2026-07-28 one's comes in its result (`ToolCalls`).
+            elicitation_callback=self.calls.held.on_elicitation,
         )
         deadline = anyio.current_time() + self._timings.connect_timeout
         try:
@@ -213,6 +222,7 @@ class ConnectionSession:
                     leave_results_to_the_sidecar(client.session)
                     # Subscribe before the first listing, so no change between them is lost.
                     await group.start(self.catalog.listen, client)
+                    self.calls.held.serve_in(group, client.session.protocol_version or "")
                     state.client = client
                     # Sync on connect: a notification sent during initialisation can be lost.
                     await self.catalog.refresh_with(client, "connect")
@@ -228,6 +238,7 @@ class ConnectionSession:
                     group.cancel_scope.cancel()
         finally:
             state.client = None
+            self.calls.held.serve_in(None)
         if connecting.cancelled_caught:
             raise TimeoutError
         if state.broken.is_set() and not closed.is_set() and not state.stopping.is_set():

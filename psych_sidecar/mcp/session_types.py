@@ -16,6 +16,10 @@ class SessionTimings:
     reconnect_min: float
     reconnect_max: float
     list_changed_debounce: float
+    # How long a server's question waits for the host's answer, and how many calls of a
+    # 2025-11-25 session may be held open meanwhile.
+    input_wait: float = 600.0
+    max_held_calls: int = 1000
 
 
 class CatalogUnavailable(Exception):

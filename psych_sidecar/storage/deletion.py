@@ -26,6 +26,7 @@ RUN_TABLES = (
     tables.usage_events,
     tables.turn_surfaces,
     tables.assembly_journal,
+    tables.tool_input_rounds,
 )
 # Any constant works; it only has to be the same in every sidecar sharing a database.
 _EXPIRY_LOCK_KEY = 0x7073_6964_6578_7069  # "psidexpi"

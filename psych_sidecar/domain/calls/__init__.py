@@ -17,7 +17,7 @@ from psych_sidecar.domain.calls.limits import (
     MAX_RESULT_BYTES_SERIALIZED_ON_LOOP,
     MAX_RESULT_CHARS_CONVERTED_ON_LOOP,
 )
-from psych_sidecar.domain.calls.outcomes import ToolOutcome
+from psych_sidecar.domain.calls.outcomes import CallOutcome, ToolOutcome, WaitingCall
 from psych_sidecar.domain.calls.router import ToolRouter
 from psych_sidecar.domain.calls.tool_output import GrepMatch, ReadResult, ToolOutputReader
 from psych_sidecar.domain.calls.validation import SchemaValidators, json_within
@@ -27,11 +27,13 @@ __all__ = [
     "MAX_RESULT_BYTES_APPENDED_ON_LOOP",
     "MAX_RESULT_BYTES_SERIALIZED_ON_LOOP",
     "MAX_RESULT_CHARS_CONVERTED_ON_LOOP",
+    "CallOutcome",
     "GrepMatch",
     "ReadResult",
     "SchemaValidators",
     "ToolOutcome",
     "ToolOutputReader",
     "ToolRouter",
+    "WaitingCall",
     "json_within",
 ]

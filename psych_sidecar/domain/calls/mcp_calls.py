@@ -10,15 +10,19 @@ refuses, an unreachable or timed-out server — comes back as a tool result with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from psych_sidecar.domain.calls.outcomes import ToolResult
+from psych_sidecar.domain.calls.outcomes import Asking, CallResult, ToolResult
 from psych_sidecar.domain.calls.validation import SchemaValidators
 from psych_sidecar.domain.catalog import (
     AuthorizationReason,
     ConnectionState,
+    InputAnswer,
+    InputAsked,
+    InputWait,
     ToolCallFailed,
     ToolRunner,
 )
@@ -48,7 +52,7 @@ class McpCalls:
         self._cpu = cpu
         self._validators = SchemaValidators()
 
-    async def direct(self, call: RoutedCall) -> ToolResult:
+    async def direct(self, call: RoutedCall) -> CallResult:
         """An MCP tool exposed on the surface under its own name."""
         route = call.route
         return await self.call(
@@ -62,7 +66,7 @@ class McpCalls:
         tool: str,
         arguments: Any,
         timeout_seconds: float,
-    ) -> ToolResult:
+    ) -> CallResult:
         tools = resolved.permitted.get(server)
         if tools is None:
             return unknown_server(resolved, server)
@@ -103,6 +107,45 @@ class McpCalls:
                 tool,
                 authorization=failure.authorization,
             )
+        if isinstance(result, InputAsked):
+            return Asking(result, server, tool, arguments)
+        return ToolResult(result.is_error, result.result_json, result.content, server, tool)
+
+    async def continue_call(
+        self,
+        resolved: ResolvedTurn,
+        wait: InputWait,
+        answers: Sequence[InputAnswer],
+        timeout_seconds: float,
+    ) -> CallResult:
+        """The waiting call continued with the user's answers, its tool re-checked against
+        the Run's permitted set as of now (a grant withdrawn meanwhile refuses it)."""
+        server, tool = wait.server, wait.tool
+        tools = resolved.permitted.get(server)
+        if tools is None:
+            return unknown_server(resolved, server)
+        if tool not in tools:
+            return not_found(resolved, server, tool)
+        arguments = json.loads(wait.arguments_json)
+        try:
+            result = await self._runner.continue_tool(
+                resolved.snapshot.servers[server].connection.tenant,
+                server,
+                tool=tool,
+                arguments=arguments,
+                asked=wait.asked,
+                answers=answers,
+                timeout_seconds=timeout_seconds,
+            )
+        except ToolCallFailed as failure:
+            return ToolResult.error(
+                f"{server}/{tool} did not answer: {failure}",
+                server,
+                tool,
+                authorization=failure.authorization,
+            )
+        if isinstance(result, InputAsked):
+            return Asking(result, server, tool, arguments)
         return ToolResult(result.is_error, result.result_json, result.content, server, tool)
 
 

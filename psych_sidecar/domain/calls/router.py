@@ -20,11 +20,12 @@ from typing import Any
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
+from psych_sidecar.domain.calls.continuation import CallContinuation
 from psych_sidecar.domain.calls.ledger import CallLedger
 from psych_sidecar.domain.calls.limits import DEFAULT_MAX_ARGUMENT_BYTES
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall
 from psych_sidecar.domain.calls.meta_tools import MetaTools
-from psych_sidecar.domain.calls.outcomes import ToolOutcome, ToolResult
+from psych_sidecar.domain.calls.outcomes import Asking, CallOutcome, CallResult, ToolResult
 from psych_sidecar.domain.calls.own_tools import OwnTools
 from psych_sidecar.domain.calls.references import (
     ReferenceProblem,
@@ -33,7 +34,7 @@ from psych_sidecar.domain.calls.references import (
     with_resolved_references,
 )
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
-from psych_sidecar.domain.catalog import ToolRunner
+from psych_sidecar.domain.catalog import InputAnswer, InputWaits, ToolRunner
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     MAX_IDENTIFIER_LENGTH,
@@ -52,13 +53,13 @@ from psych_sidecar.domain.surface import (
     naming,
 )
 
-McpKindHandler = Callable[[RoutedCall], Awaitable[ToolResult]]
+McpKindHandler = Callable[[RoutedCall], Awaitable[CallResult]]
 """Runs a kind of tool that takes any JSON object (an MCP tool, a facade, a meta tool)."""
 
 OwnToolHandler = Callable[[RunContext, ToolCall], ToolResult]
 """Runs one of the sidecar's own tools, which check their arguments themselves."""
 
-Handler = Callable[[RunContext, ResolvedTurn, ExposedTool, ToolCall], Awaitable[ToolResult]]
+Handler = Callable[[RunContext, ResolvedTurn, ExposedTool, ToolCall], Awaitable[CallResult]]
 
 
 class ToolRouter:
@@ -75,15 +76,33 @@ class ToolRouter:
         cpu: OffLoop | None = None,
         now: StorageNow | None = None,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+        waits: InputWaits | None = None,
+        input_wait_seconds: float = 600.0,
     ) -> None:
+        """`waits`: where calls waiting for their user's input are kept (None: a server's
+        question ends its call as a tool error); `input_wait_seconds`: how long they wait."""
         self._resolver = resolver
         self._blocking = blocking
         self._default_timeout = default_timeout_seconds
         # A call's reads before it runs (its turn, a recorded answer), and with a small
         # result its append, asked of the storage on the event loop's thread first (`now`).
-        self._ledger = CallLedger(runs=runs, log=log, off_loop=blocking, now=now)
+        self._ledger = CallLedger(
+            runs=runs,
+            log=log,
+            off_loop=blocking,
+            now=now,
+            waits=waits,
+            input_wait_seconds=input_wait_seconds,
+        )
         # CPU-heavy steps (search, schema validation) run there, never on the storage threads.
         self._mcp = McpCalls(runner, cpu or blocking)
+        self._continuation = CallContinuation(
+            resolver=resolver,
+            ledger=self._ledger,
+            mcp=self._mcp,
+            blocking=blocking,
+            default_timeout_seconds=default_timeout_seconds,
+        )
         meta = MetaTools(self._mcp, cpu or blocking)
         own = OwnTools(reader)
         # A model's call may name stored results as arguments: resolved on the storage threads.
@@ -102,7 +121,7 @@ class ToolRouter:
         }
         self._stale_routes = ImmutableCache[Hashable, dict[str, ExposedTool]](256)
 
-    async def dispatch(self, run_id: str, call: ToolCall) -> ToolOutcome | None:
+    async def dispatch(self, run_id: str, call: ToolCall) -> CallOutcome | None:
         """Run and record the call when the sidecar owns its tool; None when the host does."""
         if not call.call_id:
             raise field_required("call.call_id")
@@ -121,8 +140,10 @@ class ToolRouter:
             return None
         handler = self._table[route.kind]
 
-        async def run() -> ToolResult:
+        async def run() -> CallResult:
             result = await handler(context, resolved, route, call)
+            if isinstance(result, Asking):
+                return result
             if not result.server and not result.tool:
                 # A result not tied to one MCP tool is recorded under the tool the model
                 # called.
@@ -139,7 +160,7 @@ class ToolRouter:
         arguments: Mapping[str, Any],
         call_id: str,
         timeout_seconds: float | None,
-    ) -> ToolOutcome:
+    ) -> CallOutcome:
         """CallDeferredTool: one MCP tool by (server, tool), narrowed like any other call."""
         if not call_id:
             raise field_required("call_id")
@@ -149,7 +170,7 @@ class ToolRouter:
             raise field_required("tool")
         timeout = timeout_seconds or self._default_timeout
 
-        async def run(turn: tuple[RunContext, ResolvedTurn]) -> ToolResult:
+        async def run(turn: tuple[RunContext, ResolvedTurn]) -> CallResult:
             return await self._mcp.call(turn[1], server, tool, arguments, timeout)
 
         # The Run's turn is resolved in the same hop to the storage threads as the look-up
@@ -160,6 +181,19 @@ class ToolRouter:
             lambda: self._resolver.resolved_now(run_id),
             lambda: self._resolver.resolved(run_id),
             run,
+        )
+
+    async def continue_call(
+        self,
+        run_id: str,
+        call_id: str,
+        attempt: str,
+        answers: tuple[InputAnswer, ...],
+        timeout_seconds: float | None,
+    ) -> CallOutcome:
+        """ContinueToolCall: a call waiting for input, continued with its user's answers."""
+        return await self._continuation.continue_call(
+            run_id, call_id, attempt, answers, timeout_seconds
         )
 
     def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:
@@ -200,7 +234,7 @@ class ToolRouter:
 
         async def run(
             context: RunContext, resolved: ResolvedTurn, route: ExposedTool, call: ToolCall
-        ) -> ToolResult:
+        ) -> CallResult:
             try:
                 arguments = parse_arguments(call.arguments_json)
             except ArgumentError as error:
@@ -227,7 +261,7 @@ class ToolRouter:
 
         async def run(
             context: RunContext, resolved: ResolvedTurn, route: ExposedTool, call: ToolCall
-        ) -> ToolResult:
+        ) -> CallResult:
             return await self._blocking(handler, context, call)
 
         return run

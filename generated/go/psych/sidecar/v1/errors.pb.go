@@ -211,6 +211,11 @@ const (
 	// the same metadata gets the same answer until its publisher fixes it.
 	// Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
 	ErrorReason_ERROR_REASON_OAUTH_METADATA_REFUSED ErrorReason = 36
+	// ContinueToolCall names an attempt no call of the Run waits on: unknown,
+	// already answered (a retry of the same answer gets its result), past its
+	// expire_time, or an older round of a call that has moved on.
+	// Status FAILED_PRECONDITION. Metadata: `run_id`, `call_id`, `detail`.
+	ErrorReason_ERROR_REASON_INPUT_NOT_AWAITED ErrorReason = 37
 )
 
 // Enum value maps for ErrorReason.
@@ -251,6 +256,7 @@ var (
 		34: "ERROR_REASON_OAUTH_ISSUER_MISMATCH",
 		35: "ERROR_REASON_SIGN_IN_ISSUER_MISMATCH",
 		36: "ERROR_REASON_OAUTH_METADATA_REFUSED",
+		37: "ERROR_REASON_INPUT_NOT_AWAITED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                       0,
@@ -288,6 +294,7 @@ var (
 		"ERROR_REASON_OAUTH_ISSUER_MISMATCH":             34,
 		"ERROR_REASON_SIGN_IN_ISSUER_MISMATCH":           35,
 		"ERROR_REASON_OAUTH_METADATA_REFUSED":            36,
+		"ERROR_REASON_INPUT_NOT_AWAITED":                 37,
 	}
 )
 
@@ -322,7 +329,7 @@ var File_psych_sidecar_v1_errors_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xd7\n" +
+	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xfb\n" +
 	"\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
@@ -360,7 +367,8 @@ const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	".ERROR_REASON_CONNECTION_AUTHORIZATION_REQUIRED\x10!\x12&\n" +
 	"\"ERROR_REASON_OAUTH_ISSUER_MISMATCH\x10\"\x12(\n" +
 	"$ERROR_REASON_SIGN_IN_ISSUER_MISMATCH\x10#\x12'\n" +
-	"#ERROR_REASON_OAUTH_METADATA_REFUSED\x10$\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
+	"#ERROR_REASON_OAUTH_METADATA_REFUSED\x10$\x12\"\n" +
+	"\x1eERROR_REASON_INPUT_NOT_AWAITED\x10%\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
 	"\x14dev.psych.sidecar.v1B\vErrorsProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (

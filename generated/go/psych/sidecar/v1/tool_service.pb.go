@@ -12,6 +12,7 @@ import (
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -34,6 +35,9 @@ const (
 	DispatchDisposition_DISPATCH_DISPOSITION_EXECUTED DispatchDisposition = 1
 	// Not a sidecar tool: the host runs it and appends the result.
 	DispatchDisposition_DISPATCH_DISPOSITION_HOST_TOOL DispatchDisposition = 2
+	// The sidecar called the tool and its server asked for input first:
+	// input_required says what; ContinueToolCall answers it.
+	DispatchDisposition_DISPATCH_DISPOSITION_INPUT_REQUIRED DispatchDisposition = 3
 )
 
 // Enum value maps for DispatchDisposition.
@@ -42,11 +46,13 @@ var (
 		0: "DISPATCH_DISPOSITION_UNSPECIFIED",
 		1: "DISPATCH_DISPOSITION_EXECUTED",
 		2: "DISPATCH_DISPOSITION_HOST_TOOL",
+		3: "DISPATCH_DISPOSITION_INPUT_REQUIRED",
 	}
 	DispatchDisposition_value = map[string]int32{
-		"DISPATCH_DISPOSITION_UNSPECIFIED": 0,
-		"DISPATCH_DISPOSITION_EXECUTED":    1,
-		"DISPATCH_DISPOSITION_HOST_TOOL":   2,
+		"DISPATCH_DISPOSITION_UNSPECIFIED":    0,
+		"DISPATCH_DISPOSITION_EXECUTED":       1,
+		"DISPATCH_DISPOSITION_HOST_TOOL":      2,
+		"DISPATCH_DISPOSITION_INPUT_REQUIRED": 3,
 	}
 )
 
@@ -75,6 +81,116 @@ func (x DispatchDisposition) Number() protoreflect.EnumNumber {
 // Deprecated: Use DispatchDisposition.Descriptor instead.
 func (DispatchDisposition) EnumDescriptor() ([]byte, []int) {
 	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{0}
+}
+
+// InputRequestMode is how the user answers an InputRequest.
+type InputRequestMode int32
+
+const (
+	// Never sent.
+	InputRequestMode_INPUT_REQUEST_MODE_UNSPECIFIED InputRequestMode = 0
+	// A form: the answer's content follows requested_schema_json.
+	InputRequestMode_INPUT_REQUEST_MODE_FORM InputRequestMode = 1
+	// A URL the user opens out of band; the answer carries no content.
+	InputRequestMode_INPUT_REQUEST_MODE_URL InputRequestMode = 2
+)
+
+// Enum value maps for InputRequestMode.
+var (
+	InputRequestMode_name = map[int32]string{
+		0: "INPUT_REQUEST_MODE_UNSPECIFIED",
+		1: "INPUT_REQUEST_MODE_FORM",
+		2: "INPUT_REQUEST_MODE_URL",
+	}
+	InputRequestMode_value = map[string]int32{
+		"INPUT_REQUEST_MODE_UNSPECIFIED": 0,
+		"INPUT_REQUEST_MODE_FORM":        1,
+		"INPUT_REQUEST_MODE_URL":         2,
+	}
+)
+
+func (x InputRequestMode) Enum() *InputRequestMode {
+	p := new(InputRequestMode)
+	*p = x
+	return p
+}
+
+func (x InputRequestMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (InputRequestMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_tool_service_proto_enumTypes[1].Descriptor()
+}
+
+func (InputRequestMode) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[1]
+}
+
+func (x InputRequestMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use InputRequestMode.Descriptor instead.
+func (InputRequestMode) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{1}
+}
+
+// InputAction is what the user did with a request.
+type InputAction int32
+
+const (
+	// Never sent.
+	InputAction_INPUT_ACTION_UNSPECIFIED InputAction = 0
+	// Submitted the form, or consented to open the URL.
+	InputAction_INPUT_ACTION_ACCEPT InputAction = 1
+	// Explicitly refused.
+	InputAction_INPUT_ACTION_DECLINE InputAction = 2
+	// Dismissed without choosing.
+	InputAction_INPUT_ACTION_CANCEL InputAction = 3
+)
+
+// Enum value maps for InputAction.
+var (
+	InputAction_name = map[int32]string{
+		0: "INPUT_ACTION_UNSPECIFIED",
+		1: "INPUT_ACTION_ACCEPT",
+		2: "INPUT_ACTION_DECLINE",
+		3: "INPUT_ACTION_CANCEL",
+	}
+	InputAction_value = map[string]int32{
+		"INPUT_ACTION_UNSPECIFIED": 0,
+		"INPUT_ACTION_ACCEPT":      1,
+		"INPUT_ACTION_DECLINE":     2,
+		"INPUT_ACTION_CANCEL":      3,
+	}
+)
+
+func (x InputAction) Enum() *InputAction {
+	p := new(InputAction)
+	*p = x
+	return p
+}
+
+func (x InputAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (InputAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_tool_service_proto_enumTypes[2].Descriptor()
+}
+
+func (InputAction) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[2]
+}
+
+func (x InputAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use InputAction.Descriptor instead.
+func (InputAction) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{2}
 }
 
 // ToolOutcome is the outcome of a tool call the sidecar executed.
@@ -261,8 +377,12 @@ func (x *CallDeferredToolRequest) GetTimeout() *durationpb.Duration {
 // CallDeferredToolResponse is the response of ToolService.CallDeferredTool.
 type CallDeferredToolResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The outcome.
-	Outcome       *ToolOutcome `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// The outcome; unset when input_required is set.
+	Outcome *ToolOutcome `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// Set when the server asked for input before it could answer: the call
+	// waits for the host's answer (ContinueToolCall). Nothing is in the Run's
+	// log for the call until it ends.
+	InputRequired *InputRequired `protobuf:"bytes,2,opt,name=input_required,json=inputRequired,proto3" json:"input_required,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -300,6 +420,13 @@ func (*CallDeferredToolResponse) Descriptor() ([]byte, []int) {
 func (x *CallDeferredToolResponse) GetOutcome() *ToolOutcome {
 	if x != nil {
 		return x.Outcome
+	}
+	return nil
+}
+
+func (x *CallDeferredToolResponse) GetInputRequired() *InputRequired {
+	if x != nil {
+		return x.InputRequired
 	}
 	return nil
 }
@@ -1072,7 +1199,10 @@ type DispatchToolCallResponse struct {
 	// What happened to the call.
 	Disposition DispatchDisposition `protobuf:"varint,1,opt,name=disposition,proto3,enum=psych.sidecar.v1.DispatchDisposition" json:"disposition,omitempty"`
 	// The outcome, when disposition is DISPATCH_DISPOSITION_EXECUTED.
-	Outcome       *ToolOutcome `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Outcome *ToolOutcome `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// The input the call waits for, when disposition is
+	// DISPATCH_DISPOSITION_INPUT_REQUIRED (see ContinueToolCall).
+	InputRequired *InputRequired `protobuf:"bytes,3,opt,name=input_required,json=inputRequired,proto3" json:"input_required,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1121,11 +1251,428 @@ func (x *DispatchToolCallResponse) GetOutcome() *ToolOutcome {
 	return nil
 }
 
+func (x *DispatchToolCallResponse) GetInputRequired() *InputRequired {
+	if x != nil {
+		return x.InputRequired
+	}
+	return nil
+}
+
+// InputRequired is a call waiting for input its MCP server asked for: an
+// elicitation (a form to fill, or a URL for the user to open). The host shows
+// it to its user, or declines, and continues the call with ContinueToolCall.
+type InputRequired struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The provider's call id of the waiting call.
+	CallId string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// Opaque: names this round of the call, echoed in ContinueToolCall. A new
+	// round (the server asking again) has a new attempt.
+	Attempt string `protobuf:"bytes,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The connection's name.
+	Server string `protobuf:"bytes,3,opt,name=server,proto3" json:"server,omitempty"`
+	// The MCP tool's name on that server.
+	Tool string `protobuf:"bytes,4,opt,name=tool,proto3" json:"tool,omitempty"`
+	// The server's requests, in the order it sent them; all are answered
+	// together.
+	Requests []*InputRequest `protobuf:"bytes,5,rep,name=requests,proto3" json:"requests,omitempty"`
+	// After this time the call no longer waits: it ends as a tool error
+	// saying the user did not answer, recorded in the Run's log.
+	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// The MCP protocol revision the server speaks (2026-07-28: the answers
+	// repeat the request; 2025-11-25: the server holds the question open).
+	ProtocolVersion string `protobuf:"bytes,7,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *InputRequired) Reset() {
+	*x = InputRequired{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InputRequired) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InputRequired) ProtoMessage() {}
+
+func (x *InputRequired) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InputRequired.ProtoReflect.Descriptor instead.
+func (*InputRequired) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *InputRequired) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *InputRequired) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
+}
+
+func (x *InputRequired) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *InputRequired) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *InputRequired) GetRequests() []*InputRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *InputRequired) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+func (x *InputRequired) GetProtocolVersion() string {
+	if x != nil {
+		return x.ProtocolVersion
+	}
+	return ""
+}
+
+// InputRequest is one question of a server, as it sent it.
+type InputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server's key for the request (2026-07-28), or the id of its
+	// elicitation/create request (2025-11-25); answers name it.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Form or URL.
+	Mode InputRequestMode `protobuf:"varint,2,opt,name=mode,proto3,enum=psych.sidecar.v1.InputRequestMode" json:"mode,omitempty"`
+	// What the server asks, to show the user; for URL mode, why the user
+	// should open the URL (its stated purpose).
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// Form mode: the requested schema (a flat JSON Schema object), as JSON.
+	RequestedSchemaJson []byte `protobuf:"bytes,4,opt,name=requested_schema_json,json=requestedSchemaJson,proto3" json:"requested_schema_json,omitempty"`
+	// URL mode: the URL for the user to open. The sidecar never opens or
+	// fetches it.
+	Url string `protobuf:"bytes,5,opt,name=url,proto3" json:"url,omitempty"`
+	// URL mode on 2025-11-25: the server's elicitation id.
+	ElicitationId string `protobuf:"bytes,6,opt,name=elicitation_id,json=elicitationId,proto3" json:"elicitation_id,omitempty"`
+	// The request as the server sent it (MCP elicitation/create JSON).
+	RequestJson   []byte `protobuf:"bytes,7,opt,name=request_json,json=requestJson,proto3" json:"request_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InputRequest) Reset() {
+	*x = InputRequest{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InputRequest) ProtoMessage() {}
+
+func (x *InputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InputRequest.ProtoReflect.Descriptor instead.
+func (*InputRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *InputRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *InputRequest) GetMode() InputRequestMode {
+	if x != nil {
+		return x.Mode
+	}
+	return InputRequestMode_INPUT_REQUEST_MODE_UNSPECIFIED
+}
+
+func (x *InputRequest) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *InputRequest) GetRequestedSchemaJson() []byte {
+	if x != nil {
+		return x.RequestedSchemaJson
+	}
+	return nil
+}
+
+func (x *InputRequest) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *InputRequest) GetElicitationId() string {
+	if x != nil {
+		return x.ElicitationId
+	}
+	return ""
+}
+
+func (x *InputRequest) GetRequestJson() []byte {
+	if x != nil {
+		return x.RequestJson
+	}
+	return nil
+}
+
+// ContinueToolCallRequest is the request of ToolService.ContinueToolCall.
+type ContinueToolCallRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The waiting call's call id.
+	CallId string `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// InputRequired.attempt, as received.
+	Attempt string `protobuf:"bytes,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// One answer per request; a request left unanswered is cancelled.
+	Answers []*InputAnswer `protobuf:"bytes,4,rep,name=answers,proto3" json:"answers,omitempty"`
+	// How long to wait for the server; unset uses the sidecar's default.
+	Timeout       *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContinueToolCallRequest) Reset() {
+	*x = ContinueToolCallRequest{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContinueToolCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContinueToolCallRequest) ProtoMessage() {}
+
+func (x *ContinueToolCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContinueToolCallRequest.ProtoReflect.Descriptor instead.
+func (*ContinueToolCallRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ContinueToolCallRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ContinueToolCallRequest) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ContinueToolCallRequest) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
+}
+
+func (x *ContinueToolCallRequest) GetAnswers() []*InputAnswer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+func (x *ContinueToolCallRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// InputAnswer is the user's answer to one InputRequest.
+type InputAnswer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// InputRequest.key.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Accept, decline or cancel.
+	Action InputAction `protobuf:"varint,2,opt,name=action,proto3,enum=psych.sidecar.v1.InputAction" json:"action,omitempty"`
+	// With ACCEPT of a form: the values, following its requested schema.
+	Content       *structpb.Struct `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InputAnswer) Reset() {
+	*x = InputAnswer{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InputAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InputAnswer) ProtoMessage() {}
+
+func (x *InputAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InputAnswer.ProtoReflect.Descriptor instead.
+func (*InputAnswer) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *InputAnswer) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *InputAnswer) GetAction() InputAction {
+	if x != nil {
+		return x.Action
+	}
+	return InputAction_INPUT_ACTION_UNSPECIFIED
+}
+
+func (x *InputAnswer) GetContent() *structpb.Struct {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+// ContinueToolCallResponse is the response of ToolService.ContinueToolCall.
+type ContinueToolCallResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The outcome, recorded in the Run's log; unset when input_required is set.
+	Outcome *ToolOutcome `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// Set when the server asks again: the next round.
+	InputRequired *InputRequired `protobuf:"bytes,2,opt,name=input_required,json=inputRequired,proto3" json:"input_required,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContinueToolCallResponse) Reset() {
+	*x = ContinueToolCallResponse{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContinueToolCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContinueToolCallResponse) ProtoMessage() {}
+
+func (x *ContinueToolCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContinueToolCallResponse.ProtoReflect.Descriptor instead.
+func (*ContinueToolCallResponse) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ContinueToolCallResponse) GetOutcome() *ToolOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return nil
+}
+
+func (x *ContinueToolCallResponse) GetInputRequired() *InputRequired {
+	if x != nil {
+		return x.InputRequired
+	}
+	return nil
+}
+
 var File_psych_sidecar_v1_tool_service_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\n" +
-	"#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xf0\x01\n" +
+	"#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xf0\x01\n" +
 	"\vToolOutcome\x12\x19\n" +
 	"\bis_error\x18\x01 \x01(\bR\aisError\x12\x1f\n" +
 	"\vresult_json\x18\x02 \x01(\fR\n" +
@@ -1139,9 +1686,10 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\x04tool\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\x04tool\x12;\n" +
 	"\targuments\x18\x04 \x01(\v2\x17.google.protobuf.StructB\x04\xe2A\x01\x01R\targuments\x12\x1d\n" +
 	"\acall_id\x18\x05 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x129\n" +
-	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x01R\atimeout\"S\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x01R\atimeout\"\x9b\x01\n" +
 	"\x18CallDeferredToolResponse\x127\n" +
-	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\"\xc2\x01\n" +
+	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\x12F\n" +
+	"\x0einput_required\x18\x02 \x01(\v2\x1f.psych.sidecar.v1.InputRequiredR\rinputRequired\"\xc2\x01\n" +
 	"\x15ReadToolOutputRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1c\n" +
 	"\x06handle\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06handle\x12\x1c\n" +
@@ -1195,21 +1743,63 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\x05score\x18\x04 \x01(\x01R\x05score\"l\n" +
 	"\x17DispatchToolCallRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x124\n" +
-	"\x04call\x18\x02 \x01(\v2\x1a.psych.sidecar.v1.ToolCallB\x04\xe2A\x01\x02R\x04call\"\x9c\x01\n" +
+	"\x04call\x18\x02 \x01(\v2\x1a.psych.sidecar.v1.ToolCallB\x04\xe2A\x01\x02R\x04call\"\xe4\x01\n" +
 	"\x18DispatchToolCallResponse\x12G\n" +
 	"\vdisposition\x18\x01 \x01(\x0e2%.psych.sidecar.v1.DispatchDispositionR\vdisposition\x127\n" +
-	"\aoutcome\x18\x02 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome*\x82\x01\n" +
+	"\aoutcome\x18\x02 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\x12F\n" +
+	"\x0einput_required\x18\x03 \x01(\v2\x1f.psych.sidecar.v1.InputRequiredR\rinputRequired\"\x92\x02\n" +
+	"\rInputRequired\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\tR\aattempt\x12\x16\n" +
+	"\x06server\x18\x03 \x01(\tR\x06server\x12\x12\n" +
+	"\x04tool\x18\x04 \x01(\tR\x04tool\x12:\n" +
+	"\brequests\x18\x05 \x03(\v2\x1e.psych.sidecar.v1.InputRequestR\brequests\x12;\n" +
+	"\vexpire_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\x12)\n" +
+	"\x10protocol_version\x18\a \x01(\tR\x0fprotocolVersion\"\x82\x02\n" +
+	"\fInputRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x126\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\".psych.sidecar.v1.InputRequestModeR\x04mode\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x122\n" +
+	"\x15requested_schema_json\x18\x04 \x01(\fR\x13requestedSchemaJson\x12\x10\n" +
+	"\x03url\x18\x05 \x01(\tR\x03url\x12%\n" +
+	"\x0eelicitation_id\x18\x06 \x01(\tR\relicitationId\x12!\n" +
+	"\frequest_json\x18\a \x01(\fR\vrequestJson\"\xef\x01\n" +
+	"\x17ContinueToolCallRequest\x12\x1b\n" +
+	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1d\n" +
+	"\acall_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x12\x1e\n" +
+	"\aattempt\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\aattempt\x12=\n" +
+	"\aanswers\x18\x04 \x03(\v2\x1d.psych.sidecar.v1.InputAnswerB\x04\xe2A\x01\x01R\aanswers\x129\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x01R\atimeout\"\x9b\x01\n" +
+	"\vInputAnswer\x12\x16\n" +
+	"\x03key\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x03key\x12;\n" +
+	"\x06action\x18\x02 \x01(\x0e2\x1d.psych.sidecar.v1.InputActionB\x04\xe2A\x01\x02R\x06action\x127\n" +
+	"\acontent\x18\x03 \x01(\v2\x17.google.protobuf.StructB\x04\xe2A\x01\x01R\acontent\"\x9b\x01\n" +
+	"\x18ContinueToolCallResponse\x127\n" +
+	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\x12F\n" +
+	"\x0einput_required\x18\x02 \x01(\v2\x1f.psych.sidecar.v1.InputRequiredR\rinputRequired*\xab\x01\n" +
 	"\x13DispatchDisposition\x12$\n" +
 	" DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dDISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n" +
-	"\x1eDISPATCH_DISPOSITION_HOST_TOOL\x10\x022\xeb\x04\n" +
+	"\x1eDISPATCH_DISPOSITION_HOST_TOOL\x10\x02\x12'\n" +
+	"#DISPATCH_DISPOSITION_INPUT_REQUIRED\x10\x03*o\n" +
+	"\x10InputRequestMode\x12\"\n" +
+	"\x1eINPUT_REQUEST_MODE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17INPUT_REQUEST_MODE_FORM\x10\x01\x12\x1a\n" +
+	"\x16INPUT_REQUEST_MODE_URL\x10\x02*w\n" +
+	"\vInputAction\x12\x1c\n" +
+	"\x18INPUT_ACTION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13INPUT_ACTION_ACCEPT\x10\x01\x12\x18\n" +
+	"\x14INPUT_ACTION_DECLINE\x10\x02\x12\x17\n" +
+	"\x13INPUT_ACTION_CANCEL\x10\x032\xd6\x05\n" +
 	"\vToolService\x12i\n" +
 	"\x10CallDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12c\n" +
 	"\x0eReadToolOutput\x12'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12f\n" +
 	"\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n" +
 	"\fDescribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n" +
 	"\vSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n" +
-	"\x10DispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponseB\xbb\x01\n" +
+	"\x10DispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponse\x12i\n" +
+	"\x10ContinueToolCall\x12).psych.sidecar.v1.ContinueToolCallRequest\x1a*.psych.sidecar.v1.ContinueToolCallResponseB\xbb\x01\n" +
 	"\x14dev.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -1224,59 +1814,80 @@ func file_psych_sidecar_v1_tool_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_tool_service_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_tool_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_psych_sidecar_v1_tool_service_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_psych_sidecar_v1_tool_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_psych_sidecar_v1_tool_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_psych_sidecar_v1_tool_service_proto_goTypes = []any{
 	(DispatchDisposition)(0),         // 0: psych.sidecar.v1.DispatchDisposition
-	(*ToolOutcome)(nil),              // 1: psych.sidecar.v1.ToolOutcome
-	(*CallDeferredToolRequest)(nil),  // 2: psych.sidecar.v1.CallDeferredToolRequest
-	(*CallDeferredToolResponse)(nil), // 3: psych.sidecar.v1.CallDeferredToolResponse
-	(*ReadToolOutputRequest)(nil),    // 4: psych.sidecar.v1.ReadToolOutputRequest
-	(*ReadToolOutputResponse)(nil),   // 5: psych.sidecar.v1.ReadToolOutputResponse
-	(*GrepMatch)(nil),                // 6: psych.sidecar.v1.GrepMatch
-	(*ListServerToolsRequest)(nil),   // 7: psych.sidecar.v1.ListServerToolsRequest
-	(*ListServerToolsResponse)(nil),  // 8: psych.sidecar.v1.ListServerToolsResponse
-	(*DescribeToolRequest)(nil),      // 9: psych.sidecar.v1.DescribeToolRequest
-	(*DescribeToolResponse)(nil),     // 10: psych.sidecar.v1.DescribeToolResponse
-	(*SearchToolsRequest)(nil),       // 11: psych.sidecar.v1.SearchToolsRequest
-	(*SearchToolsResponse)(nil),      // 12: psych.sidecar.v1.SearchToolsResponse
-	(*SearchHit)(nil),                // 13: psych.sidecar.v1.SearchHit
-	(*DispatchToolCallRequest)(nil),  // 14: psych.sidecar.v1.DispatchToolCallRequest
-	(*DispatchToolCallResponse)(nil), // 15: psych.sidecar.v1.DispatchToolCallResponse
-	(AuthorizationRequiredReason)(0), // 16: psych.sidecar.v1.AuthorizationRequiredReason
-	(*structpb.Struct)(nil),          // 17: google.protobuf.Struct
-	(*durationpb.Duration)(nil),      // 18: google.protobuf.Duration
-	(*CatalogTool)(nil),              // 19: psych.sidecar.v1.CatalogTool
-	(*ToolCall)(nil),                 // 20: psych.sidecar.v1.ToolCall
+	(InputRequestMode)(0),            // 1: psych.sidecar.v1.InputRequestMode
+	(InputAction)(0),                 // 2: psych.sidecar.v1.InputAction
+	(*ToolOutcome)(nil),              // 3: psych.sidecar.v1.ToolOutcome
+	(*CallDeferredToolRequest)(nil),  // 4: psych.sidecar.v1.CallDeferredToolRequest
+	(*CallDeferredToolResponse)(nil), // 5: psych.sidecar.v1.CallDeferredToolResponse
+	(*ReadToolOutputRequest)(nil),    // 6: psych.sidecar.v1.ReadToolOutputRequest
+	(*ReadToolOutputResponse)(nil),   // 7: psych.sidecar.v1.ReadToolOutputResponse
+	(*GrepMatch)(nil),                // 8: psych.sidecar.v1.GrepMatch
+	(*ListServerToolsRequest)(nil),   // 9: psych.sidecar.v1.ListServerToolsRequest
+	(*ListServerToolsResponse)(nil),  // 10: psych.sidecar.v1.ListServerToolsResponse
+	(*DescribeToolRequest)(nil),      // 11: psych.sidecar.v1.DescribeToolRequest
+	(*DescribeToolResponse)(nil),     // 12: psych.sidecar.v1.DescribeToolResponse
+	(*SearchToolsRequest)(nil),       // 13: psych.sidecar.v1.SearchToolsRequest
+	(*SearchToolsResponse)(nil),      // 14: psych.sidecar.v1.SearchToolsResponse
+	(*SearchHit)(nil),                // 15: psych.sidecar.v1.SearchHit
+	(*DispatchToolCallRequest)(nil),  // 16: psych.sidecar.v1.DispatchToolCallRequest
+	(*DispatchToolCallResponse)(nil), // 17: psych.sidecar.v1.DispatchToolCallResponse
+	(*InputRequired)(nil),            // 18: psych.sidecar.v1.InputRequired
+	(*InputRequest)(nil),             // 19: psych.sidecar.v1.InputRequest
+	(*ContinueToolCallRequest)(nil),  // 20: psych.sidecar.v1.ContinueToolCallRequest
+	(*InputAnswer)(nil),              // 21: psych.sidecar.v1.InputAnswer
+	(*ContinueToolCallResponse)(nil), // 22: psych.sidecar.v1.ContinueToolCallResponse
+	(AuthorizationRequiredReason)(0), // 23: psych.sidecar.v1.AuthorizationRequiredReason
+	(*structpb.Struct)(nil),          // 24: google.protobuf.Struct
+	(*durationpb.Duration)(nil),      // 25: google.protobuf.Duration
+	(*CatalogTool)(nil),              // 26: psych.sidecar.v1.CatalogTool
+	(*ToolCall)(nil),                 // 27: psych.sidecar.v1.ToolCall
+	(*timestamppb.Timestamp)(nil),    // 28: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_tool_service_proto_depIdxs = []int32{
-	16, // 0: psych.sidecar.v1.ToolOutcome.authorization_required_reason:type_name -> psych.sidecar.v1.AuthorizationRequiredReason
-	17, // 1: psych.sidecar.v1.CallDeferredToolRequest.arguments:type_name -> google.protobuf.Struct
-	18, // 2: psych.sidecar.v1.CallDeferredToolRequest.timeout:type_name -> google.protobuf.Duration
-	1,  // 3: psych.sidecar.v1.CallDeferredToolResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
-	6,  // 4: psych.sidecar.v1.ReadToolOutputResponse.matches:type_name -> psych.sidecar.v1.GrepMatch
-	19, // 5: psych.sidecar.v1.DescribeToolResponse.tool:type_name -> psych.sidecar.v1.CatalogTool
-	13, // 6: psych.sidecar.v1.SearchToolsResponse.hits:type_name -> psych.sidecar.v1.SearchHit
-	20, // 7: psych.sidecar.v1.DispatchToolCallRequest.call:type_name -> psych.sidecar.v1.ToolCall
-	0,  // 8: psych.sidecar.v1.DispatchToolCallResponse.disposition:type_name -> psych.sidecar.v1.DispatchDisposition
-	1,  // 9: psych.sidecar.v1.DispatchToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
-	2,  // 10: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
-	4,  // 11: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
-	7,  // 12: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
-	9,  // 13: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
-	11, // 14: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
-	14, // 15: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
-	3,  // 16: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
-	5,  // 17: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
-	8,  // 18: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
-	10, // 19: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
-	12, // 20: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
-	15, // 21: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	23, // 0: psych.sidecar.v1.ToolOutcome.authorization_required_reason:type_name -> psych.sidecar.v1.AuthorizationRequiredReason
+	24, // 1: psych.sidecar.v1.CallDeferredToolRequest.arguments:type_name -> google.protobuf.Struct
+	25, // 2: psych.sidecar.v1.CallDeferredToolRequest.timeout:type_name -> google.protobuf.Duration
+	3,  // 3: psych.sidecar.v1.CallDeferredToolResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	18, // 4: psych.sidecar.v1.CallDeferredToolResponse.input_required:type_name -> psych.sidecar.v1.InputRequired
+	8,  // 5: psych.sidecar.v1.ReadToolOutputResponse.matches:type_name -> psych.sidecar.v1.GrepMatch
+	26, // 6: psych.sidecar.v1.DescribeToolResponse.tool:type_name -> psych.sidecar.v1.CatalogTool
+	15, // 7: psych.sidecar.v1.SearchToolsResponse.hits:type_name -> psych.sidecar.v1.SearchHit
+	27, // 8: psych.sidecar.v1.DispatchToolCallRequest.call:type_name -> psych.sidecar.v1.ToolCall
+	0,  // 9: psych.sidecar.v1.DispatchToolCallResponse.disposition:type_name -> psych.sidecar.v1.DispatchDisposition
+	3,  // 10: psych.sidecar.v1.DispatchToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	18, // 11: psych.sidecar.v1.DispatchToolCallResponse.input_required:type_name -> psych.sidecar.v1.InputRequired
+	19, // 12: psych.sidecar.v1.InputRequired.requests:type_name -> psych.sidecar.v1.InputRequest
+	28, // 13: psych.sidecar.v1.InputRequired.expire_time:type_name -> google.protobuf.Timestamp
+	1,  // 14: psych.sidecar.v1.InputRequest.mode:type_name -> psych.sidecar.v1.InputRequestMode
+	21, // 15: psych.sidecar.v1.ContinueToolCallRequest.answers:type_name -> psych.sidecar.v1.InputAnswer
+	25, // 16: psych.sidecar.v1.ContinueToolCallRequest.timeout:type_name -> google.protobuf.Duration
+	2,  // 17: psych.sidecar.v1.InputAnswer.action:type_name -> psych.sidecar.v1.InputAction
+	24, // 18: psych.sidecar.v1.InputAnswer.content:type_name -> google.protobuf.Struct
+	3,  // 19: psych.sidecar.v1.ContinueToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	18, // 20: psych.sidecar.v1.ContinueToolCallResponse.input_required:type_name -> psych.sidecar.v1.InputRequired
+	4,  // 21: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
+	6,  // 22: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
+	9,  // 23: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
+	11, // 24: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
+	13, // 25: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
+	16, // 26: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
+	20, // 27: psych.sidecar.v1.ToolService.ContinueToolCall:input_type -> psych.sidecar.v1.ContinueToolCallRequest
+	5,  // 28: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
+	7,  // 29: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
+	10, // 30: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
+	12, // 31: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
+	14, // 32: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
+	17, // 33: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
+	22, // 34: psych.sidecar.v1.ToolService.ContinueToolCall:output_type -> psych.sidecar.v1.ContinueToolCallResponse
+	28, // [28:35] is the sub-list for method output_type
+	21, // [21:28] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_tool_service_proto_init() }
@@ -1291,8 +1902,8 @@ func file_psych_sidecar_v1_tool_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_tool_service_proto_rawDesc), len(file_psych_sidecar_v1_tool_service_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   15,
+			NumEnums:      3,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

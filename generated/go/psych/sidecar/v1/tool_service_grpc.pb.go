@@ -25,6 +25,7 @@ const (
 	ToolService_DescribeTool_FullMethodName     = "/psych.sidecar.v1.ToolService/DescribeTool"
 	ToolService_SearchTools_FullMethodName      = "/psych.sidecar.v1.ToolService/SearchTools"
 	ToolService_DispatchToolCall_FullMethodName = "/psych.sidecar.v1.ToolService/DispatchToolCall"
+	ToolService_ContinueToolCall_FullMethodName = "/psych.sidecar.v1.ToolService/ContinueToolCall"
 )
 
 // ToolServiceClient is the client API for ToolService service.
@@ -61,6 +62,19 @@ type ToolServiceClient interface {
 	// with the same call id before the Run's next assistant message returns
 	// the recorded result and does not run the tool again.
 	DispatchToolCall(ctx context.Context, in *DispatchToolCallRequest, opts ...grpc.CallOption) (*DispatchToolCallResponse, error)
+	// ContinueToolCall answers the input a call waits for (an InputRequired
+	// outcome of CallDeferredTool, DispatchToolCall or an earlier
+	// ContinueToolCall) with the host's user's answers: accept with content,
+	// decline or cancel. It ends like the call itself: the server's final
+	// result, recorded in the Run's log, or another InputRequired when the
+	// server asks again. On a 2026-07-28 server the call is repeated with the
+	// answers and the server's echoed request state, so any sidecar on the same
+	// database can continue it; on a 2025-11-25 server the answer goes to the
+	// server's pending elicitation/create in the session holding it. A retry
+	// with the same attempt returns the same answer. An attempt that no call
+	// waits on (answered, expired, another call's) fails with
+	// INPUT_NOT_AWAITED.
+	ContinueToolCall(ctx context.Context, in *ContinueToolCallRequest, opts ...grpc.CallOption) (*ContinueToolCallResponse, error)
 }
 
 type toolServiceClient struct {
@@ -131,6 +145,16 @@ func (c *toolServiceClient) DispatchToolCall(ctx context.Context, in *DispatchTo
 	return out, nil
 }
 
+func (c *toolServiceClient) ContinueToolCall(ctx context.Context, in *ContinueToolCallRequest, opts ...grpc.CallOption) (*ContinueToolCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ContinueToolCallResponse)
+	err := c.cc.Invoke(ctx, ToolService_ContinueToolCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ToolServiceServer is the server API for ToolService service.
 // All implementations must embed UnimplementedToolServiceServer
 // for forward compatibility.
@@ -165,6 +189,19 @@ type ToolServiceServer interface {
 	// with the same call id before the Run's next assistant message returns
 	// the recorded result and does not run the tool again.
 	DispatchToolCall(context.Context, *DispatchToolCallRequest) (*DispatchToolCallResponse, error)
+	// ContinueToolCall answers the input a call waits for (an InputRequired
+	// outcome of CallDeferredTool, DispatchToolCall or an earlier
+	// ContinueToolCall) with the host's user's answers: accept with content,
+	// decline or cancel. It ends like the call itself: the server's final
+	// result, recorded in the Run's log, or another InputRequired when the
+	// server asks again. On a 2026-07-28 server the call is repeated with the
+	// answers and the server's echoed request state, so any sidecar on the same
+	// database can continue it; on a 2025-11-25 server the answer goes to the
+	// server's pending elicitation/create in the session holding it. A retry
+	// with the same attempt returns the same answer. An attempt that no call
+	// waits on (answered, expired, another call's) fails with
+	// INPUT_NOT_AWAITED.
+	ContinueToolCall(context.Context, *ContinueToolCallRequest) (*ContinueToolCallResponse, error)
 	mustEmbedUnimplementedToolServiceServer()
 }
 
@@ -192,6 +229,9 @@ func (UnimplementedToolServiceServer) SearchTools(context.Context, *SearchToolsR
 }
 func (UnimplementedToolServiceServer) DispatchToolCall(context.Context, *DispatchToolCallRequest) (*DispatchToolCallResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DispatchToolCall not implemented")
+}
+func (UnimplementedToolServiceServer) ContinueToolCall(context.Context, *ContinueToolCallRequest) (*ContinueToolCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ContinueToolCall not implemented")
 }
 func (UnimplementedToolServiceServer) mustEmbedUnimplementedToolServiceServer() {}
 func (UnimplementedToolServiceServer) testEmbeddedByValue()                     {}
@@ -322,6 +362,24 @@ func _ToolService_DispatchToolCall_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ToolService_ContinueToolCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ContinueToolCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ToolServiceServer).ContinueToolCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ToolService_ContinueToolCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ToolServiceServer).ContinueToolCall(ctx, req.(*ContinueToolCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ToolService_ServiceDesc is the grpc.ServiceDesc for ToolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -352,6 +410,10 @@ var ToolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DispatchToolCall",
 			Handler:    _ToolService_DispatchToolCall_Handler,
+		},
+		{
+			MethodName: "ContinueToolCall",
+			Handler:    _ToolService_ContinueToolCall_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

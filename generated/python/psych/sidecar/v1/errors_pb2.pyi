@@ -231,6 +231,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     the same metadata gets the same answer until its publisher fixes it.
     Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
     """
+    ERROR_REASON_INPUT_NOT_AWAITED: _ErrorReason.ValueType  # 37
+    """ContinueToolCall names an attempt no call of the Run waits on: unknown,
+    already answered (a retry of the same answer gets its result), past its
+    expire_time, or an older round of a call that has moved on.
+    Status FAILED_PRECONDITION. Metadata: `run_id`, `call_id`, `detail`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -454,5 +460,11 @@ resource than the server (RFC 9728 §3.3), or its issuer is not the
 authorization server it was asked of (RFC 8414 §3.3). Not retryable:
 the same metadata gets the same answer until its publisher fixes it.
 Status FAILED_PRECONDITION. Metadata: `connection`, `url`, `detail`.
+"""
+ERROR_REASON_INPUT_NOT_AWAITED: ErrorReason.ValueType  # 37
+"""ContinueToolCall names an attempt no call of the Run waits on: unknown,
+already answered (a retry of the same answer gets its result), past its
+expire_time, or an older round of a call that has moved on.
+Status FAILED_PRECONDITION. Metadata: `run_id`, `call_id`, `detail`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

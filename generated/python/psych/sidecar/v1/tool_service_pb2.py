@@ -25,11 +25,12 @@ _sym_db = _symbol_database.Default()
 from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from psych.sidecar.v1 import connection_pb2 as psych_dot_sidecar_dot_v1_dot_connection__pb2
 from psych.sidecar.v1 import content_pb2 as psych_dot_sidecar_dot_v1_dot_content__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xac\x01\n\x0bToolOutcome\x12\x10\n\x08is_error\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x0e\n\x06handle\x18\x04 \x01(\t\x12T\n\x1d\x61uthorization_required_reason\x18\x05 \x01(\x0e\x32-.psych.sidecar.v1.AuthorizationRequiredReason\"\xd4\x01\n\x17\x43\x61llDeferredToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x15\n\x07\x63\x61ll_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"J\n\x18\x43\x61llDeferredToolResponse\x12.\n\x07outcome\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\"\x97\x01\n\x15ReadToolOutputRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06handle\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06offset\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x13\n\x05limit\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x12\n\x04grep\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05query\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\"\xa0\x01\n\x16ReadToolOutputResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x14\n\x0ctotal_length\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12,\n\x07matches\x18\x06 \x03(\x0b\x32\x1b.psych.sidecar.v1.GrepMatch\">\n\tGrepMatch\x12\x13\n\x0bline_number\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04line\x18\x03 \x01(\t\"w\n\x16ListServerToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"F\n\x17ListServerToolsResponse\x12\x12\n\ntool_names\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13\x44\x65scribeToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"C\n\x14\x44\x65scribeToolResponse\x12+\n\x04tool\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"r\n\x12SearchToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05query\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x13SearchToolsResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.psych.sidecar.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\"M\n\tSearchHit\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\"_\n\x17\x44ispatchToolCallRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12.\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x02\"\x86\x01\n\x18\x44ispatchToolCallResponse\x12:\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32%.psych.sidecar.v1.DispatchDisposition\x12.\n\x07outcome\x18\x02 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome*\x82\x01\n\x13\x44ispatchDisposition\x12$\n DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n\x1d\x44ISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n\x1e\x44ISPATCH_DISPOSITION_HOST_TOOL\x10\x02\x32\xeb\x04\n\x0bToolService\x12i\n\x10\x43\x61llDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12\x63\n\x0eReadToolOutput\x12\'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12\x66\n\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n\x0c\x44\x65scribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n\x0bSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n\x10\x44ispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#psych/sidecar/v1/tool_service.proto\x12\x10psych.sidecar.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!psych/sidecar/v1/connection.proto\x1a\x1epsych/sidecar/v1/content.proto\"\xac\x01\n\x0bToolOutcome\x12\x10\n\x08is_error\x18\x01 \x01(\x08\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\x12\x10\n\x08sequence\x18\x03 \x01(\x03\x12\x0e\n\x06handle\x18\x04 \x01(\t\x12T\n\x1d\x61uthorization_required_reason\x18\x05 \x01(\x0e\x32-.psych.sidecar.v1.AuthorizationRequiredReason\"\xd4\x01\n\x17\x43\x61llDeferredToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\x12\x15\n\x07\x63\x61ll_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\x12\x30\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"\x83\x01\n\x18\x43\x61llDeferredToolResponse\x12.\n\x07outcome\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\x12\x37\n\x0einput_required\x18\x02 \x01(\x0b\x32\x1f.psych.sidecar.v1.InputRequired\"\x97\x01\n\x15ReadToolOutputRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06handle\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06offset\x18\x03 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x13\n\x05limit\x18\x04 \x01(\x03\x42\x04\xe2\x41\x01\x01\x12\x12\n\x04grep\x18\x05 \x01(\tB\x04\xe2\x41\x01\x01\x12\x13\n\x05query\x18\x06 \x01(\tB\x04\xe2\x41\x01\x01\"\xa0\x01\n\x16ReadToolOutputResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x14\n\x0ctotal_length\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12,\n\x07matches\x18\x06 \x03(\x0b\x32\x1b.psych.sidecar.v1.GrepMatch\">\n\tGrepMatch\x12\x13\n\x0bline_number\x18\x01 \x01(\x03\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04line\x18\x03 \x01(\t\"w\n\x16ListServerToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"F\n\x17ListServerToolsResponse\x12\x12\n\ntool_names\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13\x44\x65scribeToolRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06server\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x12\n\x04tool\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\"C\n\x14\x44\x65scribeToolResponse\x12+\n\x04tool\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.CatalogTool\"r\n\x12SearchToolsRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x05query\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x17\n\tpage_size\x18\x03 \x01(\x05\x42\x04\xe2\x41\x01\x01\x12\x18\n\npage_token\x18\x04 \x01(\tB\x04\xe2\x41\x01\x01\"j\n\x13SearchToolsResponse\x12)\n\x04hits\x18\x01 \x03(\x0b\x32\x1b.psych.sidecar.v1.SearchHit\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\x08\"M\n\tSearchHit\x12\x0e\n\x06server\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x01\"_\n\x17\x44ispatchToolCallRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12.\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.psych.sidecar.v1.ToolCallB\x04\xe2\x41\x01\x02\"\xbf\x01\n\x18\x44ispatchToolCallResponse\x12:\n\x0b\x64isposition\x18\x01 \x01(\x0e\x32%.psych.sidecar.v1.DispatchDisposition\x12.\n\x07outcome\x18\x02 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\x12\x37\n\x0einput_required\x18\x03 \x01(\x0b\x32\x1f.psych.sidecar.v1.InputRequired\"\xcc\x01\n\rInputRequired\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\t\x12\x0e\n\x06server\x18\x03 \x01(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x30\n\x08requests\x18\x05 \x03(\x0b\x32\x1e.psych.sidecar.v1.InputRequest\x12/\n\x0b\x65xpire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10protocol_version\x18\x07 \x01(\t\"\xb8\x01\n\x0cInputRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x30\n\x04mode\x18\x02 \x01(\x0e\x32\".psych.sidecar.v1.InputRequestMode\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x1d\n\x15requested_schema_json\x18\x04 \x01(\x0c\x12\x0b\n\x03url\x18\x05 \x01(\t\x12\x16\n\x0e\x65licitation_id\x18\x06 \x01(\t\x12\x14\n\x0crequest_json\x18\x07 \x01(\x0c\"\xc5\x01\n\x17\x43ontinueToolCallRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07\x63\x61ll_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x15\n\x07\x61ttempt\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12\x34\n\x07\x61nswers\x18\x04 \x03(\x0b\x32\x1d.psych.sidecar.v1.InputAnswerB\x04\xe2\x41\x01\x01\x12\x30\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\x04\xe2\x41\x01\x01\"\x85\x01\n\x0bInputAnswer\x12\x11\n\x03key\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x33\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x1d.psych.sidecar.v1.InputActionB\x04\xe2\x41\x01\x02\x12.\n\x07\x63ontent\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructB\x04\xe2\x41\x01\x01\"\x83\x01\n\x18\x43ontinueToolCallResponse\x12.\n\x07outcome\x18\x01 \x01(\x0b\x32\x1d.psych.sidecar.v1.ToolOutcome\x12\x37\n\x0einput_required\x18\x02 \x01(\x0b\x32\x1f.psych.sidecar.v1.InputRequired*\xab\x01\n\x13\x44ispatchDisposition\x12$\n DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n\x1d\x44ISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n\x1e\x44ISPATCH_DISPOSITION_HOST_TOOL\x10\x02\x12\'\n#DISPATCH_DISPOSITION_INPUT_REQUIRED\x10\x03*o\n\x10InputRequestMode\x12\"\n\x1eINPUT_REQUEST_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17INPUT_REQUEST_MODE_FORM\x10\x01\x12\x1a\n\x16INPUT_REQUEST_MODE_URL\x10\x02*w\n\x0bInputAction\x12\x1c\n\x18INPUT_ACTION_UNSPECIFIED\x10\x00\x12\x17\n\x13INPUT_ACTION_ACCEPT\x10\x01\x12\x18\n\x14INPUT_ACTION_DECLINE\x10\x02\x12\x17\n\x13INPUT_ACTION_CANCEL\x10\x03\x32\xd6\x05\n\x0bToolService\x12i\n\x10\x43\x61llDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12\x63\n\x0eReadToolOutput\x12\'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12\x66\n\x0fListServerTools\x12(.psych.sidecar.v1.ListServerToolsRequest\x1a).psych.sidecar.v1.ListServerToolsResponse\x12]\n\x0c\x44\x65scribeTool\x12%.psych.sidecar.v1.DescribeToolRequest\x1a&.psych.sidecar.v1.DescribeToolResponse\x12Z\n\x0bSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n\x10\x44ispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponse\x12i\n\x10\x43ontinueToolCall\x12).psych.sidecar.v1.ContinueToolCallRequest\x1a*.psych.sidecar.v1.ContinueToolCallResponseB\xbb\x01\n\x14\x64\x65v.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -87,38 +88,68 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['call']._loaded_options = None
   _globals['_DISPATCHTOOLCALLREQUEST'].fields_by_name['call']._serialized_options = b'\342A\001\002'
-  _globals['_DISPATCHDISPOSITION']._serialized_start=1953
-  _globals['_DISPATCHDISPOSITION']._serialized_end=2083
-  _globals['_TOOLOUTCOME']._serialized_start=220
-  _globals['_TOOLOUTCOME']._serialized_end=392
-  _globals['_CALLDEFERREDTOOLREQUEST']._serialized_start=395
-  _globals['_CALLDEFERREDTOOLREQUEST']._serialized_end=607
-  _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_start=609
-  _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_end=683
-  _globals['_READTOOLOUTPUTREQUEST']._serialized_start=686
-  _globals['_READTOOLOUTPUTREQUEST']._serialized_end=837
-  _globals['_READTOOLOUTPUTRESPONSE']._serialized_start=840
-  _globals['_READTOOLOUTPUTRESPONSE']._serialized_end=1000
-  _globals['_GREPMATCH']._serialized_start=1002
-  _globals['_GREPMATCH']._serialized_end=1064
-  _globals['_LISTSERVERTOOLSREQUEST']._serialized_start=1066
-  _globals['_LISTSERVERTOOLSREQUEST']._serialized_end=1185
-  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_start=1187
-  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_end=1257
-  _globals['_DESCRIBETOOLREQUEST']._serialized_start=1259
-  _globals['_DESCRIBETOOLREQUEST']._serialized_end=1344
-  _globals['_DESCRIBETOOLRESPONSE']._serialized_start=1346
-  _globals['_DESCRIBETOOLRESPONSE']._serialized_end=1413
-  _globals['_SEARCHTOOLSREQUEST']._serialized_start=1415
-  _globals['_SEARCHTOOLSREQUEST']._serialized_end=1529
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=1531
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=1637
-  _globals['_SEARCHHIT']._serialized_start=1639
-  _globals['_SEARCHHIT']._serialized_end=1716
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=1718
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=1813
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=1816
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=1950
-  _globals['_TOOLSERVICE']._serialized_start=2086
-  _globals['_TOOLSERVICE']._serialized_end=2705
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['call_id']._loaded_options = None
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['call_id']._serialized_options = b'\342A\001\002'
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['attempt']._loaded_options = None
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['attempt']._serialized_options = b'\342A\001\002'
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['answers']._loaded_options = None
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['answers']._serialized_options = b'\342A\001\001'
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['timeout']._loaded_options = None
+  _globals['_CONTINUETOOLCALLREQUEST'].fields_by_name['timeout']._serialized_options = b'\342A\001\001'
+  _globals['_INPUTANSWER'].fields_by_name['key']._loaded_options = None
+  _globals['_INPUTANSWER'].fields_by_name['key']._serialized_options = b'\342A\001\002'
+  _globals['_INPUTANSWER'].fields_by_name['action']._loaded_options = None
+  _globals['_INPUTANSWER'].fields_by_name['action']._serialized_options = b'\342A\001\002'
+  _globals['_INPUTANSWER'].fields_by_name['content']._loaded_options = None
+  _globals['_INPUTANSWER'].fields_by_name['content']._serialized_options = b'\342A\001\001'
+  _globals['_DISPATCHDISPOSITION']._serialized_start=2965
+  _globals['_DISPATCHDISPOSITION']._serialized_end=3136
+  _globals['_INPUTREQUESTMODE']._serialized_start=3138
+  _globals['_INPUTREQUESTMODE']._serialized_end=3249
+  _globals['_INPUTACTION']._serialized_start=3251
+  _globals['_INPUTACTION']._serialized_end=3370
+  _globals['_TOOLOUTCOME']._serialized_start=253
+  _globals['_TOOLOUTCOME']._serialized_end=425
+  _globals['_CALLDEFERREDTOOLREQUEST']._serialized_start=428
+  _globals['_CALLDEFERREDTOOLREQUEST']._serialized_end=640
+  _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_start=643
+  _globals['_CALLDEFERREDTOOLRESPONSE']._serialized_end=774
+  _globals['_READTOOLOUTPUTREQUEST']._serialized_start=777
+  _globals['_READTOOLOUTPUTREQUEST']._serialized_end=928
+  _globals['_READTOOLOUTPUTRESPONSE']._serialized_start=931
+  _globals['_READTOOLOUTPUTRESPONSE']._serialized_end=1091
+  _globals['_GREPMATCH']._serialized_start=1093
+  _globals['_GREPMATCH']._serialized_end=1155
+  _globals['_LISTSERVERTOOLSREQUEST']._serialized_start=1157
+  _globals['_LISTSERVERTOOLSREQUEST']._serialized_end=1276
+  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_start=1278
+  _globals['_LISTSERVERTOOLSRESPONSE']._serialized_end=1348
+  _globals['_DESCRIBETOOLREQUEST']._serialized_start=1350
+  _globals['_DESCRIBETOOLREQUEST']._serialized_end=1435
+  _globals['_DESCRIBETOOLRESPONSE']._serialized_start=1437
+  _globals['_DESCRIBETOOLRESPONSE']._serialized_end=1504
+  _globals['_SEARCHTOOLSREQUEST']._serialized_start=1506
+  _globals['_SEARCHTOOLSREQUEST']._serialized_end=1620
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=1622
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=1728
+  _globals['_SEARCHHIT']._serialized_start=1730
+  _globals['_SEARCHHIT']._serialized_end=1807
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=1809
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=1904
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=1907
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=2098
+  _globals['_INPUTREQUIRED']._serialized_start=2101
+  _globals['_INPUTREQUIRED']._serialized_end=2305
+  _globals['_INPUTREQUEST']._serialized_start=2308
+  _globals['_INPUTREQUEST']._serialized_end=2492
+  _globals['_CONTINUETOOLCALLREQUEST']._serialized_start=2495
+  _globals['_CONTINUETOOLCALLREQUEST']._serialized_end=2692
+  _globals['_INPUTANSWER']._serialized_start=2695
+  _globals['_INPUTANSWER']._serialized_end=2828
+  _globals['_CONTINUETOOLCALLRESPONSE']._serialized_start=2831
+  _globals['_CONTINUETOOLCALLRESPONSE']._serialized_end=2962
+  _globals['_TOOLSERVICE']._serialized_start=3373
+  _globals['_TOOLSERVICE']._serialized_end=4099
 # @@protoc_insertion_point(module_scope)

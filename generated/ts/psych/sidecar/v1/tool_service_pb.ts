@@ -5,8 +5,8 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_google_api_field_behavior } from "../../../google/api/field_behavior_pb.js";
-import type { Duration } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_duration, file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { AuthorizationRequiredReason, CatalogTool } from "./connection_pb.js";
 import { file_psych_sidecar_v1_connection } from "./connection_pb.js";
 import type { ToolCall } from "./content_pb.js";
@@ -17,7 +17,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/tool_service.proto.
  */
 export const file_psych_sidecar_v1_tool_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3Rvb2xfc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSKsAQoLVG9vbE91dGNvbWUSEAoIaXNfZXJyb3IYASABKAgSEwoLcmVzdWx0X2pzb24YAiABKAwSEAoIc2VxdWVuY2UYAyABKAMSDgoGaGFuZGxlGAQgASgJElQKHWF1dGhvcml6YXRpb25fcmVxdWlyZWRfcmVhc29uGAUgASgOMi0ucHN5Y2guc2lkZWNhci52MS5BdXRob3JpemF0aW9uUmVxdWlyZWRSZWFzb24i1AEKF0NhbGxEZWZlcnJlZFRvb2xSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZzZXJ2ZXIYAiABKAlCBOJBAQISEgoEdG9vbBgDIAEoCUIE4kEBAhIwCglhcmd1bWVudHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QgTiQQEBEhUKB2NhbGxfaWQYBSABKAlCBOJBAQISMAoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkIE4kEBASJKChhDYWxsRGVmZXJyZWRUb29sUmVzcG9uc2USLgoHb3V0Y29tZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbE91dGNvbWUilwEKFVJlYWRUb29sT3V0cHV0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFAoGaGFuZGxlGAIgASgJQgTiQQECEhQKBm9mZnNldBgDIAEoA0IE4kEBARITCgVsaW1pdBgEIAEoA0IE4kEBARISCgRncmVwGAUgASgJQgTiQQEBEhMKBXF1ZXJ5GAYgASgJQgTiQQEBIqABChZSZWFkVG9vbE91dHB1dFJlc3BvbnNlEgwKBHRleHQYASABKAkSDAoEZGF0YRgCIAEoDBIRCgltaW1lX3R5cGUYAyABKAkSFAoMdG90YWxfbGVuZ3RoGAQgASgDEhMKC25leHRfb2Zmc2V0GAUgASgDEiwKB21hdGNoZXMYBiADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLkdyZXBNYXRjaCI+CglHcmVwTWF0Y2gSEwoLbGluZV9udW1iZXIYASABKAMSDgoGb2Zmc2V0GAIgASgDEgwKBGxpbmUYAyABKAkidwoWTGlzdFNlcnZlclRvb2xzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFAoGc2VydmVyGAIgASgJQgTiQQECEhcKCXBhZ2Vfc2l6ZRgDIAEoBUIE4kEBARIYCgpwYWdlX3Rva2VuGAQgASgJQgTiQQEBIkYKF0xpc3RTZXJ2ZXJUb29sc1Jlc3BvbnNlEhIKCnRvb2xfbmFtZXMYASADKAkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIlUKE0Rlc2NyaWJlVG9vbFJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhQKBnNlcnZlchgCIAEoCUIE4kEBAhISCgR0b29sGAMgASgJQgTiQQECIkMKFERlc2NyaWJlVG9vbFJlc3BvbnNlEisKBHRvb2wYASABKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sInIKElNlYXJjaFRvb2xzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISEwoFcXVlcnkYAiABKAlCBOJBAQISFwoJcGFnZV9zaXplGAMgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YBCABKAlCBOJBAQEiagoTU2VhcmNoVG9vbHNSZXNwb25zZRIpCgRoaXRzGAEgAygLMhsucHN5Y2guc2lkZWNhci52MS5TZWFyY2hIaXQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEg8KB3BhcnRpYWwYAyABKAgiTQoJU2VhcmNoSGl0Eg4KBnNlcnZlchgBIAEoCRIMCgR0b29sGAIgASgJEhMKC2Rlc2NyaXB0aW9uGAMgASgJEg0KBXNjb3JlGAQgASgBIl8KF0Rpc3BhdGNoVG9vbENhbGxSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIuCgRjYWxsGAIgASgLMhoucHN5Y2guc2lkZWNhci52MS5Ub29sQ2FsbEIE4kEBAiKGAQoYRGlzcGF0Y2hUb29sQ2FsbFJlc3BvbnNlEjoKC2Rpc3Bvc2l0aW9uGAEgASgOMiUucHN5Y2guc2lkZWNhci52MS5EaXNwYXRjaERpc3Bvc2l0aW9uEi4KB291dGNvbWUYAiABKAsyHS5wc3ljaC5zaWRlY2FyLnYxLlRvb2xPdXRjb21lKoIBChNEaXNwYXRjaERpc3Bvc2l0aW9uEiQKIERJU1BBVENIX0RJU1BPU0lUSU9OX1VOU1BFQ0lGSUVEEAASIQodRElTUEFUQ0hfRElTUE9TSVRJT05fRVhFQ1VURUQQARIiCh5ESVNQQVRDSF9ESVNQT1NJVElPTl9IT1NUX1RPT0wQAjLrBAoLVG9vbFNlcnZpY2USaQoQQ2FsbERlZmVycmVkVG9vbBIpLnBzeWNoLnNpZGVjYXIudjEuQ2FsbERlZmVycmVkVG9vbFJlcXVlc3QaKi5wc3ljaC5zaWRlY2FyLnYxLkNhbGxEZWZlcnJlZFRvb2xSZXNwb25zZRJjCg5SZWFkVG9vbE91dHB1dBInLnBzeWNoLnNpZGVjYXIudjEuUmVhZFRvb2xPdXRwdXRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5SZWFkVG9vbE91dHB1dFJlc3BvbnNlEmYKD0xpc3RTZXJ2ZXJUb29scxIoLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVxdWVzdBopLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVzcG9uc2USXQoMRGVzY3JpYmVUb29sEiUucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXF1ZXN0GiYucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXNwb25zZRJaCgtTZWFyY2hUb29scxIkLnBzeWNoLnNpZGVjYXIudjEuU2VhcmNoVG9vbHNSZXF1ZXN0GiUucHN5Y2guc2lkZWNhci52MS5TZWFyY2hUb29sc1Jlc3BvbnNlEmkKEERpc3BhdGNoVG9vbENhbGwSKS5wc3ljaC5zaWRlY2FyLnYxLkRpc3BhdGNoVG9vbENhbGxSZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5EaXNwYXRjaFRvb2xDYWxsUmVzcG9uc2VCuwEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQhBUb29sU2VydmljZVByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_duration, file_google_protobuf_struct, file_psych_sidecar_v1_connection, file_psych_sidecar_v1_content]);
+  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3Rvb2xfc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSKsAQoLVG9vbE91dGNvbWUSEAoIaXNfZXJyb3IYASABKAgSEwoLcmVzdWx0X2pzb24YAiABKAwSEAoIc2VxdWVuY2UYAyABKAMSDgoGaGFuZGxlGAQgASgJElQKHWF1dGhvcml6YXRpb25fcmVxdWlyZWRfcmVhc29uGAUgASgOMi0ucHN5Y2guc2lkZWNhci52MS5BdXRob3JpemF0aW9uUmVxdWlyZWRSZWFzb24i1AEKF0NhbGxEZWZlcnJlZFRvb2xSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZzZXJ2ZXIYAiABKAlCBOJBAQISEgoEdG9vbBgDIAEoCUIE4kEBAhIwCglhcmd1bWVudHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QgTiQQEBEhUKB2NhbGxfaWQYBSABKAlCBOJBAQISMAoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkIE4kEBASKDAQoYQ2FsbERlZmVycmVkVG9vbFJlc3BvbnNlEi4KB291dGNvbWUYASABKAsyHS5wc3ljaC5zaWRlY2FyLnYxLlRvb2xPdXRjb21lEjcKDmlucHV0X3JlcXVpcmVkGAIgASgLMh8ucHN5Y2guc2lkZWNhci52MS5JbnB1dFJlcXVpcmVkIpcBChVSZWFkVG9vbE91dHB1dFJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhQKBmhhbmRsZRgCIAEoCUIE4kEBAhIUCgZvZmZzZXQYAyABKANCBOJBAQESEwoFbGltaXQYBCABKANCBOJBAQESEgoEZ3JlcBgFIAEoCUIE4kEBARITCgVxdWVyeRgGIAEoCUIE4kEBASKgAQoWUmVhZFRvb2xPdXRwdXRSZXNwb25zZRIMCgR0ZXh0GAEgASgJEgwKBGRhdGEYAiABKAwSEQoJbWltZV90eXBlGAMgASgJEhQKDHRvdGFsX2xlbmd0aBgEIAEoAxITCgtuZXh0X29mZnNldBgFIAEoAxIsCgdtYXRjaGVzGAYgAygLMhsucHN5Y2guc2lkZWNhci52MS5HcmVwTWF0Y2giPgoJR3JlcE1hdGNoEhMKC2xpbmVfbnVtYmVyGAEgASgDEg4KBm9mZnNldBgCIAEoAxIMCgRsaW5lGAMgASgJIncKFkxpc3RTZXJ2ZXJUb29sc1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhQKBnNlcnZlchgCIAEoCUIE4kEBAhIXCglwYWdlX3NpemUYAyABKAVCBOJBAQESGAoKcGFnZV90b2tlbhgEIAEoCUIE4kEBASJGChdMaXN0U2VydmVyVG9vbHNSZXNwb25zZRISCgp0b29sX25hbWVzGAEgAygJEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJVChNEZXNjcmliZVRvb2xSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZzZXJ2ZXIYAiABKAlCBOJBAQISEgoEdG9vbBgDIAEoCUIE4kEBAiJDChREZXNjcmliZVRvb2xSZXNwb25zZRIrCgR0b29sGAEgASgLMh0ucHN5Y2guc2lkZWNhci52MS5DYXRhbG9nVG9vbCJyChJTZWFyY2hUb29sc1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhMKBXF1ZXJ5GAIgASgJQgTiQQECEhcKCXBhZ2Vfc2l6ZRgDIAEoBUIE4kEBARIYCgpwYWdlX3Rva2VuGAQgASgJQgTiQQEBImoKE1NlYXJjaFRvb2xzUmVzcG9uc2USKQoEaGl0cxgBIAMoCzIbLnBzeWNoLnNpZGVjYXIudjEuU2VhcmNoSGl0EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIPCgdwYXJ0aWFsGAMgASgIIk0KCVNlYXJjaEhpdBIOCgZzZXJ2ZXIYASABKAkSDAoEdG9vbBgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRINCgVzY29yZRgEIAEoASJfChdEaXNwYXRjaFRvb2xDYWxsUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISLgoEY2FsbBgCIAEoCzIaLnBzeWNoLnNpZGVjYXIudjEuVG9vbENhbGxCBOJBAQIivwEKGERpc3BhdGNoVG9vbENhbGxSZXNwb25zZRI6CgtkaXNwb3NpdGlvbhgBIAEoDjIlLnBzeWNoLnNpZGVjYXIudjEuRGlzcGF0Y2hEaXNwb3NpdGlvbhIuCgdvdXRjb21lGAIgASgLMh0ucHN5Y2guc2lkZWNhci52MS5Ub29sT3V0Y29tZRI3Cg5pbnB1dF9yZXF1aXJlZBgDIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSW5wdXRSZXF1aXJlZCLMAQoNSW5wdXRSZXF1aXJlZBIPCgdjYWxsX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAkSDgoGc2VydmVyGAMgASgJEgwKBHRvb2wYBCABKAkSMAoIcmVxdWVzdHMYBSADKAsyHi5wc3ljaC5zaWRlY2FyLnYxLklucHV0UmVxdWVzdBIvCgtleHBpcmVfdGltZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQcHJvdG9jb2xfdmVyc2lvbhgHIAEoCSK4AQoMSW5wdXRSZXF1ZXN0EgsKA2tleRgBIAEoCRIwCgRtb2RlGAIgASgOMiIucHN5Y2guc2lkZWNhci52MS5JbnB1dFJlcXVlc3RNb2RlEg8KB21lc3NhZ2UYAyABKAkSHQoVcmVxdWVzdGVkX3NjaGVtYV9qc29uGAQgASgMEgsKA3VybBgFIAEoCRIWCg5lbGljaXRhdGlvbl9pZBgGIAEoCRIUCgxyZXF1ZXN0X2pzb24YByABKAwixQEKF0NvbnRpbnVlVG9vbENhbGxSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIVCgdjYWxsX2lkGAIgASgJQgTiQQECEhUKB2F0dGVtcHQYAyABKAlCBOJBAQISNAoHYW5zd2VycxgEIAMoCzIdLnBzeWNoLnNpZGVjYXIudjEuSW5wdXRBbnN3ZXJCBOJBAQESMAoHdGltZW91dBgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkIE4kEBASKFAQoLSW5wdXRBbnN3ZXISEQoDa2V5GAEgASgJQgTiQQECEjMKBmFjdGlvbhgCIAEoDjIdLnBzeWNoLnNpZGVjYXIudjEuSW5wdXRBY3Rpb25CBOJBAQISLgoHY29udGVudBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3RCBOJBAQEigwEKGENvbnRpbnVlVG9vbENhbGxSZXNwb25zZRIuCgdvdXRjb21lGAEgASgLMh0ucHN5Y2guc2lkZWNhci52MS5Ub29sT3V0Y29tZRI3Cg5pbnB1dF9yZXF1aXJlZBgCIAEoCzIfLnBzeWNoLnNpZGVjYXIudjEuSW5wdXRSZXF1aXJlZCqrAQoTRGlzcGF0Y2hEaXNwb3NpdGlvbhIkCiBESVNQQVRDSF9ESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEiEKHURJU1BBVENIX0RJU1BPU0lUSU9OX0VYRUNVVEVEEAESIgoeRElTUEFUQ0hfRElTUE9TSVRJT05fSE9TVF9UT09MEAISJwojRElTUEFUQ0hfRElTUE9TSVRJT05fSU5QVVRfUkVRVUlSRUQQAypvChBJbnB1dFJlcXVlc3RNb2RlEiIKHklOUFVUX1JFUVVFU1RfTU9ERV9VTlNQRUNJRklFRBAAEhsKF0lOUFVUX1JFUVVFU1RfTU9ERV9GT1JNEAESGgoWSU5QVVRfUkVRVUVTVF9NT0RFX1VSTBACKncKC0lucHV0QWN0aW9uEhwKGElOUFVUX0FDVElPTl9VTlNQRUNJRklFRBAAEhcKE0lOUFVUX0FDVElPTl9BQ0NFUFQQARIYChRJTlBVVF9BQ1RJT05fREVDTElORRACEhcKE0lOUFVUX0FDVElPTl9DQU5DRUwQAzLWBQoLVG9vbFNlcnZpY2USaQoQQ2FsbERlZmVycmVkVG9vbBIpLnBzeWNoLnNpZGVjYXIudjEuQ2FsbERlZmVycmVkVG9vbFJlcXVlc3QaKi5wc3ljaC5zaWRlY2FyLnYxLkNhbGxEZWZlcnJlZFRvb2xSZXNwb25zZRJjCg5SZWFkVG9vbE91dHB1dBInLnBzeWNoLnNpZGVjYXIudjEuUmVhZFRvb2xPdXRwdXRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5SZWFkVG9vbE91dHB1dFJlc3BvbnNlEmYKD0xpc3RTZXJ2ZXJUb29scxIoLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVxdWVzdBopLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVzcG9uc2USXQoMRGVzY3JpYmVUb29sEiUucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXF1ZXN0GiYucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXNwb25zZRJaCgtTZWFyY2hUb29scxIkLnBzeWNoLnNpZGVjYXIudjEuU2VhcmNoVG9vbHNSZXF1ZXN0GiUucHN5Y2guc2lkZWNhci52MS5TZWFyY2hUb29sc1Jlc3BvbnNlEmkKEERpc3BhdGNoVG9vbENhbGwSKS5wc3ljaC5zaWRlY2FyLnYxLkRpc3BhdGNoVG9vbENhbGxSZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5EaXNwYXRjaFRvb2xDYWxsUmVzcG9uc2USaQoQQ29udGludWVUb29sQ2FsbBIpLnBzeWNoLnNpZGVjYXIudjEuQ29udGludWVUb29sQ2FsbFJlcXVlc3QaKi5wc3ljaC5zaWRlY2FyLnYxLkNvbnRpbnVlVG9vbENhbGxSZXNwb25zZUK7AQoUZGV2LnBzeWNoLnNpZGVjYXIudjFCEFRvb2xTZXJ2aWNlUHJvdG9QAVpOZ2l0aHViLmNvbS9wc3ljaC1zaWRlY2FyL3BzeWNoLXNpZGVjYXIvZ2VuZXJhdGVkL2dvL3BzeWNoL3NpZGVjYXIvdjE7c2lkZWNhcnYxogIDUFNWqgIQUHN5Y2guU2lkZWNhci5WMcoCEFBzeWNoXFNpZGVjYXJcVjHqAhJQc3ljaDo6U2lkZWNhcjo6VjFiBnByb3RvMw", [file_google_api_field_behavior, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_psych_sidecar_v1_connection, file_psych_sidecar_v1_content]);
 
 /**
  * ToolOutcome is the outcome of a tool call the sidecar executed.
@@ -139,11 +139,20 @@ export const CallDeferredToolRequestSchema: GenMessage<CallDeferredToolRequest> 
  */
 export type CallDeferredToolResponse = Message<"psych.sidecar.v1.CallDeferredToolResponse"> & {
   /**
-   * The outcome.
+   * The outcome; unset when input_required is set.
    *
    * @generated from field: psych.sidecar.v1.ToolOutcome outcome = 1;
    */
   outcome?: ToolOutcome | undefined;
+
+  /**
+   * Set when the server asked for input before it could answer: the call
+   * waits for the host's answer (ContinueToolCall). Nothing is in the Run's
+   * log for the call until it ends.
+   *
+   * @generated from field: psych.sidecar.v1.InputRequired input_required = 2;
+   */
+  inputRequired?: InputRequired | undefined;
 };
 
 /**
@@ -605,6 +614,14 @@ export type DispatchToolCallResponse = Message<"psych.sidecar.v1.DispatchToolCal
    * @generated from field: psych.sidecar.v1.ToolOutcome outcome = 2;
    */
   outcome?: ToolOutcome | undefined;
+
+  /**
+   * The input the call waits for, when disposition is
+   * DISPATCH_DISPOSITION_INPUT_REQUIRED (see ContinueToolCall).
+   *
+   * @generated from field: psych.sidecar.v1.InputRequired input_required = 3;
+   */
+  inputRequired?: InputRequired | undefined;
 };
 
 /**
@@ -613,6 +630,253 @@ export type DispatchToolCallResponse = Message<"psych.sidecar.v1.DispatchToolCal
  */
 export const DispatchToolCallResponseSchema: GenMessage<DispatchToolCallResponse> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_tool_service, 14);
+
+/**
+ * InputRequired is a call waiting for input its MCP server asked for: an
+ * elicitation (a form to fill, or a URL for the user to open). The host shows
+ * it to its user, or declines, and continues the call with ContinueToolCall.
+ *
+ * @generated from message psych.sidecar.v1.InputRequired
+ */
+export type InputRequired = Message<"psych.sidecar.v1.InputRequired"> & {
+  /**
+   * The provider's call id of the waiting call.
+   *
+   * @generated from field: string call_id = 1;
+   */
+  callId: string;
+
+  /**
+   * Opaque: names this round of the call, echoed in ContinueToolCall. A new
+   * round (the server asking again) has a new attempt.
+   *
+   * @generated from field: string attempt = 2;
+   */
+  attempt: string;
+
+  /**
+   * The connection's name.
+   *
+   * @generated from field: string server = 3;
+   */
+  server: string;
+
+  /**
+   * The MCP tool's name on that server.
+   *
+   * @generated from field: string tool = 4;
+   */
+  tool: string;
+
+  /**
+   * The server's requests, in the order it sent them; all are answered
+   * together.
+   *
+   * @generated from field: repeated psych.sidecar.v1.InputRequest requests = 5;
+   */
+  requests: InputRequest[];
+
+  /**
+   * After this time the call no longer waits: it ends as a tool error
+   * saying the user did not answer, recorded in the Run's log.
+   *
+   * @generated from field: google.protobuf.Timestamp expire_time = 6;
+   */
+  expireTime?: Timestamp | undefined;
+
+  /**
+   * The MCP protocol revision the server speaks (2026-07-28: the answers
+   * repeat the request; 2025-11-25: the server holds the question open).
+   *
+   * @generated from field: string protocol_version = 7;
+   */
+  protocolVersion: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.InputRequired.
+ * Use `create(InputRequiredSchema)` to create a new message.
+ */
+export const InputRequiredSchema: GenMessage<InputRequired> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 15);
+
+/**
+ * InputRequest is one question of a server, as it sent it.
+ *
+ * @generated from message psych.sidecar.v1.InputRequest
+ */
+export type InputRequest = Message<"psych.sidecar.v1.InputRequest"> & {
+  /**
+   * The server's key for the request (2026-07-28), or the id of its
+   * elicitation/create request (2025-11-25); answers name it.
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * Form or URL.
+   *
+   * @generated from field: psych.sidecar.v1.InputRequestMode mode = 2;
+   */
+  mode: InputRequestMode;
+
+  /**
+   * What the server asks, to show the user; for URL mode, why the user
+   * should open the URL (its stated purpose).
+   *
+   * @generated from field: string message = 3;
+   */
+  message: string;
+
+  /**
+   * Form mode: the requested schema (a flat JSON Schema object), as JSON.
+   *
+   * @generated from field: bytes requested_schema_json = 4;
+   */
+  requestedSchemaJson: Uint8Array;
+
+  /**
+   * URL mode: the URL for the user to open. The sidecar never opens or
+   * fetches it.
+   *
+   * @generated from field: string url = 5;
+   */
+  url: string;
+
+  /**
+   * URL mode on 2025-11-25: the server's elicitation id.
+   *
+   * @generated from field: string elicitation_id = 6;
+   */
+  elicitationId: string;
+
+  /**
+   * The request as the server sent it (MCP elicitation/create JSON).
+   *
+   * @generated from field: bytes request_json = 7;
+   */
+  requestJson: Uint8Array;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.InputRequest.
+ * Use `create(InputRequestSchema)` to create a new message.
+ */
+export const InputRequestSchema: GenMessage<InputRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 16);
+
+/**
+ * ContinueToolCallRequest is the request of ToolService.ContinueToolCall.
+ *
+ * @generated from message psych.sidecar.v1.ContinueToolCallRequest
+ */
+export type ContinueToolCallRequest = Message<"psych.sidecar.v1.ContinueToolCallRequest"> & {
+  /**
+   * The Run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The waiting call's call id.
+   *
+   * @generated from field: string call_id = 2;
+   */
+  callId: string;
+
+  /**
+   * InputRequired.attempt, as received.
+   *
+   * @generated from field: string attempt = 3;
+   */
+  attempt: string;
+
+  /**
+   * One answer per request; a request left unanswered is cancelled.
+   *
+   * @generated from field: repeated psych.sidecar.v1.InputAnswer answers = 4;
+   */
+  answers: InputAnswer[];
+
+  /**
+   * How long to wait for the server; unset uses the sidecar's default.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 5;
+   */
+  timeout?: Duration | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ContinueToolCallRequest.
+ * Use `create(ContinueToolCallRequestSchema)` to create a new message.
+ */
+export const ContinueToolCallRequestSchema: GenMessage<ContinueToolCallRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 17);
+
+/**
+ * InputAnswer is the user's answer to one InputRequest.
+ *
+ * @generated from message psych.sidecar.v1.InputAnswer
+ */
+export type InputAnswer = Message<"psych.sidecar.v1.InputAnswer"> & {
+  /**
+   * InputRequest.key.
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * Accept, decline or cancel.
+   *
+   * @generated from field: psych.sidecar.v1.InputAction action = 2;
+   */
+  action: InputAction;
+
+  /**
+   * With ACCEPT of a form: the values, following its requested schema.
+   *
+   * @generated from field: google.protobuf.Struct content = 3;
+   */
+  content?: JsonObject | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.InputAnswer.
+ * Use `create(InputAnswerSchema)` to create a new message.
+ */
+export const InputAnswerSchema: GenMessage<InputAnswer> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 18);
+
+/**
+ * ContinueToolCallResponse is the response of ToolService.ContinueToolCall.
+ *
+ * @generated from message psych.sidecar.v1.ContinueToolCallResponse
+ */
+export type ContinueToolCallResponse = Message<"psych.sidecar.v1.ContinueToolCallResponse"> & {
+  /**
+   * The outcome, recorded in the Run's log; unset when input_required is set.
+   *
+   * @generated from field: psych.sidecar.v1.ToolOutcome outcome = 1;
+   */
+  outcome?: ToolOutcome | undefined;
+
+  /**
+   * Set when the server asks again: the next round.
+   *
+   * @generated from field: psych.sidecar.v1.InputRequired input_required = 2;
+   */
+  inputRequired?: InputRequired | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ContinueToolCallResponse.
+ * Use `create(ContinueToolCallResponseSchema)` to create a new message.
+ */
+export const ContinueToolCallResponseSchema: GenMessage<ContinueToolCallResponse> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 19);
 
 /**
  * DispatchDisposition says who runs a dispatched call.
@@ -640,6 +904,14 @@ export enum DispatchDisposition {
    * @generated from enum value: DISPATCH_DISPOSITION_HOST_TOOL = 2;
    */
   HOST_TOOL = 2,
+
+  /**
+   * The sidecar called the tool and its server asked for input first:
+   * input_required says what; ContinueToolCall answers it.
+   *
+   * @generated from enum value: DISPATCH_DISPOSITION_INPUT_REQUIRED = 3;
+   */
+  INPUT_REQUIRED = 3,
 }
 
 /**
@@ -647,6 +919,81 @@ export enum DispatchDisposition {
  */
 export const DispatchDispositionSchema: GenEnum<DispatchDisposition> = /*@__PURE__*/
   enumDesc(file_psych_sidecar_v1_tool_service, 0);
+
+/**
+ * InputRequestMode is how the user answers an InputRequest.
+ *
+ * @generated from enum psych.sidecar.v1.InputRequestMode
+ */
+export enum InputRequestMode {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: INPUT_REQUEST_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A form: the answer's content follows requested_schema_json.
+   *
+   * @generated from enum value: INPUT_REQUEST_MODE_FORM = 1;
+   */
+  FORM = 1,
+
+  /**
+   * A URL the user opens out of band; the answer carries no content.
+   *
+   * @generated from enum value: INPUT_REQUEST_MODE_URL = 2;
+   */
+  URL = 2,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.InputRequestMode.
+ */
+export const InputRequestModeSchema: GenEnum<InputRequestMode> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_tool_service, 1);
+
+/**
+ * InputAction is what the user did with a request.
+ *
+ * @generated from enum psych.sidecar.v1.InputAction
+ */
+export enum InputAction {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: INPUT_ACTION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Submitted the form, or consented to open the URL.
+   *
+   * @generated from enum value: INPUT_ACTION_ACCEPT = 1;
+   */
+  ACCEPT = 1,
+
+  /**
+   * Explicitly refused.
+   *
+   * @generated from enum value: INPUT_ACTION_DECLINE = 2;
+   */
+  DECLINE = 2,
+
+  /**
+   * Dismissed without choosing.
+   *
+   * @generated from enum value: INPUT_ACTION_CANCEL = 3;
+   */
+  CANCEL = 3,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.InputAction.
+ */
+export const InputActionSchema: GenEnum<InputAction> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_tool_service, 2);
 
 /**
  * ToolService executes and reads tools for a Run. Every call is re-checked
@@ -729,6 +1076,27 @@ export const ToolService: GenService<{
     methodKind: "unary";
     input: typeof DispatchToolCallRequestSchema;
     output: typeof DispatchToolCallResponseSchema;
+  },
+  /**
+   * ContinueToolCall answers the input a call waits for (an InputRequired
+   * outcome of CallDeferredTool, DispatchToolCall or an earlier
+   * ContinueToolCall) with the host's user's answers: accept with content,
+   * decline or cancel. It ends like the call itself: the server's final
+   * result, recorded in the Run's log, or another InputRequired when the
+   * server asks again. On a 2026-07-28 server the call is repeated with the
+   * answers and the server's echoed request state, so any sidecar on the same
+   * database can continue it; on a 2025-11-25 server the answer goes to the
+   * server's pending elicitation/create in the session holding it. A retry
+   * with the same attempt returns the same answer. An attempt that no call
+   * waits on (answered, expired, another call's) fails with
+   * INPUT_NOT_AWAITED.
+   *
+   * @generated from rpc psych.sidecar.v1.ToolService.ContinueToolCall
+   */
+  continueToolCall: {
+    methodKind: "unary";
+    input: typeof ContinueToolCallRequestSchema;
+    output: typeof ContinueToolCallResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_psych_sidecar_v1_tool_service, 0);
