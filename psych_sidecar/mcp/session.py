@@ -24,6 +24,7 @@ from psych_sidecar import __version__
 from psych_sidecar.config import StdioCommand
 from psych_sidecar.domain.calls import SchemaValidators
 from psych_sidecar.domain.catalog import (
+    STATELESS_REVISIONS,
     CatalogWrite,
     ConnectionState,
     McpToolResult,
@@ -220,6 +221,7 @@ class ConnectionSession:
                 async with client, anyio.create_task_group() as group:
                     self._doing = "listing its tools"
                     leave_results_to_the_sidecar(client.session)
+                    assume_complete_tool_results(client.session)
                     # Subscribe before the first listing, so no change between them is lost.
                     await group.start(self.catalog.listen, client)
                     self.calls.held.serve_in(group, client.session.protocol_version or "")
@@ -277,6 +279,35 @@ def leave_results_to_the_sidecar(session: ClientSession) -> None:
         return None
 
     session.validate_tool_result = judged_by_the_sidecar  # type: ignore[method-assign]
+
+
+def assume_complete_tool_results(session: ClientSession) -> None:
+    """A 2026-07-28 tools/call result without `resultType` is complete: the client MUST assume
+    so (multi-round-trip requests, SEP-2322), and the result type's own default says the same.
+    But mcp 2.3 checks a result against the revision's wire schema first, where the field is
+    required, and refuses it (pydantic.ValidationError: every call to such a server failed).
+    So a tools/call result the session's dispatcher receives without one is given
+    `"resultType": "complete"` before the SDK looks at it.
+
+    Why a patch: the check (`send_request`, `_methods.validate_server_result`) takes no
+    option, and the raw result passes nowhere else first; tests/test_sdk_contract.py fails
+    when the dispatcher's method or its call changes."""
+    # The one place the raw result passes before the SDK's check.
+    dispatcher = session._dispatcher
+    send = dispatcher.send_raw_request
+
+    async def completed(method: str, params: Any, *args: Any, **kwargs: Any) -> Any:
+        raw = await send(method, params, *args, **kwargs)
+        if (
+            method == "tools/call"
+            and isinstance(raw, dict)
+            and "resultType" not in raw
+            and session.protocol_version in STATELESS_REVISIONS
+        ):
+            raw = {**raw, "resultType": "complete"}
+        return raw
+
+    dispatcher.send_raw_request = completed  # type: ignore[method-assign]
 
 
 async def _set_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
