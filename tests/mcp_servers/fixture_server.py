@@ -1,7 +1,7 @@
 """The project's own MCP test server, written with the MCP SDK's lowlevel Server.
 
     python tests/mcp_servers/fixture_server.py stdio [--tools N] [--page-size K] [--era E]
-        [--no-listen] [--invalid-tools one|all] [--output-schema-faults]
+        [--no-listen] [--invalid-tools one|all] [--output-schema-faults] [--asking-tools]
     python tests/mcp_servers/fixture_server.py http --port P [--tools N] [--page-size K] [--era E]
 
 It serves both protocol eras (2026-07-28 via server/discover, 2025-11-25 via the initialize
@@ -29,6 +29,8 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
   (bench/cases/result_queries.py): `listing` (`kind` tickets, users or orders; `count`; `seed`)
   returns `{"items": [...]}` as text, one record per line, and `take_ids` (`ids`, an array of
   strings) answers how many it got and their SHA-256;
+- with `--asking-tools`, `ask`, which asks the user's name first (2026-07-28 input_required,
+  see `ASK_STATE`), for the contract suite's ContinueToolCall scenarios;
 - `pid`, `protocol_version` and `echo` for bookkeeping.
 """
 
@@ -185,6 +187,35 @@ OUTPUT_SCHEMA_FAULTS = [
 ]
 
 
+# Listed only with --asking-tools (2026-07-28): `ask` answers input_required with one form
+# (`name`, default "Ada") and the request state ASK_STATE, then `hello NAME` when repeated with
+# the answer and that state unchanged (a decline: a tool error `declined`).
+ASK_STATE = "fixture-ask-1"
+ASKING_TOOLS = [
+    types.Tool(name="ask", description="Asks the user's name first.", input_schema=_OBJECT)
+]
+
+
+def ask(params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
+    answer = (params.input_responses or {}).get("name")
+    if not isinstance(answer, types.ElicitResult):
+        schema = {"type": "object", "properties": {"name": {"type": "string", "default": "Ada"}}}
+        question = types.ElicitRequest(
+            params=types.ElicitRequestFormParams(message="Your name?", requested_schema=schema)
+        )
+        return types.InputRequiredResult(input_requests={"name": question}, request_state=ASK_STATE)
+    if params.request_state != ASK_STATE:
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text="request state not echoed")], is_error=True
+        )
+    if answer.action != "accept":
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=f"{answer.action}d")], is_error=True
+        )
+    name = (answer.content or {}).get("name")
+    return types.CallToolResult(content=[types.TextContent(type="text", text=f"hello {name}")])
+
+
 # Listed only with --data-tools, so the stock catalogue stays as it is.
 DATA_TOOLS = [
     types.Tool(
@@ -260,11 +291,16 @@ class Listing:
     """Which listed tools are broken on the wire (see `BreakingWriter`)."""
 
     def __init__(
-        self, invalid_tools: str, output_schema_faults: bool = False, data_tools: bool = False
+        self,
+        invalid_tools: str,
+        output_schema_faults: bool = False,
+        data_tools: bool = False,
+        asking_tools: bool = False,
     ) -> None:
         self.invalid_tools = invalid_tools
         self.output_schema_faults = output_schema_faults
         self.data_tools = data_tools
+        self.asking_tools = asking_tools
         self.repaired = False
 
     def breaks(self, name: object) -> bool:
@@ -330,7 +366,8 @@ def build_server(
         broken = [bad_schema, repair] if faults.invalid_tools == "one" else []
         faulty = OUTPUT_SCHEMA_FAULTS if faults.output_schema_faults else []
         data = DATA_TOOLS if faults.data_tools else []
-        return [*FIXED_TOOLS, *faulty, *data, *bulk, *broken, *added.values()]
+        asking = ASKING_TOOLS if faults.asking_tools else []
+        return [*FIXED_TOOLS, *faulty, *data, *asking, *bulk, *broken, *added.values()]
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -349,10 +386,14 @@ def build_server(
             await ctx.session.send_tool_list_changed()
         await bus.publish(ToolsListChanged())
 
-    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(
+        ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
         arguments = params.arguments or {}
         text = types.TextContent
         match params.name:
+            case "ask" if faults.asking_tools:
+                return ask(params)
             case "echo":
                 return types.CallToolResult(content=[text(type="text", text=arguments["text"])])
             case "listing":
@@ -525,8 +566,14 @@ def main() -> None:
     parser.add_argument("--invalid-tools", choices=["one", "all"], default="")
     parser.add_argument("--output-schema-faults", action="store_true")
     parser.add_argument("--data-tools", action="store_true")
+    parser.add_argument("--asking-tools", action="store_true")
     options = parser.parse_args()
-    listing = Listing(options.invalid_tools, options.output_schema_faults, options.data_tools)
+    listing = Listing(
+        options.invalid_tools,
+        options.output_schema_faults,
+        options.data_tools,
+        options.asking_tools,
+    )
     server = build_server(
         options.tools, options.page_size, listen=not options.no_listen, listing_faults=listing
     )
