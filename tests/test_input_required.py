@@ -285,12 +285,18 @@ def test_a_tampered_or_missing_request_state_is_the_servers_to_judge(
 
 
 def test_a_hundred_calls_wait_at_once(
-    stubs: Stubs, run_id: str, grpc_server: RunningSidecar
+    stubs: Stubs, run_id: str, era: str, grpc_server: RunningSidecar
 ) -> None:
     ids = [f"many-{index}" for index in range(100)]
+    tenant = stubs.runs.GetRun(run_service_pb2.GetRunRequest(run_id=run_id)).run.tenant
     with ThreadPoolExecutor(16) as pool:
         waiting = list(pool.map(lambda i: call(stubs, run_id, "ask_name", call_id=i), ids))
         assert all(w.HasField("input_required") for w in waiting)
+        # What waits in memory: nothing on 2026-07-28 (the rounds are rows); one held call
+        # each on 2025-11-25 (its question open in the session), bounded by mcp_max_held_calls.
+        session = grpc_server.sidecar.mcp.running_session(tenant, "ask")
+        assert session is not None
+        assert len(session.calls.held) == (100 if era == "legacy" else 0)
         done = list(
             pool.map(
                 lambda w: answer(
@@ -303,10 +309,7 @@ def test_a_hundred_calls_wait_at_once(
             )
         )
     assert sorted(text(d.outcome) for d in done) == sorted(f"hello {i}" for i in ids)
-    # Nothing is held once they are answered (2025-11-25 held each call open meanwhile).
-    tenant = stubs.runs.GetRun(run_service_pb2.GetRunRequest(run_id=run_id)).run.tenant
-    session = grpc_server.sidecar.mcp.running_session(tenant, "ask")
-    assert session is not None
+    # Nothing is held once they are answered.
     assert len(session.calls.held) == 0
 
 
