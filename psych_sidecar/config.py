@@ -305,6 +305,25 @@ class McpSettings(_Group):
             "A task's polls back off, doubling, up to this (never sooner than its server asks)."
         ),
     )
+    input_wait_seconds: float = Field(
+        alias="mcp_input_wait_seconds",
+        default=600.0,
+        gt=0,
+        le=86400,
+        description=(
+            "How long a call whose server asked for input waits for the host's answer "
+            "(ContinueToolCall); then it ends as a tool error saying nobody answered."
+        ),
+    )
+    max_held_calls: int = Field(
+        alias="mcp_max_held_calls",
+        default=1000,
+        gt=0,
+        description=(
+            "At most this many calls per 2025-11-25 session may be open at once while their "
+            "server's question waits; more are refused as tool errors."
+        ),
+    )
     stdio_max_line_bytes: int = Field(
         alias="mcp_stdio_max_line_bytes",
         # As one server-sent event over HTTP (docs/operations.md, "MCP servers").

@@ -88,7 +88,7 @@ def test_migrate_applies_the_schema(tmp_path: Path) -> None:
     # The schema is named by the migration file that made it, not by alembic's revision id.
     assert first.stdout.strip() == f"database at schema {schema_name(HEAD_REVISION)}"
     assert again.stdout.strip() == first.stdout.strip()
-    assert schema_name(HEAD_REVISION) == "0015_tool_tasks"
+    assert schema_name(HEAD_REVISION) == "0016_tool_input_rounds"
     # Operators see each migration by its file's name, never alembic's revision ids.
     applied = re.findall(r"applied schema migration (\w+): ", first.stderr)
     migrations = Path(cli.__file__).parent / "storage" / "migrations" / "versions"

@@ -19,8 +19,10 @@ def outcome(scenario: Scenario, passed: bool, tmp_path: Path) -> Outcome:
 
 def test_the_committed_baseline_gives_every_entry_a_reason() -> None:
     entries = read_baseline(BASELINE)
-    # What the sidecar declines by design is listed; what it does, sign-in included, is not.
-    assert "elicitation-sep1034-client-defaults" in entries
+    # What the sidecar declines by design is listed; what it does, sign-in and a server's
+    # questions (elicitation) included, is not.
+    assert "auth/cross-app-access-complete-flow" in entries
+    assert "elicitation-sep1034-client-defaults" not in entries
     assert all(len(reason) > 10 for reason in entries.values())
     assert "initialize" not in entries
     assert not [name for name in entries if name.startswith("auth/metadata-")]

@@ -61,7 +61,7 @@ def settled(stubs: Stubs, tenant: str, name: str, state: int) -> connection_pb2.
     return wait_for(reached, f"{tenant}/{name} in state {state}")
 
 
-def test_the_sidecar_names_itself_and_its_version_and_declares_no_capabilities(
+def test_the_sidecar_names_itself_and_its_version_and_declares_elicitation_alone(
     stubs: Stubs, tenant: str
 ) -> None:
     for server in recording_server():
@@ -70,8 +70,8 @@ def test_the_sidecar_names_itself_and_its_version_and_declares_no_capabilities(
         (initialize,) = [m for m in recorded(server) if m.get("method") == "initialize"]
     params = initialize["params"]
     assert params["clientInfo"] == {"name": "psych-sidecar", "version": __version__}
-    # No roots, no sampling, no elicitation: a conforming server asks for none of them.
-    assert params["capabilities"] == {}
+    # Elicitation, form and URL mode (the host's user answers); no roots, no sampling.
+    assert params["capabilities"] == {"elicitation": {"form": {}, "url": {}}}
 
 
 def test_a_401_is_the_connections_last_error_with_the_servers_challenge(

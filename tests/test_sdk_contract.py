@@ -1,6 +1,8 @@
-"""What the sidecar's one patch of the MCP SDK relies on (`leave_results_to_the_sidecar` in
+"""What the sidecar's patches of the MCP SDK rely on: `leave_results_to_the_sidecar` in
 mcp/session.py, which switches off the SDK's own output-schema check of tool results, since
-the sidecar judges them itself). The SDK offers no switch for it; these tests fail when it
+the sidecar judges them itself; and `assume_complete_tool_results`, which gives a 2026-07-28
+tools/call result without `resultType` its default before the SDK's wire check refuses it.
+The SDK offers no switch for either; these tests fail when it
 changes what the patch replaces (the method, its signature, its call sites) or gains an
 option that could replace the patch, and show on the fixture server over stdio that the patch
 is what decides. The sidecar's own judgement of such a result end to end is in
@@ -19,6 +21,12 @@ from mcp.client.session import ClientSession
 
 from psych_sidecar.mcp.session import leave_results_to_the_sidecar
 from tests.support.connections import fixture_commands
+
+
+def test_the_raw_result_still_passes_the_dispatcher_before_the_wire_check() -> None:
+    source = inspect.getsource(ClientSession.send_request)
+    sent = source.index("raw = await self._dispatcher.send_raw_request(")
+    assert sent < source.index("_methods.validate_server_result(method, version, raw)")
 
 
 def test_the_replaced_method_keeps_its_signature() -> None:

@@ -51,6 +51,7 @@ STATUS_CODES: dict[Reason, grpc.StatusCode] = {
     Reason.SIGN_IN_ISSUER_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.OAUTH_METADATA_REFUSED: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.TOOL_TASK_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.INPUT_NOT_AWAITED: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -1,7 +1,8 @@
 """ToolService: MCP tool calls, discovery and search (CallDeferredTool, ListServerTools,
 DescribeTool, SearchTools), reads of stored results (ReadToolOutput), and DispatchToolCall,
 which routes a model's call to the sidecar's own tools (read_tool_output, load_skill), then to
-the Run's MCP surface, and otherwise answers DISPATCH_DISPOSITION_HOST_TOOL.
+the Run's MCP surface, and otherwise answers DISPATCH_DISPOSITION_HOST_TOOL. A call whose
+server asks for input first answers InputRequired; ContinueToolCall continues it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
@@ -27,11 +28,14 @@ from psych_sidecar.bulk.protobuf_splice import with_nested_bytes
 from psych_sidecar.domain import calls
 from psych_sidecar.domain.calls import (
     MAX_RESULT_BYTES_SERIALIZED_ON_LOOP,
+    CallOutcome,
     ToolOutputReader,
     ToolRouter,
     ToolTasks,
+    WaitingCall,
 )
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
+from psych_sidecar.domain.catalog import InputAction, InputAnswer, InputMode
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import READ_HISTORY, READ_TOOL_OUTPUT, TurnResolver
@@ -105,6 +109,58 @@ def fill_outcome(
         tool_tasks.fill_task(target.task, outcome.task)
 
 
+_MODES = {
+    InputMode.FORM: tool_service_pb2.INPUT_REQUEST_MODE_FORM,
+    InputMode.URL: tool_service_pb2.INPUT_REQUEST_MODE_URL,
+}
+_ACTIONS = {
+    tool_service_pb2.INPUT_ACTION_ACCEPT: InputAction.ACCEPT,
+    tool_service_pb2.INPUT_ACTION_DECLINE: InputAction.DECLINE,
+    tool_service_pb2.INPUT_ACTION_CANCEL: InputAction.CANCEL,
+}
+
+
+def fill_input_required(target: tool_service_pb2.InputRequired, waiting: WaitingCall) -> None:
+    target.call_id = waiting.call_id
+    target.attempt = waiting.attempt
+    target.server = waiting.server
+    target.tool = waiting.tool
+    target.protocol_version = waiting.protocol_version
+    target.expire_time.CopyFrom(convert.timestamp(waiting.expire_time))
+    for request in waiting.requests:
+        target.requests.add(
+            key=request.key,
+            mode=_MODES[request.mode],
+            message=request.message,
+            requested_schema_json=request.requested_schema_json,
+            url=request.url,
+            elicitation_id=request.elicitation_id,
+            request_json=request.request_json,
+        )
+
+
+def answers_from_proto(
+    answers: Sequence[tool_service_pb2.InputAnswer],
+) -> tuple[InputAnswer, ...]:
+    found = []
+    for index, answer in enumerate(answers):
+        if not answer.key:
+            raise field_required(f"answers[{index}].key")
+        action = _ACTIONS.get(answer.action)
+        if action is None:
+            raise field_invalid(f"answers[{index}].action", "ACCEPT, DECLINE or CANCEL")
+        content = None
+        if answer.HasField("content"):
+            if action is not InputAction.ACCEPT:
+                raise field_invalid(f"answers[{index}].content", "only with ACCEPT")
+            try:
+                content = _integral_floats_as_ints(json_format.MessageToDict(answer.content))
+            except ValueError as error:
+                raise field_invalid(f"answers[{index}].content", str(error)) from None
+        found.append(InputAnswer(answer.key, action, content))
+    return tuple(found)
+
+
 def _call_response(
     outcome: calls.ToolOutcome, max_bytes: int
 ) -> tool_service_pb2.CallDeferredToolResponse:
@@ -120,6 +176,34 @@ def _dispatch_response(
         disposition=tool_service_pb2.DISPATCH_DISPOSITION_EXECUTED
     )
     fill_outcome(response.outcome, outcome, max_bytes)
+    return response
+
+
+def _continue_response(
+    outcome: calls.ToolOutcome, max_bytes: int
+) -> tool_service_pb2.ContinueToolCallResponse:
+    response = tool_service_pb2.ContinueToolCallResponse()
+    fill_outcome(response.outcome, outcome, max_bytes)
+    return response
+
+
+def _call_waiting(waiting: WaitingCall) -> tool_service_pb2.CallDeferredToolResponse:
+    response = tool_service_pb2.CallDeferredToolResponse()
+    fill_input_required(response.input_required, waiting)
+    return response
+
+
+def _dispatch_waiting(waiting: WaitingCall) -> tool_service_pb2.DispatchToolCallResponse:
+    response = tool_service_pb2.DispatchToolCallResponse(
+        disposition=tool_service_pb2.DISPATCH_DISPOSITION_INPUT_REQUIRED
+    )
+    fill_input_required(response.input_required, waiting)
+    return response
+
+
+def _continue_waiting(waiting: WaitingCall) -> tool_service_pb2.ContinueToolCallResponse:
+    response = tool_service_pb2.ContinueToolCallResponse()
+    fill_input_required(response.input_required, waiting)
     return response
 
 
@@ -217,14 +301,35 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
             timeout,
             tool_tasks.execution(request.execution),
         )
-        return await self._respond(_call_response, outcome)
+        return await self._respond(_call_response, _call_waiting, outcome)
 
     async def _respond(
-        self, build: Callable[[calls.ToolOutcome, int], M], outcome: calls.ToolOutcome
+        self,
+        build: Callable[[calls.ToolOutcome, int], M],
+        waiting: Callable[[WaitingCall], M],
+        outcome: CallOutcome,
     ) -> M | Serialized:
+        """The outcome's response (`build`), or the one saying the call waits (`waiting`)."""
+        if isinstance(outcome, WaitingCall):
+            return waiting(outcome)
         if len(outcome.result_json) <= MAX_RESULT_BYTES_SERIALIZED_ON_LOOP:
             return build(outcome, self._inline_bytes)
         return await self._cpu(_serialized_and_released, build, outcome, self._inline_bytes)
+
+    async def ContinueToolCall(  # type: ignore[override]
+        self, request: tool_service_pb2.ContinueToolCallRequest, context: Context
+    ) -> tool_service_pb2.ContinueToolCallResponse | Serialized:
+        timeout = None
+        if request.HasField("timeout"):
+            timeout = convert.timeout_from_proto(request.timeout, "timeout")
+        outcome = await self._router.continue_call(
+            request.run_id,
+            request.call_id,
+            request.attempt,
+            answers_from_proto(request.answers),
+            timeout,
+        )
+        return await self._respond(_continue_response, _continue_waiting, outcome)
 
     async def ListServerTools(
         self, request: tool_service_pb2.ListServerToolsRequest, context: Context
@@ -327,7 +432,7 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
             return tool_service_pb2.DispatchToolCallResponse(
                 disposition=tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
             )
-        return await self._respond(_dispatch_response, outcome)
+        return await self._respond(_dispatch_response, _dispatch_waiting, outcome)
 
     async def GetToolTask(
         self, request: tool_service_pb2.GetToolTaskRequest, context: Context

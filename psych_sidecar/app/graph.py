@@ -46,6 +46,7 @@ from psych_sidecar.domain.catalog import (
     CatalogView,
     ConnectionService,
     ConnectionSupervisor,
+    InputWaits,
     McpToolResult,
 )
 from psych_sidecar.domain.prompt import PromptAssembler
@@ -63,6 +64,7 @@ from psych_sidecar.search.model import tool_embeddings
 from psych_sidecar.storage.connections import SqlConnectionStore
 from psych_sidecar.storage.deletion import RunDeletions
 from psych_sidecar.storage.engines import create_database_engine
+from psych_sidecar.storage.input_rounds import SqlInputRounds
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.loop_connection import LoopConnection
@@ -117,6 +119,7 @@ def _domain_services(
     journal: AssemblyJournal | None = None,
     embeddings: ToolEmbeddings | None = None,
     now: StorageNow | None = None,
+    waits: InputWaits | None = None,
 ) -> DomainServices:
     """The use cases over the database of `store` and `log`: turns pinned by `pins`, prompts
     told their surfaces and servers' states by `surfaces_of(resolver)`, and `now` (SQLite)
@@ -135,7 +138,12 @@ def _domain_services(
         now=now,
     )
     assembler = PromptAssembler(
-        runs=runs, specs=specs, log=log, surfaces=surfaces_of(resolver), journal=journal
+        runs=runs,
+        specs=specs,
+        log=log,
+        surfaces=surfaces_of(resolver),
+        journal=journal,
+        waits=waits,
     )
     return DomainServices(
         store=store,
@@ -222,6 +230,7 @@ class SidecarGraph:
         )
         # Sessions run, and each turn's surface is pinned as it is first resolved.
         store, log = SqlStore(self.engine), SqlLogReader(self.engine)
+        self.input_rounds = SqlInputRounds(self.engine)
         services = _domain_services(
             store,
             log,
@@ -231,6 +240,7 @@ class SidecarGraph:
             connection_store=connection_store,
             pins=store,
             surfaces_of=lambda resolver: resolver,
+            waits=self.input_rounds,
             search_index_cache_bytes=settings.search.search_index_cache_bytes,
             resolution_cache_bytes=settings.prompt.resolution_cache_bytes,
             journal=self.journal,
@@ -280,6 +290,9 @@ class SidecarGraph:
             now=services.now,
             max_argument_bytes=limit,
             tasks=self.tasks,
+            # Calls whose server asked for input wait here for ContinueToolCall.
+            waits=self.input_rounds,
+            input_wait_seconds=settings.mcp.input_wait_seconds,
         )
         usage = SqlUsageStore(self.engine)
 
@@ -422,6 +435,8 @@ def open_database_reader(database_url: str, timeout: float) -> DatabaseReader:
         connection_store=connection_store,
         pins=StoredSurfacePins(engine),
         surfaces_of=PinnedStates,
+        # A preview tells the model of the calls waiting for input, as a prompt would.
+        waits=SqlInputRounds(engine),
         # A reader has no settings: the caches' defaults.
         search_index_cache_bytes=SearchSettings().search_index_cache_bytes,
         resolution_cache_bytes=PromptSettings().resolution_cache_bytes,

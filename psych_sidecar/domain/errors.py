@@ -48,6 +48,7 @@ class Reason(StrEnum):
     SIGN_IN_ISSUER_MISMATCH = "SIGN_IN_ISSUER_MISMATCH"
     OAUTH_METADATA_REFUSED = "OAUTH_METADATA_REFUSED"
     TOOL_TASK_NOT_FOUND = "TOOL_TASK_NOT_FOUND"
+    INPUT_NOT_AWAITED = "INPUT_NOT_AWAITED"
 
 
 # Ids and names a caller sent are quoted in messages and metadata only up to this many
@@ -363,6 +364,25 @@ class StorageUnavailable(SidecarError):
 class ShuttingDown(SidecarError):
     reason = Reason.SHUTTING_DOWN
     grace_seconds: float
+
+
+@dataclass(eq=False, kw_only=True)
+class InputNotAwaited(SidecarError):
+    """ContinueToolCall names an attempt no call of the Run waits on."""
+
+    reason = Reason.INPUT_NOT_AWAITED
+    run_id: str
+    call_id: str
+    detail: str
+
+
+def input_not_awaited(run_id: str, call_id: str, detail: str) -> InputNotAwaited:
+    return InputNotAwaited(
+        f"no call {quoted(call_id)} of run {short(run_id)} waits on that attempt: {detail}",
+        run_id=short(run_id),
+        call_id=short(call_id),
+        detail=detail,
+    )
 
 
 # The errors most often raised, with their messages ----------------------------------------------

@@ -121,6 +121,8 @@ class SessionRegistry:
             list_changed_debounce=settings.list_changed_debounce_seconds,
             catalog_ttl=settings.catalog_ttl_seconds,
             min_list_ttl=settings.min_list_ttl_seconds,
+            input_wait=settings.input_wait_seconds,
+            max_held_calls=settings.max_held_calls,
         )
         self._running: dict[Key, _Running] = {}
         # One cache of output-schema validators for every session's results.

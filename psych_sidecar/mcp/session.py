@@ -24,6 +24,7 @@ from psych_sidecar import __version__
 from psych_sidecar.config import StdioCommand
 from psych_sidecar.domain.calls import SchemaValidators
 from psych_sidecar.domain.catalog import (
+    STATELESS_REVISIONS,
     CatalogWrite,
     ConnectionState,
     McpToolResult,
@@ -31,6 +32,7 @@ from psych_sidecar.domain.catalog import (
     StoredConnection,
 )
 from psych_sidecar.mcp.catalog_refresh import CatalogRefresh
+from psych_sidecar.mcp.input_rounds import HeldCalls
 from psych_sidecar.mcp.oauth.grants import GrantAuth
 from psych_sidecar.mcp.result_parts import tool_result
 from psych_sidecar.mcp.session_state import SessionState
@@ -45,9 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How the sidecar introduces itself to every server. It declares no client capabilities: it
-# offers no roots, no sampling and no elicitation (a server's question has no user to reach in
-# the middle of a call), so a conforming server does not ask for them.
+# How the sidecar introduces itself to every server. Of the client capabilities it declares
+# elicitation alone, form and URL mode: a server's question goes to the host, whose user
+# answers it (ContinueToolCall). No roots, no sampling.
 CLIENT_INFO = types.Implementation(name="psych-sidecar", version=__version__)
 # How long a failed attempt waits for its stdio server's stderr to end (it has exited, or been
 # killed, by then; a child of it may hold the pipe open), to quote the line naming its error.
@@ -80,6 +82,11 @@ class ConnectionSession:
             output_schema=self.catalog.output_schema,
             connect_timeout=timings.connect_timeout,
             convert=convert_result or tool_result,
+            held=HeldCalls(
+                answer_timeout=timings.input_wait,
+                max_held=timings.max_held_calls,
+                protocol_version="",
+            ),
         )
         self._commands = commands
         self._timings = timings
@@ -203,6 +210,9 @@ class ConnectionSession:
             cache=None,
             message_handler=self._on_message,
             client_info=CLIENT_INFO,
+            # Declares elicitation (form and URL); a 2025-11-25 server's question is held
+            # for the host. A 2026-07-28 one's comes in its result (`ToolCalls`).
+            elicitation_callback=self.calls.held.on_elicitation,
         )
         deadline = anyio.current_time() + self._timings.connect_timeout
         try:
@@ -211,8 +221,10 @@ class ConnectionSession:
                 async with client, anyio.create_task_group() as group:
                     self._doing = "listing its tools"
                     leave_results_to_the_sidecar(client.session)
+                    assume_complete_tool_results(client.session)
                     # Subscribe before the first listing, so no change between them is lost.
                     await group.start(self.catalog.listen, client)
+                    self.calls.held.serve_in(group, client.session.protocol_version or "")
                     state.client = client
                     # Sync on connect: a notification sent during initialisation can be lost.
                     await self.catalog.refresh_with(client, "connect")
@@ -229,6 +241,7 @@ class ConnectionSession:
                     group.cancel_scope.cancel()
         finally:
             state.client = None
+            self.calls.held.serve_in(None)
         if connecting.cancelled_caught:
             raise TimeoutError
         if state.broken.is_set() and not closed.is_set() and not state.stopping.is_set():
@@ -267,6 +280,35 @@ def leave_results_to_the_sidecar(session: ClientSession) -> None:
         return None
 
     session.validate_tool_result = judged_by_the_sidecar  # type: ignore[method-assign]
+
+
+def assume_complete_tool_results(session: ClientSession) -> None:
+    """A 2026-07-28 tools/call result without `resultType` is complete: the client MUST assume
+    so (multi-round-trip requests, SEP-2322), and the result type's own default says the same.
+    But mcp 2.3 checks a result against the revision's wire schema first, where the field is
+    required, and refuses it (pydantic.ValidationError: every call to such a server failed).
+    So a tools/call result the session's dispatcher receives without one is given
+    `"resultType": "complete"` before the SDK looks at it.
+
+    Why a patch: the check (`send_request`, `_methods.validate_server_result`) takes no
+    option, and the raw result passes nowhere else first; tests/test_sdk_contract.py fails
+    when the dispatcher's method or its call changes."""
+    # The one place the raw result passes before the SDK's check.
+    dispatcher = session._dispatcher
+    send = dispatcher.send_raw_request
+
+    async def completed(method: str, params: Any, *args: Any, **kwargs: Any) -> Any:
+        raw = await send(method, params, *args, **kwargs)
+        if (
+            method == "tools/call"
+            and isinstance(raw, dict)
+            and "resultType" not in raw
+            and session.protocol_version in STATELESS_REVISIONS
+        ):
+            raw = {**raw, "resultType": "complete"}
+        return raw
+
+    dispatcher.send_raw_request = completed  # type: ignore[method-assign]
 
 
 async def _set_when(event: anyio.Event, scope: anyio.CancelScope) -> None:

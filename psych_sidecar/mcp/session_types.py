@@ -20,6 +20,10 @@ class SessionTimings:
     catalog_ttl: float = 300.0
     # A server's list `ttlMs` shorter than this counts as this (`ttlMs: 0` is no busy loop).
     min_list_ttl: float = 60.0
+    # How long a server's question waits for the host's answer, and how many calls of a
+    # 2025-11-25 session may be held open meanwhile.
+    input_wait: float = 600.0
+    max_held_calls: int = 1000
 
 
 class CatalogUnavailable(Exception):

@@ -8,7 +8,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from psych_sidecar.domain.calls import CallExecution, StartedTask, TaskReport, TaskState
-from psych_sidecar.domain.catalog import ConnectionState, McpToolResult, ToolCallFailed
+from psych_sidecar.domain.catalog import (
+    ConnectionState,
+    InputAsked,
+    McpToolResult,
+    ToolCallFailed,
+)
 from psych_sidecar.mcp.registry import SessionRegistry
 
 if TYPE_CHECKING:
@@ -42,7 +47,7 @@ class SessionTaskRunner:
         arguments: Mapping[str, object],
         timeout_seconds: float,
         execution: CallExecution,
-    ) -> McpToolResult | StartedTask:
+    ) -> McpToolResult | StartedTask | InputAsked:
         session = await self._session(tenant, server)
         client = session.state.client
         wanted = execution is CallExecution.LONG_RUNNING or session.catalog.long_running(tool)
@@ -54,7 +59,7 @@ class SessionTaskRunner:
             or session.state.status.state is not ConnectionState.CONNECTED
             or not supports_tasks(client)
         ):
-            # No task: the call as any other.
+            # No task: the call as any other (its server may ask for input first).
             return await session.calls.call_tool(tool, arguments, timeout_seconds)
         try:
             answer = await call_offering_a_task(client, tool, arguments, timeout_seconds)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import anyio
 import anyio.to_thread
@@ -19,12 +20,16 @@ from mcp import Client, MCPError
 
 from psych_sidecar.domain.calls import SchemaValidators
 from psych_sidecar.domain.catalog import (
+    STATELESS_REVISIONS,
     AuthorizationReason,
     ConnectionState,
+    InputAnswer,
+    InputAsked,
     McpToolResult,
     ToolCallFailed,
     authorization_line,
 )
+from psych_sidecar.mcp.input_rounds import HeldCalls, Unanswerable, asked_of, input_responses
 from psych_sidecar.mcp.result_parts import (
     output_schema_problem,
     schema_broken_result,
@@ -67,7 +72,10 @@ def _expected(error: BaseException) -> bool:
 class ToolCalls:
     """Calls into one connection's live session (`state.client`). `output_schema` gives a
     tool's output schema as last listed; `convert` makes a result what the log keeps
-    (`result_parts.tool_result`; a test passes one that fails, standing in for a bug)."""
+    (`result_parts.tool_result`; a test passes one that fails, standing in for a bug).
+    A call whose server asks for input first ends as an `InputAsked` (`input_rounds.py`);
+    `call_tool` with `asked` goes on with the answers. `held` holds a 2025-11-25 session's
+    calls."""
 
     def __init__(
         self,
@@ -77,8 +85,10 @@ class ToolCalls:
         output_schema: Callable[[str], bytes],
         connect_timeout: float,
         convert: Callable[[types.CallToolResult], McpToolResult],
+        held: HeldCalls,
     ) -> None:
         self._state = state
+        self.held = held
         # Results are judged against their tool's output schema here, not by the SDK.
         self._validators = validators
         self._output_schema = output_schema
@@ -86,8 +96,16 @@ class ToolCalls:
         self._convert = convert
 
     async def call_tool(
-        self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
-    ) -> McpToolResult:
+        self,
+        tool: str,
+        arguments: Mapping[str, object],
+        timeout_seconds: float,
+        *,
+        asked: InputAsked | None = None,
+        answers: Sequence[InputAnswer] = (),
+    ) -> McpToolResult | InputAsked:
+        """The call's result, or the server's questions; with `asked`, the call that asked
+        them continued with `answers`."""
         server = self._state.stored.connection.name
         started = time.perf_counter()
         outcome = "refused"
@@ -95,7 +113,9 @@ class ToolCalls:
             if span is not None:
                 span.set_attributes({"mcp.server": server, "mcp.tool": tool})
             try:
-                result, outcome = await self._call_tool(tool, arguments, timeout_seconds)
+                result, outcome = await self._call_tool(
+                    tool, arguments, timeout_seconds, _Leg(asked, tuple(answers))
+                )
             except ToolCallFailed as error:
                 outcome = error.outcome if isinstance(error, _CallFailed) else "refused"
                 raise
@@ -107,8 +127,8 @@ class ToolCalls:
                     span.set_attribute("mcp.outcome", outcome)
 
     async def _call_tool(
-        self, tool: str, arguments: Mapping[str, object], timeout_seconds: float
-    ) -> tuple[McpToolResult, str]:
+        self, tool: str, arguments: Mapping[str, object], timeout_seconds: float, leg: _Leg
+    ) -> tuple[McpToolResult | InputAsked, str]:
         """The result, and the call's metric outcome."""
         state = self._state
         if state.status.state is ConnectionState.CONNECTING:
@@ -121,7 +141,7 @@ class ToolCalls:
         refusals_before = state.refusals.count
         try:
             return await self._call_connected(
-                client, tool, arguments, timeout_seconds, refusals_before
+                client, tool, arguments, timeout_seconds, refusals_before, leg
             )
         except ToolCallFailed:
             if (reason := state.authorization_required()) is not None:
@@ -143,13 +163,15 @@ class ToolCalls:
         arguments: Mapping[str, object],
         timeout_seconds: float,
         refusals_before: int,
-    ) -> tuple[McpToolResult, str]:
+        leg: _Leg,
+    ) -> tuple[McpToolResult | InputAsked, str]:
+        server = self._state.stored.connection.name
         try:
             # The SDK's read timeout answers first; the scope is a backstop.
             with anyio.fail_after(timeout_seconds + 5):
-                result = await client.call_tool(
-                    tool, dict(arguments), read_timeout_seconds=timeout_seconds
-                )
+                result = await self._send(client, tool, dict(arguments), timeout_seconds, leg)
+            if isinstance(result, InputAsked):
+                return result, "input_required"
             if self._judged_quickly(tool, result):
                 return self._judged(tool, result)
             # Converting a large result (base64 decoding, JSON of tens of MB) and judging it
@@ -158,6 +180,16 @@ class ToolCalls:
             judged = await anyio.to_thread.run_sync(self._judged, tool, result)
             release_large_result(result)
             return judged
+        except Unanswerable as error:
+            raise _CallFailed(
+                f"MCP server {server!r} asked for input to {tool!r} that this client cannot give: "
+                f"{error}.",
+                "tool_error",
+            ) from None
+        except ToolCallFailed as error:
+            raise _CallFailed(
+                f"The call to {tool!r} on MCP server {server!r}: {error}.", "refused"
+            ) from None
         except Exception as error:
             if _expected(error):
                 raise _CallFailed(
@@ -166,7 +198,6 @@ class ToolCalls:
                 ) from None
             # A bug (here or in the SDK), not the server's failure: logged with its stack
             # under a correlation id; the model still gets a tool error naming that id.
-            server = self._state.stored.connection.name
             correlation_id = uuid.uuid4().hex
             log.exception(
                 "unexpected error calling %r on MCP server %r, correlation id %s",
@@ -185,6 +216,39 @@ class ToolCalls:
         """A result had otherwise (a task's): converted for the log and judged against the
         tool's output schema, as a call's."""
         return self._judged(tool, result)[0]
+
+    async def _send(
+        self,
+        client: Client,
+        tool: str,
+        arguments: dict[str, object],
+        timeout_seconds: float,
+        leg: _Leg,
+    ) -> types.CallToolResult | InputAsked:
+        """One leg of the call: the first, or one continuing with answers. A 2026-07-28
+        server's input_required result comes back as an InputAsked (the SDK is not let
+        answer it); a 2025-11-25 session's calls are held (`HeldCalls`) so that a question
+        can wait for the host's user."""
+        asked = leg.asked
+        version = client.session.protocol_version or ""
+        if asked is not None and not asked.stateless:
+            return await self.held.answer(asked.held, leg.answers, timeout_seconds)
+        if asked is None and version not in STATELESS_REVISIONS:
+            return await self.held.start(
+                lambda: client.call_tool(tool, arguments, read_timeout_seconds=None),
+                timeout_seconds,
+            )
+        result = await client.session.call_tool(
+            tool,
+            arguments,
+            read_timeout_seconds=timeout_seconds,
+            input_responses=None if asked is None else input_responses(asked, leg.answers),
+            request_state=None if asked is None else asked.request_state,
+            allow_input_required=True,
+        )
+        if isinstance(result, types.InputRequiredResult):
+            return asked_of(result, version)
+        return result
 
     def _judged_quickly(self, tool: str, result: types.CallToolResult) -> bool:
         """Whether converting and judging the result is cheap enough for the event loop: a
@@ -250,6 +314,14 @@ class ToolCalls:
                 f"{failed.code}: {failed.message}"
             )
         return f"The call to {tool!r} on MCP server {server!r} failed: {state.describe(error)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Leg:
+    """Which leg of a call: the first (`asked` None), or one answering `asked`."""
+
+    asked: InputAsked | None
+    answers: tuple[InputAnswer, ...]
 
 
 class _CallFailed(ToolCallFailed):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from psych_sidecar.domain.catalog import McpToolResult, ToolCallFailed
+from psych_sidecar.domain.catalog import InputAnswer, InputAsked, McpToolResult, ToolCallFailed
 from psych_sidecar.mcp.registry import SessionRegistry
 from psych_sidecar.telemetry import metrics
+
+if TYPE_CHECKING:
+    # The SDK is imported with the first session, not at start (registry.py).
+    from psych_sidecar.mcp.session import ConnectionSession
 
 
 class SessionToolRunner:
@@ -22,7 +27,27 @@ class SessionToolRunner:
         tool: str,
         arguments: Mapping[str, object],
         timeout_seconds: float,
-    ) -> McpToolResult:
+    ) -> McpToolResult | InputAsked:
+        session = await self._session(tenant, server)
+        return await session.calls.call_tool(tool, arguments, timeout_seconds)
+
+    async def continue_tool(
+        self,
+        tenant: str,
+        server: str,
+        *,
+        tool: str,
+        arguments: Mapping[str, object],
+        asked: InputAsked,
+        answers: Sequence[InputAnswer],
+        timeout_seconds: float,
+    ) -> McpToolResult | InputAsked:
+        session = await self._session(tenant, server)
+        return await session.calls.call_tool(
+            tool, arguments, timeout_seconds, asked=asked, answers=answers
+        )
+
+    async def _session(self, tenant: str, server: str) -> ConnectionSession:
         session = self._sessions.running_session(tenant, server)
         if session is None:
             # Not running here: another sidecar stored it (then it starts now), or no such.
@@ -30,4 +55,4 @@ class SessionToolRunner:
         if session is None:
             metrics.record_tool_call(server, "refused", 0.0)
             raise ToolCallFailed(f"There is no MCP server named {server!r}.")
-        return await session.calls.call_tool(tool, arguments, timeout_seconds)
+        return session

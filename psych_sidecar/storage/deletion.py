@@ -27,6 +27,7 @@ RUN_TABLES = (
     tables.turn_surfaces,
     tables.assembly_journal,
     tables.tool_tasks,
+    tables.tool_input_rounds,
 )
 # Any constant works; it only has to be the same in every sidecar sharing a database.
 _EXPIRY_LOCK_KEY = 0x7073_6964_6578_7069  # "psidexpi"

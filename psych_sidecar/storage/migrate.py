@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 _MIGRATION_LOCK_KEY = 0x7073_6964_6563_6172  # "psidecar"
 # The revision the newest migration makes (storage/migrations/versions; a test holds it to
 # alembic's head). Known without alembic, so a start on a current schema never imports it.
-SCHEMA_HEAD = "tool_tasks"
+SCHEMA_HEAD = "tool_input_rounds"
 
 
 class DatabaseRefused(Exception):

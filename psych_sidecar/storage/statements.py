@@ -47,6 +47,8 @@ class DriverStatements:
     part: str
     # A row when the request id recorded a tool call's result.
     recorded: str
+    # A row when the request id names a tool call waiting for its user's input.
+    waiting: str
     # The sequence of a Run's last record of one kind (the turn's start: its last user
     # message; a tool call's step: its last assistant message), read through the index
     # `ix_records_run_kind`.
@@ -98,6 +100,7 @@ def compile_statements(dialect: Dialect, metadata: MetaData = tables.metadata) -
     parts = metadata.tables["record_parts"]
     requests = metadata.tables["append_requests"]
     connections = metadata.tables["connections"]
+    rounds = metadata.tables["tool_input_rounds"]
 
     def sql(statement: ClauseElement, *parameters: str) -> str:
         # An INSERT binds the columns named in its table's order, whatever order they are
@@ -164,6 +167,17 @@ def compile_statements(dialect: Dialect, metadata: MetaData = tables.metadata) -
             select(literal_column("1"))
             .select_from(requests)
             .where(*request, requests.c.call_result_outline.is_not(None)),
+            "run_id",
+            "request_id",
+        ),
+        waiting=sql(
+            select(literal_column("1"))
+            .select_from(rounds)
+            .where(
+                rounds.c.run_id == bindparam("run_id"),
+                rounds.c.request_id == bindparam("request_id"),
+                rounds.c.outcome.is_(None),
+            ),
             "run_id",
             "request_id",
         ),

@@ -347,3 +347,35 @@ tool_tasks = Table(
     Column("result_handle", Text, nullable=True),
     Index("ix_tool_tasks_due", "next_poll_us"),
 )
+
+# Tool calls whose MCP server asked for input (an elicitation) before it answered: one row a
+# round, (run, the call's request id, round). The current wait is the newest round with no
+# outcome; answering a round sets its outcome in one conditional UPDATE, so one answer wins
+# whichever sidecar gets it. A stateless (2026-07-28) round holds what repeating the call
+# needs (arguments, request state); a 2025-11-25 one names the call held in its session.
+tool_input_rounds = Table(
+    "tool_input_rounds",
+    metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("request_id", String(128), primary_key=True),
+    Column("round", Integer, primary_key=True, autoincrement=False),
+    Column("call_id", Text, nullable=False),
+    Column("server", Text, nullable=False),
+    Column("tool", Text, nullable=False),
+    # The opaque attempt the host echoes in ContinueToolCall.
+    Column("attempt", String(64), nullable=False),
+    Column("protocol_version", String(16), nullable=False),
+    Column("arguments_json", Text, nullable=False),
+    # JSON list of the server's requests, as sent (InputRequest.as_json).
+    Column("requests_json", Text, nullable=False),
+    # The server's opaque state (NULL: it sent none) and, on 2025-11-25, the held call.
+    Column("request_state", Text, nullable=True),
+    Column("held", String(64), nullable=False),
+    Column("create_time_us", BigInteger, nullable=False),
+    Column("expire_time_us", BigInteger, nullable=False),
+    # Set when the round ends: "answered", "expired". NULL while it waits.
+    Column("outcome", String(16), nullable=True),
+    # JSON list of the answers (InputAnswer.as_json), when answered.
+    Column("answers_json", Text, nullable=True),
+    ForeignKeyConstraint(["run_id"], ["runs.run_id"]),
+)

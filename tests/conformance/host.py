@@ -8,9 +8,11 @@ MCP_CONFORMANCE_SCENARIO and, for some, passes a JSON context in MCP_CONFORMANCE
 PSYCH_SIDECAR_ADDRESS is the sidecar to drive (scripts/test-conformance starts one). The host puts
 a streamable-HTTP connection to the URL, waits until the sidecar has connected (or given up),
 then calls every tool the server listed once through CallDeferredTool, with arguments made from
-each tool's input schema, and deletes the connection. It exits 0 when the sidecar connected and
-every call returned a result that is not an error; otherwise it says what the sidecar reported
-on stderr and exits 1.
+each tool's input schema, and deletes the connection. A server that asks for input first
+(InputRequired) is answered as a user would: each form accepted as offered (the sidecar applies
+the schema's defaults), each URL consented to, through ContinueToolCall. It exits 0 when the
+sidecar connected and every call returned a result that is not an error; otherwise it says what
+the sidecar reported on stderr and exits 1.
 
 An `auth/` scenario's server needs OAuth, and the host configures the connection's auth as its
 user would: the client credentials of the context for the client-credentials scenarios, else the
@@ -58,6 +60,8 @@ TENANT = "conformance"
 # the sidecar's first attempt, listing included, must have ended well within it.
 SETTLE_SECONDS = 20.0
 CALL_TIMEOUT_SECONDS = 20
+# A server asking for input again and again is answered this many rounds at most.
+MAX_INPUT_ROUNDS = 5
 RPC_TIMEOUT_SECONDS = CALL_TIMEOUT_SECONDS + 10
 # The client ID metadata document URL the suite's authorization servers expect (its
 # CIMD_CLIENT_METADATA_URL); it need not resolve.
@@ -296,6 +300,30 @@ class Play:
         response: tool_service_pb2.CallDeferredToolResponse = stub.CallDeferredTool(
             request, timeout=RPC_TIMEOUT_SECONDS
         )
+        waiting = response.input_required if response.HasField("input_required") else None
+        rounds = 0
+        while waiting is not None and rounds < MAX_INPUT_ROUNDS:
+            # The server asks its user first: the user accepts each form as offered (the
+            # sidecar fills in the schema's defaults) and consents to each URL.
+            rounds += 1
+            asked = "; ".join(f"{r.key}: {r.message}" for r in waiting.requests)
+            print(f"host: {tool.name} asks ({waiting.protocol_version}): {asked}", file=sys.stderr)
+            answered = stub.ContinueToolCall(
+                tool_service_pb2.ContinueToolCallRequest(
+                    run_id=run_id,
+                    call_id=waiting.call_id,
+                    attempt=waiting.attempt,
+                    answers=[
+                        tool_service_pb2.InputAnswer(
+                            key=r.key, action=tool_service_pb2.INPUT_ACTION_ACCEPT
+                        )
+                        for r in waiting.requests
+                    ],
+                ),
+                timeout=RPC_TIMEOUT_SECONDS,
+            )
+            response = tool_service_pb2.CallDeferredToolResponse(outcome=answered.outcome)
+            waiting = answered.input_required if answered.HasField("input_required") else None
         outcome = response.outcome
         result = outcome.result_json.decode()[:500]
         print(f"host: {tool.name} -> is_error {outcome.is_error}: {result}", file=sys.stderr)

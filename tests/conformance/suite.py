@@ -37,9 +37,14 @@ SCENARIO_TIMEOUT_MS = 60_000
 # Spec versions whose scenarios are reported, not judged.
 REPORTED_ONLY = {"draft"}
 # The scenarios run from the next suite (`--next-runner`) beside the pinned one: the scored
-# auth scenarios of the 2026-07-28 revision that the pinned suite lacks or tests less
-# (docs/conformance.md).
-NEXT_SCENARIOS = ("auth/iss-*", "auth/scope-step-up", "auth/authorization-server-migration")
+# auth scenarios of the 2026-07-28 revision that the pinned suite lacks or tests less, and its
+# input-required round trips (docs/conformance.md).
+NEXT_SCENARIOS = (
+    "auth/iss-*",
+    "auth/scope-step-up",
+    "auth/authorization-server-migration",
+    "sep-2322-client-request-state",
+)
 # And the HTTP header duties of 2026-07-28 (docs/mcp-2026-07-28.md).
 NEXT_SCENARIOS += ("http-standard-headers", "http-custom-headers")
 

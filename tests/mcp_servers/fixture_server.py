@@ -1,7 +1,7 @@
 """The project's own MCP test server, written with the MCP SDK's lowlevel Server.
 
     python tests/mcp_servers/fixture_server.py stdio [--tools N] [--page-size K] [--era E]
-        [--no-listen] [--invalid-tools one|all] [--output-schema-faults]
+        [--no-listen] [--invalid-tools one|all] [--output-schema-faults] [--asking-tools]
     python tests/mcp_servers/fixture_server.py http --port P [--tools N] [--page-size K] [--era E]
 
 It serves both protocol eras (2026-07-28 via server/discover, 2025-11-25 via the initialize
@@ -34,7 +34,9 @@ handshake); `--era legacy` refuses server/discover, so a client in auto mode fal
   lists a tool whose name is outside the spec's naming rules and one with an optional boolean;
   over http, `--require-standard-headers` refuses a request without `Mcp-Method` (and
   `Mcp-Name` on tools/call) with 400;
-- with `--tasks`, the tools and tasks of task_server.py (the MCP tasks extension).
+- with `--tasks`, the tools and tasks of task_server.py (the MCP tasks extension);
+- with `--asking-tools`, `ask`, which asks the user's name first (2026-07-28 input_required,
+  see `ASK_STATE`), for the contract suite's ContinueToolCall scenarios.
 """
 
 from __future__ import annotations
@@ -212,6 +214,35 @@ OUTPUT_SCHEMA_FAULTS = [
 ]
 
 
+# Listed only with --asking-tools (2026-07-28): `ask` answers input_required with one form
+# (`name`, default "Ada") and the request state ASK_STATE, then `hello NAME` when repeated with
+# the answer and that state unchanged (a decline: a tool error `declined`).
+ASK_STATE = "fixture-ask-1"
+ASKING_TOOLS = [
+    types.Tool(name="ask", description="Asks the user's name first.", input_schema=_OBJECT)
+]
+
+
+def ask(params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
+    answer = (params.input_responses or {}).get("name")
+    if not isinstance(answer, types.ElicitResult):
+        schema = {"type": "object", "properties": {"name": {"type": "string", "default": "Ada"}}}
+        question = types.ElicitRequest(
+            params=types.ElicitRequestFormParams(message="Your name?", requested_schema=schema)
+        )
+        return types.InputRequiredResult(input_requests={"name": question}, request_state=ASK_STATE)
+    if params.request_state != ASK_STATE:
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text="request state not echoed")], is_error=True
+        )
+    if answer.action != "accept":
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=f"{answer.action}d")], is_error=True
+        )
+    name = (answer.content or {}).get("name")
+    return types.CallToolResult(content=[types.TextContent(type="text", text=f"hello {name}")])
+
+
 # Listed only with --data-tools, so the stock catalogue stays as it is.
 DATA_TOOLS = [
     types.Tool(
@@ -294,6 +325,7 @@ class Listing:
         *,
         ttl_ms: int | None = None,
         client_duty_tools: bool = False,
+        asking_tools: bool = False,
     ) -> None:
         self.invalid_tools = invalid_tools
         self.output_schema_faults = output_schema_faults
@@ -302,6 +334,7 @@ class Listing:
         self.ttl_ms = ttl_ms
         # Whether ODD_NAME_TOOL and OPTIONAL_FLAG_TOOL are listed.
         self.client_duty_tools = client_duty_tools
+        self.asking_tools = asking_tools
         self.repaired = False
 
     def breaks(self, name: object) -> bool:
@@ -373,7 +406,8 @@ def build_server(
         data = DATA_TOOLS if faults.data_tools else []
         odd = [ODD_NAME_TOOL, OPTIONAL_FLAG_TOOL] if faults.client_duty_tools else []
         odd += [] if jobs is None else jobs.tools
-        return [*FIXED_TOOLS, *faulty, *data, *odd, *bulk, *broken, *added.values()]
+        asking = ASKING_TOOLS if faults.asking_tools else []
+        return [*FIXED_TOOLS, *faulty, *data, *asking, *odd, *bulk, *broken, *added.values()]
 
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
@@ -395,11 +429,14 @@ def build_server(
         await bus.publish(ToolsListChanged())
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
+        # A CallToolResult, an InputRequiredResult (`ask`) or a task's answer (`jobs`).
         if jobs is not None and params.name in jobs.names:
             return await jobs.call_tool(params)
         arguments = params.arguments or {}
         text = types.TextContent
         match params.name:
+            case "ask" if faults.asking_tools:
+                return ask(params)
             case "echo":
                 return types.CallToolResult(content=[text(type="text", text=arguments["text"])])
             case name if name == ODD_NAME_TOOL.name:
@@ -659,6 +696,7 @@ def main() -> None:
         action="store_true",
         help="400 for a 2026 request without Mcp-Method / Mcp-Name (http)",
     )
+    parser.add_argument("--asking-tools", action="store_true")
     options = parser.parse_args()
     listing = Listing(
         options.invalid_tools,
@@ -666,6 +704,7 @@ def main() -> None:
         options.data_tools,
         ttl_ms=options.list_ttl_ms,
         client_duty_tools=options.client_duty_tools,
+        asking_tools=options.asking_tools,
     )
     server = build_server(
         options.tools,

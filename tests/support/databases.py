@@ -35,7 +35,7 @@ def keys_of_the_tests() -> KeyRing:
 
 
 # The newest migration: what a migrated database reports.
-HEAD_REVISION = "tool_tasks"
+HEAD_REVISION = "tool_input_rounds"
 
 
 def postgres_admin_url() -> str:

@@ -19,7 +19,7 @@ from psych_sidecar.domain.calls.limits import (
     MAX_RESULT_BYTES_SERIALIZED_ON_LOOP,
     MAX_RESULT_CHARS_CONVERTED_ON_LOOP,
 )
-from psych_sidecar.domain.calls.outcomes import ToolOutcome
+from psych_sidecar.domain.calls.outcomes import CallOutcome, ToolOutcome, WaitingCall
 from psych_sidecar.domain.calls.router import ToolRouter
 from psych_sidecar.domain.calls.task_types import (
     CallExecution,
@@ -45,6 +45,7 @@ __all__ = [
     "MAX_RESULT_CHARS_CONVERTED_ON_LOOP",
     "TASK_RESULT_TOOL",
     "CallExecution",
+    "CallOutcome",
     "GrepMatch",
     "ReadResult",
     "SchemaValidators",
@@ -59,5 +60,6 @@ __all__ = [
     "ToolRouter",
     "ToolTask",
     "ToolTasks",
+    "WaitingCall",
     "json_within",
 ]

@@ -1,17 +1,39 @@
 """Every tool call the sidecar runs runs once per (Run, assistant step, call id), and its
 result is recorded in the Run's log before the call returns: a retry — after a lost response,
 concurrent or later, on this sidecar or another on the same database — gets the recorded
-answer, and the tool does not run again."""
+answer, and the tool does not run again.
+
+A call whose server asks for input first is not recorded yet: its round of questions is stored
+(`InputWaits`) and the host gets a `WaitingCall`; a retry of the call gets the same while the
+round waits. The call ends when it is continued with the answers (`input_rounds.py`) or when
+the round expires (a tool error saying nobody answered, recorded like any result)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from psych_sidecar.domain.calls.limits import MAX_RESULT_BYTES_APPENDED_ON_LOOP
-from psych_sidecar.domain.calls.outcomes import ToolOutcome, ToolResult
+from psych_sidecar.domain.calls.outcomes import (
+    Asking,
+    CallOutcome,
+    CallResult,
+    ToolOutcome,
+    ToolResult,
+    WaitingCall,
+)
+from psych_sidecar.domain.canonical import canonical_json, sorted_keys
+from psych_sidecar.domain.catalog import (
+    CallRounds,
+    InputWait,
+    InputWaits,
+    RoundOutcome,
+    new_attempt,
+)
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.runlog import (
     LogReader,
@@ -35,8 +57,14 @@ class CallLedger:
         log: LogReader,
         off_loop: OffLoop,
         now: StorageNow | None = None,
+        waits: InputWaits | None = None,
+        input_wait_seconds: float = 600.0,
     ) -> None:
         self._runs = runs
+        # Rounds of questions of calls waiting for input (None: every call that asks fails
+        # as a tool error, as with no host to answer).
+        self.waits = waits
+        self.input_wait_seconds = input_wait_seconds
         self._log = log
         self._off_loop = off_loop
         # A call's reads and a small result's append are asked of the storage on the event
@@ -44,11 +72,11 @@ class CallLedger:
         self._now = now
         # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
         # after a lost response) waits for the first and gets its answer.
-        self._in_flight: dict[tuple[str, str], asyncio.Task[ToolOutcome]] = {}
+        self._in_flight: dict[tuple[str, ...], asyncio.Task[CallOutcome]] = {}
 
     async def once(
-        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[ToolResult]]
-    ) -> ToolOutcome:
+        self, context: RunContext, call_id: str, run: Callable[[], Awaitable[CallResult]]
+    ) -> CallOutcome:
         """The recorded outcome of this call: `run`'s result, recorded, the first time; the
         first time's answer after that."""
         return await self.prepared_once(
@@ -61,26 +89,38 @@ class CallLedger:
         call_id: str,
         prepare_now: Callable[[], Prepared | None],
         prepare: Callable[[], Prepared],
-        run: Callable[[Prepared], Awaitable[ToolResult]],
-    ) -> ToolOutcome:
+        run: Callable[[Prepared], Awaitable[CallResult]],
+    ) -> CallOutcome:
         """`once`, with a read of the database the call needs (such as the Run's resolved
         turn) made with the look-up of a recorded answer, and its value handed to `run`:
         `prepare_now` on the event loop's thread (None: not now), else `prepare` on the
         storage threads in the same hop as the look-up, one hop less per call."""
 
-        async def run_once() -> ToolOutcome:
+        async def run_once() -> CallOutcome:
             found = self._unrecorded_now(run_id, call_id, prepare_now)
             if found is None:
-                prepared, request_id, recorded = await self._off_loop(
+                prepared, request_id, recorded, rounds = await self._off_loop(
                     self._prepared_and_recorded, run_id, call_id, prepare
                 )
                 if recorded is not None:
                     return ToolOutcome.of(recorded)
+                if rounds is not None:
+                    # A retry of a call that waits for input: the same questions. (One whose
+                    # answer is being given gets its last round too; the tool does not run
+                    # again.)
+                    if rounds.ended:
+                        return WaitingCall.of(rounds.latest)
+                    return await self.waiting_or_expired(rounds.latest)
             else:
                 prepared, request_id = found
-            return await self._record(run_id, call_id, await run(prepared), request_id)
+            return await self.settle(run_id, call_id, request_id, await run(prepared), 1)
 
-        key = (run_id, call_id)
+        return await self.single((run_id, call_id), run_once)
+
+    async def single(
+        self, key: tuple[str, ...], run_once: Callable[[], Awaitable[CallOutcome]]
+    ) -> CallOutcome:
+        """`run_once` run once for all who ask with `key` meanwhile."""
         task = self._in_flight.get(key)
         if task is None:
             # Not tied to this RPC: a call whose client gave up (a deadline) still finishes
@@ -90,7 +130,7 @@ class CallLedger:
             task.add_done_callback(lambda done: self._finished(key, done))
         return await asyncio.shield(task)
 
-    def _finished(self, key: tuple[str, str], task: asyncio.Task[ToolOutcome]) -> None:
+    def _finished(self, key: tuple[str, ...], task: asyncio.Task[CallOutcome]) -> None:
         if self._in_flight.get(key) is task:
             del self._in_flight[key]
         if not task.cancelled():
@@ -116,9 +156,58 @@ class CallLedger:
 
     def _prepared_and_recorded(
         self, run_id: str, call_id: str, prepare: Callable[[], Prepared]
-    ) -> tuple[Prepared, str, RecordedCall | None]:
+    ) -> tuple[Prepared, str, RecordedCall | None, CallRounds | None]:
         prepared = prepare()
-        return (prepared, *self._recorded(run_id, call_id))
+        request_id, recorded = self._recorded(run_id, call_id)
+        rounds = None
+        if recorded is None and self.waits is not None:
+            rounds = self.waits.latest_round(run_id, request_id)
+        return prepared, request_id, recorded, rounds
+
+    async def settle(
+        self, run_id: str, call_id: str, request_id: str, result: CallResult, round_number: int
+    ) -> CallOutcome:
+        """A result recorded; questions stored as the call's round `round_number`."""
+        if isinstance(result, ToolResult):
+            return await self._record(run_id, call_id, result, request_id)
+        if self.waits is None:
+            return await self._record(run_id, call_id, _unasked(result), request_id)
+        now = datetime.now(UTC)
+        wait = InputWait(
+            run_id=run_id,
+            request_id=request_id,
+            round=round_number,
+            call_id=call_id,
+            server=result.server,
+            tool=result.tool,
+            attempt=new_attempt(round_number),
+            arguments_json=canonical_json(sorted_keys(result.arguments)).decode(),
+            asked=result.asked,
+            create_time=now,
+            expire_time=now + timedelta(seconds=self.input_wait_seconds),
+        )
+        await self._off_loop(self.waits.add_round, wait)
+        return WaitingCall.of(wait)
+
+    async def waiting_or_expired(self, wait: InputWait) -> CallOutcome:
+        """The round as the host gets it while it waits; once expired, the call ends as a
+        tool error saying nobody answered, recorded (and the round marked expired)."""
+        if datetime.now(UTC) < wait.expire_time or self.waits is None:
+            return WaitingCall.of(wait)
+        if not await self._off_loop(self.waits.end_round, wait, RoundOutcome.EXPIRED, ()):
+            recorded = await self._off_loop(self.recorded_of, wait)
+            if recorded is not None:
+                return ToolOutcome.of(recorded)
+        return await self._record(
+            wait.run_id,
+            wait.call_id,
+            expired_result(wait, self.input_wait_seconds),
+            wait.request_id,
+        )
+
+    def recorded_of(self, wait: InputWait) -> RecordedCall | None:
+        """The recorded result of the waiting call's request, once it ended."""
+        return self._runs.recorded_call(wait.run_id, wait.request_id)
 
     def _recorded(self, run_id: str, call_id: str) -> tuple[str, RecordedCall | None]:
         """The request id naming this call in its assistant step, and its recorded result."""
@@ -169,6 +258,32 @@ class CallLedger:
             result.authorization,
             result.task,
         )
+
+
+def expired_result(wait: InputWait, wait_seconds: float) -> ToolResult:
+    """What the model gets when nobody answered a call's question in time."""
+    question = wait.asked.requests[0].message if wait.asked.requests else "its question"
+    return ToolResult.error(
+        f"{wait.server}/{wait.tool} asked the user for input ({_cut(question)}) and nobody "
+        f"answered within {wait_seconds:g} seconds, so it did not run to the end. Call it "
+        "again to ask again, or go on without it.",
+        wait.server,
+        wait.tool,
+    )
+
+
+def _unasked(asking: Asking) -> ToolResult:
+    return ToolResult.error(
+        f"{asking.server}/{asking.tool} asked for the user's input, which cannot be given "
+        "here; nothing more was done.",
+        asking.server,
+        asking.tool,
+    )
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    one_line = " ".join(text.split())
+    return json.dumps(one_line if len(one_line) <= limit else one_line[: limit - 1] + "…")
 
 
 def _request_id(step: int, call_id: str) -> str:

@@ -10,15 +10,19 @@ refuses, an unreachable or timed-out server — comes back as a tool result with
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from psych_sidecar.domain.calls.outcomes import ToolResult
+from psych_sidecar.domain.calls.outcomes import Asking, CallResult, ToolResult
 from psych_sidecar.domain.calls.validation import SchemaValidators
 from psych_sidecar.domain.catalog import (
     AuthorizationReason,
     ConnectionState,
+    InputAnswer,
+    InputAsked,
+    InputWait,
     McpToolResult,
     ToolCallFailed,
     ToolRunner,
@@ -30,11 +34,13 @@ from psych_sidecar.domain.surface import ExposedTool, ResolvedTurn, naming
 MAX_VALIDATION_ERRORS = 5
 
 TaskStart = Callable[
-    [str, str, str, Mapping[str, Any], float], Awaitable["McpToolResult | ToolResult"]
+    [str, str, str, Mapping[str, Any], float],
+    Awaitable["McpToolResult | ToolResult | InputAsked"],
 ]
 """Starts a call that may run as a task (`tasks.ToolTasks.start`, bound to the call): given the
-tenant, server, tool, arguments and timeout, the server's result when it answered at once, or
-the recorded-to-be result saying the task started."""
+tenant, server, tool, arguments and timeout, the server's result when it answered at once (or
+its questions, when it asked for input first), or the recorded-to-be result saying the task
+started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +64,7 @@ class McpCalls:
         self._cpu = cpu
         self._validators = SchemaValidators()
 
-    async def direct(self, call: RoutedCall) -> ToolResult:
+    async def direct(self, call: RoutedCall) -> CallResult:
         """An MCP tool exposed on the surface under its own name."""
         route = call.route
         return await self.call(
@@ -79,7 +85,7 @@ class McpCalls:
         timeout_seconds: float,
         *,
         start: TaskStart | None = None,
-    ) -> ToolResult:
+    ) -> CallResult:
         tools = resolved.permitted.get(server)
         if tools is None:
             return unknown_server(resolved, server)
@@ -124,6 +130,45 @@ class McpCalls:
                 tool,
                 authorization=failure.authorization,
             )
+        if isinstance(result, InputAsked):
+            return Asking(result, server, tool, arguments)
+        return ToolResult(result.is_error, result.result_json, result.content, server, tool)
+
+    async def continue_call(
+        self,
+        resolved: ResolvedTurn,
+        wait: InputWait,
+        answers: Sequence[InputAnswer],
+        timeout_seconds: float,
+    ) -> CallResult:
+        """The waiting call continued with the user's answers, its tool re-checked against
+        the Run's permitted set as of now (a grant withdrawn meanwhile refuses it)."""
+        server, tool = wait.server, wait.tool
+        tools = resolved.permitted.get(server)
+        if tools is None:
+            return unknown_server(resolved, server)
+        if tool not in tools:
+            return not_found(resolved, server, tool)
+        arguments = json.loads(wait.arguments_json)
+        try:
+            result = await self._runner.continue_tool(
+                resolved.snapshot.servers[server].connection.tenant,
+                server,
+                tool=tool,
+                arguments=arguments,
+                asked=wait.asked,
+                answers=answers,
+                timeout_seconds=timeout_seconds,
+            )
+        except ToolCallFailed as failure:
+            return ToolResult.error(
+                f"{server}/{tool} did not answer: {failure}",
+                server,
+                tool,
+                authorization=failure.authorization,
+            )
+        if isinstance(result, InputAsked):
+            return Asking(result, server, tool, arguments)
         return ToolResult(result.is_error, result.result_json, result.content, server, tool)
 
 

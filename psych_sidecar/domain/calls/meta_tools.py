@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall, not_found, unknown_server
-from psych_sidecar.domain.calls.outcomes import ToolResult
+from psych_sidecar.domain.calls.outcomes import CallResult, ToolResult
 from psych_sidecar.domain.catalog import CatalogTool
 from psych_sidecar.domain.runlog import OffLoop
 from psych_sidecar.domain.surface import naming, one_line, qualified_names
@@ -41,7 +41,7 @@ class MetaTools:
         # Ranking (which may build an index) is CPU work: on the CPU threads.
         self._cpu = cpu
 
-    async def facade(self, call: RoutedCall) -> ToolResult:
+    async def facade(self, call: RoutedCall) -> CallResult:
         tool = call.arguments.get("tool")
         if not isinstance(tool, str) or not tool:
             return ToolResult.error(
@@ -49,7 +49,7 @@ class MetaTools:
             )
         return await self._call_input(call, call.route.server, tool)
 
-    async def call_deferred(self, call: RoutedCall) -> ToolResult:
+    async def call_deferred(self, call: RoutedCall) -> CallResult:
         server, tool = call.arguments.get("server"), call.arguments.get("tool")
         if not isinstance(server, str) or not isinstance(tool, str) or not server or not tool:
             return ToolResult.error(
@@ -57,7 +57,7 @@ class MetaTools:
             )
         return await self._call_input(call, server, tool)
 
-    async def call_by_name(self, call: RoutedCall) -> ToolResult:
+    async def call_by_name(self, call: RoutedCall) -> CallResult:
         name = call.arguments.get("name")
         if not isinstance(name, str) or not name:
             return ToolResult.error(f"Pass a tool's name from {naming.SEARCH_TOOLS} as `name`.")
@@ -71,7 +71,7 @@ class MetaTools:
             )
         return await self._call_input(call, *target)
 
-    async def _call_input(self, call: RoutedCall, server: str, tool: str) -> ToolResult:
+    async def _call_input(self, call: RoutedCall, server: str, tool: str) -> CallResult:
         """The MCP tool a meta tool names, called with the meta tool's `input`."""
         arguments = call.arguments.get("input", {})
         return await self._mcp.call(call.resolved, server, tool, arguments, call.timeout_seconds)

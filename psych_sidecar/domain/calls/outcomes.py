@@ -1,14 +1,17 @@
 """A tool call's result: before it is recorded (:class:`ToolResult`), and as recorded
-(:class:`ToolOutcome`)."""
+(:class:`ToolOutcome`); or, when its server asked for input first, the questions
+(:class:`Asking`) and the call waiting for their answers (:class:`WaitingCall`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from psych_sidecar.domain.calls.task_types import ToolTask
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
-from psych_sidecar.domain.catalog import AuthorizationReason
+from psych_sidecar.domain.catalog import AuthorizationReason, InputAsked, InputRequest, InputWait
 from psych_sidecar.domain.runlog import ContentPart, PartKind, RecordedCall
 from psych_sidecar.domain.surface import mcp_result_json
 
@@ -83,3 +86,48 @@ class ToolOutcome:
     @classmethod
     def of(cls, recorded: RecordedCall) -> ToolOutcome:
         return cls(recorded.is_error, recorded.result_json, recorded.sequence, recorded.handle)
+
+
+@dataclass(frozen=True, slots=True)
+class Asking:
+    """A call whose server asked for input before it answered: what it asked, and what
+    repeating the call needs (the MCP tool and the arguments it was sent)."""
+
+    asked: InputAsked
+    server: str
+    tool: str
+    arguments: Mapping[str, Any]
+
+
+CallResult = ToolResult | Asking
+"""What running a call gives: a result to record, or questions to wait on."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingCall:
+    """A call waiting for its user's input, as the host gets it: the call, the round's
+    attempt to echo, the server's questions and until when they are awaited."""
+
+    call_id: str
+    attempt: str
+    server: str
+    tool: str
+    requests: tuple[InputRequest, ...]
+    expire_time: datetime
+    protocol_version: str
+
+    @classmethod
+    def of(cls, wait: InputWait) -> WaitingCall:
+        return cls(
+            wait.call_id,
+            wait.attempt,
+            wait.server,
+            wait.tool,
+            wait.asked.requests,
+            wait.expire_time,
+            wait.asked.protocol_version,
+        )
+
+
+CallOutcome = ToolOutcome | WaitingCall
+"""What a call answers the host: its recorded outcome, or that it waits for input."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psych_sidecar.domain.calls import result_query
-from psych_sidecar.domain.calls.outcomes import ToolResult
+from psych_sidecar.domain.calls.outcomes import Asking, CallResult
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader, never_stop
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.errors import FieldInvalid, PatternInvalid, PatternTooComplex
@@ -202,11 +202,11 @@ class ResultReferences:
 
 
 def with_resolved_references(
-    result: ToolResult, references: tuple[ResolvedReference, ...]
-) -> ToolResult:
+    result: CallResult, references: tuple[ResolvedReference, ...]
+) -> CallResult:
     """The result, its MCP JSON's `_meta` saying what each reference resolved to (by hash and
-    size): recorded with it in the log."""
-    if not references:
+    size): recorded with it in the log. A call that asks for input first is left as it is."""
+    if not references or isinstance(result, Asking):
         return result
     try:
         document = json.loads(result.result_json)

@@ -20,12 +20,13 @@ from typing import Any
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.calls.arguments import ArgumentError, parse_arguments
+from psych_sidecar.domain.calls.continuation import CallContinuation
 from psych_sidecar.domain.calls.history import HistoryReader
 from psych_sidecar.domain.calls.ledger import CallLedger
 from psych_sidecar.domain.calls.limits import DEFAULT_MAX_ARGUMENT_BYTES
 from psych_sidecar.domain.calls.mcp_calls import McpCalls, RoutedCall, TaskStart
 from psych_sidecar.domain.calls.meta_tools import MetaTools
-from psych_sidecar.domain.calls.outcomes import ToolOutcome, ToolResult
+from psych_sidecar.domain.calls.outcomes import Asking, CallOutcome, CallResult, ToolResult
 from psych_sidecar.domain.calls.own_tools import OwnTools
 from psych_sidecar.domain.calls.references import (
     ReferenceProblem,
@@ -36,7 +37,7 @@ from psych_sidecar.domain.calls.references import (
 from psych_sidecar.domain.calls.task_types import CallExecution
 from psych_sidecar.domain.calls.tasks import ToolTasks
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
-from psych_sidecar.domain.catalog import ToolRunner
+from psych_sidecar.domain.catalog import InputAnswer, InputWaits, ToolRunner
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     MAX_IDENTIFIER_LENGTH,
@@ -55,14 +56,14 @@ from psych_sidecar.domain.surface import (
     naming,
 )
 
-McpKindHandler = Callable[[RoutedCall], Awaitable[ToolResult]]
+McpKindHandler = Callable[[RoutedCall], Awaitable[CallResult]]
 """Runs a kind of tool that takes any JSON object (an MCP tool, a facade, a meta tool)."""
 
 OwnToolHandler = Callable[[RunContext, ToolCall], ToolResult]
 """Runs one of the sidecar's own tools, which check their arguments themselves."""
 
 Handler = Callable[
-    [RunContext, ResolvedTurn, ExposedTool, ToolCall, TaskStart | None], Awaitable[ToolResult]
+    [RunContext, ResolvedTurn, ExposedTool, ToolCall, TaskStart | None], Awaitable[CallResult]
 ]
 
 
@@ -81,17 +82,35 @@ class ToolRouter:
         now: StorageNow | None = None,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
         tasks: ToolTasks | None = None,
+        waits: InputWaits | None = None,
+        input_wait_seconds: float = 600.0,
     ) -> None:
-        """`tasks`: how calls start as tasks on their servers (None: none does)."""
+        """`tasks`: how calls start as tasks on their servers (None: none does); `waits`:
+        where calls waiting for their user's input are kept (None: a server's question ends
+        its call as a tool error); `input_wait_seconds`: how long they wait."""
         self._resolver = resolver
         self._tasks = tasks
         self._blocking = blocking
         self._default_timeout = default_timeout_seconds
         # A call's reads before it runs (its turn, a recorded answer), and with a small
         # result its append, asked of the storage on the event loop's thread first (`now`).
-        self._ledger = CallLedger(runs=runs, log=log, off_loop=blocking, now=now)
+        self._ledger = CallLedger(
+            runs=runs,
+            log=log,
+            off_loop=blocking,
+            now=now,
+            waits=waits,
+            input_wait_seconds=input_wait_seconds,
+        )
         # CPU-heavy steps (search, schema validation) run there, never on the storage threads.
         self._mcp = McpCalls(runner, cpu or blocking)
+        self._continuation = CallContinuation(
+            resolver=resolver,
+            ledger=self._ledger,
+            mcp=self._mcp,
+            blocking=blocking,
+            default_timeout_seconds=default_timeout_seconds,
+        )
         meta = MetaTools(self._mcp, cpu or blocking)
         own = OwnTools(reader, HistoryReader(log))
         # A model's call may name stored results as arguments: resolved on the storage threads.
@@ -116,7 +135,7 @@ class ToolRouter:
         run_id: str,
         call: ToolCall,
         execution: CallExecution = CallExecution.AS_DECLARED,
-    ) -> ToolOutcome | None:
+    ) -> CallOutcome | None:
         """Run and record the call when the sidecar owns its tool; None when the host does.
         `execution`: whether a call reaching an MCP tool may start as a task."""
         if not call.call_id:
@@ -138,8 +157,10 @@ class ToolRouter:
 
         start = self._task_start(run_id, call.call_id, execution)
 
-        async def run() -> ToolResult:
+        async def run() -> CallResult:
             result = await handler(context, resolved, route, call, start)
+            if isinstance(result, Asking):
+                return result
             if not result.server and not result.tool:
                 # A result not tied to one MCP tool is recorded under the tool the model
                 # called.
@@ -157,7 +178,7 @@ class ToolRouter:
         call_id: str,
         timeout_seconds: float | None,
         execution: CallExecution = CallExecution.AS_DECLARED,
-    ) -> ToolOutcome:
+    ) -> CallOutcome:
         """CallDeferredTool: one MCP tool by (server, tool), narrowed like any other call;
         `execution` says whether it may start as a task."""
         if not call_id:
@@ -170,7 +191,7 @@ class ToolRouter:
 
         start = self._task_start(run_id, call_id, execution)
 
-        async def run(turn: tuple[RunContext, ResolvedTurn]) -> ToolResult:
+        async def run(turn: tuple[RunContext, ResolvedTurn]) -> CallResult:
             return await self._mcp.call(turn[1], server, tool, arguments, timeout, start=start)
 
         # The Run's turn is resolved in the same hop to the storage threads as the look-up
@@ -208,6 +229,19 @@ class ToolRouter:
             )
 
         return start
+
+    async def continue_call(
+        self,
+        run_id: str,
+        call_id: str,
+        attempt: str,
+        answers: tuple[InputAnswer, ...],
+        timeout_seconds: float | None,
+    ) -> CallOutcome:
+        """ContinueToolCall: a call waiting for input, continued with its user's answers."""
+        return await self._continuation.continue_call(
+            run_id, call_id, attempt, answers, timeout_seconds
+        )
 
     def route(self, resolved: ResolvedTurn, name: str) -> ExposedTool | None:
         """The exposed tool a name stands for: on the current surface, or — for a name the
@@ -251,7 +285,7 @@ class ToolRouter:
             route: ExposedTool,
             call: ToolCall,
             start: TaskStart | None,
-        ) -> ToolResult:
+        ) -> CallResult:
             try:
                 arguments = parse_arguments(call.arguments_json)
             except ArgumentError as error:
@@ -284,7 +318,7 @@ class ToolRouter:
             route: ExposedTool,
             call: ToolCall,
             start: TaskStart | None,
-        ) -> ToolResult:
+        ) -> CallResult:
             return await self._blocking(handler, context, call)
 
         return run

@@ -35,7 +35,7 @@ from psych_sidecar.domain.calls.task_types import (
     TaskState,
     ToolTask,
 )
-from psych_sidecar.domain.catalog import McpToolResult, ToolCallFailed
+from psych_sidecar.domain.catalog import InputAsked, McpToolResult, ToolCallFailed
 from psych_sidecar.domain.errors import Reason, SidecarError, tool_task_not_found
 from psych_sidecar.domain.runlog import (
     ContentPart,
@@ -66,9 +66,10 @@ class TaskRunner(Protocol):
         arguments: Mapping[str, object],
         timeout_seconds: float,
         execution: CallExecution,
-    ) -> McpToolResult | StartedTask:
+    ) -> McpToolResult | StartedTask | InputAsked:
         """The call, offered as a task when `execution` or the tool asks and the server
-        supports tasks; its result when the server answered at once."""
+        supports tasks; its result when the server answered at once, or its questions when
+        a call not run as a task asked for input first."""
         ...
 
     async def poll_task(
@@ -173,9 +174,10 @@ class ToolTasks:
         arguments: Mapping[str, object],
         timeout_seconds: float,
         execution: CallExecution,
-    ) -> McpToolResult | ToolResult:
-        """The call: the server's result when it answered at once, else the started result
-        (the task stored first, so a task whose start is recorded is never lost)."""
+    ) -> McpToolResult | ToolResult | InputAsked:
+        """The call: the server's result when it answered at once (or its questions, when it
+        asked for input first), else the started result (the task stored first, so a task
+        whose start is recorded is never lost)."""
         answer = await self._runner.start_tool(
             tenant, server, tool, arguments, timeout_seconds, execution
         )

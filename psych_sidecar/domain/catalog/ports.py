@@ -17,6 +17,7 @@ from psych_sidecar.domain.catalog.connections import (
     McpToolResult,
     Rejections,
 )
+from psych_sidecar.domain.catalog.input_requests import InputAnswer, InputAsked
 from psych_sidecar.domain.catalog.oauth import OAuthGrant, PendingSignIn, RefreshClaim
 from psych_sidecar.domain.catalog.rules import CatalogVersion, CatalogWrite, StoredConnection
 
@@ -53,8 +54,27 @@ class ToolRunner(Protocol):
         tool: str,
         arguments: Mapping[str, object],
         timeout_seconds: float,
-    ) -> McpToolResult:
-        """Raises ToolCallFailed when no result came back (unreachable, timeout, closed)."""
+    ) -> McpToolResult | InputAsked:
+        """The result, or the server's questions when it asked before answering (see
+        `continue_tool`). Raises ToolCallFailed when no result came back (unreachable,
+        timeout, closed)."""
+        ...
+
+    async def continue_tool(
+        self,
+        tenant: str,
+        server: str,
+        *,
+        tool: str,
+        arguments: Mapping[str, object],
+        asked: InputAsked,
+        answers: Sequence[InputAnswer],
+        timeout_seconds: float,
+    ) -> McpToolResult | InputAsked:
+        """A call that asked (`asked`) continued with the user's answers: repeated with them
+        and the echoed request state on a stateless revision; on 2025-11-25 the answer is
+        given to the question held open in its session. Raises ToolCallFailed as
+        `call_tool` does, and when the held question is gone (its session ended)."""
         ...
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from psych_sidecar.domain.catalog import InputWaits
 from psych_sidecar.domain.errors import ContextBudgetExceeded, field_invalid
 from psych_sidecar.domain.estimate import estimate_tokens
 from psych_sidecar.domain.prompt.compaction import (
@@ -63,6 +64,7 @@ from psych_sidecar.domain.prompt.zones import (
     dynamic_tail,
     static_sections,
     transient_message,
+    waiting_note,
     zone_digests,
 )
 from psych_sidecar.domain.runlog import (
@@ -161,8 +163,11 @@ class PromptAssembler:
         surfaces: TurnSurfaces,
         view_cache_size: int = 10_000,
         journal: AssemblyJournal | None = None,
+        waits: InputWaits | None = None,
     ) -> None:
         self._runs = runs
+        # The Run's calls waiting for their user's input, told in the transient message.
+        self._waits = waits
         self._specs = specs
         self._log = log
         # The Run's tool surface for this turn (TurnResolver.resolve_turn).
@@ -236,6 +241,10 @@ class PromptAssembler:
         ]
         surface = self._surfaces.resolve_turn(run_id)
         status = status_note(surface.servers, self._surfaces.server_states(run_id))
+        if self._waits is not None:
+            # Which rounds still wait is a matter of the real clock, not the call's `now`.
+            waiting = waiting_note(self._waits.waiting_in_run(run_id, datetime.now(UTC)))
+            status = "\n".join(line for line in (status, waiting) if line)
         sections = static_sections(spec)
         tail = dynamic_tail(surface.servers, host_tail)
         transient = transient_message(now, transient_note, status)

@@ -8,7 +8,7 @@ Zones, outermost-stable first:
    and the like), last in the system prompt;
 3. the history, prior-turn tool results elided;
 4. one transient message: the date and time, the state of servers not connected right now,
-   and any per-call note; never persisted.
+   the calls waiting for their user's input, and any per-call note; never persisted.
 
 The clock only ever reaches zone 4. Canonical JSON here means: keys in the order this module
 writes them (documented in docs/prompt.md), no whitespace, UTF-8, non-ASCII unescaped.
@@ -26,6 +26,7 @@ from typing import Any
 
 from psych_sidecar.bulk.slices import b64encode_sliced
 from psych_sidecar.domain.canonical import canonical_json
+from psych_sidecar.domain.catalog import InputMode, InputWait
 from psych_sidecar.domain.runlog import (
     ContentPart,
     PartKind,
@@ -145,6 +146,27 @@ def dynamic_tail(servers: Sequence[ServerLine], host_tail: str) -> str:
     if host_tail:
         parts.append(host_tail)
     return "\n\n".join(parts)
+
+
+# The longest line telling the model of one call waiting for its user's input.
+MAX_WAITING_LINE_CHARS = 199
+
+
+def waiting_note(waits: Sequence[InputWait]) -> str:
+    """One line per call waiting for its user's input (under 200 characters each): which
+    call, and what its server asked. Zone 4: it changes as calls are answered."""
+    lines = []
+    for wait in waits:
+        request = wait.asked.requests[0] if wait.asked.requests else None
+        what = "a URL to open" if request and request.mode is InputMode.URL else "input"
+        line = (
+            f"Tool call {wait.call_id} ({wait.server}/{wait.tool}) waits for the user's "
+            f"{what}: {' '.join((request.message if request else '').split())}"
+        )
+        if len(line) > MAX_WAITING_LINE_CHARS:
+            line = line[: MAX_WAITING_LINE_CHARS - 1] + "…"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def transient_message(now: datetime, note: str, status: str = "") -> PromptMessage:

@@ -216,6 +216,11 @@ const (
 	// it). Not retryable.
 	// Status NOT_FOUND. Metadata: `run_id`, `call_id`.
 	ErrorReason_ERROR_REASON_TOOL_TASK_NOT_FOUND ErrorReason = 37
+	// ContinueToolCall names an attempt no call of the Run waits on: unknown,
+	// already answered (a retry of the same answer gets its result), past its
+	// expire_time, or an older round of a call that has moved on.
+	// Status FAILED_PRECONDITION. Metadata: `run_id`, `call_id`, `detail`.
+	ErrorReason_ERROR_REASON_INPUT_NOT_AWAITED ErrorReason = 38
 )
 
 // Enum value maps for ErrorReason.
@@ -257,6 +262,7 @@ var (
 		35: "ERROR_REASON_SIGN_IN_ISSUER_MISMATCH",
 		36: "ERROR_REASON_OAUTH_METADATA_REFUSED",
 		37: "ERROR_REASON_TOOL_TASK_NOT_FOUND",
+		38: "ERROR_REASON_INPUT_NOT_AWAITED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                       0,
@@ -295,6 +301,7 @@ var (
 		"ERROR_REASON_SIGN_IN_ISSUER_MISMATCH":           35,
 		"ERROR_REASON_OAUTH_METADATA_REFUSED":            36,
 		"ERROR_REASON_TOOL_TASK_NOT_FOUND":               37,
+		"ERROR_REASON_INPUT_NOT_AWAITED":                 38,
 	}
 )
 
@@ -329,8 +336,7 @@ var File_psych_sidecar_v1_errors_proto protoreflect.FileDescriptor
 
 const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xfd\n" +
-	"\n" +
+	"\x1dpsych/sidecar/v1/errors.proto\x12\x10psych.sidecar.v1*\xa1\v\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bERROR_REASON_FIELD_REQUIRED\x10\x01\x12\x1e\n" +
@@ -368,7 +374,8 @@ const file_psych_sidecar_v1_errors_proto_rawDesc = "" +
 	"\"ERROR_REASON_OAUTH_ISSUER_MISMATCH\x10\"\x12(\n" +
 	"$ERROR_REASON_SIGN_IN_ISSUER_MISMATCH\x10#\x12'\n" +
 	"#ERROR_REASON_OAUTH_METADATA_REFUSED\x10$\x12$\n" +
-	" ERROR_REASON_TOOL_TASK_NOT_FOUND\x10%\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
+	" ERROR_REASON_TOOL_TASK_NOT_FOUND\x10%\x12\"\n" +
+	"\x1eERROR_REASON_INPUT_NOT_AWAITED\x10&\"\x04\b\x14\x10\x14\"\x04\b\x15\x10\x15B\xb6\x01\n" +
 	"\x14dev.psych.sidecar.v1B\vErrorsProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (

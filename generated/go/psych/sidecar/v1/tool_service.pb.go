@@ -35,6 +35,9 @@ const (
 	DispatchDisposition_DISPATCH_DISPOSITION_EXECUTED DispatchDisposition = 1
 	// Not a sidecar tool: the host runs it and appends the result.
 	DispatchDisposition_DISPATCH_DISPOSITION_HOST_TOOL DispatchDisposition = 2
+	// The sidecar called the tool and its server asked for input first:
+	// input_required says what; ContinueToolCall answers it.
+	DispatchDisposition_DISPATCH_DISPOSITION_INPUT_REQUIRED DispatchDisposition = 3
 )
 
 // Enum value maps for DispatchDisposition.
@@ -43,11 +46,13 @@ var (
 		0: "DISPATCH_DISPOSITION_UNSPECIFIED",
 		1: "DISPATCH_DISPOSITION_EXECUTED",
 		2: "DISPATCH_DISPOSITION_HOST_TOOL",
+		3: "DISPATCH_DISPOSITION_INPUT_REQUIRED",
 	}
 	DispatchDisposition_value = map[string]int32{
-		"DISPATCH_DISPOSITION_UNSPECIFIED": 0,
-		"DISPATCH_DISPOSITION_EXECUTED":    1,
-		"DISPATCH_DISPOSITION_HOST_TOOL":   2,
+		"DISPATCH_DISPOSITION_UNSPECIFIED":    0,
+		"DISPATCH_DISPOSITION_EXECUTED":       1,
+		"DISPATCH_DISPOSITION_HOST_TOOL":      2,
+		"DISPATCH_DISPOSITION_INPUT_REQUIRED": 3,
 	}
 )
 
@@ -76,6 +81,116 @@ func (x DispatchDisposition) Number() protoreflect.EnumNumber {
 // Deprecated: Use DispatchDisposition.Descriptor instead.
 func (DispatchDisposition) EnumDescriptor() ([]byte, []int) {
 	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{0}
+}
+
+// InputRequestMode is how the user answers an InputRequest.
+type InputRequestMode int32
+
+const (
+	// Never sent.
+	InputRequestMode_INPUT_REQUEST_MODE_UNSPECIFIED InputRequestMode = 0
+	// A form: the answer's content follows requested_schema_json.
+	InputRequestMode_INPUT_REQUEST_MODE_FORM InputRequestMode = 1
+	// A URL the user opens out of band; the answer carries no content.
+	InputRequestMode_INPUT_REQUEST_MODE_URL InputRequestMode = 2
+)
+
+// Enum value maps for InputRequestMode.
+var (
+	InputRequestMode_name = map[int32]string{
+		0: "INPUT_REQUEST_MODE_UNSPECIFIED",
+		1: "INPUT_REQUEST_MODE_FORM",
+		2: "INPUT_REQUEST_MODE_URL",
+	}
+	InputRequestMode_value = map[string]int32{
+		"INPUT_REQUEST_MODE_UNSPECIFIED": 0,
+		"INPUT_REQUEST_MODE_FORM":        1,
+		"INPUT_REQUEST_MODE_URL":         2,
+	}
+)
+
+func (x InputRequestMode) Enum() *InputRequestMode {
+	p := new(InputRequestMode)
+	*p = x
+	return p
+}
+
+func (x InputRequestMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (InputRequestMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_tool_service_proto_enumTypes[1].Descriptor()
+}
+
+func (InputRequestMode) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[1]
+}
+
+func (x InputRequestMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use InputRequestMode.Descriptor instead.
+func (InputRequestMode) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{1}
+}
+
+// InputAction is what the user did with a request.
+type InputAction int32
+
+const (
+	// Never sent.
+	InputAction_INPUT_ACTION_UNSPECIFIED InputAction = 0
+	// Submitted the form, or consented to open the URL.
+	InputAction_INPUT_ACTION_ACCEPT InputAction = 1
+	// Explicitly refused.
+	InputAction_INPUT_ACTION_DECLINE InputAction = 2
+	// Dismissed without choosing.
+	InputAction_INPUT_ACTION_CANCEL InputAction = 3
+)
+
+// Enum value maps for InputAction.
+var (
+	InputAction_name = map[int32]string{
+		0: "INPUT_ACTION_UNSPECIFIED",
+		1: "INPUT_ACTION_ACCEPT",
+		2: "INPUT_ACTION_DECLINE",
+		3: "INPUT_ACTION_CANCEL",
+	}
+	InputAction_value = map[string]int32{
+		"INPUT_ACTION_UNSPECIFIED": 0,
+		"INPUT_ACTION_ACCEPT":      1,
+		"INPUT_ACTION_DECLINE":     2,
+		"INPUT_ACTION_CANCEL":      3,
+	}
+)
+
+func (x InputAction) Enum() *InputAction {
+	p := new(InputAction)
+	*p = x
+	return p
+}
+
+func (x InputAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (InputAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_tool_service_proto_enumTypes[2].Descriptor()
+}
+
+func (InputAction) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[2]
+}
+
+func (x InputAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use InputAction.Descriptor instead.
+func (InputAction) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{2}
 }
 
 // ToolCallExecution says how a call of an MCP tool runs.
@@ -117,11 +232,11 @@ func (x ToolCallExecution) String() string {
 }
 
 func (ToolCallExecution) Descriptor() protoreflect.EnumDescriptor {
-	return file_psych_sidecar_v1_tool_service_proto_enumTypes[1].Descriptor()
+	return file_psych_sidecar_v1_tool_service_proto_enumTypes[3].Descriptor()
 }
 
 func (ToolCallExecution) Type() protoreflect.EnumType {
-	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[1]
+	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[3]
 }
 
 func (x ToolCallExecution) Number() protoreflect.EnumNumber {
@@ -130,7 +245,7 @@ func (x ToolCallExecution) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ToolCallExecution.Descriptor instead.
 func (ToolCallExecution) EnumDescriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{1}
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{3}
 }
 
 // ToolTaskState is where a task is.
@@ -185,11 +300,11 @@ func (x ToolTaskState) String() string {
 }
 
 func (ToolTaskState) Descriptor() protoreflect.EnumDescriptor {
-	return file_psych_sidecar_v1_tool_service_proto_enumTypes[2].Descriptor()
+	return file_psych_sidecar_v1_tool_service_proto_enumTypes[4].Descriptor()
 }
 
 func (ToolTaskState) Type() protoreflect.EnumType {
-	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[2]
+	return &file_psych_sidecar_v1_tool_service_proto_enumTypes[4]
 }
 
 func (x ToolTaskState) Number() protoreflect.EnumNumber {
@@ -198,7 +313,7 @@ func (x ToolTaskState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ToolTaskState.Descriptor instead.
 func (ToolTaskState) EnumDescriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{2}
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{4}
 }
 
 // ToolOutcome is the outcome of a tool call the sidecar executed.
@@ -408,8 +523,12 @@ func (x *CallDeferredToolRequest) GetExecution() ToolCallExecution {
 // CallDeferredToolResponse is the response of ToolService.CallDeferredTool.
 type CallDeferredToolResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The outcome.
-	Outcome       *ToolOutcome `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// The outcome; unset when input_required is set.
+	Outcome *ToolOutcome `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// Set when the server asked for input before it could answer: the call
+	// waits for the host's answer (ContinueToolCall). Nothing is in the Run's
+	// log for the call until it ends.
+	InputRequired *InputRequired `protobuf:"bytes,2,opt,name=input_required,json=inputRequired,proto3" json:"input_required,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -447,6 +566,13 @@ func (*CallDeferredToolResponse) Descriptor() ([]byte, []int) {
 func (x *CallDeferredToolResponse) GetOutcome() *ToolOutcome {
 	if x != nil {
 		return x.Outcome
+	}
+	return nil
+}
+
+func (x *CallDeferredToolResponse) GetInputRequired() *InputRequired {
+	if x != nil {
+		return x.InputRequired
 	}
 	return nil
 }
@@ -1229,7 +1355,10 @@ type DispatchToolCallResponse struct {
 	// What happened to the call.
 	Disposition DispatchDisposition `protobuf:"varint,1,opt,name=disposition,proto3,enum=psych.sidecar.v1.DispatchDisposition" json:"disposition,omitempty"`
 	// The outcome, when disposition is DISPATCH_DISPOSITION_EXECUTED.
-	Outcome       *ToolOutcome `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Outcome *ToolOutcome `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// The input the call waits for, when disposition is
+	// DISPATCH_DISPOSITION_INPUT_REQUIRED (see ContinueToolCall).
+	InputRequired *InputRequired `protobuf:"bytes,3,opt,name=input_required,json=inputRequired,proto3" json:"input_required,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1278,6 +1407,423 @@ func (x *DispatchToolCallResponse) GetOutcome() *ToolOutcome {
 	return nil
 }
 
+func (x *DispatchToolCallResponse) GetInputRequired() *InputRequired {
+	if x != nil {
+		return x.InputRequired
+	}
+	return nil
+}
+
+// InputRequired is a call waiting for input its MCP server asked for: an
+// elicitation (a form to fill, or a URL for the user to open). The host shows
+// it to its user, or declines, and continues the call with ContinueToolCall.
+type InputRequired struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The provider's call id of the waiting call.
+	CallId string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// Opaque: names this round of the call, echoed in ContinueToolCall. A new
+	// round (the server asking again) has a new attempt.
+	Attempt string `protobuf:"bytes,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The connection's name.
+	Server string `protobuf:"bytes,3,opt,name=server,proto3" json:"server,omitempty"`
+	// The MCP tool's name on that server.
+	Tool string `protobuf:"bytes,4,opt,name=tool,proto3" json:"tool,omitempty"`
+	// The server's requests, in the order it sent them; all are answered
+	// together.
+	Requests []*InputRequest `protobuf:"bytes,5,rep,name=requests,proto3" json:"requests,omitempty"`
+	// After this time the call no longer waits: it ends as a tool error
+	// saying the user did not answer, recorded in the Run's log.
+	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// The MCP protocol revision the server speaks (2026-07-28: the answers
+	// repeat the request; 2025-11-25: the server holds the question open).
+	ProtocolVersion string `protobuf:"bytes,7,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *InputRequired) Reset() {
+	*x = InputRequired{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InputRequired) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InputRequired) ProtoMessage() {}
+
+func (x *InputRequired) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InputRequired.ProtoReflect.Descriptor instead.
+func (*InputRequired) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *InputRequired) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *InputRequired) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
+}
+
+func (x *InputRequired) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *InputRequired) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *InputRequired) GetRequests() []*InputRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *InputRequired) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+func (x *InputRequired) GetProtocolVersion() string {
+	if x != nil {
+		return x.ProtocolVersion
+	}
+	return ""
+}
+
+// InputRequest is one question of a server, as it sent it.
+type InputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server's key for the request (2026-07-28), or the id of its
+	// elicitation/create request (2025-11-25); answers name it.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Form or URL.
+	Mode InputRequestMode `protobuf:"varint,2,opt,name=mode,proto3,enum=psych.sidecar.v1.InputRequestMode" json:"mode,omitempty"`
+	// What the server asks, to show the user; for URL mode, why the user
+	// should open the URL (its stated purpose).
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// Form mode: the requested schema (a flat JSON Schema object), as JSON.
+	RequestedSchemaJson []byte `protobuf:"bytes,4,opt,name=requested_schema_json,json=requestedSchemaJson,proto3" json:"requested_schema_json,omitempty"`
+	// URL mode: the URL for the user to open. The sidecar never opens or
+	// fetches it.
+	Url string `protobuf:"bytes,5,opt,name=url,proto3" json:"url,omitempty"`
+	// URL mode on 2025-11-25: the server's elicitation id.
+	ElicitationId string `protobuf:"bytes,6,opt,name=elicitation_id,json=elicitationId,proto3" json:"elicitation_id,omitempty"`
+	// The request as the server sent it (MCP elicitation/create JSON).
+	RequestJson   []byte `protobuf:"bytes,7,opt,name=request_json,json=requestJson,proto3" json:"request_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InputRequest) Reset() {
+	*x = InputRequest{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InputRequest) ProtoMessage() {}
+
+func (x *InputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InputRequest.ProtoReflect.Descriptor instead.
+func (*InputRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *InputRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *InputRequest) GetMode() InputRequestMode {
+	if x != nil {
+		return x.Mode
+	}
+	return InputRequestMode_INPUT_REQUEST_MODE_UNSPECIFIED
+}
+
+func (x *InputRequest) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *InputRequest) GetRequestedSchemaJson() []byte {
+	if x != nil {
+		return x.RequestedSchemaJson
+	}
+	return nil
+}
+
+func (x *InputRequest) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *InputRequest) GetElicitationId() string {
+	if x != nil {
+		return x.ElicitationId
+	}
+	return ""
+}
+
+func (x *InputRequest) GetRequestJson() []byte {
+	if x != nil {
+		return x.RequestJson
+	}
+	return nil
+}
+
+// ContinueToolCallRequest is the request of ToolService.ContinueToolCall.
+type ContinueToolCallRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The waiting call's call id.
+	CallId string `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// InputRequired.attempt, as received.
+	Attempt string `protobuf:"bytes,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// One answer per request; a request left unanswered is cancelled.
+	Answers []*InputAnswer `protobuf:"bytes,4,rep,name=answers,proto3" json:"answers,omitempty"`
+	// How long to wait for the server; unset uses the sidecar's default.
+	Timeout       *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContinueToolCallRequest) Reset() {
+	*x = ContinueToolCallRequest{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContinueToolCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContinueToolCallRequest) ProtoMessage() {}
+
+func (x *ContinueToolCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContinueToolCallRequest.ProtoReflect.Descriptor instead.
+func (*ContinueToolCallRequest) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ContinueToolCallRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ContinueToolCallRequest) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ContinueToolCallRequest) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
+}
+
+func (x *ContinueToolCallRequest) GetAnswers() []*InputAnswer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+func (x *ContinueToolCallRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// InputAnswer is the user's answer to one InputRequest.
+type InputAnswer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// InputRequest.key.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Accept, decline or cancel.
+	Action InputAction `protobuf:"varint,2,opt,name=action,proto3,enum=psych.sidecar.v1.InputAction" json:"action,omitempty"`
+	// With ACCEPT of a form: the values, following its requested schema.
+	Content       *structpb.Struct `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InputAnswer) Reset() {
+	*x = InputAnswer{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InputAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InputAnswer) ProtoMessage() {}
+
+func (x *InputAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InputAnswer.ProtoReflect.Descriptor instead.
+func (*InputAnswer) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *InputAnswer) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *InputAnswer) GetAction() InputAction {
+	if x != nil {
+		return x.Action
+	}
+	return InputAction_INPUT_ACTION_UNSPECIFIED
+}
+
+func (x *InputAnswer) GetContent() *structpb.Struct {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+// ContinueToolCallResponse is the response of ToolService.ContinueToolCall.
+type ContinueToolCallResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The outcome, recorded in the Run's log; unset when input_required is set.
+	Outcome *ToolOutcome `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// Set when the server asks again: the next round.
+	InputRequired *InputRequired `protobuf:"bytes,2,opt,name=input_required,json=inputRequired,proto3" json:"input_required,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContinueToolCallResponse) Reset() {
+	*x = ContinueToolCallResponse{}
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContinueToolCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContinueToolCallResponse) ProtoMessage() {}
+
+func (x *ContinueToolCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContinueToolCallResponse.ProtoReflect.Descriptor instead.
+func (*ContinueToolCallResponse) Descriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ContinueToolCallResponse) GetOutcome() *ToolOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return nil
+}
+
+func (x *ContinueToolCallResponse) GetInputRequired() *InputRequired {
+	if x != nil {
+		return x.InputRequired
+	}
+	return nil
+}
+
 // ToolTask is a call that runs as a task on its MCP server. The sidecar
 // stores it, polls the server with backoff (any sidecar on the same
 // database does, after a restart too) and, when it ends, appends its result
@@ -1317,7 +1863,7 @@ type ToolTask struct {
 
 func (x *ToolTask) Reset() {
 	*x = ToolTask{}
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[15]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1875,7 @@ func (x *ToolTask) String() string {
 func (*ToolTask) ProtoMessage() {}
 
 func (x *ToolTask) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[15]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1888,7 @@ func (x *ToolTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolTask.ProtoReflect.Descriptor instead.
 func (*ToolTask) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{15}
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ToolTask) GetRunId() string {
@@ -1442,7 +1988,7 @@ type GetToolTaskRequest struct {
 
 func (x *GetToolTaskRequest) Reset() {
 	*x = GetToolTaskRequest{}
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[16]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +2000,7 @@ func (x *GetToolTaskRequest) String() string {
 func (*GetToolTaskRequest) ProtoMessage() {}
 
 func (x *GetToolTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[16]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +2013,7 @@ func (x *GetToolTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetToolTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetToolTaskRequest) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{16}
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetToolTaskRequest) GetRunId() string {
@@ -1495,7 +2041,7 @@ type GetToolTaskResponse struct {
 
 func (x *GetToolTaskResponse) Reset() {
 	*x = GetToolTaskResponse{}
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[17]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1507,7 +2053,7 @@ func (x *GetToolTaskResponse) String() string {
 func (*GetToolTaskResponse) ProtoMessage() {}
 
 func (x *GetToolTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[17]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1520,7 +2066,7 @@ func (x *GetToolTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetToolTaskResponse.ProtoReflect.Descriptor instead.
 func (*GetToolTaskResponse) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{17}
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetToolTaskResponse) GetTask() *ToolTask {
@@ -1543,7 +2089,7 @@ type CancelToolTaskRequest struct {
 
 func (x *CancelToolTaskRequest) Reset() {
 	*x = CancelToolTaskRequest{}
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[18]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +2101,7 @@ func (x *CancelToolTaskRequest) String() string {
 func (*CancelToolTaskRequest) ProtoMessage() {}
 
 func (x *CancelToolTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[18]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +2114,7 @@ func (x *CancelToolTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelToolTaskRequest.ProtoReflect.Descriptor instead.
 func (*CancelToolTaskRequest) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{18}
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CancelToolTaskRequest) GetRunId() string {
@@ -1596,7 +2142,7 @@ type CancelToolTaskResponse struct {
 
 func (x *CancelToolTaskResponse) Reset() {
 	*x = CancelToolTaskResponse{}
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[19]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +2154,7 @@ func (x *CancelToolTaskResponse) String() string {
 func (*CancelToolTaskResponse) ProtoMessage() {}
 
 func (x *CancelToolTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[19]
+	mi := &file_psych_sidecar_v1_tool_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +2167,7 @@ func (x *CancelToolTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelToolTaskResponse.ProtoReflect.Descriptor instead.
 func (*CancelToolTaskResponse) Descriptor() ([]byte, []int) {
-	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{19}
+	return file_psych_sidecar_v1_tool_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CancelToolTaskResponse) GetTask() *ToolTask {
@@ -1653,9 +2199,10 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\acall_id\x18\x05 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x129\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x01R\atimeout\x12G\n" +
 	"\texecution\x18\n" +
-	" \x01(\x0e2#.psych.sidecar.v1.ToolCallExecutionB\x04\xe2A\x01\x01R\texecution\"S\n" +
+	" \x01(\x0e2#.psych.sidecar.v1.ToolCallExecutionB\x04\xe2A\x01\x01R\texecution\"\x9b\x01\n" +
 	"\x18CallDeferredToolResponse\x127\n" +
-	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\"\xc2\x01\n" +
+	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\x12F\n" +
+	"\x0einput_required\x18\x02 \x01(\v2\x1f.psych.sidecar.v1.InputRequiredR\rinputRequired\"\xc2\x01\n" +
 	"\x15ReadToolOutputRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1c\n" +
 	"\x06handle\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06handle\x12\x1c\n" +
@@ -1711,10 +2258,41 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x124\n" +
 	"\x04call\x18\x02 \x01(\v2\x1a.psych.sidecar.v1.ToolCallB\x04\xe2A\x01\x02R\x04call\x12G\n" +
 	"\texecution\x18\n" +
-	" \x01(\x0e2#.psych.sidecar.v1.ToolCallExecutionB\x04\xe2A\x01\x01R\texecution\"\x9c\x01\n" +
+	" \x01(\x0e2#.psych.sidecar.v1.ToolCallExecutionB\x04\xe2A\x01\x01R\texecution\"\xe4\x01\n" +
 	"\x18DispatchToolCallResponse\x12G\n" +
 	"\vdisposition\x18\x01 \x01(\x0e2%.psych.sidecar.v1.DispatchDispositionR\vdisposition\x127\n" +
-	"\aoutcome\x18\x02 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\"\xcb\x03\n" +
+	"\aoutcome\x18\x02 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\x12F\n" +
+	"\x0einput_required\x18\x03 \x01(\v2\x1f.psych.sidecar.v1.InputRequiredR\rinputRequired\"\x92\x02\n" +
+	"\rInputRequired\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\tR\aattempt\x12\x16\n" +
+	"\x06server\x18\x03 \x01(\tR\x06server\x12\x12\n" +
+	"\x04tool\x18\x04 \x01(\tR\x04tool\x12:\n" +
+	"\brequests\x18\x05 \x03(\v2\x1e.psych.sidecar.v1.InputRequestR\brequests\x12;\n" +
+	"\vexpire_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\x12)\n" +
+	"\x10protocol_version\x18\a \x01(\tR\x0fprotocolVersion\"\x82\x02\n" +
+	"\fInputRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x126\n" +
+	"\x04mode\x18\x02 \x01(\x0e2\".psych.sidecar.v1.InputRequestModeR\x04mode\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x122\n" +
+	"\x15requested_schema_json\x18\x04 \x01(\fR\x13requestedSchemaJson\x12\x10\n" +
+	"\x03url\x18\x05 \x01(\tR\x03url\x12%\n" +
+	"\x0eelicitation_id\x18\x06 \x01(\tR\relicitationId\x12!\n" +
+	"\frequest_json\x18\a \x01(\fR\vrequestJson\"\xef\x01\n" +
+	"\x17ContinueToolCallRequest\x12\x1b\n" +
+	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1d\n" +
+	"\acall_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06callId\x12\x1e\n" +
+	"\aattempt\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\aattempt\x12=\n" +
+	"\aanswers\x18\x04 \x03(\v2\x1d.psych.sidecar.v1.InputAnswerB\x04\xe2A\x01\x01R\aanswers\x129\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x01R\atimeout\"\x9b\x01\n" +
+	"\vInputAnswer\x12\x16\n" +
+	"\x03key\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x03key\x12;\n" +
+	"\x06action\x18\x02 \x01(\x0e2\x1d.psych.sidecar.v1.InputActionB\x04\xe2A\x01\x02R\x06action\x127\n" +
+	"\acontent\x18\x03 \x01(\v2\x17.google.protobuf.StructB\x04\xe2A\x01\x01R\acontent\"\x9b\x01\n" +
+	"\x18ContinueToolCallResponse\x127\n" +
+	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\x12F\n" +
+	"\x0einput_required\x18\x02 \x01(\v2\x1f.psych.sidecar.v1.InputRequiredR\rinputRequired\"\xcb\x03\n" +
 	"\bToolTask\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\tR\x06callId\x12\x16\n" +
@@ -1740,11 +2318,21 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1d\n" +
 	"\acall_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06callId\"H\n" +
 	"\x16CancelToolTaskResponse\x12.\n" +
-	"\x04task\x18\x01 \x01(\v2\x1a.psych.sidecar.v1.ToolTaskR\x04task*\x82\x01\n" +
+	"\x04task\x18\x01 \x01(\v2\x1a.psych.sidecar.v1.ToolTaskR\x04task*\xab\x01\n" +
 	"\x13DispatchDisposition\x12$\n" +
 	" DISPATCH_DISPOSITION_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dDISPATCH_DISPOSITION_EXECUTED\x10\x01\x12\"\n" +
-	"\x1eDISPATCH_DISPOSITION_HOST_TOOL\x10\x02*^\n" +
+	"\x1eDISPATCH_DISPOSITION_HOST_TOOL\x10\x02\x12'\n" +
+	"#DISPATCH_DISPOSITION_INPUT_REQUIRED\x10\x03*o\n" +
+	"\x10InputRequestMode\x12\"\n" +
+	"\x1eINPUT_REQUEST_MODE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17INPUT_REQUEST_MODE_FORM\x10\x01\x12\x1a\n" +
+	"\x16INPUT_REQUEST_MODE_URL\x10\x02*w\n" +
+	"\vInputAction\x12\x1c\n" +
+	"\x18INPUT_ACTION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13INPUT_ACTION_ACCEPT\x10\x01\x12\x18\n" +
+	"\x14INPUT_ACTION_DECLINE\x10\x02\x12\x17\n" +
+	"\x13INPUT_ACTION_CANCEL\x10\x03*^\n" +
 	"\x11ToolCallExecution\x12#\n" +
 	"\x1fTOOL_CALL_EXECUTION_UNSPECIFIED\x10\x00\x12$\n" +
 	" TOOL_CALL_EXECUTION_LONG_RUNNING\x10\x01*\xcb\x01\n" +
@@ -1754,7 +2342,7 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\x1eTOOL_TASK_STATE_INPUT_REQUIRED\x10\x02\x12\x1d\n" +
 	"\x19TOOL_TASK_STATE_COMPLETED\x10\x03\x12\x1a\n" +
 	"\x16TOOL_TASK_STATE_FAILED\x10\x04\x12\x1d\n" +
-	"\x19TOOL_TASK_STATE_CANCELLED\x10\x052\xac\x06\n" +
+	"\x19TOOL_TASK_STATE_CANCELLED\x10\x052\x97\a\n" +
 	"\vToolService\x12i\n" +
 	"\x10CallDeferredTool\x12).psych.sidecar.v1.CallDeferredToolRequest\x1a*.psych.sidecar.v1.CallDeferredToolResponse\x12c\n" +
 	"\x0eReadToolOutput\x12'.psych.sidecar.v1.ReadToolOutputRequest\x1a(.psych.sidecar.v1.ReadToolOutputResponse\x12f\n" +
@@ -1763,7 +2351,8 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\vSearchTools\x12$.psych.sidecar.v1.SearchToolsRequest\x1a%.psych.sidecar.v1.SearchToolsResponse\x12i\n" +
 	"\x10DispatchToolCall\x12).psych.sidecar.v1.DispatchToolCallRequest\x1a*.psych.sidecar.v1.DispatchToolCallResponse\x12Z\n" +
 	"\vGetToolTask\x12$.psych.sidecar.v1.GetToolTaskRequest\x1a%.psych.sidecar.v1.GetToolTaskResponse\x12c\n" +
-	"\x0eCancelToolTask\x12'.psych.sidecar.v1.CancelToolTaskRequest\x1a(.psych.sidecar.v1.CancelToolTaskResponseB\xbb\x01\n" +
+	"\x0eCancelToolTask\x12'.psych.sidecar.v1.CancelToolTaskRequest\x1a(.psych.sidecar.v1.CancelToolTaskResponse\x12i\n" +
+	"\x10ContinueToolCall\x12).psych.sidecar.v1.ContinueToolCallRequest\x1a*.psych.sidecar.v1.ContinueToolCallResponseB\xbb\x01\n" +
 	"\x14dev.psych.sidecar.v1B\x10ToolServiceProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -1778,79 +2367,99 @@ func file_psych_sidecar_v1_tool_service_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_tool_service_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_tool_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_psych_sidecar_v1_tool_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_psych_sidecar_v1_tool_service_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_psych_sidecar_v1_tool_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_psych_sidecar_v1_tool_service_proto_goTypes = []any{
 	(DispatchDisposition)(0),         // 0: psych.sidecar.v1.DispatchDisposition
-	(ToolCallExecution)(0),           // 1: psych.sidecar.v1.ToolCallExecution
-	(ToolTaskState)(0),               // 2: psych.sidecar.v1.ToolTaskState
-	(*ToolOutcome)(nil),              // 3: psych.sidecar.v1.ToolOutcome
-	(*CallDeferredToolRequest)(nil),  // 4: psych.sidecar.v1.CallDeferredToolRequest
-	(*CallDeferredToolResponse)(nil), // 5: psych.sidecar.v1.CallDeferredToolResponse
-	(*ReadToolOutputRequest)(nil),    // 6: psych.sidecar.v1.ReadToolOutputRequest
-	(*ReadToolOutputResponse)(nil),   // 7: psych.sidecar.v1.ReadToolOutputResponse
-	(*GrepMatch)(nil),                // 8: psych.sidecar.v1.GrepMatch
-	(*ListServerToolsRequest)(nil),   // 9: psych.sidecar.v1.ListServerToolsRequest
-	(*ListServerToolsResponse)(nil),  // 10: psych.sidecar.v1.ListServerToolsResponse
-	(*DescribeToolRequest)(nil),      // 11: psych.sidecar.v1.DescribeToolRequest
-	(*DescribeToolResponse)(nil),     // 12: psych.sidecar.v1.DescribeToolResponse
-	(*SearchToolsRequest)(nil),       // 13: psych.sidecar.v1.SearchToolsRequest
-	(*SearchToolsResponse)(nil),      // 14: psych.sidecar.v1.SearchToolsResponse
-	(*SearchHit)(nil),                // 15: psych.sidecar.v1.SearchHit
-	(*DispatchToolCallRequest)(nil),  // 16: psych.sidecar.v1.DispatchToolCallRequest
-	(*DispatchToolCallResponse)(nil), // 17: psych.sidecar.v1.DispatchToolCallResponse
-	(*ToolTask)(nil),                 // 18: psych.sidecar.v1.ToolTask
-	(*GetToolTaskRequest)(nil),       // 19: psych.sidecar.v1.GetToolTaskRequest
-	(*GetToolTaskResponse)(nil),      // 20: psych.sidecar.v1.GetToolTaskResponse
-	(*CancelToolTaskRequest)(nil),    // 21: psych.sidecar.v1.CancelToolTaskRequest
-	(*CancelToolTaskResponse)(nil),   // 22: psych.sidecar.v1.CancelToolTaskResponse
-	(AuthorizationRequiredReason)(0), // 23: psych.sidecar.v1.AuthorizationRequiredReason
-	(*structpb.Struct)(nil),          // 24: google.protobuf.Struct
-	(*durationpb.Duration)(nil),      // 25: google.protobuf.Duration
-	(*CatalogTool)(nil),              // 26: psych.sidecar.v1.CatalogTool
-	(*ToolCall)(nil),                 // 27: psych.sidecar.v1.ToolCall
-	(*timestamppb.Timestamp)(nil),    // 28: google.protobuf.Timestamp
+	(InputRequestMode)(0),            // 1: psych.sidecar.v1.InputRequestMode
+	(InputAction)(0),                 // 2: psych.sidecar.v1.InputAction
+	(ToolCallExecution)(0),           // 3: psych.sidecar.v1.ToolCallExecution
+	(ToolTaskState)(0),               // 4: psych.sidecar.v1.ToolTaskState
+	(*ToolOutcome)(nil),              // 5: psych.sidecar.v1.ToolOutcome
+	(*CallDeferredToolRequest)(nil),  // 6: psych.sidecar.v1.CallDeferredToolRequest
+	(*CallDeferredToolResponse)(nil), // 7: psych.sidecar.v1.CallDeferredToolResponse
+	(*ReadToolOutputRequest)(nil),    // 8: psych.sidecar.v1.ReadToolOutputRequest
+	(*ReadToolOutputResponse)(nil),   // 9: psych.sidecar.v1.ReadToolOutputResponse
+	(*GrepMatch)(nil),                // 10: psych.sidecar.v1.GrepMatch
+	(*ListServerToolsRequest)(nil),   // 11: psych.sidecar.v1.ListServerToolsRequest
+	(*ListServerToolsResponse)(nil),  // 12: psych.sidecar.v1.ListServerToolsResponse
+	(*DescribeToolRequest)(nil),      // 13: psych.sidecar.v1.DescribeToolRequest
+	(*DescribeToolResponse)(nil),     // 14: psych.sidecar.v1.DescribeToolResponse
+	(*SearchToolsRequest)(nil),       // 15: psych.sidecar.v1.SearchToolsRequest
+	(*SearchToolsResponse)(nil),      // 16: psych.sidecar.v1.SearchToolsResponse
+	(*SearchHit)(nil),                // 17: psych.sidecar.v1.SearchHit
+	(*DispatchToolCallRequest)(nil),  // 18: psych.sidecar.v1.DispatchToolCallRequest
+	(*DispatchToolCallResponse)(nil), // 19: psych.sidecar.v1.DispatchToolCallResponse
+	(*InputRequired)(nil),            // 20: psych.sidecar.v1.InputRequired
+	(*InputRequest)(nil),             // 21: psych.sidecar.v1.InputRequest
+	(*ContinueToolCallRequest)(nil),  // 22: psych.sidecar.v1.ContinueToolCallRequest
+	(*InputAnswer)(nil),              // 23: psych.sidecar.v1.InputAnswer
+	(*ContinueToolCallResponse)(nil), // 24: psych.sidecar.v1.ContinueToolCallResponse
+	(*ToolTask)(nil),                 // 25: psych.sidecar.v1.ToolTask
+	(*GetToolTaskRequest)(nil),       // 26: psych.sidecar.v1.GetToolTaskRequest
+	(*GetToolTaskResponse)(nil),      // 27: psych.sidecar.v1.GetToolTaskResponse
+	(*CancelToolTaskRequest)(nil),    // 28: psych.sidecar.v1.CancelToolTaskRequest
+	(*CancelToolTaskResponse)(nil),   // 29: psych.sidecar.v1.CancelToolTaskResponse
+	(AuthorizationRequiredReason)(0), // 30: psych.sidecar.v1.AuthorizationRequiredReason
+	(*structpb.Struct)(nil),          // 31: google.protobuf.Struct
+	(*durationpb.Duration)(nil),      // 32: google.protobuf.Duration
+	(*CatalogTool)(nil),              // 33: psych.sidecar.v1.CatalogTool
+	(*ToolCall)(nil),                 // 34: psych.sidecar.v1.ToolCall
+	(*timestamppb.Timestamp)(nil),    // 35: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_tool_service_proto_depIdxs = []int32{
-	23, // 0: psych.sidecar.v1.ToolOutcome.authorization_required_reason:type_name -> psych.sidecar.v1.AuthorizationRequiredReason
-	18, // 1: psych.sidecar.v1.ToolOutcome.task:type_name -> psych.sidecar.v1.ToolTask
-	24, // 2: psych.sidecar.v1.CallDeferredToolRequest.arguments:type_name -> google.protobuf.Struct
-	25, // 3: psych.sidecar.v1.CallDeferredToolRequest.timeout:type_name -> google.protobuf.Duration
-	1,  // 4: psych.sidecar.v1.CallDeferredToolRequest.execution:type_name -> psych.sidecar.v1.ToolCallExecution
-	3,  // 5: psych.sidecar.v1.CallDeferredToolResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
-	8,  // 6: psych.sidecar.v1.ReadToolOutputResponse.matches:type_name -> psych.sidecar.v1.GrepMatch
-	26, // 7: psych.sidecar.v1.DescribeToolResponse.tool:type_name -> psych.sidecar.v1.CatalogTool
-	15, // 8: psych.sidecar.v1.SearchToolsResponse.hits:type_name -> psych.sidecar.v1.SearchHit
-	27, // 9: psych.sidecar.v1.DispatchToolCallRequest.call:type_name -> psych.sidecar.v1.ToolCall
-	1,  // 10: psych.sidecar.v1.DispatchToolCallRequest.execution:type_name -> psych.sidecar.v1.ToolCallExecution
-	0,  // 11: psych.sidecar.v1.DispatchToolCallResponse.disposition:type_name -> psych.sidecar.v1.DispatchDisposition
-	3,  // 12: psych.sidecar.v1.DispatchToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
-	2,  // 13: psych.sidecar.v1.ToolTask.state:type_name -> psych.sidecar.v1.ToolTaskState
-	28, // 14: psych.sidecar.v1.ToolTask.create_time:type_name -> google.protobuf.Timestamp
-	28, // 15: psych.sidecar.v1.ToolTask.update_time:type_name -> google.protobuf.Timestamp
-	18, // 16: psych.sidecar.v1.GetToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
-	18, // 17: psych.sidecar.v1.CancelToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
-	4,  // 18: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
-	6,  // 19: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
-	9,  // 20: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
-	11, // 21: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
-	13, // 22: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
-	16, // 23: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
-	19, // 24: psych.sidecar.v1.ToolService.GetToolTask:input_type -> psych.sidecar.v1.GetToolTaskRequest
-	21, // 25: psych.sidecar.v1.ToolService.CancelToolTask:input_type -> psych.sidecar.v1.CancelToolTaskRequest
-	5,  // 26: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
-	7,  // 27: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
-	10, // 28: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
-	12, // 29: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
-	14, // 30: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
-	17, // 31: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
-	20, // 32: psych.sidecar.v1.ToolService.GetToolTask:output_type -> psych.sidecar.v1.GetToolTaskResponse
-	22, // 33: psych.sidecar.v1.ToolService.CancelToolTask:output_type -> psych.sidecar.v1.CancelToolTaskResponse
-	26, // [26:34] is the sub-list for method output_type
-	18, // [18:26] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	30, // 0: psych.sidecar.v1.ToolOutcome.authorization_required_reason:type_name -> psych.sidecar.v1.AuthorizationRequiredReason
+	25, // 1: psych.sidecar.v1.ToolOutcome.task:type_name -> psych.sidecar.v1.ToolTask
+	31, // 2: psych.sidecar.v1.CallDeferredToolRequest.arguments:type_name -> google.protobuf.Struct
+	32, // 3: psych.sidecar.v1.CallDeferredToolRequest.timeout:type_name -> google.protobuf.Duration
+	3,  // 4: psych.sidecar.v1.CallDeferredToolRequest.execution:type_name -> psych.sidecar.v1.ToolCallExecution
+	5,  // 5: psych.sidecar.v1.CallDeferredToolResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	20, // 6: psych.sidecar.v1.CallDeferredToolResponse.input_required:type_name -> psych.sidecar.v1.InputRequired
+	10, // 7: psych.sidecar.v1.ReadToolOutputResponse.matches:type_name -> psych.sidecar.v1.GrepMatch
+	33, // 8: psych.sidecar.v1.DescribeToolResponse.tool:type_name -> psych.sidecar.v1.CatalogTool
+	17, // 9: psych.sidecar.v1.SearchToolsResponse.hits:type_name -> psych.sidecar.v1.SearchHit
+	34, // 10: psych.sidecar.v1.DispatchToolCallRequest.call:type_name -> psych.sidecar.v1.ToolCall
+	3,  // 11: psych.sidecar.v1.DispatchToolCallRequest.execution:type_name -> psych.sidecar.v1.ToolCallExecution
+	0,  // 12: psych.sidecar.v1.DispatchToolCallResponse.disposition:type_name -> psych.sidecar.v1.DispatchDisposition
+	5,  // 13: psych.sidecar.v1.DispatchToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	20, // 14: psych.sidecar.v1.DispatchToolCallResponse.input_required:type_name -> psych.sidecar.v1.InputRequired
+	21, // 15: psych.sidecar.v1.InputRequired.requests:type_name -> psych.sidecar.v1.InputRequest
+	35, // 16: psych.sidecar.v1.InputRequired.expire_time:type_name -> google.protobuf.Timestamp
+	1,  // 17: psych.sidecar.v1.InputRequest.mode:type_name -> psych.sidecar.v1.InputRequestMode
+	23, // 18: psych.sidecar.v1.ContinueToolCallRequest.answers:type_name -> psych.sidecar.v1.InputAnswer
+	32, // 19: psych.sidecar.v1.ContinueToolCallRequest.timeout:type_name -> google.protobuf.Duration
+	2,  // 20: psych.sidecar.v1.InputAnswer.action:type_name -> psych.sidecar.v1.InputAction
+	31, // 21: psych.sidecar.v1.InputAnswer.content:type_name -> google.protobuf.Struct
+	5,  // 22: psych.sidecar.v1.ContinueToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
+	20, // 23: psych.sidecar.v1.ContinueToolCallResponse.input_required:type_name -> psych.sidecar.v1.InputRequired
+	4,  // 24: psych.sidecar.v1.ToolTask.state:type_name -> psych.sidecar.v1.ToolTaskState
+	35, // 25: psych.sidecar.v1.ToolTask.create_time:type_name -> google.protobuf.Timestamp
+	35, // 26: psych.sidecar.v1.ToolTask.update_time:type_name -> google.protobuf.Timestamp
+	25, // 27: psych.sidecar.v1.GetToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
+	25, // 28: psych.sidecar.v1.CancelToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
+	6,  // 29: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
+	8,  // 30: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
+	11, // 31: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
+	13, // 32: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
+	15, // 33: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
+	18, // 34: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
+	26, // 35: psych.sidecar.v1.ToolService.GetToolTask:input_type -> psych.sidecar.v1.GetToolTaskRequest
+	28, // 36: psych.sidecar.v1.ToolService.CancelToolTask:input_type -> psych.sidecar.v1.CancelToolTaskRequest
+	22, // 37: psych.sidecar.v1.ToolService.ContinueToolCall:input_type -> psych.sidecar.v1.ContinueToolCallRequest
+	7,  // 38: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
+	9,  // 39: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
+	12, // 40: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
+	14, // 41: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
+	16, // 42: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
+	19, // 43: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
+	27, // 44: psych.sidecar.v1.ToolService.GetToolTask:output_type -> psych.sidecar.v1.GetToolTaskResponse
+	29, // 45: psych.sidecar.v1.ToolService.CancelToolTask:output_type -> psych.sidecar.v1.CancelToolTaskResponse
+	24, // 46: psych.sidecar.v1.ToolService.ContinueToolCall:output_type -> psych.sidecar.v1.ContinueToolCallResponse
+	38, // [38:47] is the sub-list for method output_type
+	29, // [29:38] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_tool_service_proto_init() }
@@ -1865,8 +2474,8 @@ func file_psych_sidecar_v1_tool_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_tool_service_proto_rawDesc), len(file_psych_sidecar_v1_tool_service_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   20,
+			NumEnums:      5,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	ToolService_DispatchToolCall_FullMethodName = "/psych.sidecar.v1.ToolService/DispatchToolCall"
 	ToolService_GetToolTask_FullMethodName      = "/psych.sidecar.v1.ToolService/GetToolTask"
 	ToolService_CancelToolTask_FullMethodName   = "/psych.sidecar.v1.ToolService/CancelToolTask"
+	ToolService_ContinueToolCall_FullMethodName = "/psych.sidecar.v1.ToolService/ContinueToolCall"
 )
 
 // ToolServiceClient is the client API for ToolService service.
@@ -74,6 +75,19 @@ type ToolServiceClient interface {
 	// has ended already is returned as it is. A call that is not a task fails
 	// with TOOL_TASK_NOT_FOUND.
 	CancelToolTask(ctx context.Context, in *CancelToolTaskRequest, opts ...grpc.CallOption) (*CancelToolTaskResponse, error)
+	// ContinueToolCall answers the input a call waits for (an InputRequired
+	// outcome of CallDeferredTool, DispatchToolCall or an earlier
+	// ContinueToolCall) with the host's user's answers: accept with content,
+	// decline or cancel. It ends like the call itself: the server's final
+	// result, recorded in the Run's log, or another InputRequired when the
+	// server asks again. On a 2026-07-28 server the call is repeated with the
+	// answers and the server's echoed request state, so any sidecar on the same
+	// database can continue it; on a 2025-11-25 server the answer goes to the
+	// server's pending elicitation/create in the session holding it. A retry
+	// with the same attempt returns the same answer. An attempt that no call
+	// waits on (answered, expired, another call's) fails with
+	// INPUT_NOT_AWAITED.
+	ContinueToolCall(ctx context.Context, in *ContinueToolCallRequest, opts ...grpc.CallOption) (*ContinueToolCallResponse, error)
 }
 
 type toolServiceClient struct {
@@ -164,6 +178,16 @@ func (c *toolServiceClient) CancelToolTask(ctx context.Context, in *CancelToolTa
 	return out, nil
 }
 
+func (c *toolServiceClient) ContinueToolCall(ctx context.Context, in *ContinueToolCallRequest, opts ...grpc.CallOption) (*ContinueToolCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ContinueToolCallResponse)
+	err := c.cc.Invoke(ctx, ToolService_ContinueToolCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ToolServiceServer is the server API for ToolService service.
 // All implementations must embed UnimplementedToolServiceServer
 // for forward compatibility.
@@ -209,6 +233,19 @@ type ToolServiceServer interface {
 	// has ended already is returned as it is. A call that is not a task fails
 	// with TOOL_TASK_NOT_FOUND.
 	CancelToolTask(context.Context, *CancelToolTaskRequest) (*CancelToolTaskResponse, error)
+	// ContinueToolCall answers the input a call waits for (an InputRequired
+	// outcome of CallDeferredTool, DispatchToolCall or an earlier
+	// ContinueToolCall) with the host's user's answers: accept with content,
+	// decline or cancel. It ends like the call itself: the server's final
+	// result, recorded in the Run's log, or another InputRequired when the
+	// server asks again. On a 2026-07-28 server the call is repeated with the
+	// answers and the server's echoed request state, so any sidecar on the same
+	// database can continue it; on a 2025-11-25 server the answer goes to the
+	// server's pending elicitation/create in the session holding it. A retry
+	// with the same attempt returns the same answer. An attempt that no call
+	// waits on (answered, expired, another call's) fails with
+	// INPUT_NOT_AWAITED.
+	ContinueToolCall(context.Context, *ContinueToolCallRequest) (*ContinueToolCallResponse, error)
 	mustEmbedUnimplementedToolServiceServer()
 }
 
@@ -242,6 +279,9 @@ func (UnimplementedToolServiceServer) GetToolTask(context.Context, *GetToolTaskR
 }
 func (UnimplementedToolServiceServer) CancelToolTask(context.Context, *CancelToolTaskRequest) (*CancelToolTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelToolTask not implemented")
+}
+func (UnimplementedToolServiceServer) ContinueToolCall(context.Context, *ContinueToolCallRequest) (*ContinueToolCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ContinueToolCall not implemented")
 }
 func (UnimplementedToolServiceServer) mustEmbedUnimplementedToolServiceServer() {}
 func (UnimplementedToolServiceServer) testEmbeddedByValue()                     {}
@@ -408,6 +448,24 @@ func _ToolService_CancelToolTask_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ToolService_ContinueToolCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ContinueToolCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ToolServiceServer).ContinueToolCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ToolService_ContinueToolCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ToolServiceServer).ContinueToolCall(ctx, req.(*ContinueToolCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ToolService_ServiceDesc is the grpc.ServiceDesc for ToolService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -446,6 +504,10 @@ var ToolService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelToolTask",
 			Handler:    _ToolService_CancelToolTask_Handler,
+		},
+		{
+			MethodName: "ContinueToolCall",
+			Handler:    _ToolService_ContinueToolCall_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

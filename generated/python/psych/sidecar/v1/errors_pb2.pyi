@@ -237,6 +237,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     it). Not retryable.
     Status NOT_FOUND. Metadata: `run_id`, `call_id`.
     """
+    ERROR_REASON_INPUT_NOT_AWAITED: _ErrorReason.ValueType  # 38
+    """ContinueToolCall names an attempt no call of the Run waits on: unknown,
+    already answered (a retry of the same answer gets its result), past its
+    expire_time, or an older round of a call that has moved on.
+    Status FAILED_PRECONDITION. Metadata: `run_id`, `call_id`, `detail`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason is the catalogue of `google.rpc.ErrorInfo.reason` values the
@@ -466,5 +472,11 @@ ERROR_REASON_TOOL_TASK_NOT_FOUND: ErrorReason.ValueType  # 37
 on its MCP server (or no such call, or the Run's task was deleted with
 it). Not retryable.
 Status NOT_FOUND. Metadata: `run_id`, `call_id`.
+"""
+ERROR_REASON_INPUT_NOT_AWAITED: ErrorReason.ValueType  # 38
+"""ContinueToolCall names an attempt no call of the Run waits on: unknown,
+already answered (a retry of the same answer gets its result), past its
+expire_time, or an older round of a call that has moved on.
+Status FAILED_PRECONDITION. Metadata: `run_id`, `call_id`, `detail`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

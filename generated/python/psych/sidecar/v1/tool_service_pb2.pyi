@@ -36,6 +36,10 @@ class _DispatchDispositionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_D
     """The sidecar ran it and appended the result to the log."""
     DISPATCH_DISPOSITION_HOST_TOOL: _DispatchDisposition.ValueType  # 2
     """Not a sidecar tool: the host runs it and appends the result."""
+    DISPATCH_DISPOSITION_INPUT_REQUIRED: _DispatchDisposition.ValueType  # 3
+    """The sidecar called the tool and its server asked for input first:
+    input_required says what; ContinueToolCall answers it.
+    """
 
 class DispatchDisposition(_DispatchDisposition, metaclass=_DispatchDispositionEnumTypeWrapper):
     """DispatchDisposition says who runs a dispatched call."""
@@ -46,7 +50,63 @@ DISPATCH_DISPOSITION_EXECUTED: DispatchDisposition.ValueType  # 1
 """The sidecar ran it and appended the result to the log."""
 DISPATCH_DISPOSITION_HOST_TOOL: DispatchDisposition.ValueType  # 2
 """Not a sidecar tool: the host runs it and appends the result."""
+DISPATCH_DISPOSITION_INPUT_REQUIRED: DispatchDisposition.ValueType  # 3
+"""The sidecar called the tool and its server asked for input first:
+input_required says what; ContinueToolCall answers it.
+"""
 Global___DispatchDisposition: _TypeAlias = DispatchDisposition  # noqa: Y015
+
+class _InputRequestMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _InputRequestModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InputRequestMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    INPUT_REQUEST_MODE_UNSPECIFIED: _InputRequestMode.ValueType  # 0
+    """Never sent."""
+    INPUT_REQUEST_MODE_FORM: _InputRequestMode.ValueType  # 1
+    """A form: the answer's content follows requested_schema_json."""
+    INPUT_REQUEST_MODE_URL: _InputRequestMode.ValueType  # 2
+    """A URL the user opens out of band; the answer carries no content."""
+
+class InputRequestMode(_InputRequestMode, metaclass=_InputRequestModeEnumTypeWrapper):
+    """InputRequestMode is how the user answers an InputRequest."""
+
+INPUT_REQUEST_MODE_UNSPECIFIED: InputRequestMode.ValueType  # 0
+"""Never sent."""
+INPUT_REQUEST_MODE_FORM: InputRequestMode.ValueType  # 1
+"""A form: the answer's content follows requested_schema_json."""
+INPUT_REQUEST_MODE_URL: InputRequestMode.ValueType  # 2
+"""A URL the user opens out of band; the answer carries no content."""
+Global___InputRequestMode: _TypeAlias = InputRequestMode  # noqa: Y015
+
+class _InputAction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _InputActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InputAction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    INPUT_ACTION_UNSPECIFIED: _InputAction.ValueType  # 0
+    """Never sent."""
+    INPUT_ACTION_ACCEPT: _InputAction.ValueType  # 1
+    """Submitted the form, or consented to open the URL."""
+    INPUT_ACTION_DECLINE: _InputAction.ValueType  # 2
+    """Explicitly refused."""
+    INPUT_ACTION_CANCEL: _InputAction.ValueType  # 3
+    """Dismissed without choosing."""
+
+class InputAction(_InputAction, metaclass=_InputActionEnumTypeWrapper):
+    """InputAction is what the user did with a request."""
+
+INPUT_ACTION_UNSPECIFIED: InputAction.ValueType  # 0
+"""Never sent."""
+INPUT_ACTION_ACCEPT: InputAction.ValueType  # 1
+"""Submitted the form, or consented to open the URL."""
+INPUT_ACTION_DECLINE: InputAction.ValueType  # 2
+"""Explicitly refused."""
+INPUT_ACTION_CANCEL: InputAction.ValueType  # 3
+"""Dismissed without choosing."""
+Global___InputAction: _TypeAlias = InputAction  # noqa: Y015
 
 class _ToolCallExecution:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -248,18 +308,27 @@ class CallDeferredToolResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OUTCOME_FIELD_NUMBER: _builtins.int
+    INPUT_REQUIRED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def outcome(self) -> Global___ToolOutcome:
-        """The outcome."""
+        """The outcome; unset when input_required is set."""
+
+    @_builtins.property
+    def input_required(self) -> Global___InputRequired:
+        """Set when the server asked for input before it could answer: the call
+        waits for the host's answer (ContinueToolCall). Nothing is in the Run's
+        log for the call until it ends.
+        """
 
     def __init__(
         self,
         *,
         outcome: Global___ToolOutcome | None = ...,
+        input_required: Global___InputRequired | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_required", b"input_required", "outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_required", b"input_required", "outcome", b"outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -657,25 +726,250 @@ class DispatchToolCallResponse(_message.Message):
 
     DISPOSITION_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    INPUT_REQUIRED_FIELD_NUMBER: _builtins.int
     disposition: Global___DispatchDisposition.ValueType
     """What happened to the call."""
     @_builtins.property
     def outcome(self) -> Global___ToolOutcome:
         """The outcome, when disposition is DISPATCH_DISPOSITION_EXECUTED."""
 
+    @_builtins.property
+    def input_required(self) -> Global___InputRequired:
+        """The input the call waits for, when disposition is
+        DISPATCH_DISPOSITION_INPUT_REQUIRED (see ContinueToolCall).
+        """
+
     def __init__(
         self,
         *,
         disposition: Global___DispatchDisposition.ValueType = ...,
         outcome: Global___ToolOutcome | None = ...,
+        input_required: Global___InputRequired | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_required", b"input_required", "outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disposition", b"disposition", "input_required", b"input_required", "outcome", b"outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DispatchToolCallResponse: _TypeAlias = DispatchToolCallResponse  # noqa: Y015
+
+@_typing.final
+class InputRequired(_message.Message):
+    """InputRequired is a call waiting for input its MCP server asked for: an
+    elicitation (a form to fill, or a URL for the user to open). The host shows
+    it to its user, or declines, and continues the call with ContinueToolCall.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    """The provider's call id of the waiting call."""
+    attempt: _builtins.str
+    """Opaque: names this round of the call, echoed in ContinueToolCall. A new
+    round (the server asking again) has a new attempt.
+    """
+    server: _builtins.str
+    """The connection's name."""
+    tool: _builtins.str
+    """The MCP tool's name on that server."""
+    protocol_version: _builtins.str
+    """The MCP protocol revision the server speaks (2026-07-28: the answers
+    repeat the request; 2025-11-25: the server holds the question open).
+    """
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___InputRequest]:
+        """The server's requests, in the order it sent them; all are answered
+        together.
+        """
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """After this time the call no longer waits: it ends as a tool error
+        saying the user did not answer, recorded in the Run's log.
+        """
+
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        attempt: _builtins.str = ...,
+        server: _builtins.str = ...,
+        tool: _builtins.str = ...,
+        requests: _abc.Iterable[Global___InputRequest] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        protocol_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "call_id", b"call_id", "expire_time", b"expire_time", "protocol_version", b"protocol_version", "requests", b"requests", "server", b"server", "tool", b"tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputRequired: _TypeAlias = InputRequired  # noqa: Y015
+
+@_typing.final
+class InputRequest(_message.Message):
+    """InputRequest is one question of a server, as it sent it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REQUESTED_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    ELICITATION_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """The server's key for the request (2026-07-28), or the id of its
+    elicitation/create request (2025-11-25); answers name it.
+    """
+    mode: Global___InputRequestMode.ValueType
+    """Form or URL."""
+    message: _builtins.str
+    """What the server asks, to show the user; for URL mode, why the user
+    should open the URL (its stated purpose).
+    """
+    requested_schema_json: _builtins.bytes
+    """Form mode: the requested schema (a flat JSON Schema object), as JSON."""
+    url: _builtins.str
+    """URL mode: the URL for the user to open. The sidecar never opens or
+    fetches it.
+    """
+    elicitation_id: _builtins.str
+    """URL mode on 2025-11-25: the server's elicitation id."""
+    request_json: _builtins.bytes
+    """The request as the server sent it (MCP elicitation/create JSON)."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        mode: Global___InputRequestMode.ValueType = ...,
+        message: _builtins.str = ...,
+        requested_schema_json: _builtins.bytes = ...,
+        url: _builtins.str = ...,
+        elicitation_id: _builtins.str = ...,
+        request_json: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elicitation_id", b"elicitation_id", "key", b"key", "message", b"message", "mode", b"mode", "request_json", b"request_json", "requested_schema_json", b"requested_schema_json", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputRequest: _TypeAlias = InputRequest  # noqa: Y015
+
+@_typing.final
+class ContinueToolCallRequest(_message.Message):
+    """ContinueToolCallRequest is the request of ToolService.ContinueToolCall."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The Run."""
+    call_id: _builtins.str
+    """The waiting call's call id."""
+    attempt: _builtins.str
+    """InputRequired.attempt, as received."""
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___InputAnswer]:
+        """One answer per request; a request left unanswered is cancelled."""
+
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """How long to wait for the server; unset uses the sidecar's default."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        attempt: _builtins.str = ...,
+        answers: _abc.Iterable[Global___InputAnswer] | None = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "attempt", b"attempt", "call_id", b"call_id", "run_id", b"run_id", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContinueToolCallRequest: _TypeAlias = ContinueToolCallRequest  # noqa: Y015
+
+@_typing.final
+class InputAnswer(_message.Message):
+    """InputAnswer is the user's answer to one InputRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """InputRequest.key."""
+    action: Global___InputAction.ValueType
+    """Accept, decline or cancel."""
+    @_builtins.property
+    def content(self) -> _struct_pb2.Struct:
+        """With ACCEPT of a form: the values, following its requested schema."""
+
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        action: Global___InputAction.ValueType = ...,
+        content: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["content", b"content"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "content", b"content", "key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InputAnswer: _TypeAlias = InputAnswer  # noqa: Y015
+
+@_typing.final
+class ContinueToolCallResponse(_message.Message):
+    """ContinueToolCallResponse is the response of ToolService.ContinueToolCall."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    INPUT_REQUIRED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outcome(self) -> Global___ToolOutcome:
+        """The outcome, recorded in the Run's log; unset when input_required is set."""
+
+    @_builtins.property
+    def input_required(self) -> Global___InputRequired:
+        """Set when the server asks again: the next round."""
+
+    def __init__(
+        self,
+        *,
+        outcome: Global___ToolOutcome | None = ...,
+        input_required: Global___InputRequired | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_required", b"input_required", "outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_required", b"input_required", "outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContinueToolCallResponse: _TypeAlias = ContinueToolCallResponse  # noqa: Y015
 
 @_typing.final
 class ToolTask(_message.Message):

@@ -77,6 +77,11 @@ class ToolServiceStub:
                 request_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskRequest.SerializeToString,
                 response_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskResponse.FromString,
                 _registered_method=True)
+        self.ContinueToolCall = channel.unary_unary(
+                '/psych.sidecar.v1.ToolService/ContinueToolCall',
+                request_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.ContinueToolCallRequest.SerializeToString,
+                response_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.ContinueToolCallResponse.FromString,
+                _registered_method=True)
 
 
 class ToolServiceServicer:
@@ -162,6 +167,24 @@ class ToolServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ContinueToolCall(self, request, context):
+        """ContinueToolCall answers the input a call waits for (an InputRequired
+        outcome of CallDeferredTool, DispatchToolCall or an earlier
+        ContinueToolCall) with the host's user's answers: accept with content,
+        decline or cancel. It ends like the call itself: the server's final
+        result, recorded in the Run's log, or another InputRequired when the
+        server asks again. On a 2026-07-28 server the call is repeated with the
+        answers and the server's echoed request state, so any sidecar on the same
+        database can continue it; on a 2025-11-25 server the answer goes to the
+        server's pending elicitation/create in the session holding it. A retry
+        with the same attempt returns the same answer. An attempt that no call
+        waits on (answered, expired, another call's) fails with
+        INPUT_NOT_AWAITED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +227,11 @@ def add_ToolServiceServicer_to_server(servicer, server):
                     servicer.CancelToolTask,
                     request_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskRequest.FromString,
                     response_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskResponse.SerializeToString,
+            ),
+            'ContinueToolCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.ContinueToolCall,
+                    request_deserializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.ContinueToolCallRequest.FromString,
+                    response_serializer=psych_dot_sidecar_dot_v1_dot_tool__service__pb2.ContinueToolCallResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -425,6 +453,33 @@ class ToolService:
             '/psych.sidecar.v1.ToolService/CancelToolTask',
             psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskRequest.SerializeToString,
             psych_dot_sidecar_dot_v1_dot_tool__service__pb2.CancelToolTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ContinueToolCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psych.sidecar.v1.ToolService/ContinueToolCall',
+            psych_dot_sidecar_dot_v1_dot_tool__service__pb2.ContinueToolCallRequest.SerializeToString,
+            psych_dot_sidecar_dot_v1_dot_tool__service__pb2.ContinueToolCallResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -80,6 +80,20 @@ class ToolServiceStub:
     has ended already is returned as it is. A call that is not a task fails
     with TOOL_TASK_NOT_FOUND.
     """
+    ContinueToolCall: _grpc.UnaryUnaryMultiCallable[_tool_service_pb2.ContinueToolCallRequest, _tool_service_pb2.ContinueToolCallResponse]
+    """ContinueToolCall answers the input a call waits for (an InputRequired
+    outcome of CallDeferredTool, DispatchToolCall or an earlier
+    ContinueToolCall) with the host's user's answers: accept with content,
+    decline or cancel. It ends like the call itself: the server's final
+    result, recorded in the Run's log, or another InputRequired when the
+    server asks again. On a 2026-07-28 server the call is repeated with the
+    answers and the server's echoed request state, so any sidecar on the same
+    database can continue it; on a 2025-11-25 server the answer goes to the
+    server's pending elicitation/create in the session holding it. A retry
+    with the same attempt returns the same answer. An attempt that no call
+    waits on (answered, expired, another call's) fails with
+    INPUT_NOT_AWAITED.
+    """
 
 @_typing.type_check_only
 class ToolServiceAsyncStub(ToolServiceStub):
@@ -132,6 +146,20 @@ class ToolServiceAsyncStub(ToolServiceStub):
     cancelled it, is appended to the log as a task's result is. A task that
     has ended already is returned as it is. A call that is not a task fails
     with TOOL_TASK_NOT_FOUND.
+    """
+    ContinueToolCall: _aio.UnaryUnaryMultiCallable[_tool_service_pb2.ContinueToolCallRequest, _tool_service_pb2.ContinueToolCallResponse]  # type: ignore[assignment]
+    """ContinueToolCall answers the input a call waits for (an InputRequired
+    outcome of CallDeferredTool, DispatchToolCall or an earlier
+    ContinueToolCall) with the host's user's answers: accept with content,
+    decline or cancel. It ends like the call itself: the server's final
+    result, recorded in the Run's log, or another InputRequired when the
+    server asks again. On a 2026-07-28 server the call is repeated with the
+    answers and the server's echoed request state, so any sidecar on the same
+    database can continue it; on a 2025-11-25 server the answer goes to the
+    server's pending elicitation/create in the session holding it. A retry
+    with the same attempt returns the same answer. An attempt that no call
+    waits on (answered, expired, another call's) fails with
+    INPUT_NOT_AWAITED.
     """
 
 class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -230,6 +258,26 @@ class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
         cancelled it, is appended to the log as a task's result is. A task that
         has ended already is returned as it is. A call that is not a task fails
         with TOOL_TASK_NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def ContinueToolCall(
+        self,
+        request: _tool_service_pb2.ContinueToolCallRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tool_service_pb2.ContinueToolCallResponse, _abc.Awaitable[_tool_service_pb2.ContinueToolCallResponse]]:
+        """ContinueToolCall answers the input a call waits for (an InputRequired
+        outcome of CallDeferredTool, DispatchToolCall or an earlier
+        ContinueToolCall) with the host's user's answers: accept with content,
+        decline or cancel. It ends like the call itself: the server's final
+        result, recorded in the Run's log, or another InputRequired when the
+        server asks again. On a 2026-07-28 server the call is repeated with the
+        answers and the server's echoed request state, so any sidecar on the same
+        database can continue it; on a 2025-11-25 server the answer goes to the
+        server's pending elicitation/create in the session holding it. A retry
+        with the same attempt returns the same answer. An attempt that no call
+        waits on (answered, expired, another call's) fails with
+        INPUT_NOT_AWAITED.
         """
 
 def add_ToolServiceServicer_to_server(servicer: ToolServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -17,7 +17,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file psych/sidecar/v1/tool_service.proto.
  */
 export const file_psych_sidecar_v1_tool_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3Rvb2xfc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSLWAQoLVG9vbE91dGNvbWUSEAoIaXNfZXJyb3IYASABKAgSEwoLcmVzdWx0X2pzb24YAiABKAwSEAoIc2VxdWVuY2UYAyABKAMSDgoGaGFuZGxlGAQgASgJElQKHWF1dGhvcml6YXRpb25fcmVxdWlyZWRfcmVhc29uGAUgASgOMi0ucHN5Y2guc2lkZWNhci52MS5BdXRob3JpemF0aW9uUmVxdWlyZWRSZWFzb24SKAoEdGFzaxgKIAEoCzIaLnBzeWNoLnNpZGVjYXIudjEuVG9vbFRhc2sikgIKF0NhbGxEZWZlcnJlZFRvb2xSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZzZXJ2ZXIYAiABKAlCBOJBAQISEgoEdG9vbBgDIAEoCUIE4kEBAhIwCglhcmd1bWVudHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QgTiQQEBEhUKB2NhbGxfaWQYBSABKAlCBOJBAQISMAoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkIE4kEBARI8CglleGVjdXRpb24YCiABKA4yIy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xDYWxsRXhlY3V0aW9uQgTiQQEBIkoKGENhbGxEZWZlcnJlZFRvb2xSZXNwb25zZRIuCgdvdXRjb21lGAEgASgLMh0ucHN5Y2guc2lkZWNhci52MS5Ub29sT3V0Y29tZSKXAQoVUmVhZFRvb2xPdXRwdXRSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZoYW5kbGUYAiABKAlCBOJBAQISFAoGb2Zmc2V0GAMgASgDQgTiQQEBEhMKBWxpbWl0GAQgASgDQgTiQQEBEhIKBGdyZXAYBSABKAlCBOJBAQESEwoFcXVlcnkYBiABKAlCBOJBAQEioAEKFlJlYWRUb29sT3V0cHV0UmVzcG9uc2USDAoEdGV4dBgBIAEoCRIMCgRkYXRhGAIgASgMEhEKCW1pbWVfdHlwZRgDIAEoCRIUCgx0b3RhbF9sZW5ndGgYBCABKAMSEwoLbmV4dF9vZmZzZXQYBSABKAMSLAoHbWF0Y2hlcxgGIAMoCzIbLnBzeWNoLnNpZGVjYXIudjEuR3JlcE1hdGNoIj4KCUdyZXBNYXRjaBITCgtsaW5lX251bWJlchgBIAEoAxIOCgZvZmZzZXQYAiABKAMSDAoEbGluZRgDIAEoCSJ3ChZMaXN0U2VydmVyVG9vbHNSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZzZXJ2ZXIYAiABKAlCBOJBAQISFwoJcGFnZV9zaXplGAMgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YBCABKAlCBOJBAQEiRgoXTGlzdFNlcnZlclRvb2xzUmVzcG9uc2USEgoKdG9vbF9uYW1lcxgBIAMoCRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiVQoTRGVzY3JpYmVUb29sUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFAoGc2VydmVyGAIgASgJQgTiQQECEhIKBHRvb2wYAyABKAlCBOJBAQIiQwoURGVzY3JpYmVUb29sUmVzcG9uc2USKwoEdG9vbBgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuQ2F0YWxvZ1Rvb2wicgoSU2VhcmNoVG9vbHNSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhITCgVxdWVyeRgCIAEoCUIE4kEBAhIXCglwYWdlX3NpemUYAyABKAVCBOJBAQESGAoKcGFnZV90b2tlbhgEIAEoCUIE4kEBASJqChNTZWFyY2hUb29sc1Jlc3BvbnNlEikKBGhpdHMYASADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLlNlYXJjaEhpdBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSDwoHcGFydGlhbBgDIAEoCCJNCglTZWFyY2hIaXQSDgoGc2VydmVyGAEgASgJEgwKBHRvb2wYAiABKAkSEwoLZGVzY3JpcHRpb24YAyABKAkSDQoFc2NvcmUYBCABKAEinQEKF0Rpc3BhdGNoVG9vbENhbGxSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIuCgRjYWxsGAIgASgLMhoucHN5Y2guc2lkZWNhci52MS5Ub29sQ2FsbEIE4kEBAhI8CglleGVjdXRpb24YCiABKA4yIy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xDYWxsRXhlY3V0aW9uQgTiQQEBIoYBChhEaXNwYXRjaFRvb2xDYWxsUmVzcG9uc2USOgoLZGlzcG9zaXRpb24YASABKA4yJS5wc3ljaC5zaWRlY2FyLnYxLkRpc3BhdGNoRGlzcG9zaXRpb24SLgoHb3V0Y29tZRgCIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbE91dGNvbWUizAIKCFRvb2xUYXNrEg4KBnJ1bl9pZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEg4KBnNlcnZlchgDIAEoCRIMCgR0b29sGAQgASgJEg8KB3Rhc2tfaWQYBSABKAkSLgoFc3RhdGUYBiABKA4yHy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xUYXNrU3RhdGUSFgoOc3RhdHVzX21lc3NhZ2UYByABKAkSLwoLY3JlYXRlX3RpbWUYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIWCg5yZXN1bHRfY2FsbF9pZBgKIAEoCRIXCg9yZXN1bHRfc2VxdWVuY2UYCyABKAMSFQoNcmVzdWx0X2hhbmRsZRgMIAEoCSJBChJHZXRUb29sVGFza1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhUKB2NhbGxfaWQYAiABKAlCBOJBAQIiPwoTR2V0VG9vbFRhc2tSZXNwb25zZRIoCgR0YXNrGAEgASgLMhoucHN5Y2guc2lkZWNhci52MS5Ub29sVGFzayJEChVDYW5jZWxUb29sVGFza1JlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhUKB2NhbGxfaWQYAiABKAlCBOJBAQIiQgoWQ2FuY2VsVG9vbFRhc2tSZXNwb25zZRIoCgR0YXNrGAEgASgLMhoucHN5Y2guc2lkZWNhci52MS5Ub29sVGFzayqCAQoTRGlzcGF0Y2hEaXNwb3NpdGlvbhIkCiBESVNQQVRDSF9ESVNQT1NJVElPTl9VTlNQRUNJRklFRBAAEiEKHURJU1BBVENIX0RJU1BPU0lUSU9OX0VYRUNVVEVEEAESIgoeRElTUEFUQ0hfRElTUE9TSVRJT05fSE9TVF9UT09MEAIqXgoRVG9vbENhbGxFeGVjdXRpb24SIwofVE9PTF9DQUxMX0VYRUNVVElPTl9VTlNQRUNJRklFRBAAEiQKIFRPT0xfQ0FMTF9FWEVDVVRJT05fTE9OR19SVU5OSU5HEAEqywEKDVRvb2xUYXNrU3RhdGUSHwobVE9PTF9UQVNLX1NUQVRFX1VOU1BFQ0lGSUVEEAASGwoXVE9PTF9UQVNLX1NUQVRFX1dPUktJTkcQARIiCh5UT09MX1RBU0tfU1RBVEVfSU5QVVRfUkVRVUlSRUQQAhIdChlUT09MX1RBU0tfU1RBVEVfQ09NUExFVEVEEAMSGgoWVE9PTF9UQVNLX1NUQVRFX0ZBSUxFRBAEEh0KGVRPT0xfVEFTS19TVEFURV9DQU5DRUxMRUQQBTKsBgoLVG9vbFNlcnZpY2USaQoQQ2FsbERlZmVycmVkVG9vbBIpLnBzeWNoLnNpZGVjYXIudjEuQ2FsbERlZmVycmVkVG9vbFJlcXVlc3QaKi5wc3ljaC5zaWRlY2FyLnYxLkNhbGxEZWZlcnJlZFRvb2xSZXNwb25zZRJjCg5SZWFkVG9vbE91dHB1dBInLnBzeWNoLnNpZGVjYXIudjEuUmVhZFRvb2xPdXRwdXRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5SZWFkVG9vbE91dHB1dFJlc3BvbnNlEmYKD0xpc3RTZXJ2ZXJUb29scxIoLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVxdWVzdBopLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVzcG9uc2USXQoMRGVzY3JpYmVUb29sEiUucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXF1ZXN0GiYucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXNwb25zZRJaCgtTZWFyY2hUb29scxIkLnBzeWNoLnNpZGVjYXIudjEuU2VhcmNoVG9vbHNSZXF1ZXN0GiUucHN5Y2guc2lkZWNhci52MS5TZWFyY2hUb29sc1Jlc3BvbnNlEmkKEERpc3BhdGNoVG9vbENhbGwSKS5wc3ljaC5zaWRlY2FyLnYxLkRpc3BhdGNoVG9vbENhbGxSZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5EaXNwYXRjaFRvb2xDYWxsUmVzcG9uc2USWgoLR2V0VG9vbFRhc2sSJC5wc3ljaC5zaWRlY2FyLnYxLkdldFRvb2xUYXNrUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuR2V0VG9vbFRhc2tSZXNwb25zZRJjCg5DYW5jZWxUb29sVGFzaxInLnBzeWNoLnNpZGVjYXIudjEuQ2FuY2VsVG9vbFRhc2tSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5DYW5jZWxUb29sVGFza1Jlc3BvbnNlQrsBChRkZXYucHN5Y2guc2lkZWNhci52MUIQVG9vbFNlcnZpY2VQcm90b1ABWk5naXRodWIuY29tL3BzeWNoLXNpZGVjYXIvcHN5Y2gtc2lkZWNhci9nZW5lcmF0ZWQvZ28vcHN5Y2gvc2lkZWNhci92MTtzaWRlY2FydjGiAgNQU1aqAhBQc3ljaC5TaWRlY2FyLlYxygIQUHN5Y2hcU2lkZWNhclxWMeoCElBzeWNoOjpTaWRlY2FyOjpWMWIGcHJvdG8z", [file_google_api_field_behavior, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_psych_sidecar_v1_connection, file_psych_sidecar_v1_content]);
+  fileDesc("CiNwc3ljaC9zaWRlY2FyL3YxL3Rvb2xfc2VydmljZS5wcm90bxIQcHN5Y2guc2lkZWNhci52MSLWAQoLVG9vbE91dGNvbWUSEAoIaXNfZXJyb3IYASABKAgSEwoLcmVzdWx0X2pzb24YAiABKAwSEAoIc2VxdWVuY2UYAyABKAMSDgoGaGFuZGxlGAQgASgJElQKHWF1dGhvcml6YXRpb25fcmVxdWlyZWRfcmVhc29uGAUgASgOMi0ucHN5Y2guc2lkZWNhci52MS5BdXRob3JpemF0aW9uUmVxdWlyZWRSZWFzb24SKAoEdGFzaxgKIAEoCzIaLnBzeWNoLnNpZGVjYXIudjEuVG9vbFRhc2sikgIKF0NhbGxEZWZlcnJlZFRvb2xSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIUCgZzZXJ2ZXIYAiABKAlCBOJBAQISEgoEdG9vbBgDIAEoCUIE4kEBAhIwCglhcmd1bWVudHMYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0QgTiQQEBEhUKB2NhbGxfaWQYBSABKAlCBOJBAQISMAoHdGltZW91dBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkIE4kEBARI8CglleGVjdXRpb24YCiABKA4yIy5wc3ljaC5zaWRlY2FyLnYxLlRvb2xDYWxsRXhlY3V0aW9uQgTiQQEBIoMBChhDYWxsRGVmZXJyZWRUb29sUmVzcG9uc2USLgoHb3V0Y29tZRgBIAEoCzIdLnBzeWNoLnNpZGVjYXIudjEuVG9vbE91dGNvbWUSNwoOaW5wdXRfcmVxdWlyZWQYAiABKAsyHy5wc3ljaC5zaWRlY2FyLnYxLklucHV0UmVxdWlyZWQilwEKFVJlYWRUb29sT3V0cHV0UmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFAoGaGFuZGxlGAIgASgJQgTiQQECEhQKBm9mZnNldBgDIAEoA0IE4kEBARITCgVsaW1pdBgEIAEoA0IE4kEBARISCgRncmVwGAUgASgJQgTiQQEBEhMKBXF1ZXJ5GAYgASgJQgTiQQEBIqABChZSZWFkVG9vbE91dHB1dFJlc3BvbnNlEgwKBHRleHQYASABKAkSDAoEZGF0YRgCIAEoDBIRCgltaW1lX3R5cGUYAyABKAkSFAoMdG90YWxfbGVuZ3RoGAQgASgDEhMKC25leHRfb2Zmc2V0GAUgASgDEiwKB21hdGNoZXMYBiADKAsyGy5wc3ljaC5zaWRlY2FyLnYxLkdyZXBNYXRjaCI+CglHcmVwTWF0Y2gSEwoLbGluZV9udW1iZXIYASABKAMSDgoGb2Zmc2V0GAIgASgDEgwKBGxpbmUYAyABKAkidwoWTGlzdFNlcnZlclRvb2xzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISFAoGc2VydmVyGAIgASgJQgTiQQECEhcKCXBhZ2Vfc2l6ZRgDIAEoBUIE4kEBARIYCgpwYWdlX3Rva2VuGAQgASgJQgTiQQEBIkYKF0xpc3RTZXJ2ZXJUb29sc1Jlc3BvbnNlEhIKCnRvb2xfbmFtZXMYASADKAkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIlUKE0Rlc2NyaWJlVG9vbFJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhQKBnNlcnZlchgCIAEoCUIE4kEBAhISCgR0b29sGAMgASgJQgTiQQECIkMKFERlc2NyaWJlVG9vbFJlc3BvbnNlEisKBHRvb2wYASABKAsyHS5wc3ljaC5zaWRlY2FyLnYxLkNhdGFsb2dUb29sInIKElNlYXJjaFRvb2xzUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISEwoFcXVlcnkYAiABKAlCBOJBAQISFwoJcGFnZV9zaXplGAMgASgFQgTiQQEBEhgKCnBhZ2VfdG9rZW4YBCABKAlCBOJBAQEiagoTU2VhcmNoVG9vbHNSZXNwb25zZRIpCgRoaXRzGAEgAygLMhsucHN5Y2guc2lkZWNhci52MS5TZWFyY2hIaXQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEg8KB3BhcnRpYWwYAyABKAgiTQoJU2VhcmNoSGl0Eg4KBnNlcnZlchgBIAEoCRIMCgR0b29sGAIgASgJEhMKC2Rlc2NyaXB0aW9uGAMgASgJEg0KBXNjb3JlGAQgASgBIp0BChdEaXNwYXRjaFRvb2xDYWxsUmVxdWVzdBIUCgZydW5faWQYASABKAlCBOJBAQISLgoEY2FsbBgCIAEoCzIaLnBzeWNoLnNpZGVjYXIudjEuVG9vbENhbGxCBOJBAQISPAoJZXhlY3V0aW9uGAogASgOMiMucHN5Y2guc2lkZWNhci52MS5Ub29sQ2FsbEV4ZWN1dGlvbkIE4kEBASK/AQoYRGlzcGF0Y2hUb29sQ2FsbFJlc3BvbnNlEjoKC2Rpc3Bvc2l0aW9uGAEgASgOMiUucHN5Y2guc2lkZWNhci52MS5EaXNwYXRjaERpc3Bvc2l0aW9uEi4KB291dGNvbWUYAiABKAsyHS5wc3ljaC5zaWRlY2FyLnYxLlRvb2xPdXRjb21lEjcKDmlucHV0X3JlcXVpcmVkGAMgASgLMh8ucHN5Y2guc2lkZWNhci52MS5JbnB1dFJlcXVpcmVkIswBCg1JbnB1dFJlcXVpcmVkEg8KB2NhbGxfaWQYASABKAkSDwoHYXR0ZW1wdBgCIAEoCRIOCgZzZXJ2ZXIYAyABKAkSDAoEdG9vbBgEIAEoCRIwCghyZXF1ZXN0cxgFIAMoCzIeLnBzeWNoLnNpZGVjYXIudjEuSW5wdXRSZXF1ZXN0Ei8KC2V4cGlyZV90aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIYChBwcm90b2NvbF92ZXJzaW9uGAcgASgJIrgBCgxJbnB1dFJlcXVlc3QSCwoDa2V5GAEgASgJEjAKBG1vZGUYAiABKA4yIi5wc3ljaC5zaWRlY2FyLnYxLklucHV0UmVxdWVzdE1vZGUSDwoHbWVzc2FnZRgDIAEoCRIdChVyZXF1ZXN0ZWRfc2NoZW1hX2pzb24YBCABKAwSCwoDdXJsGAUgASgJEhYKDmVsaWNpdGF0aW9uX2lkGAYgASgJEhQKDHJlcXVlc3RfanNvbhgHIAEoDCLFAQoXQ29udGludWVUb29sQ2FsbFJlcXVlc3QSFAoGcnVuX2lkGAEgASgJQgTiQQECEhUKB2NhbGxfaWQYAiABKAlCBOJBAQISFQoHYXR0ZW1wdBgDIAEoCUIE4kEBAhI0CgdhbnN3ZXJzGAQgAygLMh0ucHN5Y2guc2lkZWNhci52MS5JbnB1dEFuc3dlckIE4kEBARIwCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQgTiQQEBIoUBCgtJbnB1dEFuc3dlchIRCgNrZXkYASABKAlCBOJBAQISMwoGYWN0aW9uGAIgASgOMh0ucHN5Y2guc2lkZWNhci52MS5JbnB1dEFjdGlvbkIE4kEBAhIuCgdjb250ZW50GAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdEIE4kEBASKDAQoYQ29udGludWVUb29sQ2FsbFJlc3BvbnNlEi4KB291dGNvbWUYASABKAsyHS5wc3ljaC5zaWRlY2FyLnYxLlRvb2xPdXRjb21lEjcKDmlucHV0X3JlcXVpcmVkGAIgASgLMh8ucHN5Y2guc2lkZWNhci52MS5JbnB1dFJlcXVpcmVkIswCCghUb29sVGFzaxIOCgZydW5faWQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRIOCgZzZXJ2ZXIYAyABKAkSDAoEdG9vbBgEIAEoCRIPCgd0YXNrX2lkGAUgASgJEi4KBXN0YXRlGAYgASgOMh8ucHN5Y2guc2lkZWNhci52MS5Ub29sVGFza1N0YXRlEhYKDnN0YXR1c19tZXNzYWdlGAcgASgJEi8KC2NyZWF0ZV90aW1lGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgt1cGRhdGVfdGltZRgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFgoOcmVzdWx0X2NhbGxfaWQYCiABKAkSFwoPcmVzdWx0X3NlcXVlbmNlGAsgASgDEhUKDXJlc3VsdF9oYW5kbGUYDCABKAkiQQoSR2V0VG9vbFRhc2tSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIVCgdjYWxsX2lkGAIgASgJQgTiQQECIj8KE0dldFRvb2xUYXNrUmVzcG9uc2USKAoEdGFzaxgBIAEoCzIaLnBzeWNoLnNpZGVjYXIudjEuVG9vbFRhc2siRAoVQ2FuY2VsVG9vbFRhc2tSZXF1ZXN0EhQKBnJ1bl9pZBgBIAEoCUIE4kEBAhIVCgdjYWxsX2lkGAIgASgJQgTiQQECIkIKFkNhbmNlbFRvb2xUYXNrUmVzcG9uc2USKAoEdGFzaxgBIAEoCzIaLnBzeWNoLnNpZGVjYXIudjEuVG9vbFRhc2sqqwEKE0Rpc3BhdGNoRGlzcG9zaXRpb24SJAogRElTUEFUQ0hfRElTUE9TSVRJT05fVU5TUEVDSUZJRUQQABIhCh1ESVNQQVRDSF9ESVNQT1NJVElPTl9FWEVDVVRFRBABEiIKHkRJU1BBVENIX0RJU1BPU0lUSU9OX0hPU1RfVE9PTBACEicKI0RJU1BBVENIX0RJU1BPU0lUSU9OX0lOUFVUX1JFUVVJUkVEEAMqbwoQSW5wdXRSZXF1ZXN0TW9kZRIiCh5JTlBVVF9SRVFVRVNUX01PREVfVU5TUEVDSUZJRUQQABIbChdJTlBVVF9SRVFVRVNUX01PREVfRk9STRABEhoKFklOUFVUX1JFUVVFU1RfTU9ERV9VUkwQAip3CgtJbnB1dEFjdGlvbhIcChhJTlBVVF9BQ1RJT05fVU5TUEVDSUZJRUQQABIXChNJTlBVVF9BQ1RJT05fQUNDRVBUEAESGAoUSU5QVVRfQUNUSU9OX0RFQ0xJTkUQAhIXChNJTlBVVF9BQ1RJT05fQ0FOQ0VMEAMqXgoRVG9vbENhbGxFeGVjdXRpb24SIwofVE9PTF9DQUxMX0VYRUNVVElPTl9VTlNQRUNJRklFRBAAEiQKIFRPT0xfQ0FMTF9FWEVDVVRJT05fTE9OR19SVU5OSU5HEAEqywEKDVRvb2xUYXNrU3RhdGUSHwobVE9PTF9UQVNLX1NUQVRFX1VOU1BFQ0lGSUVEEAASGwoXVE9PTF9UQVNLX1NUQVRFX1dPUktJTkcQARIiCh5UT09MX1RBU0tfU1RBVEVfSU5QVVRfUkVRVUlSRUQQAhIdChlUT09MX1RBU0tfU1RBVEVfQ09NUExFVEVEEAMSGgoWVE9PTF9UQVNLX1NUQVRFX0ZBSUxFRBAEEh0KGVRPT0xfVEFTS19TVEFURV9DQU5DRUxMRUQQBTKXBwoLVG9vbFNlcnZpY2USaQoQQ2FsbERlZmVycmVkVG9vbBIpLnBzeWNoLnNpZGVjYXIudjEuQ2FsbERlZmVycmVkVG9vbFJlcXVlc3QaKi5wc3ljaC5zaWRlY2FyLnYxLkNhbGxEZWZlcnJlZFRvb2xSZXNwb25zZRJjCg5SZWFkVG9vbE91dHB1dBInLnBzeWNoLnNpZGVjYXIudjEuUmVhZFRvb2xPdXRwdXRSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5SZWFkVG9vbE91dHB1dFJlc3BvbnNlEmYKD0xpc3RTZXJ2ZXJUb29scxIoLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVxdWVzdBopLnBzeWNoLnNpZGVjYXIudjEuTGlzdFNlcnZlclRvb2xzUmVzcG9uc2USXQoMRGVzY3JpYmVUb29sEiUucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXF1ZXN0GiYucHN5Y2guc2lkZWNhci52MS5EZXNjcmliZVRvb2xSZXNwb25zZRJaCgtTZWFyY2hUb29scxIkLnBzeWNoLnNpZGVjYXIudjEuU2VhcmNoVG9vbHNSZXF1ZXN0GiUucHN5Y2guc2lkZWNhci52MS5TZWFyY2hUb29sc1Jlc3BvbnNlEmkKEERpc3BhdGNoVG9vbENhbGwSKS5wc3ljaC5zaWRlY2FyLnYxLkRpc3BhdGNoVG9vbENhbGxSZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5EaXNwYXRjaFRvb2xDYWxsUmVzcG9uc2USWgoLR2V0VG9vbFRhc2sSJC5wc3ljaC5zaWRlY2FyLnYxLkdldFRvb2xUYXNrUmVxdWVzdBolLnBzeWNoLnNpZGVjYXIudjEuR2V0VG9vbFRhc2tSZXNwb25zZRJjCg5DYW5jZWxUb29sVGFzaxInLnBzeWNoLnNpZGVjYXIudjEuQ2FuY2VsVG9vbFRhc2tSZXF1ZXN0GigucHN5Y2guc2lkZWNhci52MS5DYW5jZWxUb29sVGFza1Jlc3BvbnNlEmkKEENvbnRpbnVlVG9vbENhbGwSKS5wc3ljaC5zaWRlY2FyLnYxLkNvbnRpbnVlVG9vbENhbGxSZXF1ZXN0GioucHN5Y2guc2lkZWNhci52MS5Db250aW51ZVRvb2xDYWxsUmVzcG9uc2VCuwEKFGRldi5wc3ljaC5zaWRlY2FyLnYxQhBUb29sU2VydmljZVByb3RvUAFaTmdpdGh1Yi5jb20vcHN5Y2gtc2lkZWNhci9wc3ljaC1zaWRlY2FyL2dlbmVyYXRlZC9nby9wc3ljaC9zaWRlY2FyL3YxO3NpZGVjYXJ2MaICA1BTVqoCEFBzeWNoLlNpZGVjYXIuVjHKAhBQc3ljaFxTaWRlY2FyXFYx6gISUHN5Y2g6OlNpZGVjYXI6OlYxYgZwcm90bzM", [file_google_api_field_behavior, file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_psych_sidecar_v1_connection, file_psych_sidecar_v1_content]);
 
 /**
  * ToolOutcome is the outcome of a tool call the sidecar executed.
@@ -158,11 +158,20 @@ export const CallDeferredToolRequestSchema: GenMessage<CallDeferredToolRequest> 
  */
 export type CallDeferredToolResponse = Message<"psych.sidecar.v1.CallDeferredToolResponse"> & {
   /**
-   * The outcome.
+   * The outcome; unset when input_required is set.
    *
    * @generated from field: psych.sidecar.v1.ToolOutcome outcome = 1;
    */
   outcome?: ToolOutcome | undefined;
+
+  /**
+   * Set when the server asked for input before it could answer: the call
+   * waits for the host's answer (ContinueToolCall). Nothing is in the Run's
+   * log for the call until it ends.
+   *
+   * @generated from field: psych.sidecar.v1.InputRequired input_required = 2;
+   */
+  inputRequired?: InputRequired | undefined;
 };
 
 /**
@@ -632,6 +641,14 @@ export type DispatchToolCallResponse = Message<"psych.sidecar.v1.DispatchToolCal
    * @generated from field: psych.sidecar.v1.ToolOutcome outcome = 2;
    */
   outcome?: ToolOutcome | undefined;
+
+  /**
+   * The input the call waits for, when disposition is
+   * DISPATCH_DISPOSITION_INPUT_REQUIRED (see ContinueToolCall).
+   *
+   * @generated from field: psych.sidecar.v1.InputRequired input_required = 3;
+   */
+  inputRequired?: InputRequired | undefined;
 };
 
 /**
@@ -640,6 +657,253 @@ export type DispatchToolCallResponse = Message<"psych.sidecar.v1.DispatchToolCal
  */
 export const DispatchToolCallResponseSchema: GenMessage<DispatchToolCallResponse> = /*@__PURE__*/
   messageDesc(file_psych_sidecar_v1_tool_service, 14);
+
+/**
+ * InputRequired is a call waiting for input its MCP server asked for: an
+ * elicitation (a form to fill, or a URL for the user to open). The host shows
+ * it to its user, or declines, and continues the call with ContinueToolCall.
+ *
+ * @generated from message psych.sidecar.v1.InputRequired
+ */
+export type InputRequired = Message<"psych.sidecar.v1.InputRequired"> & {
+  /**
+   * The provider's call id of the waiting call.
+   *
+   * @generated from field: string call_id = 1;
+   */
+  callId: string;
+
+  /**
+   * Opaque: names this round of the call, echoed in ContinueToolCall. A new
+   * round (the server asking again) has a new attempt.
+   *
+   * @generated from field: string attempt = 2;
+   */
+  attempt: string;
+
+  /**
+   * The connection's name.
+   *
+   * @generated from field: string server = 3;
+   */
+  server: string;
+
+  /**
+   * The MCP tool's name on that server.
+   *
+   * @generated from field: string tool = 4;
+   */
+  tool: string;
+
+  /**
+   * The server's requests, in the order it sent them; all are answered
+   * together.
+   *
+   * @generated from field: repeated psych.sidecar.v1.InputRequest requests = 5;
+   */
+  requests: InputRequest[];
+
+  /**
+   * After this time the call no longer waits: it ends as a tool error
+   * saying the user did not answer, recorded in the Run's log.
+   *
+   * @generated from field: google.protobuf.Timestamp expire_time = 6;
+   */
+  expireTime?: Timestamp | undefined;
+
+  /**
+   * The MCP protocol revision the server speaks (2026-07-28: the answers
+   * repeat the request; 2025-11-25: the server holds the question open).
+   *
+   * @generated from field: string protocol_version = 7;
+   */
+  protocolVersion: string;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.InputRequired.
+ * Use `create(InputRequiredSchema)` to create a new message.
+ */
+export const InputRequiredSchema: GenMessage<InputRequired> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 15);
+
+/**
+ * InputRequest is one question of a server, as it sent it.
+ *
+ * @generated from message psych.sidecar.v1.InputRequest
+ */
+export type InputRequest = Message<"psych.sidecar.v1.InputRequest"> & {
+  /**
+   * The server's key for the request (2026-07-28), or the id of its
+   * elicitation/create request (2025-11-25); answers name it.
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * Form or URL.
+   *
+   * @generated from field: psych.sidecar.v1.InputRequestMode mode = 2;
+   */
+  mode: InputRequestMode;
+
+  /**
+   * What the server asks, to show the user; for URL mode, why the user
+   * should open the URL (its stated purpose).
+   *
+   * @generated from field: string message = 3;
+   */
+  message: string;
+
+  /**
+   * Form mode: the requested schema (a flat JSON Schema object), as JSON.
+   *
+   * @generated from field: bytes requested_schema_json = 4;
+   */
+  requestedSchemaJson: Uint8Array;
+
+  /**
+   * URL mode: the URL for the user to open. The sidecar never opens or
+   * fetches it.
+   *
+   * @generated from field: string url = 5;
+   */
+  url: string;
+
+  /**
+   * URL mode on 2025-11-25: the server's elicitation id.
+   *
+   * @generated from field: string elicitation_id = 6;
+   */
+  elicitationId: string;
+
+  /**
+   * The request as the server sent it (MCP elicitation/create JSON).
+   *
+   * @generated from field: bytes request_json = 7;
+   */
+  requestJson: Uint8Array;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.InputRequest.
+ * Use `create(InputRequestSchema)` to create a new message.
+ */
+export const InputRequestSchema: GenMessage<InputRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 16);
+
+/**
+ * ContinueToolCallRequest is the request of ToolService.ContinueToolCall.
+ *
+ * @generated from message psych.sidecar.v1.ContinueToolCallRequest
+ */
+export type ContinueToolCallRequest = Message<"psych.sidecar.v1.ContinueToolCallRequest"> & {
+  /**
+   * The Run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The waiting call's call id.
+   *
+   * @generated from field: string call_id = 2;
+   */
+  callId: string;
+
+  /**
+   * InputRequired.attempt, as received.
+   *
+   * @generated from field: string attempt = 3;
+   */
+  attempt: string;
+
+  /**
+   * One answer per request; a request left unanswered is cancelled.
+   *
+   * @generated from field: repeated psych.sidecar.v1.InputAnswer answers = 4;
+   */
+  answers: InputAnswer[];
+
+  /**
+   * How long to wait for the server; unset uses the sidecar's default.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 5;
+   */
+  timeout?: Duration | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ContinueToolCallRequest.
+ * Use `create(ContinueToolCallRequestSchema)` to create a new message.
+ */
+export const ContinueToolCallRequestSchema: GenMessage<ContinueToolCallRequest> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 17);
+
+/**
+ * InputAnswer is the user's answer to one InputRequest.
+ *
+ * @generated from message psych.sidecar.v1.InputAnswer
+ */
+export type InputAnswer = Message<"psych.sidecar.v1.InputAnswer"> & {
+  /**
+   * InputRequest.key.
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * Accept, decline or cancel.
+   *
+   * @generated from field: psych.sidecar.v1.InputAction action = 2;
+   */
+  action: InputAction;
+
+  /**
+   * With ACCEPT of a form: the values, following its requested schema.
+   *
+   * @generated from field: google.protobuf.Struct content = 3;
+   */
+  content?: JsonObject | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.InputAnswer.
+ * Use `create(InputAnswerSchema)` to create a new message.
+ */
+export const InputAnswerSchema: GenMessage<InputAnswer> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 18);
+
+/**
+ * ContinueToolCallResponse is the response of ToolService.ContinueToolCall.
+ *
+ * @generated from message psych.sidecar.v1.ContinueToolCallResponse
+ */
+export type ContinueToolCallResponse = Message<"psych.sidecar.v1.ContinueToolCallResponse"> & {
+  /**
+   * The outcome, recorded in the Run's log; unset when input_required is set.
+   *
+   * @generated from field: psych.sidecar.v1.ToolOutcome outcome = 1;
+   */
+  outcome?: ToolOutcome | undefined;
+
+  /**
+   * Set when the server asks again: the next round.
+   *
+   * @generated from field: psych.sidecar.v1.InputRequired input_required = 2;
+   */
+  inputRequired?: InputRequired | undefined;
+};
+
+/**
+ * Describes the message psych.sidecar.v1.ContinueToolCallResponse.
+ * Use `create(ContinueToolCallResponseSchema)` to create a new message.
+ */
+export const ContinueToolCallResponseSchema: GenMessage<ContinueToolCallResponse> = /*@__PURE__*/
+  messageDesc(file_psych_sidecar_v1_tool_service, 19);
 
 /**
  * ToolTask is a call that runs as a task on its MCP server. The sidecar
@@ -743,7 +1007,7 @@ export type ToolTask = Message<"psych.sidecar.v1.ToolTask"> & {
  * Use `create(ToolTaskSchema)` to create a new message.
  */
 export const ToolTaskSchema: GenMessage<ToolTask> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_tool_service, 15);
+  messageDesc(file_psych_sidecar_v1_tool_service, 20);
 
 /**
  * GetToolTaskRequest is the request of ToolService.GetToolTask.
@@ -771,7 +1035,7 @@ export type GetToolTaskRequest = Message<"psych.sidecar.v1.GetToolTaskRequest"> 
  * Use `create(GetToolTaskRequestSchema)` to create a new message.
  */
 export const GetToolTaskRequestSchema: GenMessage<GetToolTaskRequest> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_tool_service, 16);
+  messageDesc(file_psych_sidecar_v1_tool_service, 21);
 
 /**
  * GetToolTaskResponse is the response of ToolService.GetToolTask.
@@ -792,7 +1056,7 @@ export type GetToolTaskResponse = Message<"psych.sidecar.v1.GetToolTaskResponse"
  * Use `create(GetToolTaskResponseSchema)` to create a new message.
  */
 export const GetToolTaskResponseSchema: GenMessage<GetToolTaskResponse> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_tool_service, 17);
+  messageDesc(file_psych_sidecar_v1_tool_service, 22);
 
 /**
  * CancelToolTaskRequest is the request of ToolService.CancelToolTask.
@@ -820,7 +1084,7 @@ export type CancelToolTaskRequest = Message<"psych.sidecar.v1.CancelToolTaskRequ
  * Use `create(CancelToolTaskRequestSchema)` to create a new message.
  */
 export const CancelToolTaskRequestSchema: GenMessage<CancelToolTaskRequest> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_tool_service, 18);
+  messageDesc(file_psych_sidecar_v1_tool_service, 23);
 
 /**
  * CancelToolTaskResponse is the response of ToolService.CancelToolTask.
@@ -841,7 +1105,7 @@ export type CancelToolTaskResponse = Message<"psych.sidecar.v1.CancelToolTaskRes
  * Use `create(CancelToolTaskResponseSchema)` to create a new message.
  */
 export const CancelToolTaskResponseSchema: GenMessage<CancelToolTaskResponse> = /*@__PURE__*/
-  messageDesc(file_psych_sidecar_v1_tool_service, 19);
+  messageDesc(file_psych_sidecar_v1_tool_service, 24);
 
 /**
  * DispatchDisposition says who runs a dispatched call.
@@ -869,6 +1133,14 @@ export enum DispatchDisposition {
    * @generated from enum value: DISPATCH_DISPOSITION_HOST_TOOL = 2;
    */
   HOST_TOOL = 2,
+
+  /**
+   * The sidecar called the tool and its server asked for input first:
+   * input_required says what; ContinueToolCall answers it.
+   *
+   * @generated from enum value: DISPATCH_DISPOSITION_INPUT_REQUIRED = 3;
+   */
+  INPUT_REQUIRED = 3,
 }
 
 /**
@@ -876,6 +1148,81 @@ export enum DispatchDisposition {
  */
 export const DispatchDispositionSchema: GenEnum<DispatchDisposition> = /*@__PURE__*/
   enumDesc(file_psych_sidecar_v1_tool_service, 0);
+
+/**
+ * InputRequestMode is how the user answers an InputRequest.
+ *
+ * @generated from enum psych.sidecar.v1.InputRequestMode
+ */
+export enum InputRequestMode {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: INPUT_REQUEST_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A form: the answer's content follows requested_schema_json.
+   *
+   * @generated from enum value: INPUT_REQUEST_MODE_FORM = 1;
+   */
+  FORM = 1,
+
+  /**
+   * A URL the user opens out of band; the answer carries no content.
+   *
+   * @generated from enum value: INPUT_REQUEST_MODE_URL = 2;
+   */
+  URL = 2,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.InputRequestMode.
+ */
+export const InputRequestModeSchema: GenEnum<InputRequestMode> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_tool_service, 1);
+
+/**
+ * InputAction is what the user did with a request.
+ *
+ * @generated from enum psych.sidecar.v1.InputAction
+ */
+export enum InputAction {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: INPUT_ACTION_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Submitted the form, or consented to open the URL.
+   *
+   * @generated from enum value: INPUT_ACTION_ACCEPT = 1;
+   */
+  ACCEPT = 1,
+
+  /**
+   * Explicitly refused.
+   *
+   * @generated from enum value: INPUT_ACTION_DECLINE = 2;
+   */
+  DECLINE = 2,
+
+  /**
+   * Dismissed without choosing.
+   *
+   * @generated from enum value: INPUT_ACTION_CANCEL = 3;
+   */
+  CANCEL = 3,
+}
+
+/**
+ * Describes the enum psych.sidecar.v1.InputAction.
+ */
+export const InputActionSchema: GenEnum<InputAction> = /*@__PURE__*/
+  enumDesc(file_psych_sidecar_v1_tool_service, 2);
 
 /**
  * ToolCallExecution says how a call of an MCP tool runs.
@@ -908,7 +1255,7 @@ export enum ToolCallExecution {
  * Describes the enum psych.sidecar.v1.ToolCallExecution.
  */
 export const ToolCallExecutionSchema: GenEnum<ToolCallExecution> = /*@__PURE__*/
-  enumDesc(file_psych_sidecar_v1_tool_service, 1);
+  enumDesc(file_psych_sidecar_v1_tool_service, 3);
 
 /**
  * ToolTaskState is where a task is.
@@ -966,7 +1313,7 @@ export enum ToolTaskState {
  * Describes the enum psych.sidecar.v1.ToolTaskState.
  */
 export const ToolTaskStateSchema: GenEnum<ToolTaskState> = /*@__PURE__*/
-  enumDesc(file_psych_sidecar_v1_tool_service, 2);
+  enumDesc(file_psych_sidecar_v1_tool_service, 4);
 
 /**
  * ToolService executes and reads tools for a Run. Every call is re-checked
@@ -1076,6 +1423,27 @@ export const ToolService: GenService<{
     methodKind: "unary";
     input: typeof CancelToolTaskRequestSchema;
     output: typeof CancelToolTaskResponseSchema;
+  },
+  /**
+   * ContinueToolCall answers the input a call waits for (an InputRequired
+   * outcome of CallDeferredTool, DispatchToolCall or an earlier
+   * ContinueToolCall) with the host's user's answers: accept with content,
+   * decline or cancel. It ends like the call itself: the server's final
+   * result, recorded in the Run's log, or another InputRequired when the
+   * server asks again. On a 2026-07-28 server the call is repeated with the
+   * answers and the server's echoed request state, so any sidecar on the same
+   * database can continue it; on a 2025-11-25 server the answer goes to the
+   * server's pending elicitation/create in the session holding it. A retry
+   * with the same attempt returns the same answer. An attempt that no call
+   * waits on (answered, expired, another call's) fails with
+   * INPUT_NOT_AWAITED.
+   *
+   * @generated from rpc psych.sidecar.v1.ToolService.ContinueToolCall
+   */
+  continueToolCall: {
+    methodKind: "unary";
+    input: typeof ContinueToolCallRequestSchema;
+    output: typeof ContinueToolCallResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_psych_sidecar_v1_tool_service, 0);
