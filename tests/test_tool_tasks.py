@@ -256,3 +256,42 @@ def test_a_models_call_marked_long_running_ends_in_a_step_after_its_own(
         _, result = last_step(stubs, run_id)
         assert result.tool_result.call_id == task.result_call_id
         assert result.tool_result.content[0].text == "job m1 done"
+
+
+def test_a_call_offered_as_a_task_whose_server_asks_first_waits_for_input(
+    database_url: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    """A long-running call whose server answers with its questions (2026-07-28
+    input_required) instead of a task waits for the host's answer as any call does, and
+    ContinueToolCall ends it with the server's result, not as a task."""
+    port = free_port()
+    with (
+        running(fixture_http(port, "--tasks", "--asking-tools")),
+        sidecar(database_url, tmp_path, "asking") as stubs,
+    ):
+        run_id = new_run(stubs, unique, f"http://127.0.0.1:{port}/mcp")
+        request = tool_service_pb2.CallDeferredToolRequest(
+            run_id=run_id,
+            server="jobs",
+            tool="ask",
+            call_id="c1",
+            arguments=struct_pb2.Struct(),
+            execution=LONG,
+        )
+        first = stubs.tools.CallDeferredTool(request, timeout=30)
+        assert not first.HasField("outcome")
+        waiting = first.input_required
+        assert [asked.key for asked in waiting.requests] == ["name"]
+        content = struct_pb2.Struct()
+        content.update({"name": "Grace"})
+        answer = tool_service_pb2.InputAnswer(
+            key="name", action=tool_service_pb2.INPUT_ACTION_ACCEPT, content=content
+        )
+        answered = stubs.tools.ContinueToolCall(
+            tool_service_pb2.ContinueToolCallRequest(
+                run_id=run_id, call_id="c1", attempt=waiting.attempt, answers=[answer]
+            ),
+            timeout=30,
+        )
+        assert text(answered.outcome.result_json) == "hello Grace"
+        assert not answered.outcome.HasField("task")

@@ -79,11 +79,14 @@ async def _send(
 
 async def call_offering_a_task(
     client: Client, tool: str, arguments: Mapping[str, object], timeout_seconds: float
-) -> types.CallToolResult | StartedTask:
-    """tools/call with the extension declared: the result, or the task the server started."""
+) -> types.CallToolResult | types.InputRequiredResult | StartedTask:
+    """tools/call with the extension declared: the result, the task the server started, or
+    the questions it asks first (2026-07-28 input_required, answered as any call's)."""
     raw = await _send(
         client, "tools/call", {"name": tool, "arguments": dict(arguments)}, timeout_seconds, tool
     )
+    if isinstance(raw, dict) and raw.get("resultType") == "input_required":
+        return types.InputRequiredResult.model_validate(raw, by_name=False)
     if isinstance(raw, dict) and raw.get("resultType") == "task":
         report = _report(raw)
         task_id = raw.get("taskId")

@@ -51,6 +51,8 @@ class SessionTaskRunner:
         session = await self._session(tenant, server)
         client = session.state.client
         wanted = execution is CallExecution.LONG_RUNNING or session.catalog.long_running(tool)
+        import mcp_types as types
+
         from psych_sidecar.mcp.task_calls import call_offering_a_task, supports_tasks
 
         if (
@@ -67,6 +69,9 @@ class SessionTaskRunner:
             raise self._failed(session, f"the call to {tool!r}", error) from None
         if isinstance(answer, StartedTask):
             return answer
+        if isinstance(answer, types.InputRequiredResult):
+            # Not a task: the server asks first, and the call waits as any call would.
+            return session.calls.asked(tool, answer, client.session.protocol_version or "")
         return session.calls.judge(tool, answer)
 
     async def poll_task(

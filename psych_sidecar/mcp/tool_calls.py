@@ -217,6 +217,21 @@ class ToolCalls:
         tool's output schema, as a call's."""
         return self._judged(tool, result)[0]
 
+    def asked(
+        self, tool: str, result: types.InputRequiredResult, protocol_version: str
+    ) -> InputAsked:
+        """A server's questions had otherwise (answering a call offered as a task): as a
+        call's, or the tool error saying this client cannot answer them."""
+        try:
+            return asked_of(result, protocol_version)
+        except Unanswerable as error:
+            server = self._state.stored.connection.name
+            raise _CallFailed(
+                f"MCP server {server!r} asked for input to {tool!r} that this client cannot give: "
+                f"{error}.",
+                "tool_error",
+            ) from None
+
     async def _send(
         self,
         client: Client,
