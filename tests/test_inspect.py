@@ -145,10 +145,13 @@ def test_log_summarises_records_tool_results_and_what_is_elided(
 def test_prompt_shows_zone_sizes_and_hashes(
     grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
 ) -> None:
-    data = as_json(grpc_server, capsys, "prompt", scripted["run"])
-    prompt = stubs.turns.AssemblePrompt(
-        turn_service_pb2.AssemblePromptRequest(run_id=scripted["run"])
-    )
+    # One clock for both: the transient zone names the time, which may cross a boundary
+    # between two calls that each read their own clock.
+    at = "2026-06-01T12:00:00Z"
+    data = as_json(grpc_server, capsys, "prompt", scripted["run"], "--now", at)
+    request = turn_service_pb2.AssemblePromptRequest(run_id=scripted["run"])
+    request.now.FromJsonString(at)
+    prompt = stubs.turns.AssemblePrompt(request)
     assert [(z["bytes"], z["sha256"]) for z in data["zones"]] == [
         (z.byte_length, z.sha256) for z in prompt.zones
     ]
@@ -160,7 +163,7 @@ def test_prompt_shows_zone_sizes_and_hashes(
     assert data["requests"]["openai_responses"]["bytes"] == len(
         prompt.openai_responses_request_json
     )
-    code, table = inspect(grpc_server, capsys, "prompt", scripted["run"])
+    code, table = inspect(grpc_server, capsys, "prompt", scripted["run"], "--now", at)
     assert code == 0
     assert prompt.zones[0].sha256 in table
 
