@@ -13,7 +13,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, insert, select, update
+from sqlalchemy import ColumnElement, Engine, Row, and_, insert, select, update
 
 from psych_sidecar.domain.calls import TaskState, ToolTask
 from psych_sidecar.storage import tables
@@ -126,17 +126,10 @@ class SqlToolTasks:
         with write_transaction(self._engine) as conn:
             conn.execute(
                 update(table)
-                .where(
-                    table.c.run_id == task.run_id,
-                    table.c.call_id == task.call_id,
-                    table.c.result_call_id.is_(None),
-                )
+                .where(*_still_open(task))
                 .values(
-                    state=task.state.value,
-                    status_message=task.status_message,
-                    update_time_us=_us(time.time()),
+                    **_progress(task),
                     next_poll_us=_us(next_poll),
-                    polls=task.polls,
                     poll_interval_ms=_interval_ms(task),
                 )
             )
@@ -146,16 +139,9 @@ class SqlToolTasks:
         with write_transaction(self._engine) as conn:
             ended = conn.execute(
                 update(table)
-                .where(
-                    table.c.run_id == task.run_id,
-                    table.c.call_id == task.call_id,
-                    table.c.result_call_id.is_(None),
-                )
+                .where(*_still_open(task))
                 .values(
-                    state=task.state.value,
-                    status_message=task.status_message,
-                    update_time_us=_us(time.time()),
-                    polls=task.polls,
+                    **_progress(task),
                     result_call_id=task.result_call_id,
                     result_sequence=task.result_sequence,
                     result_handle=task.result_handle,
@@ -167,6 +153,26 @@ class SqlToolTasks:
                 select(table).where(table.c.run_id == task.run_id, table.c.call_id == task.call_id)
             ).one()
         return _task(row)
+
+
+def _still_open(task: ToolTask) -> tuple[ColumnElement[bool], ...]:
+    """The task's row while it has no result: a poll that ended it elsewhere moves nothing."""
+    table = tables.tool_tasks
+    return (
+        table.c.run_id == task.run_id,
+        table.c.call_id == task.call_id,
+        table.c.result_call_id.is_(None),
+    )
+
+
+def _progress(task: ToolTask) -> dict[str, Any]:
+    """What every poll writes of where the task is, whether it ended or not."""
+    return {
+        "state": task.state.value,
+        "status_message": task.status_message,
+        "update_time_us": _us(time.time()),
+        "polls": task.polls,
+    }
 
 
 def _interval_ms(task: ToolTask) -> int | None:
