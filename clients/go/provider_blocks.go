@@ -19,10 +19,11 @@ import (
 	sidecarv1 "github.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1"
 )
 
-// Anthropic blocks that go back as they came: thinking, and server tools'
-// calls and results.
+// Anthropic blocks that go back as they came: thinking, server tools' calls
+// and results, and the compaction block of the provider's own compaction.
 var anthropicKept = map[string]bool{
 	"thinking": true, "redacted_thinking": true, "server_tool_use": true, "web_search_tool_result": true,
+	"compaction": true,
 }
 
 // RequestBody is the body to send to provider as AssemblePrompt built it:

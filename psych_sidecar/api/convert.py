@@ -13,6 +13,7 @@ from psych_sidecar.api.reasoning import reasoning_from_proto, reasoning_to_proto
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     BlockEnvelope,
+    CompactionBy,
     CompactionPolicy,
     CompactionRange,
     ContentPart,
@@ -132,7 +133,7 @@ def spec_from_proto(message: spec_pb2.Spec) -> Spec:
         grants=grants_from_proto(list(message.grants)),
         context_budget=context_budget_from_proto(message.context_budget),
         reasoning=reasoning_from_proto(message.reasoning, "spec.reasoning"),
-        compaction=compaction_from_proto(message.compaction),
+        compaction=compaction_from_proto(message.compaction, "spec.compaction"),
         programmatic_calling=programmatic_from_proto(
             message.programmatic_calling, "spec.programmatic_calling"
         ),
@@ -173,8 +174,22 @@ _COMPACTION_FIELDS = (
 )
 
 
-def compaction_from_proto(message: spec_pb2.CompactionPolicy) -> CompactionPolicy:
-    return CompactionPolicy(**_present(message, _COMPACTION_FIELDS))
+_COMPACTION_BY = {
+    spec_pb2.COMPACTION_BY_HOST: CompactionBy.HOST,
+    spec_pb2.COMPACTION_BY_PROVIDER: CompactionBy.PROVIDER,
+}
+
+
+def compaction_from_proto(message: spec_pb2.CompactionPolicy, field_path: str) -> CompactionPolicy:
+    by = None
+    if message.HasField("compaction_by"):
+        by = _COMPACTION_BY.get(message.compaction_by)
+        if by is None:
+            raise field_invalid(
+                f"{field_path}.compaction_by",
+                "must be COMPACTION_BY_HOST or COMPACTION_BY_PROVIDER",
+            )
+    return CompactionPolicy(**_present(message, _COMPACTION_FIELDS), compaction_by=by)
 
 
 def compaction_to_proto(policy: CompactionPolicy) -> spec_pb2.CompactionPolicy:
@@ -183,6 +198,9 @@ def compaction_to_proto(policy: CompactionPolicy) -> spec_pb2.CompactionPolicy:
         value = getattr(policy, name)
         if value is not None:
             setattr(message, name, value)
+    if policy.compaction_by is not None:
+        by = next(k for k, v in _COMPACTION_BY.items() if v is policy.compaction_by)
+        message.compaction_by = by
     return message
 
 

@@ -184,6 +184,7 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
         gemini_request_json=assembled.gemini_json,
         context_guard=_guard_to_proto(assembled.guard),
         compaction=_proposal_to_proto(assembled.compaction),
+        anthropic_betas=assembled.anthropic_betas,
     )
 
 
@@ -314,7 +315,7 @@ class TurnServicer(turn_service_pb2_grpc.TurnServiceServicer):
                 if request.HasField("reasoning")
                 else None,
                 bodies=bodies_from_proto(request.bodies),
-                compaction_override=convert.compaction_from_proto(request.compaction)
+                compaction_override=convert.compaction_from_proto(request.compaction, "compaction")
                 if request.HasField("compaction")
                 else None,
             )

@@ -6,6 +6,9 @@ import itertools
 import json
 from typing import Any
 
+from anthropic.types.beta.message_create_params import (
+    MessageCreateParamsNonStreaming as BetaMessageCreateParamsNonStreaming,
+)
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
 from google.genai import types as gemini_types
 from google.protobuf import timestamp_pb2
@@ -25,6 +28,8 @@ from tests.support.requests import publish, text_part
 from tests.support.sidecar import Stubs
 
 ANTHROPIC_REQUEST = TypeAdapter(MessageCreateParamsNonStreaming)
+# The beta Messages API's request: context_management edits and compaction blocks.
+ANTHROPIC_BETA_REQUEST = TypeAdapter(BetaMessageCreateParamsNonStreaming)
 OPENAI_REQUEST = TypeAdapter(CompletionCreateParamsNonStreaming)
 OPENAI_RESPONSES_REQUEST = TypeAdapter(ResponseCreateParamsNonStreaming)
 NOON = timestamp_pb2.Timestamp(seconds=1_796_126_400)  # Tuesday, 2026-12-01T12:00:00Z
@@ -144,6 +149,28 @@ def valid_anthropic(body: bytes) -> dict[str, Any]:
     breakpoints, and a final user message."""
     parsed: dict[str, Any] = json.loads(body)
     assert _materialized(ANTHROPIC_REQUEST.validate_python(parsed)) == parsed
+    return _anthropic_rules(parsed)
+
+
+def valid_anthropic_beta(body: bytes) -> dict[str, Any]:
+    """As valid_anthropic, against the SDK's beta request type (the type of a request sent
+    with an anthropic-beta header, which has context_management and compaction blocks).
+    A tool's `input_schema` is any JSON Schema object there (`Union[InputSchemaTyped,
+    Dict[str, object]]`), but the beta typed branch, unlike the non-beta one, is not
+    configured to keep extra keys, so pydantic drops `additionalProperties` and the like
+    from it: the schemas are compared as the dicts the union allows."""
+    parsed: dict[str, Any] = json.loads(body)
+    validated = _materialized(ANTHROPIC_BETA_REQUEST.validate_python(parsed))
+    for tool, sent in zip(validated.get("tools", []), parsed.get("tools", []), strict=True):
+        if "input_schema" in sent:
+            assert isinstance(sent["input_schema"], dict)
+            assert sent["input_schema"]["type"] == "object"
+            tool["input_schema"] = sent["input_schema"]
+    assert validated == parsed
+    return _anthropic_rules(parsed)
+
+
+def _anthropic_rules(parsed: dict[str, Any]) -> dict[str, Any]:
     breakpoints = [t for t in parsed.get("tools", []) if "cache_control" in t]
     breakpoints += [b for b in parsed.get("system", []) if "cache_control" in b]
     roles = [m["role"] for m in parsed["messages"]]

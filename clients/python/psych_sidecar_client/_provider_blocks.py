@@ -17,7 +17,8 @@ from psych.sidecar.v1 import content_pb2, run_pb2, turn_service_pb2
 
 # Anthropic blocks that go back as they came: thinking, and server tools' calls and results
 # (every `*_tool_result` block: web search and fetch, code execution, tool search).
-_ANTHROPIC_KEPT = frozenset({"thinking", "redacted_thinking", "server_tool_use"})
+# The compaction block is the provider's own compaction's (docs/prompt.md).
+_ANTHROPIC_KEPT = frozenset({"thinking", "redacted_thinking", "server_tool_use", "compaction"})
 _BODIES = {
     content_pb2.PROVIDER_ANTHROPIC: "anthropic_request_json",
     content_pb2.PROVIDER_OPENAI: "openai_responses_request_json",
@@ -46,8 +47,8 @@ def _record(
 
 
 def anthropic_record(message: Mapping[str, Any]) -> run_pb2.Record:
-    """A Messages API response: thinking, redacted_thinking and server-tool blocks kept in
-    place, text as text parts, tool_use blocks as tool calls. A tool_use made by code in the
+    """A Messages API response: thinking, redacted_thinking, server-tool and compaction
+    blocks kept in place, text as text parts, tool_use blocks as tool calls. A tool_use made by code in the
     code execution sandbox (programmatic tool calling: its `caller` is not "direct") is kept
     too, linked to its call, so that it goes back with its caller."""
     content: list[content_pb2.ContentPart] = []

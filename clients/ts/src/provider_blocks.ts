@@ -24,8 +24,11 @@ import type { AssemblePromptResponse } from "./proto/psych/sidecar/v1/turn_servi
 /** A provider's response: its body as received (text or bytes), or as parsed. */
 export type ProviderResponse = string | Uint8Array | object;
 
-/** Anthropic blocks that go back as they came: thinking, and server tools' calls and results. */
-const ANTHROPIC_KEPT = new Set(["thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"]);
+/**
+ * Anthropic blocks that go back as they came: thinking, server tools' calls and results, and
+ * the compaction block of the provider's own compaction.
+ */
+const ANTHROPIC_KEPT = new Set(["thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result", "compaction"]);
 
 const encoder = new TextEncoder();
 

@@ -53,6 +53,11 @@ from psych_sidecar.domain.prompt.prior_blocks import (
     over_their_share,
     prior_block_sizes,
 )
+from psych_sidecar.domain.prompt.provider_compaction import (
+    ProviderCompaction,
+    anthropic_betas,
+    is_compaction_block,
+)
 from psych_sidecar.domain.prompt.providers import anthropic_body, cache_key, openai_body
 from psych_sidecar.domain.prompt.zones import (
     HistoryEntry,
@@ -81,6 +86,7 @@ from psych_sidecar.domain.runlog import (
     model_view,
     validate_call_reasoning,
     validate_context_budget,
+    validate_provider_trigger,
 )
 from psych_sidecar.domain.surface import status_note
 
@@ -97,6 +103,8 @@ class BodyFormat(StrEnum):
 
 
 ALL_BODIES = frozenset(BodyFormat)
+# The bodies whose API compacts on its own side (CompactionBy.PROVIDER).
+PROVIDER_COMPACTING_BODIES = frozenset({BodyFormat.ANTHROPIC_MESSAGES, BodyFormat.OPENAI_RESPONSES})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,6 +153,8 @@ class AssembledPrompt:
     # The compaction proposed, when one is due. When it is `required`, the call's own prompt
     # would not fit: the prompt and bodies above are then the summary call's.
     compaction: CompactionProposal | None = None
+    # The anthropic-beta header values the Anthropic body needs (provider_compaction.py).
+    anthropic_betas: tuple[str, ...] = ()
 
     @property
     def estimated_tokens(self) -> int:
@@ -209,6 +219,12 @@ class PromptAssembler:
         reasoning = spec.reasoning.over(call.reasoning_override or ReasoningSettings())
         validate_call_reasoning(reasoning, max_tokens)
         policy = call_policy(spec.compaction, call.compaction_override, window - reserve)
+        validate_provider_trigger(policy, window - reserve)
+        provider_compaction = (
+            ProviderCompaction(policy.trigger(window - reserve), policy.summary_instructions)
+            if policy.by_provider
+            else None
+        )
         thresholds = spec.effective_thresholds()
         everything = self._log.record_skeletons(run_id)
         compacted = compacted_log(self._log, run_id, everything)
@@ -263,7 +279,12 @@ class PromptAssembler:
                 view = elided.get(skeleton.sequence) or guarded.get(skeleton.sequence)
                 content = () if view is not None else contents.get(skeleton.sequence, ())
                 if skeleton.sequence in left_out[0]:
-                    content = tuple(p for p in content if p.kind is not PartKind.PROVIDER_BLOCK)
+                    # A compaction block stays: it is what its provider's history starts with.
+                    content = tuple(
+                        p
+                        for p in content
+                        if p.kind is not PartKind.PROVIDER_BLOCK or is_compaction_block(p)
+                    )
                 if skeleton.kind is RecordKind.TOOL_RESULT and view is None:
                     content = tuple(model_view(content))
                     view = ToolResultView(
@@ -277,6 +298,7 @@ class PromptAssembler:
                 closing,
                 surface,
                 spec.programmatic_calling,
+                provider_compaction,
             )
             return AssembledPrompt(
                 prompt,
@@ -293,6 +315,9 @@ class PromptAssembler:
                 gemini_body(prompt, max_tokens, reasoning)
                 if BodyFormat.GEMINI_GENERATE_CONTENT in wanted
                 else b"",
+                anthropic_betas=anthropic_betas(prompt)
+                if BodyFormat.ANTHROPIC_MESSAGES in wanted
+                else (),
             )
 
         def guarded_build() -> tuple[AssembledPrompt, GuardDecision, dict[int, ToolResultView]]:
@@ -390,7 +415,10 @@ class PromptAssembler:
             )
         estimate = assembled.estimated_tokens
         proposal = None
-        if policy.enabled and estimate > policy.trigger(window - reserve):
+        # The provider compacts for the bodies that can, so a call that asks for those only
+        # gets no proposal (one that would not fit still does, above).
+        by_host = not (policy.by_provider and wanted <= PROVIDER_COMPACTING_BODIES)
+        if by_host and policy.enabled and estimate > policy.trigger(window - reserve):
             proposal = propose(estimate, guarded)
         shown = {**elided, **guarded}
         saved = {

@@ -35,6 +35,7 @@ from typing import Any
 
 from psych_sidecar.bulk.slices import b64encode_sliced
 from psych_sidecar.domain.canonical import Verbatim, canonical_json
+from psych_sidecar.domain.prompt.provider_compaction import since_compaction
 from psych_sidecar.domain.prompt.providers import (
     IMAGE_TYPES,
     carries_text,
@@ -175,6 +176,8 @@ def openai_responses_body(
             # Reasoning items come back with their encrypted content, so that they can be sent
             # back whether or not OpenAI stores the response.
             body["include"] = ["reasoning.encrypted_content"]
+    if prompt.provider_compaction is not None:
+        body["context_management"] = prompt.provider_compaction.openai_context_management()
     if prompt.tools:
         body["tools"] = [
             {
@@ -201,7 +204,8 @@ def openai_responses_body(
         if breakpoints:
             tail = [{"type": "input_text", "text": tail, "prompt_cache_breakpoint": BREAKPOINT}]
         items.append({"type": "message", "role": "developer", "content": tail})
-    items.extend(_input_items(prompt.history, breakpoints))
+    # From the latest compaction item on, as OpenAI allows (provider_compaction.py).
+    items.extend(_input_items(since_compaction(prompt.history, Provider.OPENAI), breakpoints))
     transient = [p for p in prompt.transient.parts if isinstance(p, ContentPart)]
     items.append(_user([c for c in map(_input_content, transient) if c is not None]))
     body["input"] = items

@@ -36,6 +36,7 @@ from typing import Any
 
 from psych_sidecar.bulk.slices import b64encode_sliced
 from psych_sidecar.domain.canonical import Verbatim, bounded_loads, canonical_json
+from psych_sidecar.domain.prompt.provider_compaction import since_compaction
 from psych_sidecar.domain.prompt.zones import (
     Prompt,
     PromptMessage,
@@ -284,7 +285,9 @@ def anthropic_body(
         tools[-1]["cache_control"] = CACHE_CONTROL
     if prompt.dynamic_tail:
         system.append({"type": "text", "text": prompt.dynamic_tail, "cache_control": CACHE_CONTROL})
-    messages = _anthropic_messages(prompt.history, read_point(prompt.history))
+    # From the latest compaction block on, as Anthropic reads it (provider_compaction.py).
+    history = since_compaction(prompt.history, Provider.ANTHROPIC)
+    messages = _anthropic_messages(history, read_point(history))
     if messages:
         _mark(messages[-1]["content"])
     transient = _anthropic_blocks([p for p in prompt.transient.parts if isinstance(p, ContentPart)])
@@ -297,6 +300,8 @@ def anthropic_body(
     thinking = _thinking(reasoning)
     if thinking is not None:
         body["thinking"] = thinking
+    if prompt.provider_compaction is not None:
+        body["context_management"] = prompt.provider_compaction.anthropic_context_management()
     if tools:
         body["tools"] = tools
     if system:

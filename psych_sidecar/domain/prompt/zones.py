@@ -27,6 +27,7 @@ from typing import Any
 from psych_sidecar.bulk.slices import b64encode_sliced
 from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.catalog import InputMode, InputWait
+from psych_sidecar.domain.prompt.provider_compaction import ProviderCompaction
 from psych_sidecar.domain.runlog import (
     ContentPart,
     PartKind,
@@ -94,6 +95,9 @@ class Prompt:
     # Who may call those tools: the Spec's programmatic calling (the Anthropic and OpenAI
     # Responses bodies' allowed_callers and sandbox tool).
     programmatic_calling: ProgrammaticCalling = field(default_factory=ProgrammaticCalling)
+    # The provider's own compaction the Anthropic and OpenAI Responses bodies ask for (None:
+    # they ask for none; provider_compaction.py).
+    provider_compaction: ProviderCompaction | None = None
 
     @property
     def tools(self) -> tuple[ExposedTool, ...]:

@@ -17,8 +17,10 @@ from psych_sidecar.domain.runlog.compaction import (
     split_compaction,
 )
 from psych_sidecar.domain.runlog.compaction_policy import (
+    CompactionBy,
     CompactionPolicy,
     validate_compaction,
+    validate_provider_trigger,
 )
 from psych_sidecar.domain.runlog.content import (
     SEPARATOR,
@@ -110,6 +112,7 @@ __all__ = [
     "BlockEnvelope",
     "ByteRange",
     "CallResultOutline",
+    "CompactionBy",
     "CompactionPolicy",
     "CompactionRange",
     "ContentPart",
@@ -170,5 +173,6 @@ __all__ = [
     "validate_compaction",
     "validate_context_budget",
     "validate_name",
+    "validate_provider_trigger",
     "validate_request_id",
 ]

@@ -5,6 +5,7 @@ many recent turns stay verbatim, and what the summary call asks for (docs/prompt
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 from psych_sidecar.domain.errors import field_invalid, field_required
@@ -18,6 +19,16 @@ DEFAULT_SUMMARY_INSTRUCTIONS = (
 )
 MAX_SUMMARY_INSTRUCTIONS_CHARS = 8_000
 MAX_KEEP_RECENT_TURNS = 10_000
+# Anthropic's floor for the compaction edit's trigger ("must be at least 50,000 tokens").
+MIN_ANTHROPIC_COMPACTION_TRIGGER = 50_000
+
+
+class CompactionBy(StrEnum):
+    """Who compacts: the host on the sidecar's proposal (every body), or the provider in the
+    bodies whose API compacts (Anthropic Messages, OpenAI Responses; docs/prompt.md)."""
+
+    HOST = "host"
+    PROVIDER = "provider"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +42,7 @@ class CompactionPolicy:
     keep_recent_turns: int | None = None
     summary_instructions: str | None = None
     summary_max_tokens: int | None = None
+    compaction_by: CompactionBy | None = None
 
     @property
     def enabled(self) -> bool:
@@ -53,6 +65,7 @@ class CompactionPolicy:
             keep_recent_turns=pick(self.keep_recent_turns, override.keep_recent_turns),
             summary_instructions=pick(self.summary_instructions, override.summary_instructions),
             summary_max_tokens=pick(self.summary_max_tokens, override.summary_max_tokens),
+            compaction_by=pick(self.compaction_by, override.compaction_by),
         )
 
     def trigger(self, budget_tokens: int) -> int:
@@ -77,9 +90,23 @@ class CompactionPolicy:
         text = self.summary_instructions
         return DEFAULT_SUMMARY_INSTRUCTIONS if text is None else text
 
+    @property
+    def by_provider(self) -> bool:
+        """Whether the provider compacts in the bodies whose API can (on, with a trigger)."""
+        return self.enabled and self.compaction_by is CompactionBy.PROVIDER
+
     def content(self) -> dict[str, Any]:
-        """The fields set, for the Spec's stored JSON."""
-        return {key: value for key, value in asdict(self).items() if value is not None}
+        """The fields set, for the Spec's stored JSON (who compacts by its value)."""
+        return {
+            key: value.value if isinstance(value, CompactionBy) else value
+            for key, value in asdict(self).items()
+            if value is not None
+        }
+
+    @classmethod
+    def from_content(cls, data: dict[str, Any]) -> CompactionPolicy:
+        by = data.get("compaction_by")
+        return cls(**{**data, "compaction_by": None if by is None else CompactionBy(by)})
 
 
 def validate_compaction(policy: CompactionPolicy, field_path: str) -> None:
@@ -108,6 +135,26 @@ def validate_compaction(policy: CompactionPolicy, field_path: str) -> None:
         )
     if policy.summary_max_tokens is not None and policy.summary_max_tokens <= 0:
         raise field_invalid(f"{field_path}.summary_max_tokens", "must be greater than 0")
+    if policy.compaction_by is CompactionBy.PROVIDER and policy.trigger_tokens is not None:
+        _check_provider_trigger(policy.trigger_tokens, f"{field_path}.trigger_tokens")
+
+
+def validate_provider_trigger(policy: CompactionPolicy, budget_tokens: int) -> None:
+    """At the call: the provider's trigger (the policy's, as the budget makes it) is one
+    Anthropic takes."""
+    if policy.by_provider:
+        name = "trigger_tokens" if policy.trigger_tokens is not None else "trigger_fraction"
+        _check_provider_trigger(policy.trigger(budget_tokens), f"compaction.{name}")
+
+
+def _check_provider_trigger(trigger: int, field_path: str) -> None:
+    if trigger < MIN_ANTHROPIC_COMPACTION_TRIGGER:
+        raise field_invalid(
+            field_path,
+            f"the provider's compaction needs a trigger of at least "
+            f"{MIN_ANTHROPIC_COMPACTION_TRIGGER} tokens (Anthropic's floor); this one is "
+            f"{trigger}",
+        )
 
 
 def require_trigger(policy: CompactionPolicy, field_path: str) -> None:

@@ -196,7 +196,7 @@ class Spec:
             programmatic_calling=ProgrammaticCalling.from_content(
                 data.get("programmatic_calling", {})
             ),
-            compaction=CompactionPolicy(**data.get("compaction", {})),
+            compaction=CompactionPolicy.from_content(data.get("compaction", {})),
         )
 
 

@@ -263,6 +263,60 @@ func (GeminiThinkingLevel) EnumDescriptor() ([]byte, []int) {
 	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{3}
 }
 
+// CompactionBy names who compacts a Run's history (CompactionPolicy).
+type CompactionBy int32
+
+const (
+	// Unset; refused when sent.
+	CompactionBy_COMPACTION_BY_UNSPECIFIED CompactionBy = 0
+	// The host, on the sidecar's proposal (CompactionProposal), for every body.
+	CompactionBy_COMPACTION_BY_HOST CompactionBy = 1
+	// The provider, in the bodies whose API compacts (Anthropic Messages,
+	// OpenAI Responses); the host, on the sidecar's proposal, for the others.
+	CompactionBy_COMPACTION_BY_PROVIDER CompactionBy = 2
+)
+
+// Enum value maps for CompactionBy.
+var (
+	CompactionBy_name = map[int32]string{
+		0: "COMPACTION_BY_UNSPECIFIED",
+		1: "COMPACTION_BY_HOST",
+		2: "COMPACTION_BY_PROVIDER",
+	}
+	CompactionBy_value = map[string]int32{
+		"COMPACTION_BY_UNSPECIFIED": 0,
+		"COMPACTION_BY_HOST":        1,
+		"COMPACTION_BY_PROVIDER":    2,
+	}
+)
+
+func (x CompactionBy) Enum() *CompactionBy {
+	p := new(CompactionBy)
+	*p = x
+	return p
+}
+
+func (x CompactionBy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CompactionBy) Descriptor() protoreflect.EnumDescriptor {
+	return file_psych_sidecar_v1_spec_proto_enumTypes[4].Descriptor()
+}
+
+func (CompactionBy) Type() protoreflect.EnumType {
+	return &file_psych_sidecar_v1_spec_proto_enumTypes[4]
+}
+
+func (x CompactionBy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CompactionBy.Descriptor instead.
+func (CompactionBy) EnumDescriptor() ([]byte, []int) {
+	return file_psych_sidecar_v1_spec_proto_rawDescGZIP(), []int{4}
+}
+
 // Spec is one immutable version of an agent's configuration: what goes in
 // the static system prompt, the prompt-budget thresholds, how tools are
 // disclosed and which tools are granted. A Run is created against exactly
@@ -1051,8 +1105,17 @@ type CompactionPolicy struct {
 	// keeps it whole). Default 2000. Must be greater than 0 and below the
 	// context budget.
 	SummaryMaxTokens *int64 `protobuf:"varint,5,opt,name=summary_max_tokens,json=summaryMaxTokens,proto3,oneof" json:"summary_max_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Who compacts for the bodies whose API can: COMPACTION_BY_PROVIDER puts
+	// the provider's own compaction in the Anthropic Messages body (the
+	// compact_20260112 edit) and the OpenAI Responses body (context_management
+	// compaction), at the policy's trigger; the host appends the block or item
+	// the provider returns as a ProviderBlock of type "compaction", and those
+	// bodies then drop what it replaces. Chat Completions and Gemini bodies
+	// keep host-driven compaction. Unset: COMPACTION_BY_HOST.
+	// COMPACTION_BY_UNSPECIFIED is FIELD_INVALID.
+	CompactionBy  *CompactionBy `protobuf:"varint,6,opt,name=compaction_by,json=compactionBy,proto3,enum=psych.sidecar.v1.CompactionBy,oneof" json:"compaction_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CompactionPolicy) Reset() {
@@ -1118,6 +1181,13 @@ func (x *CompactionPolicy) GetSummaryMaxTokens() int64 {
 		return *x.SummaryMaxTokens
 	}
 	return 0
+}
+
+func (x *CompactionPolicy) GetCompactionBy() CompactionBy {
+	if x != nil && x.CompactionBy != nil {
+		return *x.CompactionBy
+	}
+	return CompactionBy_COMPACTION_BY_UNSPECIFIED
 }
 
 var File_psych_sidecar_v1_spec_proto protoreflect.FileDescriptor
@@ -1198,18 +1268,20 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\x12_result_references\"a\n" +
 	"\tToolGrant\x12+\n" +
 	"\x0eserver_pattern\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\rserverPattern\x12'\n" +
-	"\ftool_pattern\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\vtoolPattern\"\x96\x03\n" +
+	"\ftool_pattern\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\vtoolPattern\"\xf8\x03\n" +
 	"\x10CompactionPolicy\x120\n" +
 	"\x0etrigger_tokens\x18\x01 \x01(\x03B\x04\xe2A\x01\x01H\x00R\rtriggerTokens\x88\x01\x01\x124\n" +
 	"\x10trigger_fraction\x18\x02 \x01(\x01B\x04\xe2A\x01\x01H\x01R\x0ftriggerFraction\x88\x01\x01\x125\n" +
 	"\x11keep_recent_turns\x18\x03 \x01(\x05B\x04\xe2A\x01\x01H\x02R\x0fkeepRecentTurns\x88\x01\x01\x12<\n" +
 	"\x14summary_instructions\x18\x04 \x01(\tB\x04\xe2A\x01\x01H\x03R\x13summaryInstructions\x88\x01\x01\x127\n" +
-	"\x12summary_max_tokens\x18\x05 \x01(\x03B\x04\xe2A\x01\x01H\x04R\x10summaryMaxTokens\x88\x01\x01B\x11\n" +
+	"\x12summary_max_tokens\x18\x05 \x01(\x03B\x04\xe2A\x01\x01H\x04R\x10summaryMaxTokens\x88\x01\x01\x12N\n" +
+	"\rcompaction_by\x18\x06 \x01(\x0e2\x1e.psych.sidecar.v1.CompactionByB\x04\xe2A\x01\x01H\x05R\fcompactionBy\x88\x01\x01B\x11\n" +
 	"\x0f_trigger_tokensB\x13\n" +
 	"\x11_trigger_fractionB\x14\n" +
 	"\x12_keep_recent_turnsB\x17\n" +
 	"\x15_summary_instructionsB\x15\n" +
-	"\x13_summary_max_tokens*h\n" +
+	"\x13_summary_max_tokensB\x10\n" +
+	"\x0e_compaction_by*h\n" +
 	"\vToolCallers\x12\x1c\n" +
 	"\x18TOOL_CALLERS_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bTOOL_CALLERS_MODEL_AND_CODE\x10\x01\x12\x1a\n" +
@@ -1232,7 +1304,11 @@ const file_psych_sidecar_v1_spec_proto_rawDesc = "" +
 	"\x1dGEMINI_THINKING_LEVEL_MINIMAL\x10\x01\x12\x1d\n" +
 	"\x19GEMINI_THINKING_LEVEL_LOW\x10\x02\x12 \n" +
 	"\x1cGEMINI_THINKING_LEVEL_MEDIUM\x10\x03\x12\x1e\n" +
-	"\x1aGEMINI_THINKING_LEVEL_HIGH\x10\x04B\xb4\x01\n" +
+	"\x1aGEMINI_THINKING_LEVEL_HIGH\x10\x04*a\n" +
+	"\fCompactionBy\x12\x1d\n" +
+	"\x19COMPACTION_BY_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12COMPACTION_BY_HOST\x10\x01\x12\x1a\n" +
+	"\x16COMPACTION_BY_PROVIDER\x10\x02B\xb4\x01\n" +
 	"\x14dev.psych.sidecar.v1B\tSpecProtoP\x01ZNgithub.com/psych-sidecar/psych-sidecar/generated/go/psych/sidecar/v1;sidecarv1\xa2\x02\x03PSV\xaa\x02\x10Psych.Sidecar.V1\xca\x02\x10Psych\\Sidecar\\V1\xea\x02\x12Psych::Sidecar::V1b\x06proto3"
 
 var (
@@ -1247,45 +1323,47 @@ func file_psych_sidecar_v1_spec_proto_rawDescGZIP() []byte {
 	return file_psych_sidecar_v1_spec_proto_rawDescData
 }
 
-var file_psych_sidecar_v1_spec_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_psych_sidecar_v1_spec_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
 var file_psych_sidecar_v1_spec_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_psych_sidecar_v1_spec_proto_goTypes = []any{
 	(ToolCallers)(0),              // 0: psych.sidecar.v1.ToolCallers
 	(AnthropicThinking)(0),        // 1: psych.sidecar.v1.AnthropicThinking
 	(ReasoningEffort)(0),          // 2: psych.sidecar.v1.ReasoningEffort
 	(GeminiThinkingLevel)(0),      // 3: psych.sidecar.v1.GeminiThinkingLevel
-	(*Spec)(nil),                  // 4: psych.sidecar.v1.Spec
-	(*ProgrammaticCalling)(nil),   // 5: psych.sidecar.v1.ProgrammaticCalling
-	(*ReasoningSettings)(nil),     // 6: psych.sidecar.v1.ReasoningSettings
-	(*ContextBudget)(nil),         // 7: psych.sidecar.v1.ContextBudget
-	(*Skill)(nil),                 // 8: psych.sidecar.v1.Skill
-	(*Subagent)(nil),              // 9: psych.sidecar.v1.Subagent
-	(*Thresholds)(nil),            // 10: psych.sidecar.v1.Thresholds
-	(*DisclosureSettings)(nil),    // 11: psych.sidecar.v1.DisclosureSettings
-	(*ToolGrant)(nil),             // 12: psych.sidecar.v1.ToolGrant
-	(*CompactionPolicy)(nil),      // 13: psych.sidecar.v1.CompactionPolicy
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(CompactionBy)(0),             // 4: psych.sidecar.v1.CompactionBy
+	(*Spec)(nil),                  // 5: psych.sidecar.v1.Spec
+	(*ProgrammaticCalling)(nil),   // 6: psych.sidecar.v1.ProgrammaticCalling
+	(*ReasoningSettings)(nil),     // 7: psych.sidecar.v1.ReasoningSettings
+	(*ContextBudget)(nil),         // 8: psych.sidecar.v1.ContextBudget
+	(*Skill)(nil),                 // 9: psych.sidecar.v1.Skill
+	(*Subagent)(nil),              // 10: psych.sidecar.v1.Subagent
+	(*Thresholds)(nil),            // 11: psych.sidecar.v1.Thresholds
+	(*DisclosureSettings)(nil),    // 12: psych.sidecar.v1.DisclosureSettings
+	(*ToolGrant)(nil),             // 13: psych.sidecar.v1.ToolGrant
+	(*CompactionPolicy)(nil),      // 14: psych.sidecar.v1.CompactionPolicy
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_psych_sidecar_v1_spec_proto_depIdxs = []int32{
-	8,  // 0: psych.sidecar.v1.Spec.skills:type_name -> psych.sidecar.v1.Skill
-	9,  // 1: psych.sidecar.v1.Spec.subagents:type_name -> psych.sidecar.v1.Subagent
-	10, // 2: psych.sidecar.v1.Spec.thresholds:type_name -> psych.sidecar.v1.Thresholds
-	11, // 3: psych.sidecar.v1.Spec.disclosure:type_name -> psych.sidecar.v1.DisclosureSettings
-	12, // 4: psych.sidecar.v1.Spec.grants:type_name -> psych.sidecar.v1.ToolGrant
-	14, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
-	7,  // 6: psych.sidecar.v1.Spec.context_budget:type_name -> psych.sidecar.v1.ContextBudget
-	6,  // 7: psych.sidecar.v1.Spec.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
-	13, // 8: psych.sidecar.v1.Spec.compaction:type_name -> psych.sidecar.v1.CompactionPolicy
-	5,  // 9: psych.sidecar.v1.Spec.programmatic_calling:type_name -> psych.sidecar.v1.ProgrammaticCalling
+	9,  // 0: psych.sidecar.v1.Spec.skills:type_name -> psych.sidecar.v1.Skill
+	10, // 1: psych.sidecar.v1.Spec.subagents:type_name -> psych.sidecar.v1.Subagent
+	11, // 2: psych.sidecar.v1.Spec.thresholds:type_name -> psych.sidecar.v1.Thresholds
+	12, // 3: psych.sidecar.v1.Spec.disclosure:type_name -> psych.sidecar.v1.DisclosureSettings
+	13, // 4: psych.sidecar.v1.Spec.grants:type_name -> psych.sidecar.v1.ToolGrant
+	15, // 5: psych.sidecar.v1.Spec.create_time:type_name -> google.protobuf.Timestamp
+	8,  // 6: psych.sidecar.v1.Spec.context_budget:type_name -> psych.sidecar.v1.ContextBudget
+	7,  // 7: psych.sidecar.v1.Spec.reasoning:type_name -> psych.sidecar.v1.ReasoningSettings
+	14, // 8: psych.sidecar.v1.Spec.compaction:type_name -> psych.sidecar.v1.CompactionPolicy
+	6,  // 9: psych.sidecar.v1.Spec.programmatic_calling:type_name -> psych.sidecar.v1.ProgrammaticCalling
 	0,  // 10: psych.sidecar.v1.ProgrammaticCalling.callers:type_name -> psych.sidecar.v1.ToolCallers
 	1,  // 11: psych.sidecar.v1.ReasoningSettings.anthropic_thinking:type_name -> psych.sidecar.v1.AnthropicThinking
 	2,  // 12: psych.sidecar.v1.ReasoningSettings.openai_reasoning_effort:type_name -> psych.sidecar.v1.ReasoningEffort
 	3,  // 13: psych.sidecar.v1.ReasoningSettings.gemini_thinking_level:type_name -> psych.sidecar.v1.GeminiThinkingLevel
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	4,  // 14: psych.sidecar.v1.CompactionPolicy.compaction_by:type_name -> psych.sidecar.v1.CompactionBy
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_spec_proto_init() }
@@ -1303,7 +1381,7 @@ func file_psych_sidecar_v1_spec_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_psych_sidecar_v1_spec_proto_rawDesc), len(file_psych_sidecar_v1_spec_proto_rawDesc)),
-			NumEnums:      4,
+			NumEnums:      5,
 			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,

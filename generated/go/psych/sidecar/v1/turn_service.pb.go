@@ -364,9 +364,13 @@ type AssemblePromptResponse struct {
 	// RecordUsage, then calls AssemblePrompt again. When `required` is set the
 	// call's own prompt would not fit: prompt, zones and the request bodies
 	// above are then empty.
-	Compaction    *CompactionProposal `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Compaction *CompactionProposal `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	// The anthropic-beta header values anthropic_request_json needs, for the
+	// host to send with it ("compact-2026-01-12" when the body carries the
+	// compaction edit or a compaction block). Empty when it needs none.
+	AnthropicBetas []string `protobuf:"bytes,9,rep,name=anthropic_betas,json=anthropicBetas,proto3" json:"anthropic_betas,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *AssemblePromptResponse) Reset() {
@@ -451,6 +455,13 @@ func (x *AssemblePromptResponse) GetGeminiRequestJson() []byte {
 func (x *AssemblePromptResponse) GetCompaction() *CompactionProposal {
 	if x != nil {
 		return x.Compaction
+	}
+	return nil
+}
+
+func (x *AssemblePromptResponse) GetAnthropicBetas() []string {
+	if x != nil {
+		return x.AnthropicBetas
 	}
 	return nil
 }
@@ -814,7 +825,7 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"compaction\x18\v \x01(\v2\".psych.sidecar.v1.CompactionPolicyB\x04\xe2A\x01\x01R\n" +
 	"compaction\x12:\n" +
 	"\x06bodies\x18\n" +
-	" \x03(\x0e2\x1c.psych.sidecar.v1.BodyFormatB\x04\xe2A\x01\x01R\x06bodies\"\xe2\x03\n" +
+	" \x03(\x0e2\x1c.psych.sidecar.v1.BodyFormatB\x04\xe2A\x01\x01R\x06bodies\"\x8b\x04\n" +
 	"\x16AssemblePromptResponse\x120\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x18.psych.sidecar.v1.PromptR\x06prompt\x122\n" +
 	"\x05zones\x18\x02 \x03(\v2\x1c.psych.sidecar.v1.ZoneDigestR\x05zones\x124\n" +
@@ -825,7 +836,8 @@ const file_psych_sidecar_v1_turn_service_proto_rawDesc = "" +
 	"\x13gemini_request_json\x18\a \x01(\fR\x11geminiRequestJson\x12D\n" +
 	"\n" +
 	"compaction\x18\b \x01(\v2$.psych.sidecar.v1.CompactionProposalR\n" +
-	"compaction\"\xa6\x02\n" +
+	"compaction\x12'\n" +
+	"\x0fanthropic_betas\x18\t \x03(\tR\x0eanthropicBetas\"\xa6\x02\n" +
 	"\fContextGuard\x122\n" +
 	"\x15context_window_tokens\x18\x01 \x01(\x03R\x13contextWindowTokens\x122\n" +
 	"\x15output_reserve_tokens\x18\x02 \x01(\x03R\x13outputReserveTokens\x12)\n" +

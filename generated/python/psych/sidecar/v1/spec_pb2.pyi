@@ -144,6 +144,34 @@ GEMINI_THINKING_LEVEL_HIGH: GeminiThinkingLevel.ValueType  # 4
 """"HIGH"."""
 Global___GeminiThinkingLevel: _TypeAlias = GeminiThinkingLevel  # noqa: Y015
 
+class _CompactionBy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CompactionByEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CompactionBy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COMPACTION_BY_UNSPECIFIED: _CompactionBy.ValueType  # 0
+    """Unset; refused when sent."""
+    COMPACTION_BY_HOST: _CompactionBy.ValueType  # 1
+    """The host, on the sidecar's proposal (CompactionProposal), for every body."""
+    COMPACTION_BY_PROVIDER: _CompactionBy.ValueType  # 2
+    """The provider, in the bodies whose API compacts (Anthropic Messages,
+    OpenAI Responses); the host, on the sidecar's proposal, for the others.
+    """
+
+class CompactionBy(_CompactionBy, metaclass=_CompactionByEnumTypeWrapper):
+    """CompactionBy names who compacts a Run's history (CompactionPolicy)."""
+
+COMPACTION_BY_UNSPECIFIED: CompactionBy.ValueType  # 0
+"""Unset; refused when sent."""
+COMPACTION_BY_HOST: CompactionBy.ValueType  # 1
+"""The host, on the sidecar's proposal (CompactionProposal), for every body."""
+COMPACTION_BY_PROVIDER: CompactionBy.ValueType  # 2
+"""The provider, in the bodies whose API compacts (Anthropic Messages,
+OpenAI Responses); the host, on the sidecar's proposal, for the others.
+"""
+Global___CompactionBy: _TypeAlias = CompactionBy  # noqa: Y015
+
 @_typing.final
 class Spec(_message.Message):
     """Spec is one immutable version of an agent's configuration: what goes in
@@ -653,6 +681,7 @@ class CompactionPolicy(_message.Message):
     KEEP_RECENT_TURNS_FIELD_NUMBER: _builtins.int
     SUMMARY_INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     SUMMARY_MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPACTION_BY_FIELD_NUMBER: _builtins.int
     trigger_tokens: _builtins.int
     """Compaction is due when the call's estimate is over this many tokens
     (or when the prompt would not fit the context budget at all). Must be
@@ -679,6 +708,16 @@ class CompactionPolicy(_message.Message):
     keeps it whole). Default 2000. Must be greater than 0 and below the
     context budget.
     """
+    compaction_by: Global___CompactionBy.ValueType
+    """Who compacts for the bodies whose API can: COMPACTION_BY_PROVIDER puts
+    the provider's own compaction in the Anthropic Messages body (the
+    compact_20260112 edit) and the OpenAI Responses body (context_management
+    compaction), at the policy's trigger; the host appends the block or item
+    the provider returns as a ProviderBlock of type "compaction", and those
+    bodies then drop what it replaces. Chat Completions and Gemini bodies
+    keep host-driven compaction. Unset: COMPACTION_BY_HOST.
+    COMPACTION_BY_UNSPECIFIED is FIELD_INVALID.
+    """
     def __init__(
         self,
         *,
@@ -687,11 +726,14 @@ class CompactionPolicy(_message.Message):
         keep_recent_turns: _builtins.int | None = ...,
         summary_instructions: _builtins.str | None = ...,
         summary_max_tokens: _builtins.int | None = ...,
+        compaction_by: Global___CompactionBy.ValueType | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_keep_recent_turns", b"_keep_recent_turns", "_summary_instructions", b"_summary_instructions", "_summary_max_tokens", b"_summary_max_tokens", "_trigger_fraction", b"_trigger_fraction", "_trigger_tokens", b"_trigger_tokens", "keep_recent_turns", b"keep_recent_turns", "summary_instructions", b"summary_instructions", "summary_max_tokens", b"summary_max_tokens", "trigger_fraction", b"trigger_fraction", "trigger_tokens", b"trigger_tokens"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_compaction_by", b"_compaction_by", "_keep_recent_turns", b"_keep_recent_turns", "_summary_instructions", b"_summary_instructions", "_summary_max_tokens", b"_summary_max_tokens", "_trigger_fraction", b"_trigger_fraction", "_trigger_tokens", b"_trigger_tokens", "compaction_by", b"compaction_by", "keep_recent_turns", b"keep_recent_turns", "summary_instructions", b"summary_instructions", "summary_max_tokens", b"summary_max_tokens", "trigger_fraction", b"trigger_fraction", "trigger_tokens", b"trigger_tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_keep_recent_turns", b"_keep_recent_turns", "_summary_instructions", b"_summary_instructions", "_summary_max_tokens", b"_summary_max_tokens", "_trigger_fraction", b"_trigger_fraction", "_trigger_tokens", b"_trigger_tokens", "keep_recent_turns", b"keep_recent_turns", "summary_instructions", b"summary_instructions", "summary_max_tokens", b"summary_max_tokens", "trigger_fraction", b"trigger_fraction", "trigger_tokens", b"trigger_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_compaction_by", b"_compaction_by", "_keep_recent_turns", b"_keep_recent_turns", "_summary_instructions", b"_summary_instructions", "_summary_max_tokens", b"_summary_max_tokens", "_trigger_fraction", b"_trigger_fraction", "_trigger_tokens", b"_trigger_tokens", "compaction_by", b"compaction_by", "keep_recent_turns", b"keep_recent_turns", "summary_instructions", b"summary_instructions", "summary_max_tokens", b"summary_max_tokens", "trigger_fraction", b"trigger_fraction", "trigger_tokens", b"trigger_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__compaction_by: _TypeAlias = _typing.Literal["compaction_by"]  # noqa: Y015
+    _WhichOneofArgType__compaction_by: _TypeAlias = _typing.Literal["_compaction_by", b"_compaction_by"]  # noqa: Y015
     _WhichOneofReturnType__keep_recent_turns: _TypeAlias = _typing.Literal["keep_recent_turns"]  # noqa: Y015
     _WhichOneofArgType__keep_recent_turns: _TypeAlias = _typing.Literal["_keep_recent_turns", b"_keep_recent_turns"]  # noqa: Y015
     _WhichOneofReturnType__summary_instructions: _TypeAlias = _typing.Literal["summary_instructions"]  # noqa: Y015
@@ -702,6 +744,8 @@ class CompactionPolicy(_message.Message):
     _WhichOneofArgType__trigger_fraction: _TypeAlias = _typing.Literal["_trigger_fraction", b"_trigger_fraction"]  # noqa: Y015
     _WhichOneofReturnType__trigger_tokens: _TypeAlias = _typing.Literal["trigger_tokens"]  # noqa: Y015
     _WhichOneofArgType__trigger_tokens: _TypeAlias = _typing.Literal["_trigger_tokens", b"_trigger_tokens"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__compaction_by) -> _WhichOneofReturnType__compaction_by | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__keep_recent_turns) -> _WhichOneofReturnType__keep_recent_turns | None: ...
     @_typing.overload

@@ -213,6 +213,7 @@ class AssemblePromptResponse(_message.Message):
     OPENAI_RESPONSES_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     GEMINI_REQUEST_JSON_FIELD_NUMBER: _builtins.int
     COMPACTION_FIELD_NUMBER: _builtins.int
+    ANTHROPIC_BETAS_FIELD_NUMBER: _builtins.int
     anthropic_request_json: _builtins.bytes
     """A canonical Anthropic Messages API request body (UTF-8 JSON) with
     cache_control breakpoints at the zone boundaries. Empty when the
@@ -257,6 +258,13 @@ class AssemblePromptResponse(_message.Message):
         above are then empty.
         """
 
+    @_builtins.property
+    def anthropic_betas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The anthropic-beta header values anthropic_request_json needs, for the
+        host to send with it ("compact-2026-01-12" when the body carries the
+        compaction edit or a compaction block). Empty when it needs none.
+        """
+
     def __init__(
         self,
         *,
@@ -268,10 +276,11 @@ class AssemblePromptResponse(_message.Message):
         openai_responses_request_json: _builtins.bytes = ...,
         gemini_request_json: _builtins.bytes = ...,
         compaction: Global___CompactionProposal | None = ...,
+        anthropic_betas: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_guard", b"context_guard", "prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_request_json", b"anthropic_request_json", "compaction", b"compaction", "context_guard", b"context_guard", "gemini_request_json", b"gemini_request_json", "openai_request_json", b"openai_request_json", "openai_responses_request_json", b"openai_responses_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anthropic_betas", b"anthropic_betas", "anthropic_request_json", b"anthropic_request_json", "compaction", b"compaction", "context_guard", b"context_guard", "gemini_request_json", b"gemini_request_json", "openai_request_json", b"openai_request_json", "openai_responses_request_json", b"openai_responses_request_json", "prompt", b"prompt", "zones", b"zones"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
