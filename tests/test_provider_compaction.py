@@ -289,3 +289,39 @@ def test_no_proposal_for_a_host_that_asks_only_for_the_bodies_the_provider_compa
     assert not own.HasField("compaction")
     chat = assemble(stubs, run_id, bodies=[turn_service_pb2.BODY_FORMAT_OPENAI_CHAT_COMPLETIONS])
     assert chat.HasField("compaction")
+
+
+def test_a_compaction_block_stays_when_earlier_turns_blocks_are_left_out(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    """Earlier turns' provider blocks go once they outgrow a quarter of the budget; the
+    compaction block does not, since its provider's history starts there."""
+    policy = spec_pb2.CompactionPolicy(trigger_tokens=50_000, compaction_by=BY_PROVIDER)
+    run_id = run_with(stubs, unique("agent"), compaction=policy)
+    thinking = json.dumps({"type": "thinking", "thinking": "t" * 60_000, "signature": "c2ln"})
+    append(stubs, run_id, user(f"{OLD}."))
+    append(
+        stubs,
+        run_id,
+        run_pb2.Record(
+            assistant_message=run_pb2.AssistantMessage(
+                content=[
+                    provider_block(ANTHROPIC, thinking.encode(), "thinking"),
+                    text_part("First answer."),
+                ]
+            )
+        ),
+    )
+    append(stubs, run_id, user("Now the vault, please."))
+    block = provider_block(ANTHROPIC, ANTHROPIC_BLOCK, "compaction")
+    append(stubs, run_id, compacted_reply(block, "v1"), result("v1", "vault opened"))
+    append(stubs, run_id, assistant("Opened."))
+    append(stubs, run_id, user("Thanks. What next?"))
+    budget = spec_pb2.ContextBudget(context_window_tokens=60_000)
+    response = assemble(stubs, run_id, context_budget=budget)
+    body = response.anthropic_request_json
+    assert b"t" * 60_000 not in body
+    assert body.count(ANTHROPIC_BLOCK) == 1
+    anthropic = valid_anthropic_beta(body)
+    assert anthropic["messages"][0]["content"][0] == json.loads(ANTHROPIC_BLOCK)
+    assert OLD.encode() not in body
