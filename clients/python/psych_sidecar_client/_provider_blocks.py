@@ -48,9 +48,9 @@ def _record(
 
 def anthropic_record(message: Mapping[str, Any]) -> run_pb2.Record:
     """A Messages API response: thinking, redacted_thinking, server-tool and compaction
-    blocks kept in place, text as text parts, tool_use blocks as tool calls. A tool_use made by code in the
-    code execution sandbox (programmatic tool calling: its `caller` is not "direct") is kept
-    too, linked to its call, so that it goes back with its caller."""
+    blocks kept in place, text as text parts, tool_use blocks as tool calls. A tool_use
+    made by code in the code execution sandbox (programmatic tool calling: its `caller` is
+    not "direct") is kept too, linked to its call, so that it goes back with its caller."""
     content: list[content_pb2.ContentPart] = []
     calls: list[content_pb2.ToolCall] = []
     for block in message["content"]:

@@ -527,3 +527,15 @@ def test_a_call_from_the_code_execution_sandbox_keeps_its_caller() -> None:
         ("code_execution_tool_result", "", output),
     ]
     assert [c.call_id for c in record.assistant_message.tool_calls] == ["toolu_2", "toolu_3"]
+
+
+def test_anthropic_record_keeps_a_compaction_block_first() -> None:
+    """A response of Anthropic's own compaction: the compaction block is kept as a provider
+    block, in place, for the next body to start its history there (docs/prompt.md)."""
+    compaction = {"type": "compaction", "content": "Summary.", "encrypted_content": "Eo0B"}
+    record = anthropic_record({"content": [compaction, {"type": "text", "text": "Go on."}]})
+    first, second = record.assistant_message.content
+    assert first.provider_block.provider == content_pb2.PROVIDER_ANTHROPIC
+    assert first.provider_block.type == "compaction"
+    assert json.loads(first.provider_block.json) == compaction
+    assert second.text == "Go on."
