@@ -71,6 +71,23 @@ func TestAnAnthropicResponseKeepsItsThinkingBlocksAsReceived(t *testing.T) {
 	}
 }
 
+func TestAnAnthropicCompactionBlockIsKeptAsReceived(t *testing.T) {
+	compaction := `{"type": "compaction", "content": "Summary.", "encrypted_content":"Eo0B"}`
+	response := `{"id":"msg_2","type":"message","role":"assistant","content":[` + compaction +
+		`,{"type":"text","text":"Go on."}],"stop_reason":"end_turn"}`
+	record, err := sidecarclient.AnthropicRecord([]byte(response))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := blocksOf(t, record)
+	if len(blocks) != 1 || string(blocks[0].GetJson()) != compaction || blocks[0].GetType() != "compaction" {
+		t.Fatalf("blocks %v, want the response's compaction block bytes", blocks)
+	}
+	if first := record.GetAssistantMessage().GetContent()[0]; first.GetProviderBlock() == nil {
+		t.Fatalf("content %v, want the compaction block first", record.GetAssistantMessage().GetContent())
+	}
+}
+
 func TestAnOpenAIResponseKeepsEveryOutputItemInOrder(t *testing.T) {
 	record, err := sidecarclient.OpenAIRecord([]byte(openAIResponse))
 	if err != nil {
