@@ -325,3 +325,28 @@ def test_a_compaction_block_stays_when_earlier_turns_blocks_are_left_out(
     anthropic = valid_anthropic_beta(body)
     assert anthropic["messages"][0]["content"][0] == json.loads(ANTHROPIC_BLOCK)
     assert OLD.encode() not in body
+
+
+def test_a_required_compaction_tells_the_summary_bodys_beta(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    """A prompt that cannot fit is still to be compacted by the host, even for an Anthropic
+    host under the provider's compaction: the response carries only the proposal, and the
+    beta its Anthropic summary body needs."""
+    policy = spec_pb2.CompactionPolicy(trigger_tokens=50_000, compaction_by=BY_PROVIDER)
+    run_id = run_with(stubs, unique("agent"), compaction=policy)
+    for index in range(1, 13):
+        append(stubs, run_id, user(f"Question {index}. " + "u" * 10_000))
+        append(stubs, run_id, assistant(f"Answer {index}. " + "a" * 10_000))
+    append(stubs, run_id, user("And now?"))
+    response = assemble(
+        stubs,
+        run_id,
+        bodies=[turn_service_pb2.BODY_FORMAT_ANTHROPIC_MESSAGES],
+        context_budget=spec_pb2.ContextBudget(context_window_tokens=60_000),
+    )
+    assert response.compaction.required
+    assert not response.anthropic_request_json
+    assert list(response.anthropic_betas) == [BETA]
+    summary = valid_anthropic_beta(response.compaction.anthropic_request_json)
+    assert summary["context_management"]["edits"][0]["type"] == "compact_20260112"

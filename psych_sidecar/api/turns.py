@@ -170,7 +170,8 @@ def assembled_to_proto(assembled: AssembledPrompt) -> turn_service_pb2.AssembleP
     if assembled.compaction is not None and assembled.compaction.required:
         # The call's own prompt would not fit: only the summary call can be made.
         return turn_service_pb2.AssemblePromptResponse(
-            compaction=_proposal_to_proto(assembled.compaction)
+            compaction=_proposal_to_proto(assembled.compaction),
+            anthropic_betas=assembled.compaction.anthropic_betas,
         )
     return turn_service_pb2.AssemblePromptResponse(
         prompt=prompt_to_proto(assembled.prompt),

@@ -388,6 +388,7 @@ class PromptAssembler:
                 summary_max_tokens=policy.summary_tokens,
                 required=guarded is None,
                 reason=reason,
+                anthropic_betas=bodies.anthropic_betas,
             )
 
         try:

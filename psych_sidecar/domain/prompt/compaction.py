@@ -118,6 +118,8 @@ class CompactionProposal:
     # The call's own prompt would not fit: compact before the call.
     required: bool
     reason: str
+    # The anthropic-beta values the summary call's Anthropic body needs.
+    anthropic_betas: tuple[str, ...] = ()
 
 
 def summary_request(

@@ -367,7 +367,9 @@ type AssemblePromptResponse struct {
 	Compaction *CompactionProposal `protobuf:"bytes,8,opt,name=compaction,proto3" json:"compaction,omitempty"`
 	// The anthropic-beta header values anthropic_request_json needs, for the
 	// host to send with it ("compact-2026-01-12" when the body carries the
-	// compaction edit or a compaction block). Empty when it needs none.
+	// compaction edit or a compaction block). Empty when it needs none. A
+	// proposal's Anthropic summary body needs no other; when compaction is
+	// required, these are the summary body's.
 	AnthropicBetas []string `protobuf:"bytes,9,rep,name=anthropic_betas,json=anthropicBetas,proto3" json:"anthropic_betas,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

@@ -262,7 +262,9 @@ class AssemblePromptResponse(_message.Message):
     def anthropic_betas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The anthropic-beta header values anthropic_request_json needs, for the
         host to send with it ("compact-2026-01-12" when the body carries the
-        compaction edit or a compaction block). Empty when it needs none.
+        compaction edit or a compaction block). Empty when it needs none. A
+        proposal's Anthropic summary body needs no other; when compaction is
+        required, these are the summary body's.
         """
 
     def __init__(

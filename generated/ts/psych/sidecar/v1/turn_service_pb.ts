@@ -251,7 +251,9 @@ export type AssemblePromptResponse = Message<"psych.sidecar.v1.AssemblePromptRes
   /**
    * The anthropic-beta header values anthropic_request_json needs, for the
    * host to send with it ("compact-2026-01-12" when the body carries the
-   * compaction edit or a compaction block). Empty when it needs none.
+   * compaction edit or a compaction block). Empty when it needs none. A
+   * proposal's Anthropic summary body needs no other; when compaction is
+   * required, these are the summary body's.
    *
    * @generated from field: repeated string anthropic_betas = 9;
    */
