@@ -7,10 +7,12 @@ the handles of compacted results."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 
 import grpc
 import pytest
+import sqlalchemy as sa
 
 from psych.sidecar.v1 import (
     run_pb2,
@@ -20,6 +22,9 @@ from psych.sidecar.v1 import (
     usage_service_pb2,
     usage_service_pb2_grpc,
 )
+from psych_sidecar.domain.calls.history import HistoryReader
+from psych_sidecar.domain.runlog import ContentPart, PartMeta, RecordSkeleton
+from psych_sidecar.storage.log_reads import SqlLogReader
 from tests.support.prompts import (
     append,
     assemble,
@@ -34,7 +39,7 @@ from tests.support.prompts import (
     valid_openai_responses,
 )
 from tests.support.requests import all_records, publish, text_part, user
-from tests.support.sidecar import Stubs, rpc_failure
+from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 # One transport is enough: compaction does not depend on the socket.
 SIDECAR_TRANSPORTS = ["unix"]
@@ -385,3 +390,83 @@ def test_read_history_reads_and_greps_the_compacted_span(
     handle = turn.split('read_tool_output(handle="')[1].split('"')[0]
     full = _text(dispatch(stubs, run_id, "r1", "read_tool_output", {"handle": handle}))
     assert full.startswith("result 2 ")
+
+
+class CountingLog(SqlLogReader):
+    """The real log reader over the sidecar's database, counting the records its reads hand
+    back (skeletons, contents, part shapes; a count or a turn's start as one)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        super().__init__(engine)
+        self.records = 0
+
+    def record_skeletons(self, run_id: str) -> list[RecordSkeleton]:
+        found = super().record_skeletons(run_id)
+        self.records += len(found)
+        return found
+
+    def record_skeletons_between(
+        self, run_id: str, first: int, last: int, limit: int
+    ) -> list[RecordSkeleton]:
+        found = super().record_skeletons_between(run_id, first, last, limit)
+        self.records += len(found)
+        return found
+
+    def record_contents(
+        self, run_id: str, sequences: Sequence[int]
+    ) -> dict[int, tuple[ContentPart, ...]]:
+        found = super().record_contents(run_id, sequences)
+        self.records += len(found)
+        return found
+
+    def part_metas(self, run_id: str, sequences: Sequence[int]) -> dict[int, list[PartMeta]]:
+        found = super().part_metas(run_id, sequences)
+        self.records += len(found)
+        return found
+
+    def turn_of(self, run_id: str, sequence: int) -> int:
+        self.records += 1
+        return super().turn_of(run_id, sequence)
+
+    def turn_starts(self, run_id: str, turn: int, count: int) -> list[int]:
+        found = super().turn_starts(run_id, turn, count)
+        self.records += len(found)
+        return found
+
+
+def test_a_turn_read_fetches_the_records_it_shows_whatever_the_runs_length(
+    grpc_server: RunningSidecar, stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    """Work scales with what is sent, not with what is stored: reading turn 2 (or from its
+    first record on, one page) of a 5-turn Run and of a 60-turn Run reads as many records."""
+    engine = sa.create_engine(grpc_server.settings.resolved_database_url())
+    counted: dict[int, tuple[int, int, int]] = {}
+    pages: dict[int, tuple[str, ...]] = {}
+    try:
+        for turns in (5, 60):
+            run_id = run_with(stubs, unique("agent"), compaction=POLICY)
+            long_run(stubs, run_id, turns, size=40)
+            append(stubs, run_id, user("And now?"))
+            append(stubs, run_id, compaction("Everything so far.", 1, 4 * turns))
+            log = CountingLog(engine)
+            history = HistoryReader(log)
+            turn = history.read(run_id, turn=2, sequence=None, grep="", limit=8_000)
+            after_turn = log.records
+            page = history.read(run_id, turn=None, sequence=5, grep="", limit=600)
+            after_page = log.records
+            found = history.read(run_id, turn=2, sequence=None, grep="Question", limit=8_000)
+            counted[turns] = (after_turn, after_page - after_turn, log.records - after_page)
+            # The same pages but the handles, each Run's own.
+            pages[turns] = tuple(re.sub(r"h_[0-9a-f]+", "h_…", p.text) for p in (turn, page))
+            assert found.text == "#5 (turn 2): Question 2. " + "u" * 40
+    finally:
+        engine.dispose()
+    assert pages[5] == pages[60]
+    assert pages[5][0].startswith("[#5 · turn 2 · user]\nQuestion 2.")
+    assert pages[5][0].endswith(f"[#8 · turn 2 · assistant]\nAnswer 2. {'a' * 40}")
+    assert pages[5][1].startswith("[#5 · turn 2 · user]")
+    # The same reads, the same records: nothing grows with the 55 more turns.
+    assert counted[5] == counted[60]
+    # A turn of four records: the compaction, the turn's bounds, its skeletons, their
+    # contents and the result's shape, nothing else.
+    assert counted[5][0] <= 1 + 2 + 4 + 3 + 1

@@ -4,6 +4,7 @@ answer, as JSON and as a table."""
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from google.protobuf import struct_pb2
 from psych.sidecar.v1 import (
     connection_pb2,
     connection_service_pb2,
+    content_pb2,
+    run_pb2,
     run_service_pb2,
     spec_pb2,
     tool_service_pb2,
@@ -21,6 +24,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar import cli
 from psych_sidecar.inspect_command.remote import content_bytes
+from psych_sidecar.inspect_command.views import timestamp
 from tests.support.connections import fixture_commands
 from tests.support.prompts import append, assistant, history_results, run_with, thresholds
 from tests.support.requests import user
@@ -74,7 +78,26 @@ def scripted(stubs: Stubs) -> dict[str, str]:
         connection_service_pb2.RefreshCatalogRequest(tenant=TENANT, name="fx")
     )
     append(stubs, run_id, user("look closer"))
-    return {"first": first, "run": run_id}
+    # A compacted Run, another tenant's (the Runs list above stays two): turns 1-2 and then
+    # turn 3 summarised.
+    policy = spec_pb2.CompactionPolicy(trigger_tokens=100_000, keep_recent_turns=1)
+    compacted = run_with(stubs, "inspect-compacted", tenant="inspect-compacted", compaction=policy)
+    for turn in range(1, 5):
+        append(stubs, compacted, user(f"Question {turn}."), assistant(f"Answer {turn}."))
+    append(stubs, compacted, user("Question 5."))
+    append(stubs, compacted, _compaction("S" * 1_500, 1, 4))
+    append(stubs, compacted, _compaction("T" * 700, 5, 6))
+    return {"first": first, "run": run_id, "compacted": compacted}
+
+
+def _compaction(summary: str, first: int, last: int) -> run_pb2.Record:
+    return run_pb2.Record(
+        compaction=run_pb2.Compaction(
+            summary=[content_pb2.ContentPart(text=summary)],
+            first_sequence=first,
+            last_sequence=last,
+        )
+    )
 
 
 def inspect(
@@ -140,6 +163,37 @@ def test_log_summarises_records_tool_results_and_what_is_elided(
     code, table = inspect(grpc_server, capsys, "log", run_id)
     assert code == 0
     assert results[0].handle in table
+
+
+def test_log_lists_each_compaction_with_what_it_covered(
+    grpc_server: RunningSidecar, stubs: Stubs, scripted: dict[str, str], capsys: Any
+) -> None:
+    run_id = scripted["compacted"]
+    data = as_json(grpc_server, capsys, "log", run_id)
+    stored = stubs.runs.ListRecords(
+        run_service_pb2.ListRecordsRequest(run_id=run_id, kinds=[run_pb2.RECORD_KIND_COMPACTION])
+    ).records
+    assert [
+        {key: row[key] for key in ("sequence", "records", "turns", "summary_chars")}
+        for row in data["compactions"]
+    ] == [
+        {"sequence": 10, "records": "1-4", "turns": "1-2", "summary_chars": 1_500},
+        {"sequence": 11, "records": "5-6", "turns": "3-3", "summary_chars": 700},
+    ]
+    assert [row["created"] for row in data["compactions"]] == [
+        timestamp(r.create_time.ToDatetime(tzinfo=UTC)) for r in stored
+    ]
+    assert data["records_by_kind"]["COMPACTION"] == 2
+    code, table = inspect(grpc_server, capsys, "log", run_id)
+    assert code == 0
+    header = "sequence created records turns summary_chars"
+    assert header in [" ".join(line.split()) for line in table.splitlines()]
+    assert ["10", data["compactions"][0]["created"], "1-4", "1-2", "1500"] in [
+        line.split() for line in table.splitlines()
+    ]
+    # A Run without one prints no compaction table, and its JSON an empty list.
+    assert as_json(grpc_server, capsys, "log", scripted["run"])["compactions"] == []
+    assert "summary_chars" not in inspect(grpc_server, capsys, "log", scripted["run"])[1]
 
 
 def test_prompt_shows_zone_sizes_and_hashes(
@@ -241,6 +295,7 @@ DATABASE_VIEWS = {
     "runs": ["runs", TENANT],
     "runs-limit": ["runs", TENANT, "--limit", "1"],
     "log": ["log", "{run}", "--now", NOW],
+    "log-compacted": ["log", "{compacted}", "--now", NOW],
     "prompt": ["prompt", "{run}", "--now", NOW],
     "catalog": ["catalog", TENANT, "fx"],
     "diff": ["catalog", TENANT, "fx", "--diff", "1", "2"],
@@ -258,7 +313,7 @@ def from_database(
 
 
 def view_arguments(view: str, scripted: dict[str, str]) -> list[str]:
-    return [argument.format(run=scripted["run"]) for argument in DATABASE_VIEWS[view]]
+    return [argument.format(**scripted) for argument in DATABASE_VIEWS[view]]
 
 
 @pytest.mark.parametrize("view", DATABASE_VIEWS)

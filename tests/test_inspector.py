@@ -328,6 +328,55 @@ def test_connections_show_the_tools_a_listing_left_out(scripted: ScriptedRun, st
     assert '<td class="num rejected-count">1</td>' in body
 
 
+def test_the_timeline_shows_each_compaction_before_the_call_it_shaped(
+    scripted: ScriptedRun, stubs: Stubs
+) -> None:
+    """A Run compacted twice: each compaction is a row of the timeline's table, with the
+    turns and records it covered and its summary's size, placed before the first call
+    assembled with it (the page fetched as a browser would, without one)."""
+    policy = spec_pb2.CompactionPolicy(trigger_tokens=100_000, keep_recent_turns=1)
+    run_id = run_with(stubs, "compacted-agent", tenant=scripted.tenant, compaction=policy)
+    for turn in range(1, 6):
+        append(stubs, run_id, user(f"Question {turn}."), assistant(f"Answer {turn}."))
+    append(stubs, run_id, user("Question 6."))
+    assemble(stubs, run_id)
+    append(stubs, run_id, _compaction("S" * 1_200, 1, 6))
+    assemble(stubs, run_id)
+    append(stubs, run_id, _compaction("T" * 2_500, 7, 8))
+    assemble(stubs, run_id)
+    status, _, body = _get(f"{scripted.base_url}/ui/runs/{run_id}")
+    assert status == 200
+    table = body.split('<table id="calls"', 1)[1].split("</table>", 1)[0]
+    rows = [row.split(">", 1)[0] for row in table.split("<tr")[2:]]
+    assert [row.split('"')[1].split()[0] for row in rows] == [
+        "call-row",
+        "compaction-row",
+        "call-row",
+        "compaction-row",
+        "call-row",
+    ]
+    first, second = table.split('class="compaction-row"')[1:]
+    assert 'data-sequence="12"' in first
+    assert '<span class="covered-turns">1 to 3</span>' in first
+    assert '<span class="covered-records">1 to 6</span>' in first
+    assert '<span class="summary-size">1,200 characters</span>' in first
+    assert '<span class="covered-turns">4 to 4</span>' in second
+    assert 'data-sequence="13"' in second
+    assert '<span class="covered-records">7 to 8</span>' in second
+    assert '<span class="summary-size">2,500 characters</span>' in second
+    assert '<dd id="compaction-count">2</dd>' in body
+
+
+def _compaction(summary: str, first: int, last: int) -> run_pb2.Record:
+    return run_pb2.Record(
+        compaction=run_pb2.Compaction(
+            summary=[content_pb2.ContentPart(text=summary)],
+            first_sequence=first,
+            last_sequence=last,
+        )
+    )
+
+
 def test_the_pages_are_read_only(scripted: ScriptedRun) -> None:
     request = urllib.request.Request(
         f"{scripted.base_url}/ui/runs/{scripted.run_id}", data=b"x", method="POST"

@@ -4,8 +4,9 @@ Pages (all GET):
 
 - ``/ui``: Runs, newest first, filtered by tenant (``?tenant=``);
 - ``/ui/runs/{run_id}``: the Run's timeline (one bar per model call, stacked by zone,
-  provider usage overlaid, cache-read share, turn boundaries), the cache-miss explainer and
-  its tool results per turn;
+  provider usage overlaid, cache-read share, turn boundaries; in its table, each compaction
+  as a row before the first call it shaped), the cache-miss explainer and its tool results
+  per turn;
 - ``/ui/runs/{run_id}/results/{handle}``: the reader panel, with ReadToolOutput's semantics
   (``offset``, ``limit``, ``grep``);
 - ``/ui/connections?tenant=``: a tenant's connections: state, last error, catalogue versions
@@ -37,7 +38,7 @@ from starlette.routing import BaseRoute, Route
 from psych_sidecar.admin.charts import ZONE_NAMES, timeline_chart
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.prompt import Zone
-from psych_sidecar.domain.run_inspector import RunInspector
+from psych_sidecar.domain.run_inspector import CompactionView, ModelCall, RunInspector, Timeline
 from psych_sidecar.domain.runlog import ALL_TENANTS
 
 T = TypeVar("T")
@@ -91,6 +92,7 @@ def _environment() -> Environment:
     environment.filters["when"] = _when
     environment.globals["zone_names"] = ZONE_NAMES
     environment.globals["Zone"] = Zone
+    environment.tests["compaction"] = lambda value: isinstance(value, CompactionView)
     return environment
 
 
@@ -183,6 +185,7 @@ class InspectorPages:
                 run=timeline.run,
                 chart=timeline_chart(timeline.calls),
                 misses=[call for call in timeline.calls if call.miss is not None],
+                rows=timeline_rows(timeline),
                 turns=turns,
             )
 
@@ -218,6 +221,19 @@ class InspectorPages:
             return self._render("connections.html", tenant=tenant, connections=views)
 
         return await self._page(request, build)
+
+
+def timeline_rows(timeline: Timeline) -> list[ModelCall | CompactionView]:
+    """The timeline table's rows: the model calls, each compaction before the first call
+    whose zone 3 it shaped (its journal entry compacted through the compaction's range; a
+    compaction older than the newest calls shown comes first, one no call used yet last)."""
+    rows: list[ModelCall | CompactionView] = []
+    pending = list(timeline.compactions)
+    for call in timeline.calls:
+        while pending and pending[0].last_sequence <= call.entry.compacted_through:
+            rows.append(pending.pop(0))
+        rows.append(call)
+    return rows + pending
 
 
 def admin_routes(

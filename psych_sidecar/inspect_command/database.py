@@ -19,8 +19,10 @@ from psych_sidecar.app.graph import open_database_reader
 from psych_sidecar.domain.catalog import TransportKind
 from psych_sidecar.domain.errors import SidecarError
 from psych_sidecar.domain.prompt import PromptCall, ToolResultView
+from psych_sidecar.domain.run_inspector import compaction_views
 from psych_sidecar.inspect_command.views import (
     ChangeRow,
+    CompactionRow,
     ConnectionRow,
     PromptPreview,
     RecordRow,
@@ -96,6 +98,14 @@ class DatabaseSource:
                 r.handle,
             )
             for r in self._read(self._log.record_skeletons, run_id)
+        ]
+
+    def compactions(self, run_id: str) -> list[CompactionRow]:
+        return [
+            CompactionRow(
+                c.sequence, c.create_time, c.first_sequence, c.last_sequence, c.summary_chars
+            )
+            for c in self._read(compaction_views, self._runs, self._log, run_id)
         ]
 
     def prompt(self, run_id: str, now: datetime | None) -> PromptPreview:

@@ -26,6 +26,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.inspect_command.views import (
     ChangeRow,
+    CompactionRow,
     ConnectionRow,
     PromptPreview,
     RecordRow,
@@ -99,12 +100,14 @@ class GrpcSource:
         rows = [RunRow(r.run_id, r.spec_name, r.spec_version, _time(r.create_time)) for r in runs]
         return rows, bool(token)
 
-    def _records(self, run_id: str) -> Iterator[run_pb2.Record]:
+    def _records(
+        self, run_id: str, kinds: Sequence[run_pb2.RecordKind.ValueType] = ()
+    ) -> Iterator[run_pb2.Record]:
         token = ""
         while True:
             response = self._call(
                 self._runs.ListRecords,
-                run_service_pb2.ListRecordsRequest(run_id=run_id, page_token=token),
+                run_service_pb2.ListRecordsRequest(run_id=run_id, page_token=token, kinds=kinds),
             )
             yield from response.records
             token = response.next_page_token
@@ -127,6 +130,21 @@ class GrpcSource:
                     result.is_error if tool else False,
                     content_bytes(result.content) if tool else 0,
                     record.handle,
+                )
+            )
+        return rows
+
+    def compactions(self, run_id: str) -> list[CompactionRow]:
+        rows = []
+        for record in self._records(run_id, [run_pb2.RECORD_KIND_COMPACTION]):
+            compaction = record.compaction
+            rows.append(
+                CompactionRow(
+                    record.sequence,
+                    _time(record.create_time),
+                    compaction.first_sequence,
+                    compaction.last_sequence,
+                    sum(len(part.text) for part in compaction.summary),
                 )
             )
         return rows

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,18 @@ class RecordRow:
     is_error: bool
     bytes: int
     handle: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRow:
+    """A compaction record: the records its summary stands for, the summary's size in
+    characters, and when the host appended it."""
+
+    sequence: int
+    create_time: datetime
+    first_sequence: int
+    last_sequence: int
+    summary_chars: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +134,10 @@ class Source(Protocol):
 
     def records(self, run_id: str) -> list[RecordRow]: ...
 
+    def compactions(self, run_id: str) -> list[CompactionRow]:
+        """The Run's compaction records, in sequence order."""
+        ...
+
     def prompt(self, run_id: str, now: datetime | None) -> PromptPreview:
         """The prompt assembled as a preview (no journal row) at `now` (None: the clock)."""
         ...
@@ -191,12 +208,27 @@ def _log(source: Source, arguments: argparse.Namespace) -> tuple[Data, str]:
         for record in records
         if record.kind == "TOOL_RESULT"
     ]
+    # Turn 1 is the first user message's; a compaction covers the turns that start in its
+    # range (it may open on the previous compaction record, inside that one's last turn).
+    starts = [record.sequence for record in records if record.kind == "USER_MESSAGE"]
+    compactions = [
+        {
+            "sequence": c.sequence,
+            "created": timestamp(c.create_time),
+            "records": f"{c.first_sequence}-{c.last_sequence}",
+            "turns": f"{bisect_left(starts, c.first_sequence) + 1}-"
+            f"{bisect_right(starts, c.last_sequence)}",
+            "summary_chars": c.summary_chars,
+        }
+        for c in source.compactions(arguments.run_id)
+    ]
     data = {
         "run_id": arguments.run_id,
         "records": len(records),
         "records_by_kind": dict(sorted(kinds.items())),
         "tool_results": results,
         "elided_now": sum(1 for r in results if r["elided_now"]),
+        "compactions": compactions,
     }
     table = _table(
         ["kind", "records"], [{"kind": k, "records": n} for k, n in sorted(kinds.items())]
@@ -205,6 +237,10 @@ def _log(source: Source, arguments: argparse.Namespace) -> tuple[Data, str]:
         ["sequence", "call_id", "server", "tool", "is_error", "bytes", "handle", "elided_now"],
         results,
     )
+    if compactions:
+        table += "\n" + _table(
+            ["sequence", "created", "records", "turns", "summary_chars"], compactions
+        )
     return data, table
 
 

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Integer,
+    Select,
     and_,
     column,
     func,
@@ -58,38 +59,49 @@ class SqlLogReader:
         self._latest_of_kind_sql = driver_statements(engine).latest_of_kind
 
     def record_skeletons(self, run_id: str) -> list[RecordSkeleton]:
+        query = _skeletons().where(tables.records.c.run_id == run_id)
+        with read_transaction(self._engine) as conn:
+            return _skeleton_rows(conn.execute(query).all())
+
+    def record_skeletons_between(
+        self, run_id: str, first: int, last: int, limit: int
+    ) -> list[RecordSkeleton]:
         r = tables.records
+        # The primary key's range: as many rows as asked, whatever the Run's length.
         query = (
-            select(
-                r.c.sequence,
-                r.c.kind,
-                r.c.handle,
-                r.c.call_id,
-                r.c.server,
-                r.c.tool,
-                r.c.is_error,
-                r.c.tool_calls,
-                r.c.content_bytes,
-            )
-            .where(r.c.run_id == run_id)
-            .order_by(r.c.sequence)
+            _skeletons()
+            .where(r.c.run_id == run_id, r.c.sequence >= first, r.c.sequence <= last)
+            .limit(limit)
         )
         with read_transaction(self._engine) as conn:
-            rows = conn.execute(query).all()
-        return [
-            RecordSkeleton(
-                sequence=row.sequence,
-                kind=RecordKind(row.kind),
-                handle=row.handle or "",
-                call_id=row.call_id,
-                server=row.server,
-                tool=row.tool,
-                is_error=row.is_error,
-                tool_calls=tuple(ToolCall(*call) for call in json.loads(row.tool_calls)),
-                content_bytes=row.content_bytes,
-            )
-            for row in rows
-        ]
+            return _skeleton_rows(conn.execute(query).all())
+
+    def turn_of(self, run_id: str, sequence: int) -> int:
+        r = tables.records
+        # A count over ix_records_run_kind: one row back, not the Run's records.
+        query = select(func.count()).where(
+            r.c.run_id == run_id,
+            r.c.kind == RecordKind.USER_MESSAGE.value,
+            r.c.sequence <= sequence,
+        )
+        with read_transaction(self._engine) as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def turn_starts(self, run_id: str, turn: int, count: int) -> list[int]:
+        r = tables.records
+        # The turn's user message by its rank on ix_records_run_kind: `count` rows back.
+        query = (
+            select(r.c.sequence)
+            .where(r.c.run_id == run_id, r.c.kind == RecordKind.USER_MESSAGE.value)
+            .order_by(r.c.sequence)
+            .offset(turn - 1)
+            .limit(count)
+        )
+        with read_transaction(self._engine) as conn:
+            return [int(sequence) for sequence in conn.execute(query).scalars()]
+
+    def latest_compaction_sequence(self, run_id: str) -> int:
+        return self._latest_of_kind(run_id, RecordKind.COMPACTION)
 
     def part_metas(self, run_id: str, sequences: Sequence[int]) -> dict[int, list[PartMeta]]:
         p = tables.record_parts
@@ -235,3 +247,36 @@ class SqlLogReader:
 def _latest(rows: list[Any]) -> int:
     ((value,),) = rows
     return int(value or 0)
+
+
+def _skeletons() -> Select[Any]:
+    """A record's columns but its content, in sequence order (the caller adds the WHERE)."""
+    r = tables.records
+    return select(
+        r.c.sequence,
+        r.c.kind,
+        r.c.handle,
+        r.c.call_id,
+        r.c.server,
+        r.c.tool,
+        r.c.is_error,
+        r.c.tool_calls,
+        r.c.content_bytes,
+    ).order_by(r.c.sequence)
+
+
+def _skeleton_rows(rows: Sequence[Any]) -> list[RecordSkeleton]:
+    return [
+        RecordSkeleton(
+            sequence=row.sequence,
+            kind=RecordKind(row.kind),
+            handle=row.handle or "",
+            call_id=row.call_id,
+            server=row.server,
+            tool=row.tool,
+            is_error=row.is_error,
+            tool_calls=tuple(ToolCall(*call) for call in json.loads(row.tool_calls)),
+            content_bytes=row.content_bytes,
+        )
+        for row in rows
+    ]

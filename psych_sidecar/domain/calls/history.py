@@ -14,6 +14,12 @@ and a grep with no match give an empty result; a bad selection (both, or below 1
 error. A grep is RE2 (tool_output.compile_pattern, its bounds), line by line over the
 rendering, and its scan stops after `GREP_CPU_BUDGET_SECONDS` of CPU or `MAX_SCAN_RECORDS`
 records, saying where to continue.
+
+A read costs what it shows, not the Run's length: the latest compaction is found by an indexed
+MAX, a turn's first record by its rank among the user messages, a sequence's turn by an
+indexed count (each one row back), and the records are fetched in batches (growing from
+`_FIRST_BATCH` to `_BATCH`) from where the selection starts, only as far as the page (or the
+grep's bounds) goes.
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ from psych_sidecar.domain.runlog import (
     TextLayout,
     binary_marker,
     fetch_text,
-    latest_compaction,
     model_view,
     split_compaction,
 )
@@ -41,7 +46,9 @@ from psych_sidecar.domain.runlog import (
 RESULT_HEAD_CHARS = 300
 RECORD_PART_CHARS = 20_000
 MAX_SCAN_RECORDS = 5_000
-# Records loaded from the log at once.
+# Records loaded from the log at once: a first batch of `_FIRST_BATCH`, each next one twice
+# as large up to `_BATCH`, so a short page loads little more than it shows.
+_FIRST_BATCH = 8
 _BATCH = 64
 
 
@@ -71,44 +78,61 @@ class HistoryReader:
         """One page. `turn` and `sequence` are checked by the caller (at most one, >= 1); a
         bad grep pattern raises PATTERN_INVALID / PATTERN_TOO_COMPLEX."""
         pattern = compile_pattern(grep, "grep") if grep else None
-        skeletons = self._log.record_skeletons(run_id)
-        latest = latest_compaction(skeletons)
-        if latest is None:
+        latest = self._log.latest_compaction_sequence(run_id)
+        if not latest:
             return HistoryPage("", 0, 0)
-        content = self._log.record_contents(run_id, [latest.sequence])[latest.sequence]
+        content = self._log.record_contents(run_id, [latest])[latest]
         end = split_compaction(content)[1].last_sequence
-        turns: dict[int, int] = {}
-        number = 0
-        span: list[RecordSkeleton] = []
-        for skeleton in skeletons:
-            if skeleton.sequence > end:
-                break
-            if skeleton.kind is RecordKind.USER_MESSAGE:
-                number += 1
-            if skeleton.kind is not RecordKind.COMPACTION:
-                turns[skeleton.sequence] = number
-                span.append(skeleton)
+        # Where the selection starts and ends, found by indexed lookups that return a row or
+        # two: a read fetches the records it shows, not the Run's.
         if turn is not None:
-            selected = [s for s in span if turns[s.sequence] == turn]
+            starts = self._log.turn_starts(run_id, turn, 2)
+            if not starts or starts[0] > end:
+                return HistoryPage("", 0, end)
+            first, last = starts[0], min(end, starts[1] - 1) if len(starts) > 1 else end
+            before = turn - 1
         else:
-            selected = [s for s in span if s.sequence >= (sequence or 1)]
-        if not selected:
-            return HistoryPage("", 0, end)
+            first, last = sequence or 1, end
+            if first > end:
+                return HistoryPage("", 0, end)
+            before = self._log.turn_of(run_id, first - 1)
+        selected = self._selected(run_id, first, last, before)
         if pattern is None:
-            return self._page(run_id, selected, turns, limit, end)
-        return self._grep(run_id, selected, turns, pattern, limit, end)
+            return self._page(run_id, selected, limit, end)
+        return self._grep(run_id, selected, pattern, limit, end)
+
+    def _selected(
+        self, run_id: str, first: int, last: int, before: int
+    ) -> Iterator[list[tuple[RecordSkeleton, int]]]:
+        """The records `first` to `last` but compactions, each with its turn (`before` is the
+        turn of the record before `first`), a batch at a time as the reader asks for them."""
+        number = before
+        size = _FIRST_BATCH
+        while first <= last:
+            batch = self._log.record_skeletons_between(run_id, first, last, size)
+            size = min(2 * size, _BATCH)
+            if not batch:
+                return
+            shown = []
+            for skeleton in batch:
+                if skeleton.kind is RecordKind.USER_MESSAGE:
+                    number += 1
+                if skeleton.kind is not RecordKind.COMPACTION:
+                    shown.append((skeleton, number))
+            if shown:
+                yield shown
+            first = batch[-1].sequence + 1
 
     def _page(
         self,
         run_id: str,
-        selected: Sequence[RecordSkeleton],
-        turns: dict[int, int],
+        selected: Iterator[list[tuple[RecordSkeleton, int]]],
         limit: int,
         end: int,
     ) -> HistoryPage:
         blocks: list[str] = []
         used = 0
-        for skeleton, block in self._rendered(run_id, selected, turns):
+        for skeleton, _, block in self._rendered(run_id, selected):
             if blocks and used + len(block) > limit:
                 return HistoryPage("\n\n".join(blocks), skeleton.sequence, end)
             if not blocks and len(block) > limit:
@@ -120,8 +144,7 @@ class HistoryReader:
     def _grep(
         self,
         run_id: str,
-        selected: Sequence[RecordSkeleton],
-        turns: dict[int, int],
+        selected: Iterator[list[tuple[RecordSkeleton, int]]],
         pattern: Any,
         limit: int,
         end: int,
@@ -129,14 +152,14 @@ class HistoryReader:
         began = time.thread_time()
         lines: list[str] = []
         used = 0
-        for scanned, (skeleton, block) in enumerate(self._rendered(run_id, selected, turns)):
+        for scanned, (skeleton, turn, block) in enumerate(self._rendered(run_id, selected)):
             over_time = time.thread_time() - began > GREP_CPU_BUDGET_SECONDS
             if scanned >= MAX_SCAN_RECORDS or over_time:
                 return HistoryPage("\n".join(lines), skeleton.sequence, end)
             found = []
             for line in block.split("\n")[1:]:
                 if pattern.search(line.encode()) is not None:
-                    found.append(f"#{skeleton.sequence} (turn {turns[skeleton.sequence]}): {line}")
+                    found.append(f"#{skeleton.sequence} (turn {turn}): {line}")
             size = sum(len(line) + 1 for line in found)
             if lines and used + size > limit:
                 return HistoryPage("\n".join(lines), skeleton.sequence, end)
@@ -145,25 +168,19 @@ class HistoryReader:
         return HistoryPage("\n".join(lines)[: max(limit, 1)] if lines else "", 0, end)
 
     def _rendered(
-        self, run_id: str, selected: Sequence[RecordSkeleton], turns: dict[int, int]
-    ) -> Iterator[tuple[RecordSkeleton, str]]:
-        """Each selected record's rendering, loaded from the log a batch at a time."""
-        for start in range(0, len(selected), _BATCH):
-            batch = selected[start : start + _BATCH]
-            messages = [s.sequence for s in batch if s.kind is not RecordKind.TOOL_RESULT]
+        self, run_id: str, selected: Iterator[list[tuple[RecordSkeleton, int]]]
+    ) -> Iterator[tuple[RecordSkeleton, int, str]]:
+        """Each selected record, its turn and its rendering, its content loaded a batch at a
+        time."""
+        for batch in selected:
+            messages = [s.sequence for s, _ in batch if s.kind is not RecordKind.TOOL_RESULT]
             contents = self._log.record_contents(run_id, messages) if messages else {}
-            results = [s for s in batch if s.kind is RecordKind.TOOL_RESULT]
-            heads = self._result_heads(run_id, results)
-            for skeleton in batch:
-                yield (
-                    skeleton,
-                    _render(
-                        skeleton,
-                        turns[skeleton.sequence],
-                        contents.get(skeleton.sequence, ()),
-                        heads.get(skeleton.sequence),
-                    ),
-                )
+            heads = self._result_heads(
+                run_id, [s for s, _ in batch if s.kind is RecordKind.TOOL_RESULT]
+            )
+            for skeleton, turn in batch:
+                content = contents.get(skeleton.sequence, ())
+                yield skeleton, turn, _render(skeleton, turn, content, heads.get(skeleton.sequence))
 
     def _result_heads(
         self, run_id: str, results: Sequence[RecordSkeleton]

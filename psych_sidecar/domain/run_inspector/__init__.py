@@ -1,5 +1,5 @@
 """The Run inspector's reads: Runs, a Run's model calls with their usage and cache misses,
-its tool results, a reader over one of them, and a tenant's connections.
+its compactions, its tool results, a reader over one of them, and a tenant's connections.
 
 Owns :class:`RunInspector` (read-only, over the other concerns' services and ports: Runs are
 the RunService's one listing, records the LogReader's summaries) and the cache-miss
@@ -18,11 +18,13 @@ from psych_sidecar.domain.run_inspector.explain import (
 )
 from psych_sidecar.domain.run_inspector.service import (
     CatalogVersionView,
+    CompactionView,
     ConnectionView,
     ModelCall,
     ResultRow,
     RunInspector,
     Timeline,
+    compaction_views,
     pair_usage,
 )
 from psych_sidecar.domain.run_inspector.stored import PinnedStates, StoredCatalog
@@ -30,6 +32,7 @@ from psych_sidecar.domain.run_inspector.stored import PinnedStates, StoredCatalo
 __all__ = [
     "CacheMiss",
     "CatalogVersionView",
+    "CompactionView",
     "ConnectionView",
     "MissCause",
     "MissReason",
@@ -39,6 +42,7 @@ __all__ = [
     "RunInspector",
     "StoredCatalog",
     "Timeline",
+    "compaction_views",
     "explain_miss",
     "pair_usage",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 from psych_sidecar.domain.calls import ReadResult, ToolOutputReader
 from psych_sidecar.domain.catalog import (
@@ -30,6 +31,7 @@ from psych_sidecar.domain.runlog import (
     RecordSkeleton,
     Run,
     RunService,
+    split_compaction,
     validate_name,
 )
 from psych_sidecar.domain.usage import UsageEvent, UsageRepository
@@ -39,6 +41,9 @@ MAX_CALLS = 500
 MAX_RUNS = 200
 MAX_VERSIONS = 8
 READ_MAX_BYTES = 64 * 1024
+MAX_COMPACTIONS = 500
+# Summaries read per page of compaction records (each summary is capped by its policy).
+_COMPACTION_PAGE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +58,64 @@ class ModelCall:
 
 
 @dataclass(frozen=True, slots=True)
+class CompactionView:
+    """One compaction record: the records and turns its summary stands for (turn 1 is the
+    first user message's), the summary's size, and when the host appended it."""
+
+    sequence: int
+    create_time: datetime
+    first_sequence: int
+    last_sequence: int
+    first_turn: int
+    last_turn: int
+    summary_chars: int
+    summary_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Timeline:
     run: Run
     calls: tuple[ModelCall, ...]
     # Whether older calls fell out of the page or the journal's retention.
     truncated: bool
     journal_enabled: bool
+    # The Run's compactions, oldest first (from the log: there with the journal off too).
+    compactions: tuple[CompactionView, ...] = ()
+
+
+def compaction_views(runs: RunService, log: LogReader, run_id: str) -> list[CompactionView]:
+    """The Run's compaction records (the first `MAX_COMPACTIONS`), each read once, with the
+    turns of its range found by indexed counts."""
+    views: list[CompactionView] = []
+    token = ""
+    while len(views) < MAX_COMPACTIONS:
+        stored, token = runs.list_records(
+            run_id,
+            (RecordKind.COMPACTION,),
+            MAX_COMPACTIONS - len(views),
+            token,
+            _COMPACTION_PAGE_BYTES,
+        )
+        for record in stored:
+            summary, covered = split_compaction(record.record.content)
+            text = "".join(part.as_text() for part in summary)
+            views.append(
+                CompactionView(
+                    sequence=record.sequence,
+                    create_time=record.create_time,
+                    first_sequence=covered.first_sequence,
+                    last_sequence=covered.last_sequence,
+                    # The first turn that starts in the range (a range may open on the
+                    # previous compaction record, inside that compaction's last turn).
+                    first_turn=log.turn_of(run_id, covered.first_sequence - 1) + 1,
+                    last_turn=log.turn_of(run_id, covered.last_sequence),
+                    summary_chars=len(text),
+                    summary_bytes=sum(len(part.data) for part in summary),
+                )
+            )
+        if not token:
+            break
+    return views
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +196,9 @@ class RunInspector:
 
     def timeline(self, run_id: str) -> Timeline:
         run = self._runs.get(run_id)
+        compactions = tuple(compaction_views(self._runs, self._log, run_id))
         if self._journal is None:
-            return Timeline(run, (), False, False)
+            return Timeline(run, (), False, False, compactions)
         entries = self._journal.entries(run_id, MAX_CALLS + 1)
         truncated = len(entries) > MAX_CALLS
         entries = entries[-MAX_CALLS:]
@@ -158,7 +216,7 @@ class RunInspector:
                 )
             )
             previous = entry
-        return Timeline(run, tuple(calls), truncated, True)
+        return Timeline(run, tuple(calls), truncated, True, compactions)
 
     def tool_results(self, run_id: str) -> list[ResultRow]:
         self._runs.get(run_id)

@@ -146,6 +146,27 @@ class LogReader(Protocol):
         """The sequence of the Run's last assistant message, 0 when there is none."""
         ...
 
+    def latest_compaction_sequence(self, run_id: str) -> int:
+        """The sequence of the Run's last compaction record, 0 when there is none."""
+        ...
+
+    def turn_of(self, run_id: str, sequence: int) -> int:
+        """The turn `sequence` is in: how many user messages are at or before it (0 before
+        the first)."""
+        ...
+
+    def turn_starts(self, run_id: str, turn: int, count: int) -> list[int]:
+        """The sequences of the user messages that start turns `turn` (1 is the first) to
+        `turn + count - 1`, those there are, in order."""
+        ...
+
+    def record_skeletons_between(
+        self, run_id: str, first: int, last: int, limit: int
+    ) -> list[RecordSkeleton]:
+        """The records with sequences `first` to `last` (both included), in sequence order,
+        without content; at most `limit` of them, the first ones."""
+        ...
+
 
 class StorageNow(Protocol):
     """Storage's answers for the event loop's thread, each one now or not at all: a value when
