@@ -9,7 +9,11 @@ default trigger (150,000 of a 200,000-token window: `trigger_fraction` 0.75 of t
 keeping two turns verbatim; the host's summary is 6,000 characters. A turn is completed when
 every AssemblePrompt of it answered with every body within the budget.
 
-Both cases share one replay per size (`_replay`).
+The same replay is billed (bench/cases/_long_run_hosts.py): the sidecar-driven host, a
+best-practice host that compacts as Anthropic does and loses the compacted span, and the
+ideal (`billed_input_ratio_vs_compacting_host`, `billed_input_ratio_vs_ideal_long`).
+
+The four cases share one replay per size (`_replay`).
 """
 
 from __future__ import annotations
