@@ -186,6 +186,8 @@ class CacheSimulation:
     # The bill by block kind (`_block_kinds`): what each kind's bytes cost at the rate their
     # part of the request was billed (read, written, or plain input).
     billed_by_kind: dict[str, float] = field(default_factory=dict)
+    # The tokens sent by block kind, whatever they were billed at.
+    input_by_kind: dict[str, float] = field(default_factory=dict)
 
     def request(self, body: bytes) -> dict[str, int]:
         hashes, ends, breakpoints = _block_ends(body)
@@ -227,13 +229,19 @@ class CacheSimulation:
         self.per_call.append(figures)
         return figures
 
+    def kinds(self, body: bytes) -> list[str]:
+        """What each of the body's cache blocks is, for the bill by kind (a subclass billing
+        other bodies names its own kinds)."""
+        return _block_kinds(body)
+
     def _bill_by_kind(self, body: bytes, ends: list[int], read_end: int, write_end: int) -> None:
-        for kind, start, end in zip(_block_kinds(body), ends[:-1], ends[1:], strict=True):
+        for kind, start, end in zip(self.kinds(body), ends[:-1], ends[1:], strict=True):
             read = max(0, min(end, read_end) - start)
             written = max(0, min(end, write_end) - max(start, read_end))
             plain = (end - start) - read - written
             cost = (READ_PRICE * read + WRITE_PRICE * written + plain) / 4
             self.billed_by_kind[kind] = self.billed_by_kind.get(kind, 0.0) + cost
+            self.input_by_kind[kind] = self.input_by_kind.get(kind, 0.0) + (end - start) / 4
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -245,6 +253,7 @@ class CacheSimulation:
             "max_request_tokens": self.max_request_tokens,
             "requests_over_200k_tokens": self.over_200k,
             "billed_by_kind": {k: round(v) for k, v in sorted(self.billed_by_kind.items())},
+            "input_by_kind": {k: round(v) for k, v in sorted(self.input_by_kind.items())},
         }
 
 

@@ -9,7 +9,11 @@ default trigger (150,000 of a 200,000-token window: `trigger_fraction` 0.75 of t
 keeping two turns verbatim; the host's summary is 6,000 characters. A turn is completed when
 every AssemblePrompt of it answered with every body within the budget.
 
-Both cases share one replay per size (`_replay`).
+The same replay is billed (bench/cases/_long_run_hosts.py): the sidecar-driven host, a
+best-practice host that compacts as Anthropic does and loses the compacted span, and the
+ideal (`billed_input_ratio_vs_compacting_host`, `billed_input_ratio_vs_ideal_long`).
+
+The four cases share one replay per size (`_replay`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from bench._proc import channel, sidecar
+from bench.cases._long_run_hosts import CompactingHost, LongRunBills, words
 from bench.cases.prompt_budget import NOON, _append, _cache_blocks, _log_text, _result, _user
 from bench.registry import BenchContext, case
 from psych.sidecar.v1 import (
@@ -56,6 +61,10 @@ class Replay:
     summary_calls_max_tokens: int = 0
     records: int = 0
     failures: list[str] = field(default_factory=list)
+    # What the same trace costs in billed input for the sidecar's host, a compacting host
+    # without the sidecar and the ideal (bench/cases/_long_run_hosts.py).
+    bills: LongRunBills = field(default_factory=LongRunBills)
+    bills_printed: bool = False
 
 
 _REPLAYS: dict[bool, Replay] = {}
@@ -71,12 +80,6 @@ def _assistant(text: str, call_id: str = "") -> run_pb2.Record:
     return run_pb2.Record(
         assistant_message=run_pb2.AssistantMessage(content=content, tool_calls=calls)
     )
-
-
-def _words(size: int, rng: random.Random) -> str:
-    words = ("alpha", "queue", "retry", "shard", "deploy", "budget", "prompt", "cache")
-    text = " ".join(rng.choice(words) for _ in range(size // 6 + 1))
-    return text[:size]
 
 
 def _tokens(body: bytes) -> int:
@@ -113,6 +116,8 @@ async def _replay(ctx: BenchContext) -> Replay:
         run_id = created.run.run_id
         turns = turn_service_pb2_grpc.TurnServiceStub(ch)
         compaction_ids = iter(range(10**9))
+        bills = replay.bills
+        bills.compacting = CompactingHost(summary_chars=SUMMARY_CHARS)
 
         async def call(previous: Any) -> tuple[Any, bool]:
             """One model call: compact while proposed; the response and whether a
@@ -134,6 +139,7 @@ async def _replay(ctx: BenchContext) -> Replay:
                 if not response.HasField("compaction"):
                     break
                 proposal = response.compaction
+                replay.bills.sidecar_summary_call(proposal.anthropic_request_json)
                 for body in (
                     proposal.anthropic_request_json,
                     proposal.openai_request_json,
@@ -145,7 +151,7 @@ async def _replay(ctx: BenchContext) -> Replay:
                     )
                 summary = run_pb2.Record(
                     compaction=run_pb2.Compaction(
-                        summary=[content_pb2.ContentPart(text=_words(SUMMARY_CHARS, rng))],
+                        summary=[content_pb2.ContentPart(text=words(SUMMARY_CHARS, rng))],
                         first_sequence=proposal.first_sequence,
                         last_sequence=proposal.last_sequence,
                     )
@@ -160,6 +166,12 @@ async def _replay(ctx: BenchContext) -> Replay:
                 )
                 replay.compactions += 1
                 compacted = True
+            replay.bills.sidecar_call(response.anthropic_request_json)
+            if not bills.compacting.system:
+                bills.compacting.system = "\n\n".join(
+                    f"# {s.title}\n\n{s.text}" for s in response.prompt.static_sections
+                )
+            bills.compacting.call()
             largest = max(
                 _tokens(response.anthropic_request_json),
                 _tokens(response.openai_request_json),
@@ -182,29 +194,25 @@ async def _replay(ctx: BenchContext) -> Replay:
         for number in range(1, turns_count + 1):
             ok = True
             failures = len(replay.failures)
-            await _append(
-                ch, run_id, [_user(f"Turn {number}. " + _words(rng.randint(200, 4_000), rng))]
-            )
+            question = f"Turn {number}. " + words(rng.randint(200, 4_000), rng)
+            await _append(ch, run_id, [_user(question)])
+            bills.compacting.user(question)
             previous = None
             try:
                 previous, _ = await call(None)
                 for step in range(rng.randint(0, 3)):
                     call_id = f"t{number}s{step}"
                     size = 120_000 if rng.random() < 1 / 40 else rng.randint(300, 24_000)
-                    await _append(
-                        ch,
-                        run_id,
-                        [_assistant("", call_id), _result(call_id, _log_text(size, number))],
-                    )
+                    output = _log_text(size, number)
+                    await _append(ch, run_id, [_assistant("", call_id), _result(call_id, output)])
+                    bills.compacting.tool_step(call_id, output)
                     previous, _ = await call(previous)
             except grpc.aio.AioRpcError as error:  # a refused call: the turn is not completed
                 replay.failures.append(f"turn {number}: {error.code().name} {error.details()}")
                 ok = False
-            await _append(
-                ch,
-                run_id,
-                [_assistant(f"Answer {number}. " + _words(rng.randint(200, 3_000), rng))],
-            )
+            answer = f"Answer {number}. " + words(rng.randint(200, 3_000), rng)
+            await _append(ch, run_id, [_assistant(answer)])
+            bills.compacting.answer(answer)
             if ok and len(replay.failures) == failures:
                 replay.completed += 1
             if number % 100 == 0:
@@ -264,3 +272,33 @@ async def compaction_prefix_rewrites(ctx: BenchContext) -> float:
     _details(ctx, replay)
     breaks = replay.within_turn_breaks + replay.compaction_breaks
     return breaks / max(replay.compactions, 1)
+
+
+def _bills(ctx: BenchContext, replay: Replay) -> LongRunBills:
+    _details(ctx, replay)
+    ctx.details["billed_input"] = replay.bills.figures()
+    if not replay.bills_printed:
+        replay.bills_printed = True
+        for line in replay.bills.table():
+            ctx.log(line)
+    return replay.bills
+
+
+@case("billed_input_ratio_vs_compacting_host", unit="ratio", target=">= 2")
+async def billed_input_ratio_vs_compacting_host(ctx: BenchContext) -> float:
+    """In the same replay: the billed-input equivalent of the best-practice host that compacts
+    as Anthropic does (tool search, results capped at 25,000 tokens, compaction at 150,000
+    tokens after which only its summary is left, its summary calls billed) over the
+    sidecar-driven host's (its summary calls billed too). Anthropic's cache simulated for both
+    as in billed_input.py. Details: each host's bill, by block kind too."""
+    bills = _bills(ctx, await _replay(ctx))
+    return bills.compacting.bill.billed / bills.sidecar.billed
+
+
+@case("billed_input_ratio_vs_ideal_long", unit="ratio", target="<= 1.2")
+async def billed_input_ratio_vs_ideal_long(ctx: BenchContext) -> float:
+    """In the same replay: the sidecar-driven host's billed-input equivalent over the ideal's:
+    the same bodies and summary calls under a perfect cache (every byte written once, read
+    by every later call that starts with it)."""
+    bills = _bills(ctx, await _replay(ctx))
+    return bills.sidecar.billed / bills.ideal.billed
