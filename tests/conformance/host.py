@@ -13,7 +13,9 @@ each tool's input schema, and deletes the connection. A server that asks for inp
 the schema's defaults), each URL consented to, through ContinueToolCall. It exits 0 when the
 sidecar connected and every call returned a result that is not an error (or the server's
 Method not found: a server serving no calls); otherwise it says what
-the sidecar reported on stderr and exits 1.
+the sidecar reported on stderr and exits 1. For the schema-preservation scenario the host does
+what the scenario asks of a client: the focal tool's input schema, as ListCatalogTools gave it,
+goes back through the echo tool.
 
 An `auth/` scenario's server needs OAuth, and the host configures the connection's auth as its
 user would: the client credentials of the context for the client-credentials scenarios, else the
@@ -73,6 +75,11 @@ REDIRECT_URI = "http://127.0.0.1:3000/callback"
 # re-authorization after repeated insufficient_scope refusals (auth/scope-retry-limit: 3).
 MAX_SIGN_INS = 3
 BROWSER_TIMEOUT_SECONDS = 10
+# The scenario that asks the client to send a tool's input schema back, as it received it,
+# through a second tool, to see which JSON Schema 2020-12 keywords survived.
+SCHEMA_ECHO_SCENARIO = "json-schema-2020-12-preservation"
+SCHEMA_ECHO_FOCAL = "json_schema_2020_12_tool"
+SCHEMA_ECHO_TOOL = "json_schema_echo"
 # How the sidecar words a server's JSON-RPC Method not found answer to a call.
 METHOD_NOT_FOUND = "with error -32601: Method not found"
 # A sample value per JSON Schema type, for the arguments of a call.
@@ -103,6 +110,19 @@ def sample_arguments(input_schema_json: bytes) -> dict[str, Any]:
         kind = declared[0] if isinstance(declared, list) else declared
         arguments[name] = SAMPLES.get(kind, "conformance")
     return arguments
+
+
+def schema_echo_arguments(tools: list[connection_pb2.CatalogTool]) -> dict[str, Any]:
+    """The calls of the schema-preservation scenario: the focal tool's input schema, as the
+    sidecar handed it to the host, sent back through the echo tool; the focal tool called with
+    arguments its schema takes (an email, as its `else` branch asks)."""
+    focal = next((tool for tool in tools if tool.name == SCHEMA_ECHO_FOCAL), None)
+    if focal is None:
+        return {}
+    return {
+        SCHEMA_ECHO_TOOL: {"schema": json.loads(focal.input_schema_json)},
+        SCHEMA_ECHO_FOCAL: {"email": "conformance@example.com"},
+    }
 
 
 def http_transport(
@@ -382,6 +402,8 @@ def play(channel: grpc.Channel, scenario: str, url: str, context: dict[str, Any]
             return False
         tools = catalogue(connections, name)
         print(f"host: catalogue: {[tool.name for tool in tools]}", file=sys.stderr)
+        if scenario == SCHEMA_ECHO_SCENARIO:
+            current.given.update(schema_echo_arguments(tools))
         return current.call_each_tool(new_run(channel, name), tools)
     finally:
         # The scenario's server stops after this run: the sidecar must not keep retrying it.
