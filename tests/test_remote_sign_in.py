@@ -686,6 +686,26 @@ def test_a_scope_refused_after_initialize_is_asked_for_at_the_first_sign_in(
         assert result_text(host.call(run_id, "opened", "echo", text="in")) == "in"
 
 
+def test_a_server_of_the_stateless_revision_names_its_scope_to_server_discover(
+    stubs: Stubs, tenant: str
+) -> None:
+    """A server that refuses the dated revisions' initialize (400) and challenges
+    `server/discover` without a token (401 naming the scopes it wants): the first sign-in asks
+    for the challenged scopes, not only the metadata's scopes_supported ("mcp")."""
+    with running(
+        oauth_server(
+            free_port(), "--step-up-scope", "admin", "--open-initialize", "--refuse-initialize"
+        )
+    ) as modern:
+        put_oauth(stubs, tenant, "modern", url_of(modern))
+        first = begin(stubs, tenant, "modern")
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(first.authorization_url).query)
+        assert set(query["scope"][0].split()) == {"mcp", "admin"}
+        code, state = browse(first.authorization_url)
+        connection = complete(stubs, tenant, code, state)
+        assert connection.state == connection_pb2.CONNECTION_STATE_CONNECTED, connection
+
+
 def test_a_listing_refused_for_a_scope_is_signed_in_again_with_it(
     stubs: Stubs, tenant: str
 ) -> None:

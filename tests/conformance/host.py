@@ -11,8 +11,11 @@ then calls every tool the server listed once through CallDeferredTool, with argu
 each tool's input schema, and deletes the connection. A server that asks for input first
 (InputRequired) is answered as a user would: each form accepted as offered (the sidecar applies
 the schema's defaults), each URL consented to, through ContinueToolCall. It exits 0 when the
-sidecar connected and every call returned a result that is not an error; otherwise it says what
-the sidecar reported on stderr and exits 1.
+sidecar connected and every call returned a result that is not an error (or the server's
+Method not found: a server serving no calls); otherwise it says what
+the sidecar reported on stderr and exits 1. For the schema-preservation scenario the host does
+what the scenario asks of a client: the focal tool's input schema, as ListCatalogTools gave it,
+goes back through the echo tool.
 
 An `auth/` scenario's server needs OAuth, and the host configures the connection's auth as its
 user would: the client credentials of the context for the client-credentials scenarios, else the
@@ -72,6 +75,13 @@ REDIRECT_URI = "http://127.0.0.1:3000/callback"
 # re-authorization after repeated insufficient_scope refusals (auth/scope-retry-limit: 3).
 MAX_SIGN_INS = 3
 BROWSER_TIMEOUT_SECONDS = 10
+# The scenario that asks the client to send a tool's input schema back, as it received it,
+# through a second tool, to see which JSON Schema 2020-12 keywords survived.
+SCHEMA_ECHO_SCENARIO = "json-schema-2020-12-preservation"
+SCHEMA_ECHO_FOCAL = "json_schema_2020_12_tool"
+SCHEMA_ECHO_TOOL = "json_schema_echo"
+# How the sidecar words a server's JSON-RPC Method not found answer to a call.
+METHOD_NOT_FOUND = "with error -32601: Method not found"
 # A sample value per JSON Schema type, for the arguments of a call.
 SAMPLES: dict[str, Any] = {
     "number": 2,
@@ -100,6 +110,19 @@ def sample_arguments(input_schema_json: bytes) -> dict[str, Any]:
         kind = declared[0] if isinstance(declared, list) else declared
         arguments[name] = SAMPLES.get(kind, "conformance")
     return arguments
+
+
+def schema_echo_arguments(tools: list[connection_pb2.CatalogTool]) -> dict[str, Any]:
+    """The calls of the schema-preservation scenario: the focal tool's input schema, as the
+    sidecar handed it to the host, sent back through the echo tool; the focal tool called with
+    arguments its schema takes (an email, as its `else` branch asks)."""
+    focal = next((tool for tool in tools if tool.name == SCHEMA_ECHO_FOCAL), None)
+    if focal is None:
+        return {}
+    return {
+        SCHEMA_ECHO_TOOL: {"schema": json.loads(focal.input_schema_json)},
+        SCHEMA_ECHO_FOCAL: {"email": "conformance@example.com"},
+    }
 
 
 def http_transport(
@@ -260,6 +283,14 @@ def new_run(channel: grpc.Channel, name: str) -> str:
     return str(created.run.run_id)
 
 
+def serves_no_calls(outcome: tool_service_pb2.ToolOutcome) -> bool:
+    """Whether the server answered the call with JSON-RPC Method not found: a server that lists
+    tools but serves no `tools/call` (a scenario that checks only how its listing is read).
+    The sidecar relayed the server's answer as the tool error a model would see; a host has
+    nothing more to do with it."""
+    return METHOD_NOT_FOUND in outcome.result_json.decode(errors="replace")
+
+
 class Play:
     """One scenario's connection, and the sign-ins it took."""
 
@@ -346,7 +377,7 @@ class Play:
                     break
                 attempt += 1
                 outcome = self.call(run_id, tool, f"call-{number}-again-{attempt}").outcome
-            all_ok = all_ok and not outcome.is_error
+            all_ok = all_ok and (not outcome.is_error or serves_no_calls(outcome))
         return all_ok
 
 
@@ -371,6 +402,8 @@ def play(channel: grpc.Channel, scenario: str, url: str, context: dict[str, Any]
             return False
         tools = catalogue(connections, name)
         print(f"host: catalogue: {[tool.name for tool in tools]}", file=sys.stderr)
+        if scenario == SCHEMA_ECHO_SCENARIO:
+            current.given.update(schema_echo_arguments(tools))
         return current.call_each_tool(new_run(channel, name), tools)
     finally:
         # The scenario's server stops after this run: the sidecar must not keep retrying it.

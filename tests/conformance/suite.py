@@ -1,83 +1,70 @@
-"""Runs the MCP client conformance suite's scenarios one after another against the sidecar, with
-tests/conformance/host.py as the client under test, and judges them against the baseline.
+"""Runs the MCP conformance suite's frozen client requirement sets against the sidecar, with
+tests/conformance/host.py as the client under test.
 
     python -m tests.conformance.suite --node NODE --runner CONFORMANCE_JS --output DIR
-        [--next-runner CONFORMANCE_JS] [--baseline FILE] [--scenario NAME ...]
+        [--revision REVISION ...] [--scenario NAME ...] [--jobs N]
 
-Every client scenario of the installed suite runs (the runner's own `--suite` runs them all at
-once, which on a small machine makes the sidecar's timing part of the verdict). A scenario
-passes when the runner's single-scenario verdict does: no failed or warning check, the host
-exited 0 and did not time out. Draft-spec scenarios are reported, not judged; every other one
-is judged against the baseline, as the runner's `--expected-failures` would judge it: a failure
-not in the baseline is a regression, a baseline entry that passes is stale, and either fails the
-run. PSYCH_SIDECAR_ADDRESS (inherited by the host) names the sidecar.
-
-With `--next-runner`, the scenarios of `NEXT_SCENARIOS` also run from that (newer) suite, after
-the pinned suite's, and are judged against the same baseline: a baseline entry names a
-scenario whichever suite runs it.
+The installed suite carries one requirement set per spec revision, `requirements/REVISION.yaml`
+beside its `dist/`: the set's `client` list is what conformance to that revision requires
+(scored), its `not_scored` entries of the `client` leg are run and reported but never judged.
+Every scenario of a set runs at that revision's wire version, as the runner's own
+`--requirements REVISION` runs it (`--spec-version REVISION --force`), a few scenarios at a
+time (`--jobs`; `--requirements` starts them all at once, which on a small machine makes the
+sidecar's timing part of the verdict). The suite's client scenarios in neither set (but for
+extension ones) run last, at their own version, reported, not judged. A scenario passes when
+the runner's single-scenario verdict does: no failed or warning check, the host exited 0 and
+did not time out. The run fails when a scored scenario fails. PSYCH_SIDECAR_ADDRESS (inherited
+by the host) names the sidecar.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import re
 import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-BASELINE = Path(__file__).with_name("baseline.txt")
 # What the host may take per scenario: its own waits are bounded well below this.
 SCENARIO_TIMEOUT_MS = 60_000
-# Spec versions whose scenarios are reported, not judged.
-REPORTED_ONLY = {"draft"}
-# The scenarios run from the next suite (`--next-runner`) beside the pinned one: the scored
-# auth scenarios of the 2026-07-28 revision that the pinned suite lacks or tests less, and its
-# input-required round trips (docs/conformance.md).
-NEXT_SCENARIOS = (
-    "auth/iss-*",
-    "auth/scope-step-up",
-    "auth/authorization-server-migration",
-    "sep-2322-client-request-state",
-)
-# And the HTTP header duties of 2026-07-28 (docs/mcp-2026-07-28.md).
-NEXT_SCENARIOS += ("http-standard-headers", "http-custom-headers")
+# Scenarios played at once. Each runs its own test server on its own port and the host its own
+# connection; most of a scenario's time is waiting (processes starting, the sidecar's connection
+# settling), so a few at once keep a busy 2-core machine's run short without making the
+# sidecar's timing the verdict, as the runner's all-at-once `--requirements` would.
+JOBS = 3
+# The group of the suite's client scenarios that no requirement set lists.
+OUTSIDE = "outside the sets"
+
+
+@dataclass(frozen=True)
+class RequirementSet:
+    """One revision's client requirements: the scored scenarios, and the not-scored ones with
+    the set's reason (and note, when it gives one)."""
+
+    revision: str
+    scored: tuple[str, ...]
+    not_scored: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    spec_versions: frozenset[str]
-    # The runner that plays it, and its suite's version when not the pinned one.
-    runner: str = ""
-    next_version: str = ""
+    # The requirement set that lists it (OUTSIDE for none): the wire version it runs at.
+    revision: str
+    scored: bool
 
     @property
     def label(self) -> str:
-        return f"{self.name} [{self.next_version}]" if self.next_version else self.name
-
-    @property
-    def suites(self) -> list[str]:
-        """The runner's suites this scenario belongs to (its 0.1.x grouping, from spec versions:
-        `core` holds every scenario of a dated spec revision since 2025-06-18, `auth` those of
-        them under auth/, `backcompat` the 2025-03-26 ones)."""
-        versions = self.spec_versions
-        if versions == {"draft"}:
-            return ["draft"]
-        if versions == {"extension"}:
-            return ["extensions"]
-        if versions <= {"2025-03-26"}:
-            return ["backcompat"]
-        return ["core", "auth"] if self.name.startswith("auth/") else ["core"]
-
-    @property
-    def judged(self) -> bool:
-        return not self.spec_versions <= REPORTED_ONLY
+        return f"{self.revision}: {self.name}"
 
 
 @dataclass(frozen=True)
@@ -90,69 +77,100 @@ class Outcome:
     result_dir: Path
 
 
-def client_scenarios(node: str, runner: str, next_version: str = "") -> list[Scenario]:
-    """The client scenarios of the installed suite, from `conformance list`; of the next
-    suite (`next_version` set), those of `NEXT_SCENARIOS`."""
+def _names(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise ValueError(f"{where} is not a list of scenario names")
+    return list(value)
+
+
+def read_requirement_set(path: Path) -> RequirementSet:
+    """The client leg of a requirement set file (its name is the revision)."""
+    revision = path.stem
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", revision):
+        raise ValueError(f"{path}: a requirement set is named for a dated revision")
+    document = yaml.safe_load(path.read_text())
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}: not a mapping")
+    scored = _names(document.get("client") or [], f"{path}: client")
+    not_scored: list[tuple[str, str]] = []
+    for entry in document.get("not_scored") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("scenario"), str):
+            raise ValueError(f"{path}: a not_scored entry names no scenario: {entry!r}")
+        if entry.get("leg") != "client":
+            continue
+        said = [str(entry[key]) for key in ("reason", "note") if entry.get(key)]
+        reason = " ".join(" ".join(said).split())
+        not_scored.append((entry["scenario"], reason))
+    both = sorted(set(scored) & {name for name, _ in not_scored})
+    if both:
+        raise ValueError(f"{path}: scored and not scored at once: {', '.join(both)}")
+    return RequirementSet(revision, tuple(scored), tuple(not_scored))
+
+
+def requirement_sets(runner: Path) -> list[RequirementSet]:
+    """Every requirement set the installed suite carries, oldest revision first: the
+    `requirements/` directory of the package whose `dist/index.js` is the runner."""
+    directory = runner.resolve().parent.parent / "requirements"
+    found = sorted(directory.glob("*.yaml"))
+    if not found:
+        raise SystemExit(f"the installed suite has no requirement sets in {directory}")
+    return [read_requirement_set(path) for path in found]
+
+
+def suite_scenarios(
+    sets: list[RequirementSet], listed: dict[str, frozenset[str]]
+) -> list[Scenario]:
+    """What a run plays: each set's scored then not-scored client scenarios, at its revision,
+    then the suite's client scenarios (`listed`, with their spec versions) that no set names,
+    but for extension ones: on no revision's timeline, the runner skips them outside a set."""
+    scenarios: list[Scenario] = []
+    for requirements in sets:
+        scenarios += [Scenario(name, requirements.revision, True) for name in requirements.scored]
+        scenarios += [
+            Scenario(name, requirements.revision, False) for name, _ in requirements.not_scored
+        ]
+    named = {scenario.name for scenario in scenarios}
+    unknown = sorted(named - set(listed))
+    if unknown:
+        raise SystemExit(
+            f"the requirement sets name scenarios the suite lacks: {', '.join(unknown)}"
+        )
+    outside = [
+        Scenario(name, OUTSIDE, False)
+        for name, versions in listed.items()
+        if name not in named and versions != {"extension"}
+    ]
+    return scenarios + outside
+
+
+def listed_client_scenarios(node: str, runner: str) -> dict[str, frozenset[str]]:
+    """The client scenarios of the installed suite and their spec versions (`extension` for
+    one on no revision's timeline), from `conformance list`."""
     listing = subprocess.run(
         [node, runner, "list"], check=True, capture_output=True, text=True, cwd=ROOT
     ).stdout
     _, _, client_part = listing.partition("Client scenarios")
     client_part, _, _ = client_part.partition("Authorization server scenarios")
-    found = [
-        Scenario(match[1], frozenset(match[2].split(",")), runner, next_version)
-        for match in re.finditer(r"^\s*- (\S+) \[([^\]]*)\]$", client_part, re.MULTILINE)
-    ]
-    if not next_version:
-        return found
-    return [s for s in found if any(fnmatch.fnmatch(s.name, p) for p in NEXT_SCENARIOS)]
+    return {
+        found[1]: frozenset(found[2].split(","))
+        for found in re.finditer(r"^\s*- (\S+) \[([^\]]*)\]$", client_part, re.MULTILINE)
+    }
 
 
-def suite_version(node: str, runner: str) -> str:
-    return subprocess.run(
-        [node, runner, "--version"], check=True, capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-
-
-def read_baseline(path: Path) -> dict[str, str]:
-    """Scenario name -> why it is expected to fail; `#` starts a comment line."""
-    entries: dict[str, str] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, _, reason = line.partition(" ")
-        if not reason.strip():
-            raise SystemExit(f"{path}:{number}: {name} has no reason")
-        entries[name] = reason.strip()
-    return entries
-
-
-def run_scenario(node: str, scenario: Scenario, output: Path) -> Outcome:
-    if scenario.next_version:
-        output = output / scenario.next_version
-    result_dir = output / re.sub(r"[^A-Za-z0-9._-]", "_", scenario.name)
+def run_scenario(node: str, runner: str, scenario: Scenario, output: Path) -> Outcome:
+    folder = re.sub(r"[^A-Za-z0-9._-]", "_", scenario.revision)
+    result_dir = output / folder / re.sub(r"[^A-Za-z0-9._-]", "_", scenario.name)
     result_dir.mkdir(parents=True)
     # The runner splits the command at spaces and runs it through a shell, appending the URL.
     host = f"{shlex.quote(sys.executable)} -m tests.conformance.host"
+    command = [node, runner, "client", "--command", host, "--scenario", scenario.name]
+    if scenario.revision != OUTSIDE:
+        # The revision's wire version, whatever the scenario's own default.
+        command += ["--spec-version", scenario.revision, "--force"]
+    command += ["--timeout", str(SCENARIO_TIMEOUT_MS), "-o", str(result_dir)]
     with (result_dir / "runner.log").open("w") as log:
         status = subprocess.run(
-            [
-                node,
-                scenario.runner,
-                "client",
-                "--command",
-                host,
-                "--scenario",
-                scenario.name,
-                "--timeout",
-                str(SCENARIO_TIMEOUT_MS),
-                "-o",
-                str(result_dir),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            check=False,
+            command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False
         ).returncode
     checks: list[dict[str, object]] = []
     for found in result_dir.glob("**/checks.json"):
@@ -168,19 +186,27 @@ def run_scenario(node: str, scenario: Scenario, output: Path) -> Outcome:
     )
 
 
-def summary_line(suite: str, outcomes: list[Outcome]) -> str:
-    passed = sum(outcome.passed for outcome in outcomes)
+def _tally(outcomes: list[Outcome]) -> str:
+    return f"{sum(outcome.passed for outcome in outcomes)}/{len(outcomes)} passed"
+
+
+def summary_line(group: str, outcomes: list[Outcome]) -> str:
+    """A set's line: scored passed/total, not scored passed/total, and the checks."""
+    scored = [outcome for outcome in outcomes if outcome.scenario.scored]
+    not_scored = [outcome for outcome in outcomes if not outcome.scenario.scored]
     checks_passed = sum(outcome.checks_passed for outcome in outcomes)
     checks_failed = sum(outcome.checks_failed for outcome in outcomes)
     warnings = sum(outcome.warnings for outcome in outcomes)
+    parts = [f"scored {_tally(scored)}"] if scored else []
+    parts.append(f"not scored {_tally(not_scored)}")
     return (
-        f"{suite}: {passed} of {len(outcomes)} scenarios passed; checks {checks_passed} passed, "
-        f"{checks_failed} failed, {warnings} warnings"
+        f"{group}: {'; '.join(parts)}; checks {checks_passed} passed, {checks_failed} failed, "
+        f"{warnings} warnings"
     )
 
 
 def show_failure(outcome: Outcome) -> None:
-    """The failed checks and the host's stderr, for a failure nobody expected."""
+    """The failed checks and the host's stderr, for a scored scenario that failed."""
     for found in outcome.result_dir.glob("**/checks.json"):
         for check in json.loads(found.read_text()):
             if check.get("status") in ("FAILURE", "WARNING"):
@@ -191,85 +217,61 @@ def show_failure(outcome: Outcome) -> None:
             print(f"      | {line}")
 
 
-def judge(outcomes: list[Outcome], baseline: dict[str, str], known: set[str]) -> list[str]:
-    """What fails the run: regressions, stale entries, entries naming no judged scenario."""
-    problems: list[str] = []
-    for outcome in outcomes:
-        name = outcome.scenario.name
-        if not outcome.scenario.judged:
-            if name in baseline:
-                problems.append(f"{name} is reported, not judged: remove it from the baseline")
-        elif not outcome.passed and name not in baseline:
-            problems.append(
-                f"regression: {outcome.scenario.label} failed and is not in the baseline"
-            )
-            show_failure(outcome)
-        elif outcome.passed and name in baseline:
-            problems.append(f"stale baseline entry: {outcome.scenario.label} passes now; remove it")
-    problems.extend(
-        f"the baseline names {name}, which the installed suite does not have"
-        for name in sorted(set(baseline) - known)
-    )
-    return problems
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--node", required=True)
     parser.add_argument("--runner", required=True, help="the suite's dist/index.js")
-    parser.add_argument("--next-runner", help="the next suite's dist/index.js, for NEXT_SCENARIOS")
     parser.add_argument("--output", required=True, type=Path)
-    parser.add_argument("--baseline", type=Path, default=BASELINE)
+    parser.add_argument("--revision", action="append", help="run only these sets (repeatable)")
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
+    parser.add_argument("--jobs", type=int, default=JOBS, help="scenarios played at once")
     options = parser.parse_args()
 
     started = time.monotonic()
-    scenarios = client_scenarios(options.node, options.runner)
-    if options.next_runner:
-        version = suite_version(options.node, options.next_runner)
-        scenarios += client_scenarios(options.node, options.next_runner, version)
-    known = {scenario.name for scenario in scenarios}
+    sets = requirement_sets(Path(options.runner))
+    if options.revision:
+        unknown = sorted(set(options.revision) - {s.revision for s in sets})
+        if unknown:
+            raise SystemExit(f"unknown revisions: {', '.join(unknown)}")
+        sets = [s for s in sets if s.revision in options.revision]
+    scenarios = suite_scenarios(sets, listed_client_scenarios(options.node, options.runner))
+    if options.revision:
+        scenarios = [s for s in scenarios if s.revision != OUTSIDE]
     if options.scenario:
-        unknown = sorted(set(options.scenario) - known)
+        unknown = sorted(set(options.scenario) - {s.name for s in scenarios})
         if unknown:
             raise SystemExit(f"unknown scenarios: {', '.join(unknown)}")
-        scenarios = [scenario for scenario in scenarios if scenario.name in options.scenario]
-    baseline = read_baseline(options.baseline)
+        scenarios = [s for s in scenarios if s.name in options.scenario]
+
+    def play(scenario: Scenario) -> Outcome:
+        return run_scenario(options.node, options.runner, scenario, options.output)
 
     outcomes: list[Outcome] = []
-    for scenario in scenarios:
-        outcome = run_scenario(options.node, scenario, options.output)
-        outcomes.append(outcome)
-        mark = "✓" if outcome.passed else ("~" if scenario.name in baseline else "✗")
-        note = "" if scenario.judged else " (draft: reported, not judged)"
-        print(
-            f"{mark} {scenario.label}: {outcome.checks_passed} passed, {outcome.checks_failed} "
-            f"failed, {outcome.warnings} warnings{note}",
-            flush=True,
-        )
+    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+        # In the order of the sets, each printed once it and those before it have ended.
+        for outcome in pool.map(play, scenarios):
+            outcomes.append(outcome)
+            scenario = outcome.scenario
+            mark = "✓" if outcome.passed else ("✗" if scenario.scored else "~")
+            note = "" if scenario.scored else " (not scored: reported, not judged)"
+            print(
+                f"{mark} {scenario.label}: {outcome.checks_passed} passed, "
+                f"{outcome.checks_failed} failed, {outcome.warnings} warnings{note}",
+                flush=True,
+            )
+            if not outcome.passed and scenario.scored:
+                show_failure(outcome)
 
     print()
-    suites: dict[str, list[Outcome]] = {}
-    for outcome in outcomes:
-        if outcome.scenario.next_version:
-            suites.setdefault(outcome.scenario.next_version, []).append(outcome)
-            continue
-        for suite in outcome.scenario.suites:
-            suites.setdefault(suite, []).append(outcome)
-    for suite in ("core", "auth", "backcompat", "extensions", "draft"):
-        if suite in suites:
-            print(summary_line(suite, suites.pop(suite)))
-    for suite, run in suites.items():
-        print(summary_line(f"{suite} ({', '.join(NEXT_SCENARIOS)})", run))
-    print(summary_line("all", outcomes))
-
-    problems = judge(outcomes, baseline, known)
-    expected = sum(not o.passed and o.scenario.name in baseline for o in outcomes)
-    elapsed = time.monotonic() - started
-    print(f"\nexpected failures (in the baseline): {expected}; run time {elapsed:.0f} s")
-    for problem in problems:
-        print(f"FAILED: {problem}")
-    return 1 if problems else 0
+    for group in [s.revision for s in sets] + [OUTSIDE]:
+        run = [outcome for outcome in outcomes if outcome.scenario.revision == group]
+        if run:
+            print(summary_line(group, run))
+    failed = [o.scenario.label for o in outcomes if o.scenario.scored and not o.passed]
+    print(f"\nrun time {time.monotonic() - started:.0f} s")
+    for label in failed:
+        print(f"FAILED: scored scenario {label}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ resource server in one, built on the MCP SDK's server auth.
     python tests/mcp_servers/oauth_server.py --port P [--token-seconds S]
         [--issuer URL] [--resource URL] [--metadata-padding BYTES] [--metadata-delay SECONDS]
         [--approve-code C] [--step-up-scope S] [--client-id-metadata-documents]
-        [--open-initialize]
+        [--open-initialize] [--refuse-initialize]
 
 - dynamic client registration on; authorization code with PKCE; the consent is automatic, so
   a test plays the user's browser by following the authorization URL to its redirect;
@@ -53,6 +53,9 @@ resource server in one, built on the MCP SDK's server auth.
   server), as are notifications; any other /mcp request without one is refused 401 with a
   challenge naming every scope of the server, so a client learns the scope it needs only
   from a request after initialize;
+- `--refuse-initialize`: an `initialize` without a token is refused 400, as a server of the
+  2026-07-28 revision alone (no handshake) refuses it, while other requests without one are
+  refused 401 with the challenge of `--open-initialize` (with which it goes);
 - `POST /admin/echo-token?on=1`: every /mcp request with a token is refused 403 with a
   WWW-Authenticate that echoes the token it refused (`on=0` ends it);
   `POST /admin/next-access-token` with {"token"}: the next access token issued is that one
@@ -499,6 +502,8 @@ def build_app(options: argparse.Namespace) -> Any:
         authorization = headers.get("authorization", "")
         metadata = f"{base}/.well-known/oauth-protected-resource/mcp"
         if options.open_initialize and not authorization:
+            if method == "initialize" and options.refuse_initialize:
+                return JSONResponse({"error": "unsupported protocol version"}, status_code=400)
             if method == "initialize":
                 return JSONResponse(
                     {
@@ -638,6 +643,7 @@ def main() -> None:
     parser.add_argument("--step-up-scope", default="")
     parser.add_argument("--client-id-metadata-documents", action="store_true")
     parser.add_argument("--open-initialize", action="store_true")
+    parser.add_argument("--refuse-initialize", action="store_true")
     options = parser.parse_args()
     config = uvicorn.Config(
         build_app(options), host="127.0.0.1", port=options.port, log_level="warning"

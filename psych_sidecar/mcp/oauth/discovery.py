@@ -31,6 +31,10 @@ from psych_sidecar.mcp.oauth.guard import MAX_OAUTH_ERROR_CHARS, OutboundGuard, 
 
 # The name the sidecar gives itself as an OAuth client and in its unauthenticated initialize.
 CLIENT_NAME = "psych-sidecar"
+# The wire versions the probe for a server's challenge speaks: the stateless revision first, as
+# the SDK connects, then the dated revisions' handshake.
+MODERN_VERSION = "2026-07-28"
+LEGACY_VERSION = "2025-06-18"
 _MCP_ACCEPT = "application/json, text/event-stream"
 
 
@@ -180,18 +184,29 @@ def _probe_request(
     )
 
 
-async def _challenge(guard: OutboundGuard, connection: Connection) -> httpx2.Response | None:
-    """The server's answer to requests without a token: its 401 (or 403) names its metadata
-    and the scope it wants. A server may let `initialize` through and refuse only what
-    follows, so when it answers `initialize`, the probe goes on as a client would, with
-    `notifications/initialized` and `tools/list`, and takes the first refusal's challenge."""
-    version = "2025-06-18"
-    probes: list[dict[str, object]] = [
+def _modern_probes() -> list[dict[str, object]]:
+    """The 2026-07-28 wire's first requests, as the SDK sends them: `server/discover`, then
+    `tools/list`, each self-contained (its version, client and capabilities in `_meta`)."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+        "io.modelcontextprotocol/clientInfo": {"name": CLIENT_NAME, "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    return [
+        {"id": 0, "method": "server/discover", "params": {"_meta": meta}},
+        {"id": 1, "method": "tools/list", "params": {"_meta": meta}},
+    ]
+
+
+def _legacy_probes() -> list[dict[str, object]]:
+    """The dated revisions' handshake: `initialize`, `notifications/initialized`, `tools/list`
+    in the session `initialize` opens."""
+    return [
         {
             "id": 0,
             "method": "initialize",
             "params": {
-                "protocolVersion": version,
+                "protocolVersion": LEGACY_VERSION,
                 "capabilities": {},
                 "clientInfo": {"name": CLIENT_NAME, "version": "0"},
             },
@@ -199,39 +214,69 @@ async def _challenge(guard: OutboundGuard, connection: Connection) -> httpx2.Res
         {"method": "notifications/initialized"},
         {"id": 1, "method": "tools/list"},
     ]
-    headers: dict[str, str] = {}
-    answered = False
+
+
+async def _challenge(guard: OutboundGuard, connection: Connection) -> httpx2.Response | None:
+    """The server's answer to requests without a token: its 401 (or 403) names its metadata
+    and the scope it wants. A server may let its first request through and refuse only what
+    follows, so the probe goes on as a client would and takes the first refusal's challenge:
+    first as the SDK connects, the 2026-07-28 way (`server/discover`, then `tools/list`), then,
+    when the server refused neither with a challenge (a server of a dated revision answers
+    `server/discover` with an error), with the dated revisions' `initialize` handshake."""
+    answers: list[int] = []
     try:
         async with httpx2.AsyncClient(trust_env=False) as client:
             with anyio.fail_after(guard.settings.request_timeout_seconds):
-                for message in probes:
-                    request = _probe_request(connection, message, headers)
-                    response = await client.send(request, stream=True)
-                    await response.aclose()
-                    if response.status_code in (401, 403):
-                        return response
-                    if not response.is_success:
-                        return None
-                    answered = True
-                    session = response.headers.get("mcp-session-id")
-                    if session and "mcp-session-id" not in headers:
-                        headers = {"mcp-session-id": session, "mcp-protocol-version": version}
-                if "mcp-session-id" in headers:
-                    # The probe's session ends here (a server may refuse: no matter).
-                    with contextlib.suppress(httpx2.HTTPError):
-                        ended = httpx2.Request(
-                            "DELETE", connection.url, headers={**connection.headers, **headers}
-                        )
-                        await (await client.send(ended, stream=True)).aclose()
+                for probes, modern in ((_modern_probes(), True), (_legacy_probes(), False)):
+                    challenge = await _probe(client, connection, probes, answers, modern=modern)
+                    if challenge is not None:
+                        return challenge
     except (TimeoutError, httpx2.HTTPError) as error:
-        if answered:
-            # It answered initialize: a server, whose metadata the well-known URLs give.
+        if answers:
+            # It answered a request: a server, whose metadata the well-known URLs give.
             return None
         raise guard.failed(
             connection.name,
             connection.url,
             f"the server did not answer: {type(error).__name__}",
         ) from None
+    return None
+
+
+async def _probe(
+    client: httpx2.AsyncClient,
+    connection: Connection,
+    probes: list[dict[str, object]],
+    answers: list[int],
+    *,
+    modern: bool,
+) -> httpx2.Response | None:
+    """The first 401 or 403 of the probes, or None; each answer's status is added to
+    `answers`. A request answered otherwise than with success ends the probes."""
+    headers: dict[str, str] = {}
+    try:
+        for message in probes:
+            method = str(message["method"])
+            sent = {"mcp-protocol-version": MODERN_VERSION, "mcp-method": method} if modern else {}
+            request = _probe_request(connection, message, {**headers, **sent})
+            response = await client.send(request, stream=True)
+            await response.aclose()
+            answers.append(response.status_code)
+            if response.status_code in (401, 403):
+                return response
+            if not response.is_success:
+                return None
+            session = response.headers.get("mcp-session-id")
+            if not modern and session and "mcp-session-id" not in headers:
+                headers = {"mcp-session-id": session, "mcp-protocol-version": LEGACY_VERSION}
+    finally:
+        if "mcp-session-id" in headers:
+            # The probe's session ends here (a server may refuse: no matter).
+            with contextlib.suppress(httpx2.HTTPError):
+                ended = httpx2.Request(
+                    "DELETE", connection.url, headers={**connection.headers, **headers}
+                )
+                await (await client.send(ended, stream=True)).aclose()
     return None
 
 
