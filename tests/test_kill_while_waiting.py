@@ -1,0 +1,225 @@
+"""kill -9 of a real `psych-sidecar serve` process while a call waits, on PostgreSQL: another
+sidecar on the same database takes over.
+
+- A call waiting for its user's input: the host's answer, given to another sidecar,
+  continues it on 2026-07-28 (the request state travels with the stored round) and the
+  server's final result is recorded once; on 2025-11-25 the question lived in the dead
+  sidecar's session, so the call ends as a recorded tool error saying it was lost.
+- A call running as a task: the task completes after the sidecar that started it was killed,
+  and the other sidecar appends its result once.
+
+PostgreSQL only: many sidecars on one database is what it is for (a SQLite file has one
+writer process at a time)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+
+from psych.sidecar.v1 import (
+    connection_pb2,
+    connection_service_pb2,
+    content_pb2,
+    run_pb2,
+    run_service_pb2,
+    spec_pb2,
+    tool_service_pb2,
+)
+from tests.support.connections import put_http
+from tests.support.polling import wait_for
+from tests.support.processes import HttpServer, ServedSidecar, free_port, running
+from tests.support.requests import all_records, publish, user
+from tests.support.sidecar import Stubs
+
+SIDECAR_DATABASES = ["postgresql"]
+
+MCP_SERVERS = Path(__file__).parent / "mcp_servers"
+COMMANDS = {
+    "asking": {"argv": [sys.executable, str(MCP_SERVERS / "asking_server.py")]},
+    "asking-legacy": {
+        "argv": [sys.executable, str(MCP_SERVERS / "asking_server.py"), "--era", "legacy"]
+    },
+}
+ERAS = {"modern": "asking", "legacy": "asking-legacy"}
+
+
+@contextlib.contextmanager
+def serving(database_url: str, data_dir: Path) -> Iterator[tuple[ServedSidecar, Stubs]]:
+    """`psych-sidecar serve` on the database, and stubs on its channel. Stopped on the way
+    out unless the test killed it."""
+    address = f"127.0.0.1:{free_port()}"
+    served = ServedSidecar(
+        "--listen",
+        address,
+        "--database-url",
+        database_url,
+        "--data-dir",
+        str(data_dir),
+        env={
+            "PSYCH_SIDECAR_SEMANTIC_SEARCH": "off",
+            "PSYCH_SIDECAR_MCP_COMMANDS": json.dumps(COMMANDS),
+            "PSYCH_SIDECAR_TASK_POLL_MIN_SECONDS": "0.05",
+            "PSYCH_SIDECAR_TASK_POLL_MAX_SECONDS": "0.2",
+            "PSYCH_SIDECAR_MCP_RECONNECT_MIN_SECONDS": "0.1",
+            "PSYCH_SIDECAR_MCP_RECONNECT_MAX_SECONDS": "0.5",
+            # A claim of the killed sidecar runs out within seconds.
+            "PSYCH_SIDECAR_TOOL_CALL_TIMEOUT_SECONDS": "5",
+        },
+    )
+    try:
+        served.wait_serving()
+        with grpc.insecure_channel(address) as channel:
+            yield served, Stubs.on(channel)
+    finally:
+        served.stop()
+
+
+def new_run(
+    stubs: Stubs, unique: Callable[[str], str], connection: connection_pb2.Connection
+) -> str:
+    stubs.connections.PutConnection(
+        connection_service_pb2.PutConnectionRequest(connection=connection)
+    )
+    spec = unique("spec")
+    publish(stubs, spec, grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")])
+    request = run_service_pb2.CreateRunRequest(
+        tenant=connection.tenant, spec_name=spec, spec_version=1
+    )
+    return stubs.runs.CreateRun(request).run.run_id
+
+
+def text(outcome: tool_service_pb2.ToolOutcome) -> str:
+    return "".join(part.get("text", "") for part in json.loads(outcome.result_json)["content"])
+
+
+def ask(stubs: Stubs, run_id: str) -> tool_service_pb2.CallDeferredToolResponse:
+    request = tool_service_pb2.CallDeferredToolRequest(
+        run_id=run_id, server="ask", tool="ask_name", call_id="c1", arguments=struct_pb2.Struct()
+    )
+    return stubs.tools.CallDeferredTool(request, timeout=60)
+
+
+def results_of(stubs: Stubs, run_id: str, call_id: str) -> list[run_pb2.Record]:
+    return [
+        record
+        for record in all_records(stubs, run_id)
+        if record.HasField("tool_result") and record.tool_result.call_id == call_id
+    ]
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_an_answer_after_a_kill_9_continues_on_another_sidecar(
+    database_url: str, tmp_path: Path, unique: Callable[[str], str], era: str
+) -> None:
+    tenant = unique("tenant")
+    connection = connection_pb2.Connection(
+        tenant=tenant,
+        name="ask",
+        stdio=connection_pb2.StdioTransport(command=ERAS[era]),
+        preload=True,
+    )
+    with serving(database_url, tmp_path / "first") as (first, stubs):
+        run_id = new_run(stubs, unique, connection)
+        calls = [content_pb2.ToolCall(call_id="c1", name="ask__ask_name", arguments_json="{}")]
+        stubs.runs.AppendRecords(
+            run_service_pb2.AppendRecordsRequest(
+                run_id=run_id,
+                records=[
+                    user("ask me"),
+                    run_pb2.Record(assistant_message=run_pb2.AssistantMessage(tool_calls=calls)),
+                ],
+            )
+        )
+        waiting = ask(stubs, run_id).input_required
+        assert waiting.attempt
+        first.kill()
+    answer = tool_service_pb2.ContinueToolCallRequest(
+        run_id=run_id,
+        call_id="c1",
+        attempt=waiting.attempt,
+        answers=[
+            tool_service_pb2.InputAnswer(
+                key=waiting.requests[0].key,
+                action=tool_service_pb2.INPUT_ACTION_ACCEPT,
+                content=struct_pb2.Struct(fields={"name": struct_pb2.Value(string_value="Zed")}),
+            )
+        ],
+    )
+    with serving(database_url, tmp_path / "second") as (_, stubs):
+        done = stubs.tools.ContinueToolCall(answer, timeout=60)
+        if era == "modern":
+            assert not done.outcome.is_error
+            assert text(done.outcome) == "hello Zed"
+        else:
+            # The question was held in the killed sidecar's session: a typed, recorded
+            # tool error saying so.
+            assert done.outcome.is_error
+            assert "lost" in text(done.outcome)
+        # The answer retried and the call retried get the same recorded outcome.
+        assert stubs.tools.ContinueToolCall(answer, timeout=60).outcome == done.outcome
+        assert ask(stubs, run_id).outcome.sequence == done.outcome.sequence
+        (recorded,) = results_of(stubs, run_id, "c1")
+        assert recorded.sequence == done.outcome.sequence
+
+
+def test_a_task_completes_after_a_kill_9_of_the_sidecar_that_started_it(
+    database_url: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    port = free_port()
+    task_server = [sys.executable, str(MCP_SERVERS / "task_server.py"), "--port", str(port)]
+    with running(HttpServer(task_server, port)):
+        url = f"http://127.0.0.1:{port}/mcp"
+        tenant = unique("tenant")
+        with serving(database_url, tmp_path / "first") as (first, stubs):
+            put_http(stubs, tenant, "jobs", url)
+            spec = unique("spec")
+            publish(stubs, spec, grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")])
+            run_id = stubs.runs.CreateRun(
+                run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec, spec_version=1)
+            ).run.run_id
+            started = stubs.tools.CallDeferredTool(
+                tool_service_pb2.CallDeferredToolRequest(
+                    run_id=run_id,
+                    server="jobs",
+                    tool="job",
+                    call_id="c1",
+                    arguments=struct_pb2.Struct(
+                        fields={"name": struct_pb2.Value(string_value="killed")}
+                    ),
+                    execution=tool_service_pb2.TOOL_CALL_EXECUTION_LONG_RUNNING,
+                ),
+                timeout=30,
+            ).outcome
+            assert started.task.state == tool_service_pb2.TOOL_TASK_STATE_WORKING
+            first.kill()
+        with serving(database_url, tmp_path / "second") as (_, stubs):
+            finish = tool_service_pb2.CallDeferredToolRequest(
+                run_id=run_id,
+                server="jobs",
+                tool="finish",
+                call_id="finish",
+                arguments=struct_pb2.Struct(
+                    fields={
+                        "name": struct_pb2.Value(string_value="killed"),
+                        "outcome": struct_pb2.Value(string_value="complete"),
+                    }
+                ),
+            )
+            assert not stubs.tools.CallDeferredTool(finish, timeout=30).outcome.is_error
+            get = tool_service_pb2.GetToolTaskRequest(run_id=run_id, call_id="c1")
+            wait_for(
+                lambda: stubs.tools.GetToolTask(get).task.result_call_id != "",
+                "the task's end",
+            )
+            task = stubs.tools.GetToolTask(get).task
+            assert task.state == tool_service_pb2.TOOL_TASK_STATE_COMPLETED
+            (ended,) = results_of(stubs, run_id, task.result_call_id)
+            assert ended.tool_result.content[0].text == "job killed done"
+            assert (ended.sequence, ended.handle) == (task.result_sequence, task.result_handle)
