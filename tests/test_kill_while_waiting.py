@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 from psych.sidecar.v1 import (
     connection_pb2,
@@ -48,6 +48,10 @@ COMMANDS = {
     },
 }
 ERAS = {"modern": "asking", "legacy": "asking-legacy"}
+# A call's timeout here (the sidecars' default is short, for the task's claim): also how long
+# it waits for its session to connect, on a sidecar that never ran the server before (a busy
+# machine takes seconds to start a Python MCP server).
+SESSION_START = duration_pb2.Duration(seconds=60)
 
 
 @contextlib.contextmanager
@@ -101,7 +105,12 @@ def text(outcome: tool_service_pb2.ToolOutcome) -> str:
 
 def ask(stubs: Stubs, run_id: str) -> tool_service_pb2.CallDeferredToolResponse:
     request = tool_service_pb2.CallDeferredToolRequest(
-        run_id=run_id, server="ask", tool="ask_name", call_id="c1", arguments=struct_pb2.Struct()
+        run_id=run_id,
+        server="ask",
+        tool="ask_name",
+        call_id="c1",
+        arguments=struct_pb2.Struct(),
+        timeout=SESSION_START,
     )
     return stubs.tools.CallDeferredTool(request, timeout=60)
 
@@ -144,6 +153,7 @@ def test_an_answer_after_a_kill_9_continues_on_another_sidecar(
         run_id=run_id,
         call_id="c1",
         attempt=waiting.attempt,
+        timeout=SESSION_START,
         answers=[
             tool_service_pb2.InputAnswer(
                 key=waiting.requests[0].key,
