@@ -3,13 +3,14 @@ session (`task_calls.py` speaks the extension)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from psych_sidecar.domain.calls import CallExecution, StartedTask, TaskReport, TaskState
 from psych_sidecar.domain.catalog import (
     ConnectionState,
+    InputAnswer,
     InputAsked,
     McpToolResult,
     ToolCallFailed,
@@ -111,6 +112,26 @@ class SessionTaskRunner:
             await cancel_task(client, task_id, timeout_seconds)
         except Exception as error:
             raise self._failed(session, f"tasks/cancel of task {task_id!r}", error) from None
+
+    async def answer_task(
+        self,
+        tenant: str,
+        server: str,
+        task_id: str,
+        *,
+        asked: InputAsked,
+        answers: Sequence[InputAnswer],
+        timeout_seconds: float,
+    ) -> None:
+        from psych_sidecar.mcp.input_rounds import input_responses
+        from psych_sidecar.mcp.task_calls import update_task
+
+        session = await self._session(tenant, server)
+        client = self._connected(session)
+        try:
+            await update_task(client, task_id, input_responses(asked, answers), timeout_seconds)
+        except Exception as error:
+            raise self._failed(session, f"tasks/update of task {task_id!r}", error) from None
 
     @staticmethod
     def _connected(session: ConnectionSession) -> Client:
