@@ -6,7 +6,8 @@ sidecar on the same database takes over.
   server's final result is recorded once; on 2025-11-25 the question lived in the dead
   sidecar's session, so the call ends as a recorded tool error saying it was lost.
 - A call running as a task: the task completes after the sidecar that started it was killed,
-  and the other sidecar appends its result once.
+  and the other sidecar appends its result once; a task that asks its user, answered on the
+  other sidecar, goes on (tasks/update) and ends once.
 
 PostgreSQL only: many sidecars on one database is what it is for (a SQLite file has one
 writer process at a time)."""
@@ -233,3 +234,73 @@ def test_a_task_completes_after_a_kill_9_of_the_sidecar_that_started_it(
             (ended,) = results_of(stubs, run_id, task.result_call_id)
             assert ended.tool_result.content[0].text == "job killed done"
             assert (ended.sequence, ended.handle) == (task.result_sequence, task.result_handle)
+
+
+def test_a_tasks_question_is_answered_after_a_kill_9_on_another_sidecar(
+    database_url: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    """A running task's own questions are the server's to hold (the task lives there): the
+    answer given to another sidecar goes on with tasks/update, and the task's end is
+    appended once."""
+    port = free_port()
+    task_server = [sys.executable, str(MCP_SERVERS / "task_server.py"), "--port", str(port)]
+    with running(HttpServer(task_server, port)):
+        tenant = unique("tenant")
+        get = tool_service_pb2.GetToolTaskRequest(call_id="c1")
+        with serving(database_url, tmp_path / "first") as (first, stubs):
+            put_http(stubs, tenant, "jobs", f"http://127.0.0.1:{port}/mcp")
+            spec = unique("spec")
+            publish(stubs, spec, grants=[spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")])
+            get.run_id = stubs.runs.CreateRun(
+                run_service_pb2.CreateRunRequest(tenant=tenant, spec_name=spec, spec_version=1)
+            ).run.run_id
+            stubs.tools.CallDeferredTool(
+                tool_service_pb2.CallDeferredToolRequest(
+                    run_id=get.run_id,
+                    server="jobs",
+                    tool="ask_job",
+                    call_id="c1",
+                    arguments=struct_pb2.Struct(
+                        fields={"name": struct_pb2.Value(string_value="crash")}
+                    ),
+                    execution=tool_service_pb2.TOOL_CALL_EXECUTION_LONG_RUNNING,
+                    timeout=SESSION_START,
+                ),
+                timeout=90,
+            )
+            wait_for(
+                lambda: stubs.tools.GetToolTask(get).task.HasField("input_required"),
+                "the task's question",
+            )
+            waiting = stubs.tools.GetToolTask(get).task.input_required
+            first.kill()
+        content = struct_pb2.Struct(fields={"confirm": struct_pb2.Value(bool_value=True)})
+        answer = tool_service_pb2.ContinueToolCallRequest(
+            run_id=get.run_id,
+            call_id="c1",
+            attempt=waiting.attempt,
+            timeout=SESSION_START,
+            answers=[
+                tool_service_pb2.InputAnswer(
+                    key="crash-1", action=tool_service_pb2.INPUT_ACTION_ACCEPT, content=content
+                )
+            ],
+        )
+        with serving(database_url, tmp_path / "second") as (_, stubs):
+            answered = stubs.tools.ContinueToolCall(answer, timeout=90).task
+            assert answered.state in (
+                tool_service_pb2.TOOL_TASK_STATE_WORKING,
+                tool_service_pb2.TOOL_TASK_STATE_COMPLETED,
+            )
+            wait_for(
+                lambda: stubs.tools.GetToolTask(get).task.result_call_id != "", "the task's end"
+            )
+            task = stubs.tools.GetToolTask(get).task
+            assert task.state == tool_service_pb2.TOOL_TASK_STATE_COMPLETED
+            # The answer retried: the task as it stands, nothing appended again.
+            again = stubs.tools.ContinueToolCall(answer, timeout=90).task
+            assert again.result_call_id == task.result_call_id
+            (ended,) = results_of(stubs, get.run_id, task.result_call_id)
+            assert ended.tool_result.content[0].text == (
+                'job crash answered: crash-1=accept {"confirm": true}'
+            )
