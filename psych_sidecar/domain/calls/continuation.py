@@ -29,7 +29,13 @@ from psych_sidecar.domain.catalog import (
     RoundOutcome,
     content_problem,
 )
-from psych_sidecar.domain.errors import field_invalid, field_required, input_not_awaited
+from psych_sidecar.domain.errors import (
+    ConnectionUnreachable,
+    field_invalid,
+    field_required,
+    input_not_awaited,
+    quoted,
+)
 from psych_sidecar.domain.runlog import MAX_IDENTIFIER_LENGTH, OffLoop
 from psych_sidecar.domain.surface import ResolvedTurn, RunContext, TurnResolver
 
@@ -116,6 +122,15 @@ class CallContinuation:
             raise input_not_awaited(run_id, call_id, "that round is being answered")
         if datetime.now(UTC) >= wait.expire_time:
             return await self._ledger.waiting_or_expired(wait)
+        # The answer is spent only on a session that reaches the server: one still connecting
+        # (a sidecar that never ran it) is waited for, and one that cannot reach it leaves
+        # the round open for the host to send the same answer again. (On 2025-11-25 a session
+        # that connects anew no longer holds the question: the call ends saying it was lost.)
+        why = await self._mcp.unreachable(resolved, wait, timeout_seconds)
+        if why is not None:
+            raise answer_not_delivered(wait, why)
+        if datetime.now(UTC) >= wait.expire_time:
+            return await self._ledger.waiting_or_expired(wait)
         await self._answered(wait, answers)
         result = await self._mcp.continue_call(resolved, wait, answers, timeout_seconds)
         return await self._ledger.settle(run_id, call_id, wait.request_id, result, wait.round + 1)
@@ -166,3 +181,13 @@ class CallContinuation:
         waits = self._ledger.waits
         rounds = None if waits is None else waits.rounds_of_call(run_id, call_id)
         return resolved, rounds
+
+
+def answer_not_delivered(wait: InputWait, why: str) -> ConnectionUnreachable:
+    """CONNECTION_UNREACHABLE for an answer that was not given: the round still waits."""
+    return ConnectionUnreachable(
+        f"the answer to call {quoted(wait.call_id)} was not given (its round still waits; send the "
+        f"same answer again): {why}",
+        connection=wait.server,
+        detail=why,
+    )
