@@ -17,12 +17,16 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from google.protobuf import duration_pb2, struct_pb2
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from psych.sidecar.v1 import (
     connection_pb2,
@@ -33,7 +37,7 @@ from psych.sidecar.v1 import (
     spec_pb2,
     tool_service_pb2,
 )
-from tests.support.connections import put_http
+from tests.support.connections import listed, put_http
 from tests.support.polling import wait_for
 from tests.support.processes import HttpServer, ServedSidecar, free_port, running
 from tests.support.requests import all_records, publish, user
@@ -49,10 +53,13 @@ COMMANDS = {
     },
 }
 ERAS = {"modern": "asking", "legacy": "asking-legacy"}
-# A call's timeout here (the sidecars' default is short, for the task's claim): also how long
-# it waits for its session to connect, on a sidecar that never ran the server before (a busy
-# machine takes seconds to start a Python MCP server).
+# A task call's timeout here (the sidecars' default is short, for the task's claim): also how
+# long the task runner waits for its session to connect, on a sidecar that never ran the
+# server before (a busy machine takes seconds to start a Python MCP server).
 SESSION_START = duration_pb2.Duration(seconds=60)
+# How long a host here keeps sending an answer the sidecar could not give yet (its session to
+# the server still connecting): as long as a busy machine may take to start the server.
+ANSWER_WITHIN = 60.0
 
 
 @contextlib.contextmanager
@@ -106,14 +113,59 @@ def text(outcome: tool_service_pb2.ToolOutcome) -> str:
 
 def ask(stubs: Stubs, run_id: str) -> tool_service_pb2.CallDeferredToolResponse:
     request = tool_service_pb2.CallDeferredToolRequest(
-        run_id=run_id,
-        server="ask",
-        tool="ask_name",
-        call_id="c1",
-        arguments=struct_pb2.Struct(),
-        timeout=SESSION_START,
+        run_id=run_id, server="ask", tool="ask_name", call_id="c1", arguments=struct_pb2.Struct()
     )
     return stubs.tools.CallDeferredTool(request, timeout=60)
+
+
+def connected(stubs: Stubs, tenant: str) -> None:
+    """Wait until this sidecar's session to `ask` is connected: a call on a session still
+    connecting is a recorded tool error saying so (the model may call again), which is not
+    what these tests are about."""
+    wait_for(
+        lambda: listed(stubs, tenant)["ask"].state == connection_pb2.CONNECTION_STATE_CONNECTED,
+        "the session to the asking server",
+        within=ANSWER_WITHIN,
+    )
+
+
+def given(
+    stubs: Stubs, answer: tool_service_pb2.ContinueToolCallRequest
+) -> tool_service_pb2.ContinueToolCallResponse:
+    """The answer sent as a host does: again while the sidecar says it could not give it yet
+    (CONNECTION_UNREACHABLE, UNAVAILABLE: its session to the server is still connecting)."""
+    deadline = time.monotonic() + ANSWER_WITHIN
+    while True:
+        response = sent(stubs, answer)
+        if not isinstance(response, grpc.RpcError):
+            return response
+        if time.monotonic() > deadline or not not_given_yet(response):
+            raise response
+        time.sleep(0.2)
+
+
+def sent(
+    stubs: Stubs, answer: tool_service_pb2.ContinueToolCallRequest
+) -> tool_service_pb2.ContinueToolCallResponse | grpc.RpcError:
+    """The answer sent once: the response, or the RPC's failure."""
+    try:
+        return stubs.tools.ContinueToolCall(answer, timeout=60)
+    except grpc.RpcError as error:
+        return error
+
+
+def not_given_yet(error: grpc.RpcError) -> bool:
+    """Whether a ContinueToolCall failed retryably: its answer was not given, its round
+    still waits."""
+    failure: Any = error
+    status = rpc_status.from_call(failure)
+    if failure.code() is not grpc.StatusCode.UNAVAILABLE or status is None:
+        return False
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason == "CONNECTION_UNREACHABLE"
+    return False
 
 
 def results_of(stubs: Stubs, run_id: str, call_id: str) -> list[run_pb2.Record]:
@@ -147,6 +199,7 @@ def test_an_answer_after_a_kill_9_continues_on_another_sidecar(
                 ],
             )
         )
+        connected(stubs, tenant)
         waiting = ask(stubs, run_id).input_required
         assert waiting.attempt
         first.kill()
@@ -154,7 +207,6 @@ def test_an_answer_after_a_kill_9_continues_on_another_sidecar(
         run_id=run_id,
         call_id="c1",
         attempt=waiting.attempt,
-        timeout=SESSION_START,
         answers=[
             tool_service_pb2.InputAnswer(
                 key=waiting.requests[0].key,
@@ -164,7 +216,7 @@ def test_an_answer_after_a_kill_9_continues_on_another_sidecar(
         ],
     )
     with serving(database_url, tmp_path / "second") as (_, stubs):
-        done = stubs.tools.ContinueToolCall(answer, timeout=60)
+        done = given(stubs, answer)
         if era == "modern":
             assert not done.outcome.is_error
             assert text(done.outcome) == "hello Zed"
@@ -176,6 +228,70 @@ def test_an_answer_after_a_kill_9_continues_on_another_sidecar(
         # The answer retried and the call retried get the same recorded outcome.
         assert stubs.tools.ContinueToolCall(answer, timeout=60).outcome == done.outcome
         assert ask(stubs, run_id).outcome.sequence == done.outcome.sequence
+        (recorded,) = results_of(stubs, run_id, "c1")
+        assert recorded.sequence == done.outcome.sequence
+
+
+def test_an_answer_on_a_sidecar_still_connecting_to_the_server_is_not_lost(
+    database_url: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    """The answer goes to a sidecar started right before it, whose session to the server is
+    still connecting: the answer waits for it within the call's timeout, or fails retryably
+    (CONNECTION_UNREACHABLE, the round still open, nothing recorded) and the same answer sent
+    again is given. Either way the server's result is recorded, once; never the session's
+    "still connecting"."""
+    tenant = unique("tenant")
+    connection = connection_pb2.Connection(
+        tenant=tenant, name="ask", stdio=connection_pb2.StdioTransport(command=ERAS["modern"])
+    )
+    with serving(database_url, tmp_path / "first") as (_, stubs):
+        run_id = new_run(stubs, unique, connection)
+        calls = [content_pb2.ToolCall(call_id="c1", name="ask__ask_name", arguments_json="{}")]
+        stubs.runs.AppendRecords(
+            run_service_pb2.AppendRecordsRequest(
+                run_id=run_id,
+                records=[
+                    user("ask me"),
+                    run_pb2.Record(assistant_message=run_pb2.AssistantMessage(tool_calls=calls)),
+                ],
+            )
+        )
+        connected(stubs, tenant)
+        waiting = ask(stubs, run_id).input_required
+        name = struct_pb2.Struct(fields={"name": struct_pb2.Value(string_value="Zed")})
+        answer = tool_service_pb2.ContinueToolCallRequest(
+            run_id=run_id,
+            call_id="c1",
+            attempt=waiting.attempt,
+            answers=[
+                tool_service_pb2.InputAnswer(
+                    key=waiting.requests[0].key,
+                    action=tool_service_pb2.INPUT_ACTION_ACCEPT,
+                    content=name,
+                )
+            ],
+        )
+        with serving(database_url, tmp_path / "second") as (_, other):
+            # The second sidecar starts its session to the server as it starts serving.
+            state = listed(other, tenant)["ask"].state
+            assert state == connection_pb2.CONNECTION_STATE_CONNECTING
+            # An answer given no time to wait for the session: not given, the round open.
+            hurried = tool_service_pb2.ContinueToolCallRequest()
+            hurried.CopyFrom(answer)
+            hurried.timeout.FromNanoseconds(1_000)
+            early = sent(other, hurried)
+            if isinstance(early, grpc.RpcError):
+                assert not_given_yet(early), early
+                assert results_of(other, run_id, "c1") == []
+                assert ask(other, run_id).input_required.attempt == waiting.attempt
+            else:
+                # The session connected in the meantime after all: the answer was given.
+                assert not early.outcome.is_error
+            done = given(other, answer)
+        assert not done.outcome.is_error
+        assert text(done.outcome) == "hello Zed"
+        # Retried on the first sidecar: the same recorded outcome, recorded once.
+        assert stubs.tools.ContinueToolCall(answer, timeout=60).outcome == done.outcome
         (recorded,) = results_of(stubs, run_id, "c1")
         assert recorded.sequence == done.outcome.sequence
 
