@@ -2,8 +2,10 @@
 task server (tests/mcp_servers/task_server.py) run for real, through real sidecars on SQLite and
 PostgreSQL: a task that completes after the sidecar that started it stopped (another sidecar on
 the same database ends it), one that fails, one the host cancels, a model's call dispatched
-as long-running (its end waits for the rest of its step); a call not marked long-running, or
-to a server without tasks, runs as any other."""
+as long-running (its end waits for the rest of its step), a task that asks its user for input
+(its questions reach the host through GetToolTask and the prompt, ContinueToolCall answers
+them with tasks/update; unanswered, it ends as a recorded tool error); a call not marked
+long-running, or to a server without tasks, runs as any other."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from tests.support.connections import fixture_http, put_http
 from tests.support.databases import TEST_SECRET_KEY, pooling_of
 from tests.support.polling import wait_for
 from tests.support.processes import HttpServer, free_port, running
+from tests.support.prompts import assemble
 from tests.support.requests import all_records, publish, user
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
@@ -41,7 +44,7 @@ def task_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def sidecar(database_url: str, tmp_path: Path, name: str) -> Iterator[Stubs]:
+def sidecar(database_url: str, tmp_path: Path, name: str, **overrides: Any) -> Iterator[Stubs]:
     """A sidecar of its own on the module's database (its polls quick), and its stubs."""
     settings = Settings(
         listen=[f"unix://{tmp_path / f'{name}.sock'}"],
@@ -56,6 +59,7 @@ def sidecar(database_url: str, tmp_path: Path, name: str) -> Iterator[Stubs]:
         task_poll_max_seconds=0.2,
         # A poll cut short by a stop is claimed again within seconds.
         tool_call_timeout_seconds=5,
+        **overrides,
     )
     with RunningSidecar(settings) as server, server.stubs() as stubs:
         yield stubs
@@ -295,3 +299,106 @@ def test_a_call_offered_as_a_task_whose_server_asks_first_waits_for_input(
         )
         assert text(answered.outcome.result_json) == "hello Grace"
         assert not answered.outcome.HasField("task")
+
+
+def asking_task(stubs: Stubs, run_id: str, name: str, questions: int) -> tool_service_pb2.ToolTask:
+    """An ask_job call started as a task, once its questions reached the host."""
+    started = call(stubs, run_id, "ask_job", "c1", name=name, questions=questions)
+    assert started.task.task_id
+
+    def asking() -> tool_service_pb2.ToolTask | None:
+        task = task_of(stubs, run_id, "c1")
+        return task if task.HasField("input_required") else None
+
+    return wait_for(asking, "the task's questions")
+
+
+def answer(
+    stubs: Stubs, run_id: str, attempt: str, *answers: tool_service_pb2.InputAnswer
+) -> tool_service_pb2.ContinueToolCallResponse:
+    request = tool_service_pb2.ContinueToolCallRequest(
+        run_id=run_id, call_id="c1", attempt=attempt, answers=answers
+    )
+    return stubs.tools.ContinueToolCall(request, timeout=30)
+
+
+def test_a_tasks_own_questions_reach_the_host_and_its_answers_continue_it(
+    database_url: str,
+    tmp_path: Path,
+    unique: Callable[[str], str],
+    task_server: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with sidecar(database_url, tmp_path, "task-asks") as stubs:
+        run_id = new_run(stubs, unique, task_server)
+        task = asking_task(stubs, run_id, "deploy", 2)
+        assert task.state == tool_service_pb2.TOOL_TASK_STATE_INPUT_REQUIRED
+        waiting = task.input_required
+        assert (waiting.call_id, waiting.server, waiting.tool) == ("c1", "jobs", "ask_job")
+        assert [r.key for r in waiting.requests] == ["deploy-1", "deploy-2"]
+        assert waiting.requests[0].message == "Go ahead with job deploy? (question 1)"
+        assert waiting.requests[0].mode == tool_service_pb2.INPUT_REQUEST_MODE_FORM
+        assert json.loads(waiting.requests[0].requested_schema_json)["required"] == ["confirm"]
+        # The model's view: the transient zone says which call waits and why.
+        transient = assemble(stubs, run_id).prompt.transient.parts[0].content.text
+        (line,) = [line for line in transient.splitlines() if line.startswith("Tool call")]
+        assert line.startswith("Tool call c1 (jobs/ask_job) waits for the user's input: Go ahead")
+        assert len(line) < 200
+        content = struct_pb2.Struct()
+        content.update({"confirm": True, "note": "secret-note-7"})
+        accepted = tool_service_pb2.InputAnswer(
+            key="deploy-1", action=tool_service_pb2.INPUT_ACTION_ACCEPT, content=content
+        )
+        declined = tool_service_pb2.InputAnswer(
+            key="deploy-2", action=tool_service_pb2.INPUT_ACTION_DECLINE
+        )
+        with caplog.at_level("INFO"):
+            answered = answer(stubs, run_id, waiting.attempt, accepted, declined)
+        # The task runs on with the answers; nothing ended in the log yet by the answer.
+        assert not answered.HasField("outcome")
+        assert not answered.HasField("input_required")
+        assert answered.task.task_id == task.task_id
+        assert answered.task.state in (
+            tool_service_pb2.TOOL_TASK_STATE_WORKING,
+            tool_service_pb2.TOOL_TASK_STATE_COMPLETED,
+        )
+        assert not answered.task.HasField("input_required")
+        # How each was answered is logged, never what the user entered.
+        assert "deploy-1=accept" in caplog.text
+        assert "secret-note-7" not in caplog.text
+        ended_task = ended(stubs, run_id, "c1")
+        assert ended_task.state == COMPLETED
+        _, result = last_step(stubs, run_id)
+        assert result.tool_result.content[0].text == (
+            'job deploy answered: deploy-1=accept {"confirm": true, "note": "secret-note-7"}; '
+            "deploy-2=decline null"
+        )
+        # A retry of the answer gets the task as it stands (ended), nothing appended again.
+        count = len(all_records(stubs, run_id))
+        again = answer(stubs, run_id, waiting.attempt, accepted, declined)
+        assert again.task.result_call_id == ended_task.result_call_id
+        assert len(all_records(stubs, run_id)) == count
+        transient = assemble(stubs, run_id).prompt.transient.parts[0].content.text
+        assert "waits for the user" not in transient
+
+
+def test_a_tasks_question_nobody_answers_ends_it_as_a_recorded_tool_error(
+    database_url: str, tmp_path: Path, unique: Callable[[str], str], task_server: str
+) -> None:
+    with sidecar(database_url, tmp_path, "task-unanswered", mcp_input_wait_seconds=1) as stubs:
+        run_id = new_run(stubs, unique, task_server)
+        task = asking_task(stubs, run_id, "ignored", 1)
+        done = ended(stubs, run_id, "c1")
+        assert done.state == tool_service_pb2.TOOL_TASK_STATE_FAILED
+        assert not done.HasField("input_required")
+        _, result = last_step(stubs, run_id)
+        assert result.tool_result.is_error
+        said = result.tool_result.content[0].text
+        assert "nobody answered within 1 seconds" in said
+        assert "Go ahead with job ignored?" in said
+        # The server was asked to cancel it.
+        cancels = call(stubs, run_id, "cancels", "c2", PLAIN)
+        assert task.task_id in json.loads(text(cancels.result_json))
+        # An answer that comes too late gets the ended task, not a second end.
+        late = answer(stubs, run_id, task.input_required.attempt)
+        assert late.task.result_call_id == done.result_call_id

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from psych.sidecar.v1 import tool_service_pb2
 from psych_sidecar.api import convert
-from psych_sidecar.domain.calls import CallExecution, TaskState, ToolTask, ToolTasks
+from psych_sidecar.domain.calls import CallExecution, TaskState, ToolTask, ToolTasks, WaitingCall
+from psych_sidecar.domain.catalog import InputMode
 from psych_sidecar.domain.errors import field_invalid, field_required, tool_task_not_found
 
 STATES = {
@@ -39,6 +40,34 @@ def fill_task(target: tool_service_pb2.ToolTask, task: ToolTask) -> None:
     target.result_call_id = task.result_call_id
     target.result_sequence = task.result_sequence
     target.result_handle = task.result_handle
+    if task.waiting is not None:
+        fill_input_required(target.input_required, WaitingCall.of(task.waiting))
+
+
+_MODES = {
+    InputMode.FORM: tool_service_pb2.INPUT_REQUEST_MODE_FORM,
+    InputMode.URL: tool_service_pb2.INPUT_REQUEST_MODE_URL,
+}
+
+
+def fill_input_required(target: tool_service_pb2.InputRequired, waiting: WaitingCall) -> None:
+    """A call's round of questions (a task's too) as the host gets it."""
+    target.call_id = waiting.call_id
+    target.attempt = waiting.attempt
+    target.server = waiting.server
+    target.tool = waiting.tool
+    target.protocol_version = waiting.protocol_version
+    target.expire_time.CopyFrom(convert.timestamp(waiting.expire_time))
+    for request in waiting.requests:
+        target.requests.add(
+            key=request.key,
+            mode=_MODES[request.mode],
+            message=request.message,
+            requested_schema_json=request.requested_schema_json,
+            url=request.url,
+            elicitation_id=request.elicitation_id,
+            request_json=request.request_json,
+        )
 
 
 def _named(run_id: str, call_id: str) -> None:

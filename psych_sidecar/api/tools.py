@@ -35,7 +35,7 @@ from psych_sidecar.domain.calls import (
     WaitingCall,
 )
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
-from psych_sidecar.domain.catalog import InputAction, InputAnswer, InputMode
+from psych_sidecar.domain.catalog import InputAction, InputAnswer
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import ToolCall
 from psych_sidecar.domain.surface import READ_HISTORY, READ_TOOL_OUTPUT, TurnResolver
@@ -109,34 +109,11 @@ def fill_outcome(
         tool_tasks.fill_task(target.task, outcome.task)
 
 
-_MODES = {
-    InputMode.FORM: tool_service_pb2.INPUT_REQUEST_MODE_FORM,
-    InputMode.URL: tool_service_pb2.INPUT_REQUEST_MODE_URL,
-}
 _ACTIONS = {
     tool_service_pb2.INPUT_ACTION_ACCEPT: InputAction.ACCEPT,
     tool_service_pb2.INPUT_ACTION_DECLINE: InputAction.DECLINE,
     tool_service_pb2.INPUT_ACTION_CANCEL: InputAction.CANCEL,
 }
-
-
-def fill_input_required(target: tool_service_pb2.InputRequired, waiting: WaitingCall) -> None:
-    target.call_id = waiting.call_id
-    target.attempt = waiting.attempt
-    target.server = waiting.server
-    target.tool = waiting.tool
-    target.protocol_version = waiting.protocol_version
-    target.expire_time.CopyFrom(convert.timestamp(waiting.expire_time))
-    for request in waiting.requests:
-        target.requests.add(
-            key=request.key,
-            mode=_MODES[request.mode],
-            message=request.message,
-            requested_schema_json=request.requested_schema_json,
-            url=request.url,
-            elicitation_id=request.elicitation_id,
-            request_json=request.request_json,
-        )
 
 
 def answers_from_proto(
@@ -189,7 +166,7 @@ def _continue_response(
 
 def _call_waiting(waiting: WaitingCall) -> tool_service_pb2.CallDeferredToolResponse:
     response = tool_service_pb2.CallDeferredToolResponse()
-    fill_input_required(response.input_required, waiting)
+    tool_tasks.fill_input_required(response.input_required, waiting)
     return response
 
 
@@ -197,13 +174,13 @@ def _dispatch_waiting(waiting: WaitingCall) -> tool_service_pb2.DispatchToolCall
     response = tool_service_pb2.DispatchToolCallResponse(
         disposition=tool_service_pb2.DISPATCH_DISPOSITION_INPUT_REQUIRED
     )
-    fill_input_required(response.input_required, waiting)
+    tool_tasks.fill_input_required(response.input_required, waiting)
     return response
 
 
 def _continue_waiting(waiting: WaitingCall) -> tool_service_pb2.ContinueToolCallResponse:
     response = tool_service_pb2.ContinueToolCallResponse()
-    fill_input_required(response.input_required, waiting)
+    tool_tasks.fill_input_required(response.input_required, waiting)
     return response
 
 
@@ -329,6 +306,11 @@ class ToolServicer(tool_service_pb2_grpc.ToolServiceServicer):
             answers_from_proto(request.answers),
             timeout,
         )
+        if isinstance(outcome, calls.ToolTask):
+            # A running task's questions were answered: the task, running on.
+            response = tool_service_pb2.ContinueToolCallResponse()
+            tool_tasks.fill_task(response.task, outcome)
+            return response
         return await self._respond(_continue_response, _continue_waiting, outcome)
 
     async def ListServerTools(

@@ -40,7 +40,13 @@ from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.app.secret_keys import load_secret_keys
 from psych_sidecar.config import PromptSettings, SearchSettings, Settings
-from psych_sidecar.domain.calls import TaskTimings, ToolOutputReader, ToolRouter, ToolTasks
+from psych_sidecar.domain.calls import (
+    TaskQuestions,
+    TaskTimings,
+    ToolOutputReader,
+    ToolRouter,
+    ToolTasks,
+)
 from psych_sidecar.domain.catalog import (
     CatalogTool,
     CatalogView,
@@ -276,6 +282,12 @@ class SidecarGraph:
                 # One poll or cancel is a request like a tool call; a claim outlasts it.
                 request_timeout=min(30.0, settings.mcp.tool_call_timeout_seconds),
                 lease=min(30.0, settings.mcp.tool_call_timeout_seconds) + 5,
+            ),
+            # A task's own questions wait for the host as any call's do.
+            questions=TaskQuestions(
+                waits=self.input_rounds,
+                wait_seconds=settings.mcp.input_wait_seconds,
+                blocking=self.blocking,
             ),
         )
         router = ToolRouter(

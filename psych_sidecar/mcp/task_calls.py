@@ -1,9 +1,10 @@
 """Calls as tasks on one connection's live session (the MCP tasks extension,
-`io.modelcontextprotocol/tasks`, 2026-07-28): the offer on a `tools/call`, `tasks/get` and
-`tasks/cancel`. The SDK (mcp 2.3) has the extension machinery but not this extension, so the
-requests are the session's own (its stamping: `_meta`, `Mcp-Method`), sent raw, with the
-extension declared in that request's client capabilities only: a server must not start a task
-for a request that did not declare it, so every other call stays as it was.
+`io.modelcontextprotocol/tasks`, 2026-07-28): the offer on a `tools/call`, `tasks/get`,
+`tasks/update` (a task's own questions answered) and `tasks/cancel`. The SDK (mcp 2.3) has the
+extension machinery but not this extension, so the requests are the session's own (its
+stamping: `_meta`, `Mcp-Method`), sent raw, with the extension declared in that request's
+client capabilities only: a server must not start a task for a request that did not declare
+it, so every other call stays as it was.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from psych_sidecar.domain.calls import StartedTask, TaskReport, TaskState
+from psych_sidecar.mcp.input_rounds import Unanswerable, asked_of
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 _CAPABILITIES_KEY = types.CLIENT_CAPABILITIES_META_KEY
@@ -125,7 +127,36 @@ async def get_task(
             else report.status_message or "the server gave no error"
         )
         return replace(report, detail=detail[:1000]), None
+    if report.state is TaskState.INPUT_REQUIRED and raw.get("inputRequests"):
+        # Its own questions, as an input_required result's (bounded, elicitations only).
+        version = client.session.protocol_version or ""
+        try:
+            asked = types.InputRequiredResult.model_validate(
+                {"inputRequests": raw["inputRequests"]}, by_name=False
+            )
+            return replace(report, asked=asked_of(asked, version)), None
+        except (Unanswerable, ValueError) as error:
+            detail = f"it asked for input this client cannot give: {str(error)[:300]}"
+            return replace(report, state=TaskState.FAILED, detail=detail), None
     return report, None
+
+
+async def update_task(
+    client: Client,
+    task_id: str,
+    responses: Mapping[str, types.InputResponse],
+    timeout_seconds: float,
+) -> None:
+    """tasks/update: answers to the task's input requests, by their keys (acked empty; the
+    task's state is the next tasks/get's)."""
+    params = {
+        "taskId": task_id,
+        "inputResponses": {
+            key: response.model_dump(by_alias=True, mode="json", exclude_none=True)
+            for key, response in responses.items()
+        },
+    }
+    await _send(client, "tasks/update", params, timeout_seconds, task_id)
 
 
 async def cancel_task(client: Client, task_id: str, timeout_seconds: float) -> None:

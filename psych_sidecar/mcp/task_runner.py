@@ -3,13 +3,14 @@ session (`task_calls.py` speaks the extension)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from psych_sidecar.domain.calls import CallExecution, StartedTask, TaskReport, TaskState
 from psych_sidecar.domain.catalog import (
     ConnectionState,
+    InputAnswer,
     InputAsked,
     McpToolResult,
     ToolCallFailed,
@@ -49,8 +50,11 @@ class SessionTaskRunner:
         execution: CallExecution,
     ) -> McpToolResult | StartedTask | InputAsked:
         session = await self._session(tenant, server)
-        client = session.state.client
         wanted = execution is CallExecution.LONG_RUNNING or session.catalog.long_running(tool)
+        if wanted and session.state.status.state is ConnectionState.CONNECTING:
+            # Whether the server supports tasks is known once it is connected.
+            await session.state.wait_attempt(session.state.finished_attempts, timeout_seconds)
+        client = session.state.client
         import mcp_types as types
 
         from psych_sidecar.mcp.task_calls import call_offering_a_task, supports_tasks
@@ -80,7 +84,7 @@ class SessionTaskRunner:
         from psych_sidecar.mcp.task_calls import get_task
 
         session = await self._session(tenant, server)
-        client = self._connected(session)
+        client = await self._connected(session, timeout_seconds)
         try:
             report, result = await get_task(client, task_id, timeout_seconds)
         except Exception as error:
@@ -106,14 +110,39 @@ class SessionTaskRunner:
         from psych_sidecar.mcp.task_calls import cancel_task
 
         session = await self._session(tenant, server)
-        client = self._connected(session)
+        client = await self._connected(session, timeout_seconds)
         try:
             await cancel_task(client, task_id, timeout_seconds)
         except Exception as error:
             raise self._failed(session, f"tasks/cancel of task {task_id!r}", error) from None
 
+    async def answer_task(
+        self,
+        tenant: str,
+        server: str,
+        task_id: str,
+        *,
+        asked: InputAsked,
+        answers: Sequence[InputAnswer],
+        timeout_seconds: float,
+    ) -> None:
+        from psych_sidecar.mcp.input_rounds import input_responses
+        from psych_sidecar.mcp.task_calls import update_task
+
+        session = await self._session(tenant, server)
+        client = await self._connected(session, timeout_seconds)
+        try:
+            await update_task(client, task_id, input_responses(asked, answers), timeout_seconds)
+        except Exception as error:
+            raise self._failed(session, f"tasks/update of task {task_id!r}", error) from None
+
     @staticmethod
-    def _connected(session: ConnectionSession) -> Client:
+    async def _connected(session: ConnectionSession, timeout_seconds: float) -> Client:
+        """The session's client; a session still connecting (started by this request, on a
+        sidecar that had not reached the server yet) is waited for, within the timeout."""
+        state = session.state
+        if state.status.state is ConnectionState.CONNECTING:
+            await state.wait_attempt(state.finished_attempts, timeout_seconds)
         client = session.state.client
         if client is None or session.state.status.state is not ConnectionState.CONNECTED:
             raise ToolCallFailed(session.state.unreachable_text())

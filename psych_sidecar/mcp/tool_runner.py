@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from psych_sidecar.domain.catalog import InputAnswer, InputAsked, McpToolResult, ToolCallFailed
+import anyio
+
+from psych_sidecar.domain.catalog import (
+    ConnectionState,
+    InputAnswer,
+    InputAsked,
+    McpToolResult,
+    ToolCallFailed,
+)
 from psych_sidecar.mcp.registry import SessionRegistry
 from psych_sidecar.telemetry import metrics
 
@@ -46,6 +54,28 @@ class SessionToolRunner:
         return await session.calls.call_tool(
             tool, arguments, timeout_seconds, asked=asked, answers=answers
         )
+
+    async def unreachable(self, tenant: str, server: str, timeout_seconds: float) -> str | None:
+        """Why this sidecar's session to the server cannot reach it just now, after waiting
+        for it within the timeout (across connect attempts: a session started by this
+        request, or reconnecting); None once it is connected, or when what stops the call
+        lasts (no such server, authorization needed), which the call itself reports."""
+        session = self._sessions.running_session(tenant, server)
+        if session is None:
+            session = await self._sessions.session(tenant, server)
+        if session is None:
+            return None
+        state = session.state
+        transient = (ConnectionState.CONNECTING, ConnectionState.UNREACHABLE)
+        with anyio.move_on_after(timeout_seconds):
+            while state.status.state in transient and not state.stopping.is_set():
+                finished = state.finished_attempts
+                await state.wait_attempt(finished, timeout_seconds)
+                if state.finished_attempts == finished:
+                    break  # the owner task ended: no attempt follows
+        if state.status.state in transient:
+            return state.unreachable_text()
+        return None
 
     async def _session(self, tenant: str, server: str) -> ConnectionSession:
         session = self._sessions.running_session(tenant, server)

@@ -12,11 +12,17 @@ the sidecar while a task runs). The fixture server takes the same tools with `--
   server must not start a task for a client that did not declare the extension);
 - `finish` (`name`, `outcome` "complete", "tool_error" or "fail"): ends the job's task:
   completed with "job NAME done" (or a result with isError), or failed with a JSON-RPC error;
-- `cancels`: the task ids tasks/cancel was asked for, as JSON.
+- `cancels`: the task ids tasks/cancel was asked for, as JSON;
+- `ask_job` (`name`, `questions`: 1 or more; this server's listing only, not the fixture
+  server's): starts a task that asks its user first, `input_required` with that many
+  elicitation forms in `inputRequests` (keys `NAME-1`, `NAME-2`, ...); once every one is
+  answered with `tasks/update` it completes with "job NAME answered: KEY=ACTION CONTENT; ...".
 
-`tasks/get` answers the task's state (its result or error once ended), -32602 for a task it
-does not know; `tasks/cancel` marks a working task cancelled. Both refuse a request that did
-not declare the extension (-32021).
+`tasks/get` answers the task's state (its result or error once ended, its pending input
+requests while input_required), -32602 for a task it does not know; `tasks/update` takes
+answers to some or all pending requests (acked empty; the answered keys leave
+`inputRequests`); `tasks/cancel` marks a working or waiting task cancelled. All refuse a
+request that did not declare the extension (-32021).
 """
 
 from __future__ import annotations
@@ -59,8 +65,30 @@ TOOLS = [
 ]
 
 
+ASKING_TOOLS = [
+    types.Tool(
+        name="ask_job",
+        description="Runs a job as a task that asks its user first.",
+        input_schema={
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "questions": {"type": "integer"}},
+            "required": ["name"],
+        },
+    )
+]
+_CONFIRM = {
+    "type": "object",
+    "properties": {"confirm": {"type": "boolean"}},
+    "required": ["confirm"],
+}
+
+
 class TaskParams(types.RequestParams):
     task_id: str = Field(alias="taskId")
+
+
+class UpdateParams(TaskParams):
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
 
 
 def _declared(meta: Any) -> bool:
@@ -91,6 +119,7 @@ class TaskJobs:
         server.extensions[TASKS] = {}
         server.add_request_handler("tasks/get", TaskParams, self.get)
         server.add_request_handler("tasks/cancel", TaskParams, self.cancel)
+        server.add_request_handler("tasks/update", UpdateParams, self.update)
 
     def _shape(self, task_id: str) -> dict[str, Any]:
         task = self.tasks[task_id]
@@ -120,6 +149,33 @@ class TaskJobs:
             }
             self.by_job[name] = task_id
             return {"resultType": "task", **self._shape(task_id)}
+        if params.name == "ask_job":
+            name = str(arguments["name"])
+            if not _declared(params.meta):
+                return _text(f"job {name} ran")
+            task_id = uuid.uuid4().hex
+            now = _now()
+            pending = {}
+            for number in range(1, int(arguments.get("questions", 1)) + 1):
+                form = types.ElicitRequestFormParams(
+                    message=f"Go ahead with job {name}? (question {number})",
+                    requested_schema=_CONFIRM,
+                )
+                request = types.ElicitRequest(params=form)
+                pending[f"{name}-{number}"] = request.model_dump(
+                    by_alias=True, mode="json", exclude_none=True
+                )
+            self.tasks[task_id] = {
+                "status": "input_required",
+                "message": f"job {name} waits for its user",
+                "created": now,
+                "updated": now,
+                "pending": pending,
+                "answers": [],
+                "name": name,
+            }
+            self.by_job[name] = task_id
+            return {"resultType": "task", **self._shape(task_id)}
         if params.name == "finish":
             task = self.tasks[self.by_job[str(arguments["name"])]]
             name, outcome = arguments["name"], arguments["outcome"]
@@ -143,7 +199,9 @@ class TaskJobs:
             raise MCPError(types.INVALID_PARAMS, "Failed to retrieve task: Task not found")
         task = self.tasks[params.task_id]
         answer = {"resultType": "complete", **self._shape(params.task_id)}
-        if task["status"] == "completed":
+        if task["status"] == "input_required":
+            answer["inputRequests"] = task["pending"]
+        elif task["status"] == "completed":
             answer["result"] = task["result"]
         elif task["status"] == "failed":
             answer["error"] = task["error"]
@@ -156,10 +214,31 @@ class TaskJobs:
             raise MCPError(types.INVALID_PARAMS, "Task not found")
         self.cancels.append(params.task_id)
         task = self.tasks[params.task_id]
-        if task["status"] == "working":
+        if task["status"] in ("working", "input_required"):
             task["status"] = "cancelled"
             task["message"] = "cancelled on request"
             task["updated"] = _now()
+        return {"resultType": "complete"}
+
+    async def update(self, ctx: Any, params: UpdateParams) -> dict[str, Any]:
+        if not _declared(params.meta):
+            raise MCPError(-32021, "Missing required client capability")
+        if params.task_id not in self.tasks:
+            raise MCPError(types.INVALID_PARAMS, "Task not found")
+        task = self.tasks[params.task_id]
+        if task["status"] != "input_required":
+            return {"resultType": "complete"}
+        for key, response in params.input_responses.items():
+            if key in task["pending"]:
+                del task["pending"][key]
+                content = json.dumps(response.get("content"), sort_keys=True)
+                task["answers"].append(f"{key}={response.get('action')} {content}")
+        task["updated"] = _now()
+        if not task["pending"]:
+            task["status"] = "completed"
+            task["message"] = f"job {task['name']} done"
+            said = f"job {task['name']} answered: " + "; ".join(task["answers"])
+            task["result"] = _text(said).model_dump(by_alias=True, exclude_none=True)
         return {"resultType": "complete"}
 
 
@@ -175,7 +254,7 @@ def build_server() -> Server[Any]:
     async def list_tools(
         ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=TOOLS)
+        return types.ListToolsResult(tools=TOOLS + ASKING_TOOLS)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
         return await jobs.call_tool(params)

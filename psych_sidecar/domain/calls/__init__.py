@@ -21,6 +21,7 @@ from psych_sidecar.domain.calls.limits import (
 )
 from psych_sidecar.domain.calls.outcomes import CallOutcome, ToolOutcome, WaitingCall
 from psych_sidecar.domain.calls.router import ToolRouter
+from psych_sidecar.domain.calls.task_input import TaskQuestions
 from psych_sidecar.domain.calls.task_types import (
     CallExecution,
     StartedTask,
@@ -50,6 +51,7 @@ __all__ = [
     "ReadResult",
     "SchemaValidators",
     "StartedTask",
+    "TaskQuestions",
     "TaskReport",
     "TaskRepository",
     "TaskRunner",

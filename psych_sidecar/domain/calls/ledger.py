@@ -15,7 +15,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from psych_sidecar.domain.calls.limits import MAX_RESULT_BYTES_APPENDED_ON_LOOP
 from psych_sidecar.domain.calls.outcomes import (
@@ -47,6 +47,7 @@ from psych_sidecar.domain.runlog import (
 from psych_sidecar.domain.surface import RunContext
 
 Prepared = TypeVar("Prepared")
+Answered = TypeVar("Answered")
 
 
 class CallLedger:
@@ -72,7 +73,7 @@ class CallLedger:
         self._now = now
         # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
         # after a lost response) waits for the first and gets its answer.
-        self._in_flight: dict[tuple[str, ...], asyncio.Task[CallOutcome]] = {}
+        self._in_flight: dict[tuple[str, ...], asyncio.Task[Any]] = {}
 
     async def once(
         self, context: RunContext, call_id: str, run: Callable[[], Awaitable[CallResult]]
@@ -118,8 +119,8 @@ class CallLedger:
         return await self.single((run_id, call_id), run_once)
 
     async def single(
-        self, key: tuple[str, ...], run_once: Callable[[], Awaitable[CallOutcome]]
-    ) -> CallOutcome:
+        self, key: tuple[str, ...], run_once: Callable[[], Awaitable[Answered]]
+    ) -> Answered:
         """`run_once` run once for all who ask with `key` meanwhile."""
         task = self._in_flight.get(key)
         if task is None:
@@ -130,7 +131,7 @@ class CallLedger:
             task.add_done_callback(lambda done: self._finished(key, done))
         return await asyncio.shield(task)
 
-    def _finished(self, key: tuple[str, ...], task: asyncio.Task[CallOutcome]) -> None:
+    def _finished(self, key: tuple[str, ...], task: asyncio.Task[Any]) -> None:
         if self._in_flight.get(key) is task:
             del self._in_flight[key]
         if not task.cancelled():

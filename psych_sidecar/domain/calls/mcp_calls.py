@@ -171,6 +171,16 @@ class McpCalls:
             return Asking(result, server, tool, arguments)
         return ToolResult(result.is_error, result.result_json, result.content, server, tool)
 
+    async def unreachable(
+        self, resolved: ResolvedTurn, wait: InputWait, timeout_seconds: float
+    ) -> str | None:
+        """Why the waiting call's server cannot be reached just now through this sidecar's
+        session, after waiting within the timeout; None when the call may go on."""
+        if wait.server not in resolved.permitted:
+            return None  # the continuation refuses it
+        tenant = resolved.snapshot.servers[wait.server].connection.tenant
+        return await self._runner.unreachable(tenant, wait.server, timeout_seconds)
+
 
 def given_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     """The arguments the sidecar's own check judges: a top-level `null` reads as not given.

@@ -34,7 +34,7 @@ from psych_sidecar.domain.calls.references import (
     mentions_reference,
     with_resolved_references,
 )
-from psych_sidecar.domain.calls.task_types import CallExecution
+from psych_sidecar.domain.calls.task_types import CallExecution, ToolTask
 from psych_sidecar.domain.calls.tasks import ToolTasks
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
 from psych_sidecar.domain.catalog import InputAnswer, InputWaits, ToolRunner
@@ -110,6 +110,7 @@ class ToolRouter:
             mcp=self._mcp,
             blocking=blocking,
             default_timeout_seconds=default_timeout_seconds,
+            tasks=tasks,
         )
         meta = MetaTools(self._mcp, cpu or blocking)
         own = OwnTools(reader, HistoryReader(log))
@@ -237,8 +238,9 @@ class ToolRouter:
         attempt: str,
         answers: tuple[InputAnswer, ...],
         timeout_seconds: float | None,
-    ) -> CallOutcome:
-        """ContinueToolCall: a call waiting for input, continued with its user's answers."""
+    ) -> CallOutcome | ToolTask:
+        """ContinueToolCall: a call waiting for input, continued with its user's answers (a
+        running task's questions: the task, running on)."""
         return await self._continuation.continue_call(
             run_id, call_id, attempt, answers, timeout_seconds
         )

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from psych_sidecar.domain.catalog import McpToolResult
+from psych_sidecar.domain.catalog import InputAsked, InputWait, McpToolResult
 
 
 class TaskState(StrEnum):
@@ -53,6 +54,8 @@ class TaskReport:
     poll_interval_seconds: float | None
     result: McpToolResult | None = None
     detail: str = ""
+    # INPUT_REQUIRED: the server's input requests (the extension's `inputRequests`).
+    asked: InputAsked | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,3 +77,12 @@ class ToolTask:
     result_call_id: str = ""
     result_sequence: int = 0
     result_handle: str = ""
+    # Its server's questions awaiting the host's answer (INPUT_REQUIRED only; not stored
+    # with the task: the round is, see `task_input.py`).
+    waiting: InputWait | None = None
+
+
+def result_call_id(call_id: str) -> str:
+    """The call id of the step a task's outcome is appended as; also the request id of that
+    append and of the task's rounds of questions (so an answer's retry finds the outcome)."""
+    return f"task-{hashlib.sha256(call_id.encode()).hexdigest()[:24]}"

@@ -18,24 +18,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
 from psych_sidecar.domain.calls.outcomes import ToolResult
+from psych_sidecar.domain.calls.task_input import TaskQuestions, unanswered_text
 from psych_sidecar.domain.calls.task_types import (
     CallExecution,
     StartedTask,
     TaskReport,
     TaskState,
     ToolTask,
+    result_call_id,
 )
-from psych_sidecar.domain.catalog import InputAsked, McpToolResult, ToolCallFailed
+from psych_sidecar.domain.catalog import (
+    InputAnswer,
+    InputAsked,
+    InputWait,
+    McpToolResult,
+    ToolCallFailed,
+)
 from psych_sidecar.domain.errors import Reason, SidecarError, tool_task_not_found
 from psych_sidecar.domain.runlog import (
     ContentPart,
@@ -81,6 +88,19 @@ class TaskRunner(Protocol):
     async def cancel_task(
         self, tenant: str, server: str, task_id: str, timeout_seconds: float
     ) -> None: ...
+
+    async def answer_task(
+        self,
+        tenant: str,
+        server: str,
+        task_id: str,
+        *,
+        asked: InputAsked,
+        answers: Sequence[InputAnswer],
+        timeout_seconds: float,
+    ) -> None:
+        """The answers to the task's questions, delivered (`tasks/update`)."""
+        ...
 
 
 class TaskRepository(Protocol):
@@ -135,10 +155,6 @@ def _ended_text(task: ToolTask, detail: str) -> str:
     return f"The task of call {task.call_id!r} ({name}) failed without a result: {detail}"
 
 
-def _result_call_id(call_id: str) -> str:
-    return f"task-{hashlib.sha256(call_id.encode()).hexdigest()[:24]}"
-
-
 class ToolTasks:
     """Starts calls as tasks, polls them, ends them in the log, and answers the host."""
 
@@ -151,8 +167,12 @@ class ToolTasks:
         log_reader: LogReader,
         blocking: OffLoop,
         timings: TaskTimings,
+        questions: TaskQuestions | None = None,
     ) -> None:
+        """`questions`: where a task's own questions wait for the host (None: a task that
+        asks stays INPUT_REQUIRED until its server ends it)."""
         self._repository = repository
+        self._questions = questions
         self._runner = runner
         self._runs = runs
         self._log = log_reader
@@ -208,7 +228,61 @@ class ToolTasks:
         task = await self._blocking(self._repository.get_task, run_id, call_id)
         if task is None:
             raise tool_task_not_found(run_id, call_id)
+        if task.state is TaskState.INPUT_REQUIRED and self._questions is not None:
+            waiting = await self._questions.open_round(task)
+            if waiting is not None and datetime.now(UTC) < waiting.expire_time:
+                return replace(task, waiting=waiting)
         return task
+
+    # A task's own questions (see task_input.py)
+
+    async def answer(
+        self, wait: InputWait, answers: Sequence[InputAnswer], timeout_seconds: float
+    ) -> ToolTask:
+        """The task's round, answered (its outcome stored by the caller): the answers go to
+        the server and the task runs on, polled soon."""
+        task = await self.get(wait.run_id, wait.call_id)
+        if task.state.ended or self._questions is None:
+            return task
+
+        async def deliver(
+            task: ToolTask, asked: InputAsked, answers: Sequence[InputAnswer]
+        ) -> None:
+            await self._runner.answer_task(
+                task.tenant,
+                task.server,
+                task.task_id,
+                asked=asked,
+                answers=answers,
+                timeout_seconds=timeout_seconds,
+            )
+
+        answered = await self._questions.answer(task, wait, answers, deliver)
+        await self._blocking(
+            self._repository.reschedule, answered, time.time() + self._timings.first_poll
+        )
+        self._started.set()
+        return answered
+
+    async def expire_round(self, wait: InputWait) -> ToolTask:
+        """Nobody answered the task's round in time: the server is asked to cancel the task,
+        and it ends as a tool error saying nobody answered (recorded in the log)."""
+        task = await self.get(wait.run_id, wait.call_id)
+        if self._questions is not None and not task.state.ended:
+            await self._expired(task, wait)
+        return await self.get(wait.run_id, wait.call_id)
+
+    async def _expired(self, task: ToolTask, wait: InputWait) -> None:
+        assert self._questions is not None
+        if not await self._questions.expire(wait):
+            return  # answered meanwhile
+        with contextlib.suppress(ToolCallFailed):
+            await self._runner.cancel_task(
+                task.tenant, task.server, task.task_id, self._timings.request_timeout
+            )
+        detail = unanswered_text(wait, self._questions.wait_seconds)
+        log.info("task %s of call %s: %s", task.task_id, task.call_id, detail)
+        await self._end(replace(task, state=TaskState.FAILED, waiting=None), None, detail)
 
     async def cancel(self, run_id: str, call_id: str) -> ToolTask:
         """Ask the server to cancel (cooperative: it may not), and end the task for the Run
@@ -270,10 +344,28 @@ class ToolTasks:
             polls=task.polls + 1,
             poll_interval_seconds=report.poll_interval_seconds,
         )
+        if self._questions is not None and await self._asks(task, polled, report):
+            return
         if report.state.ended:
             await self._end(polled, report.result, report.detail)
         else:
             await self._reschedule(polled)
+
+    async def _asks(self, task: ToolTask, polled: ToolTask, report: TaskReport) -> bool:
+        """A poll's questions stored as a round for the host, and an unanswered round that
+        ran out ended; True when that ended the task."""
+        assert self._questions is not None
+        if report.state is TaskState.INPUT_REQUIRED and report.asked is not None:
+            wait = await self._questions.asked(polled, report.asked)
+            if wait is not None and datetime.now(UTC) >= wait.expire_time:
+                await self._expired(polled, wait)
+                return True
+        elif task.state is TaskState.INPUT_REQUIRED:
+            # The server went on (or ended the task) without the answer: the round is over.
+            waiting = await self._questions.open_round(task)
+            if waiting is not None:
+                await self._questions.expire(waiting)
+        return False
 
     async def _reschedule(self, task: ToolTask) -> None:
         next_poll = time.time() + self._next_wait(task)
@@ -302,7 +394,7 @@ class ToolTasks:
         sequence, handle = appended
         ended = replace(
             task,
-            result_call_id=_result_call_id(task.call_id),
+            result_call_id=result_call_id(task.call_id),
             result_sequence=sequence,
             result_handle=handle,
         )
@@ -316,7 +408,7 @@ class ToolTasks:
         waits for its result."""
         if _a_call_waits(self._log, task.run_id):
             return None
-        result_call_id = _result_call_id(task.call_id)
+        ended_call_id = result_call_id(task.call_id)
         if result is None:
             content: tuple[ContentPart, ...] = (ContentPart.text(_ended_text(task, detail)),)
             is_error = True
@@ -326,19 +418,19 @@ class ToolTasks:
         records = (
             Record(
                 RecordKind.ASSISTANT_MESSAGE,
-                tool_calls=(ToolCall(result_call_id, TASK_RESULT_TOOL, arguments),),
+                tool_calls=(ToolCall(ended_call_id, TASK_RESULT_TOOL, arguments),),
             ),
             Record(
                 RecordKind.TOOL_RESULT,
                 content=content,
-                call_id=result_call_id,
+                call_id=ended_call_id,
                 server=task.server,
                 tool=task.tool,
                 is_error=is_error,
             ),
         )
         try:
-            appended = self._runs.append(task.run_id, result_call_id, records)
+            appended = self._runs.append(task.run_id, ended_call_id, records)
         except SidecarError as error:
             if error.reason is Reason.RUN_NOT_FOUND:
                 # The Run was deleted (its task row with it, or about to be).

@@ -77,6 +77,12 @@ class ToolRunner(Protocol):
         `call_tool` does, and when the held question is gone (its session ended)."""
         ...
 
+    async def unreachable(self, tenant: str, server: str, timeout_seconds: float) -> str | None:
+        """Why the server cannot be reached just now through this sidecar's session (still
+        connecting, or unreachable), after waiting for it within the timeout; None when a
+        call may go on (connected, or stopped by something lasting that the call reports)."""
+        ...
+
 
 class ConnectionSupervisor(Protocol):
     """What the connection use cases need of the MCP layer: it owns the sessions, so

@@ -256,9 +256,8 @@ const (
 	ToolTaskState_TOOL_TASK_STATE_UNSPECIFIED ToolTaskState = 0
 	// The server is working on it.
 	ToolTaskState_TOOL_TASK_STATE_WORKING ToolTaskState = 1
-	// The server waits for input the sidecar does not give (a task's input
-	// requests are not answered); it stays until the server ends it or its
-	// time runs out.
+	// The server waits for its user's input (the task's own questions, in
+	// ToolTask.input_required; answered with ContinueToolCall).
 	ToolTaskState_TOOL_TASK_STATE_INPUT_REQUIRED ToolTaskState = 2
 	// Ended with the server's result (which may itself be a tool error).
 	ToolTaskState_TOOL_TASK_STATE_COMPLETED ToolTaskState = 3
@@ -1776,6 +1775,12 @@ type ContinueToolCallResponse struct {
 	Outcome *ToolOutcome `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
 	// Set when the server asks again: the next round.
 	InputRequired *InputRequired `protobuf:"bytes,2,opt,name=input_required,json=inputRequired,proto3" json:"input_required,omitempty"`
+	// Set, instead of the two above, when the answered round was a running
+	// task's own questions (ToolTask.input_required): the task, which runs on
+	// with the answers (WORKING), or asks them again in a new round when its
+	// server could not be reached. Its end is appended to the Run's log as any
+	// task's. A retry of the answer gets the task as it stands.
+	Task          *ToolTask `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1824,6 +1829,13 @@ func (x *ContinueToolCallResponse) GetInputRequired() *InputRequired {
 	return nil
 }
 
+func (x *ContinueToolCallResponse) GetTask() *ToolTask {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
 // ToolTask is a call that runs as a task on its MCP server. The sidecar
 // stores it, polls the server with backoff (any sidecar on the same
 // database does, after a restart too) and, when it ends, appends its result
@@ -1856,7 +1868,13 @@ type ToolTask struct {
 	// See result_call_id.
 	ResultSequence int64 `protobuf:"varint,11,opt,name=result_sequence,json=resultSequence,proto3" json:"result_sequence,omitempty"`
 	// See result_call_id.
-	ResultHandle  string `protobuf:"bytes,12,opt,name=result_handle,json=resultHandle,proto3" json:"result_handle,omitempty"`
+	ResultHandle string `protobuf:"bytes,12,opt,name=result_handle,json=resultHandle,proto3" json:"result_handle,omitempty"`
+	// Set while state is INPUT_REQUIRED and the server's questions await the
+	// host's answer: the round, as any call's (call_id is this task's), answered
+	// with ContinueToolCall and its attempt. Unanswered until its expire_time,
+	// the task is cancelled on its server and ends FAILED, a tool error saying
+	// nobody answered.
+	InputRequired *InputRequired `protobuf:"bytes,13,opt,name=input_required,json=inputRequired,proto3" json:"input_required,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1973,6 +1991,13 @@ func (x *ToolTask) GetResultHandle() string {
 		return x.ResultHandle
 	}
 	return ""
+}
+
+func (x *ToolTask) GetInputRequired() *InputRequired {
+	if x != nil {
+		return x.InputRequired
+	}
+	return nil
 }
 
 // GetToolTaskRequest is the request of ToolService.GetToolTask.
@@ -2289,10 +2314,11 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\vInputAnswer\x12\x16\n" +
 	"\x03key\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x03key\x12;\n" +
 	"\x06action\x18\x02 \x01(\x0e2\x1d.psych.sidecar.v1.InputActionB\x04\xe2A\x01\x02R\x06action\x127\n" +
-	"\acontent\x18\x03 \x01(\v2\x17.google.protobuf.StructB\x04\xe2A\x01\x01R\acontent\"\x9b\x01\n" +
+	"\acontent\x18\x03 \x01(\v2\x17.google.protobuf.StructB\x04\xe2A\x01\x01R\acontent\"\xcb\x01\n" +
 	"\x18ContinueToolCallResponse\x127\n" +
 	"\aoutcome\x18\x01 \x01(\v2\x1d.psych.sidecar.v1.ToolOutcomeR\aoutcome\x12F\n" +
-	"\x0einput_required\x18\x02 \x01(\v2\x1f.psych.sidecar.v1.InputRequiredR\rinputRequired\"\xcb\x03\n" +
+	"\x0einput_required\x18\x02 \x01(\v2\x1f.psych.sidecar.v1.InputRequiredR\rinputRequired\x12.\n" +
+	"\x04task\x18\x03 \x01(\v2\x1a.psych.sidecar.v1.ToolTaskR\x04task\"\x93\x04\n" +
 	"\bToolTask\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\tR\x06callId\x12\x16\n" +
@@ -2308,7 +2334,8 @@ const file_psych_sidecar_v1_tool_service_proto_rawDesc = "" +
 	"\x0eresult_call_id\x18\n" +
 	" \x01(\tR\fresultCallId\x12'\n" +
 	"\x0fresult_sequence\x18\v \x01(\x03R\x0eresultSequence\x12#\n" +
-	"\rresult_handle\x18\f \x01(\tR\fresultHandle\"P\n" +
+	"\rresult_handle\x18\f \x01(\tR\fresultHandle\x12F\n" +
+	"\x0einput_required\x18\r \x01(\v2\x1f.psych.sidecar.v1.InputRequiredR\rinputRequired\"P\n" +
 	"\x12GetToolTaskRequest\x12\x1b\n" +
 	"\x06run_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05runId\x12\x1d\n" +
 	"\acall_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06callId\"E\n" +
@@ -2432,34 +2459,36 @@ var file_psych_sidecar_v1_tool_service_proto_depIdxs = []int32{
 	31, // 21: psych.sidecar.v1.InputAnswer.content:type_name -> google.protobuf.Struct
 	5,  // 22: psych.sidecar.v1.ContinueToolCallResponse.outcome:type_name -> psych.sidecar.v1.ToolOutcome
 	20, // 23: psych.sidecar.v1.ContinueToolCallResponse.input_required:type_name -> psych.sidecar.v1.InputRequired
-	4,  // 24: psych.sidecar.v1.ToolTask.state:type_name -> psych.sidecar.v1.ToolTaskState
-	35, // 25: psych.sidecar.v1.ToolTask.create_time:type_name -> google.protobuf.Timestamp
-	35, // 26: psych.sidecar.v1.ToolTask.update_time:type_name -> google.protobuf.Timestamp
-	25, // 27: psych.sidecar.v1.GetToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
-	25, // 28: psych.sidecar.v1.CancelToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
-	6,  // 29: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
-	8,  // 30: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
-	11, // 31: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
-	13, // 32: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
-	15, // 33: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
-	18, // 34: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
-	26, // 35: psych.sidecar.v1.ToolService.GetToolTask:input_type -> psych.sidecar.v1.GetToolTaskRequest
-	28, // 36: psych.sidecar.v1.ToolService.CancelToolTask:input_type -> psych.sidecar.v1.CancelToolTaskRequest
-	22, // 37: psych.sidecar.v1.ToolService.ContinueToolCall:input_type -> psych.sidecar.v1.ContinueToolCallRequest
-	7,  // 38: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
-	9,  // 39: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
-	12, // 40: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
-	14, // 41: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
-	16, // 42: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
-	19, // 43: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
-	27, // 44: psych.sidecar.v1.ToolService.GetToolTask:output_type -> psych.sidecar.v1.GetToolTaskResponse
-	29, // 45: psych.sidecar.v1.ToolService.CancelToolTask:output_type -> psych.sidecar.v1.CancelToolTaskResponse
-	24, // 46: psych.sidecar.v1.ToolService.ContinueToolCall:output_type -> psych.sidecar.v1.ContinueToolCallResponse
-	38, // [38:47] is the sub-list for method output_type
-	29, // [29:38] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	25, // 24: psych.sidecar.v1.ContinueToolCallResponse.task:type_name -> psych.sidecar.v1.ToolTask
+	4,  // 25: psych.sidecar.v1.ToolTask.state:type_name -> psych.sidecar.v1.ToolTaskState
+	35, // 26: psych.sidecar.v1.ToolTask.create_time:type_name -> google.protobuf.Timestamp
+	35, // 27: psych.sidecar.v1.ToolTask.update_time:type_name -> google.protobuf.Timestamp
+	20, // 28: psych.sidecar.v1.ToolTask.input_required:type_name -> psych.sidecar.v1.InputRequired
+	25, // 29: psych.sidecar.v1.GetToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
+	25, // 30: psych.sidecar.v1.CancelToolTaskResponse.task:type_name -> psych.sidecar.v1.ToolTask
+	6,  // 31: psych.sidecar.v1.ToolService.CallDeferredTool:input_type -> psych.sidecar.v1.CallDeferredToolRequest
+	8,  // 32: psych.sidecar.v1.ToolService.ReadToolOutput:input_type -> psych.sidecar.v1.ReadToolOutputRequest
+	11, // 33: psych.sidecar.v1.ToolService.ListServerTools:input_type -> psych.sidecar.v1.ListServerToolsRequest
+	13, // 34: psych.sidecar.v1.ToolService.DescribeTool:input_type -> psych.sidecar.v1.DescribeToolRequest
+	15, // 35: psych.sidecar.v1.ToolService.SearchTools:input_type -> psych.sidecar.v1.SearchToolsRequest
+	18, // 36: psych.sidecar.v1.ToolService.DispatchToolCall:input_type -> psych.sidecar.v1.DispatchToolCallRequest
+	26, // 37: psych.sidecar.v1.ToolService.GetToolTask:input_type -> psych.sidecar.v1.GetToolTaskRequest
+	28, // 38: psych.sidecar.v1.ToolService.CancelToolTask:input_type -> psych.sidecar.v1.CancelToolTaskRequest
+	22, // 39: psych.sidecar.v1.ToolService.ContinueToolCall:input_type -> psych.sidecar.v1.ContinueToolCallRequest
+	7,  // 40: psych.sidecar.v1.ToolService.CallDeferredTool:output_type -> psych.sidecar.v1.CallDeferredToolResponse
+	9,  // 41: psych.sidecar.v1.ToolService.ReadToolOutput:output_type -> psych.sidecar.v1.ReadToolOutputResponse
+	12, // 42: psych.sidecar.v1.ToolService.ListServerTools:output_type -> psych.sidecar.v1.ListServerToolsResponse
+	14, // 43: psych.sidecar.v1.ToolService.DescribeTool:output_type -> psych.sidecar.v1.DescribeToolResponse
+	16, // 44: psych.sidecar.v1.ToolService.SearchTools:output_type -> psych.sidecar.v1.SearchToolsResponse
+	19, // 45: psych.sidecar.v1.ToolService.DispatchToolCall:output_type -> psych.sidecar.v1.DispatchToolCallResponse
+	27, // 46: psych.sidecar.v1.ToolService.GetToolTask:output_type -> psych.sidecar.v1.GetToolTaskResponse
+	29, // 47: psych.sidecar.v1.ToolService.CancelToolTask:output_type -> psych.sidecar.v1.CancelToolTaskResponse
+	24, // 48: psych.sidecar.v1.ToolService.ContinueToolCall:output_type -> psych.sidecar.v1.ContinueToolCallResponse
+	40, // [40:49] is the sub-list for method output_type
+	31, // [31:40] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_psych_sidecar_v1_tool_service_proto_init() }

@@ -155,9 +155,8 @@ class _ToolTaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolTas
     TOOL_TASK_STATE_WORKING: _ToolTaskState.ValueType  # 1
     """The server is working on it."""
     TOOL_TASK_STATE_INPUT_REQUIRED: _ToolTaskState.ValueType  # 2
-    """The server waits for input the sidecar does not give (a task's input
-    requests are not answered); it stays until the server ends it or its
-    time runs out.
+    """The server waits for its user's input (the task's own questions, in
+    ToolTask.input_required; answered with ContinueToolCall).
     """
     TOOL_TASK_STATE_COMPLETED: _ToolTaskState.ValueType  # 3
     """Ended with the server's result (which may itself be a tool error)."""
@@ -176,9 +175,8 @@ TOOL_TASK_STATE_UNSPECIFIED: ToolTaskState.ValueType  # 0
 TOOL_TASK_STATE_WORKING: ToolTaskState.ValueType  # 1
 """The server is working on it."""
 TOOL_TASK_STATE_INPUT_REQUIRED: ToolTaskState.ValueType  # 2
-"""The server waits for input the sidecar does not give (a task's input
-requests are not answered); it stays until the server ends it or its
-time runs out.
+"""The server waits for its user's input (the task's own questions, in
+ToolTask.input_required; answered with ContinueToolCall).
 """
 TOOL_TASK_STATE_COMPLETED: ToolTaskState.ValueType  # 3
 """Ended with the server's result (which may itself be a tool error)."""
@@ -949,6 +947,7 @@ class ContinueToolCallResponse(_message.Message):
 
     OUTCOME_FIELD_NUMBER: _builtins.int
     INPUT_REQUIRED_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def outcome(self) -> Global___ToolOutcome:
         """The outcome, recorded in the Run's log; unset when input_required is set."""
@@ -957,15 +956,25 @@ class ContinueToolCallResponse(_message.Message):
     def input_required(self) -> Global___InputRequired:
         """Set when the server asks again: the next round."""
 
+    @_builtins.property
+    def task(self) -> Global___ToolTask:
+        """Set, instead of the two above, when the answered round was a running
+        task's own questions (ToolTask.input_required): the task, which runs on
+        with the answers (WORKING), or asks them again in a new round when its
+        server could not be reached. Its end is appended to the Run's log as any
+        task's. A retry of the answer gets the task as it stands.
+        """
+
     def __init__(
         self,
         *,
         outcome: Global___ToolOutcome | None = ...,
         input_required: Global___InputRequired | None = ...,
+        task: Global___ToolTask | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input_required", b"input_required", "outcome", b"outcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_required", b"input_required", "outcome", b"outcome", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_required", b"input_required", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_required", b"input_required", "outcome", b"outcome", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -995,6 +1004,7 @@ class ToolTask(_message.Message):
     RESULT_CALL_ID_FIELD_NUMBER: _builtins.int
     RESULT_SEQUENCE_FIELD_NUMBER: _builtins.int
     RESULT_HANDLE_FIELD_NUMBER: _builtins.int
+    INPUT_REQUIRED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The Run."""
     call_id: _builtins.str
@@ -1025,6 +1035,15 @@ class ToolTask(_message.Message):
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """When the sidecar last learnt something of it."""
 
+    @_builtins.property
+    def input_required(self) -> Global___InputRequired:
+        """Set while state is INPUT_REQUIRED and the server's questions await the
+        host's answer: the round, as any call's (call_id is this task's), answered
+        with ContinueToolCall and its attempt. Unanswered until its expire_time,
+        the task is cancelled on its server and ends FAILED, a tool error saying
+        nobody answered.
+        """
+
     def __init__(
         self,
         *,
@@ -1040,10 +1059,11 @@ class ToolTask(_message.Message):
         result_call_id: _builtins.str = ...,
         result_sequence: _builtins.int = ...,
         result_handle: _builtins.str = ...,
+        input_required: Global___InputRequired | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "input_required", b"input_required", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "create_time", b"create_time", "result_call_id", b"result_call_id", "result_handle", b"result_handle", "result_sequence", b"result_sequence", "run_id", b"run_id", "server", b"server", "state", b"state", "status_message", b"status_message", "task_id", b"task_id", "tool", b"tool", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "create_time", b"create_time", "input_required", b"input_required", "result_call_id", b"result_call_id", "result_handle", b"result_handle", "result_sequence", b"result_sequence", "run_id", b"run_id", "server", b"server", "state", b"state", "status_message", b"status_message", "task_id", b"task_id", "tool", b"tool", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
