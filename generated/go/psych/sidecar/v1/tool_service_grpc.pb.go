@@ -86,7 +86,10 @@ type ToolServiceClient interface {
 	// server's pending elicitation/create in the session holding it. A retry
 	// with the same attempt returns the same answer. An attempt that no call
 	// waits on (answered, expired, another call's) fails with
-	// INPUT_NOT_AWAITED.
+	// INPUT_NOT_AWAITED. When this sidecar's session cannot reach the server
+	// within the call's timeout, it fails with CONNECTION_UNREACHABLE
+	// (retryable): the answer is not spent and the call still waits, so the
+	// host sends the same answer again.
 	ContinueToolCall(ctx context.Context, in *ContinueToolCallRequest, opts ...grpc.CallOption) (*ContinueToolCallResponse, error)
 }
 
@@ -244,7 +247,10 @@ type ToolServiceServer interface {
 	// server's pending elicitation/create in the session holding it. A retry
 	// with the same attempt returns the same answer. An attempt that no call
 	// waits on (answered, expired, another call's) fails with
-	// INPUT_NOT_AWAITED.
+	// INPUT_NOT_AWAITED. When this sidecar's session cannot reach the server
+	// within the call's timeout, it fails with CONNECTION_UNREACHABLE
+	// (retryable): the answer is not spent and the call still waits, so the
+	// host sends the same answer again.
 	ContinueToolCall(context.Context, *ContinueToolCallRequest) (*ContinueToolCallResponse, error)
 	mustEmbedUnimplementedToolServiceServer()
 }

@@ -92,7 +92,10 @@ class ToolServiceStub:
     server's pending elicitation/create in the session holding it. A retry
     with the same attempt returns the same answer. An attempt that no call
     waits on (answered, expired, another call's) fails with
-    INPUT_NOT_AWAITED.
+    INPUT_NOT_AWAITED. When this sidecar's session cannot reach the server
+    within the call's timeout, it fails with CONNECTION_UNREACHABLE
+    (retryable): the answer is not spent and the call still waits, so the
+    host sends the same answer again.
     """
 
 @_typing.type_check_only
@@ -159,7 +162,10 @@ class ToolServiceAsyncStub(ToolServiceStub):
     server's pending elicitation/create in the session holding it. A retry
     with the same attempt returns the same answer. An attempt that no call
     waits on (answered, expired, another call's) fails with
-    INPUT_NOT_AWAITED.
+    INPUT_NOT_AWAITED. When this sidecar's session cannot reach the server
+    within the call's timeout, it fails with CONNECTION_UNREACHABLE
+    (retryable): the answer is not spent and the call still waits, so the
+    host sends the same answer again.
     """
 
 class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -277,7 +283,10 @@ class ToolServiceServicer(metaclass=_abc_1.ABCMeta):
         server's pending elicitation/create in the session holding it. A retry
         with the same attempt returns the same answer. An attempt that no call
         waits on (answered, expired, another call's) fails with
-        INPUT_NOT_AWAITED.
+        INPUT_NOT_AWAITED. When this sidecar's session cannot reach the server
+        within the call's timeout, it fails with CONNECTION_UNREACHABLE
+        (retryable): the answer is not spent and the call still waits, so the
+        host sends the same answer again.
         """
 
 def add_ToolServiceServicer_to_server(servicer: ToolServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1457,7 +1457,10 @@ export const ToolService: GenService<{
    * server's pending elicitation/create in the session holding it. A retry
    * with the same attempt returns the same answer. An attempt that no call
    * waits on (answered, expired, another call's) fails with
-   * INPUT_NOT_AWAITED.
+   * INPUT_NOT_AWAITED. When this sidecar's session cannot reach the server
+   * within the call's timeout, it fails with CONNECTION_UNREACHABLE
+   * (retryable): the answer is not spent and the call still waits, so the
+   * host sends the same answer again.
    *
    * @generated from rpc psych.sidecar.v1.ToolService.ContinueToolCall
    */
