@@ -107,6 +107,20 @@ def new_run(
     return stubs.runs.CreateRun(request).run.run_id
 
 
+def model_calls_ask_name(stubs: Stubs, run_id: str) -> None:
+    """The user's message and the model's call c1 of ask/ask_name, in the Run's log."""
+    calls = [content_pb2.ToolCall(call_id="c1", name="ask__ask_name", arguments_json="{}")]
+    stubs.runs.AppendRecords(
+        run_service_pb2.AppendRecordsRequest(
+            run_id=run_id,
+            records=[
+                user("ask me"),
+                run_pb2.Record(assistant_message=run_pb2.AssistantMessage(tool_calls=calls)),
+            ],
+        )
+    )
+
+
 def text(outcome: tool_service_pb2.ToolOutcome) -> str:
     return "".join(part.get("text", "") for part in json.loads(outcome.result_json)["content"])
 
@@ -189,16 +203,7 @@ def test_an_answer_after_a_kill_9_continues_on_another_sidecar(
     )
     with serving(database_url, tmp_path / "first") as (first, stubs):
         run_id = new_run(stubs, unique, connection)
-        calls = [content_pb2.ToolCall(call_id="c1", name="ask__ask_name", arguments_json="{}")]
-        stubs.runs.AppendRecords(
-            run_service_pb2.AppendRecordsRequest(
-                run_id=run_id,
-                records=[
-                    user("ask me"),
-                    run_pb2.Record(assistant_message=run_pb2.AssistantMessage(tool_calls=calls)),
-                ],
-            )
-        )
+        model_calls_ask_name(stubs, run_id)
         connected(stubs, tenant)
         waiting = ask(stubs, run_id).input_required
         assert waiting.attempt
@@ -246,16 +251,7 @@ def test_an_answer_on_a_sidecar_still_connecting_to_the_server_is_not_lost(
     )
     with serving(database_url, tmp_path / "first") as (_, stubs):
         run_id = new_run(stubs, unique, connection)
-        calls = [content_pb2.ToolCall(call_id="c1", name="ask__ask_name", arguments_json="{}")]
-        stubs.runs.AppendRecords(
-            run_service_pb2.AppendRecordsRequest(
-                run_id=run_id,
-                records=[
-                    user("ask me"),
-                    run_pb2.Record(assistant_message=run_pb2.AssistantMessage(tool_calls=calls)),
-                ],
-            )
-        )
+        model_calls_ask_name(stubs, run_id)
         connected(stubs, tenant)
         waiting = ask(stubs, run_id).input_required
         name = struct_pb2.Struct(fields={"name": struct_pb2.Value(string_value="Zed")})

@@ -124,15 +124,8 @@ class McpCalls:
                     return answer  # started as a task
                 result = answer
         except ToolCallFailed as failure:
-            return ToolResult.error(
-                f"{server}/{tool} did not answer: {failure}",
-                server,
-                tool,
-                authorization=failure.authorization,
-            )
-        if isinstance(result, InputAsked):
-            return Asking(result, server, tool, arguments)
-        return ToolResult(result.is_error, result.result_json, result.content, server, tool)
+            return _not_answered(failure, server, tool)
+        return _answered(result, server, tool, arguments)
 
     async def continue_call(
         self,
@@ -161,15 +154,8 @@ class McpCalls:
                 timeout_seconds=timeout_seconds,
             )
         except ToolCallFailed as failure:
-            return ToolResult.error(
-                f"{server}/{tool} did not answer: {failure}",
-                server,
-                tool,
-                authorization=failure.authorization,
-            )
-        if isinstance(result, InputAsked):
-            return Asking(result, server, tool, arguments)
-        return ToolResult(result.is_error, result.result_json, result.content, server, tool)
+            return _not_answered(failure, server, tool)
+        return _answered(result, server, tool, arguments)
 
     async def unreachable(
         self, resolved: ResolvedTurn, wait: InputWait, timeout_seconds: float
@@ -241,3 +227,22 @@ def refused(server: str, tool: object) -> ToolResult:
         server,
         tool if isinstance(tool, str) else "",
     )
+
+
+def _not_answered(failure: ToolCallFailed, server: str, tool: str) -> ToolResult:
+    """A call the server did not answer, as the model's tool error."""
+    return ToolResult.error(
+        f"{server}/{tool} did not answer: {failure}",
+        server,
+        tool,
+        authorization=failure.authorization,
+    )
+
+
+def _answered(
+    result: McpToolResult | InputAsked, server: str, tool: str, arguments: Mapping[str, Any]
+) -> CallResult:
+    """The server's answer: its result, or the questions it asks before it can give one."""
+    if isinstance(result, InputAsked):
+        return Asking(result, server, tool, arguments)
+    return ToolResult(result.is_error, result.result_json, result.content, server, tool)
