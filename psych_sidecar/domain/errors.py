@@ -215,16 +215,11 @@ class ConnectionFailure(SidecarError):
     detail: str
 
 
-# How long a caller should wait before retrying after CONNECTION_UNREACHABLE.
-CONNECTION_RETRY_DELAY_SECONDS = 1.0
-
-
 class ConnectionUnreachable(ConnectionFailure):
     """The server could not be reached just now (nothing was removed, no answer was spent):
-    the same request may be retried."""
+    the same request may be sent again."""
 
     reason = Reason.CONNECTION_UNREACHABLE
-    retry_delay_seconds = CONNECTION_RETRY_DELAY_SECONDS
 
 
 class OAuthRegistrationFailed(ConnectionFailure):
