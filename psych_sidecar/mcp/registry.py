@@ -286,6 +286,13 @@ class SessionRegistry:
         running = self._running.get((tenant, name))
         return running.session if running is not None else None
 
+    async def running_or_stored_session(self, tenant: str, name: str) -> ConnectionSession | None:
+        """The session running here, without reading the store (a call's fast path); else the
+        stored connection's, started now (another sidecar stored it); None when there is no
+        such connection."""
+        running = self.running_session(tenant, name)
+        return running if running is not None else await self.session(tenant, name)
+
     async def session(self, tenant: str, name: str) -> ConnectionSession | None:
         """The session for a stored connection, started here if another sidecar stored it."""
         if self._closed:

@@ -33,9 +33,7 @@ class SessionTaskRunner:
         self._sessions = sessions
 
     async def _session(self, tenant: str, server: str) -> ConnectionSession:
-        session = self._sessions.running_session(tenant, server)
-        if session is None:
-            session = await self._sessions.session(tenant, server)
+        session = await self._sessions.running_or_stored_session(tenant, server)
         if session is None:
             raise ToolCallFailed(f"There is no MCP server named {server!r}.")
         return session

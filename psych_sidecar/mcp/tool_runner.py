@@ -60,9 +60,7 @@ class SessionToolRunner:
         for it within the timeout (across connect attempts: a session started by this
         request, or reconnecting); None once it is connected, or when what stops the call
         lasts (no such server, authorization needed), which the call itself reports."""
-        session = self._sessions.running_session(tenant, server)
-        if session is None:
-            session = await self._sessions.session(tenant, server)
+        session = await self._sessions.running_or_stored_session(tenant, server)
         if session is None:
             return None
         state = session.state
@@ -78,10 +76,7 @@ class SessionToolRunner:
         return None
 
     async def _session(self, tenant: str, server: str) -> ConnectionSession:
-        session = self._sessions.running_session(tenant, server)
-        if session is None:
-            # Not running here: another sidecar stored it (then it starts now), or no such.
-            session = await self._sessions.session(tenant, server)
+        session = await self._sessions.running_or_stored_session(tenant, server)
         if session is None:
             metrics.record_tool_call(server, "refused", 0.0)
             raise ToolCallFailed(f"There is no MCP server named {server!r}.")
