@@ -166,6 +166,35 @@ def test_no_proposal_under_the_trigger_and_one_over_it(
     assert response.anthropic_request_json  # the call fits: its own bodies are there too
 
 
+def test_a_compaction_is_proposed_at_a_turns_first_call_and_mid_turn_only_when_required(
+    stubs: Stubs, unique: Callable[[str], str]
+) -> None:
+    run_id = run_with(stubs, unique("agent"), instructions="Be brief.", compaction=POLICY)
+    long_run(stubs, run_id, 4)
+    append(stubs, run_id, user("And now?"))
+    opening = assemble(stubs, run_id)
+    assert opening.compaction.last_sequence == 12
+    assert not opening.compaction.required
+    # The host puts it off: the turn's later calls are over the trigger too, but fit, so
+    # nothing moves within the turn: no proposal, and each body starts with the one before.
+    append(stubs, run_id, assistant("", ("c5", "lookup", '{"q": 5}')))
+    append(stubs, run_id, result("c5", "result 5 " + "r" * 2_000))
+    later = assemble(stubs, run_id)
+    assert later.context_guard.estimated_tokens > POLICY.trigger_tokens
+    assert not later.HasField("compaction")
+    cut = opening.anthropic_request_json.index(b'"And now?"') + len(b'"And now?"')
+    assert later.anthropic_request_json[:cut] == opening.anthropic_request_json[:cut]
+    # A later call that would not fit is still required to compact.
+    budget = spec_pb2.ContextBudget(context_window_tokens=4_000, output_reserve_tokens=500)
+    required = assemble(stubs, run_id, context_budget=budget)
+    assert required.compaction.required
+    assert not required.anthropic_request_json
+    # The next turn's first call is proposed the compaction again.
+    append(stubs, run_id, assistant("Answer 5."))
+    append(stubs, run_id, user("Next?"))
+    assert assemble(stubs, run_id).compaction.last_sequence == 16
+
+
 def _last_text(body: dict[str, object]) -> str:
     messages = body["messages"]
     assert isinstance(messages, list)

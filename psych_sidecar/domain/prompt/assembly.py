@@ -29,6 +29,7 @@ from psych_sidecar.domain.prompt.compaction import (
     choose_summary_call,
     compacted_log,
     kept_opening,
+    opens_its_turn,
     range_end,
     summary_entry,
     summary_request,
@@ -419,7 +420,12 @@ class PromptAssembler:
         # The provider compacts for the bodies that can, so a call that asks for those only
         # gets no proposal (one that would not fit still does, above).
         by_host = not (policy.by_provider and wanted <= PROVIDER_COMPACTING_BODIES)
-        if by_host and policy.enabled and estimate > policy.trigger(window - reserve):
+        if (
+            by_host
+            and policy.enabled
+            and opens_its_turn(skeletons)
+            and estimate > policy.trigger(window - reserve)
+        ):
             proposal = propose(estimate, guarded)
         shown = {**elided, **guarded}
         saved = {

@@ -5,10 +5,10 @@ summary (framed so the model knows how to reach the rest) followed by the record
 range; only the latest compaction counts, since each summary is written over a prompt that
 opens with the one before it.
 
-When a call's estimate crosses the policy's trigger, or the prompt would not fit at all,
-AssemblePrompt proposes the next compaction: the range (from the record after the previous
-compaction's range to the end of the turn before the recent turns kept verbatim, always whole
-turns) and the summary call's bodies. A summary call is the call the host would have made
+When the estimate of a turn's first call crosses the policy's trigger, or any call's prompt
+would not fit at all, AssemblePrompt proposes the next compaction: the range (from the record
+after the previous compaction's range to the end of the turn before the recent turns kept
+verbatim, always whole turns) and the summary call's bodies. A summary call is the call the host would have made
 with its transient message replaced by the request for the summary, so it reads the cached
 prefix that call would have read; when that call would not fit, the summary call's history
 stops at the end of the range (still a prefix of it), at the latest turn boundary that fits.
@@ -161,6 +161,15 @@ def range_end(visible: Sequence[RecordSkeleton], kept_turns: int) -> int | None:
     if len(starts) > kept_turns and starts[-1 - kept_turns] > 0:
         return starts[-1 - kept_turns]
     return None
+
+
+def opens_its_turn(visible: Sequence[RecordSkeleton]) -> bool:
+    """Whether the call is its turn's first (the latest record shown is the user message).
+    A compaction over the trigger is proposed only then, and mid-turn only when the prompt
+    would not fit: within a turn nothing moves. A mid-turn compaction would rewrite the
+    prefix the turn's earlier calls cached, and its summary call would carry the turn's
+    results only for the next call to write them again after the summary."""
+    return bool(visible) and visible[-1].kind is RecordKind.USER_MESSAGE
 
 
 def choose_summary_call(

@@ -1084,12 +1084,13 @@ func (x *ToolGrant) GetToolPattern() string {
 // Token counts are the sidecar's estimate (UTF-8 bytes / 4 of the body).
 type CompactionPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Compaction is due when the call's estimate is over this many tokens
-	// (or when the prompt would not fit the context budget at all). Must be
-	// greater than 0. Not with trigger_fraction.
+	// Compaction is due when the estimate of a turn's first call (the one
+	// after its user message) is over this many tokens, or when any call's
+	// prompt would not fit the context budget at all: within a turn nothing
+	// moves. Must be greater than 0. Not with trigger_fraction.
 	TriggerTokens *int64 `protobuf:"varint,1,opt,name=trigger_tokens,json=triggerTokens,proto3,oneof" json:"trigger_tokens,omitempty"`
-	// Compaction is due when the call's estimate is over this fraction of the
-	// context budget (the window less the output reserve): greater than 0,
+	// Compaction is due when the estimate of a turn's first call is over this
+	// fraction of the context budget (the window less the output reserve): greater than 0,
 	// at most 1. Not with trigger_tokens.
 	TriggerFraction *float64 `protobuf:"fixed64,2,opt,name=trigger_fraction,json=triggerFraction,proto3,oneof" json:"trigger_fraction,omitempty"`
 	// How many turns before the current one stay verbatim after a

@@ -683,13 +683,14 @@ class CompactionPolicy(_message.Message):
     SUMMARY_MAX_TOKENS_FIELD_NUMBER: _builtins.int
     COMPACTION_BY_FIELD_NUMBER: _builtins.int
     trigger_tokens: _builtins.int
-    """Compaction is due when the call's estimate is over this many tokens
-    (or when the prompt would not fit the context budget at all). Must be
-    greater than 0. Not with trigger_fraction.
+    """Compaction is due when the estimate of a turn's first call (the one
+    after its user message) is over this many tokens, or when any call's
+    prompt would not fit the context budget at all: within a turn nothing
+    moves. Must be greater than 0. Not with trigger_fraction.
     """
     trigger_fraction: _builtins.float
-    """Compaction is due when the call's estimate is over this fraction of the
-    context budget (the window less the output reserve): greater than 0,
+    """Compaction is due when the estimate of a turn's first call is over this
+    fraction of the context budget (the window less the output reserve): greater than 0,
     at most 1. Not with trigger_tokens.
     """
     keep_recent_turns: _builtins.int

@@ -497,17 +497,18 @@ export const ToolGrantSchema: GenMessage<ToolGrant> = /*@__PURE__*/
  */
 export type CompactionPolicy = Message<"psych.sidecar.v1.CompactionPolicy"> & {
   /**
-   * Compaction is due when the call's estimate is over this many tokens
-   * (or when the prompt would not fit the context budget at all). Must be
-   * greater than 0. Not with trigger_fraction.
+   * Compaction is due when the estimate of a turn's first call (the one
+   * after its user message) is over this many tokens, or when any call's
+   * prompt would not fit the context budget at all: within a turn nothing
+   * moves. Must be greater than 0. Not with trigger_fraction.
    *
    * @generated from field: optional int64 trigger_tokens = 1;
    */
   triggerTokens?: bigint | undefined;
 
   /**
-   * Compaction is due when the call's estimate is over this fraction of the
-   * context budget (the window less the output reserve): greater than 0,
+   * Compaction is due when the estimate of a turn's first call is over this
+   * fraction of the context budget (the window less the output reserve): greater than 0,
    * at most 1. Not with trigger_tokens.
    *
    * @generated from field: optional double trigger_fraction = 2;
