@@ -36,6 +36,8 @@ from bench.cases.billed_input import (
     _capped,
 )
 
+# Anthropic's output price over its input price (a summary is output).
+OUTPUT_PRICE = 5
 # Anthropic's default trigger for its server-side compaction (`compact_20260112`).
 COMPACTING_TRIGGER_TOKENS = 150_000
 RUN_QUERY = {
@@ -206,10 +208,16 @@ class LongRunBills:
         self.ideal.request(body)
 
     def figures(self) -> dict[str, Any]:
+        # The summaries are output, not input: each host's, in tokens, and the ratio with them
+        # billed at the output price (both hosts' summaries are the same size).
+        summary_tokens = self.compacting.summary_chars // 4
+        sidecar_output = self.sidecar.summary_calls * summary_tokens
+        compacting_output = self.compacting.bill.summary_calls * summary_tokens
         hosts = {
-            "sidecar": self.sidecar.summary(),
+            "sidecar": {**self.sidecar.summary(), "summary_output_tokens": sidecar_output},
             "compacting_host": {
                 **self.compacting.bill.summary(),
+                "summary_output_tokens": compacting_output,
                 "compactions": self.compacting.compactions,
                 "results_capped": self.compacting.results_capped,
             },
@@ -219,6 +227,11 @@ class LongRunBills:
             "ratios": {
                 "compacting_host_over_sidecar": round(
                     self.compacting.bill.billed / self.sidecar.billed, 3
+                ),
+                "compacting_host_over_sidecar_with_summary_output": round(
+                    (self.compacting.bill.billed + OUTPUT_PRICE * compacting_output)
+                    / (self.sidecar.billed + OUTPUT_PRICE * sidecar_output),
+                    3,
                 ),
                 "sidecar_over_ideal": round(self.sidecar.billed / self.ideal.billed, 3),
             },

@@ -4,10 +4,16 @@ sidecar by a host that compacts whenever AssemblePrompt proposes it (docs/prompt
 
 The trace is drawn from a seed: each turn a user message (200 to 4,000 characters), zero to
 three model steps each calling a host tool whose result is 300 to 24,000 characters (one in
-forty 120,000), and an answer (200 to 3,000 characters). The Spec compacts at Anthropic's
-default trigger (150,000 of a 200,000-token window: `trigger_fraction` 0.75 of the budget),
-keeping two turns verbatim; the host's summary is 6,000 characters. A turn is completed when
-every AssemblePrompt of it answered with every body within the budget.
+forty 120,000), and an answer (200 to 3,000 characters), in a 200,000-token window. The
+host's summary is 6,000 characters. A turn is completed when every AssemblePrompt of it
+answered with every body within the budget.
+
+The Spec is the one a host publishes for a long Run (`LONG_RUN_SPEC`): since compaction loses
+nothing (read_history, read_tool_output), it compacts early, at 20,000 tokens, keeping one
+turn verbatim; prior-turn results over 1,000 tokens become previews (per batch 2,000); a
+current-turn result over 25,000 tokens (the comparison host's cap) is sent as its preview.
+The prompt's size, not the window, then sets what every call costs (docs/prompt.md,
+"Measured: a 1,000-turn Run").
 
 The same replay is billed (bench/cases/_long_run_hosts.py): the sidecar-driven host, a
 best-practice host that compacts as Anthropic does and loses the compacted span, and the
@@ -45,6 +51,15 @@ SEED = 20261204
 WINDOW = 200_000
 MAX_TOKENS = 4_096
 SUMMARY_CHARS = 6_000
+# The Spec of a long Run (see the module's docstring).
+LONG_RUN_SPEC = spec_pb2.Spec(
+    name="long-run",
+    version=1,
+    instructions="You answer questions about the service's logs.",
+    compaction=spec_pb2.CompactionPolicy(trigger_tokens=20_000, keep_recent_turns=1),
+    thresholds=spec_pb2.Thresholds(per_result_tokens=1_000, per_batch_tokens=2_000),
+    context_budget=spec_pb2.ContextBudget(current_turn_result_tokens=25_000),
+)
 
 
 @dataclass
@@ -54,7 +69,8 @@ class Replay:
     calls: int = 0
     compactions: int = 0
     # Calls whose Anthropic body does not start with the previous call's blocks (less its
-    # transient block) within a turn, and turns whose first call follows a compaction.
+    # transient block): within a turn, and where a compaction came first (at a turn's first
+    # call, against the previous turn's last call).
     within_turn_breaks: int = 0
     compaction_breaks: int = 0
     max_tokens_seen: int = 0
@@ -101,13 +117,9 @@ async def _replay(ctx: BenchContext) -> Replay:
     clock = NOON
     async with sidecar(ctx.tmp_dir) as server, channel(server.target) as ch:
         specs = spec_service_pb2_grpc.SpecServiceStub(ch)
-        spec = spec_pb2.Spec(
-            name="long-run",
-            version=1,
-            instructions="You answer questions about the service's logs.",
-            compaction=spec_pb2.CompactionPolicy(trigger_fraction=0.75, keep_recent_turns=2),
+        await specs.PublishSpec(
+            spec_service_pb2.PublishSpecRequest(spec=LONG_RUN_SPEC), timeout=60
         )
-        await specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=spec), timeout=60)
         runs = run_service_pb2_grpc.RunServiceStub(ch)
         created = await runs.CreateRun(
             run_service_pb2.CreateRunRequest(tenant="bench", spec_name="long-run", spec_version=1),
@@ -119,9 +131,10 @@ async def _replay(ctx: BenchContext) -> Replay:
         bills = replay.bills
         bills.compacting = CompactingHost(summary_chars=SUMMARY_CHARS)
 
-        async def call(previous: Any) -> tuple[Any, bool]:
+        async def call(previous: Any, turn_before: Any = None) -> tuple[Any, bool]:
             """One model call: compact while proposed; the response and whether a
-            compaction came first."""
+            compaction came first. `previous` is the turn's call before it, `turn_before`
+            (at a turn's first call) the previous turn's last."""
             nonlocal clock
             compacted = False
             while True:
@@ -151,7 +164,13 @@ async def _replay(ctx: BenchContext) -> Replay:
                     )
                 summary = run_pb2.Record(
                     compaction=run_pb2.Compaction(
-                        summary=[content_pb2.ContentPart(text=words(SUMMARY_CHARS, rng))],
+                        # Its own random source, so the trace is the same whatever the
+                        # number of compactions.
+                        summary=[
+                            content_pb2.ContentPart(
+                                text=words(SUMMARY_CHARS, random.Random(replay.compactions))
+                            )
+                        ],
                         first_sequence=proposal.first_sequence,
                         last_sequence=proposal.last_sequence,
                     )
@@ -181,25 +200,25 @@ async def _replay(ctx: BenchContext) -> Replay:
             replay.max_tokens_seen = max(replay.max_tokens_seen, largest)
             if largest > budget:
                 replay.failures.append(f"a body of {largest} tokens")
-            if previous is not None:
-                kept = _prefix_kept(
-                    previous.anthropic_request_json, response.anthropic_request_json
-                )
+            before = previous if previous is not None else turn_before if compacted else None
+            if before is not None:
+                kept = _prefix_kept(before.anthropic_request_json, response.anthropic_request_json)
                 if not kept and compacted:
                     replay.compaction_breaks += 1
                 elif not kept:
                     replay.within_turn_breaks += 1
             return response, compacted
 
+        previous = None
         for number in range(1, turns_count + 1):
             ok = True
             failures = len(replay.failures)
             question = f"Turn {number}. " + words(rng.randint(200, 4_000), rng)
             await _append(ch, run_id, [_user(question)])
             bills.compacting.user(question)
-            previous = None
+            turn_before, previous = previous, None
             try:
-                previous, _ = await call(None)
+                previous, _ = await call(None, turn_before)
                 for step in range(rng.randint(0, 3)):
                     call_id = f"t{number}s{step}"
                     size = 120_000 if rng.random() < 1 / 40 else rng.randint(300, 24_000)
@@ -254,8 +273,7 @@ def _details(ctx: BenchContext, replay: Replay) -> None:
 async def long_run_turns_completed(ctx: BenchContext) -> float:
     """Turns of the seeded 1,000-turn trace (`--quick`: 150, target then unmet by design)
     completed with every request within the 200,000-token window less max_tokens, by a host
-    that compacts whenever AssemblePrompt proposes it (trigger 0.75 of the budget, two turns
-    kept verbatim). Details: calls, compactions, the largest request and summary call, the
+    that compacts whenever AssemblePrompt proposes it (`LONG_RUN_SPEC`). Details: calls, compactions, the largest request and summary call, the
     records ListRecords returns at the end (every one kept)."""
     replay = await _replay(ctx)
     _details(ctx, replay)
@@ -265,9 +283,9 @@ async def long_run_turns_completed(ctx: BenchContext) -> float:
 @case("compaction_prefix_rewrites", unit="per compaction", target="<= 1")
 async def compaction_prefix_rewrites(ctx: BenchContext) -> float:
     """In the same replay: the calls whose Anthropic body (blocks in cache order,
-    cache_control left out) does not start with the previous call's of the turn less its
-    transient block — counting a compaction's own rewrite and any other break within a turn —
-    per compaction."""
+    cache_control left out) does not start with the previous call's less its transient
+    block — a compaction's own rewrite (compactions land at a turn's first call: against the
+    previous turn's last call) and any break within a turn — per compaction."""
     replay = await _replay(ctx)
     _details(ctx, replay)
     breaks = replay.within_turn_breaks + replay.compaction_breaks
