@@ -117,9 +117,7 @@ async def _replay(ctx: BenchContext) -> Replay:
     clock = NOON
     async with sidecar(ctx.tmp_dir) as server, channel(server.target) as ch:
         specs = spec_service_pb2_grpc.SpecServiceStub(ch)
-        await specs.PublishSpec(
-            spec_service_pb2.PublishSpecRequest(spec=LONG_RUN_SPEC), timeout=60
-        )
+        await specs.PublishSpec(spec_service_pb2.PublishSpecRequest(spec=LONG_RUN_SPEC), timeout=60)
         runs = run_service_pb2_grpc.RunServiceStub(ch)
         created = await runs.CreateRun(
             run_service_pb2.CreateRunRequest(tenant="bench", spec_name="long-run", spec_version=1),
@@ -273,8 +271,9 @@ def _details(ctx: BenchContext, replay: Replay) -> None:
 async def long_run_turns_completed(ctx: BenchContext) -> float:
     """Turns of the seeded 1,000-turn trace (`--quick`: 150, target then unmet by design)
     completed with every request within the 200,000-token window less max_tokens, by a host
-    that compacts whenever AssemblePrompt proposes it (`LONG_RUN_SPEC`). Details: calls, compactions, the largest request and summary call, the
-    records ListRecords returns at the end (every one kept)."""
+    that compacts whenever AssemblePrompt proposes it (`LONG_RUN_SPEC`). Details: calls,
+    compactions, the largest request and summary call, the records ListRecords returns at
+    the end (every one kept)."""
     replay = await _replay(ctx)
     _details(ctx, replay)
     return float(replay.completed)

@@ -8,10 +8,11 @@ opens with the one before it.
 When the estimate of a turn's first call crosses the policy's trigger, or any call's prompt
 would not fit at all, AssemblePrompt proposes the next compaction: the range (from the record
 after the previous compaction's range to the end of the turn before the recent turns kept
-verbatim, always whole turns) and the summary call's bodies. A summary call is the call the host would have made
-with its transient message replaced by the request for the summary, so it reads the cached
-prefix that call would have read; when that call would not fit, the summary call's history
-stops at the end of the range (still a prefix of it), at the latest turn boundary that fits.
+verbatim, always whole turns) and the summary call's bodies. A summary call is the call the
+host would have made with its transient message replaced by the request for the summary, so
+it reads the cached prefix that call would have read; when that call would not fit, the
+summary call's history stops at the end of the range (still a prefix of it), at the latest
+turn boundary that fits.
 """
 
 from __future__ import annotations
