@@ -67,6 +67,16 @@ def long_run(stubs: Stubs, run_id: str, turns: int, size: int = 2_000) -> None:
         append(stubs, run_id, assistant(f"Answer {index}. " + "a" * size))
 
 
+def asking_after_four_turns(
+    stubs: Stubs, unique: Callable[[str], str], policy: spec_pb2.CompactionPolicy, **spec: str
+) -> str:
+    """A Run of four turns (long_run) and a fifth turn's question: its first call."""
+    run_id = run_with(stubs, unique("agent"), compaction=policy, **spec)
+    long_run(stubs, run_id, 4)
+    append(stubs, run_id, user("And now?"))
+    return run_id
+
+
 # The policy in the Spec
 
 
@@ -148,9 +158,7 @@ def test_no_proposal_under_the_trigger_and_one_over_it(
     stubs: Stubs, unique: Callable[[str], str]
 ) -> None:
     quiet = spec_pb2.CompactionPolicy(trigger_tokens=1_000_000, keep_recent_turns=1)
-    run_id = run_with(stubs, unique("agent"), instructions="Be brief.", compaction=quiet)
-    long_run(stubs, run_id, 4)
-    append(stubs, run_id, user("And now?"))
+    run_id = asking_after_four_turns(stubs, unique, quiet, instructions="Be brief.")
     assert not assemble(stubs, run_id).HasField("compaction")
     # The call's override sets another trigger: the Spec's is replaced, field by field.
     override = spec_pb2.CompactionPolicy(trigger_fraction=0.01)
@@ -169,9 +177,7 @@ def test_no_proposal_under_the_trigger_and_one_over_it(
 def test_a_compaction_is_proposed_at_a_turns_first_call_and_mid_turn_only_when_required(
     stubs: Stubs, unique: Callable[[str], str]
 ) -> None:
-    run_id = run_with(stubs, unique("agent"), instructions="Be brief.", compaction=POLICY)
-    long_run(stubs, run_id, 4)
-    append(stubs, run_id, user("And now?"))
+    run_id = asking_after_four_turns(stubs, unique, POLICY, instructions="Be brief.")
     opening = assemble(stubs, run_id)
     assert opening.compaction.last_sequence == 12
     assert not opening.compaction.required
@@ -205,9 +211,7 @@ def _last_text(body: dict[str, object]) -> str:
 def test_the_summary_call_is_the_would_be_call_with_the_request_in_place_of_the_transient(
     stubs: Stubs, unique: Callable[[str], str]
 ) -> None:
-    run_id = run_with(stubs, unique("agent"), instructions="Be brief.", compaction=POLICY)
-    long_run(stubs, run_id, 4)
-    append(stubs, run_id, user("And now?"))
+    run_id = asking_after_four_turns(stubs, unique, POLICY, instructions="Be brief.")
     response = assemble(stubs, run_id, transient_note="Keep it short.")
     proposal = response.compaction
     call = json.loads(response.anthropic_request_json)
@@ -237,9 +241,7 @@ def test_the_summary_call_is_the_would_be_call_with_the_request_in_place_of_the_
 def test_compacting_replaces_the_span_in_zone_three_and_the_log_keeps_everything(
     stubs: Stubs, unique: Callable[[str], str], grpc_channel: grpc.Channel
 ) -> None:
-    run_id = run_with(stubs, unique("agent"), compaction=POLICY)
-    long_run(stubs, run_id, 4)
-    append(stubs, run_id, user("And now?"))
+    run_id = asking_after_four_turns(stubs, unique, POLICY)
     proposal = assemble(stubs, run_id).compaction
     before = len(all_records(stubs, run_id))
     record = compaction("The user asked 3 questions; " + FACT, 1, proposal.last_sequence)
