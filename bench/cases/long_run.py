@@ -198,7 +198,11 @@ async def _replay(ctx: BenchContext) -> Replay:
             replay.max_tokens_seen = max(replay.max_tokens_seen, largest)
             if largest > budget:
                 replay.failures.append(f"a body of {largest} tokens")
-            before = previous if previous is not None else turn_before if compacted else None
+            before = previous
+            if before is None and compacted:
+                # A compaction at the turn's first call: its rewrite, against the previous
+                # turn's last call.
+                before = turn_before
             if before is not None:
                 kept = _prefix_kept(before.anthropic_request_json, response.anthropic_request_json)
                 if not kept and compacted:

@@ -1090,8 +1090,8 @@ type CompactionPolicy struct {
 	// moves. Must be greater than 0. Not with trigger_fraction.
 	TriggerTokens *int64 `protobuf:"varint,1,opt,name=trigger_tokens,json=triggerTokens,proto3,oneof" json:"trigger_tokens,omitempty"`
 	// Compaction is due when the estimate of a turn's first call is over this
-	// fraction of the context budget (the window less the output reserve): greater than 0,
-	// at most 1. Not with trigger_tokens.
+	// fraction of the context budget (the window less the output reserve):
+	// greater than 0, at most 1. Not with trigger_tokens.
 	TriggerFraction *float64 `protobuf:"fixed64,2,opt,name=trigger_fraction,json=triggerFraction,proto3,oneof" json:"trigger_fraction,omitempty"`
 	// How many turns before the current one stay verbatim after a
 	// compaction. Default 2; 0 to 10000. When the prompt would not fit

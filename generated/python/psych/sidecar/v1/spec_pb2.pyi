@@ -690,8 +690,8 @@ class CompactionPolicy(_message.Message):
     """
     trigger_fraction: _builtins.float
     """Compaction is due when the estimate of a turn's first call is over this
-    fraction of the context budget (the window less the output reserve): greater than 0,
-    at most 1. Not with trigger_tokens.
+    fraction of the context budget (the window less the output reserve):
+    greater than 0, at most 1. Not with trigger_tokens.
     """
     keep_recent_turns: _builtins.int
     """How many turns before the current one stay verbatim after a

@@ -508,8 +508,8 @@ export type CompactionPolicy = Message<"psych.sidecar.v1.CompactionPolicy"> & {
 
   /**
    * Compaction is due when the estimate of a turn's first call is over this
-   * fraction of the context budget (the window less the output reserve): greater than 0,
-   * at most 1. Not with trigger_tokens.
+   * fraction of the context budget (the window less the output reserve):
+   * greater than 0, at most 1. Not with trigger_tokens.
    *
    * @generated from field: optional double trigger_fraction = 2;
    */
