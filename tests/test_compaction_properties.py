@@ -2,8 +2,9 @@
 driven through the real server on both databases by a host that compacts whenever
 AssemblePrompt proposes it: every request fits its budget, every compaction starts and ends
 at turn boundaries, within a turn each call's body is a byte prefix of the next (but for its
-transient block) unless a compaction or the context guard came between, every record stays
-readable, and a fact planted in turn 3 is found by read_history at the end."""
+transient block) unless a compaction or the context guard came between, a compaction past a
+turn's first call is only ever required, every record stays readable, and a fact planted in
+turn 3 is found by read_history at the end."""
 
 from __future__ import annotations
 
@@ -92,6 +93,9 @@ class Host:
             response = assemble(self.stubs, self.run_id, context_budget=self.budget, now=now)
             if not response.HasField("compaction"):
                 break
+            # Within a turn nothing moves: past its first call, a compaction is proposed only
+            # to a call that would not fit.
+            assert self.previous is None or response.compaction.required
             self.compact(response.compaction)
             compacted = True
         else:
