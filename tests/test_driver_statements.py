@@ -40,7 +40,9 @@ HAND_WRITTEN = DriverStatements(
     "char_count) VALUES ({m}, {m}, {m}, {m}, {m}, {m}, {m})",
     recorded="SELECT 1 FROM append_requests WHERE run_id = {m} AND request_id = {m} "
     "AND call_result_outline IS NOT NULL",
-    waiting="SELECT 1 FROM tool_input_rounds WHERE tool_input_rounds.run_id = {m} "
+    recorded_or_waiting="SELECT 1 FROM append_requests WHERE run_id = {m} AND request_id = {m} "
+    "AND call_result_outline IS NOT NULL UNION ALL "
+    "SELECT 1 FROM tool_input_rounds WHERE tool_input_rounds.run_id = {m} "
     "AND tool_input_rounds.request_id = {m} AND tool_input_rounds.outcome IS NULL",
     latest_of_kind="SELECT MAX(sequence) FROM records WHERE run_id = {m} AND kind = {m}",
     connection_versions="SELECT name, revision, catalog_version FROM connections "
@@ -103,7 +105,14 @@ def _exercise(engine: Engine, sql: DriverStatements, run_id: str) -> list[Any]:
         )
     answers.append(_plain(plain_select(engine, sql.recorded, (run_id, "request"))))
     answers.append(_plain(plain_select(engine, sql.recorded, (run_id, "another"))))
-    answers.append(_plain(plain_select(engine, sql.waiting, (run_id, "request"))))
+    for request_id in ("request", "another"):
+        answers.append(
+            _plain(
+                plain_select(
+                    engine, sql.recorded_or_waiting, (run_id, request_id, run_id, request_id)
+                )
+            )
+        )
     for kind in ("user_message", "assistant_message", "no such kind"):
         answers.append(_plain(plain_select(engine, sql.latest_of_kind, (run_id, kind))))
     answers.append(_plain(plain_select(engine, sql.connection_versions, ("tenant",))))

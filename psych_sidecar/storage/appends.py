@@ -194,10 +194,11 @@ class RecordAppends:
         """On the event loop's connection: True when it is known now that `recorded_call`
         would answer None (the first check it makes), and the call waits for no input (a
         waiting call is answered from its round, on the storage threads)."""
-        sql = self._append_sql
         return (
-            loop.select_now(sql.recorded, (run_id, request_id)) == []
-            and loop.select_now(sql.waiting, (run_id, request_id)) == []
+            loop.select_now(
+                self._append_sql.recorded_or_waiting, (run_id, request_id, run_id, request_id)
+            )
+            == []
         )
 
     def recorded_call(self, run_id: str, request_id: str) -> RecordedCall | None:

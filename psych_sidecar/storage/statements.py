@@ -9,18 +9,20 @@ in the order its callers pass them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import (
     ClauseElement,
     Engine,
     Insert,
     MetaData,
+    Select,
     Table,
     bindparam,
     func,
     literal_column,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import sqlite
@@ -47,8 +49,9 @@ class DriverStatements:
     part: str
     # A row when the request id recorded a tool call's result.
     recorded: str
-    # A row when the request id names a tool call waiting for its user's input.
-    waiting: str
+    # A row when the request id recorded a tool call's result or names one waiting for its
+    # user's input: the one look-up on the event loop before a call runs.
+    recorded_or_waiting: str
     # The sequence of a Run's last record of one kind (the turn's start: its last user
     # message; a tool call's step: its last assistant message), read through the index
     # `ix_records_run_kind`.
@@ -116,6 +119,11 @@ def compile_statements(dialect: Dialect, metadata: MetaData = tables.metadata) -
         requests.c.run_id == bindparam("run_id"),
         requests.c.request_id == bindparam("request_id"),
     )
+    recorded: Select[tuple[Any]] = (
+        select(literal_column("1"))
+        .select_from(requests)
+        .where(*request, requests.c.call_result_outline.is_not(None))
+    )
     return DriverStatements(
         reserve=sql(
             update(runs)
@@ -163,21 +171,20 @@ def compile_statements(dialect: Dialect, metadata: MetaData = tables.metadata) -
             "data",
             "char_count",
         ),
-        recorded=sql(
-            select(literal_column("1"))
-            .select_from(requests)
-            .where(*request, requests.c.call_result_outline.is_not(None)),
+        recorded=sql(recorded, "run_id", "request_id"),
+        recorded_or_waiting=sql(
+            union_all(
+                recorded,
+                select(literal_column("1"))
+                .select_from(rounds)
+                .where(
+                    rounds.c.run_id == bindparam("run_id"),
+                    rounds.c.request_id == bindparam("request_id"),
+                    rounds.c.outcome.is_(None),
+                ),
+            ),
             "run_id",
             "request_id",
-        ),
-        waiting=sql(
-            select(literal_column("1"))
-            .select_from(rounds)
-            .where(
-                rounds.c.run_id == bindparam("run_id"),
-                rounds.c.request_id == bindparam("request_id"),
-                rounds.c.outcome.is_(None),
-            ),
             "run_id",
             "request_id",
         ),

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -73,7 +74,7 @@ class CallLedger:
         self._now = now
         # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
         # after a lost response) waits for the first and gets its answer.
-        self._in_flight: dict[tuple[str, ...], asyncio.Task[Any]] = {}
+        self._in_flight: dict[tuple[str, ...], _Flight] = {}
 
     async def once(
         self, context: RunContext, call_id: str, run: Callable[[], Awaitable[CallResult]]
@@ -122,20 +123,46 @@ class CallLedger:
         self, key: tuple[str, ...], run_once: Callable[[], Awaitable[Answered]]
     ) -> Answered:
         """`run_once` run once for all who ask with `key` meanwhile."""
-        task = self._in_flight.get(key)
-        if task is None:
+        flight = self._in_flight.get(key)
+        if flight is None:
             # Not tied to this RPC: a call whose client gave up (a deadline) still finishes
             # and records its result, which the client's retry then finds.
-            task = asyncio.ensure_future(run_once())
-            self._in_flight[key] = task
-            task.add_done_callback(lambda done: self._finished(key, done))
-        return await asyncio.shield(task)
+            flight = self._in_flight[key] = _Flight(key)
+            flight.task = asyncio.ensure_future(self._fly(flight, run_once))
+        # Each asker waits on a future of its own: one that goes away (its RPC cancelled)
+        # cancels only that future, never the call.
+        answer: asyncio.Future[Answered] = asyncio.get_running_loop().create_future()
+        flight.waiters.append(answer)
+        return await answer
 
-    def _finished(self, key: tuple[str, ...], task: asyncio.Task[Any]) -> None:
-        if self._in_flight.get(key) is task:
-            del self._in_flight[key]
-        if not task.cancelled():
-            task.exception()  # retrieved: every waiter may have gone
+    async def _fly(self, flight: _Flight, run_once: Callable[[], Awaitable[Any]]) -> None:
+        """`run_once`, its outcome handed to every asker still waiting by this task itself:
+        an asker wakes at the event loop's next turn. (Awaiting the task through
+        `asyncio.shield` took a turn more per call: the task's done callbacks, then the
+        shield's.)"""
+        try:
+            answer = await run_once()
+        except BaseException as error:
+            self._landed(flight)
+            for waiter in flight.waiters:
+                if waiter.done():
+                    continue
+                if isinstance(error, asyncio.CancelledError):
+                    waiter.cancel()
+                else:
+                    waiter.set_exception(error)
+                    waiter.exception()  # retrieved: its asker may be gone before it wakes
+            if not isinstance(error, Exception):
+                raise
+            return
+        self._landed(flight)
+        for waiter in flight.waiters:
+            if not waiter.done():
+                waiter.set_result(answer)
+
+    def _landed(self, flight: _Flight) -> None:
+        if self._in_flight.get(flight.key) is flight:
+            del self._in_flight[flight.key]
 
     def _unrecorded_now(
         self, run_id: str, call_id: str, prepare_now: Callable[[], Prepared | None]
@@ -259,6 +286,17 @@ class CallLedger:
             result.authorization,
             result.task,
         )
+
+
+@dataclass(eq=False, slots=True)
+class _Flight:
+    """One call being executed (`CallLedger.single`): its task, and the futures of those
+    waiting for its answer."""
+
+    key: tuple[str, ...]
+    waiters: list[asyncio.Future[Any]] = field(default_factory=list)
+    # Kept here: the event loop holds its tasks weakly.
+    task: asyncio.Future[None] | None = None
 
 
 def expired_result(wait: InputWait, wait_seconds: float) -> ToolResult:
