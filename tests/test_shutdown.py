@@ -6,6 +6,7 @@ the listener is gone: never CANCELLED."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -26,6 +27,7 @@ from psych.sidecar.v1 import (
     spec_pb2,
     tool_service_pb2,
 )
+from psych_sidecar.api.rpc import InFlight
 from psych_sidecar.config import Settings
 from tests.support.connections import fixture_commands
 from tests.support.databases import TEST_SECRET_KEY
@@ -221,3 +223,28 @@ def test_calls_arriving_while_it_stops_under_load_are_never_cancelled(
     # Held until the listener stops, or (beside the hanging call) answered during the grace:
     # most of the calls that came after the stop began got SHUTTING_DOWN with its ErrorInfo.
     assert totals["UNAVAILABLE/SHUTTING_DOWN"] >= runs * LOAD_CLIENTS
+
+
+def test_a_stall_of_the_event_loop_restarts_the_quiet_the_listeners_wait_for() -> None:
+    """While the loop is held up, a call queued in gRPC cannot reach its handler, so the quiet
+    that lets the server stop (no call arrived meanwhile) is counted only while the loop runs:
+    quiesce returns a whole quiet after a stall ends, never during or right after it."""
+    quiet = 0.1
+
+    async def stopping_through_a_stall() -> tuple[float, float]:
+        in_flight = InFlight()
+        await in_flight.settle(0)
+        loop = asyncio.get_running_loop()
+        stall_ended = loop.create_future()
+
+        def stall() -> None:
+            # The loop's thread busy past the quiet: what a CPU-starved sidecar looks like.
+            time.sleep(quiet * 1.5)
+            stall_ended.set_result(loop.time())
+
+        loop.call_later(quiet / 2, stall)
+        await in_flight.quiesce(quiet, 10 * quiet)
+        return await stall_ended, loop.time()
+
+    ended, returned = asyncio.run(stopping_through_a_stall())
+    assert returned - ended >= quiet

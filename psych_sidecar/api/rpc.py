@@ -141,18 +141,27 @@ class InFlight:
         raise self._refused
 
     async def quiesce(self, quiet_seconds: float, longest_seconds: float) -> None:
-        """Hold arriving calls until none has arrived for `quiet_seconds` (at most
-        `longest_seconds`): then no call is left queued for a handler."""
+        """Hold arriving calls until none has arrived for `quiet_seconds` of the event loop
+        being free (at most `longest_seconds`): then no call is left queued for a handler.
+
+        The quiet is watched in steps of a tenth of it. A step that overslept by more than
+        its own length means the loop (or the whole process) was held up, and a call queued
+        meanwhile may not have reached its handler yet: the quiet starts again."""
         self._holding = True
         loop = asyncio.get_running_loop()
         # A call queued now is unseen until its handler starts: quiet is counted from here.
         self._last_arrival = max(self._last_arrival, loop.time())
         deadline = loop.time() + longest_seconds
+        step = quiet_seconds / 10
         while (now := loop.time()) < deadline:
             quiet_until = self._last_arrival + quiet_seconds
             if now >= quiet_until:
                 return
-            await asyncio.sleep(min(quiet_until, deadline) - now)
+            wanted = min(quiet_until, deadline, now + step) - now
+            await asyncio.sleep(wanted)
+            woke = loop.time()
+            if woke - now > wanted + step:
+                self._last_arrival = max(self._last_arrival, woke)
 
     def release(self) -> None:
         """Answer the held calls (the server has stopped taking calls)."""

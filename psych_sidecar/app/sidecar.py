@@ -46,12 +46,13 @@ __all__ = ["Sidecar", "StartupError", "serve"]
 
 log = logging.getLogger(__name__)
 
-# Shutdown (InFlight): the server stops once no call has arrived for _QUIET_SECONDS (a queued
-# call reaches its handler within milliseconds of the loop being free), or after
-# _LONGEST_QUIESCE_SECONDS of calls arriving regardless; the held calls are answered at once,
-# and the backstop only bounds the server's own stop.
+# Shutdown (InFlight): the server stops once no call has arrived for _QUIET_SECONDS of the
+# loop being free (a queued call reaches its handler within milliseconds of the loop being
+# free; a stall of the loop starts the quiet again), or after _LONGEST_QUIESCE_SECONDS of calls
+# arriving regardless; the held calls are answered at once, and the backstop only bounds the
+# server's own stop.
 _QUIET_SECONDS = 0.1
-_LONGEST_QUIESCE_SECONDS = 1.0
+_LONGEST_QUIESCE_SECONDS = 2.0
 _STOP_BACKSTOP_SECONDS = 5.0
 
 
