@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, fields
+
 from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
@@ -10,6 +12,11 @@ from psych_sidecar.domain.usage import ModelCallUsage, UsageEvent, UsageTotals
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.transactions import newest_of_run, read_transaction, write_transaction
 from psych_sidecar.telemetry import metrics
+
+# usage_events stores a model call's usage in columns named after ModelCallUsage's fields, and
+# a Run's totals are UsageTotals' fields: the count of calls, then the sum of each token count.
+_USAGE_COLUMNS = tuple(field.name for field in fields(ModelCallUsage))
+_TOKEN_COLUMNS = tuple(field.name for field in fields(UsageTotals))[1:]
 
 
 class SqlUsageStore:
@@ -34,11 +41,7 @@ class SqlUsageStore:
                             run_id=run_id,
                             event_id=event_id,
                             fingerprint=fingerprint,
-                            model=usage.model,
-                            input_tokens=usage.input_tokens,
-                            output_tokens=usage.output_tokens,
-                            cache_read_tokens=usage.cache_read_tokens,
-                            cache_write_tokens=usage.cache_write_tokens,
+                            **asdict(usage),
                             create_time_us=tables.now_us(),
                         )
                     )
@@ -85,13 +88,7 @@ class SqlUsageStore:
         return [
             UsageEvent(
                 row.event_id,
-                ModelCallUsage(
-                    row.model,
-                    row.input_tokens,
-                    row.output_tokens,
-                    row.cache_read_tokens,
-                    row.cache_write_tokens,
-                ),
+                ModelCallUsage(*(getattr(row, name) for name in _USAGE_COLUMNS)),
                 tables.from_us(row.create_time_us),
             )
             for row in newest_of_run(self._engine, tables.usage_events, "event_id", run_id, limit)
@@ -103,10 +100,7 @@ class SqlUsageStore:
         row = conn.execute(
             select(
                 func.count(),
-                func.coalesce(func.sum(events.c.input_tokens), 0),
-                func.coalesce(func.sum(events.c.output_tokens), 0),
-                func.coalesce(func.sum(events.c.cache_read_tokens), 0),
-                func.coalesce(func.sum(events.c.cache_write_tokens), 0),
+                *(func.coalesce(func.sum(events.c[name]), 0) for name in _TOKEN_COLUMNS),
             ).where(events.c.run_id == run_id)
         ).one()
         return UsageTotals(*(int(value) for value in row))
