@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Row, insert, select, update
 
 from psych_sidecar.domain.catalog import (
     NO_REJECTIONS,
@@ -56,6 +56,21 @@ def _tool(row: Row[Any], server: str) -> CatalogTool:
     )
 
 
+def _connection_row(tenant: str, server: str) -> tuple[ColumnElement[bool], ...]:
+    """The connection's row, live or deleted."""
+    table = tables.connections
+    return (table.c.tenant == tenant, table.c.name == server)
+
+
+def _version_row(tenant: str, server: str, version: int) -> tuple[ColumnElement[bool], ...]:
+    versions = tables.catalog_versions
+    return (
+        versions.c.tenant == tenant,
+        versions.c.server == server,
+        versions.c.catalog_version == version,
+    )
+
+
 class SqlCatalogs:
     """ConnectionRepository's catalogue: its tools and versions. Every method is one
     transaction."""
@@ -78,8 +93,7 @@ class SqlCatalogs:
             current = conn.execute(
                 select(table.c.catalog_version)
                 .where(
-                    table.c.tenant == tenant,
-                    table.c.name == server,
+                    *_connection_row(tenant, server),
                     table.c.revision == revision,
                     table.c.delete_time_us.is_(None),
                 )
@@ -89,11 +103,7 @@ class SqlCatalogs:
                 return None
             if current > 0:
                 previous = conn.execute(
-                    select(versions.c.fingerprint).where(
-                        versions.c.tenant == tenant,
-                        versions.c.server == server,
-                        versions.c.catalog_version == current,
-                    )
+                    select(versions.c.fingerprint).where(*_version_row(tenant, server, current))
                 ).scalar()
                 if previous == fingerprint:
                     return CatalogWrite(current, len(tools), False, rejected.count)
@@ -114,9 +124,7 @@ class SqlCatalogs:
         with read_transaction(self._engine) as conn:
             if version == 0:
                 current = conn.execute(
-                    select(table.c.catalog_version).where(
-                        table.c.tenant == tenant, table.c.name == server
-                    )
+                    select(table.c.catalog_version).where(*_connection_row(tenant, server))
                 ).scalar()
                 if current is None:
                     return None
@@ -125,11 +133,7 @@ class SqlCatalogs:
                 version = rows[0].catalog_version if rows else current
             else:
                 exists = conn.execute(
-                    select(versions.c.catalog_version).where(
-                        versions.c.tenant == tenant,
-                        versions.c.server == server,
-                        versions.c.catalog_version == version,
-                    )
+                    select(versions.c.catalog_version).where(*_version_row(tenant, server, version))
                 ).first()
                 if exists is None:
                     return None
@@ -147,7 +151,7 @@ class SqlCatalogs:
         query = query.order_by(versions.c.catalog_version.desc()).limit(limit + 1)
         with read_transaction(self._engine) as conn:
             known = conn.execute(
-                select(table.c.name).where(table.c.tenant == tenant, table.c.name == server)
+                select(table.c.name).where(*_connection_row(tenant, server))
             ).first()
             if known is None:
                 return None
@@ -220,7 +224,7 @@ def append_catalog_version(
     )
     conn.execute(
         update(tables.connections)
-        .where(tables.connections.c.tenant == tenant, tables.connections.c.name == server)
+        .where(*_connection_row(tenant, server))
         .values(catalog_version=version)
     )
     return version
