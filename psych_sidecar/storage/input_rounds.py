@@ -19,9 +19,17 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.storage import tables
 from psych_sidecar.storage.transactions import read_transaction, write_transaction
 
-
-def _us(moment: datetime) -> int:
-    return int(moment.timestamp() * 1_000_000)
+# The columns that hold the InputWait field of the same name, as it is.
+_AS_STORED = (
+    "run_id",
+    "request_id",
+    "round",
+    "call_id",
+    "server",
+    "tool",
+    "attempt",
+    "arguments_json",
+)
 
 
 class SqlInputRounds:
@@ -66,20 +74,13 @@ class SqlInputRounds:
         with write_transaction(self._engine) as conn:
             conn.execute(
                 insert(tables.tool_input_rounds).values(
-                    run_id=wait.run_id,
-                    request_id=wait.request_id,
-                    round=wait.round,
-                    call_id=wait.call_id,
-                    server=wait.server,
-                    tool=wait.tool,
-                    attempt=wait.attempt,
+                    **tables.same_named(wait, _AS_STORED),
                     protocol_version=wait.asked.protocol_version,
-                    arguments_json=wait.arguments_json,
                     requests_json=wait.requests_json(),
                     request_state=wait.asked.request_state,
                     held=wait.asked.held,
-                    create_time_us=_us(wait.create_time),
-                    expire_time_us=_us(wait.expire_time),
+                    create_time_us=tables.to_us(wait.create_time),
+                    expire_time_us=tables.to_us(wait.expire_time),
                 )
             )
 
@@ -108,7 +109,7 @@ class SqlInputRounds:
                 .where(
                     rounds.c.run_id == run_id,
                     rounds.c.outcome.is_(None),
-                    rounds.c.expire_time_us > _us(now),
+                    rounds.c.expire_time_us > tables.to_us(now),
                 )
                 .order_by(rounds.c.create_time_us, rounds.c.request_id)
             ).all()
@@ -117,14 +118,7 @@ class SqlInputRounds:
 
 def _wait(row: Row[Any]) -> InputWait:
     return InputWait(
-        run_id=row.run_id,
-        request_id=row.request_id,
-        round=row.round,
-        call_id=row.call_id,
-        server=row.server,
-        tool=row.tool,
-        attempt=row.attempt,
-        arguments_json=row.arguments_json,
+        **tables.same_named(row, _AS_STORED),
         asked=InputAsked(
             InputWait.requests_of(row.requests_json),
             row.protocol_version,

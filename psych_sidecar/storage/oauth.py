@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import ColumnElement, Engine, Row, Table, delete, insert, select, update
 from sqlalchemy import Connection as SqlConnection
-from sqlalchemy import Engine, Row, Table, delete, insert, select, update
 
 from psych_sidecar.domain.catalog import (
     AuthorizationReason,
@@ -34,9 +34,8 @@ from psych_sidecar.storage.transactions import read_transaction, write_transacti
 # "expired" rather than "unknown"), then removed when the next sign-in begins.
 _SIGN_IN_KEPT = timedelta(days=1)
 
-
-def _us(moment: datetime) -> int:
-    return int(moment.timestamp() * 1_000_000)
+# The oauth_sign_ins columns that hold the PendingSignIn field of the same name, as it is.
+_SIGN_IN_AS_STORED = ("state_digest", "tenant", "name", "revision", "scope", "resource")
 
 
 def _grant_context(tenant: str, name: str, field: str) -> bytes:
@@ -45,6 +44,11 @@ def _grant_context(tenant: str, name: str, field: str) -> bytes:
 
 def _sign_in_context(state_digest: str) -> bytes:
     return context("oauth_sign_ins", state_digest, "secrets")
+
+
+def _grant_row(tenant: str, name: str) -> tuple[ColumnElement[bool], ...]:
+    table = tables.oauth_grants
+    return (table.c.tenant == tenant, table.c.name == name)
 
 
 class SqlOAuthStore:
@@ -68,16 +72,11 @@ class SqlOAuthStore:
             )
             conn.execute(
                 insert(table).values(
-                    state_digest=pending.state_digest,
-                    tenant=pending.tenant,
-                    name=pending.name,
-                    revision=pending.revision,
+                    **tables.same_named(pending, _SIGN_IN_AS_STORED),
                     secrets=self._keys.seal(secrets, _sign_in_context(pending.state_digest)),
                     metadata=pending.metadata_json,
-                    scope=pending.scope,
-                    resource=pending.resource,
                     create_time_us=now,
-                    expire_time_us=_us(pending.expire_time),
+                    expire_time_us=tables.to_us(pending.expire_time),
                     used_time_us=None,
                 )
             )
@@ -112,16 +111,11 @@ class SqlOAuthStore:
     def _pending(self, row: Row[object]) -> PendingSignIn:
         secrets = json.loads(self._keys.open(row.secrets, _sign_in_context(row.state_digest)))
         return PendingSignIn(
-            state_digest=row.state_digest,
-            tenant=row.tenant,
-            name=row.name,
-            revision=row.revision,
+            **tables.same_named(row, _SIGN_IN_AS_STORED),
             expire_time=tables.from_us(row.expire_time_us),
             verifier=secrets["verifier"],
             client_json=secrets["client"],
             metadata_json=row.metadata,
-            scope=row.scope,
-            resource=row.resource,
             used_time=None if row.used_time_us is None else tables.from_us(row.used_time_us),
         )
 
@@ -130,9 +124,7 @@ class SqlOAuthStore:
     def get_grant(self, tenant: str, name: str) -> OAuthGrant | None:
         table = tables.oauth_grants
         with read_transaction(self._engine) as conn:
-            row = conn.execute(
-                select(table).where(table.c.tenant == tenant, table.c.name == name)
-            ).first()
+            row = conn.execute(select(table).where(*_grant_row(tenant, name))).first()
         return None if row is None else self._grant(row)
 
     def put_grant(self, tenant: str, name: str, grant: OAuthGrant) -> None:
@@ -177,7 +169,7 @@ class SqlOAuthStore:
                 return RefreshClaim(current, held_elsewhere=True)
             conn.execute(
                 update(table)
-                .where(table.c.tenant == tenant, table.c.name == name)
+                .where(*_grant_row(tenant, name))
                 .values(
                     refresh_claimant=claimant,
                     refresh_claim_until_us=now + int(claim_seconds * 1_000_000),
@@ -202,11 +194,7 @@ class SqlOAuthStore:
         with write_transaction(self._engine) as conn:
             conn.execute(
                 update(table)
-                .where(
-                    table.c.tenant == tenant,
-                    table.c.name == name,
-                    table.c.refresh_claimant == claimant,
-                )
+                .where(*_grant_row(tenant, name), table.c.refresh_claimant == claimant)
                 .values(refresh_claimant=None, refresh_claim_until_us=None)
             )
 
@@ -225,7 +213,9 @@ class SqlOAuthStore:
             "tokens": self._keys.seal(grant.tokens_json, _grant_context(tenant, name, "tokens")),
             "client": self._keys.seal(grant.client_json, _grant_context(tenant, name, "client")),
             "metadata": grant.metadata_json,
-            "expire_time_us": None if grant.expire_time is None else _us(grant.expire_time),
+            "expire_time_us": (
+                None if grant.expire_time is None else tables.to_us(grant.expire_time)
+            ),
             "authorization_reason": (
                 None if grant.authorization_reason is None else grant.authorization_reason.value
             ),
@@ -233,7 +223,7 @@ class SqlOAuthStore:
         }
         if end_claim:
             values.update(refresh_claimant=None, refresh_claim_until_us=None)
-        key = (table.c.tenant == tenant, table.c.name == name)
+        key = _grant_row(tenant, name)
         if exists is None:
             exists = (
                 conn.execute(select(table.c.tenant).where(*key).with_for_update()).first()
@@ -262,9 +252,7 @@ class SqlOAuthStore:
 def _locked_grant_row(conn: SqlConnection, tenant: str, name: str) -> Row[Any] | None:
     """The grant's row, read with its lock taken (FOR UPDATE; SQLite's write transaction)."""
     table = tables.oauth_grants
-    return conn.execute(
-        select(table).where(table.c.tenant == tenant, table.c.name == name).with_for_update()
-    ).first()
+    return conn.execute(select(table).where(*_grant_row(tenant, name)).with_for_update()).first()
 
 
 # The sealed fields of the OAuth tables, with how each row's key is named in its context:

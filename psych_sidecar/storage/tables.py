@@ -4,7 +4,9 @@ a test checks that the migrated database matches these definitions."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -32,6 +34,16 @@ def now_us() -> int:
 
 def from_us(us: int) -> datetime:
     return datetime.fromtimestamp(us / 1_000_000, tz=UTC)
+
+
+def to_us(moment: datetime) -> int:
+    return int(moment.timestamp() * 1_000_000)
+
+
+def same_named(source: object, names: Iterable[str]) -> dict[str, Any]:
+    """`source`'s attributes `names`, by name: for the columns that hold a domain object's
+    field of the same name as it is, written from the object and read back from the row."""
+    return {name: getattr(source, name) for name in names}
 
 
 specs = Table(

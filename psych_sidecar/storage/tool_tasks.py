@@ -10,14 +10,13 @@ claim's lease has run out.
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Row, and_, insert, select, update
 
 from psych_sidecar.domain.calls import TaskState, ToolTask
 from psych_sidecar.storage import tables
-from psych_sidecar.storage.tables import from_us
+from psych_sidecar.storage.tables import from_us, same_named, to_us
 from psych_sidecar.storage.transactions import read_transaction, write_transaction
 
 
@@ -25,24 +24,17 @@ def _us(seconds: float) -> int:
     return int(seconds * 1_000_000)
 
 
-def _moment_us(moment: datetime) -> int:
-    return int(moment.timestamp() * 1_000_000)
+# The columns that hold the ToolTask field of the same name, as it is.
+_AS_STORED = ("run_id", "call_id", "tenant", "server", "tool", "task_id", "status_message", "polls")
 
 
 def _task(row: Row[Any]) -> ToolTask:
     interval = row.poll_interval_ms
     return ToolTask(
-        run_id=row.run_id,
-        call_id=row.call_id,
-        tenant=row.tenant,
-        server=row.server,
-        tool=row.tool,
-        task_id=row.task_id,
+        **same_named(row, _AS_STORED),
         state=TaskState(row.state),
-        status_message=row.status_message,
         create_time=from_us(row.create_time_us),
         update_time=from_us(row.update_time_us),
-        polls=row.polls,
         poll_interval_seconds=None if interval is None else interval / 1000,
         result_call_id=row.result_call_id or "",
         result_sequence=row.result_sequence or 0,
@@ -68,18 +60,11 @@ class SqlToolTasks:
                 return
             conn.execute(
                 insert(table).values(
-                    run_id=task.run_id,
-                    call_id=task.call_id,
-                    tenant=task.tenant,
-                    server=task.server,
-                    tool=task.tool,
-                    task_id=task.task_id,
+                    **same_named(task, _AS_STORED),
                     state=task.state.value,
-                    status_message=task.status_message,
-                    create_time_us=_moment_us(task.create_time),
-                    update_time_us=_moment_us(task.update_time),
+                    create_time_us=to_us(task.create_time),
+                    update_time_us=to_us(task.update_time),
                     next_poll_us=_us(next_poll),
-                    polls=task.polls,
                     poll_interval_ms=_interval_ms(task),
                 )
             )
