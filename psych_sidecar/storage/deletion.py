@@ -45,7 +45,7 @@ class RunDeletions:
 
     def delete_expired_run(self, created_before: datetime) -> DeletedRun | ExpiryHeld | None:
         runs = tables.runs
-        cutoff = int(created_before.timestamp() * 1_000_000)
+        cutoff = tables.to_us(created_before)
         with write_transaction(self._engine) as conn:
             # One deleter at a time across sidecars: a transaction's lock (nothing left on the
             # session, so it holds through PgBouncer in transaction mode too). SQLite's write

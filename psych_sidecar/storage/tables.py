@@ -276,6 +276,17 @@ catalog_tools = Table(
     Index("ix_catalog_tools_current", "tenant", "server", "removed_in_version"),
 )
 
+
+def _zone_columns(zone: str) -> tuple[Column[Any], ...]:
+    """A prompt zone's size in the assembly journal: bytes of its canonical JSON, estimated
+    tokens, SHA-256."""
+    return (
+        Column(f"{zone}_bytes", BigInteger, nullable=False),
+        Column(f"{zone}_tokens", BigInteger, nullable=False),
+        Column(f"{zone}_sha256", String(64), nullable=False),
+    )
+
+
 # One row of metadata per AssemblePrompt (the assembly journal, for the Run inspector): never
 # content. Rows older than the retention are deleted; nothing else reads or writes them.
 assembly_journal = Table(
@@ -290,19 +301,10 @@ assembly_journal = Table(
     Column("turn", BigInteger, nullable=False),
     Column("step", BigInteger, nullable=False),
     Column("last_sequence", BigInteger, nullable=False),
-    # Per zone: bytes of its canonical JSON, estimated tokens, SHA-256.
-    Column("static_bytes", BigInteger, nullable=False),
-    Column("static_tokens", BigInteger, nullable=False),
-    Column("static_sha256", String(64), nullable=False),
-    Column("tail_bytes", BigInteger, nullable=False),
-    Column("tail_tokens", BigInteger, nullable=False),
-    Column("tail_sha256", String(64), nullable=False),
-    Column("history_bytes", BigInteger, nullable=False),
-    Column("history_tokens", BigInteger, nullable=False),
-    Column("history_sha256", String(64), nullable=False),
-    Column("transient_bytes", BigInteger, nullable=False),
-    Column("transient_tokens", BigInteger, nullable=False),
-    Column("transient_sha256", String(64), nullable=False),
+    *_zone_columns("static"),
+    *_zone_columns("tail"),
+    *_zone_columns("history"),
+    *_zone_columns("transient"),
     Column("tool_count", Integer, nullable=False),
     # JSON list of [server, state, tier, catalog_version, permitted_tool_count].
     Column("servers", Text, nullable=False),
