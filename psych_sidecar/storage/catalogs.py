@@ -56,7 +56,7 @@ def _tool(row: Row[Any], server: str) -> CatalogTool:
     )
 
 
-def _connection_row(tenant: str, server: str) -> tuple[ColumnElement[bool], ...]:
+def connection_row(tenant: str, server: str) -> tuple[ColumnElement[bool], ...]:
     """The connection's row, live or deleted."""
     table = tables.connections
     return (table.c.tenant == tenant, table.c.name == server)
@@ -93,7 +93,7 @@ class SqlCatalogs:
             current = conn.execute(
                 select(table.c.catalog_version)
                 .where(
-                    *_connection_row(tenant, server),
+                    *connection_row(tenant, server),
                     table.c.revision == revision,
                     table.c.delete_time_us.is_(None),
                 )
@@ -124,7 +124,7 @@ class SqlCatalogs:
         with read_transaction(self._engine) as conn:
             if version == 0:
                 current = conn.execute(
-                    select(table.c.catalog_version).where(*_connection_row(tenant, server))
+                    select(table.c.catalog_version).where(*connection_row(tenant, server))
                 ).scalar()
                 if current is None:
                     return None
@@ -151,7 +151,7 @@ class SqlCatalogs:
         query = query.order_by(versions.c.catalog_version.desc()).limit(limit + 1)
         with read_transaction(self._engine) as conn:
             known = conn.execute(
-                select(table.c.name).where(*_connection_row(tenant, server))
+                select(table.c.name).where(*connection_row(tenant, server))
             ).first()
             if known is None:
                 return None
@@ -224,7 +224,7 @@ def append_catalog_version(
     )
     conn.execute(
         update(tables.connections)
-        .where(*_connection_row(tenant, server))
+        .where(*connection_row(tenant, server))
         .values(catalog_version=version)
     )
     return version

@@ -26,12 +26,13 @@ from psych_sidecar.storage import tables
 from psych_sidecar.storage.catalogs import (
     SqlCatalogs,
     append_catalog_version,
+    connection_row,
     stored_json,
     stored_rejections,
 )
 from psych_sidecar.storage.engines import erase_freed_content, settle_freed_content
 from psych_sidecar.storage.loop_connection import LoopConnection
-from psych_sidecar.storage.oauth import check_oauth_secrets, reseal_oauth_secrets
+from psych_sidecar.storage.oauth import check_oauth_secrets, grant_row, reseal_oauth_secrets
 from psych_sidecar.storage.statements import driver_statements
 from psych_sidecar.storage.transactions import plain_select, read_transaction, write_transaction
 
@@ -186,7 +187,7 @@ class SqlConnectionStore(SqlCatalogs):
 
     def put_connection(self, connection: Connection) -> StoredConnection:
         table = tables.connections
-        key = (table.c.tenant == connection.tenant, table.c.name == connection.name)
+        key = connection_row(connection.tenant, connection.name)
         values = _connection_values(connection, self._require_keys())
         now = tables.now_us()
         with write_transaction(self._engine) as conn:
@@ -200,10 +201,9 @@ class SqlConnectionStore(SqlCatalogs):
                 or (row.url, row.auth) != (values["url"], values["auth"])
             ):
                 # Tokens are for the server and client they were granted to, and no other.
-                grants = tables.oauth_grants
                 conn.execute(
-                    delete(grants).where(
-                        grants.c.tenant == connection.tenant, grants.c.name == connection.name
+                    delete(tables.oauth_grants).where(
+                        *grant_row(connection.tenant, connection.name)
                     )
                 )
             if row is None:
@@ -235,7 +235,7 @@ class SqlConnectionStore(SqlCatalogs):
 
     def delete_connection(self, tenant: str, name: str) -> bool:
         table = tables.connections
-        key = (table.c.tenant == tenant, table.c.name == name)
+        key = connection_row(tenant, name)
         with write_transaction(self._engine) as conn:
             row = conn.execute(
                 select(table.c.revision, table.c.catalog_version)
@@ -257,8 +257,7 @@ class SqlConnectionStore(SqlCatalogs):
                     delete_time_us=now,
                 )
             )
-            grants = tables.oauth_grants
-            conn.execute(delete(grants).where(grants.c.tenant == tenant, grants.c.name == name))
+            conn.execute(delete(tables.oauth_grants).where(*grant_row(tenant, name)))
             if row.catalog_version > 0:
                 # Its tools leave every surface: an empty version supersedes the last one.
                 append_catalog_version(conn, tenant, name, row.catalog_version, [], now)
@@ -269,9 +268,7 @@ class SqlConnectionStore(SqlCatalogs):
         with read_transaction(self._engine) as conn:
             row = conn.execute(
                 _with_rejections().where(
-                    table.c.tenant == tenant,
-                    table.c.name == name,
-                    table.c.delete_time_us.is_(None),
+                    *connection_row(tenant, name), table.c.delete_time_us.is_(None)
                 )
             ).first()
         return None if row is None else _stored(row, self._keys)
@@ -345,7 +342,7 @@ class SqlConnectionStore(SqlCatalogs):
             ).all()
         resealed = already = 0
         for tenant, name in names:
-            key = (table.c.tenant == tenant, table.c.name == name)
+            key = connection_row(tenant, name)
             with write_transaction(self._engine) as conn:
                 erase_freed_content(conn)
                 row = conn.execute(

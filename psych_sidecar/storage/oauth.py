@@ -46,7 +46,8 @@ def _sign_in_context(state_digest: str) -> bytes:
     return context("oauth_sign_ins", state_digest, "secrets")
 
 
-def _grant_row(tenant: str, name: str) -> tuple[ColumnElement[bool], ...]:
+def grant_row(tenant: str, name: str) -> tuple[ColumnElement[bool], ...]:
+    """The connection's grant: its row in oauth_grants."""
     table = tables.oauth_grants
     return (table.c.tenant == tenant, table.c.name == name)
 
@@ -124,7 +125,7 @@ class SqlOAuthStore:
     def get_grant(self, tenant: str, name: str) -> OAuthGrant | None:
         table = tables.oauth_grants
         with read_transaction(self._engine) as conn:
-            row = conn.execute(select(table).where(*_grant_row(tenant, name))).first()
+            row = conn.execute(select(table).where(*grant_row(tenant, name))).first()
         return None if row is None else self._grant(row)
 
     def put_grant(self, tenant: str, name: str, grant: OAuthGrant) -> None:
@@ -169,7 +170,7 @@ class SqlOAuthStore:
                 return RefreshClaim(current, held_elsewhere=True)
             conn.execute(
                 update(table)
-                .where(*_grant_row(tenant, name))
+                .where(*grant_row(tenant, name))
                 .values(
                     refresh_claimant=claimant,
                     refresh_claim_until_us=now + int(claim_seconds * 1_000_000),
@@ -194,7 +195,7 @@ class SqlOAuthStore:
         with write_transaction(self._engine) as conn:
             conn.execute(
                 update(table)
-                .where(*_grant_row(tenant, name), table.c.refresh_claimant == claimant)
+                .where(*grant_row(tenant, name), table.c.refresh_claimant == claimant)
                 .values(refresh_claimant=None, refresh_claim_until_us=None)
             )
 
@@ -223,7 +224,7 @@ class SqlOAuthStore:
         }
         if end_claim:
             values.update(refresh_claimant=None, refresh_claim_until_us=None)
-        key = _grant_row(tenant, name)
+        key = grant_row(tenant, name)
         if exists is None:
             exists = (
                 conn.execute(select(table.c.tenant).where(*key).with_for_update()).first()
@@ -252,7 +253,7 @@ class SqlOAuthStore:
 def _locked_grant_row(conn: SqlConnection, tenant: str, name: str) -> Row[Any] | None:
     """The grant's row, read with its lock taken (FOR UPDATE; SQLite's write transaction)."""
     table = tables.oauth_grants
-    return conn.execute(select(table).where(*_grant_row(tenant, name)).with_for_update()).first()
+    return conn.execute(select(table).where(*grant_row(tenant, name)).with_for_update()).first()
 
 
 # The sealed fields of the OAuth tables, with how each row's key is named in its context:
