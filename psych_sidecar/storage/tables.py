@@ -41,8 +41,9 @@ def to_us(moment: datetime) -> int:
 
 
 def same_named(source: object, names: Iterable[str]) -> dict[str, Any]:
-    """`source`'s attributes `names`, by name: for the columns that hold a domain object's
-    field of the same name as it is, written from the object and read back from the row."""
+    """The values of `source`'s attributes `names`, by name: for the columns that hold their
+    domain object's field of the same name unchanged, taken from the object to write a row
+    and from the row to build the object."""
     return {name: getattr(source, name) for name in names}
 
 

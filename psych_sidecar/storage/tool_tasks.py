@@ -28,6 +28,11 @@ def _us(seconds: float) -> int:
 _AS_STORED = ("run_id", "call_id", "tenant", "server", "tool", "task_id", "status_message", "polls")
 
 
+def _task_row(run_id: str, call_id: str) -> tuple[ColumnElement[bool], ...]:
+    table = tables.tool_tasks
+    return (table.c.run_id == run_id, table.c.call_id == call_id)
+
+
 def _task(row: Row[Any]) -> ToolTask:
     interval = row.poll_interval_ms
     return ToolTask(
@@ -52,9 +57,7 @@ class SqlToolTasks:
         table = tables.tool_tasks
         with write_transaction(self._engine) as conn:
             found = conn.execute(
-                select(table.c.run_id).where(
-                    table.c.run_id == task.run_id, table.c.call_id == task.call_id
-                )
+                select(table.c.run_id).where(*_task_row(task.run_id, task.call_id))
             ).first()
             if found is not None:
                 return
@@ -72,9 +75,7 @@ class SqlToolTasks:
     def get_task(self, run_id: str, call_id: str) -> ToolTask | None:
         table = tables.tool_tasks
         with read_transaction(self._engine) as conn:
-            row = conn.execute(
-                select(table).where(table.c.run_id == run_id, table.c.call_id == call_id)
-            ).first()
+            row = conn.execute(select(table).where(*_task_row(run_id, call_id))).first()
         return None if row is None else _task(row)
 
     def claim_due(self, lease_seconds: float, limit: int) -> list[ToolTask]:
@@ -94,8 +95,7 @@ class SqlToolTasks:
                     update(table)
                     .where(
                         and_(
-                            table.c.run_id == row.run_id,
-                            table.c.call_id == row.call_id,
+                            *_task_row(row.run_id, row.call_id),
                             table.c.next_poll_us == row.next_poll_us,
                             table.c.result_call_id.is_(None),
                         )
@@ -134,9 +134,7 @@ class SqlToolTasks:
             )
             if ended.rowcount != 1:
                 return None
-            row = conn.execute(
-                select(table).where(table.c.run_id == task.run_id, table.c.call_id == task.call_id)
-            ).one()
+            row = conn.execute(select(table).where(*_task_row(task.run_id, task.call_id))).one()
         return _task(row)
 
 
@@ -144,8 +142,7 @@ def _still_open(task: ToolTask) -> tuple[ColumnElement[bool], ...]:
     """The task's row while it has no result: a poll that ended it elsewhere moves nothing."""
     table = tables.tool_tasks
     return (
-        table.c.run_id == task.run_id,
-        table.c.call_id == task.call_id,
+        *_task_row(task.run_id, task.call_id),
         table.c.result_call_id.is_(None),
     )
 
