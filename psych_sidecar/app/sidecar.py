@@ -280,23 +280,13 @@ class Sidecar:
             await self.admin.stop()
         if self._unwatch is not None:
             self._unwatch()
-        if self._loop_lag is not None:
-            self._loop_lag.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_lag
-        if self._retention is not None:
-            self._retention.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._retention
-        if self._forgetting is not None:
-            self._forgetting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._forgetting
-        if self._task_polls is not None:
-            # A poll cut short is polled again (by any sidecar) when its claim runs out.
-            self._task_polls.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task_polls
+        # The background tasks, each ended before the next. A task poll cut short is polled
+        # again (by any sidecar) when its claim runs out.
+        for task in (self._loop_lag, self._retention, self._forgetting, self._task_polls):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.mcp.stop()
         embeddings = self.graph.embeddings
         if embeddings is not None:
