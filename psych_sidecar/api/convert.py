@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
@@ -23,7 +24,6 @@ from psych_sidecar.domain.runlog import (
     ProgrammaticCalling,
     Provider,
     PublishedSpec,
-    ReasoningSettings,
     Record,
     RecordKind,
     Run,
@@ -38,6 +38,9 @@ from psych_sidecar.domain.runlog import (
     compaction_record,
     split_compaction,
 )
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 # A response (a page, a read) leaves this much of the message limit for framing and metadata.
 RESPONSE_HEADROOM_BYTES = 64 * 1024
@@ -118,6 +121,21 @@ def _present(message: Message, names: tuple[str, ...]) -> dict[str, Any]:
     return {name: getattr(message, name) for name in names if message.HasField(name)}
 
 
+def _set_present(message: Message, settings: object, names: tuple[str, ...]) -> None:
+    """`_present`'s way back: the settings' fields that are not None set on `message`, the
+    others left unset."""
+    for name in names:
+        value = getattr(settings, name)
+        if value is not None:
+            setattr(message, name, value)
+
+
+def _unless_default(to_proto: Callable[[T], M], settings: T) -> M | None:
+    """The settings' message, or None (the field left unset) when they are their type's
+    defaults."""
+    return to_proto(settings) if settings != type(settings)() else None
+
+
 def spec_from_proto(message: spec_pb2.Spec) -> Spec:
     thresholds = message.thresholds
     disclosure = message.disclosure
@@ -194,10 +212,7 @@ def compaction_from_proto(message: spec_pb2.CompactionPolicy, field_path: str) -
 
 def compaction_to_proto(policy: CompactionPolicy) -> spec_pb2.CompactionPolicy:
     message = spec_pb2.CompactionPolicy()
-    for name in _COMPACTION_FIELDS:
-        value = getattr(policy, name)
-        if value is not None:
-            setattr(message, name, value)
+    _set_present(message, policy, _COMPACTION_FIELDS)
     if policy.compaction_by is not None:
         by = next(k for k, v in _COMPACTION_BY.items() if v is policy.compaction_by)
         message.compaction_by = by
@@ -213,25 +228,16 @@ def context_budget_from_proto(message: spec_pb2.ContextBudget) -> ContextBudget:
 
 def context_budget_to_proto(budget: ContextBudget) -> spec_pb2.ContextBudget:
     message = spec_pb2.ContextBudget()
-    for name in _BUDGET_FIELDS:
-        value = getattr(budget, name)
-        if value is not None:
-            setattr(message, name, value)
+    _set_present(message, budget, _BUDGET_FIELDS)
     return message
 
 
 def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
     spec = published.spec
     thresholds = spec_pb2.Thresholds()
-    for name in _THRESHOLD_FIELDS:
-        value = getattr(spec.thresholds, name)
-        if value is not None:
-            setattr(thresholds, name, value)
+    _set_present(thresholds, spec.thresholds, _THRESHOLD_FIELDS)
     disclosure = spec_pb2.DisclosureSettings()
-    for name in _DISCLOSURE_FIELDS:
-        value = getattr(spec.disclosure, name)
-        if value is not None:
-            setattr(disclosure, name, value)
+    _set_present(disclosure, spec.disclosure, _DISCLOSURE_FIELDS)
     return spec_pb2.Spec(
         name=spec.name,
         version=spec.version,
@@ -247,22 +253,10 @@ def spec_to_proto(published: PublishedSpec) -> spec_pb2.Spec:
         disclosure=disclosure,
         grants=grants_to_proto(spec.grants),
         create_time=timestamp(published.create_time),
-        context_budget=(
-            context_budget_to_proto(spec.context_budget)
-            if spec.context_budget != ContextBudget()
-            else None
-        ),
-        reasoning=(
-            reasoning_to_proto(spec.reasoning) if spec.reasoning != ReasoningSettings() else None
-        ),
-        programmatic_calling=(
-            programmatic_to_proto(spec.programmatic_calling)
-            if spec.programmatic_calling != ProgrammaticCalling()
-            else None
-        ),
-        compaction=(
-            compaction_to_proto(spec.compaction) if spec.compaction != CompactionPolicy() else None
-        ),
+        context_budget=_unless_default(context_budget_to_proto, spec.context_budget),
+        reasoning=_unless_default(reasoning_to_proto, spec.reasoning),
+        programmatic_calling=_unless_default(programmatic_to_proto, spec.programmatic_calling),
+        compaction=_unless_default(compaction_to_proto, spec.compaction),
     )
 
 
