@@ -9,7 +9,7 @@ from psych.sidecar.v1 import (
     connection_service_pb2,
     connection_service_pb2_grpc,
 )
-from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES, timestamp
+from psych_sidecar.api.convert import RESPONSE_HEADROOM_BYTES, by_proto_name, timestamp
 from psych_sidecar.api.plumbing import Context
 from psych_sidecar.api.turns import STATES
 from psych_sidecar.domain.catalog import (
@@ -27,12 +27,11 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.domain.errors import field_invalid, field_required
 
 # Why a connection needs authorizing, as the protobuf enum: a connection's, and a tool outcome's.
-AUTHORIZATION_REASONS = {
-    reason: connection_pb2.AuthorizationRequiredReason.Value(
-        f"AUTHORIZATION_REQUIRED_REASON_{reason.name}"
-    )
-    for reason in AuthorizationReason
-}
+AUTHORIZATION_REASONS = by_proto_name(
+    AuthorizationReason,
+    connection_pb2.AuthorizationRequiredReason,
+    "AUTHORIZATION_REQUIRED_REASON_",
+)
 
 
 def auth_from_proto(http: connection_pb2.HttpTransport) -> OAuthSettings | None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from enum import Enum
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
@@ -39,8 +40,13 @@ from psych_sidecar.domain.runlog import (
     split_compaction,
 )
 
+if TYPE_CHECKING:
+    from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
+
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
+E = TypeVar("E", bound=Enum)
+V = TypeVar("V", bound=int)
 
 # A response (a page, a read) leaves this much of the message limit for framing and metadata.
 RESPONSE_HEADROOM_BYTES = 64 * 1024
@@ -65,6 +71,12 @@ RECORD_KINDS: dict[int, RecordKind] = {
     run_pb2.RECORD_KIND_TOOL_RESULT: RecordKind.TOOL_RESULT,
     run_pb2.RECORD_KIND_COMPACTION: RecordKind.COMPACTION,
 }
+
+
+def by_proto_name(members: Iterable[E], proto_enum: _EnumTypeWrapper[V], prefix: str) -> dict[E, V]:
+    """Each member's value in a protobuf enum: the value named `prefix` + the member's name (a
+    member the enum lacks fails at import)."""
+    return {member: proto_enum.Value(prefix + member.name) for member in members}
 
 
 def timestamp(value: datetime) -> timestamp_pb2.Timestamp:

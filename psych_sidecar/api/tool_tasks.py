@@ -9,13 +9,7 @@ from psych_sidecar.domain.calls import CallExecution, TaskState, ToolTask, ToolT
 from psych_sidecar.domain.catalog import InputMode
 from psych_sidecar.domain.errors import field_invalid, field_required, tool_task_not_found
 
-STATES = {
-    TaskState.WORKING: tool_service_pb2.TOOL_TASK_STATE_WORKING,
-    TaskState.INPUT_REQUIRED: tool_service_pb2.TOOL_TASK_STATE_INPUT_REQUIRED,
-    TaskState.COMPLETED: tool_service_pb2.TOOL_TASK_STATE_COMPLETED,
-    TaskState.FAILED: tool_service_pb2.TOOL_TASK_STATE_FAILED,
-    TaskState.CANCELLED: tool_service_pb2.TOOL_TASK_STATE_CANCELLED,
-}
+STATES = convert.by_proto_name(TaskState, tool_service_pb2.ToolTaskState, "TOOL_TASK_STATE_")
 
 
 def execution(value: int) -> CallExecution:
@@ -44,10 +38,7 @@ def fill_task(target: tool_service_pb2.ToolTask, task: ToolTask) -> None:
         fill_input_required(target.input_required, WaitingCall.of(task.waiting))
 
 
-_MODES = {
-    InputMode.FORM: tool_service_pb2.INPUT_REQUEST_MODE_FORM,
-    InputMode.URL: tool_service_pb2.INPUT_REQUEST_MODE_URL,
-}
+_MODES = convert.by_proto_name(InputMode, tool_service_pb2.InputRequestMode, "INPUT_REQUEST_MODE_")
 
 
 def fill_input_required(target: tool_service_pb2.InputRequired, waiting: WaitingCall) -> None:

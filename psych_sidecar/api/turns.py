@@ -42,43 +42,17 @@ from psych_sidecar.telemetry import metrics, tracing
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-_ROLES = {Role.USER: turn_pb2.PROMPT_ROLE_USER, Role.ASSISTANT: turn_pb2.PROMPT_ROLE_ASSISTANT}
-_ZONES = {
-    Zone.STATIC_SYSTEM: turn_pb2.PROMPT_ZONE_STATIC_SYSTEM,
-    Zone.DYNAMIC_TAIL: turn_pb2.PROMPT_ZONE_DYNAMIC_TAIL,
-    Zone.HISTORY: turn_pb2.PROMPT_ZONE_HISTORY,
-    Zone.TRANSIENT: turn_pb2.PROMPT_ZONE_TRANSIENT,
-}
-TIERS = {
-    DisclosureTier.DEFERRED: turn_pb2.DISCLOSURE_TIER_DEFERRED,
-    DisclosureTier.DIRECT: turn_pb2.DISCLOSURE_TIER_DIRECT,
-    DisclosureTier.FACADE: turn_pb2.DISCLOSURE_TIER_FACADE,
-    DisclosureTier.SEARCH: turn_pb2.DISCLOSURE_TIER_SEARCH,
-}
-KINDS = {
-    ExposedKind.MCP_TOOL: turn_pb2.EXPOSED_TOOL_KIND_MCP_TOOL,
-    ExposedKind.FACADE: turn_pb2.EXPOSED_TOOL_KIND_FACADE,
-    ExposedKind.SEARCH: turn_pb2.EXPOSED_TOOL_KIND_SEARCH,
-    ExposedKind.CALL_BY_NAME: turn_pb2.EXPOSED_TOOL_KIND_CALL_BY_NAME,
-    ExposedKind.LIST_DEFERRED_TOOLS: turn_pb2.EXPOSED_TOOL_KIND_LIST_DEFERRED_TOOLS,
-    ExposedKind.DESCRIBE_DEFERRED_TOOL: turn_pb2.EXPOSED_TOOL_KIND_DESCRIBE_DEFERRED_TOOL,
-    ExposedKind.CALL_DEFERRED_TOOL: turn_pb2.EXPOSED_TOOL_KIND_CALL_DEFERRED_TOOL,
-    ExposedKind.READ_TOOL_OUTPUT: turn_pb2.EXPOSED_TOOL_KIND_READ_TOOL_OUTPUT,
-    ExposedKind.LOAD_SKILL: turn_pb2.EXPOSED_TOOL_KIND_LOAD_SKILL,
-    ExposedKind.READ_HISTORY: turn_pb2.EXPOSED_TOOL_KIND_READ_HISTORY,
-}
+_ROLES = convert.by_proto_name(Role, turn_pb2.PromptRole, "PROMPT_ROLE_")
+_ZONES = convert.by_proto_name(Zone, turn_pb2.PromptZone, "PROMPT_ZONE_")
+TIERS = convert.by_proto_name(DisclosureTier, turn_pb2.DisclosureTier, "DISCLOSURE_TIER_")
+KINDS = convert.by_proto_name(ExposedKind, turn_pb2.ExposedToolKind, "EXPOSED_TOOL_KIND_")
 _BODIES = {
     turn_service_pb2.BODY_FORMAT_ANTHROPIC_MESSAGES: BodyFormat.ANTHROPIC_MESSAGES,
     turn_service_pb2.BODY_FORMAT_OPENAI_CHAT_COMPLETIONS: BodyFormat.OPENAI_CHAT_COMPLETIONS,
     turn_service_pb2.BODY_FORMAT_OPENAI_RESPONSES: BodyFormat.OPENAI_RESPONSES,
     turn_service_pb2.BODY_FORMAT_GEMINI_GENERATE_CONTENT: BodyFormat.GEMINI_GENERATE_CONTENT,
 }
-STATES = {
-    ConnectionState.CONNECTING: connection_pb2.CONNECTION_STATE_CONNECTING,
-    ConnectionState.CONNECTED: connection_pb2.CONNECTION_STATE_CONNECTED,
-    ConnectionState.UNREACHABLE: connection_pb2.CONNECTION_STATE_UNREACHABLE,
-    ConnectionState.AUTHORIZATION_REQUIRED: connection_pb2.CONNECTION_STATE_AUTHORIZATION_REQUIRED,
-}
+STATES = convert.by_proto_name(ConnectionState, connection_pb2.ConnectionState, "CONNECTION_STATE_")
 
 
 def surface_to_proto(surface: ToolSurface) -> turn_pb2.ToolSurface:
