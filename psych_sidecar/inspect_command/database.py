@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, TypeVar
 
 from psych_sidecar.app.graph import open_database_reader
@@ -31,6 +32,7 @@ from psych_sidecar.inspect_command.views import (
     VersionRow,
     ZoneRow,
     change_rows,
+    paged,
 )
 
 T = TypeVar("T")
@@ -133,35 +135,26 @@ class DatabaseSource:
         )
 
     def catalog_versions(self, tenant: str, name: str) -> list[VersionRow]:
-        rows: list[VersionRow] = []
-        token = ""
-        while True:
-            page, token = self._await(self._connections.list_versions, tenant, name, 0, token)
-            rows.extend(
-                VersionRow(v.catalog_version, v.tool_count, v.sha256, v.create_time) for v in page
-            )
-            if not token:
-                return rows
+        return [
+            VersionRow(v.catalog_version, v.tool_count, v.sha256, v.create_time)
+            for v in paged(partial(self._await, self._connections.list_versions, tenant, name, 0))
+        ]
 
     def catalog_diff(self, tenant: str, name: str, older: int, newer: int) -> list[ChangeRow]:
         diff = self._await(self._connections.diff, tenant, name, older, newer)
         return change_rows(diff)
 
     def connections(self, tenant: str) -> list[ConnectionRow]:
-        rows: list[ConnectionRow] = []
-        token = ""
-        while True:
-            page, token = self._await(self._connections.list_connections, tenant, 0, token)
-            rows.extend(
-                ConnectionRow(
-                    connection.name,
-                    "stdio" if connection.transport is TransportKind.STDIO else "http",
-                    "STORED",
-                    status.state_time,
-                    status.catalog_version,
-                    "",
-                )
-                for connection, status in page
+        return [
+            ConnectionRow(
+                connection.name,
+                "stdio" if connection.transport is TransportKind.STDIO else "http",
+                "STORED",
+                status.state_time,
+                status.catalog_version,
+                "",
             )
-            if not token:
-                return rows
+            for connection, status in paged(
+                partial(self._await, self._connections.list_connections, tenant, 0)
+            )
+        ]

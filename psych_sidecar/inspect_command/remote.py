@@ -5,7 +5,7 @@ rows."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +35,7 @@ from psych_sidecar.inspect_command.views import (
     VersionRow,
     ZoneRow,
     change_rows,
+    paged,
 )
 
 # Responses may be as large as the sidecar's own limit allows.
@@ -85,6 +86,16 @@ class GrpcSource:
         except grpc.RpcError as error:
             raise Refused(f"{error.code().name}: {error.details()}") from error
 
+    def _listing(self, method: Any, request: Callable[[str], Any], items: str) -> Iterator[Any]:
+        """The `items` field's entries of every page of a listing: `request(token)` asks for
+        a page."""
+
+        def read_page(token: str) -> tuple[Sequence[Any], str]:
+            response = self._call(method, request(token))
+            return getattr(response, items), response.next_page_token
+
+        return paged(read_page)
+
     def runs(self, tenant: str, limit: int) -> tuple[list[RunRow], bool]:
         runs: list[run_pb2.Run] = []
         token = ""
@@ -103,16 +114,13 @@ class GrpcSource:
     def _records(
         self, run_id: str, kinds: Sequence[run_pb2.RecordKind.ValueType] = ()
     ) -> Iterator[run_pb2.Record]:
-        token = ""
-        while True:
-            response = self._call(
-                self._runs.ListRecords,
-                run_service_pb2.ListRecordsRequest(run_id=run_id, page_token=token, kinds=kinds),
-            )
-            yield from response.records
-            token = response.next_page_token
-            if not token:
-                return
+        return self._listing(
+            self._runs.ListRecords,
+            lambda token: run_service_pb2.ListRecordsRequest(
+                run_id=run_id, page_token=token, kinds=kinds
+            ),
+            "records",
+        )
 
     def records(self, run_id: str) -> list[RecordRow]:
         rows = []
@@ -178,19 +186,13 @@ class GrpcSource:
         )
 
     def catalog_versions(self, tenant: str, name: str) -> list[VersionRow]:
-        versions: list[connection_pb2.CatalogVersion] = []
-        token = ""
-        while True:
-            response = self._call(
-                self._connections.ListCatalogVersions,
-                connection_service_pb2.ListCatalogVersionsRequest(
-                    tenant=tenant, name=name, page_token=token
-                ),
-            )
-            versions.extend(response.versions)
-            token = response.next_page_token
-            if not token:
-                break
+        versions = self._listing(
+            self._connections.ListCatalogVersions,
+            lambda token: connection_service_pb2.ListCatalogVersionsRequest(
+                tenant=tenant, name=name, page_token=token
+            ),
+            "versions",
+        )
         return [
             VersionRow(v.catalog_version, v.tool_count, v.sha256, _time(v.create_time))
             for v in versions
@@ -206,17 +208,13 @@ class GrpcSource:
         return change_rows(diff)
 
     def connections(self, tenant: str) -> list[ConnectionRow]:
-        connections: list[connection_pb2.Connection] = []
-        token = ""
-        while True:
-            response = self._call(
-                self._connections.ListConnections,
-                connection_service_pb2.ListConnectionsRequest(tenant=tenant, page_token=token),
-            )
-            connections.extend(response.connections)
-            token = response.next_page_token
-            if not token:
-                break
+        connections = self._listing(
+            self._connections.ListConnections,
+            lambda token: connection_service_pb2.ListConnectionsRequest(
+                tenant=tenant, page_token=token
+            ),
+            "connections",
+        )
         return [
             ConnectionRow(
                 c.name,

@@ -11,12 +11,13 @@ import argparse
 import hashlib
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 Data = dict[str, Any]
+T = TypeVar("T")
 
 
 class Refused(Exception):
@@ -106,6 +107,17 @@ def change_rows(diff: Any) -> list[ChangeRow]:
         )
         for tool in tools
     ]
+
+
+def paged(read_page: Callable[[str], tuple[Sequence[T], str]]) -> Iterator[T]:
+    """Every item of a listing read a page at a time, by either source: `read_page(token)`
+    answers a page and the next one's token, empty after the last."""
+    token = ""
+    while True:
+        page, token = read_page(token)
+        yield from page
+        if not token:
+            return
 
 
 @dataclass(frozen=True, slots=True)
