@@ -32,6 +32,7 @@ from psych_sidecar.domain.catalog import (
     OAuthRepository,
     Scrubber,
     StoredConnection,
+    ToolCallFailed,
     connection_not_found,
     rejections,
     without_secrets,
@@ -39,6 +40,7 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.domain.errors import ConnectionUnreachable
 from psych_sidecar.domain.runlog import OffLoop
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
+from psych_sidecar.telemetry import metrics
 
 if TYPE_CHECKING:
     import mcp_types
@@ -439,3 +441,22 @@ class SessionRegistry:
             name = running.session.state.stored.connection.name
             sizes[name] = sizes.get(name, 0) + running.session.catalog.catalog_size
         return sorted(sizes.items())
+
+
+class SessionPort:
+    """A domain port whose requests go to one connection's live session, found in `sessions`
+    by (tenant, server). Runs on the server's event loop."""
+
+    # Whether a request naming no such server counts as a refused tool call in the metrics.
+    refusals_are_tool_calls = False
+
+    def __init__(self, sessions: SessionRegistry) -> None:
+        self._sessions = sessions
+
+    async def _session(self, tenant: str, server: str) -> ConnectionSession:
+        session = await self._sessions.running_or_stored_session(tenant, server)
+        if session is None:
+            if self.refusals_are_tool_calls:
+                metrics.record_tool_call(server, "refused", 0.0)
+            raise ToolCallFailed(f"There is no MCP server named {server!r}.")
+        return session

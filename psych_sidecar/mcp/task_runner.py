@@ -15,7 +15,7 @@ from psych_sidecar.domain.catalog import (
     McpToolResult,
     ToolCallFailed,
 )
-from psych_sidecar.mcp.registry import SessionRegistry
+from psych_sidecar.mcp.registry import SessionPort
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -26,17 +26,8 @@ if TYPE_CHECKING:
 # MCP connection never imports the SDK, see session_types.py).
 
 
-class SessionTaskRunner:
+class SessionTaskRunner(SessionPort):
     """Implements TaskRunner over `sessions`. Runs on the server's event loop."""
-
-    def __init__(self, sessions: SessionRegistry) -> None:
-        self._sessions = sessions
-
-    async def _session(self, tenant: str, server: str) -> ConnectionSession:
-        session = await self._sessions.running_or_stored_session(tenant, server)
-        if session is None:
-            raise ToolCallFailed(f"There is no MCP server named {server!r}.")
-        return session
 
     async def start_tool(
         self,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -12,21 +11,14 @@ from psych_sidecar.domain.catalog import (
     InputAnswer,
     InputAsked,
     McpToolResult,
-    ToolCallFailed,
 )
-from psych_sidecar.mcp.registry import SessionRegistry
-from psych_sidecar.telemetry import metrics
-
-if TYPE_CHECKING:
-    # The SDK is imported with the first session, not at start (registry.py).
-    from psych_sidecar.mcp.session import ConnectionSession
+from psych_sidecar.mcp.registry import SessionPort
 
 
-class SessionToolRunner:
+class SessionToolRunner(SessionPort):
     """Implements ToolRunner over `sessions`. Runs on the server's event loop."""
 
-    def __init__(self, sessions: SessionRegistry) -> None:
-        self._sessions = sessions
+    refusals_are_tool_calls = True
 
     async def call_tool(
         self,
@@ -74,10 +66,3 @@ class SessionToolRunner:
         if state.status.state in transient:
             return state.unreachable_text()
         return None
-
-    async def _session(self, tenant: str, server: str) -> ConnectionSession:
-        session = await self._sessions.running_or_stored_session(tenant, server)
-        if session is None:
-            metrics.record_tool_call(server, "refused", 0.0)
-            raise ToolCallFailed(f"There is no MCP server named {server!r}.")
-        return session
