@@ -310,14 +310,7 @@ class CatalogRefresh:
             # Debounce: a burst of notifications becomes one listing.
             await anyio.sleep(self._timings.list_changed_debounce)
             self._changed = anyio.Event()
-            try:
-                await self.refresh("list_changed")
-            except Exception as error:
-                log.warning(
-                    "MCP connection %s/%s: refresh after tools/list_changed failed: %s",
-                    *self._state.key,
-                    self._state.describe(error),
-                )
+            await self._refresh_logged("list_changed", "tools/list_changed")
 
     async def refresh_when_stale(self) -> None:
         """Re-list when the server's `ttlMs` says the listing went stale, if that is sooner
@@ -332,16 +325,24 @@ class CatalogRefresh:
             if wait > 0:
                 await anyio.sleep(wait)
                 continue
-            try:
-                await self.refresh("ttl")
-            except Exception as error:
-                log.warning(
-                    "MCP connection %s/%s: refresh after the listing's ttlMs failed: %s",
-                    *self._state.key,
-                    self._state.describe(error),
-                )
+            if not await self._refresh_logged("ttl", "the listing's ttlMs"):
                 # Not again at once: the next try after the floor.
                 await anyio.sleep(self._timings.min_list_ttl)
+
+    async def _refresh_logged(self, trigger: str, after: str) -> bool:
+        """A refresh of the session's own (`after` names what set it off), its failure logged:
+        the next trigger tries again. Whether it succeeded."""
+        try:
+            await self.refresh(trigger)
+        except Exception as error:
+            log.warning(
+                "MCP connection %s/%s: refresh after %s failed: %s",
+                *self._state.key,
+                after,
+                self._state.describe(error),
+            )
+            return False
+        return True
 
     # Called from request handlers and the sweep.
 
