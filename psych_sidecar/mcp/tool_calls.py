@@ -69,6 +69,7 @@ def _expected(error: BaseException) -> bool:
     return isinstance(error, _EXPECTED_CALL_FAILURES)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class ToolCalls:
     """Calls into one connection's live session (`state.client`). `output_schema` gives a
     tool's output schema as last listed; `convert` makes a result what the log keeps
@@ -77,23 +78,13 @@ class ToolCalls:
     `call_tool` with `asked` goes on with the answers. `held` holds a 2025-11-25 session's
     calls."""
 
-    def __init__(
-        self,
-        *,
-        state: SessionState,
-        validators: SchemaValidators,
-        output_schema: Callable[[str], bytes],
-        connect_timeout: float,
-        convert: Callable[[types.CallToolResult], McpToolResult],
-        held: HeldCalls,
-    ) -> None:
-        self._state = state
-        self.held = held
-        # Results are judged against their tool's output schema here, not by the SDK.
-        self._validators = validators
-        self._output_schema = output_schema
-        self._connect_timeout = connect_timeout
-        self._convert = convert
+    state: SessionState
+    # Results are judged against their tool's output schema here, not by the SDK.
+    validators: SchemaValidators
+    output_schema: Callable[[str], bytes]
+    connect_timeout: float
+    convert: Callable[[types.CallToolResult], McpToolResult]
+    held: HeldCalls
 
     async def call_tool(
         self,
@@ -106,7 +97,7 @@ class ToolCalls:
     ) -> McpToolResult | InputAsked:
         """The call's result, or the server's questions; with `asked`, the call that asked
         them continued with `answers`."""
-        server = self._state.stored.connection.name
+        server = self.state.stored.connection.name
         started = time.perf_counter()
         outcome = "refused"
         with tracing.span("mcp.call_tool") as span:
@@ -130,10 +121,10 @@ class ToolCalls:
         self, tool: str, arguments: Mapping[str, object], timeout_seconds: float, leg: _Leg
     ) -> tuple[McpToolResult | InputAsked, str]:
         """The result, and the call's metric outcome."""
-        state = self._state
+        state = self.state
         if state.status.state is ConnectionState.CONNECTING:
             await state.wait_attempt(
-                state.finished_attempts, min(timeout_seconds, self._connect_timeout)
+                state.finished_attempts, min(timeout_seconds, self.connect_timeout)
             )
         client = state.client
         if client is None or state.status.state is not ConnectionState.CONNECTED:
@@ -165,7 +156,7 @@ class ToolCalls:
         refusals_before: int,
         leg: _Leg,
     ) -> tuple[McpToolResult | InputAsked, str]:
-        server = self._state.stored.connection.name
+        server = self.state.stored.connection.name
         try:
             # The SDK's read timeout answers first; the scope is a backstop.
             with anyio.fail_after(timeout_seconds + 5):
@@ -225,7 +216,7 @@ class ToolCalls:
         try:
             return asked_of(result, protocol_version)
         except Unanswerable as error:
-            server = self._state.stored.connection.name
+            server = self.state.stored.connection.name
             raise _CallFailed(
                 f"MCP server {server!r} asked for input to {tool!r} that this client cannot give: "
                 f"{error}.",
@@ -270,13 +261,13 @@ class ToolCalls:
         small result, and no output schema check that is not (`SchemaValidators.quick`)."""
         if not small_result(result):
             return False
-        schema = self._output_schema(tool)
+        schema = self.output_schema(tool)
         structured = result.structured_content
         return (
             not schema
             or structured is None
             or bool(result.is_error)
-            or self._validators.quick(schema, structured)
+            or self.validators.quick(schema, structured)
         )
 
     def _judged(self, tool: str, result: types.CallToolResult) -> tuple[McpToolResult, str]:
@@ -284,15 +275,15 @@ class ToolCalls:
         own output schema is the server's fault: a tool error the model can act on, with all
         the server sent after it, a warning (no traceback: nothing failed here) and the
         outcome server_error."""
-        schema = self._output_schema(tool)
-        problem = output_schema_problem(self._validators, schema, result)
+        schema = self.output_schema(tool)
+        problem = output_schema_problem(self.validators, schema, result)
         if not problem:
-            return self._convert(result), "tool_error" if result.is_error else "ok"
-        problem = self._state.scrub(problem)
-        server = self._state.stored.connection.name
+            return self.convert(result), "tool_error" if result.is_error else "ok"
+        problem = self.state.scrub(problem)
+        server = self.state.stored.connection.name
         log.warning(
             "MCP connection %s/%s: the result of %r does not match its declared output schema: %s",
-            *self._state.key,
+            *self.state.key,
             tool,
             problem,
         )
@@ -305,7 +296,7 @@ class ToolCalls:
     def _call_failure_text(
         self, tool: str, timeout: float, error: BaseException, refusals_before: int
     ) -> str:
-        state = self._state
+        state = self.state
         server = state.stored.connection.name
         if refusal := state.refusal(error, refusals_before):
             return state.scrub(f"MCP server {server!r} refused the call to {tool!r}: {refusal}")
