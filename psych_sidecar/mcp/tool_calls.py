@@ -172,11 +172,7 @@ class ToolCalls:
             release_large_result(result)
             return judged
         except Unanswerable as error:
-            raise _CallFailed(
-                f"MCP server {server!r} asked for input to {tool!r} that this client cannot give: "
-                f"{error}.",
-                "tool_error",
-            ) from None
+            raise _unanswerable(server, tool, error) from None
         except ToolCallFailed as error:
             raise _CallFailed(
                 f"The call to {tool!r} on MCP server {server!r}: {error}.", "refused"
@@ -216,12 +212,7 @@ class ToolCalls:
         try:
             return asked_of(result, protocol_version)
         except Unanswerable as error:
-            server = self.state.stored.connection.name
-            raise _CallFailed(
-                f"MCP server {server!r} asked for input to {tool!r} that this client cannot give: "
-                f"{error}.",
-                "tool_error",
-            ) from None
+            raise _unanswerable(self.state.stored.connection.name, tool, error) from None
 
     async def _send(
         self,
@@ -338,6 +329,14 @@ class _CallFailed(ToolCallFailed):
     ) -> None:
         super().__init__(message, authorization)
         self.outcome = outcome
+
+
+def _unanswerable(server: str, tool: str, error: Unanswerable) -> _CallFailed:
+    """A server's questions this client cannot answer: a tool error the model is told."""
+    return _CallFailed(
+        f"MCP server {server!r} asked for input to {tool!r} that this client cannot give: {error}.",
+        "tool_error",
+    )
 
 
 def _outcome(error: BaseException) -> str:
