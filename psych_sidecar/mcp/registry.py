@@ -2,8 +2,9 @@
 them, and the background sweep (TTL refreshes, catching up with other sidecars' changes).
 
 The domain's ports are implemented beside it, over this one registry: `catalog_view.py`
-(CatalogView), `supervisor.py` (ConnectionSupervisor), `tool_runner.py` (ToolRunner), with
-OAuth sign-in in `sign_in.py`.
+(CatalogView), `supervisor.py` (ConnectionSupervisor), `tool_runner.py` (ToolRunner) and
+`task_runner.py` (TaskRunner), the last two on `SessionPort` below, with OAuth sign-in in
+`sign_in.py`.
 """
 
 from __future__ import annotations
