@@ -30,14 +30,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from psych_sidecar.bulk.slices import b64encode_sliced
-from psych_sidecar.domain.canonical import Verbatim, canonical_json
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.prompt.providers import (
     IMAGE_TYPES,
-    carries_text,
     content_text,
     orphan_text,
-    own_blocks,
+    own_content,
     paired_results,
+    rendered,
     tool_arguments,
 )
 from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView
@@ -67,16 +67,13 @@ def _user_part(part: ContentPart) -> dict[str, Any] | None:
     return {"text": binary_marker(part.mime_type, len(part.data))}
 
 
+def _model_text(part: ContentPart) -> dict[str, Any] | None:
+    """A model content's part other than a provider block: its text, if any."""
+    return {"text": part.as_text()} if part.kind is not PartKind.BINARY and part.data else None
+
+
 def _model_parts(message: PromptMessage) -> list[Any]:
-    content = [p for p in message.parts if isinstance(p, ContentPart)]
-    kept, spelled = own_blocks(content, Provider.GEMINI)
-    with_text = not carries_text(content, Provider.GEMINI, "text")
-    parts: list[Any] = []
-    for part in kept:
-        if isinstance(part, Verbatim):
-            parts.append(part)
-        elif with_text and part.kind is not PartKind.BINARY and part.data:
-            parts.append({"text": part.as_text()})
+    parts, spelled = own_content(message.parts, Provider.GEMINI, _model_text, "text")
     calls = [c for c in message.parts if isinstance(c, ToolCall) and c.call_id not in spelled]
     for index, call in enumerate(calls):
         rendered: dict[str, Any] = {
@@ -101,16 +98,14 @@ def _contents(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
             role, parts = "model", _model_parts(message)
             names = {c.call_id: c.name for c in message.parts if isinstance(c, ToolCall)}
         elif message.is_tool_results:
-            results = [p for p in message.parts if isinstance(p, ToolResultView)]
-            paired, orphans = paired_results(results, set(names))
+            paired, orphans = paired_results(message, set(names))
             role = "user"
             parts = [_response(r, names[r.call_id]) for r in paired]
             parts.extend({"text": orphan_text(r)} for r in orphans)
             names = {}
         else:
             role = "user"
-            user = [p for p in message.parts if isinstance(p, ContentPart)]
-            parts = [q for q in map(_user_part, user) if q is not None]
+            parts = rendered(message.parts, _user_part)
             names = {}
         if not parts:
             continue
@@ -152,8 +147,7 @@ def gemini_body(prompt: Prompt, max_tokens: int, reasoning: ReasoningSettings) -
     if system:
         body["systemInstruction"] = {"parts": system}
     contents = _contents(prompt.history)
-    user = [p for p in prompt.transient.parts if isinstance(p, ContentPart)]
-    transient = [q for q in map(_user_part, user) if q is not None]
+    transient = rendered(prompt.transient.parts, _user_part)
     if contents and contents[-1]["role"] == "user":
         contents[-1]["parts"].extend(transient)
     else:

@@ -34,18 +34,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from psych_sidecar.bulk.slices import b64encode_sliced
-from psych_sidecar.domain.canonical import Verbatim, canonical_json
+from psych_sidecar.domain.canonical import canonical_json
 from psych_sidecar.domain.prompt.provider_compaction import since_compaction
 from psych_sidecar.domain.prompt.providers import (
     IMAGE_TYPES,
-    carries_text,
     model_key,
     openai_tool_text,
     orphan_text,
-    own_blocks,
+    own_content,
     paired_results,
+    rendered,
 )
-from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role, ToolResultView
+from psych_sidecar.domain.prompt.zones import Prompt, PromptMessage, Role
 from psych_sidecar.domain.runlog import (
     ContentPart,
     PartKind,
@@ -91,20 +91,20 @@ def _user(content: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": content}
 
 
+def _assistant_text(part: ContentPart) -> dict[str, Any] | None:
+    """An assistant message's part other than a provider block: its text, if any, as an
+    assistant message of its own."""
+    if part.kind is PartKind.BINARY or not part.data:
+        return None
+    return {"type": "message", "role": "assistant", "content": part.as_text()}
+
+
 def _assistant_items(message: PromptMessage) -> list[Any]:
     """The message's content in order, then the calls no block of its own spells. When the
     host kept the response's `message` items too (as OpenAI asks: a reasoning item and the
     items after it form a group, sent back whole), they carry the text, and the record's
     text parts, there for the other providers, are left out."""
-    content = [p for p in message.parts if isinstance(p, ContentPart)]
-    kept, spelled = own_blocks(content, Provider.OPENAI)
-    with_text = not carries_text(content, Provider.OPENAI, "message")
-    items: list[Any] = []
-    for part in kept:
-        if isinstance(part, Verbatim):
-            items.append(part)
-        elif with_text and part.kind is not PartKind.BINARY and part.data:
-            items.append({"type": "message", "role": "assistant", "content": part.as_text()})
+    items, spelled = own_content(message.parts, Provider.OPENAI, _assistant_text, "message")
     items.extend(
         {
             "type": "function_call",
@@ -132,8 +132,7 @@ def _input_items(history: Sequence[PromptMessage], breakpoints: bool) -> list[An
             items.extend(_assistant_items(message))
             calls = {c.call_id for c in message.parts if isinstance(c, ToolCall)}
         elif message.is_tool_results:
-            results = [p for p in message.parts if isinstance(p, ToolResultView)]
-            paired, orphans = paired_results(results, calls)
+            paired, orphans = paired_results(message, calls)
             for r in paired:
                 output: Any = openai_tool_text(r)
                 if breakpoints:
@@ -148,8 +147,7 @@ def _input_items(history: Sequence[PromptMessage], breakpoints: bool) -> list[An
                 items.append(_user(content))
             calls = set()
         else:
-            parts = [p for p in message.parts if isinstance(p, ContentPart)]
-            content = [c for c in map(_input_content, parts) if c is not None]
+            content = rendered(message.parts, _input_content)
             calls = set()
             if content:
                 markable = content[-1]
@@ -206,7 +204,6 @@ def openai_responses_body(
         items.append({"type": "message", "role": "developer", "content": tail})
     # From the latest compaction item on, as OpenAI allows (provider_compaction.py).
     items.extend(_input_items(since_compaction(prompt.history, Provider.OPENAI), breakpoints))
-    transient = [p for p in prompt.transient.parts if isinstance(p, ContentPart)]
-    items.append(_user([c for c in map(_input_content, transient) if c is not None]))
+    items.append(_user(rendered(prompt.transient.parts, _input_content)))
     body["input"] = items
     return canonical_json(body)

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from psych_sidecar.bulk.slices import b64encode_sliced
 from psych_sidecar.domain.canonical import Verbatim, bounded_loads, canonical_json
@@ -40,6 +40,7 @@ from psych_sidecar.domain.prompt.provider_compaction import since_compaction
 from psych_sidecar.domain.prompt.zones import (
     Prompt,
     PromptMessage,
+    PromptPart,
     Role,
     ToolResultView,
 )
@@ -53,6 +54,8 @@ from psych_sidecar.domain.runlog import (
     binary_marker,
 )
 
+T = TypeVar("T")
+
 CACHE_CONTROL = {"type": "ephemeral"}
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
@@ -63,35 +66,47 @@ def model_key(model: str) -> dict[str, Any]:
     return {"model": model} if model else {}
 
 
-def own_blocks(
-    parts: Sequence[ContentPart], provider: Provider
-) -> tuple[list[ContentPart | Verbatim], set[str]]:
-    """An assistant message's content for `provider`'s body: its own blocks as Verbatim,
-    other providers' left out, the rest as they are; and the calls its own blocks spell."""
-    kept: list[ContentPart | Verbatim] = []
+def own_content(
+    parts: Sequence[PromptPart],
+    provider: Provider,
+    render: Callable[[ContentPart], Any | None],
+    text_block: str = "",
+) -> tuple[list[Any], set[str]]:
+    """An assistant message's content for `provider`'s body, in order: its own blocks as
+    Verbatim, other providers' left out, the rest through `render` (None: left out); and the
+    calls its own blocks spell. When a block of `provider` of type `text_block` is there, it
+    carries the response's text in that provider's own spelling (OpenAI's `message` item,
+    Gemini's signed `text` part): the body sends it, and not the record's other parts."""
+    with_text = not text_block or not any(
+        isinstance(p, ContentPart)
+        and p.kind is PartKind.PROVIDER_BLOCK
+        and p.envelope.provider is provider
+        and p.envelope.block_type == text_block
+        for p in parts
+    )
+    kept: list[Any] = []
     spelled: set[str] = set()
     for part in parts:
-        if part.kind is not PartKind.PROVIDER_BLOCK:
-            kept.append(part)
+        if not isinstance(part, ContentPart):
             continue
-        envelope = part.envelope
-        if envelope.provider is provider:
-            kept.append(Verbatim(part.data))
-            if envelope.call_id:
-                spelled.add(envelope.call_id)
+        if part.kind is PartKind.PROVIDER_BLOCK:
+            envelope = part.envelope
+            if envelope.provider is provider:
+                kept.append(Verbatim(part.data))
+                if envelope.call_id:
+                    spelled.add(envelope.call_id)
+        elif with_text and (shown := render(part)) is not None:
+            kept.append(shown)
     return kept, spelled
 
 
-def carries_text(parts: Sequence[ContentPart], provider: Provider, block_type: str) -> bool:
-    """Whether the message holds a block of `provider` of `block_type`, which carries the
-    response's text in that provider's own spelling (OpenAI's `message` item, Gemini's
-    signed `text` part): that body then sends it and not the record's text parts."""
-    return any(
-        p.kind is PartKind.PROVIDER_BLOCK
-        and p.envelope.provider is provider
-        and p.envelope.block_type == block_type
-        for p in parts
-    )
+def rendered(parts: Sequence[PromptPart], render: Callable[[ContentPart], T | None]) -> list[T]:
+    """The content parts among `parts` through `render`, those it shows nothing for left out."""
+    return [
+        block
+        for part in parts
+        if isinstance(part, ContentPart) and (block := render(part)) is not None
+    ]
 
 
 def _mark(blocks: list[Any]) -> None:
@@ -130,12 +145,14 @@ def tool_arguments(call: ToolCall) -> dict[str, Any]:
 
 
 def paired_results(
-    results: Sequence[ToolResultView], calls: set[str]
+    message: PromptMessage, calls: set[str]
 ) -> tuple[list[ToolResultView], list[ToolResultView]]:
-    """Split results into those answering a call of the preceding assistant message (once
-    each) and the rest."""
+    """Split a tool-results message's results into those answering a call of the preceding
+    assistant message (once each) and the rest."""
     paired, orphans, seen = [], [], set()
-    for result in results:
+    for result in message.parts:
+        if not isinstance(result, ToolResultView):
+            continue
         if result.call_id in calls and result.call_id not in seen:
             seen.add(result.call_id)
             paired.append(result)
@@ -163,20 +180,10 @@ def _anthropic_content(part: ContentPart) -> dict[str, Any] | None:
     return {"type": "text", "text": binary_marker(part.mime_type, len(part.data))}
 
 
-def _anthropic_blocks(parts: Sequence[ContentPart]) -> list[dict[str, Any]]:
-    return [block for block in map(_anthropic_content, parts) if block is not None]
-
-
 def _anthropic_assistant(message: PromptMessage) -> list[Any]:
     """An assistant message's blocks: its content in order (Anthropic's own blocks verbatim),
     then a tool_use block for each call no block of its own spells."""
-    content = [p for p in message.parts if isinstance(p, ContentPart)]
-    kept, spelled = own_blocks(content, Provider.ANTHROPIC)
-    blocks: list[Any] = []
-    for part in kept:
-        block = part if isinstance(part, Verbatim) else _anthropic_content(part)
-        if block is not None:
-            blocks.append(block)
+    blocks, spelled = own_content(message.parts, Provider.ANTHROPIC, _anthropic_content)
     blocks.extend(
         {"type": "tool_use", "id": c.call_id, "name": c.name, "input": tool_arguments(c)}
         for c in message.parts
@@ -187,7 +194,7 @@ def _anthropic_assistant(message: PromptMessage) -> list[Any]:
 
 def _anthropic_tool_result(result: ToolResultView) -> dict[str, Any]:
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": result.call_id}
-    content = _anthropic_blocks(result.content)
+    content = rendered(result.content, _anthropic_content)
     if content:
         block["content"] = content
     if result.is_error:
@@ -232,13 +239,12 @@ def _anthropic_messages(history: Sequence[PromptMessage], mark: int = -1) -> lis
             blocks = _anthropic_assistant(message)
             calls = {c.call_id for c in message.parts if isinstance(c, ToolCall)}
         elif message.is_tool_results:
-            results = [p for p in message.parts if isinstance(p, ToolResultView)]
-            paired, orphans = paired_results(results, calls)
+            paired, orphans = paired_results(message, calls)
             blocks = [_anthropic_tool_result(r) for r in paired]
             blocks.extend({"type": "text", "text": orphan_text(r)} for r in orphans)
             calls = set()
         else:
-            blocks = _anthropic_blocks([p for p in message.parts if isinstance(p, ContentPart)])
+            blocks = rendered(message.parts, _anthropic_content)
             calls = set()
         if not blocks:
             continue
@@ -290,7 +296,7 @@ def anthropic_body(
     messages = _anthropic_messages(history, read_point(history))
     if messages:
         _mark(messages[-1]["content"])
-    transient = _anthropic_blocks([p for p in prompt.transient.parts if isinstance(p, ContentPart)])
+    transient = rendered(prompt.transient.parts, _anthropic_content)
     if messages and messages[-1]["role"] == Role.USER.value:
         messages[-1]["content"].extend(transient)
     else:
@@ -359,8 +365,7 @@ def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
                 ]
             messages.append(entry)
         elif message.is_tool_results:
-            results = [p for p in message.parts if isinstance(p, ToolResultView)]
-            paired, orphans = paired_results(results, calls)
+            paired, orphans = paired_results(message, calls)
             messages.extend(
                 {"role": "tool", "tool_call_id": r.call_id, "content": openai_tool_text(r)}
                 for r in paired
@@ -370,8 +375,7 @@ def _openai_messages(history: Sequence[PromptMessage]) -> list[dict[str, Any]]:
                 messages.append({"role": "user", "content": content})
             calls = set()
         else:
-            parts = [p for p in message.parts if isinstance(p, ContentPart)]
-            content = [c for c in map(_openai_content, parts) if c is not None]
+            content = rendered(message.parts, _openai_content)
             calls = set()
             if content:
                 messages.append({"role": "user", "content": content})
@@ -399,10 +403,7 @@ def openai_body(
     if prompt.dynamic_tail:
         messages.append({"role": "system", "content": prompt.dynamic_tail})
     messages.extend(_openai_messages(prompt.history))
-    transient = [p for p in prompt.transient.parts if isinstance(p, ContentPart)]
-    messages.append(
-        {"role": "user", "content": [c for c in map(_openai_content, transient) if c is not None]}
-    )
+    messages.append({"role": "user", "content": rendered(prompt.transient.parts, _openai_content)})
     body: dict[str, Any] = model_key(model)
     body["max_completion_tokens"] = max_tokens
     if reasoning.openai_reasoning_effort is not None:
