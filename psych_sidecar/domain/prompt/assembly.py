@@ -16,7 +16,7 @@ results to fit the budget; the elided views come from
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import InitVar, dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -164,34 +164,30 @@ class AssembledPrompt:
         return estimate_tokens(max(map(len, (*bodies, self.gemini_json))))
 
 
+@dataclass(kw_only=True, slots=True, eq=False)
 class PromptAssembler:
-    def __init__(
-        self,
-        *,
-        runs: RunService,
-        specs: SpecLookup,
-        log: LogReader,
-        surfaces: TurnSurfaces,
-        view_cache_size: int = 10_000,
-        journal: AssemblyJournal | None = None,
-        waits: InputWaits | None = None,
-    ) -> None:
-        self._runs = runs
-        # The Run's calls waiting for their user's input, told in the transient message.
-        self._waits = waits
-        self._specs = specs
-        self._log = log
-        # The Run's tool surface for this turn (TurnResolver.resolve_turn).
-        self._surfaces = surfaces
+    runs: RunService
+    specs: SpecLookup
+    log: LogReader
+    # The Run's tool surface for this turn (TurnResolver.resolve_turn).
+    surfaces: TurnSurfaces
+    view_cache_size: InitVar[int] = 10_000
+    # Told each prompt's metadata (never its content) after it is assembled.
+    journal: AssemblyJournal | None = None
+    # The Run's calls waiting for their user's input, told in the transient message.
+    waits: InputWaits | None = None
+    _views: ViewCache = field(init=False)
+    _view_sizes: ViewSizeCache = field(init=False)
+    _block_sizes: BlockSizeCache = field(init=False)
+
+    def __post_init__(self, view_cache_size: int) -> None:
         self._views = ViewCache(view_cache_size)
         self._view_sizes = ViewSizeCache(view_cache_size * 10)
         self._block_sizes = BlockSizeCache(view_cache_size * 10)
-        # Told each prompt's metadata (never its content) after it is assembled.
-        self._journal = journal
 
     def assemble(self, call: PromptCall) -> AssembledPrompt:
         """The prompt for one model call, told to the assembly journal."""
-        return self._assemble(call, self._journal)
+        return self._assemble(call, self.journal)
 
     def preview(self, call: PromptCall) -> AssembledPrompt:
         """The prompt the call would get, leaving no journal row (nothing was sent)."""
@@ -206,8 +202,8 @@ class PromptAssembler:
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
         if budget_override is not None:
             validate_context_budget(budget_override, "context_budget")
-        run = self._runs.get(run_id)
-        spec = self._specs.get(run.spec_name, run.spec_version)
+        run = self.runs.get(run_id)
+        spec = self.specs.get(run.spec_name, run.spec_version)
         effective = spec.context_budget.over(budget_override or ContextBudget())
         window, reserve = _budget(effective)
         reserve = max_tokens if reserve is None else reserve
@@ -227,15 +223,15 @@ class PromptAssembler:
             else None
         )
         thresholds = spec.effective_thresholds()
-        everything = self._log.record_skeletons(run_id)
-        compacted = compacted_log(self._log, run_id, everything)
+        everything = self.log.record_skeletons(run_id)
+        compacted = compacted_log(self.log, run_id, everything)
         # Zone 3 is the latest summary and the records after its range: every step below
         # works on those records only (prompt/compaction.py).
         skeletons = compacted.visible
         summary = summary_entry(compacted, policy.summary_tokens)
-        view_bytes = view_sizes(self._log, self._view_sizes, run_id, skeletons)
+        view_bytes = view_sizes(self.log, self._view_sizes, run_id, skeletons)
         views = ElidedViews(
-            log=self._log,
+            log=self.log,
             cache=self._views,
             run_id=run_id,
             thresholds=thresholds,
@@ -245,10 +241,10 @@ class PromptAssembler:
         elided = prior_turn_elided(skeletons, thresholds, view_bytes, views)
         capped = capped_results(effective.current_turn_result_tokens, skeletons, view_bytes, views)
         elided.update(capped)
-        contents = self._log.record_contents(
+        contents = self.log.record_contents(
             run_id, [s.sequence for s in skeletons if s.sequence not in elided]
         )
-        prior_blocks = prior_block_sizes(self._log, self._block_sizes, run_id, skeletons)
+        prior_blocks = prior_block_sizes(self.log, self._block_sizes, run_id, skeletons)
         # The records whose provider blocks are left out (see prior_blocks.py); a list, so
         # that `build` sees the fallback below.
         left_out = [
@@ -256,11 +252,11 @@ class PromptAssembler:
             if over_their_share(prior_blocks, window - reserve)
             else frozenset()
         ]
-        surface = self._surfaces.resolve_turn(run_id)
-        status = status_note(surface.servers, self._surfaces.server_states(run_id))
-        if self._waits is not None:
+        surface = self.surfaces.resolve_turn(run_id)
+        status = status_note(surface.servers, self.surfaces.server_states(run_id))
+        if self.waits is not None:
             # Which rounds still wait is a matter of the real clock, not the call's `now`.
-            waiting = waiting_note(self._waits.waiting_in_run(run_id, datetime.now(UTC)))
+            waiting = waiting_note(self.waits.waiting_in_run(run_id, datetime.now(UTC)))
             status = "\n".join(line for line in (status, waiting) if line)
         sections = static_sections(spec)
         tail = dynamic_tail(surface.servers, host_tail)

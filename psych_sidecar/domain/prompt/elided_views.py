@@ -10,6 +10,7 @@ per record, since both are functions of immutable rows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from psych_sidecar.domain.cache import ImmutableCache
 from psych_sidecar.domain.estimate import estimate_text_tokens, estimate_tokens
@@ -86,52 +87,43 @@ def view_sizes(
     return sizes
 
 
+@dataclass(kw_only=True, slots=True, eq=False)
 class ElidedViews:
     """Elided views of one assembly's results, built on demand and in bulk: part shapes,
     then only the characters each view shows. Views built once are kept in the shared cache,
     so the steps of a turn do not fetch the same previews again."""
 
-    def __init__(
-        self,
-        *,
-        log: LogReader,
-        cache: ViewCache,
-        run_id: str,
-        thresholds: EffectiveThresholds,
-        skeletons: dict[int, RecordSkeleton],
-        view_bytes: dict[int, int],
-    ) -> None:
-        self._log = log
-        self._view_bytes = view_bytes
-        self._cache = cache
-        self._run_id = run_id
-        self._thresholds = thresholds
-        self._skeletons = skeletons
-        self.views: dict[int, ToolResultView | None] = {}
+    log: LogReader
+    cache: ViewCache
+    run_id: str
+    thresholds: EffectiveThresholds
+    skeletons: dict[int, RecordSkeleton]
+    view_bytes: dict[int, int]
+    views: dict[int, ToolResultView | None] = field(default_factory=dict, init=False)
 
     def prepare(self, sequences: Sequence[int]) -> None:
         wanted = []
         for sequence in sequences:
             if sequence in self.views:
                 continue
-            cached = self._cache.get((self._run_id, sequence))
+            cached = self.cache.get((self.run_id, sequence))
             if cached is None:
                 wanted.append(sequence)
             else:
                 self.views[sequence] = cached[0]
         if not wanted:
             return
-        metas = self._log.part_metas(self._run_id, wanted)
+        metas = self.log.part_metas(self.run_id, wanted)
         plans: list[tuple[RecordSkeleton, ViewPlan]] = []
         for sequence in wanted:
-            skeleton = self._skeletons[sequence]
+            skeleton = self.skeletons[sequence]
             layout = TextLayout(model_view(metas.get(sequence, [])))
             plan = plan_view(
                 layout,
-                self._view_bytes[sequence],
+                self.view_bytes[sequence],
                 skeleton.is_error,
                 skeleton.handle,
-                self._thresholds,
+                self.thresholds,
             )
             if plan is None:
                 self.views[sequence] = None  # small enough to go through unchanged
@@ -142,7 +134,7 @@ class ElidedViews:
             for skeleton, plan in plans
             for pieces in (plan.head, plan.tail)
         ]
-        texts = iter(fetch_text(self._log, self._run_id, requests))
+        texts = iter(fetch_text(self.log, self.run_id, requests))
         for skeleton, plan in plans:
             shown = plan.render(next(texts), next(texts))
             self.views[skeleton.sequence] = (
@@ -157,7 +149,7 @@ class ElidedViews:
                 )
             )
         for sequence in wanted:
-            self._cache.put((self._run_id, sequence), (self.views[sequence],))
+            self.cache.put((self.run_id, sequence), (self.views[sequence],))
 
     def tokens(self, sequence: int) -> int | None:
         self.prepare([sequence])
