@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, astuple, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from psych_sidecar.domain.canonical import canonical_json, sorted_keys
 from psych_sidecar.domain.errors import (
@@ -122,6 +123,12 @@ def validate_context_budget(budget: ContextBudget, field_path: str) -> None:
         )
 
 
+class _OptionalSettings(Protocol):
+    """Settings a Spec stores only when set, as their `content()`."""
+
+    def content(self) -> Mapping[str, object]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ToolGrant:
     server_pattern: str
@@ -157,22 +164,17 @@ class Spec:
         if self.disclosure.result_references is None:
             # Unset, it is left out, so Specs stored before it existed keep their bytes.
             del content["disclosure"]["result_references"]
-        if self.context_budget == ContextBudget():
-            del content["context_budget"]
-        else:
-            content["context_budget"] = self.context_budget.content()
-        if self.reasoning == ReasoningSettings():
-            del content["reasoning"]
-        else:
-            content["reasoning"] = self.reasoning.content()
-        if self.programmatic_calling == ProgrammaticCalling():
-            del content["programmatic_calling"]
-        else:
-            content["programmatic_calling"] = self.programmatic_calling.content()
-        if self.compaction == CompactionPolicy():
-            del content["compaction"]
-        else:
-            content["compaction"] = self.compaction.content()
+        optional: tuple[tuple[str, _OptionalSettings, _OptionalSettings], ...] = (
+            ("context_budget", self.context_budget, ContextBudget()),
+            ("reasoning", self.reasoning, ReasoningSettings()),
+            ("programmatic_calling", self.programmatic_calling, ProgrammaticCalling()),
+            ("compaction", self.compaction, CompactionPolicy()),
+        )
+        for key, settings, unset in optional:
+            if settings == unset:
+                del content[key]
+            else:
+                content[key] = settings.content()
         return canonical_json(sorted_keys(content)).decode()
 
     def fingerprint(self) -> str:
