@@ -25,6 +25,11 @@ MODEL_DEFAULT_LIMIT_CHARS = 8_000
 MODEL_MAX_LIMIT_CHARS = 32_000
 # A binary result is handed to the model whole (as an image, say) up to this size.
 MODEL_MAX_BINARY_BYTES = 5 * 1024 * 1024
+# How both reading tools page, in their descriptions.
+_PAGED_READS = (
+    f"At most {MODEL_MAX_LIMIT_CHARS} characters come back per call (default "
+    f"{MODEL_DEFAULT_LIMIT_CHARS}); the result says where to continue."
+)
 
 
 _READ_TOOL_OUTPUT = ExposedTool(
@@ -36,8 +41,7 @@ _READ_TOOL_OUTPUT = ExposedTool(
         "pattern. Reading past the end, or a grep with no match, gives an empty result. "
         "On a JSON result, query takes a JMESPath expression and returns only what it yields, "
         "as JSON: items[?status=='open'].id filters and projects, length(items) counts. "
-        f"At most {MODEL_MAX_LIMIT_CHARS} characters come back per call (default "
-        f"{MODEL_DEFAULT_LIMIT_CHARS}); the result says where to continue."
+        + _PAGED_READS
     ),
     input_schema_json=canonical_schema(
         {
@@ -84,9 +88,7 @@ _READ_HISTORY = ExposedTool(
         "sequence reads on from a record's number; neither reads from the start. grep "
         "returns only the lines matching an RE2 pattern, with their record and turn. Tool "
         "results show their handle and first characters: read_tool_output reads them whole. "
-        "Nothing there, or no match, gives an empty result. At most "
-        f"{MODEL_MAX_LIMIT_CHARS} characters come back per call (default "
-        f"{MODEL_DEFAULT_LIMIT_CHARS}); the result says where to continue."
+        "Nothing there, or no match, gives an empty result. " + _PAGED_READS
     ),
     input_schema_json=canonical_schema(
         {
