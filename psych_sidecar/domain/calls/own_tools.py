@@ -117,13 +117,7 @@ class OwnTools:
             if end < result.total_length:
                 lines.append(f"[More lines may match: continue with offset {end}.]")
             return ToolResult.of((ContentPart.text("\n".join(lines)),))
-        text = result.text
-        if end < result.total_length:
-            text += (
-                f"\n[Characters {offset} to {end} of {result.total_length}: continue with "
-                f"offset {end}.]"
-            )
-        return ToolResult.of((ContentPart.text(text),))
+        return _text_page(result, offset, of="", continue_with="")
 
     def _binary_for_model(self, run: Run, handle: str, total: int, mime_type: str) -> ToolResult:
         """A model cannot use a byte range: it gets the whole content (an image it can see)
@@ -157,11 +151,17 @@ def _query_page(result: ReadResult, offset: int) -> ToolResult:
     Past its end is an empty result, as for a plain read."""
     if offset >= result.total_length:
         return ToolResult.of(())
+    return _text_page(result, offset, of="the query's ", continue_with="the same query and ")
+
+
+def _text_page(result: ReadResult, offset: int, *, of: str, continue_with: str) -> ToolResult:
+    """A page of text (a plain read's, or a query's: `of` and `continue_with` say which),
+    ending with a line saying where to continue when there is more."""
     text = result.text
     end = result.next_offset
     if end < result.total_length:
         text += (
-            f"\n[Characters {offset} to {end} of the query's {result.total_length}: continue "
-            f"with the same query and offset {end}.]"
+            f"\n[Characters {offset} to {end} of {of}{result.total_length}: continue with "
+            f"{continue_with}offset {end}.]"
         )
     return ToolResult.of((ContentPart.text(text),))
