@@ -312,15 +312,6 @@ class ToolRouter:
         return run
 
     def _on_storage_threads(self, handler: OwnToolHandler) -> Handler:
-        """One of the sidecar's own tools: it reads the log, so it runs off the event loop."""
-
-        async def run(
-            context: RunContext,
-            resolved: ResolvedTurn,
-            route: ExposedTool,
-            call: ToolCall,
-            start: TaskStart | None,
-        ) -> CallResult:
-            return await self._blocking(handler, context, call)
-
-        return run
+        """One of the sidecar's own tools: it reads the log, so it runs off the event loop
+        (it needs the Run's context and the call only)."""
+        return lambda context, resolved, route, call, start: self._blocking(handler, context, call)
