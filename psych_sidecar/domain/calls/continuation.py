@@ -14,6 +14,7 @@ entered.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from psych_sidecar.domain.calls.ledger import CallLedger
@@ -45,24 +46,15 @@ log = logging.getLogger(__name__)
 MAX_ANSWERS = 64
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CallContinuation:
-    def __init__(
-        self,
-        *,
-        resolver: TurnResolver,
-        ledger: CallLedger,
-        mcp: McpCalls,
-        blocking: OffLoop,
-        default_timeout_seconds: float,
-        tasks: ToolTasks | None = None,
-    ) -> None:
-        """`tasks`: where a running task's own questions are answered (None: none asks)."""
-        self._tasks = tasks
-        self._resolver = resolver
-        self._ledger = ledger
-        self._mcp = mcp
-        self._blocking = blocking
-        self._default_timeout = default_timeout_seconds
+    resolver: TurnResolver
+    ledger: CallLedger
+    mcp: McpCalls
+    blocking: OffLoop
+    default_timeout_seconds: float
+    # Where a running task's own questions are answered (None: none asks).
+    tasks: ToolTasks | None = None
 
     async def continue_call(
         self,
@@ -90,13 +82,13 @@ class CallContinuation:
         for index, answer in enumerate(answers):
             if answer.content is not None and (problem := content_problem(answer.content)):
                 raise field_invalid(f"answers[{index}].content", problem)
-        timeout = timeout_seconds or self._default_timeout
+        timeout = timeout_seconds or self.default_timeout_seconds
 
         async def once() -> CallOutcome | ToolTask:
             return await self._continue(run_id, call_id, attempt, answers, timeout)
 
         # An answer sent twice at once (a retry after a lost response) is given once.
-        return await self._ledger.single(("continue", run_id, call_id, attempt), once)
+        return await self.ledger.single(("continue", run_id, call_id, attempt), once)
 
     async def _continue(
         self,
@@ -106,34 +98,34 @@ class CallContinuation:
         answers: tuple[InputAnswer, ...],
         timeout_seconds: float,
     ) -> CallOutcome | ToolTask:
-        resolved, rounds = await self._blocking(self._resolved_and_rounds, run_id, call_id)
+        resolved, rounds = await self.blocking(self._resolved_and_rounds, run_id, call_id)
         if rounds is None or attempt not in rounds.attempts:
             raise input_not_awaited(run_id, call_id, "the call never waited on that attempt")
         wait = rounds.latest
-        if self._tasks is not None and is_task_round(wait):
-            return await self._continue_task(self._tasks, rounds, attempt, answers, timeout_seconds)
+        if self.tasks is not None and is_task_round(wait):
+            return await self._continue_task(self.tasks, rounds, attempt, answers, timeout_seconds)
         if attempt != wait.attempt or rounds.ended:
             # An answer given before (this is its retry): what it led to.
-            recorded = await self._blocking(self._ledger.recorded_of, wait)
+            recorded = await self.blocking(self.ledger.recorded_of, wait)
             if recorded is not None:
                 return ToolOutcome.of(recorded)
             if not rounds.ended:
                 return WaitingCall.of(wait)
             raise input_not_awaited(run_id, call_id, "that round is being answered")
         if datetime.now(UTC) >= wait.expire_time:
-            return await self._ledger.waiting_or_expired(wait)
+            return await self.ledger.waiting_or_expired(wait)
         # The answer is spent only on a session that reaches the server: one still connecting
         # (a sidecar that never ran it) is waited for, and one that cannot reach it leaves
         # the round open for the host to send the same answer again. (On 2025-11-25 a session
         # that connects anew no longer holds the question: the call ends saying it was lost.)
-        why = await self._mcp.unreachable(resolved, wait, timeout_seconds)
+        why = await self.mcp.unreachable(resolved, wait, timeout_seconds)
         if why is not None:
             raise answer_not_delivered(wait, why)
         if datetime.now(UTC) >= wait.expire_time:
-            return await self._ledger.waiting_or_expired(wait)
+            return await self.ledger.waiting_or_expired(wait)
         await self._answered(wait, answers)
-        result = await self._mcp.continue_call(resolved, wait, answers, timeout_seconds)
-        return await self._ledger.settle(run_id, call_id, wait.request_id, result, wait.round + 1)
+        result = await self.mcp.continue_call(resolved, wait, answers, timeout_seconds)
+        return await self.ledger.settle(run_id, call_id, wait.request_id, result, wait.round + 1)
 
     async def _continue_task(
         self,
@@ -155,13 +147,13 @@ class CallContinuation:
 
     async def _answered(self, wait: InputWait, answers: tuple[InputAnswer, ...]) -> None:
         """The round's outcome set to answered, with the answers (one answer wins)."""
-        waits = self._ledger.waits
+        waits = self.ledger.waits
         assert waits is not None  # a round was stored
         known = {request.key for request in wait.asked.requests}
         unknown = [key for key in (answer.key for answer in answers) if key not in known]
         if unknown:
             raise field_invalid("answers", f"no request with key {unknown[0][:64]!r}")
-        if not await self._blocking(waits.end_round, wait, RoundOutcome.ANSWERED, answers):
+        if not await self.blocking(waits.end_round, wait, RoundOutcome.ANSWERED, answers):
             raise input_not_awaited(wait.run_id, wait.call_id, "that round was answered meanwhile")
         log.info(
             "tool call %s (%s/%s) round %d answered: %s",
@@ -176,9 +168,9 @@ class CallContinuation:
         self, run_id: str, call_id: str
     ) -> tuple[ResolvedTurn, CallRounds | None]:
         context: RunContext
-        context, resolved = self._resolver.resolved(run_id)
+        context, resolved = self.resolver.resolved(run_id)
         del context
-        waits = self._ledger.waits
+        waits = self.ledger.waits
         rounds = None if waits is None else waits.rounds_of_call(run_id, call_id)
         return resolved, rounds
 

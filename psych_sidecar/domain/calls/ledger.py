@@ -51,30 +51,21 @@ Prepared = TypeVar("Prepared")
 Answered = TypeVar("Answered")
 
 
+@dataclass(eq=False, kw_only=True, slots=True)
 class CallLedger:
-    def __init__(
-        self,
-        *,
-        runs: RunService,
-        log: LogReader,
-        off_loop: OffLoop,
-        now: StorageNow | None = None,
-        waits: InputWaits | None = None,
-        input_wait_seconds: float = 600.0,
-    ) -> None:
-        self._runs = runs
-        # Rounds of questions of calls waiting for input (None: every call that asks fails
-        # as a tool error, as with no host to answer).
-        self.waits = waits
-        self.input_wait_seconds = input_wait_seconds
-        self._log = log
-        self._off_loop = off_loop
-        # A call's reads and a small result's append are asked of the storage on the event
-        # loop's thread first (SQLite), then of the storage threads when it says not now.
-        self._now = now
-        # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
-        # after a lost response) waits for the first and gets its answer.
-        self._in_flight: dict[tuple[str, ...], _Flight] = {}
+    runs: RunService
+    log: LogReader
+    off_loop: OffLoop
+    # A call's reads and a small result's append are asked of the storage on the event
+    # loop's thread first (SQLite), then of the storage threads when it says not now.
+    now: StorageNow | None = None
+    # Rounds of questions of calls waiting for input (None: every call that asks fails
+    # as a tool error, as with no host to answer).
+    waits: InputWaits | None = None
+    input_wait_seconds: float = 600.0
+    # Calls being executed, by (run, call id): a duplicate arriving meanwhile (a retry
+    # after a lost response) waits for the first and gets its answer.
+    _in_flight: dict[tuple[str, ...], _Flight] = field(default_factory=dict, init=False)
 
     async def once(
         self, context: RunContext, call_id: str, run: Callable[[], Awaitable[CallResult]]
@@ -101,7 +92,7 @@ class CallLedger:
         async def run_once() -> CallOutcome:
             found = self._unrecorded_now(run_id, call_id, prepare_now)
             if found is None:
-                prepared, request_id, recorded, rounds = await self._off_loop(
+                prepared, request_id, recorded, rounds = await self.off_loop(
                     self._prepared_and_recorded, run_id, call_id, prepare
                 )
                 if recorded is not None:
@@ -169,16 +160,16 @@ class CallLedger:
     ) -> tuple[Prepared, str] | None:
         """On the event loop: the prepared value and the call's request id when the call is
         known now to have no recorded answer; None otherwise (not now, or an answer to read)."""
-        if self._now is None:
+        if self.now is None:
             return None
         prepared = prepare_now()
         if prepared is None:
             return None
-        step = self._now.latest_assistant_sequence(run_id)
+        step = self.now.latest_assistant_sequence(run_id)
         if step is None:
             return None
         request_id = _request_id(step, call_id)
-        if not self._now.call_unrecorded(run_id, request_id):
+        if not self.now.call_unrecorded(run_id, request_id):
             return None
         return prepared, request_id
 
@@ -214,7 +205,7 @@ class CallLedger:
             create_time=now,
             expire_time=now + timedelta(seconds=self.input_wait_seconds),
         )
-        await self._off_loop(self.waits.add_round, wait)
+        await self.off_loop(self.waits.add_round, wait)
         return WaitingCall.of(wait)
 
     async def waiting_or_expired(self, wait: InputWait) -> CallOutcome:
@@ -222,8 +213,8 @@ class CallLedger:
         tool error saying nobody answered, recorded (and the round marked expired)."""
         if datetime.now(UTC) < wait.expire_time or self.waits is None:
             return WaitingCall.of(wait)
-        if not await self._off_loop(self.waits.end_round, wait, RoundOutcome.EXPIRED, ()):
-            recorded = await self._off_loop(self.recorded_of, wait)
+        if not await self.off_loop(self.waits.end_round, wait, RoundOutcome.EXPIRED, ()):
+            recorded = await self.off_loop(self.recorded_of, wait)
             if recorded is not None:
                 return ToolOutcome.of(recorded)
         return await self._record(
@@ -235,12 +226,12 @@ class CallLedger:
 
     def recorded_of(self, wait: InputWait) -> RecordedCall | None:
         """The recorded result of the waiting call's request, once it ended."""
-        return self._runs.recorded_call(wait.run_id, wait.request_id)
+        return self.runs.recorded_call(wait.run_id, wait.request_id)
 
     def _recorded(self, run_id: str, call_id: str) -> tuple[str, RecordedCall | None]:
         """The request id naming this call in its assistant step, and its recorded result."""
-        request_id = _request_id(self._log.latest_assistant_sequence(run_id), call_id)
-        return request_id, self._runs.recorded_call(run_id, request_id)
+        request_id = _request_id(self.log.latest_assistant_sequence(run_id), call_id)
+        return request_id, self.runs.recorded_call(run_id, request_id)
 
     async def _record(
         self, run_id: str, call_id: str, result: ToolResult, request_id: str
@@ -252,7 +243,7 @@ class CallLedger:
                 raise
             # Another sidecar ran the same call meanwhile and recorded first: its answer
             # stands (this result is not recorded).
-            _, recorded = await self._off_loop(self._recorded, run_id, call_id)
+            _, recorded = await self.off_loop(self._recorded, run_id, call_id)
             if recorded is None:
                 raise
             return ToolOutcome.of(recorded)
@@ -270,13 +261,12 @@ class CallLedger:
         )
         arguments = (run_id, request_id, (record,), result.result_json)
         found = (
-            self._runs.append_now(self._now, *arguments)
-            if self._now is not None
-            and len(result.result_json) <= MAX_RESULT_BYTES_APPENDED_ON_LOOP
+            self.runs.append_now(self.now, *arguments)
+            if self.now is not None and len(result.result_json) <= MAX_RESULT_BYTES_APPENDED_ON_LOOP
             else None
         )
         if found is None:
-            found = await self._off_loop(self._runs.append, *arguments)
+            found = await self.off_loop(self.runs.append, *arguments)
         (appended,) = found
         return ToolOutcome(
             result.is_error,
