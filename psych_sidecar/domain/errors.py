@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar, dataclass_transform
 
 
 class Reason(StrEnum):
@@ -68,18 +68,26 @@ def quoted(value: object) -> str:
     return repr(short(value))
 
 
+@dataclass_transform(kw_only_default=True, eq_default=False)
 @dataclass(eq=False)
 class SidecarError(Exception):
     """An error the caller can act on: one reason of the ErrorInfo catalogue (`reason`, set by
     each subclass), a message, and the typed fields that reason's metadata carries (the
     subclass's dataclass fields, named as docs/errors.md lists them; a test keeps the two
-    identical). Raise a subclass; switch on the class or on `reason`."""
+    identical). Raise a subclass; switch on the class or on `reason`.
+
+    Every subclass is made a dataclass of its fields, keyword-only after the message, as it
+    is declared (`__init_subclass__`)."""
 
     reason: ClassVar[Reason]
     # Set on errors a caller may retry: how long to wait first (google.rpc.RetryInfo).
     retry_delay_seconds: ClassVar[float | None] = None
 
     message: str
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclass(eq=False, kw_only=True)(cls)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -98,13 +106,11 @@ class SidecarError(Exception):
 # Errors of a field in the request ------------------------------------------------------------
 
 
-@dataclass(eq=False, kw_only=True)
 class FieldRequired(SidecarError):
     reason = Reason.FIELD_REQUIRED
     field: str
 
 
-@dataclass(eq=False, kw_only=True)
 class FieldError(SidecarError):
     """A field's value refused, and why."""
 
@@ -131,7 +137,6 @@ class PatternTooComplex(FieldError):
 # Specs, Runs and their logs ----------------------------------------------------------------------
 
 
-@dataclass(eq=False, kw_only=True)
 class SpecVersionError(SidecarError):
     spec_name: str
     spec_version: int
@@ -145,34 +150,29 @@ class SpecVersionExists(SpecVersionError):
     reason = Reason.SPEC_VERSION_EXISTS
 
 
-@dataclass(eq=False, kw_only=True)
 class RunNotFound(SidecarError):
     reason = Reason.RUN_NOT_FOUND
     run_id: str
 
 
-@dataclass(eq=False, kw_only=True)
 class RequestIdReused(SidecarError):
     reason = Reason.REQUEST_ID_REUSED
     run_id: str
     request_id: str
 
 
-@dataclass(eq=False, kw_only=True)
 class InvalidDeferredHandle(SidecarError):
     reason = Reason.INVALID_DEFERRED_HANDLE
     run_id: str
     handle: str
 
 
-@dataclass(eq=False, kw_only=True)
 class MessageTooLarge(SidecarError):
     reason = Reason.MESSAGE_TOO_LARGE
     limit_bytes: int
     size_bytes: int
 
 
-@dataclass(eq=False, kw_only=True)
 class ContextBudgetExceeded(SidecarError):
     reason = Reason.CONTEXT_BUDGET_EXCEEDED
     estimated_tokens: int
@@ -185,14 +185,12 @@ class ContextBudgetExceeded(SidecarError):
 # Connections and their catalogues --------------------------------------------------------------
 
 
-@dataclass(eq=False, kw_only=True)
 class ConnectionNotFound(SidecarError):
     reason = Reason.CONNECTION_NOT_FOUND
     tenant: str
     connection: str
 
 
-@dataclass(eq=False, kw_only=True)
 class CommandNotAllowed(SidecarError):
     reason = Reason.COMMAND_NOT_ALLOWED
     command: str
@@ -200,14 +198,12 @@ class CommandNotAllowed(SidecarError):
     env: str | None = None
 
 
-@dataclass(eq=False, kw_only=True)
 class CatalogVersionNotFound(SidecarError):
     reason = Reason.CATALOG_VERSION_NOT_FOUND
     connection: str
     catalog_version: int
 
 
-@dataclass(eq=False, kw_only=True)
 class ConnectionFailure(SidecarError):
     """A connection's server (or its authorization server) failed or refused, and why."""
 
@@ -230,7 +226,6 @@ class OAuthGrantRefused(ConnectionFailure):
     reason = Reason.OAUTH_GRANT_REFUSED
 
 
-@dataclass(eq=False, kw_only=True)
 class OAuthUrlError(SidecarError):
     """A URL of a sign-in's discovery or flow, refused or failed, and why."""
 
@@ -255,7 +250,6 @@ class OAuthMetadataRefused(OAuthUrlError):
     reason = Reason.OAUTH_METADATA_REFUSED
 
 
-@dataclass(eq=False, kw_only=True)
 class OAuthIssuerMismatch(SidecarError):
     """A client's credentials are bound to one authorization server and the MCP server named
     another: nothing was sent to the other."""
@@ -266,7 +260,6 @@ class OAuthIssuerMismatch(SidecarError):
     named_issuer: str
 
 
-@dataclass(eq=False, kw_only=True)
 class ConnectionAuthorizationRequired(SidecarError):
     reason = Reason.CONNECTION_AUTHORIZATION_REQUIRED
     connection: str
@@ -279,7 +272,6 @@ class ConnectionAuthorizationRequired(SidecarError):
         return {"connection": self.connection, "reason": self.reason_name}
 
 
-@dataclass(eq=False, kw_only=True)
 class SignInNotApplicable(SidecarError):
     reason = Reason.SIGN_IN_NOT_APPLICABLE
     connection: str
@@ -289,7 +281,6 @@ class SignInNotApplicable(SidecarError):
 # Sign-in states --------------------------------------------------------------------------------
 
 
-@dataclass(eq=False, kw_only=True)
 class SignInStateUnknown(SidecarError):
     reason = Reason.SIGN_IN_STATE_UNKNOWN
     tenant: str
@@ -299,14 +290,12 @@ class SignInStateWrongTenant(SignInStateUnknown):
     reason = Reason.SIGN_IN_STATE_WRONG_TENANT
 
 
-@dataclass(eq=False, kw_only=True)
 class SignInStateUsed(SidecarError):
     reason = Reason.SIGN_IN_STATE_USED
     tenant: str
     connection: str
 
 
-@dataclass(eq=False, kw_only=True)
 class SignInStateExpired(SidecarError):
     reason = Reason.SIGN_IN_STATE_EXPIRED
     tenant: str
@@ -314,7 +303,6 @@ class SignInStateExpired(SidecarError):
     expire_time: str
 
 
-@dataclass(eq=False, kw_only=True)
 class SignInStateMismatch(SidecarError):
     reason = Reason.SIGN_IN_STATE_MISMATCH
     tenant: str
@@ -322,7 +310,6 @@ class SignInStateMismatch(SidecarError):
     detail: str
 
 
-@dataclass(eq=False, kw_only=True)
 class SignInIssuerMismatch(SidecarError):
     """The authorization response's `iss` (RFC 9207) is not the sign-in's authorization
     server, or is missing where that server said it sends one."""
@@ -337,13 +324,11 @@ class SignInIssuerMismatch(SidecarError):
 # The sidecar itself ----------------------------------------------------------------------------
 
 
-@dataclass(eq=False, kw_only=True)
 class NotImplementedHere(SidecarError):
     reason = Reason.NOT_IMPLEMENTED
     method: str
 
 
-@dataclass(eq=False, kw_only=True)
 class InternalError(SidecarError):
     reason = Reason.INTERNAL
     correlation_id: str
@@ -353,7 +338,6 @@ class InternalError(SidecarError):
 STORAGE_RETRY_DELAY_SECONDS = 0.5
 
 
-@dataclass(eq=False, kw_only=True)
 class StorageUnavailable(SidecarError):
     """The database could not be used just now (down, locked, a lost serialization race);
     nothing was stored, and the same request may be retried."""
@@ -363,13 +347,11 @@ class StorageUnavailable(SidecarError):
     detail: str
 
 
-@dataclass(eq=False, kw_only=True)
 class ShuttingDown(SidecarError):
     reason = Reason.SHUTTING_DOWN
     grace_seconds: float
 
 
-@dataclass(eq=False, kw_only=True)
 class InputNotAwaited(SidecarError):
     """ContinueToolCall names an attempt no call of the Run waits on."""
 
@@ -413,7 +395,6 @@ def storage_unavailable(detail: str) -> StorageUnavailable:
     return StorageUnavailable(f"storage unavailable: {detail}", detail=detail)
 
 
-@dataclass(eq=False, kw_only=True)
 class ToolTaskNotFound(SidecarError):
     """GetToolTask or CancelToolTask named a call that is not a task."""
 
