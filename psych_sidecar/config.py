@@ -7,9 +7,17 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    create_model,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -111,14 +119,18 @@ def _valid_addresses(values: list[str]) -> list[str]:
     return values
 
 
+# Listener addresses, each checked by parse_listen_address.
+ListenAddresses = Annotated[list[str], AfterValidator(_valid_addresses)]
+
+
 class ListenerSettings(_Group):
     """The gRPC API and health listeners: addresses, sockets, TLS, message size, shutdown."""
 
-    listen: list[str] = Field(
+    listen: ListenAddresses = Field(
         default_factory=list,
         description="Addresses to serve on; default: the Unix socket DATA_DIR/sidecar.sock.",
     )
-    health_listen: list[str] = Field(
+    health_listen: ListenAddresses = Field(
         default_factory=list,
         description=(
             "Addresses serving only grpc.health.v1, for probes that cannot reach the API "
@@ -175,11 +187,6 @@ class ListenerSettings(_Group):
         if isinstance(value, str) and value.strip().lower().startswith("0o"):
             return int(value.strip(), 8)
         return value
-
-    @field_validator("listen", "health_listen")
-    @classmethod
-    def _valid_addresses(cls, values: list[str]) -> list[str]:
-        return _valid_addresses(values)
 
 
 class StorageSettings(_Group):
@@ -495,7 +502,7 @@ class TelemetrySettings(_Group):
 class AdminSettings(_Group):
     """The admin HTTP listener (/metrics, the Run inspector)."""
 
-    listen: list[str] = Field(
+    listen: ListenAddresses = Field(
         alias="admin_listen",
         default_factory=list,
         description=(
@@ -509,11 +516,6 @@ class AdminSettings(_Group):
         description="Serve the Run inspector (/ui) to clients beyond loopback; off: only "
         "loopback and Unix-socket clients get it, even on an admin listener on the pod IP.",
     )
-
-    @field_validator("listen")
-    @classmethod
-    def _valid_addresses(cls, values: list[str]) -> list[str]:
-        return _valid_addresses(values)
 
 
 class ProcessSettings(_Group):
