@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -155,31 +155,21 @@ def _ended_text(task: ToolTask, detail: str) -> str:
     return f"The task of call {task.call_id!r} ({name}) failed without a result: {detail}"
 
 
+@dataclass(eq=False, kw_only=True, slots=True)
 class ToolTasks:
     """Starts calls as tasks, polls them, ends them in the log, and answers the host."""
 
-    def __init__(
-        self,
-        *,
-        repository: TaskRepository,
-        runner: TaskRunner,
-        runs: RunService,
-        log_reader: LogReader,
-        blocking: OffLoop,
-        timings: TaskTimings,
-        questions: TaskQuestions | None = None,
-    ) -> None:
-        """`questions`: where a task's own questions wait for the host (None: a task that
-        asks stays INPUT_REQUIRED until its server ends it)."""
-        self._repository = repository
-        self._questions = questions
-        self._runner = runner
-        self._runs = runs
-        self._log = log_reader
-        self._blocking = blocking
-        self._timings = timings
-        # Woken when a task starts here, so its first poll is not a whole tick late.
-        self._started = asyncio.Event()
+    repository: TaskRepository
+    runner: TaskRunner
+    runs: RunService
+    log_reader: LogReader
+    blocking: OffLoop
+    timings: TaskTimings
+    # Where a task's own questions wait for the host (None: a task that asks stays
+    # INPUT_REQUIRED until its server ends it).
+    questions: TaskQuestions | None = None
+    # Woken when a task starts here, so its first poll is not a whole tick late.
+    _started: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     # Starting
 
@@ -198,7 +188,7 @@ class ToolTasks:
         """The call: the server's result when it answered at once (or its questions, when it
         asked for input first), else the started result (the task stored first, so a task
         whose start is recorded is never lost)."""
-        answer = await self._runner.start_tool(
+        answer = await self.runner.start_tool(
             tenant, server, tool, arguments, timeout_seconds, execution
         )
         if not isinstance(answer, StartedTask):
@@ -217,7 +207,7 @@ class ToolTasks:
             update_time=datetime.fromtimestamp(now, UTC),
             poll_interval_seconds=answer.poll_interval_seconds,
         )
-        await self._blocking(self._repository.insert_task, task, now + self._next_wait(task))
+        await self.blocking(self.repository.insert_task, task, now + self._next_wait(task))
         self._started.set()
         started = ToolResult.of((ContentPart.text(started_text(server, tool, call_id)),))
         return replace(started, server=server, tool=tool, task=task)
@@ -225,11 +215,11 @@ class ToolTasks:
     # The host's view
 
     async def get(self, run_id: str, call_id: str) -> ToolTask:
-        task = await self._blocking(self._repository.get_task, run_id, call_id)
+        task = await self.blocking(self.repository.get_task, run_id, call_id)
         if task is None:
             raise tool_task_not_found(run_id, call_id)
-        if task.state is TaskState.INPUT_REQUIRED and self._questions is not None:
-            waiting = await self._questions.open_round(task)
+        if task.state is TaskState.INPUT_REQUIRED and self.questions is not None:
+            waiting = await self.questions.open_round(task)
             if waiting is not None and datetime.now(UTC) < waiting.expire_time:
                 return replace(task, waiting=waiting)
         return task
@@ -242,13 +232,13 @@ class ToolTasks:
         """The task's round, answered (its outcome stored by the caller): the answers go to
         the server and the task runs on, polled soon."""
         task = await self.get(wait.run_id, wait.call_id)
-        if task.state.ended or self._questions is None:
+        if task.state.ended or self.questions is None:
             return task
 
         async def deliver(
             task: ToolTask, asked: InputAsked, answers: Sequence[InputAnswer]
         ) -> None:
-            await self._runner.answer_task(
+            await self.runner.answer_task(
                 task.tenant,
                 task.server,
                 task.task_id,
@@ -257,9 +247,9 @@ class ToolTasks:
                 timeout_seconds=timeout_seconds,
             )
 
-        answered = await self._questions.answer(task, wait, answers, deliver)
-        await self._blocking(
-            self._repository.reschedule, answered, time.time() + self._timings.first_poll
+        answered = await self.questions.answer(task, wait, answers, deliver)
+        await self.blocking(
+            self.repository.reschedule, answered, time.time() + self.timings.first_poll
         )
         self._started.set()
         return answered
@@ -268,19 +258,19 @@ class ToolTasks:
         """Nobody answered the task's round in time: the server is asked to cancel the task,
         and it ends as a tool error saying nobody answered (recorded in the log)."""
         task = await self.get(wait.run_id, wait.call_id)
-        if self._questions is not None and not task.state.ended:
+        if self.questions is not None and not task.state.ended:
             await self._expired(task, wait)
         return await self.get(wait.run_id, wait.call_id)
 
     async def _expired(self, task: ToolTask, wait: InputWait) -> None:
-        assert self._questions is not None
-        if not await self._questions.expire(wait):
+        assert self.questions is not None
+        if not await self.questions.expire(wait):
             return  # answered meanwhile
         with contextlib.suppress(ToolCallFailed):
-            await self._runner.cancel_task(
-                task.tenant, task.server, task.task_id, self._timings.request_timeout
+            await self.runner.cancel_task(
+                task.tenant, task.server, task.task_id, self.timings.request_timeout
             )
-        detail = unanswered_text(wait, self._questions.wait_seconds)
+        detail = unanswered_text(wait, self.questions.wait_seconds)
         log.info("task %s of call %s: %s", task.task_id, task.call_id, detail)
         await self._end(replace(task, state=TaskState.FAILED, waiting=None), None, detail)
 
@@ -291,8 +281,8 @@ class ToolTasks:
         if task.state.ended:
             return task
         try:
-            await self._runner.cancel_task(
-                task.tenant, task.server, task.task_id, self._timings.request_timeout
+            await self.runner.cancel_task(
+                task.tenant, task.server, task.task_id, self.timings.request_timeout
             )
         except ToolCallFailed as error:
             # The Run's task ends anyway; the server forgets it at its TTL.
@@ -307,8 +297,8 @@ class ToolTasks:
         the next one tries again."""
         while True:
             try:
-                due = await self._blocking(
-                    self._repository.claim_due, self._timings.lease, self._timings.batch
+                due = await self.blocking(
+                    self.repository.claim_due, self.timings.lease, self.timings.batch
                 )
                 polled = await asyncio.gather(
                     *(self._poll(task) for task in due), return_exceptions=True
@@ -319,7 +309,7 @@ class ToolTasks:
             except Exception:
                 log.exception("tool tasks: a look at the due tasks failed; retrying")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._started.wait(), self._timings.tick)
+                await asyncio.wait_for(self._started.wait(), self.timings.tick)
             self._started.clear()
 
     async def _poll(self, task: ToolTask) -> None:
@@ -329,8 +319,8 @@ class ToolTasks:
             await self._end(task, None, "")
             return
         try:
-            report = await self._runner.poll_task(
-                task.tenant, task.server, task.tool, task.task_id, self._timings.request_timeout
+            report = await self.runner.poll_task(
+                task.tenant, task.server, task.tool, task.task_id, self.timings.request_timeout
             )
         except ToolCallFailed as error:
             # The server could not be asked (unreachable, a restart): polled again later.
@@ -344,7 +334,7 @@ class ToolTasks:
             polls=task.polls + 1,
             poll_interval_seconds=report.poll_interval_seconds,
         )
-        if self._questions is not None and await self._asks(task, polled, report):
+        if self.questions is not None and await self._asks(task, polled, report):
             return
         if report.state.ended:
             await self._end(polled, report.result, report.detail)
@@ -354,27 +344,27 @@ class ToolTasks:
     async def _asks(self, task: ToolTask, polled: ToolTask, report: TaskReport) -> bool:
         """A poll's questions stored as a round for the host, and an unanswered round that
         ran out ended; True when that ended the task."""
-        assert self._questions is not None
+        assert self.questions is not None
         if report.state is TaskState.INPUT_REQUIRED and report.asked is not None:
-            wait = await self._questions.asked(polled, report.asked)
+            wait = await self.questions.asked(polled, report.asked)
             if wait is not None and datetime.now(UTC) >= wait.expire_time:
                 await self._expired(polled, wait)
                 return True
         elif task.state is TaskState.INPUT_REQUIRED:
             # The server went on (or ended the task) without the answer: the round is over.
-            waiting = await self._questions.open_round(task)
+            waiting = await self.questions.open_round(task)
             if waiting is not None:
-                await self._questions.expire(waiting)
+                await self.questions.expire(waiting)
         return False
 
     async def _reschedule(self, task: ToolTask) -> None:
         next_poll = time.time() + self._next_wait(task)
-        await self._blocking(self._repository.reschedule, task, next_poll)
+        await self.blocking(self.repository.reschedule, task, next_poll)
 
     def _next_wait(self, task: ToolTask) -> float:
         """Backoff from the first poll, doubling per poll up to the longest; never sooner
         than the server asks."""
-        timings = self._timings
+        timings = self.timings
         wait: float = min(timings.first_poll * float(2 ** min(task.polls, 30)), timings.max_poll)
         if task.poll_interval_seconds is not None:
             wait = max(wait, min(task.poll_interval_seconds, timings.max_poll))
@@ -386,7 +376,7 @@ class ToolTasks:
         """Append the task's outcome to the Run's log as a step of its own, then store the
         task ended. A log with a call still waiting for its result (the host is mid-step)
         gets it later: the task is polled again."""
-        appended = await self._blocking(self._append_outcome, task, result, detail)
+        appended = await self.blocking(self._append_outcome, task, result, detail)
         if appended is None:
             # Polled again (a cancelled one is not asked again, see `_poll`).
             await self._reschedule(task)
@@ -398,7 +388,7 @@ class ToolTasks:
             result_sequence=sequence,
             result_handle=handle,
         )
-        return await self._blocking(self._repository.end_task, ended)
+        return await self.blocking(self.repository.end_task, ended)
 
     def _append_outcome(
         self, task: ToolTask, result: McpToolResult | None, detail: str
@@ -406,7 +396,7 @@ class ToolTasks:
         """On a storage thread: the step and its result appended (once, whichever sidecar
         asks: the request id is the call's), or None while a call of the log's last step
         waits for its result."""
-        if _a_call_waits(self._log, task.run_id):
+        if _a_call_waits(self.log_reader, task.run_id):
             return None
         ended_call_id = result_call_id(task.call_id)
         if result is None:
@@ -430,7 +420,7 @@ class ToolTasks:
             ),
         )
         try:
-            appended = self._runs.append(task.run_id, ended_call_id, records)
+            appended = self.runs.append(task.run_id, ended_call_id, records)
         except SidecarError as error:
             if error.reason is Reason.RUN_NOT_FOUND:
                 # The Run was deleted (its task row with it, or about to be).
