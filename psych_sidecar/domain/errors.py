@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, ClassVar, dataclass_transform
@@ -76,8 +77,9 @@ class SidecarError(Exception):
     subclass's dataclass fields, named as docs/errors.md lists them; a test keeps the two
     identical). Raise a subclass; switch on the class or on `reason`.
 
-    Every subclass is made a dataclass of its fields, keyword-only after the message, as it
-    is declared (`__init_subclass__`)."""
+    A subclass that declares fields is made a dataclass of them, keyword-only after the
+    message, as it is declared (`__init_subclass__`); one that only sets `reason` keeps its
+    parent's constructor."""
 
     reason: ClassVar[Reason]
     # Set on errors a caller may retry: how long to wait first (google.rpc.RetryInfo).
@@ -87,7 +89,8 @@ class SidecarError(Exception):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        dataclass(eq=False, kw_only=True)(cls)
+        if inspect.get_annotations(cls):
+            dataclass(eq=False, kw_only=True)(cls)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
