@@ -109,7 +109,7 @@ def compile_element(interpreter: Interpreter, node: Any) -> tuple[Fn, int]:
         operands: list[Any] = []
         _flatten(node, kind, operands)
         parts, steps = _compile_all(interpreter, operands)
-        joined = _first_of_truth(parts, kind == "or_expression")
+        joined = _all_of(parts) if kind == "and_expression" else _any_of(parts)
         return joined, steps + len(operands) - 1
     if kind == "not_expression":
         inner, steps = compile_element(interpreter, children[0])
@@ -205,19 +205,28 @@ def _chain(parts: list[Fn]) -> Fn:
     return chained
 
 
-def _first_of_truth(parts: list[Fn], truth: bool) -> Fn:
-    """`a && b && c` (`truth` False: the first false operand) or `a || b || c` (True: the
-    first true one); the last operand when none is."""
-
-    def first_of_truth(value: Any) -> Any:
+def _all_of(parts: list[Fn]) -> Fn:
+    def all_of(value: Any) -> Any:
         found = None
         for part in parts:
             found = part(value)
-            if (found is True or not is_false(found)) is truth:
+            if found is not True and (found is False or found is None or is_false(found)):
                 return found
         return found
 
-    return first_of_truth
+    return all_of
+
+
+def _any_of(parts: list[Fn]) -> Fn:
+    def any_of(value: Any) -> Any:
+        found = None
+        for part in parts:
+            found = part(value)
+            if found is True or not is_false(found):
+                return found
+        return found
+
+    return any_of
 
 
 def _not(value: Any) -> bool:
