@@ -9,7 +9,7 @@ sealed at rest by storage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
@@ -65,9 +65,17 @@ class OAuthSettings:
     issuer: str = ""
 
     def without_secrets(self) -> OAuthSettings:
-        return replace(
-            self,
+        return OAuthSettings(
+            kind=self.kind,
+            client_kind=self.client_kind,
+            client_name=self.client_name,
+            client_metadata_url=self.client_metadata_url,
+            redirect_uri=self.redirect_uri,
+            client_id=self.client_id,
+            scopes=self.scopes,
             algorithm=self.algorithm if self.private_key_pem else "",
+            resource=self.resource,
+            issuer=self.issuer,
             private_key_pem="",
             client_secret="",
         )
