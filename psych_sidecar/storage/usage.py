@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import IntegrityError
@@ -41,7 +41,7 @@ class SqlUsageStore:
                             run_id=run_id,
                             event_id=event_id,
                             fingerprint=fingerprint,
-                            **asdict(usage),
+                            **tables.same_named(usage, _USAGE_COLUMNS),
                             create_time_us=tables.now_us(),
                         )
                     )
@@ -88,7 +88,7 @@ class SqlUsageStore:
         return [
             UsageEvent(
                 row.event_id,
-                ModelCallUsage(*(getattr(row, name) for name in _USAGE_COLUMNS)),
+                ModelCallUsage(**tables.same_named(row, _USAGE_COLUMNS)),
                 tables.from_us(row.create_time_us),
             )
             for row in newest_of_run(self._engine, tables.usage_events, "event_id", run_id, limit)
