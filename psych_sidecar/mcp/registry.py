@@ -41,7 +41,6 @@ from psych_sidecar.domain.catalog import (
 from psych_sidecar.domain.errors import ConnectionUnreachable
 from psych_sidecar.domain.runlog import OffLoop
 from psych_sidecar.mcp.session_types import CatalogUnavailable, Listing, SessionTimings
-from psych_sidecar.telemetry import metrics
 
 if TYPE_CHECKING:
     import mcp_types
@@ -448,16 +447,15 @@ class SessionPort:
     """A domain port whose requests go to one connection's live session, found in `sessions`
     by (tenant, server). Runs on the server's event loop."""
 
-    # Whether a request naming no such server counts as a refused tool call in the metrics.
-    refusals_are_tool_calls = False
-
     def __init__(self, sessions: SessionRegistry) -> None:
         self._sessions = sessions
 
     async def _session(self, tenant: str, server: str) -> ConnectionSession:
         session = await self._sessions.running_or_stored_session(tenant, server)
         if session is None:
-            if self.refusals_are_tool_calls:
-                metrics.record_tool_call(server, "refused", 0.0)
+            self._no_such_server(server)
             raise ToolCallFailed(f"There is no MCP server named {server!r}.")
         return session
+
+    def _no_such_server(self, server: str) -> None:
+        """Told of a request naming no server this tenant has, before it is refused."""

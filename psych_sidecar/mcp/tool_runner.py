@@ -13,12 +13,15 @@ from psych_sidecar.domain.catalog import (
     McpToolResult,
 )
 from psych_sidecar.mcp.registry import SessionPort
+from psych_sidecar.telemetry import metrics
 
 
 class SessionToolRunner(SessionPort):
     """Implements ToolRunner over `sessions`. Runs on the server's event loop."""
 
-    refusals_are_tool_calls = True
+    def _no_such_server(self, server: str) -> None:
+        # A call to a server that is not there is a refused tool call in the metrics.
+        metrics.record_tool_call(server, "refused", 0.0)
 
     async def call_tool(
         self,
