@@ -2,8 +2,8 @@
 the package exists, its Layers tree lists every subpackage, its migration table gives each
 file's real revision ids and names the head, every domain subpackage has its docstring and
 curated `__all__` that the rest of the package imports through, the top level holds what the
-README's Layout section lists, and no module is over 500 lines or keeps state in a thread-local
-(but those on an allowlist that only shrinks)."""
+README's Layout section lists, no module is over 500 lines or keeps state in a thread-local
+(but those on an allowlist that only shrinks), and no test patches a module constant."""
 
 from __future__ import annotations
 
@@ -231,3 +231,25 @@ def test_constructors_of_more_than_three_parameters_take_them_by_keyword() -> No
                     where = path.relative_to(PACKAGE).as_posix()
                     positional_runs.append(f"{where} {node.name}({', '.join(positional)})")
     assert positional_runs == []
+
+
+def test_no_test_patches_a_module_constant() -> None:
+    """A limit a test needs at another value is a parameter of what it limits: a patched
+    module constant changes it for everything else in the process too, and hides the
+    dependency from the signature."""
+    patching = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "setattr"
+                and node.args
+            ):
+                continue
+            named = node.args[1] if len(node.args) > 1 else node.args[0]
+            if isinstance(named, ast.Constant) and isinstance(named.value, str):
+                name = named.value.rsplit(".", 1)[-1]
+                if name.isupper():
+                    patching.append(f"{path.relative_to(ROOT)}:{node.lineno} {named.value}")
+    assert patching == []

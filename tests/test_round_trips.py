@@ -11,8 +11,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from psych_sidecar.domain.errors import StorageUnavailable
-from psych_sidecar.storage import engines
-from psych_sidecar.storage.engines import create_database_engine
+from psych_sidecar.storage.engines import PING_AFTER_IDLE_SECONDS, create_database_engine
 from psych_sidecar.storage.transactions import plain_select, write_transaction
 from tests.support.databases import (
     database_of_kind,
@@ -43,8 +42,15 @@ def direct_url() -> Iterator[str]:
         yield url
 
 
-def _engine(database_url: str) -> Engine:
-    return create_database_engine(database_url, pool_size=1, pooling=pooling_of(database_url))
+def _engine(
+    database_url: str, *, ping_after_idle_seconds: float = PING_AFTER_IDLE_SECONDS
+) -> Engine:
+    return create_database_engine(
+        database_url,
+        pool_size=1,
+        pooling=pooling_of(database_url),
+        ping_after_idle_seconds=ping_after_idle_seconds,
+    )
 
 
 def _terminate(pid: int) -> None:
@@ -69,11 +75,9 @@ def test_a_plain_select_is_its_own_transaction_and_leaves_the_connection_transac
 
 
 def test_a_connection_that_died_idle_in_the_pool_is_replaced_before_use(
-    direct_url: str, monkeypatch: pytest.MonkeyPatch
+    direct_url: str,
 ) -> None:
-    database_url = direct_url
-    monkeypatch.setattr(engines, "PING_AFTER_IDLE_SECONDS", 0.0)
-    engine = _engine(database_url)
+    engine = _engine(direct_url, ping_after_idle_seconds=0.0)
     try:
         ((first,),) = plain_select(engine, BACKEND, ())
         _terminate(first)
@@ -84,11 +88,9 @@ def test_a_connection_that_died_idle_in_the_pool_is_replaced_before_use(
 
 
 def test_a_connection_just_used_is_not_pinged_and_fails_one_call_when_dead(
-    direct_url: str, monkeypatch: pytest.MonkeyPatch
+    direct_url: str,
 ) -> None:
-    database_url = direct_url
-    monkeypatch.setattr(engines, "PING_AFTER_IDLE_SECONDS", 3600.0)
-    engine = _engine(database_url)
+    engine = _engine(direct_url, ping_after_idle_seconds=3600.0)
     try:
         ((first,),) = plain_select(engine, BACKEND, ())
         _terminate(first)

@@ -53,6 +53,7 @@ def create_database_engine(
     pool_size: int,
     busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
     pooling: Pooling = "session",
+    ping_after_idle_seconds: float = PING_AFTER_IDLE_SECONDS,
 ) -> Engine:
     """An engine whose waits are bounded by `busy_timeout_seconds`: a SQLite writer waiting
     for the lock, a PostgreSQL statement waiting for a row lock, a connection attempt and a
@@ -63,7 +64,10 @@ def create_database_engine(
     runs of one query, and the next transaction may land on a server connection that lacks it
     or already has it), and the lock timeout, which PgBouncer would refuse as a startup
     parameter, is set inside each transaction (SET LOCAL: one more round trip per
-    transaction)."""
+    transaction).
+
+    A pooled PostgreSQL connection idle for longer than `ping_after_idle_seconds` is pinged
+    before use (`ping_connections_idle_for`)."""
     url = normalize_url(database_url)
     if url.get_backend_name() == "sqlite":
         assert url.database is not None
@@ -92,7 +96,7 @@ def create_database_engine(
         connect_args=connect_args,
     )
     configure_postgresql(engine)
-    ping_connections_idle_for(engine, PING_AFTER_IDLE_SECONDS)
+    ping_connections_idle_for(engine, ping_after_idle_seconds)
     if pooling == "transaction":
         time_out_locks_per_transaction(engine, lock_ms)
     refuse_the_event_loop(engine)
