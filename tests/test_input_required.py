@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,7 +34,7 @@ from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 ASKING_SERVER = Path(__file__).parent / "mcp_servers" / "asking_server.py"
 # How long a question waits for its answer here: long enough for a test that answers at
-# once, short enough for the one that never answers.
+# once (the one that never answers moves the stored deadline instead of waiting it out).
 WAIT_SECONDS = 6
 
 SIDECAR_OVERRIDES: dict[str, Any] = {
@@ -249,10 +248,32 @@ def test_an_attempt_no_call_waits_on_is_a_typed_error(stubs: Stubs, run_id: str)
     assert failure.info.reason == "INPUT_NOT_AWAITED"
 
 
-def test_a_host_that_never_answers_gets_a_recorded_tool_error(stubs: Stubs, run_id: str) -> None:
+def test_a_host_that_never_answers_gets_a_recorded_tool_error(
+    stubs: Stubs, run_id: str, grpc_server: RunningSidecar
+) -> None:
     waiting = call(stubs, run_id, "ask_name").input_required
-    # Past the wait (the call asserts nothing about time, it only outlasts it).
-    time.sleep(WAIT_SECONDS + 1)
+    # The round waits mcp_input_wait_seconds from when it was asked; its stored deadline, not
+    # any timer, decides whether an answer is late. Moved into the past, it has passed.
+    engine = sa.create_engine(grpc_server.settings.resolved_database_url())
+    rounds = sa.table(
+        "tool_input_rounds",
+        sa.column("run_id"),
+        sa.column("create_time_us"),
+        sa.column("expire_time_us"),
+    )
+    try:
+        with engine.begin() as connection:
+            ((asked, deadline),) = connection.execute(
+                sa.select(rounds.c.create_time_us, rounds.c.expire_time_us).where(
+                    rounds.c.run_id == run_id
+                )
+            ).all()
+            assert deadline - asked == WAIT_SECONDS * 1_000_000
+            connection.execute(
+                sa.update(rounds).where(rounds.c.run_id == run_id).values(expire_time_us=asked - 1)
+            )
+    finally:
+        engine.dispose()
     done = answer(stubs, run_id, waiting, accept(waiting.requests[0].key, name="late"))
     assert done.outcome.is_error
     assert "nobody answered within" in text(done.outcome)
