@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from psych.sidecar.v1 import run_service_pb2, spec_pb2, spec_service_pb2
+from psych_sidecar.domain.catalog import McpToolRequest
 from psych_sidecar.mcp.catalog_view import SessionCatalogView
 from tests.support.connections import fixture_commands, put_stdio
 from tests.support.polling import wait_for
@@ -73,7 +74,10 @@ def test_a_late_stale_read_does_not_serve_an_older_catalogue(
 
     # The catalogue moves on: a tool added at runtime, announced, re-listed as version 2.
     runner = grpc_server.sidecar.tool_runner
-    on_loop(grpc_server, runner.call_tool(tenant, "fx", "add_tool", {"name": "late_tool"}, 10))
+    add = McpToolRequest(
+        tenant=tenant, server="fx", tool="add_tool", arguments={"name": "late_tool"}
+    )
+    on_loop(grpc_server, runner.call_tool(add, 10))
     wait_for(lambda: stored_version() == 2, "catalogue version 2")
 
     # Thread A (this one) reads version 2; then B's stale read of version 1 completes.

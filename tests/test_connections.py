@@ -15,7 +15,12 @@ import pytest
 
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
 from psych_sidecar.config import Settings
-from psych_sidecar.domain.catalog import ConnectionState, McpToolResult, ToolCallFailed
+from psych_sidecar.domain.catalog import (
+    ConnectionState,
+    McpToolRequest,
+    McpToolResult,
+    ToolCallFailed,
+)
 from psych_sidecar.domain.runlog import PartKind
 from tests.mcp_servers.fixture_server import BLOB_BYTES, FIXED_TOOLS, PNG_BYTES, WAV_BYTES
 from tests.support.connections import (
@@ -60,7 +65,8 @@ def call(
     timeout: float = 20,
 ) -> McpToolResult:
     runner = server.sidecar.tool_runner
-    return on_loop(server, runner.call_tool(tenant, connection, tool, arguments or {}, timeout))
+    request = McpToolRequest(tenant=tenant, server=connection, tool=tool, arguments=arguments or {})
+    return on_loop(server, runner.call_tool(request, timeout))
 
 
 def text_of(result: McpToolResult) -> str:

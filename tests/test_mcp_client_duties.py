@@ -18,6 +18,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from psych.sidecar.v1 import run_service_pb2, spec_pb2, tool_service_pb2
+from psych_sidecar.domain.catalog import McpToolRequest
 from psych_sidecar.mcp.catalog_refresh import stale_after
 from psych_sidecar.mcp.session_types import SessionTimings
 from tests.mcp_servers.fixture_server import ODD_NAME_TOOL
@@ -83,10 +84,13 @@ def test_a_short_ttl_ms_re_lists_a_change_nobody_announced(
 ) -> None:
     put_stdio(stubs, tenant, "short", args=[*SMALL, "--list-ttl-ms", "300"])
     runner = grpc_server.sidecar.tool_runner
-    on_loop(
-        grpc_server,
-        runner.call_tool(tenant, "short", "add_tool", {"name": "unannounced", "notify": False}, 20),
+    add = McpToolRequest(
+        tenant=tenant,
+        server="short",
+        tool="add_tool",
+        arguments={"name": "unannounced", "notify": False},
     )
+    on_loop(grpc_server, runner.call_tool(add, 20))
     # Neither list_changed nor the sweep (an hour away): the listing's ttlMs.
     wait_for(lambda: "unannounced" in catalog_names(stubs, tenant, "short"), "the ttlMs re-listing")
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
-from psych_sidecar.domain.catalog import McpToolResult
+from psych_sidecar.domain.catalog import McpToolRequest, McpToolResult
 from psych_sidecar.domain.runlog import PartKind
 from tests.support.connections import PEERS_DIR, catalog_names, put_http, put_stdio
 from tests.support.processes import HttpServer, free_port, running
@@ -100,7 +100,8 @@ def call(
     server: RunningSidecar, tenant: str, name: str, tool: str, arguments: dict[str, Any]
 ) -> McpToolResult:
     runner = server.sidecar.tool_runner
-    return on_loop(server, runner.call_tool(tenant, name, tool, arguments, 30))
+    request = McpToolRequest(tenant=tenant, server=name, tool=tool, arguments=arguments)
+    return on_loop(server, runner.call_tool(request, 30))
 
 
 def text(result: McpToolResult) -> str:

@@ -3,7 +3,7 @@ session (`task_calls.py` speaks the extension)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -12,6 +12,7 @@ from psych_sidecar.domain.catalog import (
     ConnectionState,
     InputAnswer,
     InputAsked,
+    McpToolRequest,
     McpToolResult,
     ToolCallFailed,
 )
@@ -30,15 +31,10 @@ class SessionTaskRunner(SessionPort):
     """Implements TaskRunner over `sessions`. Runs on the server's event loop."""
 
     async def start_tool(
-        self,
-        tenant: str,
-        server: str,
-        tool: str,
-        arguments: Mapping[str, object],
-        timeout_seconds: float,
-        execution: CallExecution,
+        self, request: McpToolRequest, timeout_seconds: float, execution: CallExecution
     ) -> McpToolResult | StartedTask | InputAsked:
-        session = await self._session(tenant, server)
+        session = await self._session(request.tenant, request.server)
+        tool, arguments = request.tool, request.arguments
         wanted = execution is CallExecution.LONG_RUNNING or session.catalog.long_running(tool)
         if wanted and session.state.status.state is ConnectionState.CONNECTING:
             # Whether the server supports tasks is known once it is connected.

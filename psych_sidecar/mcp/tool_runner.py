@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import anyio
 
@@ -10,6 +10,7 @@ from psych_sidecar.domain.catalog import (
     ConnectionState,
     InputAnswer,
     InputAsked,
+    McpToolRequest,
     McpToolResult,
 )
 from psych_sidecar.mcp.registry import SessionPort
@@ -24,30 +25,22 @@ class SessionToolRunner(SessionPort):
         metrics.record_tool_call(server, "refused", 0.0)
 
     async def call_tool(
-        self,
-        tenant: str,
-        server: str,
-        tool: str,
-        arguments: Mapping[str, object],
-        timeout_seconds: float,
+        self, request: McpToolRequest, timeout_seconds: float
     ) -> McpToolResult | InputAsked:
-        session = await self._session(tenant, server)
-        return await session.calls.call_tool(tool, arguments, timeout_seconds)
+        session = await self._session(request.tenant, request.server)
+        return await session.calls.call_tool(request.tool, request.arguments, timeout_seconds)
 
     async def continue_tool(
         self,
-        tenant: str,
-        server: str,
+        request: McpToolRequest,
         *,
-        tool: str,
-        arguments: Mapping[str, object],
         asked: InputAsked,
         answers: Sequence[InputAnswer],
         timeout_seconds: float,
     ) -> McpToolResult | InputAsked:
-        session = await self._session(tenant, server)
+        session = await self._session(request.tenant, request.server)
         return await session.calls.call_tool(
-            tool, arguments, timeout_seconds, asked=asked, answers=answers
+            request.tool, request.arguments, timeout_seconds, asked=asked, answers=answers
         )
 
     async def unreachable(self, tenant: str, server: str, timeout_seconds: float) -> str | None:

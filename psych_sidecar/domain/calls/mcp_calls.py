@@ -23,6 +23,7 @@ from psych_sidecar.domain.catalog import (
     InputAnswer,
     InputAsked,
     InputWait,
+    McpToolRequest,
     McpToolResult,
     ToolCallFailed,
     ToolRunner,
@@ -33,14 +34,10 @@ from psych_sidecar.domain.surface import ExposedTool, ResolvedTurn, naming
 # How many schema violations a validation error lists.
 MAX_VALIDATION_ERRORS = 5
 
-TaskStart = Callable[
-    [str, str, str, Mapping[str, Any], float],
-    Awaitable["McpToolResult | ToolResult | InputAsked"],
-]
+TaskStart = Callable[[McpToolRequest, float], Awaitable["McpToolResult | ToolResult | InputAsked"]]
 """Starts a call that may run as a task (`tasks.ToolTasks.start`, bound to the call): given the
-tenant, server, tool, arguments and timeout, the server's result when it answered at once (or
-its questions, when it asked for input first), or the recorded-to-be result saying the task
-started."""
+call and its timeout, the server's result when it answered at once (or its questions, when it
+asked for input first), or the recorded-to-be result saying the task started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,20 +109,23 @@ class McpCalls:
                 + f". Read its input schema with {naming.DESCRIBE_TOOL}."
             )
             return ToolResult.error(message, server, tool)
-        tenant = resolved.snapshot.servers[server].connection.tenant
+        request = McpToolRequest(
+            tenant=resolved.snapshot.servers[server].connection.tenant,
+            server=server,
+            tool=tool,
+            arguments=arguments,
+        )
         try:
             if start is None:
-                result = await self._runner.call_tool(
-                    tenant, server, tool, arguments, timeout_seconds
-                )
+                result = await self._runner.call_tool(request, timeout_seconds)
             else:
-                answer = await start(tenant, server, tool, arguments, timeout_seconds)
+                answer = await start(request, timeout_seconds)
                 if isinstance(answer, ToolResult):
                     return answer  # started as a task
                 result = answer
         except ToolCallFailed as failure:
             return _not_answered(failure, server, tool)
-        return _answered(result, server, tool, arguments)
+        return _answered(result, request)
 
     async def continue_call(
         self,
@@ -142,20 +142,19 @@ class McpCalls:
             return unknown_server(resolved, server)
         if tool not in tools:
             return not_found(resolved, server, tool)
-        arguments = json.loads(wait.arguments_json)
+        request = McpToolRequest(
+            tenant=resolved.snapshot.servers[server].connection.tenant,
+            server=server,
+            tool=tool,
+            arguments=json.loads(wait.arguments_json),
+        )
         try:
             result = await self._runner.continue_tool(
-                resolved.snapshot.servers[server].connection.tenant,
-                server,
-                tool=tool,
-                arguments=arguments,
-                asked=wait.asked,
-                answers=answers,
-                timeout_seconds=timeout_seconds,
+                request, asked=wait.asked, answers=answers, timeout_seconds=timeout_seconds
             )
         except ToolCallFailed as failure:
             return _not_answered(failure, server, tool)
-        return _answered(result, server, tool, arguments)
+        return _answered(result, request)
 
     async def unreachable(
         self, resolved: ResolvedTurn, wait: InputWait, timeout_seconds: float
@@ -239,10 +238,10 @@ def _not_answered(failure: ToolCallFailed, server: str, tool: str) -> ToolResult
     )
 
 
-def _answered(
-    result: McpToolResult | InputAsked, server: str, tool: str, arguments: Mapping[str, Any]
-) -> CallResult:
+def _answered(result: McpToolResult | InputAsked, request: McpToolRequest) -> CallResult:
     """The server's answer: its result, or the questions it asks before it can give one."""
     if isinstance(result, InputAsked):
-        return Asking(result, server, tool, arguments)
-    return ToolResult(result.is_error, result.result_json, result.content, server, tool)
+        return Asking(result, request.server, request.tool, request.arguments)
+    return ToolResult(
+        result.is_error, result.result_json, result.content, request.server, request.tool
+    )

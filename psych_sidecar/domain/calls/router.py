@@ -37,7 +37,7 @@ from psych_sidecar.domain.calls.references import (
 from psych_sidecar.domain.calls.task_types import CallExecution, ToolTask
 from psych_sidecar.domain.calls.tasks import ToolTasks
 from psych_sidecar.domain.calls.tool_output import ToolOutputReader
-from psych_sidecar.domain.catalog import InputAnswer, InputWaits, ToolRunner
+from psych_sidecar.domain.catalog import InputAnswer, InputWaits, McpToolRequest, ToolRunner
 from psych_sidecar.domain.errors import field_invalid, field_required
 from psych_sidecar.domain.runlog import (
     MAX_IDENTIFIER_LENGTH,
@@ -211,20 +211,11 @@ class ToolRouter:
         if tasks is None:
             return None
 
-        async def start(
-            tenant: str,
-            server: str,
-            tool: str,
-            arguments: Mapping[str, Any],
-            timeout_seconds: float,
-        ) -> Any:
+        async def start(request: McpToolRequest, timeout_seconds: float) -> Any:
             return await tasks.start(
                 run_id=run_id,
                 call_id=call_id,
-                tenant=tenant,
-                server=server,
-                tool=tool,
-                arguments=arguments,
+                request=request,
                 timeout_seconds=timeout_seconds,
                 execution=execution,
             )

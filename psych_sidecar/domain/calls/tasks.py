@@ -21,7 +21,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
@@ -40,6 +40,7 @@ from psych_sidecar.domain.catalog import (
     InputAnswer,
     InputAsked,
     InputWait,
+    McpToolRequest,
     McpToolResult,
     ToolCallFailed,
 )
@@ -66,13 +67,7 @@ class TaskRunner(Protocol):
     asked (unreachable, timed out)."""
 
     async def start_tool(
-        self,
-        tenant: str,
-        server: str,
-        tool: str,
-        arguments: Mapping[str, object],
-        timeout_seconds: float,
-        execution: CallExecution,
+        self, request: McpToolRequest, timeout_seconds: float, execution: CallExecution
     ) -> McpToolResult | StartedTask | InputAsked:
         """The call, offered as a task when `execution` or the tool asks and the server
         supports tasks; its result when the server answered at once, or its questions when
@@ -178,26 +173,22 @@ class ToolTasks:
         *,
         run_id: str,
         call_id: str,
-        tenant: str,
-        server: str,
-        tool: str,
-        arguments: Mapping[str, object],
+        request: McpToolRequest,
         timeout_seconds: float,
         execution: CallExecution,
     ) -> McpToolResult | ToolResult | InputAsked:
         """The call: the server's result when it answered at once (or its questions, when it
         asked for input first), else the started result (the task stored first, so a task
         whose start is recorded is never lost)."""
-        answer = await self.runner.start_tool(
-            tenant, server, tool, arguments, timeout_seconds, execution
-        )
+        answer = await self.runner.start_tool(request, timeout_seconds, execution)
         if not isinstance(answer, StartedTask):
             return answer
+        server, tool = request.server, request.tool
         now = time.time()
         task = ToolTask(
             run_id=run_id,
             call_id=call_id,
-            tenant=tenant,
+            tenant=request.tenant,
             server=server,
             tool=tool,
             task_id=answer.task_id,

@@ -115,6 +115,17 @@ class CatalogTool:
     removed_in_version: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class McpToolRequest:
+    """One call of an MCP tool: which tool of which of the tenant's connections, with which
+    arguments (sent as given)."""
+
+    tenant: str
+    server: str
+    tool: str
+    arguments: Mapping[str, object]
+
+
 @dataclass(frozen=True, slots=True)
 class McpToolResult:
     """A tools/call result: `result_json` is the MCP CallToolResult as JSON, and `content`

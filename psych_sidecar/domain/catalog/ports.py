@@ -5,7 +5,7 @@ layer implements :class:`ConnectionSupervisor`, :class:`CatalogView` and :class:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -14,6 +14,7 @@ from psych_sidecar.domain.catalog.connections import (
     CatalogTool,
     Connection,
     ConnectionStatus,
+    McpToolRequest,
     McpToolResult,
     Rejections,
 )
@@ -48,12 +49,7 @@ class ToolRunner(Protocol):
     """Executes one tool on a live session. Asynchronous: runs on the server's event loop."""
 
     async def call_tool(
-        self,
-        tenant: str,
-        server: str,
-        tool: str,
-        arguments: Mapping[str, object],
-        timeout_seconds: float,
+        self, request: McpToolRequest, timeout_seconds: float
     ) -> McpToolResult | InputAsked:
         """The result, or the server's questions when it asked before answering (see
         `continue_tool`). Raises ToolCallFailed when no result came back (unreachable,
@@ -62,11 +58,8 @@ class ToolRunner(Protocol):
 
     async def continue_tool(
         self,
-        tenant: str,
-        server: str,
+        request: McpToolRequest,
         *,
-        tool: str,
-        arguments: Mapping[str, object],
         asked: InputAsked,
         answers: Sequence[InputAnswer],
         timeout_seconds: float,
