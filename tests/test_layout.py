@@ -2,9 +2,10 @@
 the package exists, its Layers tree lists every subpackage and names every module in its
 package's entry, its migration table gives each file's real revision ids and names the head,
 every domain subpackage has its docstring and curated `__all__` that the rest of the package
-imports through, the top level holds what the README's Layout section lists, no module is over
-500 lines or keeps state in a thread-local (but those on an allowlist that only shrinks), and no
-test patches a module constant."""
+imports through, the top level holds what the README's Layout section lists and its
+Documentation section every page of docs/, no module is over 500 lines or keeps state in a
+thread-local (but those on an allowlist that only shrinks), and no test patches a module
+constant."""
 
 from __future__ import annotations
 
@@ -212,6 +213,15 @@ def test_top_level_is_what_the_readme_lists() -> None:
     assert tracked - listed == set()
     for gone in ("src", "protos-baseline", "third_party", "tools"):
         assert not (ROOT / gone).exists()
+
+
+def test_the_readme_s_documentation_section_lists_every_page_of_docs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Documentation", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"\]\(docs/([a-z0-9-]+\.md)\)", section))
+    pages = {page.name for page in (ROOT / "docs").glob("*.md")}
+    assert sorted(pages - listed) == []
+    assert sorted(listed - pages) == []
 
 
 def test_every_runtime_dependency_has_a_row_in_design_md_and_every_row_is_one() -> None:
