@@ -1,8 +1,8 @@
-"""The layout the docs promise is the layout on disk: every path docs/design.md names under
-the package exists, its Layers tree lists every subpackage and names every module in its
-package's entry, its migration table gives each file's real revision ids and names the head,
-every domain subpackage has its docstring and curated `__all__` that the rest of the package
-imports through, the top level holds what the README's Layout section lists and its
+"""The layout the docs promise is the layout on disk: every path the README and docs/ name
+under the package exists, design.md's Layers tree lists every subpackage and names every module
+in its package's entry, its migration table gives each file's real revision ids and names the
+head, every domain subpackage has its docstring and curated `__all__` that the rest of the
+package imports through, the top level holds what the README's Layout section lists and its
 Documentation section every page of docs/, no module is over 500 lines or keeps state in a
 thread-local (but those on an allowlist that only shrinks), and no test patches a module
 constant."""
@@ -20,7 +20,8 @@ PACKAGE = ROOT / "psych_sidecar"
 
 
 DESIGN = (ROOT / "docs" / "design.md").read_text()
-# A backticked path in design.md that starts with one of the package's own folders or modules
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# A backticked path in the docs that starts with one of the package's own folders or modules
 # (`domain/calls/router.py`, `app/`, `listeners.py`), with or without `psych_sidecar/` before
 # it, names a place under psych_sidecar/.
 PACKAGE_PARTS = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
@@ -37,10 +38,14 @@ def _package_paths(text: str) -> set[str]:
     return named
 
 
-def test_every_path_design_md_names_under_the_package_exists() -> None:
-    named = _package_paths(DESIGN)
-    assert len(named) > 40
-    missing = sorted(path for path in named if not (PACKAGE / path).exists())
+def test_every_path_the_docs_name_under_the_package_exists() -> None:
+    assert len(_package_paths(DESIGN)) > 40
+    missing = sorted(
+        f"{doc.relative_to(ROOT)}: {path}"
+        for doc in DOCS
+        for path in _package_paths(doc.read_text())
+        if not (PACKAGE / path).exists()
+    )
     assert missing == []
 
 
