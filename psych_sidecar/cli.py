@@ -1,6 +1,7 @@
-"""psych-sidecar serve | migrate | rekey | health | inspect | version.
+"""psych-sidecar serve | migrate | rekey | health | prune | delete-tenant | inspect | version.
 
-Every setting of `Settings` is a flag of serve, migrate and health (`--data-dir` for `data_dir`),
+Every setting of `Settings` is a flag of each command that reads the settings (all but inspect
+and version; `--data-dir` for `data_dir`),
 generated from the model under its flat key (`SETTING_KEYS`), so a setting reads the same from a
 flag, the environment (PSYCH_SIDECAR_DATA_DIR) and the TOML file (`data_dir = …`).
 """
@@ -89,8 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="psych-sidecar",
         description="Tool disclosure and prompt-budget sidecar for LLM agent hosts.",
-        epilog="Every setting is a flag of serve, migrate and health, an environment variable "
-        f"({ENV_PREFIX}<NAME>) and a key of the TOML file; see docs/operations.md.",
+        epilog="Every setting is a flag of each command but inspect and version, an environment "
+        f"variable ({ENV_PREFIX}<NAME>) and a key of the TOML file; see docs/operations.md.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     settings = argparse.ArgumentParser(add_help=False)

@@ -1,8 +1,9 @@
 """ToolService: MCP tool calls, discovery and search (CallDeferredTool, ListServerTools,
 DescribeTool, SearchTools), reads of stored results (ReadToolOutput), and DispatchToolCall,
-which routes a model's call to the sidecar's own tools (read_tool_output, load_skill), then to
-the Run's MCP surface, and otherwise answers DISPATCH_DISPOSITION_HOST_TOOL. A call whose
-server asks for input first answers InputRequired; ContinueToolCall continues it.
+which routes a model's call to the sidecar's own tools (read_tool_output, load_skill,
+read_history), then to the Run's MCP surface, and otherwise answers
+DISPATCH_DISPOSITION_HOST_TOOL. A call whose server asks for input first answers InputRequired;
+ContinueToolCall continues it.
 """
 
 from __future__ import annotations

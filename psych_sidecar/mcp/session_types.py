@@ -1,5 +1,5 @@
-"""What the manager and the sessions share, apart from the sessions themselves: importing the
-MCP SDK they run on is a fifth of a start's imports, so the manager imports
+"""What the session registry and the sessions share, apart from the sessions themselves:
+importing the MCP SDK they run on is a fifth of a start's imports, so the registry imports
 :mod:`psych_sidecar.mcp.session` only when a first connection runs (a sidecar with no MCP
 connection never imports the SDK)."""
 

@@ -38,7 +38,7 @@ class StateSource(Protocol):
         ...
 
     def warmup_backlog(self) -> int:
-        """Listings waiting to be encoded for search."""
+        """Tool texts queued for the search warm-up, not yet encoded or read."""
         ...
 
 

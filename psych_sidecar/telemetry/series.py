@@ -135,7 +135,7 @@ class _StateCollector(Collector):
         )
         backlog = GaugeMetricFamily(
             f"{PREFIX}_search_warmup_backlog",
-            "Catalogue listings waiting to be encoded for semantic search.",
+            "Tool texts queued for the semantic-search warm-up, not yet encoded or read.",
         )
         counts: dict[str, dict[str, int]] = {}
         tools: dict[str, int] = {}
@@ -186,7 +186,8 @@ class Series:
             "MCP tool calls, by connection name and outcome: ok, tool_error (the server "
             "answered with an error), server_error (its answer was not an MCP result, or "
             "broke its tool's output schema), timeout, refused (the server was not connected "
-            "or the connection closed).",
+            "or the connection closed), input_required (the server asked the user for input "
+            "first; the leg that continues it is counted again).",
             ["connection", "outcome"],
             registry=registry,
         )

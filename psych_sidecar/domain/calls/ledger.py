@@ -5,7 +5,7 @@ answer, and the tool does not run again.
 
 A call whose server asks for input first is not recorded yet: its round of questions is stored
 (`InputWaits`) and the host gets a `WaitingCall`; a retry of the call gets the same while the
-round waits. The call ends when it is continued with the answers (`input_rounds.py`) or when
+round waits. The call ends when it is continued with the answers (`continuation.py`) or when
 the round expires (a tool error saying nobody answered, recorded like any result)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Owns per-turn resolution (:class:`TurnResolver`), disclosure tiers by catalogue size (direct,
 facade, search pair), deferral behind the meta tools with one line per deferred server,
 provider-legal exposed names, and the definitions of the sidecar's own tools
-(``read_tool_output``, ``load_skill``).
+(``read_tool_output``, ``load_skill``, ``read_history``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ _ILLEGAL = re.compile(r"[^a-zA-Z0-9_-]")
 _HASH_CHARS = 8
 
 # Sidecar tools with fixed names, including those of the log and skills (read_tool_output,
-# load_skill), so no MCP-derived name can take them.
+# load_skill, read_history), so no MCP-derived name can take them.
 LIST_TOOLS = "mcp_list_tools"
 DESCRIBE_TOOL = "mcp_describe_tool"
 CALL_TOOL = "mcp_call_tool"
