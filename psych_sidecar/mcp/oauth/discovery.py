@@ -158,7 +158,7 @@ async def discover(guard: OutboundGuard, connection: Connection) -> Discovery:
     for endpoint in (server_metadata.token_endpoint, server_metadata.registration_endpoint):
         if endpoint is not None:
             await guard.check(name, str(endpoint))
-    await guard.check(name, str(server_metadata.authorization_endpoint), browser=True)
+    guard.check_browser_url(name, str(server_metadata.authorization_endpoint))
     scope = extract_scope_from_www_auth(challenge) if challenge else None
     return Discovery(resource_metadata, server_metadata, scope, issuer)
 

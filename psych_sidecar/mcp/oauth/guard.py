@@ -112,9 +112,28 @@ class OutboundGuard:
         if problem:
             raise self._refused(connection, url, f"not a valid http(s) URL: {problem}")
 
-    async def check(self, connection: str, url: str, *, browser: bool = False) -> None:
-        """Refuse a URL the sidecar must not request (`browser`: one the user's browser will
-        open, whose scheme alone is checked: the sidecar never requests it)."""
+    async def check(self, connection: str, url: str) -> None:
+        """Refuse a URL the sidecar must not request: its scheme, then every address its
+        host resolves to."""
+        host, port = self._checked_scheme(connection, url)
+        try:
+            infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as error:
+            raise self.failed(connection, url, f"cannot resolve the host: {error}") from None
+        for info in infos:
+            address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+            why = self._allowed_address(address)
+            if why:
+                raise self._refused(connection, url, f"{host} is {why} ({address})")
+
+    def check_browser_url(self, connection: str, url: str) -> None:
+        """Refuse a URL the user's browser will open: its scheme alone is checked, since the
+        sidecar never requests it."""
+        self._checked_scheme(connection, url)
+
+    def _checked_scheme(self, connection: str, url: str) -> tuple[str, int]:
+        """Refuse a URL that is not https (nor plain http to loopback, when allowed); its
+        host and port."""
         self.parse(connection, url)
         parts = urllib.parse.urlsplit(url)
         host = parts.hostname or ""
@@ -130,17 +149,7 @@ class OutboundGuard:
             raise self._refused(
                 connection, url, "not https (plain http only to loopback, when allowed)"
             )
-        if browser:
-            return
-        try:
-            infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as error:
-            raise self.failed(connection, url, f"cannot resolve the host: {error}") from None
-        for info in infos:
-            address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-            why = self._allowed_address(address)
-            if why:
-                raise self._refused(connection, url, f"{host} is {why} ({address})")
+        return host, port
 
     def _redirect_target(self, connection: str, request: httpx2.Request, location: str) -> str:
         """Where a redirect's `Location` points, parsed here before anything else reads it."""
