@@ -133,7 +133,7 @@ class TokenKeeper:
                 except _NoGrantYet:
                     grant = await self._first_client_credentials()
             if self._expiring(grant):
-                grant = await self._renew(grant.tokens_json)
+                grant = await self._renew_expiring()
             return OAuthToken.model_validate_json(grant.tokens_json).access_token
 
     async def after_rejection(self, rejected: str) -> str:
@@ -145,7 +145,7 @@ class TokenKeeper:
                 raise AuthorizationNeeded(self.required or AuthorizationReason.NEVER_SIGNED_IN)
             if OAuthToken.model_validate_json(grant.tokens_json).access_token != rejected:
                 return OAuthToken.model_validate_json(grant.tokens_json).access_token
-            grant = await self._renew(grant.tokens_json, force=True)
+            grant = await self._renew_refused(grant.tokens_json)
             return OAuthToken.model_validate_json(grant.tokens_json).access_token
 
     async def mark_required(
@@ -179,28 +179,40 @@ class TokenKeeper:
         )
         return self._take(grant)
 
-    async def _renew(self, known_tokens: str, force: bool = False) -> OAuthGrant:
-        """Renew the grant, one refresh of it at a time across sidecars, with no lock or
-        transaction held over the token request: the refresh is claimed in one short
-        transaction, the token endpoint asked, and the result stored in another only while
-        the claim is still this call's. Another's live claim is waited out, then its result
-        read; a claim left by a sidecar that stopped mid-refresh is taken over once it expires.
-        (Calls of this session reach here one at a time: the keeper's lock.)"""
+    async def _renew_expiring(self) -> OAuthGrant:
+        """Renew the grant about to expire, unless another call or sidecar renewed it
+        meanwhile."""
+
+        def needs_refresh(current: OAuthGrant) -> bool:
+            return current.authorization_reason is None and self._expiring(current)
+
+        return await self._renew(needs_refresh)
+
+    async def _renew_refused(self, refused_tokens: str) -> OAuthGrant:
+        """Renew the grant whose tokens (`refused_tokens`) the server just refused, unless
+        another call or sidecar renewed it meanwhile and the new tokens are not about to
+        expire."""
+
+        def needs_refresh(current: OAuthGrant) -> bool:
+            if current.authorization_reason is not None:
+                return False
+            return self._expiring(current) or current.tokens_json == refused_tokens
+
+        return await self._renew(needs_refresh)
+
+    async def _renew(self, needs_refresh: Callable[[OAuthGrant], bool]) -> OAuthGrant:
+        """Renew the grant when `needs_refresh` of it as stored now, one refresh of it at a
+        time across sidecars, with no lock or transaction held over the token request: the
+        refresh is claimed in one short transaction, the token endpoint asked, and the result
+        stored in another only while the claim is still this call's. Another's live claim is
+        waited out, then its result read; a claim left by a sidecar that stopped mid-refresh
+        is taken over once it expires. (Calls of this session reach here one at a time: the
+        keeper's lock.)"""
         connection = self._stored.connection
         key = (connection.tenant, connection.name)
         # A refresh is one guarded token request (at most request_timeout_seconds); its claim
         # lasts three times that, so it outlives the request with room to store the result.
         claim_seconds = self._flows.settings.request_timeout_seconds * 3
-
-        def needs_refresh(current: OAuthGrant) -> bool:
-            if current.authorization_reason is not None:
-                return False
-            if self._expiring(current):
-                return True
-            # Fresh: renewed meanwhile by another call or sidecar, unless these are the very
-            # tokens the server just refused.
-            return force and current.tokens_json == known_tokens
-
         claimant = secrets.token_hex(16)
         pause = _FIRST_CLAIM_POLL_SECONDS
         give_up = time.monotonic() + 2 * claim_seconds
