@@ -227,8 +227,8 @@ async def _challenge(guard: OutboundGuard, connection: Connection) -> httpx2.Res
     try:
         async with httpx2.AsyncClient(trust_env=False) as client:
             with anyio.fail_after(guard.settings.request_timeout_seconds):
-                for probes, modern in ((_modern_probes(), True), (_legacy_probes(), False)):
-                    challenge = await _probe(client, connection, probes, answers, modern=modern)
+                for probe in (_probe_modern, _probe_legacy):
+                    challenge = await probe(client, connection, answers)
                     if challenge is not None:
                         return challenge
     except (TimeoutError, httpx2.HTTPError) as error:
@@ -243,31 +243,38 @@ async def _challenge(guard: OutboundGuard, connection: Connection) -> httpx2.Res
     return None
 
 
-async def _probe(
-    client: httpx2.AsyncClient,
-    connection: Connection,
-    probes: list[dict[str, object]],
-    answers: list[int],
-    *,
-    modern: bool,
+async def _probe_modern(
+    client: httpx2.AsyncClient, connection: Connection, answers: list[int]
 ) -> httpx2.Response | None:
-    """The first 401 or 403 of the probes, or None; each answer's status is added to
-    `answers`. A request answered otherwise than with success ends the probes."""
+    """The first 401 or 403 of the 2026-07-28 wire's probes (each naming its version and
+    method in headers), or None; each answer's status is added to `answers`. A request
+    answered otherwise than with success ends the probes."""
+    for message in _modern_probes():
+        method = str(message["method"])
+        sent = {"mcp-protocol-version": MODERN_VERSION, "mcp-method": method}
+        response = await _send_probe(client, connection, message, sent, answers)
+        if response.status_code in (401, 403):
+            return response
+        if not response.is_success:
+            return None
+    return None
+
+
+async def _probe_legacy(
+    client: httpx2.AsyncClient, connection: Connection, answers: list[int]
+) -> httpx2.Response | None:
+    """The same for the dated revisions' probes, sent in the session the server's first
+    answer opens (ended after them)."""
     headers: dict[str, str] = {}
     try:
-        for message in probes:
-            method = str(message["method"])
-            sent = {"mcp-protocol-version": MODERN_VERSION, "mcp-method": method} if modern else {}
-            request = _probe_request(connection, message, {**headers, **sent})
-            response = await client.send(request, stream=True)
-            await response.aclose()
-            answers.append(response.status_code)
+        for message in _legacy_probes():
+            response = await _send_probe(client, connection, message, headers, answers)
             if response.status_code in (401, 403):
                 return response
             if not response.is_success:
                 return None
             session = response.headers.get("mcp-session-id")
-            if not modern and session and "mcp-session-id" not in headers:
+            if session and "mcp-session-id" not in headers:
                 headers = {"mcp-session-id": session, "mcp-protocol-version": LEGACY_VERSION}
     finally:
         if "mcp-session-id" in headers:
@@ -278,6 +285,20 @@ async def _probe(
                 )
                 await (await client.send(ended, stream=True)).aclose()
     return None
+
+
+async def _send_probe(
+    client: httpx2.AsyncClient,
+    connection: Connection,
+    message: dict[str, object],
+    headers: dict[str, str],
+    answers: list[int],
+) -> httpx2.Response:
+    """Send one probe, its body unread, and add its answer's status to `answers`."""
+    response = await client.send(_probe_request(connection, message, headers), stream=True)
+    await response.aclose()
+    answers.append(response.status_code)
+    return response
 
 
 def _check_resource(
