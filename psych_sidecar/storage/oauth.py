@@ -37,6 +37,9 @@ _SIGN_IN_KEPT = timedelta(days=1)
 # The oauth_sign_ins columns that hold the PendingSignIn field of the same name, as it is.
 _SIGN_IN_AS_STORED = ("state_digest", "tenant", "name", "revision", "scope", "resource")
 
+# A grant's refresh-claim columns once its claim is over.
+_NO_CLAIM = {"refresh_claimant": None, "refresh_claim_until_us": None}
+
 
 def _grant_context(tenant: str, name: str, field: str) -> bytes:
     return context("oauth_grants", tenant, name, field)
@@ -129,8 +132,17 @@ class SqlOAuthStore:
         return None if row is None else self._grant(row)
 
     def put_grant(self, tenant: str, name: str, grant: OAuthGrant) -> None:
+        table = tables.oauth_grants
         with write_transaction(self._engine) as conn:
-            self._write_grant(conn, tenant, name, grant, exists=None, end_claim=True)
+            # A grant from a sign-in or a first client-credentials request: no refresh
+            # claimed of the one it replaces may store over it.
+            values = {**self._grant_values(tenant, name, grant), **_NO_CLAIM}
+            key = grant_row(tenant, name)
+            found = conn.execute(select(table.c.tenant).where(*key).with_for_update()).first()
+            if found is not None:
+                conn.execute(update(table).where(*key).values(**values))
+            else:
+                conn.execute(insert(table).values(tenant=tenant, name=name, **values))
 
     def renew_grant(
         self, tenant: str, name: str, renew: Callable[[OAuthGrant], OAuthGrant]
@@ -145,7 +157,7 @@ class SqlOAuthStore:
             current = self._grant(row)
             renewed = renew(current)
             if renewed is not current:
-                self._write_grant(conn, tenant, name, renewed, exists=True, end_claim=False)
+                _update_grant(conn, tenant, name, self._grant_values(tenant, name, renewed))
         return renewed
 
     def claim_refresh(
@@ -187,7 +199,8 @@ class SqlOAuthStore:
                 return None
             if row.refresh_claimant != claimant:
                 return self._grant(row)
-            self._write_grant(conn, tenant, name, grant, exists=True, end_claim=True)
+            values = {**self._grant_values(tenant, name, grant), **_NO_CLAIM}
+            _update_grant(conn, tenant, name, values)
         return grant
 
     def release_refresh(self, tenant: str, name: str, claimant: str) -> None:
@@ -199,17 +212,9 @@ class SqlOAuthStore:
                 .values(refresh_claimant=None, refresh_claim_until_us=None)
             )
 
-    def _write_grant(
-        self,
-        conn: SqlConnection,
-        tenant: str,
-        name: str,
-        grant: OAuthGrant,
-        exists: bool | None,
-        end_claim: bool,
-    ) -> None:
-        table = tables.oauth_grants
-        values: dict[str, object] = {
+    def _grant_values(self, tenant: str, name: str, grant: OAuthGrant) -> dict[str, object]:
+        """The grant's columns, sealed (the refresh claim's are not among them)."""
+        return {
             "revision": grant.revision,
             "tokens": self._keys.seal(grant.tokens_json, _grant_context(tenant, name, "tokens")),
             "client": self._keys.seal(grant.client_json, _grant_context(tenant, name, "client")),
@@ -222,18 +227,6 @@ class SqlOAuthStore:
             ),
             "update_time_us": tables.now_us(),
         }
-        if end_claim:
-            values.update(refresh_claimant=None, refresh_claim_until_us=None)
-        key = grant_row(tenant, name)
-        if exists is None:
-            exists = (
-                conn.execute(select(table.c.tenant).where(*key).with_for_update()).first()
-                is not None
-            )
-        if exists:
-            conn.execute(update(table).where(*key).values(**values))
-        else:
-            conn.execute(insert(table).values(tenant=tenant, name=name, **values))
 
     def _grant(self, row: Row[object]) -> OAuthGrant:
         return OAuthGrant(
@@ -248,6 +241,11 @@ class SqlOAuthStore:
                 else AuthorizationReason(row.authorization_reason)
             ),
         )
+
+
+def _update_grant(conn: SqlConnection, tenant: str, name: str, values: dict[str, object]) -> None:
+    table = tables.oauth_grants
+    conn.execute(update(table).where(*grant_row(tenant, name)).values(**values))
 
 
 def _locked_grant_row(conn: SqlConnection, tenant: str, name: str) -> Row[Any] | None:
