@@ -133,7 +133,7 @@ def test_stored_vectors_survive_a_restart(
     before.warm(tools)
     assert sorted(first.encoded) == texts_of(tools)
     assert before.counters().vectors_written == len(texts_of(tools))
-    wanted, _ = before.known_vectors(texts_of(tools), fetch=False)
+    wanted, _ = before.vectors_in_memory(texts_of(tools))
     before.close(wait=True)
     engine.dispose()
 

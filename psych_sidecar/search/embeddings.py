@@ -154,23 +154,31 @@ class ToolEmbeddings:
         """Changes whenever catalogue vectors are added to this process's memory."""
         return self._version
 
-    def known_vectors(
-        self, texts: Sequence[str], fetch: bool = True
-    ) -> tuple[Vectors, npt.NDArray[np.bool_]]:
+    def known_vectors(self, texts: Sequence[str]) -> tuple[Vectors, npt.NDArray[np.bool_]]:
         """The vectors there are for these texts, without encoding: one row per text (zeros
-        where there is none yet) and which rows are real. With `fetch`, texts not in memory
-        are read from the store in one batch, and those it lacks too are queued for the
-        warm-up (once); without, only memory is looked at (a partial index catching up)."""
+        where there is none yet) and which rows are real. Texts not in memory are read from
+        the store in one batch, and those it lacks too are queued for the warm-up (once)."""
+        keys = [content_key(text) for text in texts]
+        rows = self._cached(keys)
+        text_of = {key: text for key, text in zip(keys, texts, strict=True) if key not in rows}
+        if text_of:
+            rows.update(self._read_store(list(text_of)))
+            self._queue({key: text for key, text in text_of.items() if key not in rows})
+        return self._matrix(keys, rows)
+
+    def vectors_in_memory(self, texts: Sequence[str]) -> tuple[Vectors, npt.NDArray[np.bool_]]:
+        """The same from memory alone: no store read, nothing queued (a partial index
+        catching up)."""
+        keys = [content_key(text) for text in texts]
+        return self._matrix(keys, self._cached(keys))
+
+    def _matrix(
+        self, keys: list[str], rows: dict[str, Vectors]
+    ) -> tuple[Vectors, npt.NDArray[np.bool_]]:
+        """One row per key (zeros where `rows` has none), and which rows are real."""
         # numpy comes with the first search, not with the sidecar's start.
         import numpy as np
 
-        keys = [content_key(text) for text in texts]
-        rows = self._cached(keys)
-        if fetch:
-            text_of = {key: text for key, text in zip(keys, texts, strict=True) if key not in rows}
-            if text_of:
-                rows.update(self._read_store(list(text_of)))
-                self._queue({key: text for key, text in text_of.items() if key not in rows})
         have = np.array([key in rows for key in keys], dtype=np.bool_)
         matrix = np.zeros((len(keys), self._dimension), dtype=np.float32)
         for position, key in enumerate(keys):

@@ -460,11 +460,13 @@ class Embeddings(Protocol):
         """Changes whenever more tool vectors become known."""
         ...
 
-    def known_vectors(
-        self, texts: Sequence[str], fetch: bool = True
-    ) -> tuple[Vectors, npt.NDArray[np.bool_]]:
-        """The rows known for these texts (zeros for the rest) and which are real; `fetch`
-        also reads the store and queues the missing texts for encoding in the background."""
+    def known_vectors(self, texts: Sequence[str]) -> tuple[Vectors, npt.NDArray[np.bool_]]:
+        """The rows known for these texts (zeros for the rest) and which are real, reading
+        the store and queueing the missing texts for encoding in the background."""
+        ...
+
+    def vectors_in_memory(self, texts: Sequence[str]) -> tuple[Vectors, npt.NDArray[np.bool_]]:
+        """The same from this process's memory alone."""
         ...
 
     def query_vector(self, query: str) -> Vectors | None:
@@ -558,7 +560,7 @@ class SearchIndex:
             return self
         version = embeddings.version()
         missing = np.flatnonzero(~self._have)
-        rows, have = embeddings.known_vectors([self._texts[i] for i in missing], fetch=False)
+        rows, have = embeddings.vectors_in_memory([self._texts[i] for i in missing])
         if not have.any():
             return self
         fresh = copy.copy(self)
