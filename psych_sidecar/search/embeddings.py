@@ -279,7 +279,7 @@ class ToolEmbeddings:
         text_of = {content_key(text): text for text in texts}
         with self._lock:
             self._pending.update(text_of)
-        rows = self._fill(text_of, 0, quiet=True)
+        rows = self._fill_offline(text_of)
         if len(rows) < len(text_of):
             raise RuntimeError("no sentence encoder: check load() first")
         if not texts:
@@ -342,52 +342,16 @@ class ToolEmbeddings:
                 self._pending.difference_update(new)
         return future
 
-    def _fill(self, text_of: dict[str, str], tools: int, quiet: bool = False) -> dict[str, Vectors]:
-        """Make these texts' vectors known, and return them: memory, then one batched store
-        read, then the encoder chunk by chunk (each chunk re-read from the store first, in
-        case another sidecar stored it meanwhile), writing what it encodes to the store."""
+    def _fill(self, text_of: dict[str, str], tools: int) -> dict[str, Vectors]:
+        """Make these texts' vectors known for the warm-up (`_make_known`), stopping at the
+        next chunk once closing; log it, then collect orphaned vectors when that is due."""
         try:
             started = time.monotonic()
-            rows = self._cached(list(text_of))
-            found = self._read_store([key for key in text_of if key not in rows])
-            rows.update(found)
-            read, read_s = len(found), time.monotonic() - started
-            todo = sorted(
-                (key for key in text_of if key not in rows), key=lambda k: len(text_of[k])
-            )
-            was_loaded = self._loaded
-            if not self.load():
+            rows, made = self._make_known(text_of, self._threads.closed)
+            if made is None or self._threads.closed():
                 return rows
-            load_s = None if was_loaded else self._counters.model_load_seconds
-            encoder = self._encoder_or_fail()
-
-            def encode(chunk: list[str]) -> tuple[dict[str, Vectors], int]:
-                """The chunk's rows, and how many of them were read from the store (re-read
-                first, in case another sidecar stored them meanwhile) rather than encoded."""
-                if self._threads.closed() and not quiet:
-                    return {}, 0
-                found = self._read_store(chunk)
-                todo = [key for key in chunk if key not in found]
-                if todo:
-                    vectors = encoder.encode([text_of[key] for key in todo])
-                    self._remember(zip(todo, vectors, strict=True), encoded=len(todo))
-                    self._write_store(todo, vectors)
-                    return {**found, **dict(zip(todo, vectors, strict=True))}, len(found)
-                return found, len(found)
-
-            # Similar lengths together, so the encoder's batches carry little padding; the
-            # chunks in random order, so two sidecars warming one listing split it.
-            chunks = [todo[i : i + _WARM_CHUNK] for i in range(0, len(todo), _WARM_CHUNK)]
-            self._chunk_order.shuffle(chunks)
-            encoded, began = 0, time.monotonic()
-            for done, from_store in self._threads.map_chunks(encode, chunks):
-                rows.update(done)
-                read += from_store
-                encoded += len(done) - from_store
-            encode_s = time.monotonic() - began
-            if self._threads.closed() and not quiet:
-                return rows
-            if (encoded or read) and not quiet:
+            read, read_s, encoded, encode_s, load_s = made
+            if encoded or read:
                 log.info(
                     "search warm-up: %d texts of %d tools ready in %.1f s: %d read from the "
                     "database in %.2f s, %d encoded in %.1f s on %d threads; %s",
@@ -406,7 +370,6 @@ class ToolEmbeddings:
                 self._pending.difference_update(text_of)
         if (
             self._store is not None
-            and not quiet
             and not self._threads.closed()
             and (
                 self._last_collection is None
@@ -415,6 +378,60 @@ class ToolEmbeddings:
         ):
             self.collect()
         return rows
+
+    def _fill_offline(self, text_of: dict[str, str]) -> dict[str, Vectors]:
+        """Make these texts' vectors known for `vectors` (`_make_known`): to the end even
+        once closed, unlogged, with no collection after."""
+        try:
+            return self._make_known(text_of, lambda: False)[0]
+        finally:
+            with self._lock:
+                self._pending.difference_update(text_of)
+
+    def _make_known(
+        self, text_of: dict[str, str], stopped: Callable[[], bool]
+    ) -> tuple[dict[str, Vectors], tuple[int, float, int, float, float | None] | None]:
+        """Make these texts' vectors known, and return them: memory, then one batched store
+        read, then the encoder chunk by chunk (each chunk re-read from the store first, in
+        case another sidecar stored it meanwhile; none once `stopped`), writing what it
+        encodes to the store. With them, for the log: (read, its seconds, encoded, its
+        seconds, the model's load seconds if it loaded now), or None with no encoder."""
+        started = time.monotonic()
+        rows = self._cached(list(text_of))
+        found = self._read_store([key for key in text_of if key not in rows])
+        rows.update(found)
+        read, read_s = len(found), time.monotonic() - started
+        todo = sorted((key for key in text_of if key not in rows), key=lambda k: len(text_of[k]))
+        was_loaded = self._loaded
+        if not self.load():
+            return rows, None
+        load_s = None if was_loaded else self._counters.model_load_seconds
+        encoder = self._encoder_or_fail()
+
+        def encode(chunk: list[str]) -> tuple[dict[str, Vectors], int]:
+            """The chunk's rows, and how many of them were read from the store (re-read
+            first, in case another sidecar stored them meanwhile) rather than encoded."""
+            if stopped():
+                return {}, 0
+            found = self._read_store(chunk)
+            todo = [key for key in chunk if key not in found]
+            if todo:
+                vectors = encoder.encode([text_of[key] for key in todo])
+                self._remember(zip(todo, vectors, strict=True), encoded=len(todo))
+                self._write_store(todo, vectors)
+                return {**found, **dict(zip(todo, vectors, strict=True))}, len(found)
+            return found, len(found)
+
+        # Similar lengths together, so the encoder's batches carry little padding; the
+        # chunks in random order, so two sidecars warming one listing split it.
+        chunks = [todo[i : i + _WARM_CHUNK] for i in range(0, len(todo), _WARM_CHUNK)]
+        self._chunk_order.shuffle(chunks)
+        encoded, began = 0, time.monotonic()
+        for done, from_store in self._threads.map_chunks(encode, chunks):
+            rows.update(done)
+            read += from_store
+            encoded += len(done) - from_store
+        return rows, (read, read_s, encoded, time.monotonic() - began, load_s)
 
     def _write_store(self, keys: list[str], vectors: Vectors) -> None:
         if self._store is None:
