@@ -8,6 +8,7 @@ held open in the session), on both databases."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -248,32 +249,40 @@ def test_an_attempt_no_call_waits_on_is_a_typed_error(stubs: Stubs, run_id: str)
     assert failure.info.reason == "INPUT_NOT_AWAITED"
 
 
+@contextlib.contextmanager
+def _stored(grpc_server: RunningSidecar) -> Iterator[sa.Connection]:
+    """A transaction on the sidecar's own database, for a test that reads or changes a stored
+    round directly."""
+    engine = sa.create_engine(grpc_server.settings.resolved_database_url())
+    try:
+        with engine.begin() as connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
 def test_a_host_that_never_answers_gets_a_recorded_tool_error(
     stubs: Stubs, run_id: str, grpc_server: RunningSidecar
 ) -> None:
     waiting = call(stubs, run_id, "ask_name").input_required
     # The round waits mcp_input_wait_seconds from when it was asked; its stored deadline, not
     # any timer, decides whether an answer is late. Moved into the past, it has passed.
-    engine = sa.create_engine(grpc_server.settings.resolved_database_url())
     rounds = sa.table(
         "tool_input_rounds",
         sa.column("run_id"),
         sa.column("create_time_us"),
         sa.column("expire_time_us"),
     )
-    try:
-        with engine.begin() as connection:
-            ((asked, deadline),) = connection.execute(
-                sa.select(rounds.c.create_time_us, rounds.c.expire_time_us).where(
-                    rounds.c.run_id == run_id
-                )
-            ).all()
-            assert deadline - asked == WAIT_SECONDS * 1_000_000
-            connection.execute(
-                sa.update(rounds).where(rounds.c.run_id == run_id).values(expire_time_us=asked - 1)
+    with _stored(grpc_server) as connection:
+        ((asked, deadline),) = connection.execute(
+            sa.select(rounds.c.create_time_us, rounds.c.expire_time_us).where(
+                rounds.c.run_id == run_id
             )
-    finally:
-        engine.dispose()
+        ).all()
+        assert deadline - asked == WAIT_SECONDS * 1_000_000
+        connection.execute(
+            sa.update(rounds).where(rounds.c.run_id == run_id).values(expire_time_us=asked - 1)
+        )
     done = answer(stubs, run_id, waiting, accept(waiting.requests[0].key, name="late"))
     assert done.outcome.is_error
     assert "nobody answered within" in text(done.outcome)
@@ -287,15 +296,11 @@ def test_a_tampered_or_missing_request_state_is_the_servers_to_judge(
     stubs: Stubs, run_id: str, grpc_server: RunningSidecar
 ) -> None:
     waiting = call(stubs, run_id, "ask_name").input_required
-    engine = sa.create_engine(grpc_server.settings.resolved_database_url())
-    try:
-        with engine.begin() as connection:
-            connection.execute(
-                sa.text("UPDATE tool_input_rounds SET request_state = :state WHERE run_id = :run"),
-                {"state": '{"body": "{}", "tag": "forged"}', "run": run_id},
-            )
-    finally:
-        engine.dispose()
+    with _stored(grpc_server) as connection:
+        connection.execute(
+            sa.text("UPDATE tool_input_rounds SET request_state = :state WHERE run_id = :run"),
+            {"state": '{"body": "{}", "tag": "forged"}', "run": run_id},
+        )
     done = answer(stubs, run_id, waiting, accept(waiting.requests[0].key, name="Eve"))
     assert done.outcome.is_error
     assert "tampered" in text(done.outcome)
