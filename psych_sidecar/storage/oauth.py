@@ -140,7 +140,7 @@ class SqlOAuthStore:
             key = grant_row(tenant, name)
             found = conn.execute(select(table.c.tenant).where(*key).with_for_update()).first()
             if found is not None:
-                conn.execute(update(table).where(*key).values(**values))
+                _update_grant(conn, tenant, name, values)
             else:
                 conn.execute(insert(table).values(tenant=tenant, name=name, **values))
 
@@ -209,7 +209,7 @@ class SqlOAuthStore:
             conn.execute(
                 update(table)
                 .where(*grant_row(tenant, name), table.c.refresh_claimant == claimant)
-                .values(refresh_claimant=None, refresh_claim_until_us=None)
+                .values(**_NO_CLAIM)
             )
 
     def _grant_values(self, tenant: str, name: str, grant: OAuthGrant) -> dict[str, object]:
