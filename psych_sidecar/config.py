@@ -312,6 +312,15 @@ class McpSettings(_Group):
             "A task's polls back off, doubling, up to this (never sooner than its server asks)."
         ),
     )
+    task_look_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description=(
+            "How often the sidecar looks in the database for tasks due a poll, its own and "
+            "other sidecars' (a query each time): a poll is at most this late, or "
+            "task_poll_min_seconds if that is shorter."
+        ),
+    )
     input_wait_seconds: float = Field(
         alias="mcp_input_wait_seconds",
         default=600.0,

@@ -285,6 +285,9 @@ def test_tool_calls_and_resolve_turn_answer_on_the_loop_over_grpc(tmp_path: Path
         shutdown_grace_seconds=5,
         secret_keys=TEST_SECRET_KEY,
         mcp_commands=fixture_commands(),
+        # The look for due tool tasks is a hop too: only the one at start, none while measured.
+        task_look_seconds=3600,
+        task_poll_min_seconds=3600,
     )
     with RunningSidecar(settings) as running, running.stubs() as stubs:
         put_stdio(stubs, "acme", "fx", preload=True)

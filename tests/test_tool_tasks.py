@@ -20,6 +20,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2, tool_service_pb2
+from psych_sidecar.app.graph import task_timings
 from psych_sidecar.config import Settings
 from tests.support.connections import fixture_http, put_http
 from tests.support.databases import TEST_SECRET_KEY, pooling_of
@@ -402,3 +403,13 @@ def test_a_tasks_question_nobody_answers_ends_it_as_a_recorded_tool_error(
         # An answer that comes too late gets the ended task, not a second end.
         late = answer(stubs, run_id, task.input_required.attempt)
         assert late.task.result_call_id == done.result_call_id
+
+
+@pytest.mark.parametrize(
+    ("look", "first_poll", "tick"), [(0.5, 1.0, 0.5), (30.0, 1.0, 1.0), (30.0, 60.0, 30.0)]
+)
+def test_the_look_for_due_tasks_is_as_often_as_set_and_never_later_than_a_first_poll(
+    look: float, first_poll: float, tick: float
+) -> None:
+    settings = Settings(task_look_seconds=look, task_poll_min_seconds=first_poll)
+    assert task_timings(settings.mcp).tick == tick

@@ -39,7 +39,7 @@ from psych_sidecar.api.tools import ToolServicer
 from psych_sidecar.api.turns import TurnServicer
 from psych_sidecar.api.usage import UsageServicer
 from psych_sidecar.app.secret_keys import load_secret_keys
-from psych_sidecar.config import PromptSettings, SearchSettings, Settings
+from psych_sidecar.config import McpSettings, PromptSettings, SearchSettings, Settings
 from psych_sidecar.domain.calls import (
     TaskQuestions,
     TaskTimings,
@@ -273,16 +273,7 @@ class SidecarGraph:
             runs=services.runs,
             log_reader=services.log,
             blocking=self.blocking,
-            timings=TaskTimings(
-                first_poll=settings.mcp.task_poll_min_seconds,
-                max_poll=max(
-                    settings.mcp.task_poll_min_seconds, settings.mcp.task_poll_max_seconds
-                ),
-                tick=min(0.5, settings.mcp.task_poll_min_seconds),
-                # One poll or cancel is a request like a tool call; a claim outlasts it.
-                request_timeout=min(30.0, settings.mcp.tool_call_timeout_seconds),
-                lease=min(30.0, settings.mcp.tool_call_timeout_seconds) + 5,
-            ),
+            timings=task_timings(settings.mcp),
             # A task's own questions wait for the host as any call's do.
             questions=TaskQuestions(
                 waits=self.input_rounds,
@@ -426,6 +417,19 @@ class DatabaseReader:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def task_timings(mcp: McpSettings) -> TaskTimings:
+    """How the sidecar polls tool tasks, from its settings."""
+    return TaskTimings(
+        first_poll=mcp.task_poll_min_seconds,
+        max_poll=max(mcp.task_poll_min_seconds, mcp.task_poll_max_seconds),
+        # A task's first poll is no later than a look after it falls due.
+        tick=min(mcp.task_look_seconds, mcp.task_poll_min_seconds),
+        # One poll or cancel is a request like a tool call; a claim outlasts it.
+        request_timeout=min(30.0, mcp.tool_call_timeout_seconds),
+        lease=min(30.0, mcp.tool_call_timeout_seconds) + 5,
+    )
 
 
 def open_database_reader(database_url: str, timeout: float) -> DatabaseReader:
