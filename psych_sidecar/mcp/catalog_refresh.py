@@ -111,7 +111,7 @@ def _surface_problem(version: str, entries: list[Any]) -> pydantic.ValidationErr
 
 
 def _judge_tool(
-    server: str, version: str, entry: Any, surface_checked: bool = False
+    server: str, version: str, entry: Any, surface_checked: bool
 ) -> tuple[types.Tool, CatalogTool] | RejectedTool:
     """One listed tool, as the SDK would check it had it been listed alone, then by the
     catalogue's own rules; or why it is left out."""
