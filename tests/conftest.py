@@ -17,10 +17,10 @@ import hypothesis
 import pytest
 
 from psych.sidecar.v1 import connection_service_pb2
-from psych_sidecar.config import Settings
 from tests.support.connections import listed
 from tests.support.databases import TEST_SECRET_KEY, database_of_kind, pooling_of
 from tests.support.host import Host
+from tests.support.settings import flat_settings
 from tests.support.sidecar import UNLIMITED_CHANNEL, RunningSidecar, Stubs
 
 # CI explores the same examples on every run, so a red build is always reproducible; developers'
@@ -81,7 +81,7 @@ def grpc_server(
     listen = (
         f"unix://{grpc_addr.removeprefix('unix:')}" if grpc_addr.startswith("unix:") else grpc_addr
     )
-    settings = Settings(
+    settings = flat_settings(
         listen=[listen],
         database_url=database_url,
         database_pooling=pooling_of(database_url),

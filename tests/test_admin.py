@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar
 
 
@@ -39,9 +40,8 @@ def test_metrics_are_served_on_the_admin_listener(grpc_server: RunningSidecar) -
 
 
 def test_the_admin_listener_is_off_by_default(tmp_path: Any) -> None:
-    from psych_sidecar.config import Settings
 
-    settings = Settings(
+    settings = flat_settings(
         listen=["127.0.0.1:0"],
         database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
         data_dir=tmp_path,
@@ -51,9 +51,8 @@ def test_the_admin_listener_is_off_by_default(tmp_path: Any) -> None:
 
 
 def test_the_admin_listener_stops_with_the_sidecar(tmp_path: Any) -> None:
-    from psych_sidecar.config import Settings
 
-    settings = Settings(
+    settings = flat_settings(
         listen=["127.0.0.1:0"],
         admin_listen=["127.0.0.1:0"],
         database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
@@ -75,11 +74,10 @@ def test_an_admin_unix_socket_gets_the_api_sockets_policy(tmp_path: Any) -> None
     import stat
 
     from psych_sidecar.app.sidecar import Sidecar
-    from psych_sidecar.config import Settings
     from psych_sidecar.listeners import StartupError, check_listeners
 
     admin_path = tmp_path / "admin.sock"
-    settings = Settings(
+    settings = flat_settings(
         listen=["127.0.0.1:0"],
         admin_listen=[f"unix://{admin_path}"],
         unix_socket_mode=0o600,

@@ -30,12 +30,13 @@ from psych.sidecar.v1 import (
     spec_pb2,
     tool_service_pb2,
 )
-from psych_sidecar.config import MIB, Settings
+from psych_sidecar.config import MIB
 from psych_sidecar.mcp.session_state import describe_error
 from tests.support.connections import fixture_commands
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.polling import wait_for
 from tests.support.requests import all_records, publish
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, Stubs
 
 LIMIT = MIB
@@ -90,7 +91,7 @@ def own_sidecar(
 ) -> Iterator[tuple[Stubs, str]]:
     """A sidecar of this module's settings plus `overrides`, built with `options`, and a Run
     on it with the fixture server connected: for a fault the shared sidecar must not have."""
-    settings = Settings(
+    settings = flat_settings(
         listen=[f"unix://{tmp_path / 's.sock'}"],
         database_url=f"sqlite:///{tmp_path / 'sidecar.db'}",
         data_dir=tmp_path,

@@ -14,7 +14,6 @@ import pytest
 from sqlalchemy import Engine, MetaData, create_engine, select, text
 
 from psych.sidecar.v1 import run_pb2, spec_pb2, turn_pb2
-from psych_sidecar.config import Settings
 from psych_sidecar.domain.prompt import (
     AssemblyEntry,
     ElisionRule,
@@ -27,6 +26,7 @@ from psych_sidecar.storage.engines import normalize_url
 from psych_sidecar.storage.journal import SqlAssemblyJournal
 from tests.support.prompts import append, assemble, assistant, result, run_with, thresholds
 from tests.support.requests import text_part, user
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, Stubs
 
 ZONES = {
@@ -142,7 +142,7 @@ def test_nothing_of_the_transient_message_or_the_tail_is_stored_in_any_table(
 
 
 def test_the_journal_can_be_turned_off(tmp_path: Path) -> None:
-    settings = Settings(
+    settings = flat_settings(
         listen=[f"unix://{tmp_path / 's.sock'}"],
         database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
         data_dir=tmp_path,
@@ -164,7 +164,7 @@ def test_the_journal_can_be_turned_off(tmp_path: Path) -> None:
 def test_a_journal_that_cannot_write_does_not_fail_the_prompt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = Settings(
+    settings = flat_settings(
         listen=[f"unix://{tmp_path / 's.sock'}"],
         database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
         data_dir=tmp_path,

@@ -26,7 +26,6 @@ from psych.sidecar.v1 import (
     tool_service_pb2,
     turn_service_pb2,
 )
-from psych_sidecar.config import Settings
 from psych_sidecar.domain.errors import Reason, SidecarError
 from psych_sidecar.domain.runlog import (
     ContentPart,
@@ -51,6 +50,7 @@ from psych_sidecar.storage.transactions import plain_select, read_transaction
 from tests.support.connections import fixture_commands, put_stdio
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.requests import publish, user
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar
 from tests.support.storage_now import storage_now
 
@@ -277,7 +277,7 @@ def test_tool_calls_and_resolve_turn_answer_on_the_loop_over_grpc(tmp_path: Path
     call's reads and append and every ResolveTurn of the turn are answered on the event loop
     (no storage answer "not now", no hop to a thread pool but AppendRecords'), and nothing
     trips the guard on pooled connections (an RPC would fail)."""
-    settings = Settings(
+    settings = flat_settings(
         listen=["127.0.0.1:0"],
         admin_listen=["127.0.0.1:0"],
         database_url=f"sqlite:///{tmp_path / 'sidecar.db'}",

@@ -11,11 +11,12 @@ from psych_sidecar.config import Settings
 from psych_sidecar.domain.catalog import Connection, ConnectionState, TransportKind
 from tests.support.connections import fixture_commands
 from tests.support.polling import wait_for
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, on_loop
 
 
 def _settings(tmp_path: Path) -> Settings:
-    return Settings(
+    return flat_settings(
         listen=[f"unix://{tmp_path / 's.sock'}"],
         database_url=f"sqlite:///{tmp_path / 'sidecar.db'}",
         data_dir=tmp_path,

@@ -40,7 +40,7 @@ from psych.sidecar.v1 import (
     usage_service_pb2,
     usage_service_pb2_grpc,
 )
-from psych_sidecar.config import Settings, StdioCommand
+from psych_sidecar.config import StdioCommand
 from psych_sidecar.telemetry.logs import JsonFormatter
 from tests.support.connections import FIXTURE_SERVER
 from tests.support.databases import TEST_SECRET_KEY
@@ -55,6 +55,7 @@ from tests.support.prompts import (
     thresholds,
 )
 from tests.support.requests import text_part, user
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 ALL_TOOLS = [spec_pb2.ToolGrant(server_pattern="*", tool_pattern="*")]
@@ -88,7 +89,7 @@ def grpc_server(
     """The real sidecar with an admin listener and tracing into `spans`."""
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
-    settings = Settings(
+    settings = flat_settings(
         listen=[f"unix://{grpc_addr.removeprefix('unix:')}"],
         admin_listen=["127.0.0.1:0"],
         database_url=database_url,

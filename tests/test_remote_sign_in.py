@@ -39,6 +39,7 @@ from tests.support.oauth_sign_in import (
 from tests.support.polling import wait_for
 from tests.support.processes import HttpServer, free_port, running
 from tests.support.prompts import assemble
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -46,7 +47,7 @@ UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 
 def sidecar_settings(tmp_path: Path, **overrides: Any) -> Settings:
-    return Settings(
+    return flat_settings(
         listen=[f"unix://{tmp_path / 's.sock'}"],
         database_url=f"sqlite:///{tmp_path / 'sidecar.db'}",
         data_dir=tmp_path,

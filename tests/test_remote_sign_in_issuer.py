@@ -21,7 +21,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy import create_engine, select, update
 
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
-from psych_sidecar.config import Settings
 from psych_sidecar.storage import tables
 from tests.support.connections import listed
 from tests.support.databases import TEST_SECRET_KEY
@@ -39,6 +38,7 @@ from tests.support.oauth_sign_in import (
 )
 from tests.support.polling import wait_for
 from tests.support.processes import HttpServer, free_port, running
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -61,7 +61,7 @@ def elsewhere() -> Iterator[HttpServer]:
 @pytest.fixture(scope="module")
 def stubs(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stubs]:
     directory: Path = tmp_path_factory.mktemp("issuer")
-    settings = Settings(
+    settings = flat_settings(
         listen=[f"unix://{directory / 's.sock'}"],
         database_url=database_url,
         data_dir=directory,

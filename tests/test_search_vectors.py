@@ -53,6 +53,7 @@ from tests.support.connections import fixture_commands
 from tests.support.databases import TEST_SECRET_KEY, keys_of_the_tests, postgres_database
 from tests.support.polling import SETTLE_SECONDS, wait_for
 from tests.support.processes import served
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar
 
 TOOLS = [
@@ -281,7 +282,7 @@ def test_a_listings_template_sentence_is_not_encoded_and_its_vectors_are_kept(
 
 
 def _settings(database_url: str, tmp_path: Any) -> Settings:
-    return Settings(
+    return flat_settings(
         listen=["127.0.0.1:0"],
         database_url=database_url,
         data_dir=tmp_path,

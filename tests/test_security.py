@@ -37,12 +37,12 @@ from psych.sidecar.v1 import (
     tool_service_pb2,
     turn_service_pb2,
 )
-from psych_sidecar.config import Settings
 from tests.support.connections import fixture_commands, fixture_http, listed, put_http, put_stdio
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.processes import free_port, running
 from tests.support.prompts import append, dispatch, result, run_with
 from tests.support.requests import publish
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 MIB = 1024 * 1024
@@ -193,7 +193,7 @@ def test_a_slow_grep_stops_at_its_cpu_budget_while_other_calls_are_answered(
 def test_a_cancelled_grep_stops_consuming_cpu(tmp_path: Path) -> None:
     # One storage thread: the read after the cancelled grep runs once the grep has given the
     # thread back, so its answer says the grep has ended.
-    settings = Settings(
+    settings = flat_settings(
         listen=["127.0.0.1:0"],
         database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
         data_dir=tmp_path,
@@ -490,7 +490,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def tls_sidecar(
     tmp_path: Path, database_url: str, pki: Pki, mutual: bool
 ) -> Iterator[RunningSidecar]:
-    settings = Settings(
+    settings = flat_settings(
         listen=["127.0.0.1:0"],
         database_url=database_url,
         data_dir=tmp_path,
@@ -534,9 +534,9 @@ def test_a_non_loopback_listener_needs_tls_or_an_explicit_insecure_setting(
 ) -> None:
     common: dict[str, Any] = {"listen": ["0.0.0.0:0"], "allow_non_loopback": True}
     with pytest.raises(ValueError, match="insecure_non_loopback"):
-        Settings(**common).listen_addresses()
-    assert Settings(**common, insecure_non_loopback=True).listen_addresses()
+        flat_settings(**common).listen_addresses()
+    assert flat_settings(**common, insecure_non_loopback=True).listen_addresses()
     tls = {"tls_cert_file": pki.cert_file, "tls_key_file": pki.key_file}
-    assert Settings(**common, **tls).listen_addresses()
+    assert flat_settings(**common, **tls).listen_addresses()
     with pytest.raises(ValueError, match="go together"):
-        Settings(listen=["127.0.0.1:0"], tls_cert_file=pki.cert_file).listen_addresses()
+        flat_settings(listen=["127.0.0.1:0"], tls_cert_file=pki.cert_file).listen_addresses()

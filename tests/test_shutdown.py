@@ -33,6 +33,7 @@ from tests.support.connections import fixture_commands
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.polling import wait_for
 from tests.support.requests import publish
+from tests.support.settings import flat_settings
 from tests.support.sidecar import UNLIMITED_CHANNEL, RunningSidecar, Stubs, rpc_failure
 
 
@@ -48,7 +49,7 @@ def _call(stubs: Stubs, run_id: str, tool: str, call_id: str) -> Any:
 def test_calls_running_past_the_grace_are_unavailable_shutting_down(
     tmp_path: Path, grace: float
 ) -> None:
-    settings = Settings(
+    settings = flat_settings(
         listen=["127.0.0.1:0"],
         database_url=f"sqlite:///{tmp_path / 'sidecar.db'}",
         data_dir=tmp_path,
@@ -201,7 +202,7 @@ def test_calls_arriving_while_it_stops_under_load_are_never_cancelled(
         url = database_url
         if url.startswith("sqlite"):
             url = f"sqlite:///{tmp_path / f'load-{run}.db'}"
-        settings = Settings(
+        settings = flat_settings(
             listen=["127.0.0.1:0"],
             database_url=url,
             data_dir=tmp_path,

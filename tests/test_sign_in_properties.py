@@ -39,6 +39,7 @@ from tests.support.hostile_oauth import (
     hostile_oauth_server,
 )
 from tests.support.oauth_sign_in import REDIRECT_URI
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, Stubs
 
 T = TypeVar("T")
@@ -169,7 +170,7 @@ def answers(good: Answer, values: st.SearchStrategy[Any], port: int) -> st.Searc
 
 
 def sidecar_settings(tmp_path: Path) -> Settings:
-    return Settings(
+    return flat_settings(
         listen=[f"unix://{tmp_path / 's.sock'}"],
         database_url=f"sqlite:///{tmp_path / 'sidecar.db'}",
         data_dir=tmp_path,

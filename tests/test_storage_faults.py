@@ -25,12 +25,12 @@ from sqlalchemy import create_engine, make_url, text
 from psych.sidecar.v1 import (
     run_service_pb2,
 )
-from psych_sidecar.config import Settings
 from psych_sidecar.storage.engines import normalize_url
 from tests.support.databases import TEST_SECRET_KEY, postgres_admin_url
 from tests.support.polling import wait_for
 from tests.support.postgres_cluster import Cluster, own_cluster
 from tests.support.requests import all_records, new_run, user
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 BUSY_TIMEOUT = 0.3
@@ -194,7 +194,7 @@ def test_postgresql_crashed_and_restarted_during_appends(tmp_path: Path) -> None
             for setting in ("fsync", "synchronous_commit", "full_page_writes"):
                 assert connection.execute(text(f"SHOW {setting}")).scalar() == "on", setting
         engine.dispose()
-        settings = Settings(
+        settings = flat_settings(
             listen=["127.0.0.1:0"],
             database_url=cluster.url,
             data_dir=tmp_path,

@@ -21,13 +21,13 @@ from google.protobuf import struct_pb2
 
 from psych.sidecar.v1 import content_pb2, run_pb2, run_service_pb2, spec_pb2, tool_service_pb2
 from psych_sidecar.app.graph import task_timings
-from psych_sidecar.config import Settings
 from tests.support.connections import fixture_http, put_http
 from tests.support.databases import TEST_SECRET_KEY, pooling_of
 from tests.support.polling import wait_for
 from tests.support.processes import HttpServer, free_port, running
 from tests.support.prompts import assemble
 from tests.support.requests import all_records, publish, user
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
 
 TASK_SERVER = Path(__file__).parent / "mcp_servers" / "task_server.py"
@@ -47,7 +47,7 @@ def task_server() -> Iterator[str]:
 @contextlib.contextmanager
 def sidecar(database_url: str, tmp_path: Path, name: str, **overrides: Any) -> Iterator[Stubs]:
     """A sidecar of its own on the module's database (its polls quick), and its stubs."""
-    settings = Settings(
+    settings = flat_settings(
         listen=[f"unix://{tmp_path / f'{name}.sock'}"],
         database_url=database_url,
         database_pooling=pooling_of(database_url),
@@ -411,5 +411,5 @@ def test_a_tasks_question_nobody_answers_ends_it_as_a_recorded_tool_error(
 def test_the_look_for_due_tasks_is_as_often_as_set_and_never_later_than_a_first_poll(
     look: float, first_poll: float, tick: float
 ) -> None:
-    settings = Settings(task_look_seconds=look, task_poll_min_seconds=first_poll)
+    settings = flat_settings(task_look_seconds=look, task_poll_min_seconds=first_poll)
     assert task_timings(settings.mcp).tick == tick

@@ -29,13 +29,13 @@ from psych.sidecar.v1 import (
     turn_service_pb2,
     turn_service_pb2_grpc,
 )
-from psych_sidecar.config import Settings
 from psych_sidecar.storage.engines import create_database_engine
 from psych_sidecar.storage.log_reads import SqlLogReader
 from psych_sidecar.storage.loop_connection import LoopConnection
 from psych_sidecar.storage.now import SqliteNow
 from tests.support.processes import free_port
 from tests.support.requests import user
+from tests.support.settings import flat_settings
 from tests.support.sidecar import RunningSidecar
 from tests.support.storage_now import storage_now
 
@@ -43,7 +43,7 @@ from tests.support.storage_now import storage_now
 @contextlib.contextmanager
 def _serving(path: Path, data_dir: Path) -> Iterator[tuple[RunningSidecar, grpc.Channel]]:
     """A sidecar on the SQLite file at `path`, and a channel to it."""
-    settings = Settings(
+    settings = flat_settings(
         listen=["127.0.0.1:0"],
         database_url=f"sqlite:///{path}",
         data_dir=data_dir,
