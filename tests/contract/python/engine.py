@@ -80,13 +80,16 @@ def scenario_files() -> list[Path]:
 def load_scenario(path: Path) -> dict[str, Any]:
     """Read one scenario and check its shape; a key this engine does not know fails it."""
     scenario = json.loads(path.read_text(encoding="utf-8"))
-    _require(isinstance(scenario, dict), f"{path.name}: not a JSON object")
+    if not isinstance(scenario, dict):
+        raise ScenarioError(f"{path.name}: not a JSON object")
     _require_keys(scenario, _SCENARIO_KEYS, _SCENARIO_KEYS, path.name)
     _require(scenario["name"] == path.stem, f"{path.name}: name is not the file name")
     _require(isinstance(scenario["rpc"], str), f"{path.name}: rpc is not a string")
     _require(isinstance(scenario["description"], str), f"{path.name}: description")
     steps = scenario["steps"]
-    _require(isinstance(steps, list) and steps, f"{path.name}: steps must be a non-empty list")
+    _require(
+        isinstance(steps, list) and bool(steps), f"{path.name}: steps must be a non-empty list"
+    )
     for index, step in enumerate(steps):
         where = f"{path.name} step {index + 1}"
         _require(isinstance(step, dict), f"{where}: not an object")
