@@ -74,6 +74,9 @@ def own_cluster(*, durable: bool) -> Iterator[Cluster]:
             env=env,
             text=True,
         )
+        # Both are pipes, as asked for above.
+        assert process.stdin is not None
+        assert process.stdout is not None
         try:
             line = process.stdout.readline()
             if not line:
