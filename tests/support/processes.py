@@ -51,11 +51,6 @@ class HttpServer:
         wait_for_port(self.port, self.process)
         return self
 
-    def stop_cleanly(self) -> None:
-        """`stop`: it must exit 0."""
-        status = self.stop()
-        assert status == 0, self.said(f"exited with {status} when stopped")
-
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
@@ -148,11 +143,13 @@ class ServedSidecar:
         or does not get there within `within` seconds."""
         health = self.health
         assert health is not None, "say where its health service answers: health="
+        # grpc_health has no type information: the enum value, as the int it is.
+        serving_status: int = health_pb2.HealthCheckResponse.SERVING
 
         def serving() -> bool:
             if self.process.poll() is not None:
                 raise AssertionError(self.said(f"exited with {self.process.returncode}"))
-            return health_status(health) == health_pb2.HealthCheckResponse.SERVING
+            return health_status(health) == serving_status
 
         wait_for(serving, lambda: self.said(f"{health} to report SERVING"), within=within)
 
