@@ -60,7 +60,12 @@ def put_http(
     connection = connection_pb2.Connection(
         tenant=tenant,
         name=name,
-        http=connection_pb2.HttpTransport(url=url, headers=headers or {}, protocol=protocol),
+        http=connection_pb2.HttpTransport(
+            url=url,
+            headers=headers or {},
+            # A plain int from a caller (a parametrized test) as the enum's value type.
+            protocol=connection_pb2.HttpProtocol.ValueType(protocol),
+        ),
         **fields,
     )
     request = connection_service_pb2.PutConnectionRequest(connection=connection)

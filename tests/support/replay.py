@@ -51,7 +51,9 @@ def anthropic_record(response: dict[str, Any]) -> tuple[run_pb2.Record, list[byt
 def openai_record(response: dict[str, Any]) -> tuple[run_pb2.Record, list[bytes]]:
     """A Responses API response: every output item kept (OpenAI checks a reasoning item and
     the items after it together), message text also as text, function calls also as calls."""
-    content, calls, kept = [], [], []
+    content: list[content_pb2.ContentPart] = []
+    calls: list[content_pb2.ToolCall] = []
+    kept: list[bytes] = []
     for item in response["output"]:
         data = block_bytes(item)
         call_id = item["call_id"] if item["type"] == "function_call" else ""
