@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 
 from psych_sidecar.domain.prompt import (
     AssemblyEntry,
@@ -110,8 +111,15 @@ def guarded(*sequences: int) -> tuple[ElidedResult, ...]:
     return tuple(ElidedResult(s, f"h_{s}", ElisionRule.CONTEXT_GUARD) for s in sequences)
 
 
+class TurnAndHistory(TypedDict):
+    """`entry` arguments several entries share."""
+
+    turn: int
+    history: str
+
+
 def test_the_guard_is_judged_by_its_decisions_and_a_mid_turn_elision_is_named() -> None:
-    step = {"turn": 2, "history": "h2"}
+    step: TurnAndHistory = {"turn": 2, "history": "h2"}
     before = entry(**step, step=1, last_sequence=10, elided=guarded(5), guard="about 150000 tokens")
     # Its estimate moved and it elided a result newer than the previous call's log: the
     # previous call's bytes are all still there, so nothing to explain.
