@@ -68,7 +68,7 @@ def _assert_storage_unavailable(call: Any) -> None:
 def _retry_info(call: Any) -> error_details_pb2.RetryInfo:
     with pytest.raises(grpc.RpcError) as caught:
         call()
-    status = rpc_status.from_call(caught.value)  # type: ignore[arg-type]
+    status = rpc_status.from_call(caught.value)
     assert status is not None
     for detail in status.details:
         info = error_details_pb2.RetryInfo()
@@ -168,7 +168,7 @@ def test_concurrent_appends_under_a_held_lock_all_answer(
             _append(stubs, run_id, f"c{index}", "x")
             codes.append(grpc.StatusCode.OK)
         except grpc.RpcError as error:
-            codes.append(error.code())  # type: ignore[attr-defined]
+            codes.append(error.code())
 
     with _lock_held(grpc_server, run_id):
         threads = [threading.Thread(target=append, args=(i,)) for i in range(6)]
@@ -226,10 +226,10 @@ def _appends_through_a_crash(stubs: Stubs, cluster: Cluster) -> None:
                 try:
                     answer = _append(stubs, run_id, request_id, request_id)
                 except grpc.RpcError as error:
-                    failure = rpc_status.from_call(error)  # type: ignore[arg-type]
-                    outcomes.append(f"{error.code().name}")  # type: ignore[attr-defined]
+                    failure = rpc_status.from_call(error)
+                    outcomes.append(f"{error.code().name}")
                     assert failure is not None, "an error without a google.rpc.Status"
-                    if error.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                    if error.code() == grpc.StatusCode.UNAVAILABLE:
                         reasons.add(_reason(failure))
                     stop.wait(0.05)  # a pause before the retry, cut short by the end
                     continue  # retried with the same request id
