@@ -49,7 +49,7 @@ import os
 import random
 import string
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 import mcp_types as types
@@ -60,7 +60,8 @@ from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.message import SessionMessage
 
-if __package__:
+# A type checker reads this file as part of the tests package.
+if TYPE_CHECKING or __package__:
     from tests.mcp_servers.task_server import TaskJobs
 else:  # run as a script: its directory is on the path
     from task_server import TaskJobs
@@ -343,6 +344,13 @@ class Listing:
         return self.invalid_tools == "one" and not self.repaired and name == BAD_SCHEMA_TOOL
 
 
+class ListingHints(TypedDict, total=False):
+    """tools/list's cache hints the listing sets; one left out stays unset, for the SDK to
+    fill in."""
+
+    ttl_ms: int
+
+
 class BreakingWriter:
     """The server's write stream, through which every tools/list answer passes: the input
     schemas of the tools `listing` breaks lose their top-level `type` on the way out."""
@@ -415,10 +423,11 @@ def build_server(
         tools = listing()
         start = int(params.cursor) if params is not None and params.cursor else 0
         end = start + page_size
+        hints: ListingHints = {} if faults.ttl_ms is None else {"ttl_ms": faults.ttl_ms}
         return types.ListToolsResult(
             tools=tools[start:end],
             next_cursor=str(end) if end < len(tools) else None,
-            **({} if faults.ttl_ms is None else {"ttl_ms": faults.ttl_ms}),
+            **hints,
         )
 
     async def announce(ctx: Any) -> None:
@@ -517,19 +526,19 @@ def build_server(
             case "structured":
                 # Optional arguments: `size` adds that many characters to the value, and
                 # `text: false` leaves out the text rendering MCP asks servers to include.
-                value: dict[str, Any] = {"answer": 42}
+                structured: dict[str, Any] = {"answer": 42}
                 if arguments.get("size"):
-                    value["content"] = "y" * int(arguments["size"])
-                blocks = (
+                    structured["content"] = "y" * int(arguments["size"])
+                blocks: list[types.ContentBlock] = (
                     []
                     if arguments.get("text") is False
-                    else [text(type="text", text=json.dumps(value))]
+                    else [text(type="text", text=json.dumps(structured))]
                 )
                 if arguments.get("image"):
                     data = base64.b64encode(PNG_BYTES).decode()
                     image = types.ImageContent(type="image", data=data, mime_type="image/png")
                     blocks = [*blocks, image]
-                return types.CallToolResult(content=blocks, structured_content=value)
+                return types.CallToolResult(content=blocks, structured_content=structured)
             case "wrong_structured":
                 return types.CallToolResult(
                     content=[text(type="text", text='{"y": 1}')], structured_content={"y": 1}
