@@ -167,15 +167,17 @@ def build_server() -> Server[Any]:
         else:
             state = _open(params.request_state)
             for key, _message, _schema in rounds[state["round"]]:
-                answer = responses.get(key)
-                if not isinstance(answer, types.ElicitResult):
+                given = responses.get(key)
+                if not isinstance(given, types.ElicitResult):
                     raise MCPError(code=types.INVALID_PARAMS, message=f"no answer for {key}")
-                if (no := refused(answer)) is not None:
+                if (no := refused(given)) is not None:
                     return no
-                state["answers"][key] = (answer.content or {}).get(key)
+                state["answers"][key] = (given.content or {}).get(key)
             state["round"] += 1
         if state["round"] < len(rounds):
-            asked = {key: _ask(message, schema) for key, message, schema in rounds[state["round"]]}
+            asked: types.InputRequests = {
+                key: _ask(message, schema) for key, message, schema in rounds[state["round"]]
+            }
             return types.InputRequiredResult(input_requests=asked, request_state=_seal(state))
         return _final(tool, state["answers"])
 
