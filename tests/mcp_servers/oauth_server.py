@@ -87,6 +87,7 @@ from mcp.server.auth.provider import (
     AccessToken,
     AuthorizationCode,
     AuthorizationParams,
+    OAuthAuthorizationServerProvider,
     RefreshToken,
     TokenError,
     construct_redirect_uri,
@@ -101,8 +102,12 @@ from starlette.responses import JSONResponse, Response
 JWT_BEARER = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 
 
-class MemoryProvider:
-    """An OAuthAuthorizationServerProvider holding everything in memory."""
+class MemoryProvider(
+    OAuthAuthorizationServerProvider[AuthorizationCode, RefreshToken, AccessToken]
+):
+    """An OAuthAuthorizationServerProvider holding everything in memory. It keeps the
+    protocol's exchange_identity_assertion, which refuses the grant (never called: AuthSettings
+    leaves identity_assertion_enabled off)."""
 
     def __init__(self, token_seconds: int, scopes: list[str]) -> None:
         self.token_seconds = token_seconds
@@ -244,7 +249,8 @@ async def read_body(receive: Any) -> bytes:
     body = b""
     while True:
         message = await receive()
-        body += message.get("body", b"")
+        chunk: bytes = message.get("body", b"")
+        body += chunk
         if not message.get("more_body"):
             return body
 
@@ -271,13 +277,17 @@ def build_app(options: argparse.Namespace) -> Any:
         enabled=True, valid_scopes=scopes, default_scopes=["mcp"]
     )
     revocation = RevocationOptions(enabled=True)
-    auth = AuthSettings(
-        issuer_url=base,
-        resource_server_url=f"{base}/mcp",
-        validate_token_resource=False,
-        client_registration_options=registration,
-        revocation_options=revocation,
-        required_scopes=["mcp"],
+    # The URLs as strings, which AuthSettings validates keeping a path-less issuer without a
+    # trailing slash (an AnyHttpUrl made beforehand would carry one).
+    auth = AuthSettings.model_validate(
+        {
+            "issuer_url": base,
+            "resource_server_url": f"{base}/mcp",
+            "validate_token_resource": False,
+            "client_registration_options": registration,
+            "revocation_options": revocation,
+            "required_scopes": ["mcp"],
+        }
     )
     server: MCPServer[Any] = MCPServer(
         "psych-oauth", version="1.0.0", auth_server_provider=provider, auth=auth
@@ -574,9 +584,9 @@ def build_app(options: argparse.Namespace) -> Any:
             return
         if scope["type"] == "http" and path.startswith("/mcp"):
             body = await read_body(receive)
-            answer = guard_mcp(scope, body)
-            if answer is not None:
-                await answer(scope, receive, send)
+            guarded = guard_mcp(scope, body)
+            if guarded is not None:
+                await guarded(scope, receive, send)
                 return
             await inner(scope, replay_of(body, receive), send)
             return
