@@ -8,6 +8,7 @@ import itertools
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -373,7 +374,7 @@ def test_a_body_format_the_sidecar_does_not_build_is_refused(
         ([turn_service_pb2.BODY_FORMAT_UNSPECIFIED], "bodies[0]"),
         ([turn_service_pb2.BODY_FORMAT_OPENAI_RESPONSES, 99], "bodies[1]"),
     ):
-        failure = rpc_failure(lambda bodies=bodies: assemble(stubs, run_id, bodies=bodies))
+        failure = rpc_failure(partial(assemble, stubs, run_id, bodies=bodies))
         assert (failure.code, failure.info.reason, failure.info.metadata["field"]) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             "FIELD_INVALID",

@@ -8,6 +8,7 @@ import os
 import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import grpc
@@ -704,7 +705,7 @@ def test_a_command_the_operator_did_not_allow_is_refused_and_changes_nothing(
 ) -> None:
     put_stdio(stubs, tenant, "kept", args=SMALL, description="the original")
     for command in ["bash", "/usr/bin/python3", "fixture " + "--tools 1"]:
-        failure = rpc_failure(lambda command=command: put_stdio(stubs, tenant, "kept", command))
+        failure = rpc_failure(partial(put_stdio, stubs, tenant, "kept", command))
         assert failure.code == grpc.StatusCode.PERMISSION_DENIED
         assert failure.info.reason == "COMMAND_NOT_ALLOWED"
         assert failure.info.metadata == {"command": command}

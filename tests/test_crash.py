@@ -107,10 +107,14 @@ def test_kill_9_during_appends_loses_and_duplicates_nothing_acknowledged(
         appender = threading.Thread(target=append_until_killed)
         target = len(acknowledged) + APPENDS_PER_CYCLE
         appender.start()
+
+        def acknowledged_or_ended(
+            target: int = target, appender: threading.Thread = appender
+        ) -> bool:
+            return len(acknowledged) >= target or not appender.is_alive()
+
         wait_for(
-            lambda target=target, appender=appender: (
-                len(acknowledged) >= target or not appender.is_alive()
-            ),
+            acknowledged_or_ended,
             f"{APPENDS_PER_CYCLE} appends acknowledged",
             within=60,
             every=0.002,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
+from functools import partial
 
 import grpc
 
@@ -163,9 +164,7 @@ def test_a_handle_the_run_was_never_given_is_a_typed_error_and_appends_nothing(
         append(stubs, run_id, assistant("", (f"x{index}", "read_tool_output", "{}")))
         count = len(all_records(stubs, run_id))
         failure = rpc_failure(
-            lambda bad=bad, index=index: dispatch(
-                stubs, run_id, f"x{index}", "read_tool_output", {"handle": bad}
-            )
+            partial(dispatch, stubs, run_id, f"x{index}", "read_tool_output", {"handle": bad})
         )
         assert failure.code == grpc.StatusCode.FAILED_PRECONDITION
         assert failure.info.reason == "INVALID_DEFERRED_HANDLE"

@@ -4,6 +4,7 @@ content, and pages that stay under the message limit (1 MiB in this module)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -43,7 +44,7 @@ def test_a_handle_of_another_run_is_never_read(stubs: Stubs, unique: Callable[[s
     same_tenant = run_with(stubs, unique("agent"), tenant="tenant-a")
     other_tenant = run_with(stubs, unique("agent"), tenant="tenant-b")
     for reader in (same_tenant, other_tenant):
-        failure = rpc_failure(lambda reader=reader: read(stubs, reader, handle))
+        failure = rpc_failure(partial(read, stubs, reader, handle))
         assert failure.code == grpc.StatusCode.FAILED_PRECONDITION
         assert failure.info.reason == "INVALID_DEFERRED_HANDLE"
         assert dict(failure.info.metadata) == {"run_id": reader, "handle": handle}
@@ -152,7 +153,7 @@ def test_grep_patterns_are_bounded_re2(stubs: Stubs, unique: Callable[[str], str
         ("(?=lookahead)", "invalid perl operator"),
         ("x" * 1025, "longer than 1024 characters"),
     ]:
-        failure = rpc_failure(lambda pattern=pattern: read(stubs, run_id, handle, grep=pattern))
+        failure = rpc_failure(partial(read, stubs, run_id, handle, grep=pattern))
         assert failure.code == grpc.StatusCode.INVALID_ARGUMENT
         assert failure.info.reason == "PATTERN_INVALID"
         assert failure.info.metadata["field"] == "grep"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -109,7 +110,7 @@ def test_bad_queries_are_typed_errors_on_the_rpc(
         ({"handle": handle, "query": "a", "grep": "a"}, "FIELD_INVALID"),
     ]
     for fields, reason in cases:
-        failure = rpc_failure(lambda fields=fields: read(stubs, run_id, **fields))
+        failure = rpc_failure(partial(read, stubs, run_id, **fields))
         assert failure.code == grpc.StatusCode.INVALID_ARGUMENT, fields
         assert failure.info.reason == reason, (fields, failure.message)
         assert failure.info.metadata["field"] == "query"
@@ -130,7 +131,7 @@ def test_a_query_that_would_blow_up_is_stopped_by_its_bounds(
         f"contains([{doubling}], {doubling})",
         "a" + " | join('', [@, @])" * 40,
     ):
-        failure = rpc_failure(lambda query=query: read(stubs, run_id, handle, query=query))
+        failure = rpc_failure(partial(read, stubs, run_id, handle, query=query))
         assert failure.info.reason == "PATTERN_TOO_COMPLEX", (query, failure.message)
         assert failure.info.metadata["field"] == "query"
 

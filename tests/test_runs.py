@@ -6,6 +6,8 @@ import json
 import os
 import threading
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import grpc
 
@@ -53,7 +55,7 @@ def test_create_and_get_run(stubs: Stubs, unique: Callable[[str], str]) -> None:
 def test_create_run_refuses_bad_input(stubs: Stubs, unique: Callable[[str], str]) -> None:
     spec_name = unique("agent")
     publish(stubs, spec_name)
-    cases = [
+    cases: list[tuple[dict[str, Any], str, str]] = [
         (dict(spec_name=spec_name, spec_version=1), "FIELD_REQUIRED", "tenant"),
         (dict(tenant="a b", spec_name=spec_name, spec_version=1), "FIELD_INVALID", "tenant"),
         (dict(tenant="acme", spec_version=1), "FIELD_REQUIRED", "spec_name"),
@@ -61,7 +63,7 @@ def test_create_run_refuses_bad_input(stubs: Stubs, unique: Callable[[str], str]
     ]
     for fields, reason, field in cases:
         failure = rpc_failure(
-            lambda fields=fields: stubs.runs.CreateRun(run_service_pb2.CreateRunRequest(**fields))  # type: ignore[arg-type]
+            partial(stubs.runs.CreateRun, run_service_pb2.CreateRunRequest(**fields))
         )
         assert (failure.code, failure.info.reason, failure.info.metadata["field"]) == (
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -232,7 +234,7 @@ def test_bad_records_are_refused_and_nothing_is_stored(
         ),
     ]
     for records, reason, field in cases:
-        failure = rpc_failure(lambda records=records: _append(stubs, run_id, *records))
+        failure = rpc_failure(partial(_append, stubs, run_id, *records))
         assert (failure.code, failure.info.reason, failure.info.metadata["field"]) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             reason,
@@ -330,7 +332,7 @@ def test_list_records_refuses_bad_paging_and_enum_zero(
         ),
     ]
     for request, field in cases:
-        failure = rpc_failure(lambda request=request: stubs.runs.ListRecords(request))
+        failure = rpc_failure(partial(stubs.runs.ListRecords, request))
         assert (failure.code, failure.info.reason, failure.info.metadata["field"]) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             "FIELD_INVALID",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import grpc
 
@@ -112,9 +113,7 @@ def test_missing_and_invalid_fields_name_the_field(
     ]
     for spec, reason, field in cases:
         failure = rpc_failure(
-            lambda spec=spec: stubs.specs.PublishSpec(
-                spec_service_pb2.PublishSpecRequest(spec=spec)
-            )
+            partial(stubs.specs.PublishSpec, spec_service_pb2.PublishSpecRequest(spec=spec))
         )
         assert failure.code == grpc.StatusCode.INVALID_ARGUMENT, field
         assert (failure.info.reason, failure.info.metadata["field"]) == (reason, field)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -79,7 +80,7 @@ def test_bad_usage_is_refused_and_stores_nothing(
     stubs: Stubs, usage: usage_service_pb2_grpc.UsageServiceStub, unique: Callable[[str], str]
 ) -> None:
     run_id = new_run(stubs, unique("agent"))
-    cases = [
+    cases: list[tuple[dict[str, Any], str, str | None]] = [
         (dict(run_id="run_missing"), "RUN_NOT_FOUND", None),
         (dict(run_id=""), "FIELD_REQUIRED", "run_id"),
         (dict(run_id=run_id, model=""), "FIELD_REQUIRED", "model"),
@@ -90,7 +91,7 @@ def test_bad_usage_is_refused_and_stores_nothing(
     for fields, reason, field in cases:
         fields.setdefault("model", "m")
         failure = rpc_failure(
-            lambda fields=fields: usage.RecordUsage(usage_service_pb2.RecordUsageRequest(**fields))  # type: ignore[arg-type]
+            partial(usage.RecordUsage, usage_service_pb2.RecordUsageRequest(**fields))
         )
         assert failure.info.reason == reason
         if field:
