@@ -507,6 +507,8 @@ def test_bad_configuration_is_one_line(tmp_path: Path) -> None:
 
 def test_serve_tunes_glibc_malloc_to_reuse_large_buffers() -> None:
     # This machine's C library is glibc (Debian); a value of 0 leaves malloc alone.
-    assert os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    libc = os.confstr("CS_GNU_LIBC_VERSION")
+    assert libc is not None
+    assert libc.startswith("glibc")
     assert heap.reuse_large_blocks(Settings().process.large_buffer_reuse_bytes) is True
     assert heap.reuse_large_blocks(0) is False

@@ -67,7 +67,9 @@ def call(
 ) -> McpToolResult:
     runner = server.sidecar.tool_runner
     request = McpToolRequest(tenant=tenant, server=connection, tool=tool, arguments=arguments or {})
-    return on_loop(server, runner.call_tool(request, timeout))
+    result = on_loop(server, runner.call_tool(request, timeout))
+    assert isinstance(result, McpToolResult), result  # none of these tools asks for input
+    return result
 
 
 def text_of(result: McpToolResult) -> str:

@@ -202,6 +202,7 @@ def _scalar(field: descriptor.FieldDescriptor) -> st.SearchStrategy[Any]:
     if kind == types.TYPE_BOOL:
         return st.booleans()
     if kind == types.TYPE_ENUM:
+        assert field.enum_type is not None
         numbers = [value.number for value in field.enum_type.values]
         return st.one_of(st.sampled_from(numbers), st.integers(-5, 50))
     if kind in (types.TYPE_DOUBLE, types.TYPE_FLOAT):

@@ -64,6 +64,7 @@ def test_the_log_reads_back_exactly_what_was_appended(
     assert [r.sequence for r in stored] == list(range(1, len(sent) + 1))
     for got, want in zip(stored, sent, strict=True):
         kind = want.WhichOneof("kind")
+        assert kind is not None
         assert got.WhichOneof("kind") == kind
         assert getattr(got, kind) == getattr(want, kind)
 

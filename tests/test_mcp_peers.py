@@ -101,7 +101,9 @@ def call(
 ) -> McpToolResult:
     runner = server.sidecar.tool_runner
     request = McpToolRequest(tenant=tenant, server=name, tool=tool, arguments=arguments)
-    return on_loop(server, runner.call_tool(request, 30))
+    result = on_loop(server, runner.call_tool(request, 30))
+    assert isinstance(result, McpToolResult), result  # none of these tools asks for input
+    return result
 
 
 def text(result: McpToolResult) -> str:

@@ -135,10 +135,12 @@ def test_records_round_trip_byte_identical(stubs: Stubs, unique: Callable[[str],
     assert all(r.run_id == run_id and r.create_time.seconds > 0 for r in stored)
     assert [r.handle for r in stored] == handles
     for got, want in zip(stored, sent, strict=True):
-        assert got.WhichOneof("kind") == want.WhichOneof("kind")
-        assert getattr(got, got.WhichOneof("kind")).SerializeToString(
-            deterministic=True
-        ) == getattr(want, want.WhichOneof("kind")).SerializeToString(deterministic=True)
+        kind = want.WhichOneof("kind")
+        assert kind is not None
+        assert got.WhichOneof("kind") == kind
+        assert getattr(got, kind).SerializeToString(deterministic=True) == getattr(
+            want, kind
+        ).SerializeToString(deterministic=True)
     assert stored[2].tool_result.content[2].binary.data == binary
     assert stored[2].tool_result.content[1].json == b'{"b": 1, "a": [1.50, 2e3]}'
     assert _count(stubs, run_id) == 4
