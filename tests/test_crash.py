@@ -144,6 +144,6 @@ def test_kill_9_during_appends_loses_and_duplicates_nothing_acknowledged(
     texts = [record.user_message.content[0].text for record in stored]
     assert len(set(texts)) == len(texts), "a record was stored twice"
     by_text = dict(zip(texts, sequences, strict=True))
-    for request_id, answer in acknowledged.items():
-        assert by_text.get(request_id) == answer[0], f"{request_id} lost or moved"
+    for request_id, acked in acknowledged.items():
+        assert by_text.get(request_id) == acked[0], f"{request_id} lost or moved"
     assert len(acknowledged) >= CYCLES * APPENDS_PER_CYCLE

@@ -14,7 +14,7 @@ connected, so tool calls go all the way to MCP and back.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import grpc
@@ -222,7 +222,8 @@ def _scalar(field: descriptor.FieldDescriptor) -> st.SearchStrategy[Any]:
 
 
 def _message(message_type: descriptor.Descriptor, depth: int) -> st.SearchStrategy[Message]:
-    message_class = message_factory.GetMessageClass(message_type)
+    # A generated class takes its fields as keywords, which Message's stub does not declare.
+    message_class: Callable[..., Message] = message_factory.GetMessageClass(message_type)
     full_name = message_type.full_name
     if full_name == "google.protobuf.Timestamp" or full_name == "google.protobuf.Duration":
         seconds = TIMESTAMP_SECONDS + ([3, 0, -5, 315_576_000_001] if "Dur" in full_name else [])
@@ -305,7 +306,7 @@ def _assign(message: Message, field: descriptor.FieldDescriptor, value: Any) -> 
 
 def _check(channel: grpc.Channel, method: descriptor.MethodDescriptor, request: Message) -> None:
     response_class = message_factory.GetMessageClass(method.output_type)
-    call = channel.unary_unary(
+    call: grpc.UnaryUnaryMultiCallable[Message, Message] = channel.unary_unary(
         f"/{method.containing_service.full_name}/{method.name}",
         request_serializer=lambda message: message.SerializeToString(),
         response_deserializer=response_class.FromString,

@@ -28,7 +28,7 @@ from tests.support.requests import user
 from tests.support.sidecar import Stubs
 
 USAGE = {"input_tokens": 900, "output_tokens": 120}
-ANTHROPIC = [
+ANTHROPIC: list[dict[str, Any]] = [
     {
         "id": "msg_01",
         "type": "message",
@@ -63,7 +63,7 @@ ANTHROPIC = [
         "usage": USAGE,
     },
 ]
-OPENAI = [
+OPENAI: list[dict[str, Any]] = [
     {
         "id": "resp_01",
         "object": "response",
@@ -129,7 +129,7 @@ OPENAI = [
         ],
     },
 ]
-GEMINI = [
+GEMINI: list[dict[str, Any]] = [
     {
         "candidates": [
             {

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from psych.sidecar.v1 import content_pb2
+from psych.sidecar.v1 import content_pb2, tool_service_pb2
 from tests.support.prompts import append, assemble, assistant, binary, read, result, run_with
 from tests.support.requests import user
 from tests.support.sidecar import Stubs, rpc_failure
@@ -225,7 +225,8 @@ def test_a_result_larger_than_a_message_is_paged(
     assert len(pages) == 2
     assert "".join(pages) == content
 
-    matches, offset = [], 0
+    matches: list[tool_service_pb2.GrepMatch] = []
+    offset = 0
     while offset < len(content):
         page = read(stubs, run_id, handle, offset=offset, grep="payload")
         assert page.ByteSize() <= MIB

@@ -200,7 +200,7 @@ def test_the_thinking_loop_runs_against_a_sidecar_with_recorded_responses(
     monkeypatch.syspath_prepend(str(ROOT / "clients" / "python"))
     monkeypatch.setenv("PSYCH_SIDECAR_ADDRESS", grpc_server.sidecar.bound[0])
     thinking = {"type": "thinking", "thinking": "Look the order up.", "signature": "EqQBCgIY"}
-    responses = [
+    responses: list[dict[str, Any]] = [
         {
             "content": [
                 thinking,

@@ -48,7 +48,10 @@ def recorded_result_json(host: Host, run_id: str, name: str, arguments: Any) -> 
         call_id=f"call-{host.calls}", name=name, arguments_json=json.dumps(arguments)
     )
     request = tool_service_pb2.DispatchToolCallRequest(run_id=run_id, call=call)
-    return json.loads(host.stubs.tools.DispatchToolCall(request).outcome.result_json)
+    result: dict[str, Any] = json.loads(
+        host.stubs.tools.DispatchToolCall(request).outcome.result_json
+    )
+    return result
 
 
 def test_a_query_over_a_stored_listing_is_passed_to_another_tool(host: Host, stubs: Stubs) -> None:

@@ -249,7 +249,7 @@ def test_delete_tenant_removes_its_runs_connections_and_secrets_and_nobody_elses
         assert all(rows_of(engine, run_id) == 0 for run_id in gone)
         with engine.connect() as conn:
             for table in (tables.connections, tables.catalog_versions, tables.catalog_tools):
-                counts = dict(
+                counts: dict[str, int] = dict(
                     conn.execute(
                         select(table.c.tenant, func.count()).group_by(table.c.tenant)
                     ).all()

@@ -507,7 +507,8 @@ def tls_sidecar(
 
 def _health(channel: grpc.Channel) -> int:
     request = health_pb2.HealthCheckRequest()
-    return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
+    status: int = health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
+    return status
 
 
 @pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])

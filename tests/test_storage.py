@@ -175,7 +175,7 @@ def test_calls_recorded_before_the_log_answered_retries_are_converted_to_referen
             recorded = store.recorded_call("run_calls", f"call-{sequence}")
             assert recorded == RecordedCall(sequence, f"h_calls{sequence}", False, result_json)
         with engine.connect() as connection:
-            kept = dict(
+            kept: dict[str, bytes] = dict(
                 connection.execute(
                     text(
                         "SELECT request_id, call_result_outline FROM append_requests "
