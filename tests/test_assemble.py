@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -35,7 +35,18 @@ from tests.support.sidecar import Stubs, rpc_failure
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/5+hHgAHggJ/PchI7wAAAABJRU5ErkJggg=="
 )
-SPEC = dict(
+
+
+class SpecFields(TypedDict):
+    """The Spec fields these tests publish (run_with passes them on to spec_pb2.Spec)."""
+
+    instructions: str
+    skills: list[spec_pb2.Skill]
+    subagents: list[spec_pb2.Subagent]
+    capability_notes: list[str]
+
+
+SPEC = SpecFields(
     instructions="You help customers.",
     skills=[
         spec_pb2.Skill(name="refunds", description="Issue a refund.", body="SECRET BODY"),

@@ -32,9 +32,9 @@ HOST_TOOL = tool_service_pb2.DISPATCH_DISPOSITION_HOST_TOOL
 BIG = "".join(f"row {i}: value {i * 7}\n" for i in range(4000))
 
 
-def elided_run(stubs: Stubs, spec_name: str, **spec: object) -> tuple[str, str]:
+def elided_run(stubs: Stubs, spec_name: str) -> tuple[str, str]:
     """A Run whose first turn's big result is elided; returns (run id, its handle)."""
-    run_id = run_with(stubs, spec_name, thresholds=thresholds(per_result_tokens=1000), **spec)
+    run_id = run_with(stubs, spec_name, thresholds=thresholds(per_result_tokens=1000))
     append(stubs, run_id, user("fetch"), assistant("", ("c1", "fetch", "{}")))
     (appended,) = append(stubs, run_id, result("c1", BIG))
     append(stubs, run_id, user("now look closer"))

@@ -8,7 +8,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -107,8 +107,10 @@ def test_each_window_counts_its_own_lines_once(caplog: pytest.LogCaptureFixture)
     ]
 
 
-def _last_error(stubs: Stubs, tenant: str, command: str, **fields: object) -> str:
-    connection = put_stdio(stubs, tenant, command, command, **fields)
+def _last_error(
+    stubs: Stubs, tenant: str, command: str, env: Mapping[str, str] | None = None
+) -> str:
+    connection = put_stdio(stubs, tenant, command, command, env=env)
     assert connection.state == connection_pb2.CONNECTION_STATE_UNREACHABLE
     return connection.last_error
 
