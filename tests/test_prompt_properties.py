@@ -61,7 +61,7 @@ def test_the_estimate_is_monotone_in_bytes(size: int, more: int) -> None:
 
 # Tool results as hypothesis draws them
 
-UNICODE = st.characters(blacklist_categories=("Cs",))
+UNICODE = st.characters(blacklist_categories=["Cs"])
 
 
 @st.composite

@@ -36,7 +36,7 @@ PROVIDERS = ("anthropic", "openai", "gemini")
 # A step: the sizes of its results, and whether the model wrote text besides thinking.
 STEP = st.tuples(st.lists(st.sampled_from([20, 300, 5000]), min_size=1, max_size=3), st.booleans())
 TURNS = st.lists(st.lists(STEP, min_size=1, max_size=4), min_size=1, max_size=3)
-THOUGHT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
+THOUGHT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=60)
 
 
 def _blocks(step: str, thought: str) -> dict[str, bytes]:
