@@ -174,7 +174,7 @@ def test_after_a_lost_response_the_retry_gets_the_result_recorded_meanwhile(
 ) -> None:
     with pytest.raises(grpc.RpcError) as lost:
         dispatch(stubs, run_id, "c1", delay=1, timeout=0.2)
-    assert lost.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
+    assert lost.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     retried = dispatch(stubs, run_id, "c1", delay=1)
     assert text(retried) == "call 1"
     assert runs_counted(stubs, run_id) == 1
