@@ -8,13 +8,14 @@ from __future__ import annotations
 import time
 import urllib.parse
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx2 as httpx
 import pytest
+import sqlalchemy as sa
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -312,7 +313,7 @@ def test_a_state_that_cannot_complete_is_a_typed_error(
 
 
 def test_an_expired_state_is_a_typed_error(server: HttpServer, tmp_path: Path) -> None:
-    settings = sidecar_settings(tmp_path, oauth_sign_in_state_seconds=0.5)
+    settings = sidecar_settings(tmp_path, oauth_sign_in_state_seconds=600)
     with (
         RunningSidecar(settings) as sidecar,
         sidecar.stubs() as stubs,
@@ -320,8 +321,25 @@ def test_an_expired_state_is_a_typed_error(server: HttpServer, tmp_path: Path) -
         put_oauth(stubs, "t", "tracker", url_of(server))
         started = begin(stubs, "t", "tracker")
         code, state = browse(started.authorization_url)
-        expires = started.expire_time.ToDatetime(tzinfo=UTC)
-        wait_for(lambda: datetime.now(UTC) > expires, "the state's expire_time", within=5)
+        # The stored deadline decides: it is the one the host was told, and once it has
+        # passed (moved into the past here rather than waited for) the state is spent.
+        sign_ins = sa.table("oauth_sign_ins", sa.column("expire_time_us"), sa.column("tenant"))
+        engine = sa.create_engine(settings.resolved_database_url())
+        try:
+            with engine.begin() as connection:
+                stored = connection.execute(
+                    sa.select(sign_ins.c.expire_time_us).where(sign_ins.c.tenant == "t")
+                ).scalar_one()
+                assert stored == started.expire_time.ToMicroseconds()
+                told = started.expire_time.ToDatetime(tzinfo=UTC)
+                assert told - datetime.now(UTC) > timedelta(seconds=590)
+                connection.execute(
+                    sa.update(sign_ins)
+                    .where(sign_ins.c.tenant == "t")
+                    .values(expire_time_us=int(time.time() * 1_000_000) - 1)
+                )
+        finally:
+            engine.dispose()
         failure = rpc_failure(lambda: complete(stubs, "t", code, state))
         assert failure.code == grpc.StatusCode.FAILED_PRECONDITION
         assert failure.info.reason == "SIGN_IN_STATE_EXPIRED"
