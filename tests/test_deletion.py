@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import grpc
 import pytest
@@ -145,11 +146,7 @@ def test_concurrent_deletes_and_appends_keep_every_other_run_exact(
     for run_id in doomed:
         assert set(rows_of(engine, run_id).values()) == {0}
         # Once it was gone, every later append to it was refused: none came back.
-        rpc_failure(
-            lambda run_id=run_id: stubs.runs.GetRun(  # type: ignore[misc]
-                run_service_pb2.GetRunRequest(run_id=run_id)
-            )
-        )
+        rpc_failure(partial(stubs.runs.GetRun, run_service_pb2.GetRunRequest(run_id=run_id)))
     for run_id in kept:
         assert refused[run_id] == 0
         records = all_records(stubs, run_id)

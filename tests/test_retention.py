@@ -12,6 +12,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -154,7 +155,7 @@ def test_prune_deletes_the_old_runs_only_audits_them_and_gives_the_space_back(
         for run_id in old:
             assert rows_of(engine, run_id) == 0
             assert f"deleted run {run_id} of tenant acme (retention): 4 records" in done.stderr
-            failure = rpc_failure(lambda run_id=run_id: all_records(stubs, run_id))  # type: ignore[misc]
+            failure = rpc_failure(partial(all_records, stubs, run_id))
             assert failure.info.reason == "RUN_NOT_FOUND"
         assert "line 1" not in done.stderr
         for run_id, records in kept.items():
