@@ -8,7 +8,6 @@ held open in the session), on both databases."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ from psych.sidecar.v1 import (
     spec_pb2,
     tool_service_pb2,
 )
+from psych_sidecar.storage import tables
 from tests.support.prompts import assemble
 from tests.support.requests import all_records, publish, user
 from tests.support.sidecar import RunningSidecar, Stubs, rpc_failure
@@ -249,31 +249,14 @@ def test_an_attempt_no_call_waits_on_is_a_typed_error(stubs: Stubs, run_id: str)
     assert failure.info.reason == "INPUT_NOT_AWAITED"
 
 
-@contextlib.contextmanager
-def _stored(grpc_server: RunningSidecar) -> Iterator[sa.Connection]:
-    """A transaction on the sidecar's own database, for a test that reads or changes a stored
-    round directly."""
-    engine = sa.create_engine(grpc_server.settings.resolved_database_url())
-    try:
-        with engine.begin() as connection:
-            yield connection
-    finally:
-        engine.dispose()
-
-
 def test_a_host_that_never_answers_gets_a_recorded_tool_error(
     stubs: Stubs, run_id: str, grpc_server: RunningSidecar
 ) -> None:
     waiting = call(stubs, run_id, "ask_name").input_required
     # The round waits mcp_input_wait_seconds from when it was asked; its stored deadline, not
     # any timer, decides whether an answer is late. Moved into the past, it has passed.
-    rounds = sa.table(
-        "tool_input_rounds",
-        sa.column("run_id"),
-        sa.column("create_time_us"),
-        sa.column("expire_time_us"),
-    )
-    with _stored(grpc_server) as connection:
+    rounds = tables.tool_input_rounds
+    with grpc_server.stored() as connection:
         ((asked, deadline),) = connection.execute(
             sa.select(rounds.c.create_time_us, rounds.c.expire_time_us).where(
                 rounds.c.run_id == run_id
@@ -296,7 +279,7 @@ def test_a_tampered_or_missing_request_state_is_the_servers_to_judge(
     stubs: Stubs, run_id: str, grpc_server: RunningSidecar
 ) -> None:
     waiting = call(stubs, run_id, "ask_name").input_required
-    with _stored(grpc_server) as connection:
+    with grpc_server.stored() as connection:
         connection.execute(
             sa.text("UPDATE tool_input_rounds SET request_state = :state WHERE run_id = :run"),
             {"state": '{"body": "{}", "tag": "forged"}', "run": run_id},

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from psych.sidecar.v1 import connection_pb2, connection_service_pb2
 from psych_sidecar.config import Settings
+from psych_sidecar.storage import tables
 from tests.support.connections import listed
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.host import Host, result_text
@@ -323,23 +324,19 @@ def test_an_expired_state_is_a_typed_error(server: HttpServer, tmp_path: Path) -
         code, state = browse(started.authorization_url)
         # The stored deadline decides: it is the one the host was told, and once it has
         # passed (moved into the past here rather than waited for) the state is spent.
-        sign_ins = sa.table("oauth_sign_ins", sa.column("expire_time_us"), sa.column("tenant"))
-        engine = sa.create_engine(settings.resolved_database_url())
-        try:
-            with engine.begin() as connection:
-                stored = connection.execute(
-                    sa.select(sign_ins.c.expire_time_us).where(sign_ins.c.tenant == "t")
-                ).scalar_one()
-                assert stored == started.expire_time.ToMicroseconds()
-                told = started.expire_time.ToDatetime(tzinfo=UTC)
-                assert told - datetime.now(UTC) > timedelta(seconds=590)
-                connection.execute(
-                    sa.update(sign_ins)
-                    .where(sign_ins.c.tenant == "t")
-                    .values(expire_time_us=int(time.time() * 1_000_000) - 1)
-                )
-        finally:
-            engine.dispose()
+        sign_ins = tables.oauth_sign_ins
+        with sidecar.stored() as connection:
+            stored = connection.execute(
+                sa.select(sign_ins.c.expire_time_us).where(sign_ins.c.tenant == "t")
+            ).scalar_one()
+            assert stored == started.expire_time.ToMicroseconds()
+            told = started.expire_time.ToDatetime(tzinfo=UTC)
+            assert told - datetime.now(UTC) > timedelta(seconds=590)
+            connection.execute(
+                sa.update(sign_ins)
+                .where(sign_ins.c.tenant == "t")
+                .values(expire_time_us=int(time.time() * 1_000_000) - 1)
+            )
         failure = rpc_failure(lambda: complete(stubs, "t", code, state))
         assert failure.code == grpc.StatusCode.FAILED_PRECONDITION
         assert failure.info.reason == "SIGN_IN_STATE_EXPIRED"

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+import sqlalchemy as sa
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
@@ -58,6 +59,17 @@ class RunningSidecar:
         after the block."""
         with grpc.insecure_channel(self.sidecar.bound[0], options=UNLIMITED_CHANNEL) as channel:
             yield Stubs.on(channel)
+
+    @contextlib.contextmanager
+    def stored(self) -> Iterator[sa.Connection]:
+        """A transaction on the sidecar's own database, for a test that reads or changes what
+        it stored directly (e.g. a deadline moved into the past instead of waited for)."""
+        engine = sa.create_engine(self.settings.resolved_database_url())
+        try:
+            with engine.begin() as connection:
+                yield connection
+        finally:
+            engine.dispose()
 
     def __exit__(self, *exc: object) -> None:
         asyncio.run_coroutine_threadsafe(self.sidecar.stop(), self._loop).result(60)
