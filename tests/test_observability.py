@@ -42,6 +42,7 @@ from psych.sidecar.v1 import (
 )
 from psych_sidecar.config import StdioCommand
 from psych_sidecar.telemetry.logs import JsonFormatter
+from psych_sidecar.telemetry.series import Series
 from tests.support.connections import FIXTURE_SERVER
 from tests.support.databases import TEST_SECRET_KEY
 from tests.support.polling import wait_for
@@ -296,6 +297,19 @@ def test_compactions_are_counted_with_their_sizes(
     assert delta("psych_sidecar_compactions_total") == 1
     assert delta("psych_sidecar_compacted_records_sum") == 4
     assert delta("psych_sidecar_compaction_summary_bytes_sum") == 300
+
+
+def test_both_loop_storage_outcomes_are_exported_before_either_is_counted() -> None:
+    """Series made anew export `done` and `worker` at 0: the worker share can be graphed (and
+    alerted on) before the first answer on a worker."""
+    exposition = Series(()).exposition().decode()
+    samples = {
+        (sample.name, sample.labels.get("outcome")): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+    for outcome in ("done", "worker"):
+        assert samples[("psych_sidecar_loop_storage_attempts_total", outcome)] == 0
 
 
 def test_storage_waits_and_loop_lag_are_measured(turn: Turn) -> None:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from starlette.responses import Response
     from starlette.routing import BaseRoute
 
-    from psych_sidecar.telemetry.series import Series
+    from psych_sidecar.telemetry.series import LoopOutcome, Series
 
 
 class StateSource(Protocol):
@@ -81,9 +81,9 @@ def record_storage_wait(seconds: float) -> None:
         _series.storage_wait_seconds.observe(seconds)
 
 
-def record_loop_attempt(outcome: str) -> None:
+def record_loop_attempt(outcome: LoopOutcome) -> None:
     if _series is not None:
-        _series.loop_attempts.labels(outcome).inc()
+        _series.loop_attempt_outcomes[outcome].inc()
 
 
 def record_pool_wait(seconds: float) -> None:

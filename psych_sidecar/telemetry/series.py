@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -43,6 +43,10 @@ _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _BYTES = tuple(float(4**i) for i in range(4, 14))  # 256 B .. 64 MiB
 _TOKENS = tuple(float(4**i) for i in range(2, 12))  # 16 .. 4 Mi tokens
+
+
+# What a storage answer asked on the event loop came to (`loop_attempts`).
+LoopOutcome = Literal["done", "worker"]
 
 
 class LeanHistogram(Collector):
@@ -288,6 +292,12 @@ class Series:
             ["outcome"],
             registry=registry,
         )
+        # Asked on every ResolveTurn and four times a tool call: the two children made once
+        # (`labels()` per call takes a lock and builds a key; the children also export 0 from
+        # the start).
+        self.loop_attempt_outcomes = {
+            outcome: self.loop_attempts.labels(outcome) for outcome in get_args(LoopOutcome)
+        }
         self.db_pool_wait_seconds = Histogram(
             f"{PREFIX}_db_pool_wait_seconds",
             "Time a transaction waited for a connection from the database pool.",
