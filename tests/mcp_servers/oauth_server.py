@@ -21,6 +21,8 @@ resource server in one, built on the MCP SDK's server auth.
   is posted rather than fetched: its URL must be https, which a loopback test does not serve;
 - `GET /admin/token-auth` counts the token requests by the client authentication they carried
   ({"client_secret_basic", "client_secret_post", "private_key_jwt", "none"});
+  `GET /admin/presented-codes` lists every authorization code presented to it (exchanged or
+  not), in order: whether one code was, whatever else other clients sent;
 - `POST /admin/hold-tokens?on=1`: the token endpoint holds every request it receives (reads
   it, answers nothing) until `POST /admin/hold-tokens?on=0` lets them all through;
   `GET /admin/held-tokens?count=N&within=S` answers {"held"} (how many it holds now) once it
@@ -320,6 +322,7 @@ def build_app(options: argparse.Namespace) -> Any:
     token_auth = dict.fromkeys(
         ("client_secret_basic", "client_secret_post", "private_key_jwt", "none"), 0
     )
+    presented_codes: list[str] = []
     # Set by POST /admin/require-scope: the step-up scope every /mcp request's token needs
     # (only those of `scoped_method`, when set).
     required_scope = ""
@@ -373,6 +376,8 @@ def build_app(options: argparse.Namespace) -> Any:
             return JSONResponse({"created": body["url"]})
         if request.url.path == "/admin/token-auth":
             return JSONResponse(token_auth)
+        if request.url.path == "/admin/presented-codes":
+            return JSONResponse(presented_codes)
         if request.url.path == "/admin/require-scope":
             on = request.query_params.get("on") == "1"
             required_scope = options.step_up_scope if on else ""
@@ -619,6 +624,8 @@ def build_app(options: argparse.Namespace) -> Any:
             form = dict(urllib.parse.parse_qsl(body.decode()))
             headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
             token_auth[auth_method(form, headers.get("authorization", ""))] += 1
+            if form.get("grant_type") == "authorization_code":
+                presented_codes.append(form.get("code", ""))
             if (
                 options.approve_code
                 and form.get("grant_type") == "authorization_code"
