@@ -460,10 +460,12 @@ def test_refused_client_credentials_need_authorizing(
     )
 
 
-def token_auth(server: HttpServer) -> dict[str, int]:
-    """How many token requests the server saw per client authentication method."""
+def token_auth(server: HttpServer, client_id: str | None = None) -> dict[str, int]:
+    """How many token requests the server saw per client authentication method: of one client,
+    or of all."""
+    params = {} if client_id is None else {"client_id": client_id}
     answer: dict[str, int] = httpx.get(
-        f"http://127.0.0.1:{server.port}/admin/token-auth", timeout=10
+        f"http://127.0.0.1:{server.port}/admin/token-auth", params=params, timeout=10
     ).json()
     return answer
 
@@ -547,7 +549,7 @@ def test_a_pre_registered_client_signs_in_with_http_basic(
         connection_service_pb2.PutConnectionRequest(connection=connection)
     ).connection
     assert not put.http.oauth_authorization_code.registered_client.client_secret
-    registrations, before = stats(server)["registrations"], token_auth(server)
+    registrations, before = stats(server)["registrations"], token_auth(server, client_id)
 
     started = begin(stubs, tenant, "registered")
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(started.authorization_url).query)
@@ -556,7 +558,7 @@ def test_a_pre_registered_client_signs_in_with_http_basic(
     signed_in = complete(stubs, tenant, code, state, "registered")
     assert signed_in.state == connection_pb2.CONNECTION_STATE_CONNECTED, signed_in.last_error
 
-    after = token_auth(server)
+    after = token_auth(server, client_id)
     assert after["client_secret_basic"] > before["client_secret_basic"]
     for method in ("client_secret_post", "private_key_jwt", "none"):
         assert after[method] == before[method], method

@@ -20,7 +20,8 @@ resource server in one, built on the MCP SDK's server auth.
   to `POST /admin/client-documents` ({"url", "document"}) is that public client. The document
   is posted rather than fetched: its URL must be https, which a loopback test does not serve;
 - `GET /admin/token-auth` counts the token requests by the client authentication they carried
-  ({"client_secret_basic", "client_secret_post", "private_key_jwt", "none"});
+  ({"client_secret_basic", "client_secret_post", "private_key_jwt", "none"}); with
+  `?client_id=C` only those of client C (other tests' clients may renew meanwhile);
   `GET /admin/presented-codes` lists every authorization code presented to it (exchanged or
   not), in order: whether one code was, whatever else other clients sent;
 - `POST /admin/hold-tokens?on=1`: the token endpoint holds every request it receives (reads
@@ -322,6 +323,7 @@ def build_app(options: argparse.Namespace) -> Any:
     token_auth = dict.fromkeys(
         ("client_secret_basic", "client_secret_post", "private_key_jwt", "none"), 0
     )
+    token_auth_of_client: dict[str, dict[str, int]] = {}
     presented_codes: list[str] = []
     # Set by POST /admin/require-scope: the step-up scope every /mcp request's token needs
     # (only those of `scoped_method`, when set).
@@ -375,7 +377,10 @@ def build_app(options: argparse.Namespace) -> Any:
             provider.documents[body["url"]] = body["document"]
             return JSONResponse({"created": body["url"]})
         if request.url.path == "/admin/token-auth":
-            return JSONResponse(token_auth)
+            client_id = request.query_params.get("client_id")
+            if client_id is None:
+                return JSONResponse(token_auth)
+            return JSONResponse(token_auth_of_client.get(client_id, dict.fromkeys(token_auth, 0)))
         if request.url.path == "/admin/presented-codes":
             return JSONResponse(presented_codes)
         if request.url.path == "/admin/require-scope":
@@ -484,17 +489,22 @@ def build_app(options: argparse.Namespace) -> Any:
             return None
         return client_id if claims["iss"] == claims["sub"] == client_id else None
 
+    def client_and_secret(form: dict[str, str], authorization: str) -> tuple[str, str]:
+        """The client id and secret a token request presents: in its Basic authorization
+        (RFC 6749 §2.3.1, form-encoded) or its form."""
+        if authorization.lower().startswith("basic "):
+            pair = base64.b64decode(authorization[6:]).decode()
+            client_id, _, secret = pair.partition(":")
+            return urllib.parse.unquote(client_id), urllib.parse.unquote(secret)
+        return form.get("client_id", ""), form.get("client_secret", "")
+
     def client_credentials(form: dict[str, str], authorization: str) -> Response:
         if form.get("client_assertion_type") == JWT_BEARER:
             signed = assertion_client(form)
             if signed is None:
                 return JSONResponse({"error": "invalid_client"}, status_code=401)
             return issue_client_credentials(signed, form)
-        client_id, secret = form.get("client_id", ""), form.get("client_secret", "")
-        if authorization.lower().startswith("basic "):
-            pair = base64.b64decode(authorization[6:]).decode()
-            client_id, _, secret = pair.partition(":")
-            client_id, secret = urllib.parse.unquote(client_id), urllib.parse.unquote(secret)
+        client_id, secret = client_and_secret(form, authorization)
         if client_secrets.get(client_id) != secret or not secret:
             return JSONResponse({"error": "invalid_client"}, status_code=401)
         return issue_client_credentials(client_id, form)
@@ -623,7 +633,10 @@ def build_app(options: argparse.Namespace) -> Any:
                 await hold_token_request()
             form = dict(urllib.parse.parse_qsl(body.decode()))
             headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-            token_auth[auth_method(form, headers.get("authorization", ""))] += 1
+            method = auth_method(form, headers.get("authorization", ""))
+            token_auth[method] += 1
+            client_id = client_and_secret(form, headers.get("authorization", ""))[0]
+            token_auth_of_client.setdefault(client_id, dict.fromkeys(token_auth, 0))[method] += 1
             if form.get("grant_type") == "authorization_code":
                 presented_codes.append(form.get("code", ""))
             if (
