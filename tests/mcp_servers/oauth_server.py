@@ -80,6 +80,7 @@ import secrets
 import sys
 import time
 import urllib.parse
+from collections import Counter, defaultdict
 from typing import Any
 
 import httpx2 as httpx
@@ -320,10 +321,9 @@ def build_app(options: argparse.Namespace) -> Any:
     inner = server.streamable_http_app()
     client_secrets: dict[str, str] = {}
     client_keys: dict[str, str] = {}
-    token_auth = dict.fromkeys(
-        ("client_secret_basic", "client_secret_post", "private_key_jwt", "none"), 0
-    )
-    token_auth_of_client: dict[str, dict[str, int]] = {}
+    auth_methods = ("client_secret_basic", "client_secret_post", "private_key_jwt", "none")
+    # Token requests per client, per client authentication method.
+    token_auth: dict[str, Counter[str]] = defaultdict(Counter)
     presented_codes: list[str] = []
     # Set by POST /admin/require-scope: the step-up scope every /mcp request's token needs
     # (only those of `scoped_method`, when set).
@@ -378,9 +378,12 @@ def build_app(options: argparse.Namespace) -> Any:
             return JSONResponse({"created": body["url"]})
         if request.url.path == "/admin/token-auth":
             client_id = request.query_params.get("client_id")
-            if client_id is None:
-                return JSONResponse(token_auth)
-            return JSONResponse(token_auth_of_client.get(client_id, dict.fromkeys(token_auth, 0)))
+            clients = list(token_auth.values())
+            if client_id is not None:
+                clients = [token_auth.get(client_id, Counter())]
+            return JSONResponse(
+                {method: sum(counts[method] for counts in clients) for method in auth_methods}
+            )
         if request.url.path == "/admin/presented-codes":
             return JSONResponse(presented_codes)
         if request.url.path == "/admin/require-scope":
@@ -633,10 +636,9 @@ def build_app(options: argparse.Namespace) -> Any:
                 await hold_token_request()
             form = dict(urllib.parse.parse_qsl(body.decode()))
             headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-            method = auth_method(form, headers.get("authorization", ""))
-            token_auth[method] += 1
-            client_id = client_and_secret(form, headers.get("authorization", ""))[0]
-            token_auth_of_client.setdefault(client_id, dict.fromkeys(token_auth, 0))[method] += 1
+            authorization = headers.get("authorization", "")
+            client_id = client_and_secret(form, authorization)[0]
+            token_auth[client_id][auth_method(form, authorization)] += 1
             if form.get("grant_type") == "authorization_code":
                 presented_codes.append(form.get("code", ""))
             if (
@@ -650,9 +652,7 @@ def build_app(options: argparse.Namespace) -> Any:
                 await JSONResponse(token.model_dump(exclude_none=True))(scope, receive, send)
                 return
             if form.get("grant_type") == "client_credentials":
-                await client_credentials(form, headers.get("authorization", ""))(
-                    scope, receive, send
-                )
+                await client_credentials(form, authorization)(scope, receive, send)
                 return
             await inner(scope, replay_of(body, receive), send)
             return
