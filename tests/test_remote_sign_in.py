@@ -36,6 +36,7 @@ from tests.support.oauth_sign_in import (
     put_oauth,
     sign_in,
     stats,
+    token_auth,
     url_of,
 )
 from tests.support.polling import wait_for
@@ -458,16 +459,6 @@ def test_refused_client_credentials_need_authorizing(
         put.authorization_required_reason
         == connection_pb2.AUTHORIZATION_REQUIRED_REASON_CREDENTIALS_REFUSED
     )
-
-
-def token_auth(server: HttpServer, client_id: str | None = None) -> dict[str, int]:
-    """How many token requests the server saw per client authentication method: of one client,
-    or of all."""
-    params = {} if client_id is None else {"client_id": client_id}
-    answer: dict[str, int] = httpx.get(
-        f"http://127.0.0.1:{server.port}/admin/token-auth", params=params, timeout=10
-    ).json()
-    return answer
 
 
 def create_client(server: HttpServer, **client: str) -> None:

@@ -30,10 +30,12 @@ from tests.support.oauth_sign_in import (
     begin,
     complete,
     oauth_server,
+    presented_codes,
     put_oauth,
     redirect_query,
     sign_in,
     stats,
+    token_auth,
     url_of,
 )
 from tests.support.polling import wait_for
@@ -93,14 +95,7 @@ def issuer_of(server: HttpServer) -> str:
 
 def token_requests(server: HttpServer) -> int:
     """How many token requests the server received, whatever their client authentication."""
-    counts: dict[str, int] = httpx.get(f"{base_of(server)}/admin/token-auth", timeout=10).json()
-    return sum(counts.values())
-
-
-def presented_codes(server: HttpServer) -> list[str]:
-    """Every authorization code the server's token endpoint was given, by any client."""
-    codes: list[str] = httpx.get(f"{base_of(server)}/admin/presented-codes", timeout=10).json()
-    return codes
+    return sum(token_auth(server).values())
 
 
 def put_registered(

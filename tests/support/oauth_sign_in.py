@@ -96,6 +96,24 @@ def stats(server: HttpServer) -> dict[str, int]:
     return answer
 
 
+def token_auth(server: HttpServer, client_id: str | None = None) -> dict[str, int]:
+    """How many token requests the server saw per client authentication method: of one client,
+    or of all."""
+    params = {} if client_id is None else {"client_id": client_id}
+    answer: dict[str, int] = httpx.get(
+        f"http://127.0.0.1:{server.port}/admin/token-auth", params=params, timeout=10
+    ).json()
+    return answer
+
+
+def presented_codes(server: HttpServer) -> list[str]:
+    """Every authorization code the server's token endpoint was given, by any client."""
+    codes: list[str] = httpx.get(
+        f"http://127.0.0.1:{server.port}/admin/presented-codes", timeout=10
+    ).json()
+    return codes
+
+
 def admin_post(server: HttpServer, path: str) -> None:
     httpx.post(f"http://127.0.0.1:{server.port}/admin/{path}", timeout=10).raise_for_status()
 
